@@ -17,7 +17,7 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
                                  description="Run one closed-form method; writes metrics.parquet, classifier.npz and config.yaml to --out.")
     parser.add_argument("--config", help="YAML file with any of the options below (command line wins)")
     parser.add_argument("--method", choices=sorted(METHODS), help=f"default {RunConfig.method}")
-    parser.add_argument("--dataset", help="synthetic:NAME, parquet:PATH or hsu:CSV, with ?options (default %(default)s)")
+    parser.add_argument("--dataset", help="synthetic:NAME, parquet:PATH, features:CACHE, hsu:CSV or imagefolder:ROOT, with ?options")
     parser.add_argument("--out", help="output folder (default results/run)")
     parser.add_argument("--clients-per-round", type=int, help="κ clients per round (default 10)")
     parser.add_argument("--participation", type=float, help="fraction of clients per round, instead of κ")
@@ -50,6 +50,53 @@ def _cmd_run(args: argparse.Namespace) -> None:
           f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
 
 
+def _extract_parser(commands: argparse._SubParsersAction) -> None:
+    from fedray.extract.config import ExtractConfig as Defaults
+
+    parser = commands.add_parser(
+        "extract", help="turn a dataset's images into a feature cache (once) on a pool of model replicas",
+        description="Extract pooled penultimate features of every image into CACHE_DIR/<dataset>--<backbone>--<hash>/; "
+        "use it with --dataset features:THAT_FOLDER. Re-running with the same configuration reuses the cache; "
+        "an interrupted run resumes.",
+    )
+    parser.add_argument("--dataset", required=True, help="hsu:TRAIN_CSV?images=ROOT[&layout=walk|gldv2] or imagefolder:ROOT (+ ?split options)")
+    parser.add_argument("--backbone", default=Defaults.backbone, help="mobilenet_v2, squeezenet1_1, resnet18 or vit_b_16 (default %(default)s)")
+    parser.add_argument("--weights", default=Defaults.weights, help="a state-dict file, 'imagenet' (torchvision enum, torch hub cache) or 'random' (seeded; NOT pre-trained) (default %(default)s)")
+    parser.add_argument("--out", default=Defaults.out, help="cache folder (default %(default)s)")
+    parser.add_argument("--image-size", type=int, default=Defaults.image_size, help="center-crop size (default %(default)s; the Fed3R code used 299 on iNat)")
+    parser.add_argument("--resize", type=int, help="short side before the crop (default image size × 256/224)")
+    parser.add_argument("--grayscale", choices=["convert", "skip"], default=Defaults.grayscale, help="grayscale images: replicate to RGB, or skip as the Fed3R code does (default %(default)s)")
+    parser.add_argument("--on-bad-image", choices=["skip", "fail"], default=Defaults.on_bad_image, help="missing or unreadable images: count and skip, or stop (default %(default)s)")
+    parser.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=Defaults.precision, help="autocast precision of the model (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=Defaults.batch_size, help="images per forward pass (default %(default)s)")
+    parser.add_argument("--pool-size", type=int, help="model replicas (default: one per GPU, else one per --cpus-per-worker CPUs)")
+    parser.add_argument("--cpus-per-worker", type=float, default=Defaults.cpus_per_worker, help="CPUs (decoding threads) per replica (default %(default)s)")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default=Defaults.device, help="GPU bundles when the cluster has GPUs (auto), always, or never (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=Defaults.seed, help="seed of --weights random (default %(default)s)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
+    parser.set_defaults(handler=_cmd_extract)
+
+
+def _cmd_extract(args: argparse.Namespace) -> None:
+    from fedray.extract.config import ExtractConfig
+    from fedray.extract.features import extract
+
+    options = {k: v for k, v in vars(args).items() if k not in ("address", "handler", "command")}
+    if args.weights == "random":
+        print(f"fedray: WARNING: --weights random (seed {args.seed}): these features are NOT pre-trained", file=sys.stderr)
+    report = extract(ExtractConfig(**options), address=args.address)
+    if report.cache_hit:
+        print(f"cache hit: {report.entry} (no model work)")
+    else:
+        rate = f", {report.images_per_s:.1f} images/s" if report.images_per_s else ""
+        print(f"extracted {report.images_computed} images in {report.parts_computed} parts "
+              f"({report.parts_reused} reused){rate} → {report.entry}")
+    if report.skipped:
+        print("skipped: " + ", ".join(f"{count} {reason}" for reason, count in report.skipped.items()))
+    print(f"use it with: fedray run --dataset features:{report.entry}")
+
+
 def _cmd_info(args: argparse.Namespace) -> None:
     from fedray.data.registry import load_federation
 
@@ -77,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedray", description="Simulate very large federations on Ray.")
     commands = parser.add_subparsers(dest="command", required=True)
     _run_parser(commands)
+    _extract_parser(commands)
 
     data = commands.add_parser("data", help="inspect or export federations").add_subparsers(dest="data_command", required=True)
     info = data.add_parser("info", help="print K, C, N, N_test, M and client-size quantiles")

@@ -1,4 +1,4 @@
-"""Bring-your-own features: a Parquet file of (client_id, split, label, features) rows.
+"""Bring-your-own features: Parquet file(s) of (client_id, split, label, features) rows.
 
 Schema (one row per sample):
   client_id  int or string, null for test rows
@@ -6,6 +6,7 @@ Schema (one row per sample):
   label      integer ≥ 0
   features   list<float32> or fixed_size_list<float32>[d], the same length d in every row
 The optional schema metadata key ``fedray.num_classes`` fixes C (else max label + 1).
+Several files (a feature cache's parts) are read as one table, in the order given.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ def feature_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 @dataclass
 class ParquetFeatures:
-    """Features read from the file by row number (the sample_id)."""
+    """Features read from the file(s) by row number (the sample_id)."""
 
-    path: str
+    paths: list[str]
     dim: int
     _column: pa.ChunkedArray | None = field(default=None, repr=False)
 
@@ -49,7 +50,7 @@ class ParquetFeatures:
 
     def features(self, split: str, sample_ids: np.ndarray) -> torch.Tensor:
         if self._column is None:
-            self._column = pq.read_table(self.path, columns=["features"], memory_map=True).column("features")
+            self._column = read_files(self.paths, columns=["features"]).column("features")
         return torch.from_numpy(feature_matrix(self._column.take(pa.array(sample_ids))).copy())
 
 
@@ -75,12 +76,19 @@ def _check_features(path: Path, column: pa.ChunkedArray) -> int:
     return dim
 
 
-def load_parquet(path: str | Path) -> Federation:
+def read_files(paths: list[str], columns: list[str] | None = None) -> pa.Table:
+    """The files' rows, concatenated zero-copy from memory maps."""
+    return pa.concat_tables([pq.read_table(path, columns=columns, memory_map=True) for path in paths])
+
+
+def load_parquet(path: str | Path, parts: list[Path] | None = None, name: str | None = None) -> Federation:
+    """The federation in the Parquet file ``path``, or in the files ``parts`` (``path`` names them in errors)."""
     path = Path(path)
-    if not path.is_file():
+    files = [str(part) for part in parts] if parts is not None else [str(path)]
+    if parts is None and not path.is_file():
         raise FedrayError(f"{path}: no such file")
     try:
-        table = pq.read_table(path, memory_map=True)
+        table = read_files(files)
     except (pa.ArrowInvalid, OSError) as error:
         raise FedrayError(f"{path}: not a readable Parquet file ({error})") from None
     missing = [name for name in REQUIRED if name not in table.column_names]
@@ -121,4 +129,4 @@ def load_parquet(path: str | Path) -> Federation:
         raise FedrayError(f"{path}: row {int(np.argmax(labels))}: label {labels.max()} out of range for {num_classes} classes")
     client_ids = pc.if_else(pa.array(is_train), client.cast(pa.string()), pa.scalar(None, pa.string()))
     rows = split_table(client_ids, np.arange(table.num_rows), labels, split)
-    return Federation(f"parquet:{path}", num_classes, rows, ParquetFeatures(str(path), dim))
+    return Federation(name or f"parquet:{path}", num_classes, rows, ParquetFeatures(files, dim))

@@ -1,8 +1,11 @@
 """Dataset specs: ``KIND:TARGET[?key=value&...]`` → :class:`Federation`.
 
-  synthetic:NAME   a stand-in of a real split (dim, seed, feature_shift, scale, classes)
-  parquet:PATH     bring-your-own features (see fedray.data.parquet)
-  hsu:TRAIN_CSV    a Hsu et al. split file (test=TEST_CSV; default the test.csv beside it)
+  synthetic:NAME    a stand-in of a real split (dim, seed, feature_shift, scale, classes)
+  parquet:PATH      bring-your-own features (see fedray.data.parquet)
+  features:PATH     a feature cache written by ``fedray extract`` (an entry, or a cache folder holding one)
+  hsu:TRAIN_CSV     a Hsu et al. split file (test=TEST_CSV; default the test.csv beside it;
+                    images=ROOT&layout=walk|gldv2 to locate its images)
+  imagefolder:ROOT  ROOT/train/<class>/* and ROOT/test/<class>/* (one client unless re-split)
 
 Any spec also takes ``split=dirichlet&alpha=A&clients=K`` or
 ``split=classes&classes_per_client=C&clients=K`` (and ``split_seed``) to re-split
@@ -11,7 +14,9 @@ its training samples among new clients.
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode
 
 import pyarrow.compute as pc
 
@@ -21,12 +26,18 @@ from fedray.data.hsu_csv import hsu_test_csv_beside, load_hsu_split
 from fedray.data.parquet import load_parquet
 from fedray.data.splitters import classes_per_client_split, dirichlet_split, resplit
 from fedray.errors import FedrayError
+from fedray.extract.cache import find_entry
+from fedray.images.folder import load_image_folder
+from fedray.images.index import resolve_paths
 
-KINDS = ("synthetic", "parquet", "hsu")
+KINDS = ("synthetic", "parquet", "features", "hsu", "imagefolder")
 OPTION_TYPES: dict[str, type] = {
     "dim": int, "seed": int, "feature_shift": float, "scale": float, "classes": int, "clients": int,
     "test": str, "split": str, "alpha": float, "classes_per_client": int, "split_seed": int,
+    "images": str, "layout": str,
 }
+PATH_KINDS = ("parquet", "features", "hsu", "imagefolder")
+PATH_OPTIONS = ("test", "images")
 SPLIT_OPTIONS = ("split", "alpha", "classes_per_client", "split_seed")
 
 
@@ -55,15 +66,43 @@ def load_federation(spec: str) -> Federation:
     elif kind == "parquet":
         _no_options(spec, options)
         federation = load_parquet(target)
-    else:
-        test = options.pop("test", None) or hsu_test_csv_beside(target)
+    elif kind == "features":
         _no_options(spec, options)
-        federation = load_hsu_split(target, test)
+        entry = find_entry(target)
+        federation = load_parquet(entry.path, entry.part_files(), name=f"features:{entry.path}")
+    elif kind == "imagefolder":
+        _no_options(spec, options)
+        federation = load_image_folder(target)
+    else:
+        federation = _load_hsu(spec, target, options)
     if split_options:
         if "split" not in split_options:
             raise FedrayError(f"dataset {spec!r}: option(s) {', '.join(split_options)} need split=dirichlet|classes")
         federation = _resplit(spec, federation, split_options)
     return federation
+
+
+def _load_hsu(spec: str, target: str, options: dict) -> Federation:
+    test = options.pop("test", None) or hsu_test_csv_beside(target)
+    images, layout = options.pop("images", None), options.pop("layout", "walk")
+    _no_options(spec, options)
+    federation = load_hsu_split(target, test)
+    if images is None:
+        return federation
+    paths = resolve_paths(images, federation.table.column("image_id").combine_chunks(), layout)
+    return replace(federation, table=federation.table.append_column("image_path", paths))
+
+
+def canonical_spec(spec: str) -> str:
+    """``spec`` with absolute paths and sorted options: the same dataset always gets the same text."""
+    kind, target, options = parse_spec(spec)
+    if kind in PATH_KINDS:
+        target = str(Path(target).resolve())
+    for key in PATH_OPTIONS:
+        if key in options:
+            options[key] = str(Path(str(options[key])).resolve())
+    query = urlencode(sorted(options.items()), safe="/")
+    return f"{kind}:{target}" + (f"?{query}" if query else "")
 
 
 def _no_options(spec: str, options: dict) -> None:

@@ -17,12 +17,13 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedray.data.federation import TRAIN, Federation
 from fedray.errors import FedrayError
 from fedray.methods.base import ClientBatch, ClosedFormMethod
+from fedray.runtime.placement import reserve
 
 
 def peak_memory_bytes() -> int:
@@ -108,7 +109,7 @@ class ShardPool:
 
     @classmethod
     def start(
-        cls, federation: Federation, num_shards: int | None = None, cpus_per_shard: float = 1, wait_s: float = 60
+        cls, federation: Federation, num_shards: int | None = None, cpus_per_shard: float = 1
     ) -> "ShardPool":
         federation.require_features()
         if num_shards is None:
@@ -117,13 +118,10 @@ class ShardPool:
             raise FedrayError(f"--num-shards must be ≥ 1, got {num_shards}")
         bounds = balanced_bounds(federation.client_offsets, num_shards)
         shards = len(bounds) - 1
-        group = placement_group([{"CPU": cpus_per_shard}] * shards, strategy="SPREAD")
-        if not group.wait(timeout_seconds=wait_s):
-            remove_placement_group(group)
-            raise FedrayError(
-                f"could not reserve {shards} shards × {cpus_per_shard} CPU in {wait_s:.0f} s "
-                f"(cluster CPUs: {ray.cluster_resources().get('CPU', 0):.0f}); lower --num-shards or --cpus-per-shard"
-            )
+        group = reserve(
+            [{"CPU": cpus_per_shard}] * shards, "SPREAD", f"{shards} shards × {cpus_per_shard} CPU",
+            "lower --num-shards or --cpus-per-shard",
+        )
         federation_ref = ray.put(federation)
         threads = max(1, int(cpus_per_shard))
         actors = [

@@ -1,0 +1,149 @@
+"""The extraction pool: model replicas in a placement group, one bundle per GPU (or CPU slot).
+
+Each replica is a long-lived actor that, per call, reads and decodes one part
+of the dataset (a fixed block of images) with a thread pool while the model
+runs on the previous batch, and returns the part's features. The driver keeps
+every replica two parts deep, so a replica never waits for work, and writes
+each finished part to the cache as it arrives.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from fedray.errors import FedrayError
+from fedray.images.backbones import Backbone, feature_model
+from fedray.images.decode import ImageTransform, load_image
+from fedray.runtime.placement import reserve
+
+PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class PartResult:
+    """What a replica returns for one part: the features of the usable images and why the others were skipped."""
+
+    sample_ids: np.ndarray
+    features: np.ndarray
+    skipped: list[tuple[int, str]]
+
+
+@ray.remote(max_restarts=2, max_task_retries=2)
+class Extractor:
+    """One model replica. A call is a pure function of its arguments, so Ray can retry it on a restarted replica."""
+
+    def __init__(
+        self, backbone: Backbone, state_dict: dict, transform: ImageTransform, precision: str, batch_size: int, threads: int
+    ) -> None:
+        torch.set_num_threads(threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = feature_model(backbone, state_dict).to(self.device)
+        self.dim = backbone.dim
+        self.transform, self.pipeline = transform, transform.pipeline()
+        self.dtype = PRECISIONS[precision]
+        self.batch_size = batch_size
+        self.decoders = ThreadPoolExecutor(max_workers=threads)
+
+    def describe(self) -> dict:
+        context = ray.get_runtime_context()
+        return {"node_id": context.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device)}
+
+    def _decode(self, paths: list[str | None]) -> list[Future]:
+        return [self.decoders.submit(load_image, path, self.transform, self.pipeline) for path in paths]
+
+    @torch.inference_mode()
+    def _embed(self, images: list[torch.Tensor]) -> np.ndarray:
+        batch = torch.stack(images).to(self.device, non_blocking=True)
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+            features = self.model(batch)
+        return features.float().cpu().numpy()
+
+    def extract(self, sample_ids: np.ndarray, paths: list[str | None]) -> PartResult:
+        starts = range(0, len(paths), self.batch_size)
+        pending = self._decode(paths[: self.batch_size])
+        kept, features, skipped = [], [], []
+        for start in starts:
+            decoded = [future.result() for future in pending]
+            following = start + self.batch_size
+            pending = self._decode(paths[following : following + self.batch_size])
+            images = []
+            for sample_id, item in zip(sample_ids[start:following], decoded):
+                if isinstance(item, str):
+                    skipped.append((int(sample_id), item))
+                else:
+                    kept.append(int(sample_id))
+                    images.append(item)
+            if images:
+                features.append(self._embed(images))
+        stacked = np.concatenate(features) if features else np.zeros((0, self.dim), np.float32)
+        return PartResult(np.array(kept, np.int64), stacked, skipped)
+
+
+@dataclass
+class ExtractionPool:
+    """The replicas, their placement group, where each runs, and the weights' object ref.
+
+    The pool keeps the weights' ref alive: Ray frees an actor's constructor
+    arguments once nothing refers to them, and a restarted replica needs them.
+    """
+
+    actors: list
+    group: PlacementGroup
+    workers: list[dict]
+    state_ref: ray.ObjectRef
+
+    @classmethod
+    def start(
+        cls,
+        backbone: Backbone,
+        state_dict: dict,
+        transform: ImageTransform,
+        *,
+        precision: str = "fp32",
+        batch_size: int = 64,
+        pool_size: int | None = None,
+        cpus_per_worker: float = 1,
+        device: str = "auto",
+    ) -> "ExtractionPool":
+        """Reserve one bundle per replica (GPU when the cluster has them and ``device`` allows) and start the replicas."""
+        if precision not in PRECISIONS:
+            raise FedrayError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        if device not in ("auto", "cuda", "cpu"):
+            raise FedrayError(f"--device must be auto, cuda or cpu, got {device!r}")
+        if batch_size < 1 or cpus_per_worker <= 0:
+            raise FedrayError("--batch-size must be ≥ 1 and --cpus-per-worker > 0")
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        use_gpus = device == "cuda" or (device == "auto" and gpus > 0)
+        if pool_size is None:
+            pool_size = gpus if use_gpus else int(ray.cluster_resources().get("CPU", 1) // cpus_per_worker)
+        if pool_size < 1:
+            raise FedrayError(f"--pool-size must be ≥ 1, got {pool_size}" + (" (the cluster has no GPU)" if use_gpus else ""))
+        bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpus else {})}
+        group = reserve(
+            [bundle] * pool_size, "SPREAD", f"{pool_size} extraction replicas × {bundle}",
+            "lower --pool-size or --cpus-per-worker",
+        )
+        state_ref = ray.put(state_dict)
+        threads = max(1, int(cpus_per_worker))
+        actors = [
+            Extractor.options(
+                num_cpus=cpus_per_worker,
+                num_gpus=1 if use_gpus else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
+            ).remote(backbone, state_ref, transform, precision, batch_size, threads)
+            for index in range(pool_size)
+        ]
+        workers = ray.get([actor.describe.remote() for actor in actors])
+        return cls(actors, group, workers, state_ref)
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        remove_placement_group(self.group)

@@ -1,0 +1,143 @@
+"""torchvision backbones as feature extractors: the pooled penultimate activation.
+
+Weights come from a local state-dict file (``--weights PATH``, no network),
+from torchvision's ImageNet weights enum (``--weights imagenet``: read from the
+torch hub cache, downloaded only where the network allows), or are a seeded
+random initialization (``--weights random``: for tests; never pre-trained).
+Every replica of a pool is built from the one state dict the driver loaded,
+so all replicas hold bitwise the same weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torchvision
+from torch import nn
+
+from fedray.errors import FedrayError
+
+
+def _strip_mobilenet(model: nn.Module) -> None:
+    model.classifier = nn.Identity()
+
+
+def _strip_resnet(model: nn.Module) -> None:
+    model.fc = nn.Identity()
+
+
+def _strip_squeezenet(model: nn.Module) -> None:
+    # the ReLU'd output of the last Fire module, average-pooled; torchvision flattens after the classifier
+    model.classifier = nn.AdaptiveAvgPool2d(1)
+
+
+def _strip_vit(model: nn.Module) -> None:
+    model.heads = nn.Identity()
+
+
+@dataclass(frozen=True)
+class Backbone:
+    name: str
+    dim: int
+    weights_enum: str
+    strip_head: Callable[[nn.Module], None]
+    fixed_size: int | None = None
+
+    def architecture(self) -> nn.Module:
+        """The full torchvision model (classifier included), randomly initialized."""
+        return getattr(torchvision.models, self.name)(weights=None)
+
+
+BACKBONES = {
+    b.name: b
+    for b in (
+        Backbone("mobilenet_v2", 1280, "MobileNet_V2_Weights.IMAGENET1K_V1", _strip_mobilenet),
+        Backbone("squeezenet1_1", 512, "SqueezeNet1_1_Weights.IMAGENET1K_V1", _strip_squeezenet),
+        Backbone("resnet18", 512, "ResNet18_Weights.IMAGENET1K_V1", _strip_resnet),
+        Backbone("vit_b_16", 768, "ViT_B_16_Weights.IMAGENET1K_V1", _strip_vit, fixed_size=224),
+    )
+}
+
+
+def get_backbone(name: str) -> Backbone:
+    if name not in BACKBONES:
+        raise FedrayError(f"unknown backbone {name!r}; known: {', '.join(BACKBONES)}")
+    return BACKBONES[name]
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A backbone's full state dict and what identifies it in a cache key."""
+
+    state_dict: dict[str, torch.Tensor]
+    weights_id: str
+    pretrained: bool
+    """False only for the seeded random initialization (a file is taken to hold trained weights)."""
+
+
+def load_weights(backbone: Backbone, spec: str, seed: int = 0) -> Weights:
+    """``spec``: a state-dict file, ``imagenet`` or ``random`` (seeded by ``seed``)."""
+    if spec == "random":
+        torch.manual_seed(seed)
+        return Weights(backbone.architecture().state_dict(), f"random-seed{seed}", pretrained=False)
+    if spec == "imagenet":
+        return Weights(_imagenet_state_dict(backbone), backbone.weights_enum, pretrained=True)
+    state_dict = _file_state_dict(backbone, Path(spec))
+    return Weights(state_dict, f"sha256-{content_hash(state_dict)}", pretrained=True)
+
+
+def content_hash(state_dict: dict[str, torch.Tensor]) -> str:
+    """A hash of the names, shapes, types and values: the same weights saved twice hash the same."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()[:16]
+
+
+def _imagenet_state_dict(backbone: Backbone) -> dict[str, torch.Tensor]:
+    enum_name, member = backbone.weights_enum.split(".")
+    weights = getattr(getattr(torchvision.models, enum_name), member)
+    try:
+        state_dict = weights.get_state_dict(progress=False)
+    except Exception as error:  # noqa: BLE001 - any download/read failure means the same to the user
+        cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+        raise FedrayError(
+            f"cannot load torchvision {backbone.weights_enum} ({type(error).__name__}); put {Path(weights.url).name} "
+            f"in {cached.parent} or pass --weights PATH"
+        ) from None
+    return state_dict
+
+
+def _file_state_dict(backbone: Backbone, path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise FedrayError(f"{path}: no such weights file (or use --weights imagenet|random)")
+    try:
+        state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - torch raises many types for a bad file
+        raise FedrayError(f"{path}: not a loadable state dict ({type(error).__name__}: {str(error)[:120]})") from None
+    if not isinstance(state_dict, dict):
+        raise FedrayError(f"{path}: expected a state dict, got {type(state_dict).__name__}")
+    expected = backbone.architecture().state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        detail = f"missing {missing[:2]}" if missing else f"unexpected {unexpected[:2]}"
+        raise FedrayError(f"{path}: not a state dict of torchvision {backbone.name} ({detail})")
+    wrong = [k for k in expected if state_dict[k].shape != expected[k].shape]
+    if wrong:
+        raise FedrayError(f"{path}: {wrong[0]} has shape {tuple(state_dict[wrong[0]].shape)}, expected {tuple(expected[wrong[0]].shape)}")
+    return state_dict
+
+
+def feature_model(backbone: Backbone, state_dict: dict[str, torch.Tensor]) -> nn.Module:
+    """The backbone with ``state_dict`` loaded and its classifier removed, in eval mode."""
+    model = backbone.architecture()
+    model.load_state_dict(state_dict)
+    backbone.strip_head(model)
+    return model.eval()

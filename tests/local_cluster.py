@@ -1,0 +1,99 @@
+"""A multi-node Ray cluster on this machine, on loopback, for tests that need real placement across nodes.
+
+Each node is a ``ray start`` process with its own loopback address (127.0.0.2,
+127.0.0.3, ...: Ray rewrites 127.0.0.1 to the machine's network address) and
+logical GPUs, and the cluster lives in its own temp folder so that it never
+becomes the "current cluster" that a later ``ray.init()`` would join.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import ray
+
+RAY = str(Path(sys.executable).with_name("ray"))
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start(arguments: list[str], temp_dir: str) -> subprocess.Popen:
+    ports = [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}"]
+    return subprocess.Popen(
+        [RAY, "start", "--block", f"--temp-dir={temp_dir}", *ports, *arguments],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Kill the node's whole process group (its GCS, raylet and workers)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+@contextmanager
+def local_cluster(nodes: int, cpus: int, gpus: int, timeout_s: float = 120):
+    """Yield the address (``127.0.0.2:PORT``) of a cluster of ``nodes`` nodes, each with ``cpus`` CPUs and ``gpus`` logical GPUs."""
+    temp_dir = tempfile.mkdtemp(prefix="frc", dir="/tmp")
+    port = free_port()
+    address = f"127.0.0.2:{port}"
+    resources = [f"--num-cpus={cpus}", f"--num-gpus={gpus}"]
+    processes = [_start(["--head", "--node-ip-address=127.0.0.2", f"--port={port}", "--include-dashboard=false",
+                         f"--ray-client-server-port={free_port()}", *resources], temp_dir)]
+    try:
+        for line in processes[0].stdout:
+            if b"Ray runtime started" in line:
+                break
+        else:
+            raise RuntimeError("the head node did not start")
+        processes += [_start([f"--address={address}", f"--node-ip-address=127.0.0.{3 + n}", *resources], temp_dir)
+                      for n in range(nodes - 1)]
+        _wait_for_nodes(address, nodes, timeout_s)
+        yield address
+    finally:
+        for process in reversed(processes):
+            _stop(process)
+
+
+def _wait_for_nodes(address: str, nodes: int, timeout_s: float) -> None:
+    """Poll the cluster from a short-lived driver process (this process may already hold another Ray)."""
+    script = (
+        "import ray, sys, time\n"
+        f"ray.init(address='{address}', _node_ip_address='127.0.0.2', logging_level='ERROR')\n"
+        f"deadline = time.time() + {timeout_s}\n"
+        f"while len([n for n in ray.nodes() if n['Alive']]) < {nodes}:\n"
+        "    if time.time() > deadline: sys.exit('nodes did not join')\n"
+        "    time.sleep(0.5)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], env=ENV, check=True, timeout=timeout_s + 30)
+
+
+def driver_command(address: str, argv: list[str]) -> list[str]:
+    """A ``fedray`` command line run as a driver of the cluster at ``address``."""
+    script = (
+        "import ray, sys\n"
+        f"ray.init(address='{address}', _node_ip_address='127.0.0.2', logging_level='ERROR')\n"
+        "from fedray.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    return [sys.executable, "-c", script, *argv]
