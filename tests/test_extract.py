@@ -186,3 +186,11 @@ def test_images_to_metrics_end_to_end(ray_session, tmp_path, weights_file, capsy
     assert metrics.column("clients_seen").to_pylist() == [6, 10]
     assert all(0 <= a <= 1 for a in metrics.column("accuracy").to_pylist())
     assert metrics.column("dataset").to_pylist() == [f"features:{entry}"] * 2
+
+
+def test_reduced_precision_is_its_own_cache_entry_and_close_to_fp32(ray_session, tmp_path, folder, weights_file):
+    full = extract(config(f"imagefolder:{folder}", tmp_path / "cache", weights_file, pool_size=1))
+    bf16 = extract(config(f"imagefolder:{folder}", tmp_path / "cache", weights_file, pool_size=1, precision="bf16"))
+    assert bf16.entry != full.entry and not bf16.cache_hit
+    reference = cached_features(full.entry)
+    np.testing.assert_allclose(cached_features(bf16.entry), reference, rtol=0, atol=0.05 * np.abs(reference).max())
