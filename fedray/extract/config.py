@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedray.errors import FedrayError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+DEVICES = ("auto", "cuda", "cpu")
+GRAYSCALE_POLICIES = ("convert", "skip")
+BAD_IMAGE_POLICIES = ("skip", "fail")
+
 
 @dataclass
 class ExtractConfig:
@@ -22,3 +29,20 @@ class ExtractConfig:
     device: str = "auto"
     seed: int = 0
     quiet: bool = False
+
+    def validate(self) -> "ExtractConfig":
+        """Every option checked before anything is loaded or written."""
+        for option, value, allowed in (
+            ("--precision", self.precision, PRECISIONS),
+            ("--device", self.device, DEVICES),
+            ("--grayscale", self.grayscale, GRAYSCALE_POLICIES),
+            ("--on-bad-image", self.on_bad_image, BAD_IMAGE_POLICIES),
+        ):
+            if value not in allowed:
+                raise FedrayError(f"{option} must be one of {', '.join(allowed)}, got {value!r}")
+        for option, value, minimum in (("--batch-size", self.batch_size, 1), ("--pool-size", self.pool_size, 1)):
+            if value is not None and value < minimum:
+                raise FedrayError(f"{option} must be ≥ {minimum}, got {value}")
+        if self.cpus_per_worker <= 0:
+            raise FedrayError(f"--cpus-per-worker must be > 0, got {self.cpus_per_worker}")
+        return self

@@ -24,7 +24,7 @@ from fedray.extract.cache import CacheEntry, features_table, part_rows
 from fedray.extract.config import ExtractConfig
 from fedray.extract.pool import ExtractionPool
 from fedray.images.backbones import get_backbone, load_weights
-from fedray.images.decode import BAD_IMAGE_POLICIES, ImageTransform
+from fedray.images.decode import ImageTransform
 from fedray.run import init_ray
 
 CACHE_FORMAT = 1
@@ -45,8 +45,7 @@ class ExtractReport:
 
 
 def extract(config: ExtractConfig, address: str | None = None) -> ExtractReport:
-    if config.on_bad_image not in BAD_IMAGE_POLICIES:
-        raise FedrayError(f"--on-bad-image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {config.on_bad_image!r}")
+    config.validate()
     backbone = get_backbone(config.backbone)
     transform = ImageTransform(config.image_size, config.resize, config.grayscale)
     if backbone.fixed_size is not None and transform.size != backbone.fixed_size:
@@ -71,9 +70,12 @@ def extract(config: ExtractConfig, address: str | None = None) -> ExtractReport:
         raise FedrayError(f"{config.dataset}: no images to extract from (an hsu: split needs images=ROOT)")
     if config.on_bad_image == "fail" and federation.table.column("image_path").null_count:
         missing = federation.table.filter(federation.table.column("image_path").is_null())
-        raise FedrayError(f"{config.dataset}: image {missing.column('image_id')[0].as_py()!r} not found under the image root")
+        image_id = missing.column("image_id")[0].as_py()
+        raise FedrayError(f"{config.dataset}: image {image_id!r} not found under the image root")
     entry.start(key)
-    parts = [(split, index, rows) for split in (TRAIN, TEST) for index, rows in enumerate(part_rows(federation.table, split))]
+    parts = [
+        (split, index, rows) for split in (TRAIN, TEST) for index, rows in enumerate(part_rows(federation.table, split))
+    ]
     todo = deque(part for part in parts if not entry.part_path(part[0], part[1]).is_file())
     computed = len(todo)
 
@@ -110,6 +112,7 @@ def extract(config: ExtractConfig, address: str | None = None) -> ExtractReport:
 def _run_parts(pool: ExtractionPool, todo: deque, entry: CacheEntry, num_classes: int, config: ExtractConfig) -> int:
     """Keep every replica two parts deep; write each part as it finishes. Returns the number of images read."""
     in_flight: dict[ray.ObjectRef, tuple[int, str, int, pa.Table]] = {}
+    total, images = sum(rows.num_rows for *_, rows in todo), 0
 
     def submit(replica: int) -> None:
         if todo:
@@ -121,8 +124,6 @@ def _run_parts(pool: ExtractionPool, todo: deque, entry: CacheEntry, num_classes
     for replica in range(len(pool.actors)):
         submit(replica)
         submit(replica)
-    total = sum(rows.num_rows for *_, rows in in_flight.values()) + sum(rows.num_rows for *_, rows in todo)
-    images = 0
     with tqdm(total=total, unit="img", desc="extract", disable=config.quiet, file=sys.stderr) as bar:
         while in_flight:
             [done], _ = ray.wait(list(in_flight), num_returns=1)
@@ -133,9 +134,11 @@ def _run_parts(pool: ExtractionPool, todo: deque, entry: CacheEntry, num_classes
                 raise FedrayError(f"extraction of {split} part {index} failed: {str(error).splitlines()[0]}") from None
             if result.skipped and config.on_bad_image == "fail":
                 sample_id, reason = result.skipped[0]
-                path = rows.column("image_path")[int(np.searchsorted(rows.column("sample_id").to_numpy(), sample_id))].as_py()
+                row = int(np.searchsorted(rows.column("sample_id").to_numpy(), sample_id))
+                path = rows.column("image_path")[row].as_py()
                 raise FedrayError(f"{path}: {reason} image (sample {sample_id}); use --on-bad-image skip to skip such images")
-            entry.write_part(split, index, features_table(result.sample_ids, rows, result.features), num_classes, result.skipped)
+            table = features_table(result.sample_ids, rows, result.features)
+            entry.write_part(split, index, table, num_classes, result.skipped)
             images += rows.num_rows
             bar.update(rows.num_rows)
             submit(replica)

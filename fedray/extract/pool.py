@@ -16,14 +16,13 @@ import numpy as np
 import ray
 import torch
 from ray.util.placement_group import PlacementGroup, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedray.errors import FedrayError
 from fedray.images.backbones import Backbone, feature_model
 from fedray.images.decode import ImageTransform, load_image
-from fedray.runtime.placement import reserve
+from fedray.runtime.placement import reserve, start_actors
 
-PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ class Extractor:
         self.model = feature_model(backbone, state_dict).to(self.device)
         self.dim = backbone.dim
         self.transform, self.pipeline = transform, transform.pipeline()
-        self.dtype = PRECISIONS[precision]
+        self.dtype = AUTOCAST_DTYPES[precision]
         self.batch_size = batch_size
         self.decoders = ThreadPoolExecutor(max_workers=threads)
 
@@ -112,34 +111,23 @@ class ExtractionPool:
         cpus_per_worker: float = 1,
         device: str = "auto",
     ) -> "ExtractionPool":
-        """Reserve one bundle per replica (GPU when the cluster has them and ``device`` allows) and start the replicas."""
-        if precision not in PRECISIONS:
-            raise FedrayError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-        if device not in ("auto", "cuda", "cpu"):
-            raise FedrayError(f"--device must be auto, cuda or cpu, got {device!r}")
-        if batch_size < 1 or cpus_per_worker <= 0:
-            raise FedrayError("--batch-size must be ≥ 1 and --cpus-per-worker > 0")
+        """Reserve one bundle per replica (GPU when the cluster has them and ``device`` allows) and start the replicas.
+
+        Options are those of a validated :class:`~fedray.extract.config.ExtractConfig`.
+        """
         gpus = int(ray.cluster_resources().get("GPU", 0))
         use_gpus = device == "cuda" or (device == "auto" and gpus > 0)
         if pool_size is None:
             pool_size = gpus if use_gpus else int(ray.cluster_resources().get("CPU", 1) // cpus_per_worker)
         if pool_size < 1:
-            raise FedrayError(f"--pool-size must be ≥ 1, got {pool_size}" + (" (the cluster has no GPU)" if use_gpus else ""))
+            raise FedrayError("no extraction replica fits: " + ("the cluster has no GPU" if use_gpus else "too few CPUs"))
         bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpus else {})}
         group = reserve(
-            [bundle] * pool_size, "SPREAD", f"{pool_size} extraction replicas × {bundle}",
-            "lower --pool-size or --cpus-per-worker",
+            [bundle] * pool_size, "SPREAD", f"{pool_size} extraction replicas × {bundle}", "lower --pool-size or --cpus-per-worker"
         )
         state_ref = ray.put(state_dict)
-        threads = max(1, int(cpus_per_worker))
-        actors = [
-            Extractor.options(
-                num_cpus=cpus_per_worker,
-                num_gpus=1 if use_gpus else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
-            ).remote(backbone, state_ref, transform, precision, batch_size, threads)
-            for index in range(pool_size)
-        ]
+        arguments = (backbone, state_ref, transform, precision, batch_size, max(1, int(cpus_per_worker)))
+        actors = start_actors(Extractor, group, bundle, [arguments] * pool_size)
         workers = ray.get([actor.describe.remote() for actor in actors])
         return cls(actors, group, workers, state_ref)
 

@@ -16,12 +16,11 @@ from PIL import Image, UnidentifiedImageError
 from torchvision.transforms import v2
 
 from fedray.errors import FedrayError
+from fedray.extract.config import GRAYSCALE_POLICIES
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 GRAYSCALE_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
-GRAYSCALE_POLICIES = ("convert", "skip")
-BAD_IMAGE_POLICIES = ("skip", "fail")
 MISSING, UNREADABLE, GRAYSCALE = "missing", "unreadable", "grayscale"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedray.errors import FedrayError
 
@@ -26,3 +27,15 @@ def reserve(bundles: list[dict[str, float]], strategy: str, what: str, hint: str
             f"{totals.get('GPU', 0):.0f} GPU); {hint}"
         )
     return group
+
+
+def start_actors(actor_class: type, group: PlacementGroup, bundle: dict[str, float], arguments: list[tuple]) -> list:
+    """One actor per bundle of ``group``: actor ``i`` is ``actor_class(*arguments[i])`` using ``bundle``'s CPUs and GPUs."""
+    return [
+        actor_class.options(
+            num_cpus=bundle.get("CPU", 0),
+            num_gpus=bundle.get("GPU", 0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
+        ).remote(*args)
+        for index, args in enumerate(arguments)
+    ]

@@ -18,12 +18,11 @@ import numpy as np
 import ray
 import torch
 from ray.util.placement_group import PlacementGroup, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedray.data.federation import TRAIN, Federation
 from fedray.errors import FedrayError
 from fedray.methods.base import ClientBatch, ClosedFormMethod
-from fedray.runtime.placement import reserve
+from fedray.runtime.placement import reserve, start_actors
 
 
 def peak_memory_bytes() -> int:
@@ -118,19 +117,12 @@ class ShardPool:
             raise FedrayError(f"--num-shards must be ≥ 1, got {num_shards}")
         bounds = balanced_bounds(federation.client_offsets, num_shards)
         shards = len(bounds) - 1
-        group = reserve(
-            [{"CPU": cpus_per_shard}] * shards, "SPREAD", f"{shards} shards × {cpus_per_shard} CPU",
-            "lower --num-shards or --cpus-per-shard",
-        )
+        bundle = {"CPU": cpus_per_shard}
+        group = reserve([bundle] * shards, "SPREAD", f"{shards} shards × {cpus_per_shard} CPU", "lower --num-shards or --cpus-per-shard")
         federation_ref = ray.put(federation)
         threads = max(1, int(cpus_per_shard))
-        actors = [
-            ShardActor.options(
-                num_cpus=cpus_per_shard,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
-            ).remote(federation_ref, int(a), int(b), threads)
-            for index, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))
-        ]
+        arguments = [(federation_ref, int(a), int(b), threads) for a, b in zip(bounds[:-1], bounds[1:])]
+        actors = start_actors(ShardActor, group, bundle, arguments)
         ray.get([actor.num_samples.remote() for actor in actors])
         return cls(federation, actors, bounds, group, federation_ref)
 
