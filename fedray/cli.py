@@ -97,6 +97,30 @@ def _cmd_extract(args: argparse.Namespace) -> None:
     print(f"use it with: fedray run --dataset features:{report.entry}")
 
 
+def _sweep_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "sweep", help="run a Ray Tune sweep over run options (grid and random draws)",
+        description="Run every trial of a sweep file (see jobs/sweeps/); writes OUT/NAME/<trial>/metrics.parquet "
+        "and the combined OUT/NAME/results.parquet.",
+    )
+    parser.add_argument("--config", required=True, help="sweep YAML file (name, base, grid, random, ...)")
+    parser.add_argument("--out", default="results/sweeps", help="sweeps folder (default %(default)s)")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted sweep without redoing finished trials")
+    parser.add_argument("--quiet", action="store_true", help="no Tune progress table")
+    parser.add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
+    parser.set_defaults(handler=_cmd_sweep)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> None:
+    from fedray.sweep.spec import load_sweep
+    from fedray.sweep.tuning import RESULTS, sweep
+
+    spec = load_sweep(args.config)
+    table = sweep(spec, args.out, resume=args.resume, address=args.address, quiet=args.quiet)
+    trials = table["trial_id"].n_unique() if table.height else 0
+    print(f"sweep {spec.name}: {trials} trials, {table.height} evaluation rows → {Path(args.out) / spec.name / RESULTS}")
+
+
 def _cmd_info(args: argparse.Namespace) -> None:
     from fedray.data.registry import load_federation
 
@@ -125,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _run_parser(commands)
     _extract_parser(commands)
+    _sweep_parser(commands)
 
     data = commands.add_parser("data", help="inspect or export federations").add_subparsers(dest="data_command", required=True)
     info = data.add_parser("info", help="print K, C, N, N_test, M and client-size quantiles")

@@ -66,7 +66,7 @@ PER_ROUND = ("clients_per_round", "participation")
 TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
 
-def _typed(path: Path, key: str, value: object) -> object:
+def typed_value(path: Path, key: str, value: object) -> object:
     """A file value as its option's type (YAML reads ``1e-3`` as a string); null only where the option allows it."""
     kind, _, optional = FIELD_TYPES[key].partition(" | ")
     if value is None:
@@ -98,7 +98,7 @@ def load_config_file(path: str | Path) -> dict:
     unknown = sorted(set(values) - FIELDS)
     if unknown:
         raise FedrayError(f"{path}: unknown option(s) {', '.join(unknown)}")
-    return {key: _typed(path, key, value) for key, value in values.items()}
+    return {key: typed_value(path, key, value) for key, value in values.items()}
 
 
 def resolve(file_values: dict, cli_values: dict) -> RunConfig:

@@ -7,6 +7,7 @@ import math
 import os
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 import ray
 
@@ -18,7 +19,7 @@ from fedray.methods import METHODS, ClosedFormMethod
 from fedray.results import config_columns, write_run
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
-from fedray.runtime.simulation import RunOutcome, run_closed_form
+from fedray.runtime.simulation import EvalPoint, RunOutcome, run_closed_form
 
 
 def init_ray(address: str | None = None) -> None:
@@ -48,7 +49,11 @@ def build_method(config: RunConfig, federation: Federation) -> ClosedFormMethod:
 
 
 def simulate(
-    config: RunConfig, method: ClosedFormMethod, pool: ShardPool, evaluator: Evaluator
+    config: RunConfig,
+    method: ClosedFormMethod,
+    pool: ShardPool,
+    evaluator: Evaluator,
+    on_point: Callable[[EvalPoint], None] | None = None,
 ) -> tuple[RunConfig, list[dict], RunOutcome]:
     """Run ``method`` on an already started shard pool.
 
@@ -59,7 +64,7 @@ def simulate(
     federation = pool.federation
     per_round = config.per_round(federation.num_clients)
     rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
-    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet)
+    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point)
     resolved = replace(
         config,
         clients_per_round=per_round if config.participation is None else None,

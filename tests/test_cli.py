@@ -63,7 +63,7 @@ def nothing_written(out):
 
 
 @pytest.mark.parametrize(
-    "argv", [[], ["run"], ["extract"], ["data"], ["data", "info"], ["data", "export"], ["sampling"], ["sampling", "coverage"]]
+    "argv", [[], ["run"], ["extract"], ["sweep"], ["data"], ["data", "info"], ["data", "export"], ["sampling"], ["sampling", "coverage"]]
 )
 def test_help(capsys, argv):
     with pytest.raises(SystemExit) as exit:

@@ -7,7 +7,8 @@
                     images=ROOT&layout=walk|gldv2 to locate its images)
   imagefolder:ROOT  ROOT/train/<class>/* and ROOT/test/<class>/* (one client unless re-split)
 
-Any spec also takes ``split=dirichlet&alpha=A&clients=K`` or
+Any spec also takes ``split=dirichlet&alpha=A&clients=K`` (``min_client_size=0`` accepts
+clients left empty by a very small α; they are dropped) or
 ``split=classes&classes_per_client=C&clients=K`` (and ``split_seed``) to re-split
 its training samples among new clients.
 """
@@ -34,11 +35,11 @@ KINDS = ("synthetic", "parquet", "features", "hsu", "imagefolder")
 OPTION_TYPES: dict[str, type] = {
     "dim": int, "seed": int, "feature_shift": float, "scale": float, "classes": int, "clients": int,
     "test": str, "split": str, "alpha": float, "classes_per_client": int, "split_seed": int,
-    "images": str, "layout": str,
+    "images": str, "layout": str, "min_client_size": int,
 }
 PATH_KINDS = ("parquet", "features", "hsu", "imagefolder")
 PATH_OPTIONS = ("test", "images")
-SPLIT_OPTIONS = ("split", "alpha", "classes_per_client", "split_seed")
+SPLIT_OPTIONS = ("split", "alpha", "classes_per_client", "split_seed", "min_client_size")
 
 
 def parse_spec(spec: str) -> tuple[str, str, dict[str, object]]:
@@ -119,7 +120,7 @@ def _resplit(spec: str, federation: Federation, options: dict) -> Federation:
     if kind == "dirichlet":
         if "alpha" not in options:
             raise FedrayError(f"dataset {spec!r}: split=dirichlet needs alpha=A")
-        assignment = dirichlet_split(labels, clients, options["alpha"], seed)
+        assignment = dirichlet_split(labels, clients, options["alpha"], seed, options.get("min_client_size", 1))
     elif kind == "classes":
         if "classes_per_client" not in options:
             raise FedrayError(f"dataset {spec!r}: split=classes needs classes_per_client=C")

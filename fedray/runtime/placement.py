@@ -29,13 +29,15 @@ def reserve(bundles: list[dict[str, float]], strategy: str, what: str, hint: str
     return group
 
 
-def start_actors(actor_class: type, group: PlacementGroup, bundle: dict[str, float], arguments: list[tuple]) -> list:
-    """One actor per bundle of ``group``: actor ``i`` is ``actor_class(*arguments[i])`` using ``bundle``'s CPUs and GPUs."""
+def start_actors(
+    actor_class: type, group: PlacementGroup, bundle: dict[str, float], arguments: list[tuple], first_bundle: int = 0
+) -> list:
+    """Actor ``i`` is ``actor_class(*arguments[i])`` in bundle ``first_bundle + i`` of ``group``, using ``bundle``'s resources."""
     return [
         actor_class.options(
             num_cpus=bundle.get("CPU", 0),
             num_gpus=bundle.get("GPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=first_bundle + index),
         ).remote(*args)
         for index, args in enumerate(arguments)
     ]

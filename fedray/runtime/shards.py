@@ -105,26 +105,43 @@ class ShardPool:
     bounds: np.ndarray
     group: PlacementGroup
     federation_ref: ray.ObjectRef
+    owns_group: bool = True
 
     @classmethod
     def start(
-        cls, federation: Federation, num_shards: int | None = None, cpus_per_shard: float = 1
+        cls,
+        federation: Federation,
+        num_shards: int | None = None,
+        cpus_per_shard: float = 1,
+        trial_group: PlacementGroup | None = None,
     ) -> "ShardPool":
+        """Start the shards in a placement group of their own, or in bundles 1.. of ``trial_group``.
+
+        ``trial_group`` is the placement group a Tune trial runs in (bundle 0
+        is the trial's driver), reserved by the sweep with one bundle per
+        shard, so trials never compete with each other for shard CPUs.
+        """
         federation.require_features()
-        if num_shards is None:
+        if trial_group is not None:
+            num_shards = len(trial_group.bundle_specs) - 1
+        elif num_shards is None:
             num_shards = max(1, int(ray.available_resources().get("CPU", 1) // cpus_per_shard))
         if num_shards < 1:
             raise FedrayError(f"--num-shards must be ≥ 1, got {num_shards}")
         bounds = balanced_bounds(federation.client_offsets, num_shards)
         shards = len(bounds) - 1
         bundle = {"CPU": cpus_per_shard}
-        group = reserve([bundle] * shards, "SPREAD", f"{shards} shards × {cpus_per_shard} CPU", "lower --num-shards or --cpus-per-shard")
+        if trial_group is None:
+            group = reserve([bundle] * shards, "SPREAD", f"{shards} shards × {cpus_per_shard} CPU", "lower --num-shards or --cpus-per-shard")
+            first_bundle = 0
+        else:
+            group, first_bundle = trial_group, 1
         federation_ref = ray.put(federation)
         threads = max(1, int(cpus_per_shard))
         arguments = [(federation_ref, int(a), int(b), threads) for a, b in zip(bounds[:-1], bounds[1:])]
-        actors = start_actors(ShardActor, group, bundle, arguments)
+        actors = start_actors(ShardActor, group, bundle, arguments, first_bundle)
         ray.get([actor.num_samples.remote() for actor in actors])
-        return cls(federation, actors, bounds, group, federation_ref)
+        return cls(federation, actors, bounds, group, federation_ref, owns_group=trial_group is None)
 
     @property
     def num_shards(self) -> int:
@@ -147,7 +164,8 @@ class ShardPool:
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
-        remove_placement_group(self.group)
+        if self.owns_group:
+            remove_placement_group(self.group)
 
 
 def tree_reduce(method: ray.ObjectRef, partials: list[tuple[ray.ObjectRef, Any]]) -> ray.ObjectRef:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import ray
@@ -55,8 +56,9 @@ def run_closed_form(
     eval_every: int,
     evaluator: Evaluator,
     quiet: bool = False,
+    on_point: Callable[[EvalPoint], None] | None = None,
 ) -> RunOutcome:
-    """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation.
+    """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation, also passed to ``on_point``.
 
     A client uploads its statistics the first time it is sampled and never
     again (the clients of one round are distinct). All blocks are submitted at
@@ -103,10 +105,11 @@ def run_closed_form(
                 accuracy = evaluator.accuracy(method, outcome.classifier)
                 outcome.solve_s += eval_start - solve_start
                 outcome.eval_s += time.perf_counter() - eval_start
-            outcome.points.append(
-                EvalPoint(block.round, block.clients_seen, block.samples_seen, accuracy, block.bytes_up, 0.0,
-                          block.flops_client_avg, time.perf_counter() - start)
-            )
+            point = EvalPoint(block.round, block.clients_seen, block.samples_seen, accuracy, block.bytes_up, 0.0,
+                              block.flops_client_avg, time.perf_counter() - start)
+            outcome.points.append(point)
+            if on_point is not None:
+                on_point(point)
             progress.update(block.round - progress.n)
             progress.set_postfix(clients=block.clients_seen, acc=f"{accuracy:.4f}")
     return outcome

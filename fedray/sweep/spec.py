@@ -1,0 +1,148 @@
+"""A sweep file: which ``fedray run`` options to vary, and what each trial may use.
+
+    name: participation            # the sweep's folder under --out
+    base:                          # options every trial shares
+      dataset: synthetic:inat-user-120k
+      eval_every: 100
+    grid:                          # every combination is a trial
+      clients_per_round: [10, 20, 50, 100]
+      method: [fedncm, fed3r, fedcof]
+      dataset.alpha: [0.1, 0.5]    # dataset.X: option X of the dataset spec (here ?alpha=...)
+    random:                        # drawn per trial (uniform, loguniform: [low, high]; randint: [low, high); choice: [...])
+      lam: {loguniform: [0.0001, 0.1]}
+    num_samples: 1                 # repeats of the grid, each with its own random draws
+    shards_per_trial: 1            # shard actors of each trial ...
+    cpus_per_shard: 1              # ... and their CPUs; the trial's driver gets driver_cpus
+    driver_cpus: 1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode
+
+import yaml
+
+from fedray.config import FIELDS, typed_value
+from fedray.data.registry import OPTION_TYPES, canonical_spec
+from fedray.errors import FedrayError
+
+RESOURCE_OPTIONS = ("out", "quiet", "num_shards", "cpus_per_shard")
+DATASET_PREFIX = "dataset."
+DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
+SWEEP_KEYS = ("name", "base", "grid", "random", "num_samples", "shards_per_trial", "cpus_per_shard", "driver_cpus")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    base: dict = field(default_factory=dict)
+    grid: dict[str, list] = field(default_factory=dict)
+    random: dict[str, dict] = field(default_factory=dict)
+    num_samples: int = 1
+    shards_per_trial: int = 1
+    cpus_per_shard: float = 1.0
+    driver_cpus: float = 1.0
+
+    @property
+    def bundles(self) -> list[dict[str, float]]:
+        """One trial's placement group: its driver, then one bundle per shard."""
+        return [{"CPU": self.driver_cpus}] + [{"CPU": self.cpus_per_shard}] * self.shards_per_trial
+
+    @property
+    def swept(self) -> list[str]:
+        return [*self.grid, *self.random]
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    path = Path(path)
+    if not path.is_file():
+        raise FedrayError(f"{path}: no such sweep file")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise FedrayError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(values, dict):
+        raise FedrayError(f"{path}: a sweep file is a mapping (name, base, grid, random, ...)")
+    unknown = sorted(set(values) - set(SWEEP_KEYS))
+    if unknown:
+        raise FedrayError(f"{path}: unknown key(s) {', '.join(unknown)}; a sweep has {', '.join(SWEEP_KEYS)}")
+    if not isinstance(values.get("name"), str) or not values["name"].replace("-", "").replace("_", "").isalnum():
+        raise FedrayError(f"{path}: name must be a word (letters, digits, - and _), got {values.get('name')!r}")
+    base = {key: typed_value(path, key, value) for key, value in _options(path, values, "base").items()}
+    grid = {}
+    for key, choices in _options(path, values, "grid").items():
+        if not isinstance(choices, list) or not choices:
+            raise FedrayError(f"{path}: grid.{key} must be a non-empty list")
+        grid[key] = [_typed(path, key, choice) for choice in choices]
+    random = {key: _distribution(path, key, value) for key, value in _options(path, values, "random").items()}
+    overlap = sorted((set(base) & set(grid)) | (set(base) & set(random)) | (set(grid) & set(random)))
+    if overlap:
+        raise FedrayError(f"{path}: option(s) {', '.join(overlap)} given in more than one of base, grid, random")
+    if "dataset" in base:
+        base["dataset"] = canonical_spec(base["dataset"])
+    if "dataset" in grid:
+        grid["dataset"] = [canonical_spec(spec) for spec in grid["dataset"]]
+    spec = SweepSpec(values["name"], base, grid, random, **{k: values[k] for k in SWEEP_KEYS[4:] if k in values})
+    for key, value in (("num_samples", spec.num_samples), ("shards_per_trial", spec.shards_per_trial)):
+        if not isinstance(value, int) or value < 1:
+            raise FedrayError(f"{path}: {key} must be an integer ≥ 1, got {value!r}")
+    for key, value in (("cpus_per_shard", spec.cpus_per_shard), ("driver_cpus", spec.driver_cpus)):
+        if not isinstance(value, (int, float)) or value <= 0:
+            raise FedrayError(f"{path}: {key} must be a number > 0, got {value!r}")
+    return spec
+
+
+def _typed(path: Path, key: str, value: object) -> object:
+    """A run option's value as its type; a dataset option's value as the type the dataset spec parses it to."""
+    if not key.startswith(DATASET_PREFIX):
+        return typed_value(path, key, value)
+    kind = OPTION_TYPES[key[len(DATASET_PREFIX):]]
+    try:
+        if isinstance(value, bool) or isinstance(value, (dict, list)):
+            raise ValueError
+        return kind(value)
+    except ValueError:
+        raise FedrayError(f"{path}: {key} must be {'a string' if kind is str else 'a number'}, got {value!r}") from None
+
+
+def with_dataset_options(dataset: str, params: dict) -> str:
+    """``dataset`` with the ``dataset.X`` entries of ``params`` set as its ``?X=`` options."""
+    options = {key[len(DATASET_PREFIX):]: value for key, value in params.items() if key.startswith(DATASET_PREFIX)}
+    if not options:
+        return dataset
+    target, _, query = dataset.partition("?")
+    merged = dict(parse_qsl(query)) | {key: str(value) for key, value in options.items()}
+    return canonical_spec(f"{target}?{urlencode(merged, safe='/')}")
+
+
+def _options(path: Path, values: dict, section: str) -> dict:
+    options = values.get(section) or {}
+    if not isinstance(options, dict):
+        raise FedrayError(f"{path}: {section} must be a mapping of option: value")
+    options = {str(key).replace("-", "_"): value for key, value in options.items()}
+    for key in options:
+        if key.startswith(DATASET_PREFIX) and section != "base":
+            if key[len(DATASET_PREFIX):] not in OPTION_TYPES:
+                raise FedrayError(f"{path}: {section}.{key}: unknown dataset option {key[len(DATASET_PREFIX):]!r}")
+            continue
+        if key not in FIELDS or key in RESOURCE_OPTIONS:
+            hint = " (set by the sweep: shards_per_trial, cpus_per_shard)" if key in RESOURCE_OPTIONS else ""
+            raise FedrayError(f"{path}: {section}.{key} is not a run option{hint}")
+    return options
+
+
+def _distribution(path: Path, key: str, value: object) -> dict:
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in DISTRIBUTIONS:
+        raise FedrayError(f"{path}: random.{key} must be one of {{{' | '.join(DISTRIBUTIONS)}: ...}}")
+    kind, arguments = next(iter(value.items()))
+    if not isinstance(arguments, list) or not arguments or (kind != "choice" and len(arguments) != 2):
+        raise FedrayError(f"{path}: random.{key}.{kind} needs " + ("a list of choices" if kind == "choice" else "[low, high]"))
+    if kind in ("uniform", "loguniform"):
+        arguments = [float(_typed(path, key, a)) for a in arguments]
+    elif kind == "randint" or kind == "choice":
+        arguments = [_typed(path, key, a) for a in arguments]
+    if kind != "choice" and not arguments[0] < arguments[1] or kind == "loguniform" and arguments[0] <= 0:
+        raise FedrayError(f"{path}: random.{key}.{kind} needs 0 < low < high" if kind == "loguniform" else f"{path}: random.{key}.{kind} needs low < high")
+    return {kind: arguments}

@@ -1,0 +1,113 @@
+"""Sweeps: the sweep file, Tune trials with their shards in the trial's placement group, results.parquet, resume."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from fedray.data.export import export_parquet
+from fedray.data.registry import load_federation
+from fedray.errors import FedrayError
+from fedray.sweep.spec import load_sweep, with_dataset_options
+from fedray.sweep.tuning import RESULTS, sweep
+
+SWEEPS = Path(__file__).resolve().parent.parent / "jobs" / "sweeps"
+SMALL = {"dim": 16, "scale": 0.04, "classes": 40}
+
+
+def small(spec, **resources):
+    """A shipped sweep at reduced size: every dataset shrunk, two trials at a time on 2 CPUs."""
+    base = dict(spec.base)
+    grid = dict(spec.grid)
+    if "dataset" in base:
+        base["dataset"] = with_dataset_options(base["dataset"], {f"dataset.{k}": v for k, v in SMALL.items()})
+    if "dataset" in grid:
+        grid["dataset"] = [with_dataset_options(d, {f"dataset.{k}": v for k, v in SMALL.items()}) for d in grid["dataset"]]
+    return replace(spec, base=base, grid=grid, **{"cpus_per_shard": 0.5, "driver_cpus": 0.5, **resources})
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_participation_sweep_runs_and_tables_every_evaluation(ray_session, tmp_path):
+    spec = small(load_sweep(SWEEPS / "participation.yaml"))
+    spec = replace(spec, base={**spec.base, "eval_every": 5}, grid={**spec.grid, "clients_per_round": [20, 50]})
+    table = sweep(spec, tmp_path, quiet=True)
+    assert table.equals(pl.read_parquet(tmp_path / "participation" / RESULTS))
+    per_trial = table.group_by("trial_id").agg(pl.col("method").first(), pl.col("clients_per_round").first(), pl.col("round").max(), pl.len())
+    assert per_trial.height == 6
+    clients = load_federation(spec.base["dataset"]).num_clients
+    for row in per_trial.iter_rows(named=True):
+        rounds = -(-clients // row["clients_per_round"])
+        assert row["round"] == rounds and row["len"] == len(set(range(5, rounds + 1, 5)) | {rounds})
+    final = table.filter(pl.col("round") == pl.col("round").max().over("trial_id"))
+    assert (final["clients_seen"] == clients).all()
+    assert set(table["num_shards"]) == {1} and (table["sweep"] == "participation").all()
+    accuracy = dict(final.group_by("method").agg(pl.col("accuracy").min()).iter_rows())
+    assert accuracy["fedncm"] < accuracy["fed3r"] and accuracy["fedncm"] < accuracy["fedcof"]
+
+
+def test_fed3r_is_immune_to_the_split_in_the_heterogeneity_sweep(ray_session, tmp_path):
+    spec = small(load_sweep(SWEEPS / "heterogeneity.yaml"), shards_per_trial=2, cpus_per_shard=0.5, driver_cpus=1)
+    spec = replace(spec, base={**spec.base, "clients_per_round": 2}, grid={**spec.grid, "method": ["fed3r"]})
+    table = sweep(spec, tmp_path, quiet=True)
+    final = table.filter(pl.col("round") == pl.col("round").max().over("trial_id"))
+    assert final.height == 4 and final["dataset"].n_unique() == 4 and set(table["num_shards"]) == {2}
+    assert final["accuracy"].n_unique() == 1, final.select("dataset", "accuracy")
+
+
+def test_the_dirichlet_sweep_sets_alpha_in_the_dataset(ray_session, tmp_path):
+    spec = small(load_sweep(SWEEPS / "dirichlet.yaml"))
+    spec = replace(spec, grid={"dataset.alpha": [0.01, 100.0], "method": ["fed3r"]})
+    table = sweep(spec, tmp_path, quiet=True)
+    assert sorted(table["dataset.alpha"].unique()) == [0.01, 100.0]
+    for alpha, dataset in table.select("dataset.alpha", "dataset").unique().iter_rows():
+        assert f"alpha={alpha:g}" in dataset.replace("alpha=100.0", "alpha=100")
+
+
+def test_a_resumed_sweep_runs_only_the_unfinished_trials(ray_session, tmp_path):
+    features = tmp_path / "later.parquet"
+    tiny = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
+    path = write(tmp_path, f"""
+name: resumable
+base: {{clients_per_round: 10, eval_every: 3, method: fed3r}}
+grid:
+  dataset: ["{tiny}", "parquet:{features}"]
+cpus_per_shard: 0.5
+driver_cpus: 0.5
+""")
+    with pytest.raises(FedrayError, match="1 of 2 trials failed"):
+        sweep(load_sweep(path), tmp_path / "out", quiet=True)
+    first = pl.read_parquet(tmp_path / "out" / "resumable" / RESULTS)
+    assert first["trial_id"].n_unique() == 1
+    with pytest.raises(FedrayError, match="already there"):
+        sweep(load_sweep(path), tmp_path / "out", quiet=True)
+    export_parquet(load_federation(tiny), features)
+    table = sweep(load_sweep(path), tmp_path / "out", resume=True, quiet=True)
+    assert table["trial_id"].n_unique() == 2
+    assert table.filter(pl.col("trial_id") == first["trial_id"][0]).equals(first), "not run again: same wall_s too"
+    finals = table.filter(pl.col("round") == pl.col("round").max().over("trial_id"))
+    assert finals["accuracy"].n_unique() == 1, "the same data, as synthetic or as exported Parquet, gives the same Fed3R"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: x\nbase: {lam: 0.1}\ngrid: {lam: [1, 2]}\n", "lam given in more than one"),
+    ("name: x\ngrid: {method: []}\n", "grid.method must be a non-empty list"),
+    ("name: x\ngrid: {num_shards: [1, 2]}\n", "grid.num_shards is not a run option"),
+    ("name: x\ngrid: {colour: [1]}\n", "grid.colour is not a run option"),
+    ("name: x\ngrid: {dataset.colour: [1]}\n", "unknown dataset option 'colour'"),
+    ("name: x\nrandom: {lam: {normal: [0, 1]}}\n", "random.lam must be one of"),
+    ("name: x\nrandom: {lam: {loguniform: [0, 1]}}\n", "0 < low < high"),
+    ("name: x\nrandom: {lam: {uniform: [0.1]}}\n", r"needs \[low, high\]"),
+    ("name: x\ngrid: {eval_every: [1, two]}\n", "eval_every must be an integer"),
+    ("name: x y\n", "name must be a word"),
+    ("name: x\nshards: 2\n", "unknown key"),
+    ("name: x\nshards_per_trial: 0\n", "shards_per_trial must be an integer ≥ 1"),
+])
+def test_bad_sweep_files_are_named(tmp_path, text, message):
+    with pytest.raises(FedrayError, match=message):
+        load_sweep(write(tmp_path, text))
