@@ -1,0 +1,48 @@
+"""Reading result tables: any mix of sweep ``results.parquet`` files, run ``metrics.parquet`` files, or folders of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+RESULTS, METRICS = "results.parquet", "metrics.parquet"
+METRIC_COLUMNS = ("round", "clients_seen", "samples_seen", "accuracy", "bytes_up", "bytes_down", "flops_client_avg", "wall_s")
+NOT_PARAMETERS = {*METRIC_COLUMNS, "trial_id", "sweep", "method", "seed", "out", "quiet", "num_shards", "cpus_per_shard"}
+
+
+def result_files(paths: list[str | Path]) -> list[Path]:
+    """Each path itself, or the sweep results (else run metrics) found under a folder."""
+    files = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(path.rglob(RESULTS)) or sorted(path.rglob(METRICS))
+            if not found:
+                raise SystemExit(f"{path}: no {RESULTS} or {METRICS} under this folder")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise SystemExit(f"{path}: no such file or folder")
+    return files
+
+
+def read_results(paths: list[str | Path]) -> pl.DataFrame:
+    """All evaluation rows, one ``trial_id`` per run (a run's folder name when it has none)."""
+    frames = []
+    for file in result_files(paths):
+        frame = pl.read_parquet(file)
+        if "trial_id" not in frame.columns:
+            frame = frame.with_columns(pl.lit(str(file.parent)).alias("trial_id"))
+        frames.append(frame)
+    return pl.concat(frames, how="diagonal_relaxed").sort(["trial_id", "round"])
+
+
+def varying_parameters(results: pl.DataFrame) -> list[str]:
+    """The configuration columns that take more than one value across runs: the sweep's axes."""
+    candidates = [c for c in results.columns if c not in NOT_PARAMETERS]
+    return [c for c in candidates if results.select(pl.col(c).n_unique()).item() > 1]
+
+
+def final_rows(results: pl.DataFrame) -> pl.DataFrame:
+    return results.filter(pl.col("round") == pl.col("round").max().over("trial_id"))

@@ -1,0 +1,95 @@
+"""Summary tables of finished runs: per method × swept parameter, mean ± std over seeds.
+
+    python -m analysis.summarize RESULTS... --out DIR [--target 0.5]
+
+RESULTS are sweep ``results.parquet`` files, run ``metrics.parquet`` files or
+folders holding them. Writes ``DIR/summary.csv`` and ``DIR/summary.md`` with,
+per group: the number of seeds, the final accuracy, and the rounds and upload
+bytes each run needed to first reach the target accuracy (empty where a run
+never reached it). The default target is 90% of the lowest final accuracy of
+any run, so that every run reaches it; it is written above the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import polars as pl
+
+from analysis.results import final_rows, read_results, varying_parameters
+from fedray.results import write_atomically
+
+TARGET_SHARE = 0.9
+
+
+def reach(results: pl.DataFrame, target: float) -> pl.DataFrame:
+    """Per run: the first round, and the upload bytes by then, at which accuracy ≥ ``target`` (null if never)."""
+    first = (
+        results.filter(pl.col("accuracy") >= target)
+        .group_by("trial_id")
+        .agg(pl.col("round").min().alias("rounds_to_target"), pl.col("bytes_up").sort_by("round").first().alias("bytes_to_target"))
+    )
+    runs = results.select("trial_id").unique()
+    return runs.join(first, on="trial_id", how="left")
+
+
+def summarize(results: pl.DataFrame, target: float | None = None) -> tuple[pl.DataFrame, float]:
+    groups = ["method", *varying_parameters(results)]
+    finals = final_rows(results)
+    if target is None:
+        target = TARGET_SHARE * finals["accuracy"].min()
+    runs = finals.join(reach(results, target), on="trial_id")
+    table = (
+        runs.group_by(groups)
+        .agg(
+            pl.len().alias("seeds"),
+            pl.col("accuracy").mean().alias("accuracy_mean"),
+            pl.col("accuracy").std().fill_null(0.0).alias("accuracy_std"),
+            pl.col("round").mean().alias("rounds"),
+            pl.col("bytes_up").mean().alias("upload_bytes"),
+            pl.col("rounds_to_target").mean().alias("rounds_to_target_mean"),
+            pl.col("rounds_to_target").std().alias("rounds_to_target_std"),
+            pl.col("bytes_to_target").mean().alias("upload_bytes_to_target_mean"),
+            pl.col("rounds_to_target").null_count().alias("runs_not_reaching_target"),
+        )
+        .sort(groups)
+    )
+    return table, target
+
+
+def markdown(table: pl.DataFrame, target: float) -> str:
+    """The table for a paper draft: accuracy in %, traffic in MB, ± over seeds."""
+    groups = [c for c in table.columns if c not in ("seeds",) and not c.startswith(("accuracy", "rounds", "upload", "runs_"))]
+    header = [*groups, "seeds", "final accuracy (%)", "rounds", "upload (MB)", f"rounds to {100 * target:.2f}%", f"upload to {100 * target:.2f}% (MB)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in table.iter_rows(named=True):
+        reached = row["rounds_to_target_mean"] is not None
+        cells = [str(row[g]) for g in groups] + [
+            str(row["seeds"]),
+            f"{100 * row['accuracy_mean']:.2f} ± {100 * row['accuracy_std']:.2f}",
+            f"{row['rounds']:.0f}",
+            f"{row['upload_bytes'] / 1e6:.1f}",
+            f"{row['rounds_to_target_mean']:.0f} ± {row['rounds_to_target_std'] or 0:.0f}" if reached else "not reached",
+            f"{row['upload_bytes_to_target_mean'] / 1e6:.1f}" if reached else "—",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", help="results.parquet / metrics.parquet files or folders")
+    parser.add_argument("--out", required=True, help="folder for summary.csv and summary.md")
+    parser.add_argument("--target", type=float, help="target accuracy in [0, 1] (default: 90%% of the lowest final accuracy)")
+    args = parser.parse_args(argv)
+    table, target = summarize(read_results(args.results), args.target)
+    out = Path(args.out)
+    text = f"Target accuracy: {100 * target:.2f}%\n\n" + markdown(table, target)
+    write_atomically(out / "summary.csv", table.write_csv)
+    write_atomically(out / "summary.md", lambda path: path.write_text(text))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

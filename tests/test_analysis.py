@@ -1,0 +1,93 @@
+"""Analysis scripts on small result tables built here (values chosen so every number is known)."""
+
+import xml.etree.ElementTree as ElementTree
+
+import polars as pl
+import pytest
+from PIL import Image
+
+from analysis import plots, summarize
+from analysis.results import read_results, varying_parameters
+
+
+def run_rows(trial: str, method: str, kappa: int, seed: int, accuracies: list[float]) -> list[dict]:
+    return [
+        {"trial_id": trial, "method": method, "clients_per_round": kappa, "seed": seed, "dataset": "d", "lam": 0.01,
+         "round": 10 * (i + 1), "accuracy": a, "bytes_up": 1e6 * (i + 1) * kappa, "flops_client_avg": 100.0 + i,
+         "clients_seen": (i + 1) * kappa, "samples_seen": 0, "bytes_down": 0.0, "wall_s": 0.1}
+        for i, a in enumerate(accuracies)
+    ]
+
+
+@pytest.fixture
+def results(tmp_path):
+    rows = (
+        run_rows("a", "fed3r", 10, 0, [0.40, 0.60, 0.70])
+        + run_rows("b", "fed3r", 10, 1, [0.50, 0.60, 0.80])
+        + run_rows("c", "fedncm", 10, 0, [0.20, 0.30, 0.35])
+        + run_rows("d", "fedncm", 10, 1, [0.10, 0.20, 0.25])
+        + run_rows("e", "fed3r", 50, 0, [0.65, 0.75])
+    )
+    path = tmp_path / "results.parquet"
+    pl.DataFrame(rows).write_parquet(path)
+    return path
+
+
+def test_the_swept_axes_are_the_columns_that_vary(results):
+    table = read_results([results])
+    assert varying_parameters(table) == ["clients_per_round"]
+
+
+def test_summary_numbers(results):
+    table, target = summarize.summarize(read_results([results]), target=0.6)
+    rows = {(r["method"], r["clients_per_round"]): r for r in table.iter_rows(named=True)}
+    fed3r = rows["fed3r", 10]
+    assert fed3r["seeds"] == 2 and fed3r["accuracy_mean"] == pytest.approx(0.75)
+    assert fed3r["accuracy_std"] == pytest.approx(0.0707106781, rel=1e-6)
+    assert fed3r["rounds_to_target_mean"] == pytest.approx(20.0) and fed3r["upload_bytes_to_target_mean"] == pytest.approx(2e7)
+    assert rows["fed3r", 50]["rounds_to_target_mean"] == pytest.approx(10.0)
+    assert rows["fedncm", 10]["rounds_to_target_mean"] is None and rows["fedncm", 10]["runs_not_reaching_target"] == 2
+    text = summarize.markdown(table, target)
+    assert "| fed3r | 10 | 2 | 75.00 ± 7.07 | 30 | 30.0 | 20 ± 0 | 20.0 |" in text
+    assert "| fedncm | 10 | 2 | 30.00 ± 7.07 | 30 | 30.0 | not reached | — |" in text
+
+
+def test_the_default_target_is_reached_by_every_group(results):
+    table, target = summarize.summarize(read_results([results]))
+    assert target == pytest.approx(0.9 * 0.25)
+    assert table["runs_not_reaching_target"].sum() == 0
+
+
+def test_the_command_writes_csv_and_markdown(results, tmp_path, capsys):
+    summarize.main([str(results.parent), "--out", str(tmp_path / "summary"), "--target", "0.6"])
+    assert pl.read_csv(tmp_path / "summary" / "summary.csv").height == 3
+    assert (tmp_path / "summary" / "summary.md").read_text().startswith("Target accuracy: 60.00%")
+    assert "not reached" in capsys.readouterr().out
+
+
+def test_one_figure_per_axis_in_each_format(results, tmp_path):
+    written = plots.plot_all(read_results([results]), tmp_path / "plots")
+    assert [p.name for p in written] == ["clients_per_round.png", "clients_per_round.svg"]
+    with Image.open(written[0]) as image:
+        assert image.format == "PNG" and image.width > 1000
+    assert ElementTree.parse(written[1]).getroot().tag == "{http://www.w3.org/2000/svg}svg"
+
+
+def test_curves_average_the_runs_of_a_line(results):
+    data = plots.curves(read_results([results]), "clients_per_round")
+    point = data.filter((pl.col("method") == "fed3r") & (pl.col("clients_per_round") == 10) & (pl.col("round") == 10))
+    assert (point["mean"].item(), point["low"].item(), point["high"].item()) == pytest.approx((0.45, 0.40, 0.50))
+
+
+def test_runs_without_a_sweep_are_plotted_as_one_figure(tmp_path):
+    path = tmp_path / "run" / "metrics.parquet"
+    path.parent.mkdir()
+    pl.DataFrame(run_rows("x", "fed3r", 10, 0, [0.1, 0.2])).drop("trial_id").write_parquet(path)
+    assert [p.name for p in plots.plot_all(read_results([tmp_path]), tmp_path / "plots", ("png",))] == ["runs.png"]
+
+
+def test_missing_inputs_are_named(tmp_path):
+    with pytest.raises(SystemExit, match="no such file"):
+        read_results([tmp_path / "nothing"])
+    with pytest.raises(SystemExit, match="no results.parquet or metrics.parquet"):
+        read_results([tmp_path])
