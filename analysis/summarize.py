@@ -77,18 +77,22 @@ def markdown(table: pl.DataFrame, target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_summary(results: pl.DataFrame, out: Path, target: float | None = None) -> str:
+    """Write ``out/summary.csv`` and ``out/summary.md``; returns the markdown."""
+    table, target = summarize(results, target)
+    text = f"Target accuracy: {100 * target:.2f}%\n\n" + markdown(table, target)
+    write_atomically(out / "summary.csv", table.write_csv)
+    write_atomically(out / "summary.md", lambda path: path.write_text(text))
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="results.parquet / metrics.parquet files or folders")
     parser.add_argument("--out", required=True, help="folder for summary.csv and summary.md")
     parser.add_argument("--target", type=float, help="target accuracy in [0, 1] (default: 90%% of the lowest final accuracy)")
     args = parser.parse_args(argv)
-    table, target = summarize(read_results(args.results), args.target)
-    out = Path(args.out)
-    text = f"Target accuracy: {100 * target:.2f}%\n\n" + markdown(table, target)
-    write_atomically(out / "summary.csv", table.write_csv)
-    write_atomically(out / "summary.md", lambda path: path.write_text(text))
-    print(text)
+    print(write_summary(read_results(args.results), Path(args.out), args.target))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,7 @@ import argparse
 from pathlib import Path
 
 from analysis.plots import plot_all
-from analysis.summarize import markdown, summarize
-from fedray.results import write_atomically
+from analysis.summarize import write_summary
 from fedray.sweep.spec import load_sweep
 from fedray.sweep.tuning import sweep
 
@@ -30,10 +29,6 @@ def main(name: str, argv: list[str] | None = None) -> None:
     spec = load_sweep(SWEEPS / f"{name}.yaml")
     results = sweep(spec, args.out, resume=args.resume, quiet=args.quiet)
     analysis = Path(args.out) / spec.name / "analysis"
-    table, target = summarize(results)
-    text = f"Target accuracy: {100 * target:.2f}%\n\n" + markdown(table, target)
-    write_atomically(analysis / "summary.md", lambda path: path.write_text(text))
-    write_atomically(analysis / "summary.csv", table.write_csv)
+    print(write_summary(results, analysis))
     plot_all(results, analysis)
-    print(text)
     print(f"tables and figures: {analysis}")
