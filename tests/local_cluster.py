@@ -52,13 +52,18 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextmanager
-def local_cluster(nodes: int, cpus: int, gpus: int, timeout_s: float = 120):
-    """Yield the address (``127.0.0.2:PORT``) of a cluster of ``nodes`` nodes, each with ``cpus`` CPUs and ``gpus`` logical GPUs."""
+def local_cluster(nodes: int, cpus: int, gpus: int, dashboard_port: int | None = None, timeout_s: float = 120):
+    """Yield the address (``127.0.0.2:PORT``) of a cluster of ``nodes`` nodes, each with ``cpus`` CPUs and ``gpus`` logical GPUs.
+
+    With ``dashboard_port``, the head serves the dashboard (and the job API) on 127.0.0.1:``dashboard_port``.
+    """
     temp_dir = tempfile.mkdtemp(prefix="frc", dir="/tmp")
     port = free_port()
     address = f"127.0.0.2:{port}"
     resources = [f"--num-cpus={cpus}", f"--num-gpus={gpus}"]
-    processes = [_start(["--head", "--node-ip-address=127.0.0.2", f"--port={port}", "--include-dashboard=false",
+    dashboard = (["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+                 if dashboard_port else ["--include-dashboard=false"])
+    processes = [_start(["--head", "--node-ip-address=127.0.0.2", f"--port={port}", *dashboard,
                          f"--ray-client-server-port={free_port()}", *resources], temp_dir)]
     try:
         for line in processes[0].stdout:
