@@ -19,6 +19,8 @@ import polars as pl
 from analysis.results import read_results, varying_parameters
 from fedray.results import write_atomically
 
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "x")
 PANELS = (
     ("round", "rounds", "linear"),
     ("bytes_up", "cumulative upload (bytes)", "log"),
@@ -43,15 +45,21 @@ def curves(results: pl.DataFrame, axis: str | None) -> pl.DataFrame:
 
 
 def figure(results: pl.DataFrame, axis: str | None) -> plt.Figure:
+    """Colour by method, line style and marker by the axis value."""
     fig, panels = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4), sharey=True)
     data = curves(results, axis)
     keys = ["method"] + ([axis] if axis else [])
+    colours = {m: f"C{i % 10}" for i, m in enumerate(data["method"].unique(maintain_order=True))}
+    values = data[axis].unique(maintain_order=True).to_list() if axis else [None]
     for group_key, line in data.group_by(keys, maintain_order=True):
-        label = " ".join(str(v) for v in group_key) if axis is None else f"{group_key[0]}, {axis}={group_key[1]}"
+        label = str(group_key[0]) if axis is None else f"{group_key[0]}, {axis}={group_key[1]}"
+        index = values.index(group_key[1] if axis else None)
+        style = {"color": colours[group_key[0]], "linestyle": LINESTYLES[index % len(LINESTYLES)],
+                 "marker": MARKERS[index % len(MARKERS)], "markersize": 4}
         for panel, (x, xlabel, scale) in zip(panels, PANELS):
             shown = line.filter(pl.col(x) > 0) if scale == "log" else line
-            (drawn,) = panel.plot(shown[x], 100 * shown["mean"], marker=".", label=label)
-            panel.fill_between(shown[x], 100 * shown["low"], 100 * shown["high"], color=drawn.get_color(), alpha=0.15)
+            panel.plot(shown[x], 100 * shown["mean"], label=label, **style)
+            panel.fill_between(shown[x], 100 * shown["low"], 100 * shown["high"], color=style["color"], alpha=0.15)
             panel.set_xscale(scale)
             panel.set_xlabel(xlabel)
             panel.grid(True, alpha=0.3)

@@ -30,15 +30,23 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _start(arguments: list[str], temp_dir: str) -> subprocess.Popen:
+def start_node(arguments: list[str], temp_dir: str, env: dict | None = None) -> subprocess.Popen:
+    """``ray start --block`` in a process group of its own (so that :func:`stop_node` takes all it started)."""
     ports = [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}"]
     return subprocess.Popen(
         [RAY, "start", "--block", f"--temp-dir={temp_dir}", *ports, *arguments],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
 
 
-def _stop(process: subprocess.Popen) -> None:
+def wait_started(head: subprocess.Popen) -> None:
+    for line in head.stdout:
+        if b"Ray runtime started" in line:
+            return
+    raise RuntimeError("the head node did not start")
+
+
+def stop_node(process: subprocess.Popen) -> None:
     """Kill the node's whole process group (its GCS, raylet and workers)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -63,21 +71,17 @@ def local_cluster(nodes: int, cpus: int, gpus: int, dashboard_port: int | None =
     resources = [f"--num-cpus={cpus}", f"--num-gpus={gpus}"]
     dashboard = (["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
                  if dashboard_port else ["--include-dashboard=false"])
-    processes = [_start(["--head", "--node-ip-address=127.0.0.2", f"--port={port}", *dashboard,
+    processes = [start_node(["--head", "--node-ip-address=127.0.0.2", f"--port={port}", *dashboard,
                          f"--ray-client-server-port={free_port()}", *resources], temp_dir)]
     try:
-        for line in processes[0].stdout:
-            if b"Ray runtime started" in line:
-                break
-        else:
-            raise RuntimeError("the head node did not start")
-        processes += [_start([f"--address={address}", f"--node-ip-address=127.0.0.{3 + n}", *resources], temp_dir)
+        wait_started(processes[0])
+        processes += [start_node([f"--address={address}", f"--node-ip-address=127.0.0.{3 + n}", *resources], temp_dir)
                       for n in range(nodes - 1)]
         _wait_for_nodes(address, nodes, timeout_s)
         yield address
     finally:
         for process in reversed(processes):
-            _stop(process)
+            stop_node(process)
 
 
 def _wait_for_nodes(address: str, nodes: int, timeout_s: float) -> None:
