@@ -46,17 +46,18 @@ def wait_started(head: subprocess.Popen) -> None:
     raise RuntimeError("the head node did not start")
 
 
-def stop_node(process: subprocess.Popen) -> None:
-    """Kill the node's whole process group (its GCS, raylet and workers)."""
+def stop_node(process: subprocess.Popen, temp_dir: str) -> None:
+    """Kill the node's whole process group, then anything still running from its temp folder (nodes the autoscaler made)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)
             process.wait(timeout=10)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
         except ProcessLookupError:
-            return
+            break
+    subprocess.run(["pkill", "-KILL", "-f", temp_dir], check=False)
 
 
 @contextmanager
@@ -81,7 +82,7 @@ def local_cluster(nodes: int, cpus: int, gpus: int, dashboard_port: int | None =
         yield address
     finally:
         for process in reversed(processes):
-            stop_node(process)
+            stop_node(process, temp_dir)
 
 
 def _wait_for_nodes(address: str, nodes: int, timeout_s: float) -> None:

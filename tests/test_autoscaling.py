@@ -38,14 +38,14 @@ driver_cpus: 1
         "print('NODES', len([n for n in ray.nodes() if n['Alive']]))\n"
         "sys.exit(code)\n"
     )
+    temp_dir = tempfile.mkdtemp(prefix="fra", dir="/tmp")
     head = start_node(["--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                       f"--ray-client-server-port={free_port()}", f"--autoscaling-config={config_path}"],
-                      tempfile.mkdtemp(prefix="fra", dir="/tmp"), env=FAKE_ENV)
+                       f"--ray-client-server-port={free_port()}", f"--autoscaling-config={config_path}"], temp_dir, env=FAKE_ENV)
     try:
         wait_started(head)
         done = subprocess.run([sys.executable, "-c", script], env=FAKE_ENV, capture_output=True, text=True, timeout=400)
     finally:
-        stop_node(head)
+        stop_node(head, temp_dir)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     nodes = int(done.stdout.split("NODES")[-1].split()[0])
     assert nodes >= 2, "each trial needs 2 CPUs and the head has 1: workers were added"
