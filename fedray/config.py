@@ -84,16 +84,22 @@ def typed_value(path: Path, key: str, value: object) -> object:
     raise FedrayError(f"{path}: option {key} must be {TYPE_NAMES[kind]}, got {value!r}")
 
 
-def load_config_file(path: str | Path) -> dict:
-    path = Path(path)
+def read_yaml_mapping(path: Path, kind: str, shape: str) -> dict:
+    """The mapping in the YAML file ``path``, or a one-line error naming the file (``kind``: what it should be)."""
     if not path.is_file():
-        raise FedrayError(f"{path}: no such config file")
+        raise FedrayError(f"{path}: no such {kind}")
     try:
         values = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise FedrayError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(values, dict):
-        raise FedrayError(f"{path}: a config file is a mapping of option: value")
+        raise FedrayError(f"{path}: a {kind} is a mapping of {shape}")
+    return values
+
+
+def load_config_file(path: str | Path) -> dict:
+    path = Path(path)
+    values = read_yaml_mapping(path, "config file", "option: value")
     values = {str(key).replace("-", "_"): value for key, value in values.items()}
     unknown = sorted(set(values) - FIELDS)
     if unknown:

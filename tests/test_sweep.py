@@ -107,7 +107,14 @@ driver_cpus: 0.5
     ("name: x y\n", "name must be a word"),
     ("name: x\nshards: 2\n", "unknown key"),
     ("name: x\nshards_per_trial: 0\n", "shards_per_trial must be an integer ≥ 1"),
+    ("- name\n- x\n", "a sweep file is a mapping"),
+    ("name: [x\n", "not valid YAML"),
 ])
 def test_bad_sweep_files_are_named(tmp_path, text, message):
     with pytest.raises(FedrayError, match=message):
         load_sweep(write(tmp_path, text))
+
+
+def test_a_missing_sweep_file_is_named(tmp_path):
+    with pytest.raises(FedrayError, match="nothing.yaml: no such sweep file"):
+        load_sweep(tmp_path / "nothing.yaml")

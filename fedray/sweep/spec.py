@@ -22,9 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
-import yaml
-
-from fedray.config import FIELDS, typed_value
+from fedray.config import FIELDS, read_yaml_mapping, typed_value
 from fedray.data.registry import OPTION_TYPES, canonical_spec
 from fedray.errors import FedrayError
 
@@ -57,14 +55,7 @@ class SweepSpec:
 
 def load_sweep(path: str | Path) -> SweepSpec:
     path = Path(path)
-    if not path.is_file():
-        raise FedrayError(f"{path}: no such sweep file")
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise FedrayError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-    if not isinstance(values, dict):
-        raise FedrayError(f"{path}: a sweep file is a mapping (name, base, grid, random, ...)")
+    values = read_yaml_mapping(path, "sweep file", "name, base, grid, random, ...")
     unknown = sorted(set(values) - set(SWEEP_KEYS))
     if unknown:
         raise FedrayError(f"{path}: unknown key(s) {', '.join(unknown)}; a sweep has {', '.join(SWEEP_KEYS)}")
