@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 import ray
+from ray.util.placement_group import PlacementGroup
 
 from fedray.config import RunConfig
 from fedray.data.federation import Federation
@@ -75,15 +76,24 @@ def simulate(
     return resolved, [{**columns, **asdict(point)} for point in outcome.points], outcome
 
 
-def run(config: RunConfig, address: str | None = None) -> list[dict]:
-    """Load, simulate and write ``config.out``; nothing is written unless the run completes."""
+def run(
+    config: RunConfig,
+    address: str | None = None,
+    trial_group: PlacementGroup | None = None,
+    on_point: Callable[[EvalPoint], None] | None = None,
+) -> list[dict]:
+    """Load, simulate and write ``config.out``; nothing is written unless the run completes.
+
+    Inside a Tune trial, ``trial_group`` is the trial's placement group (see
+    :meth:`ShardPool.start`) and ``on_point`` reports each evaluation point.
+    """
     federation = load_federation(config.dataset)
     method = build_method(config, federation)
     sampling.check_per_round(federation.num_clients, config.per_round(federation.num_clients))
     init_ray(address)
-    pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard)
+    pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group)
     try:
-        resolved, rows, outcome = simulate(config, method, pool, Evaluator(federation))
+        resolved, rows, outcome = simulate(config, method, pool, Evaluator(federation), on_point)
     finally:
         pool.shutdown()
     write_run(Path(config.out), rows, resolved.to_dict(), {**outcome.classifier.arrays(), **method.arrays()})

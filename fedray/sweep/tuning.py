@@ -18,13 +18,9 @@ from ray import tune
 from ray.util import get_current_placement_group
 
 from fedray.config import RunConfig, resolve
-from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
-from fedray.evaluation import Evaluator
-from fedray.results import METRICS, write_atomically, write_run
-from fedray.run import build_method, init_ray, simulate
-from fedray.runtime import sampling
-from fedray.runtime.shards import ShardPool
+from fedray.results import METRICS, write_atomically
+from fedray.run import init_ray, run
 from fedray.sweep.spec import DATASET_PREFIX, SweepSpec, with_dataset_options
 
 RESULTS = "results.parquet"
@@ -37,15 +33,7 @@ def run_trial(params: dict) -> None:
     options = {key: value for key, value in params.items() if not key.startswith(DATASET_PREFIX)}
     options["dataset"] = with_dataset_options(params.get("dataset", RunConfig.dataset), params)
     config = resolve(options, {"out": str(out), "quiet": True})
-    federation = load_federation(config.dataset)
-    method = build_method(config, federation)
-    sampling.check_per_round(federation.num_clients, config.per_round(federation.num_clients))
-    pool = ShardPool.start(federation, cpus_per_shard=config.cpus_per_shard, trial_group=get_current_placement_group())
-    try:
-        resolved, rows, outcome = simulate(config, method, pool, Evaluator(federation), on_point=lambda p: tune.report(asdict(p)))
-    finally:
-        pool.shutdown()
-    write_run(out, rows, resolved.to_dict(), {**outcome.classifier.arrays(), **method.arrays()})
+    run(config, trial_group=get_current_placement_group(), on_point=lambda point: tune.report(asdict(point)))
 
 
 def param_space(spec: SweepSpec) -> dict:
