@@ -1,0 +1,155 @@
+"""Local training of many clients' softmax heads at once (linear probing on frozen features).
+
+Every client sampled in a round starts from the global head (W₀, b₀) and runs
+``epochs`` epochs of mini-batch SGD on its own n samples X (n × d). Every
+gradient of the cross-entropy with respect to W is Xᵀ(something), and weight
+decay and FedProx's pull only rescale W and W − W₀, so after any number of
+steps
+
+    W = β W₀ + Xᵀ A        with a scalar β and A of shape (n, C).
+
+Training therefore runs in this "dual" form: one GEMM gives the logits X W₀,
+one gives the Gram matrix X Xᵀ, and each step then costs b · n · C (a batch of b
+rows against the client's n samples) instead of touching the d × C weights.
+Clients are stacked (padded) and trained together, largest first, so a step
+computes only the clients that still have mini-batches. The summed update of
+all clients, Σ n_k (W_k − W₀), is one more GEMM over their concatenated
+samples. The result equals training each client alone with
+``torch.optim.SGD`` on the same mini-batches (tested to float64 round-off).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class LocalSGD:
+    """Client optimizer; defaults are Fed3R Appendix C's (lr 0.1, weight decay 4e-5, batch 50, 5 epochs).
+
+    ``prox_mu`` > 0 adds FedProx's (μ/2)‖θ − θ_global‖² (weights and bias);
+    logits are divided by ``temperature`` (a closed-form initialization wants 0.1).
+    """
+
+    lr: float = 0.1
+    weight_decay: float = 4e-5
+    batch_size: int = 50
+    epochs: int = 5
+    prox_mu: float = 0.0
+    temperature: float = 1.0
+
+
+def minibatches(size: int, batch_size: int, epochs: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A client's mini-batches (indices into its samples) for all epochs: a fresh permutation per epoch."""
+    batches = []
+    for _ in range(epochs):
+        order = rng.permutation(size)
+        batches += [order[start : start + batch_size] for start in range(0, size, batch_size)]
+    return batches
+
+
+def client_rng(seed: int, round_number: int, client: int) -> np.random.Generator:
+    """A client's mini-batch order in a round depends on nothing else (not on shards or co-sampled clients)."""
+    return np.random.default_rng((seed, round_number, client))
+
+
+@dataclass
+class TrainedHeads:
+    """Every client's trained head in dual form: W_k = β_k W₀ + X_kᵀ A_k, bias c_k.
+
+    Clients are in the order they were given; ``coefficients`` is padded to
+    the largest client, ``real`` (clients, width) marks the rows that are
+    samples, and ``features`` holds those samples, client after client.
+    """
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+    coefficients: torch.Tensor
+    bias: torch.Tensor
+    features: torch.Tensor
+    real: torch.Tensor
+
+    @property
+    def sizes(self) -> torch.Tensor:
+        return self.real.sum(dim=1)
+
+    def weights(self) -> torch.Tensor:
+        """The heads themselves, (clients, d, C); for checks — aggregation never forms them."""
+        padded = torch.zeros(*self.real.shape, self.features.shape[1], dtype=self.features.dtype)
+        padded[self.real] = self.features
+        return self.scale[:, None, None] * self.weight + torch.bmm(padded.transpose(1, 2), self.coefficients)
+
+    def weighted_update(self, global_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(Σ n_k (W_k − W₀), Σ n_k (c_k − b₀), Σ n_k): what a shard sends for FedAvg-style aggregation."""
+        n = self.sizes.to(self.weight.dtype)
+        a = (n[:, None, None] * self.coefficients)[self.real]
+        delta_w = (n * (self.scale - 1)).sum() * self.weight + self.features.T @ a
+        delta_b = (n[:, None] * (self.bias - global_bias)).sum(dim=0)
+        return delta_w, delta_b, n.sum()
+
+
+def train_heads(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    offsets: np.ndarray,
+    clients: np.ndarray,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    sgd: LocalSGD,
+    seed: int,
+    round_number: int,
+) -> TrainedHeads:
+    """Train every client's head from (``weight`` (d, C), ``bias`` (C,)) on its own samples.
+
+    ``features`` / ``labels`` hold the clients' samples concatenated in the
+    order of ``clients`` (client ``k`` owns rows ``offsets[k]:offsets[k+1]``).
+    """
+    count, num_classes, dtype = len(clients), weight.shape[1], weight.dtype
+    sizes = np.diff(offsets)
+    width = int(sizes.max())
+    plans = [minibatches(int(sizes[k]), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(c)))
+             for k, c in enumerate(clients)]
+    order = np.argsort([-len(plan) for plan in plans], kind="stable")
+    steps = np.array([len(plans[k]) for k in order])
+
+    padded_rows = torch.full((count, width), -1, dtype=torch.long)
+    for slot, k in enumerate(order):
+        padded_rows[slot, : sizes[k]] = torch.arange(offsets[k], offsets[k + 1])
+    real = padded_rows >= 0
+    samples = features[padded_rows[real]]
+    y = labels[padded_rows.clamp(min=0)]
+    base_logits = torch.zeros(count, width, num_classes, dtype=dtype)
+    base_logits[real] = samples @ weight
+    gram = torch.zeros(count, width, width, dtype=dtype)
+    for slot, k in enumerate(order):
+        block = features[offsets[k] : offsets[k + 1]]
+        gram[slot, : sizes[k], : sizes[k]] = block @ block.T
+
+    scale = torch.ones(count, dtype=dtype)
+    coefficients = torch.zeros(count, width, num_classes, dtype=dtype)
+    biases = bias.expand(count, -1).clone()
+    shrink = 1 - sgd.lr * (sgd.weight_decay + sgd.prox_mu)
+    batch_width = min(sgd.batch_size, width)
+    for step in range(int(steps[0])):
+        active = int((steps > step).sum())
+        index = torch.full((active, batch_width), -1, dtype=torch.long)
+        for slot in range(active):
+            batch = plans[order[slot]][step]
+            index[slot, : len(batch)] = torch.from_numpy(batch)
+        present = (index >= 0).to(dtype)
+        taken = index.clamp(min=0)
+        slots = torch.arange(active)[:, None]
+        logits = (scale[:active, None, None] * base_logits[slots, taken]
+                  + torch.bmm(gram[slots, taken], coefficients[:active]) + biases[:active, None, :]) / sgd.temperature
+        one_hot = torch.nn.functional.one_hot(y[slots, taken], num_classes).to(dtype)
+        error = (torch.softmax(logits, dim=-1) - one_hot) * (present / (present.sum(1, keepdim=True) * sgd.temperature))[..., None]
+        scale[:active] = shrink * scale[:active] + sgd.lr * sgd.prox_mu
+        coefficients[:active] *= shrink
+        coefficients[:active].index_put_((slots.expand_as(taken), taken), -sgd.lr * error, accumulate=True)
+        biases[:active] -= sgd.lr * (error.sum(dim=1) + sgd.weight_decay * biases[:active] + sgd.prox_mu * (biases[:active] - bias))
+
+    back = torch.from_numpy(np.argsort(order))
+    return TrainedHeads(weight, scale[back], coefficients[back], biases[back], features, real[back])
