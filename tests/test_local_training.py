@@ -5,23 +5,7 @@ import pytest
 import torch
 
 from fedray.gradient.local import LocalSGD, client_rng, minibatches, train_heads
-
-
-def train_alone(x, y, weight, bias, sgd: LocalSGD, batches) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain reference: nn.Linear, cross-entropy, torch.optim.SGD with weight decay, one mini-batch at a time."""
-    head = torch.nn.Linear(weight.shape[0], weight.shape[1], dtype=weight.dtype)
-    with torch.no_grad():
-        head.weight.copy_(weight.T)
-        head.bias.copy_(bias)
-    optimizer = torch.optim.SGD(head.parameters(), lr=sgd.lr, weight_decay=sgd.weight_decay)
-    for batch in batches:
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(head(x[batch]) / sgd.temperature, y[batch])
-        if sgd.prox_mu:
-            loss = loss + sgd.prox_mu / 2 * ((head.weight - weight.T) ** 2).sum() + sgd.prox_mu / 2 * ((head.bias - bias) ** 2).sum()
-        loss.backward()
-        optimizer.step()
-    return head.weight.detach().T, head.bias.detach()
+from jobs.bench_lp import train_client_plainly
 
 
 @pytest.mark.parametrize("sgd", [
@@ -45,7 +29,7 @@ def test_batched_training_equals_training_each_client_alone(sgd):
     for k, client in enumerate(clients):
         rows = slice(offsets[k], offsets[k + 1])
         batches = minibatches(int(sizes[k]), sgd.batch_size, sgd.epochs, client_rng(5, 17, int(client)))
-        expected_w, expected_b = train_alone(features[rows], labels[rows], weight, bias, sgd, batches)
+        expected_w, expected_b = train_client_plainly(features[rows], labels[rows], weight, bias, sgd, batches)
         torch.testing.assert_close(weights[k], expected_w, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(biases[k], expected_b, rtol=1e-10, atol=1e-12)
         expected_delta += int(sizes[k]) * (expected_w - weight)

@@ -81,6 +81,14 @@ class ShardActor:
         batch = ClientBatch(self.features[index], self.labels[index], offsets, clients)
         return method.client_statistics(batch)
 
+    def local_train(self, trainer: Any, head: tuple[torch.Tensor, torch.Tensor], clients: np.ndarray, round_number: int) -> Any:
+        """Local training of ``clients`` (global numbers) from ``head``, summed as ``trainer.train`` defines; None if none."""
+        if len(clients) == 0:
+            return None
+        rows, offsets = gather_rows(self.offsets, clients - self.first_client)
+        index = torch.from_numpy(rows)
+        return trainer.train(ClientBatch(self.features[index], self.labels[index], offsets, clients), head, round_number)
+
     def combine(self, method: ClosedFormMethod, a: Any, b: Any) -> Any:
         if a is None or b is None:
             return b if a is None else a
@@ -157,6 +165,15 @@ class ShardPool:
             (actor.statistics.remote(method, clients[shard_of == s]), actor) for s, actor in enumerate(self.actors)
         ]
         return tree_reduce(method, partials)
+
+    def local_train(self, trainer: ray.ObjectRef, head: ray.ObjectRef, clients: np.ndarray, round_number: int) -> ray.ObjectRef:
+        """Submit one round of local training of ``clients`` to their shards and tree-reduce the shards' sums."""
+        shard_of = np.searchsorted(self.bounds, clients, side="right") - 1
+        partials = [
+            (actor.local_train.remote(trainer, head, clients[shard_of == s], round_number), actor)
+            for s, actor in enumerate(self.actors)
+        ]
+        return tree_reduce(trainer, partials)
 
     def peak_memory_bytes(self) -> list[int]:
         return ray.get([actor.peak_memory_bytes.remote() for actor in self.actors])
