@@ -1,7 +1,6 @@
 """Image datasets: the input transform, bad-image policies, the image index and the folder / Hsu loaders."""
 
 import numpy as np
-import pyarrow.compute as pc
 import pytest
 import torch
 from PIL import Image

@@ -72,22 +72,19 @@ class ShardActor:
         """Peak resident memory of this actor's process."""
         return peak_memory_bytes()
 
+    def _batch(self, clients: np.ndarray) -> ClientBatch:
+        """The samples of ``clients`` (global numbers), client after client in the given order."""
+        rows, offsets = gather_rows(self.offsets, clients - self.first_client)
+        index = torch.from_numpy(rows)
+        return ClientBatch(self.features[index], self.labels[index], offsets, clients)
+
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray) -> Any:
         """Statistics summed over ``clients`` (global numbers, in upload order); None if there are none."""
-        if len(clients) == 0:
-            return None
-        rows, offsets = gather_rows(self.offsets, clients - self.first_client)
-        index = torch.from_numpy(rows)
-        batch = ClientBatch(self.features[index], self.labels[index], offsets, clients)
-        return method.client_statistics(batch)
+        return method.client_statistics(self._batch(clients)) if len(clients) else None
 
     def local_train(self, trainer: Any, head: tuple[torch.Tensor, torch.Tensor], clients: np.ndarray, round_number: int) -> Any:
-        """Local training of ``clients`` (global numbers) from ``head``, summed as ``trainer.train`` defines; None if none."""
-        if len(clients) == 0:
-            return None
-        rows, offsets = gather_rows(self.offsets, clients - self.first_client)
-        index = torch.from_numpy(rows)
-        return trainer.train(ClientBatch(self.features[index], self.labels[index], offsets, clients), head, round_number)
+        """Local training of ``clients`` from ``head``, summed as ``trainer.train`` defines; None if there are none."""
+        return trainer.train(self._batch(clients), head, round_number) if len(clients) else None
 
     def combine(self, method: ClosedFormMethod, a: Any, b: Any) -> Any:
         if a is None or b is None:
