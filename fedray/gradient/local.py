@@ -129,7 +129,9 @@ def train_heads(
         gram[slot, : sizes[k], : sizes[k]] = block @ block.T
 
     scale = torch.ones(count, dtype=dtype)
-    coefficients = torch.zeros(count, width, num_classes, dtype=dtype)
+    # A = factor · scaled: shrinking A each step rescales one number per client, not n × C of them.
+    factor = torch.ones(count, dtype=dtype)
+    scaled = torch.zeros(count, width, num_classes, dtype=dtype)
     biases = bias.expand(count, -1).clone()
     shrink = 1 - sgd.lr * (sgd.weight_decay + sgd.prox_mu)
     batch_width = min(sgd.batch_size, width)
@@ -143,13 +145,16 @@ def train_heads(
         taken = index.clamp(min=0)
         slots = torch.arange(active)[:, None]
         logits = (scale[:active, None, None] * base_logits[slots, taken]
-                  + torch.bmm(gram[slots, taken], coefficients[:active]) + biases[:active, None, :]) / sgd.temperature
+                  + factor[:active, None, None] * torch.bmm(gram[slots, taken], scaled[:active])
+                  + biases[:active, None, :]) / sgd.temperature
         one_hot = torch.nn.functional.one_hot(y[slots, taken], num_classes).to(dtype)
         error = (torch.softmax(logits, dim=-1) - one_hot) * (present / (present.sum(1, keepdim=True) * sgd.temperature))[..., None]
         scale[:active] = shrink * scale[:active] + sgd.lr * sgd.prox_mu
-        coefficients[:active] *= shrink
-        coefficients[:active].index_put_((slots.expand_as(taken), taken), -sgd.lr * error, accumulate=True)
+        factor[:active] *= shrink
+        step_update = -sgd.lr * error / factor[:active, None, None]
+        scaled[:active].index_put_((slots.expand_as(taken), taken), step_update, accumulate=True)
         biases[:active] -= sgd.lr * (error.sum(dim=1) + sgd.weight_decay * biases[:active] + sgd.prox_mu * (biases[:active] - bias))
 
     back = torch.from_numpy(np.argsort(order))
+    coefficients = factor[:, None, None] * scaled
     return TrainedHeads(weight, scale[back], coefficients[back], biases[back], features, real[back])
