@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import polars as pl
 
+from fedray.results import EvalPoint
+
 RESULTS, METRICS = "results.parquet", "metrics.parquet"
-METRIC_COLUMNS = ("round", "clients_seen", "samples_seen", "accuracy", "bytes_up", "bytes_down", "flops_client_avg", "wall_s")
+METRIC_COLUMNS = tuple(f.name for f in fields(EvalPoint))
 NOT_PARAMETERS = {*METRIC_COLUMNS, "trial_id", "sweep", "method", "seed", "out", "quiet", "num_shards", "cpus_per_shard"}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -13,6 +14,20 @@ import pyarrow.parquet as pq
 import yaml
 
 METRICS, CLASSIFIER, CONFIG = "metrics.parquet", "classifier.npz", "config.yaml"
+
+
+@dataclass
+class EvalPoint:
+    """One row of metrics.parquet (besides the run's configuration columns)."""
+
+    round: int
+    clients_seen: int
+    samples_seen: int
+    accuracy: float
+    bytes_up: float
+    bytes_down: float
+    flops_client_avg: float
+    wall_s: float
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:

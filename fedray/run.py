@@ -17,10 +17,10 @@ from fedray.data.federation import Federation
 from fedray.data.registry import load_federation
 from fedray.evaluation import Evaluator
 from fedray.methods import METHODS, ClosedFormMethod
-from fedray.results import config_columns, write_run
+from fedray.results import EvalPoint, config_columns, write_run
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
-from fedray.runtime.simulation import EvalPoint, RunOutcome, run_closed_form
+from fedray.runtime.simulation import RunOutcome, run_closed_form
 
 
 def init_ray(address: str | None = None) -> None:

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
@@ -68,11 +66,6 @@ def bare_loop(config: ExtractConfig, paths: list[str]) -> tuple[float, np.ndarra
     return time.perf_counter() - start, np.concatenate(features)
 
 
-def cached_features(entry: str) -> np.ndarray:
-    rows = pa.concat_tables(pq.read_table(p) for p in CacheEntry(Path(entry)).part_files())
-    return rows.column("features").combine_chunks().flatten().to_numpy().reshape(rows.num_rows, -1)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1024)
@@ -96,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         hit_s = time.perf_counter() - hit_s
         paths = load_federation(config.dataset).table.sort_by("sample_id").column("image_path").to_pylist()
         bare_s, bare = bare_loop(config, paths)
-        pool = cached_features(report.entry)
+        pool = CacheEntry(Path(report.entry)).features()
     pool_ips, bare_ips = args.images / report.extract_s, args.images / bare_s
     print(json.dumps({
         "benchmark": "extract_pool",

@@ -56,12 +56,11 @@ def config(dataset: str, out, weights_file, **options) -> ExtractConfig:
 
 
 def cached_rows(entry: str) -> pa.Table:
-    return pa.concat_tables(pq.read_table(p) for p in cache.CacheEntry(Path(entry)).part_files())
+    return cache.CacheEntry(Path(entry)).rows()
 
 
 def cached_features(entry: str) -> np.ndarray:
-    rows = cached_rows(entry)
-    return rows.column("features").combine_chunks().flatten().to_numpy().reshape(rows.num_rows, -1)
+    return cache.CacheEntry(Path(entry)).features()
 
 
 def check_against_direct(federation_with_paths, entry: str, weights_file) -> None:

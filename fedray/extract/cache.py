@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from fedray.data.parquet import feature_matrix, read_files
 from fedray.errors import FedrayError
 from fedray.results import write_atomically
 
@@ -74,6 +75,14 @@ class CacheEntry:
 
     def part_files(self) -> list[Path]:
         return sorted((self.path / PARTS).glob("*.parquet"))
+
+    def rows(self) -> pa.Table:
+        """Every finished part's rows, in part order."""
+        return read_files([str(part) for part in self.part_files()])
+
+    def features(self) -> np.ndarray:
+        """The (rows, d) float32 features of :meth:`rows`."""
+        return feature_matrix(self.rows().column("features"))
 
     def skipped(self) -> list[tuple[int, str]]:
         """Every (sample_id, reason) the finished parts skipped."""

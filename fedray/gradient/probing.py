@@ -20,8 +20,9 @@ from fedray.evaluation import Evaluator
 from fedray.gradient.local import LocalSGD, train_heads
 from fedray.gradient.server import ServerOptimizer
 from fedray.methods.base import FLOAT_BYTES, ClientBatch, Classifier
+from fedray.results import EvalPoint
 from fedray.runtime.shards import ShardPool
-from fedray.runtime.simulation import EvalPoint, eval_rounds
+from fedray.runtime.simulation import eval_rounds
 
 Update = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -71,7 +72,7 @@ def run_linear_probe(
     seen = np.zeros(federation.num_clients, dtype=bool)
     evaluate_at = eval_rounds(len(rounds), eval_every)
     points: list[EvalPoint] = []
-    traffic = flops = 0.0
+    flops = 0.0
     participations = 0
     with tqdm(total=len(rounds), unit="round", disable=quiet, desc="linear probe") as progress:
         for number, clients in enumerate(rounds, start=1):
@@ -79,11 +80,11 @@ def run_linear_probe(
             delta_w, delta_b, count = ray.get(pool.local_train(trainer_ref, head_ref, clients, number))
             server.step(params, {"weight": delta_w / count, "bias": delta_b / count})
             seen[clients] = True
-            traffic += len(clients) * model_bytes
             flops += float(client_flops[clients].sum())
             participations += len(clients)
             if number in evaluate_at:
                 accuracy = evaluator.accuracy(trainer, Classifier(params["weight"], params["bias"]))
+                traffic = participations * model_bytes
                 points.append(EvalPoint(number, int(seen.sum()), int(sizes[seen].sum()), accuracy, traffic, traffic,
                                         flops / participations, time.perf_counter() - start))
                 progress.set_postfix(acc=f"{accuracy:.4f}")

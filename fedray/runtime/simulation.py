@@ -12,19 +12,8 @@ from tqdm import tqdm
 
 from fedray.evaluation import Evaluator
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
+from fedray.results import EvalPoint
 from fedray.runtime.shards import ShardPool
-
-
-@dataclass
-class EvalPoint:
-    round: int
-    clients_seen: int
-    samples_seen: int
-    accuracy: float
-    bytes_up: float
-    bytes_down: float
-    flops_client_avg: float
-    wall_s: float
 
 
 @dataclass
