@@ -9,20 +9,24 @@ from pathlib import Path
 
 from fedray.config import RunConfig, load_config_file, resolve
 from fedray.errors import FedrayError
+from fedray.gradient.algorithms import ALGORITHMS, INITS
 from fedray.methods import METHODS
 
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("run", help="run one closed-form method on a federation",
-                                 description="Run one closed-form method; writes metrics.parquet, classifier.npz and config.yaml to --out.")
+    parser = commands.add_parser("run", help="run one closed-form or gradient-based method on a federation",
+                                 description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
+                                 "Gradient methods train a softmax head on the features (linear probing).")
     parser.add_argument("--config", help="YAML file with any of the options below (command line wins)")
-    parser.add_argument("--method", choices=sorted(METHODS), help=f"default {RunConfig.method}")
+    parser.add_argument("--method", choices=sorted([*METHODS, *ALGORITHMS]), help=f"default {RunConfig.method}")
     parser.add_argument("--dataset", help="synthetic:NAME, parquet:PATH, features:CACHE, hsu:CSV or imagefolder:ROOT, with ?options")
     parser.add_argument("--out", help="output folder (default results/run)")
     parser.add_argument("--clients-per-round", type=int, help="κ clients per round (default 10)")
     parser.add_argument("--participation", type=float, help="fraction of clients per round, instead of κ")
-    parser.add_argument("--sampling", choices=["without", "with"], help="client sampling across rounds (default without)")
-    parser.add_argument("--rounds", type=int, help="stop after this many rounds (default: until every client was seen)")
+    parser.add_argument("--sampling", choices=["without", "with"],
+                        help="client sampling across rounds (default: without for closed-form, with for gradient methods)")
+    parser.add_argument("--rounds", type=int, help="stop after this many rounds (default: until every client was seen); "
+                        "gradient methods run exactly this many")
     parser.add_argument("--eval-every", type=int, help="evaluate every R rounds and at the end (default 100)")
     parser.add_argument("--seed", type=int, help="seed of every random choice of the run (default 0)")
     parser.add_argument("--lam", type=float, help="ridge λ for fed3r, fed3r-rf, ffc (default 0.01)")
@@ -31,6 +35,23 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--rf-sigma", type=float, help="RBF bandwidth σ for fed3r-rf (default √d)")
     parser.add_argument("--gamma", type=float, help="FedCOF covariance shrinkage γ (default 0.1)")
     parser.add_argument("--means-per-class", type=int, help="FedCOF means per class per client (default 1)")
+    training = parser.add_argument_group("gradient methods (fedavg, fedavgm, fedadam, fedprox, scaffold)")
+    training.add_argument("--client-lr", type=float, help="client SGD learning rate (default 0.1)")
+    training.add_argument("--weight-decay", type=float, help="client SGD weight decay (default 4e-5)")
+    training.add_argument("--batch-size", type=int, help="client mini-batch size (default 50)")
+    training.add_argument("--local-epochs", type=int, help="local epochs per round (default 5)")
+    training.add_argument("--server-lr", type=float, help="server learning rate (default 1; fedadam 0.01)")
+    training.add_argument("--server-momentum", type=float, help="fedavgm server momentum (default 0.9)")
+    training.add_argument("--adam-beta1", type=float, help="fedadam β₁ (default 0.9)")
+    training.add_argument("--adam-beta2", type=float, help="fedadam β₂ (default 0.99)")
+    training.add_argument("--adam-tau", type=float, help="fedadam τ (default 1e-3)")
+    training.add_argument("--prox-mu", type=float, help="fedprox proximal μ (default 0.01)")
+    training.add_argument("--temperature", type=float, help="softmax temperature: logits / T (default 1; 0.1 after a closed-form init)")
+    training.add_argument("--init", choices=list(INITS), help="head initialization: random, or a closed-form stage first (default random)")
+    training.add_argument("--init-rounds", type=int, help="round budget of the closed-form stage (default: until every client was seen)")
+    training.add_argument("--probe-ridge", action="store_const", const=True, help="after training, report Fed3R's accuracy on the features")
+    training.add_argument("--checkpoint-every", type=int, help="write OUT/checkpoint.pt every N rounds (default 500)")
+    training.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
     parser.add_argument("--num-shards", type=int, help="shard actors (default: cluster CPUs / --cpus-per-shard)")
     parser.add_argument("--cpus-per-shard", type=float, help="CPUs each shard actor requests (default 1)")
     parser.add_argument("--quiet", action="store_const", const=True, help="no progress bar")
@@ -42,10 +63,12 @@ def _cmd_run(args: argparse.Namespace) -> None:
     from fedray.run import run
 
     file_values = load_config_file(args.config) if args.config else {}
-    cli_values = {k: v for k, v in vars(args).items() if k not in ("config", "address", "handler", "command")}
+    cli_values = {k: v for k, v in vars(args).items() if k not in ("config", "address", "handler", "command", "resume")}
     config = resolve(file_values, cli_values)
-    rows = run(config, address=args.address)
+    rows = run(config, address=args.address, resume=args.resume)
     last = rows[-1]
+    if last["diverged"]:
+        raise FedrayError(f"{config.method} diverged in round {last['round']}; rows up to there are in {config.out}")
     print(f"{config.method} on {config.dataset}: accuracy {last['accuracy']:.4f} after {last['round']} rounds, "
           f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import yaml
 
 from fedray.errors import FedrayError
+from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, INITS
 from fedray.methods import METHODS
 
 
@@ -19,7 +20,7 @@ class RunConfig:
     out: str = "results/run"
     clients_per_round: int | None = None
     participation: float | None = None
-    sampling: str = "without"
+    sampling: str | None = None
     rounds: int | None = None
     eval_every: int = 100
     seed: int = 0
@@ -29,14 +30,34 @@ class RunConfig:
     rf_sigma: float | None = None
     gamma: float = 0.1
     means_per_class: int = 1
+    client_lr: float = 0.1
+    weight_decay: float = 4e-5
+    batch_size: int = 50
+    local_epochs: int = 5
+    server_lr: float | None = None
+    server_momentum: float = 0.9
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    adam_tau: float = 1e-3
+    prox_mu: float | None = None
+    temperature: float = 1.0
+    init: str = "random"
+    init_rounds: int | None = None
+    probe_ridge: bool = False
+    checkpoint_every: int | None = 500
     num_shards: int | None = None
     cpus_per_shard: float = 1.0
     quiet: bool = False
 
+    @property
+    def trains(self) -> bool:
+        """A gradient-based method (trains a softmax head) rather than a closed-form one."""
+        return self.method in ALGORITHMS
+
     def validate(self) -> "RunConfig":
-        if self.method not in METHODS:
-            raise FedrayError(f"unknown method {self.method!r}; known: {', '.join(METHODS)}")
-        if self.sampling not in ("without", "with"):
+        if self.method not in METHODS and self.method not in ALGORITHMS:
+            raise FedrayError(f"unknown method {self.method!r}; known: {', '.join([*METHODS, *ALGORITHMS])}")
+        if self.sampling not in (None, "without", "with"):
             raise FedrayError(f"--sampling must be 'without' or 'with', got {self.sampling!r}")
         if self.clients_per_round is not None and self.participation is not None:
             raise FedrayError("give --clients-per-round or --participation, not both")
@@ -48,7 +69,27 @@ class RunConfig:
             raise FedrayError(f"--rounds must be ≥ 1, got {self.rounds}")
         if self.cpus_per_shard <= 0:
             raise FedrayError(f"--cpus-per-shard must be > 0, got {self.cpus_per_shard}")
+        if self.init not in INITS:
+            raise FedrayError(f"--init must be one of {', '.join(INITS)}, got {self.init!r}")
+        positive = {"client_lr": self.client_lr, "batch_size": self.batch_size, "local_epochs": self.local_epochs,
+                    "temperature": self.temperature, "server_lr": self.server_lr, "init_rounds": self.init_rounds,
+                    "checkpoint_every": self.checkpoint_every}
+        for name, value in positive.items():
+            if value is not None and value <= 0:
+                raise FedrayError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if self.prox_mu is not None and self.method != "fedprox":
+            raise FedrayError(f"--prox-mu applies to fedprox only, not {self.method}")
         return self
+
+    def resolved(self) -> "RunConfig":
+        """Method-dependent defaults filled in: sampling (with replacement for training), server lr, FedProx μ."""
+        values = {"sampling": self.sampling or ("with" if self.trains else "without")}
+        if self.trains:
+            algorithm = ALGORITHMS[self.method]
+            values["server_lr"] = self.server_lr or algorithm.default_server_lr
+            if algorithm.proximal:
+                values["prox_mu"] = DEFAULT_PROX_MU if self.prox_mu is None else self.prox_mu
+        return replace(self, **values)
 
     def per_round(self, num_clients: int) -> int:
         """κ from --clients-per-round, --participation, or 10 by default."""
@@ -117,6 +158,6 @@ def resolve(file_values: dict, cli_values: dict) -> RunConfig:
         file_values = {k: v for k, v in file_values.items() if k not in PER_ROUND}
     merged = {**file_values, **given}
     try:
-        return RunConfig(**merged).validate()
+        return RunConfig(**merged).validate().resolved()
     except TypeError as error:
         raise FedrayError(str(error)) from None

@@ -18,7 +18,13 @@ METRICS, CLASSIFIER, CONFIG = "metrics.parquet", "classifier.npz", "config.yaml"
 
 @dataclass
 class EvalPoint:
-    """One row of metrics.parquet (besides the run's configuration columns)."""
+    """One row of metrics.parquet (besides the run's configuration columns).
+
+    ``stage`` is ``closed_form`` or ``train`` (a two-stage run has both);
+    ``train_loss`` is the mean cross-entropy of the global model on the
+    samples of the clients sampled since the previous row, before their local
+    training; ``diverged`` marks the row a run stopped at.
+    """
 
     round: int
     clients_seen: int
@@ -28,6 +34,9 @@ class EvalPoint:
     bytes_down: float
     flops_client_avg: float
     wall_s: float
+    stage: str = "closed_form"
+    train_loss: float = float("nan")
+    diverged: bool = False
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:

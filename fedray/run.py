@@ -1,9 +1,8 @@
-"""One closed-form run from a configuration: federation → shards → rounds → results on disk."""
+"""One run from a configuration: federation → shards → rounds (closed-form or training) → results on disk."""
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -13,10 +12,12 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from fedray.config import RunConfig
-from fedray.data.federation import Federation
 from fedray.data.registry import load_federation
 from fedray.evaluation import Evaluator
-from fedray.methods import METHODS, ClosedFormMethod
+from fedray.gradient.checkpoint import remove_checkpoint
+from fedray.gradient.runner import train_on_features
+from fedray.methods.base import Classifier, ClosedFormMethod
+from fedray.methods.from_config import build_method
 from fedray.results import EvalPoint, config_columns, write_run
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
@@ -35,20 +36,6 @@ def init_ray(address: str | None = None) -> None:
         ray.init(include_dashboard=False, **options)
 
 
-def build_method(config: RunConfig, federation: Federation) -> ClosedFormMethod:
-    dim, classes = federation.dim, federation.num_classes
-    common = {"lam": config.lam, "bias": config.bias}
-    options = {
-        "fedncm": {},
-        "fed3r": common,
-        "ffc": common,
-        "fed3r-rf": {**common, "rf_dim": config.rf_dim, "rf_sigma": config.rf_sigma or math.sqrt(dim), "seed": config.seed},
-        "fedcof": {"gamma": config.gamma, "means_per_class": config.means_per_class, "seed": config.seed},
-        "fedcof-oracle": {"gamma": config.gamma, "seed": config.seed},
-    }[config.method]
-    return METHODS[config.method](dim, classes, **options)
-
-
 def simulate(
     config: RunConfig,
     method: ClosedFormMethod,
@@ -56,24 +43,33 @@ def simulate(
     evaluator: Evaluator,
     on_point: Callable[[EvalPoint], None] | None = None,
 ) -> tuple[RunConfig, list[dict], RunOutcome]:
-    """Run ``method`` on an already started shard pool.
+    """Run a closed-form ``method`` on an already started shard pool.
 
     Returns the configuration with every default resolved (κ unless a rate was
     given, shard count, σ), valid as a ``--config`` file; one metrics row per
     evaluation point (κ always resolved); and the outcome.
     """
+    config = config.resolved()
     federation = pool.federation
     per_round = config.per_round(federation.num_clients)
     rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point)
-    resolved = replace(
-        config,
-        clients_per_round=per_round if config.participation is None else None,
-        num_shards=pool.num_shards,
-        rf_sigma=getattr(method, "rf_sigma", None),
-    )
+    resolved = _resolved(config, pool, rf_sigma=getattr(method, "rf_sigma", None))
+    return resolved, metrics_rows(resolved, per_round, outcome.points), outcome
+
+
+def _resolved(config: RunConfig, pool: ShardPool, **values: object) -> RunConfig:
+    per_round = config.per_round(pool.federation.num_clients)
+    return replace(config, clients_per_round=per_round if config.participation is None else None,
+                   num_shards=pool.num_shards, **values)
+
+
+def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], **last: object) -> list[dict]:
+    """One row per point: the configuration's columns, then the point's; ``last`` adds columns to the final row."""
     columns = {**config_columns(resolved.to_dict()), "clients_per_round": per_round}
-    return resolved, [{**columns, **asdict(point)} for point in outcome.points], outcome
+    rows = [{**columns, **asdict(point), **{key: None for key in last}} for point in points]
+    rows[-1].update(last)
+    return rows
 
 
 def run(
@@ -81,20 +77,33 @@ def run(
     address: str | None = None,
     trial_group: PlacementGroup | None = None,
     on_point: Callable[[EvalPoint], None] | None = None,
+    resume: bool = False,
 ) -> list[dict]:
-    """Load, simulate and write ``config.out``; nothing is written unless the run completes.
+    """Load, simulate and write ``config.out``; nothing but checkpoints is written unless the run completes.
 
     Inside a Tune trial, ``trial_group`` is the trial's placement group (see
     :meth:`ShardPool.start`) and ``on_point`` reports each evaluation point.
+    ``resume`` continues a training run from its checkpoint in ``config.out``.
+    A diverged training run is written too; its last row says so.
     """
+    config = config.validate().resolved()
     federation = load_federation(config.dataset)
-    method = build_method(config, federation)
+    method = None if config.trains else build_method(config, federation)
     sampling.check_per_round(federation.num_clients, config.per_round(federation.num_clients))
     init_ray(address)
     pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group)
     try:
-        resolved, rows, outcome = simulate(config, method, pool, Evaluator(federation), on_point)
+        if config.trains:
+            outcome = train_on_features(config, pool, Evaluator(federation), on_point, resume)
+            resolved = _resolved(config, pool)
+            extra = {} if outcome.ridge_probe_accuracy is None else {"ridge_probe_accuracy": outcome.ridge_probe_accuracy}
+            rows = metrics_rows(resolved, config.per_round(federation.num_clients), outcome.points, **extra)
+            arrays = Classifier(outcome.params["weight"], outcome.params["bias"]).arrays()
+        else:
+            resolved, rows, closed_form = simulate(config, method, pool, Evaluator(federation), on_point)
+            arrays = {**closed_form.classifier.arrays(), **method.arrays()}
     finally:
         pool.shutdown()
-    write_run(Path(config.out), rows, resolved.to_dict(), {**outcome.classifier.arrays(), **method.arrays()})
+    write_run(Path(config.out), rows, resolved.to_dict(), arrays)
+    remove_checkpoint(Path(config.out))
     return rows

@@ -27,7 +27,8 @@ from fedray.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.evaluation import Evaluator
 from fedray.methods.base import ClientBatch
-from fedray.run import build_method, init_ray, simulate
+from fedray.methods.from_config import build_method
+from fedray.run import init_ray, simulate
 from fedray.runtime.shards import ShardPool, peak_memory_bytes
 
 MB = 2**20

@@ -17,7 +17,8 @@ from fedray.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.evaluation import Evaluator
 from fedray.results import write_run
-from fedray.run import build_method, init_ray, simulate
+from fedray.methods.from_config import build_method
+from fedray.run import init_ray, simulate
 from fedray.runtime.shards import ShardPool
 
 METHODS = ("fedncm", "fed3r", "fedcof")

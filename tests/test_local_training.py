@@ -4,16 +4,17 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.gradient.local import LocalSGD, client_rng, minibatches, train_heads
-from jobs.bench_lp import train_client_plainly
+from fedray.gradient.local import Control, LocalSGD, client_rng, minibatches, train_heads
+from jobs.bench_lp import client_gradient, train_client_plainly
 
 
-@pytest.mark.parametrize("sgd", [
-    LocalSGD(),
-    LocalSGD(lr=0.05, batch_size=4, epochs=3, prox_mu=0.5),
-    LocalSGD(batch_size=7, epochs=2, temperature=0.1),
+@pytest.mark.parametrize("sgd, scaffold", [
+    (LocalSGD(), False),
+    (LocalSGD(lr=0.05, batch_size=4, epochs=3, prox_mu=0.5), False),
+    (LocalSGD(batch_size=7, epochs=2, temperature=0.1), False),
+    (LocalSGD(lr=0.05, batch_size=4, epochs=3, temperature=0.5), True),
 ])
-def test_batched_training_equals_training_each_client_alone(sgd):
+def test_batched_training_equals_training_each_client_alone(sgd, scaffold):
     generator = torch.Generator().manual_seed(0)
     sizes = np.array([1, 2, 13, 60, 5, 120])
     offsets = np.concatenate([[0], np.cumsum(sizes)])
@@ -23,19 +24,38 @@ def test_batched_training_equals_training_each_client_alone(sgd):
     weight = 0.1 * torch.randn(dim, classes, generator=generator, dtype=torch.float64)
     bias = 0.1 * torch.randn(classes, generator=generator, dtype=torch.float64)
     clients = np.array([40, 7, 3, 99, 12, 5])
-    heads = train_heads(features, labels, offsets, clients, weight, bias, sgd, seed=5, round_number=17)
+    control = None
+    if scaffold:
+        control = Control(0.1 * torch.randn(dim, classes, generator=generator, dtype=torch.float64),
+                          0.1 * torch.randn(classes, generator=generator, dtype=torch.float64),
+                          0.1 * torch.randn(offsets[-1], classes, generator=generator, dtype=torch.float64))
+    heads = train_heads(features, labels, offsets, clients, weight, bias, sgd, seed=5, round_number=17, control=control)
     weights, biases = heads.weights(), heads.bias
     expected_delta = torch.zeros_like(weight)
+    expected_control = torch.zeros_like(weight)
     for k, client in enumerate(clients):
         rows = slice(offsets[k], offsets[k + 1])
         batches = minibatches(int(sizes[k]), sgd.batch_size, sgd.epochs, client_rng(5, 17, int(client)))
-        expected_w, expected_b = train_client_plainly(features[rows], labels[rows], weight, bias, sgd, batches)
+        correction = None
+        if scaffold:
+            own = features[rows].T @ control.rows[rows], control.rows[rows].sum(0)
+            correction = control.weight - own[0], control.bias - own[1]
+            new = client_gradient(features[rows], labels[rows], weight, bias, sgd.temperature)
+            torch.testing.assert_close(features[rows].T @ heads.gradient_rows[rows], new[0], rtol=1e-10, atol=1e-12)
+            expected_control += int(sizes[k]) * (new[0] - own[0])
+        expected_w, expected_b = train_client_plainly(features[rows], labels[rows], weight, bias, sgd, batches, correction)
         torch.testing.assert_close(weights[k], expected_w, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(biases[k], expected_b, rtol=1e-10, atol=1e-12)
         expected_delta += int(sizes[k]) * (expected_w - weight)
     delta_w, _, total = heads.weighted_update(bias)
     assert total == sizes.sum()
     torch.testing.assert_close(delta_w, expected_delta, rtol=1e-10, atol=1e-10)
+    expected_loss = sum(float(torch.nn.functional.cross_entropy((features[offsets[k]:offsets[k + 1]] @ weight + bias) / sgd.temperature,
+                                                                labels[offsets[k]:offsets[k + 1]], reduction="sum"))
+                        for k in range(len(clients)))
+    assert heads.start_loss == pytest.approx(expected_loss, rel=1e-12)
+    if scaffold:
+        torch.testing.assert_close(heads.control_update()[0], expected_control, rtol=1e-10, atol=1e-10)
 
 
 def test_a_clients_minibatches_depend_only_on_seed_round_and_client():

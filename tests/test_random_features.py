@@ -5,7 +5,8 @@ import pytest
 from fedray.config import RunConfig
 from fedray.data import synthetic
 from fedray.evaluation import Evaluator
-from fedray.run import build_method, simulate
+from fedray.methods.from_config import build_method
+from fedray.run import simulate
 from fedray.runtime.shards import ShardPool
 
 

@@ -10,7 +10,8 @@ import torch
 from fedray.config import RunConfig
 from fedray.data import synthetic
 from fedray.evaluation import Evaluator
-from fedray.run import build_method, simulate
+from fedray.methods.from_config import build_method
+from fedray.run import simulate
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool, balanced_bounds
 from tests.reference import class_means, fedcof_algorithm1, features_and_labels, max_relative_difference, normalized, ridge

@@ -56,21 +56,44 @@ def client_rng(seed: int, round_number: int, client: int) -> np.random.Generator
     return np.random.default_rng((seed, round_number, client))
 
 
+@dataclass(frozen=True)
+class Control:
+    """SCAFFOLD's control variates in dual form.
+
+    The server's c is (``weight`` (d, C), ``bias`` (C,)); a client's c_i is the
+    gradient of its loss at the server model of its last participation
+    (option I of Karimireddy et al.), X_iᵀ G_i and 1ᵀ G_i, so it is stored as
+    the n_i × C matrix G_i: ``rows`` holds G of the given clients' samples,
+    aligned with their features.
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    rows: torch.Tensor
+
+
 @dataclass
 class TrainedHeads:
-    """Every client's trained head in dual form: W_k = β_k W₀ + X_kᵀ A_k, bias c_k.
+    """Every client's trained head in dual form: W_k = β_k W₀ + X_kᵀ A_k + γ_k c, bias c_k.
 
     Clients are in the order they were given; ``coefficients`` is padded to
     the largest client, ``real`` (clients, width) marks the rows that are
     samples, and ``features`` holds those samples, client after client.
+    ``start_loss`` is the cross-entropy of the starting head summed over those
+    samples; ``gradient_rows`` is G of each sample at the starting head (the
+    new SCAFFOLD control variates), ``control`` the one trained with (or None).
     """
 
     weight: torch.Tensor
     scale: torch.Tensor
     coefficients: torch.Tensor
+    control_scale: torch.Tensor
     bias: torch.Tensor
     features: torch.Tensor
     real: torch.Tensor
+    start_loss: float
+    gradient_rows: torch.Tensor
+    control: Control | None
 
     @property
     def sizes(self) -> torch.Tensor:
@@ -80,15 +103,26 @@ class TrainedHeads:
         """The heads themselves, (clients, d, C); for checks — aggregation never forms them."""
         padded = torch.zeros(*self.real.shape, self.features.shape[1], dtype=self.features.dtype)
         padded[self.real] = self.features
-        return self.scale[:, None, None] * self.weight + torch.bmm(padded.transpose(1, 2), self.coefficients)
+        heads = self.scale[:, None, None] * self.weight + torch.bmm(padded.transpose(1, 2), self.coefficients)
+        if self.control is not None:
+            heads += self.control_scale[:, None, None] * self.control.weight
+        return heads
 
     def weighted_update(self, global_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(Σ n_k (W_k − W₀), Σ n_k (c_k − b₀), Σ n_k): what a shard sends for FedAvg-style aggregation."""
         n = self.sizes.to(self.weight.dtype)
         a = (n[:, None, None] * self.coefficients)[self.real]
         delta_w = (n * (self.scale - 1)).sum() * self.weight + self.features.T @ a
+        if self.control is not None:
+            delta_w += (n * self.control_scale).sum() * self.control.weight
         delta_b = (n[:, None] * (self.bias - global_bias)).sum(dim=0)
         return delta_w, delta_b, n.sum()
+
+    def control_update(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Σ n_k (c_k⁺ − c_k) for the weights, the same for the bias): SCAFFOLD's server-side sum."""
+        n = self.sizes.to(self.weight.dtype)
+        change = torch.repeat_interleave(n, n.long())[:, None] * (self.gradient_rows - self.control.rows)
+        return self.features.T @ change, change.sum(dim=0)
 
 
 def train_heads(
@@ -101,11 +135,13 @@ def train_heads(
     sgd: LocalSGD,
     seed: int,
     round_number: int,
+    control: Control | None = None,
 ) -> TrainedHeads:
     """Train every client's head from (``weight`` (d, C), ``bias`` (C,)) on its own samples.
 
     ``features`` / ``labels`` hold the clients' samples concatenated in the
     order of ``clients`` (client ``k`` owns rows ``offsets[k]:offsets[k+1]``).
+    With ``control`` every step follows SCAFFOLD's g + c − c_i.
     """
     count, num_classes, dtype = len(clients), weight.shape[1], weight.dtype
     sizes = np.diff(offsets)
@@ -128,11 +164,27 @@ def train_heads(
         block = features[offsets[k] : offsets[k + 1]]
         gram[slot, : sizes[k], : sizes[k]] = block @ block.T
 
+    start_logits = (base_logits[real] + bias) / sgd.temperature
+    start_loss = float(torch.nn.functional.cross_entropy(start_logits, y[real], reduction="sum"))
+    slot_sizes = torch.from_numpy(sizes[order]).to(dtype)
+    gradient = torch.softmax(start_logits, dim=-1)
+    gradient[torch.arange(len(gradient)), y[real]] -= 1
+    gradient /= (torch.repeat_interleave(slot_sizes, slot_sizes.long()) * sgd.temperature)[:, None]
+
     scale = torch.ones(count, dtype=dtype)
-    # A = factor · scaled: shrinking A each step rescales one number per client, not n × C of them.
+    # A = factor · scaled + drift · G: shrinking A each step rescales one number per client, not n × C of them.
     factor = torch.ones(count, dtype=dtype)
     scaled = torch.zeros(count, width, num_classes, dtype=dtype)
+    drift = torch.zeros(count, dtype=dtype)
+    control_scale = torch.zeros(count, dtype=dtype)
     biases = bias.expand(count, -1).clone()
+    if control is not None:
+        client_rows = torch.zeros(count, width, num_classes, dtype=dtype)
+        client_rows[real] = control.rows[padded_rows[real]]
+        gram_rows = torch.bmm(gram, client_rows)
+        control_logits = torch.zeros(count, width, num_classes, dtype=dtype)
+        control_logits[real] = samples @ control.weight
+        bias_pull = control.bias - client_rows.sum(dim=1)
     shrink = 1 - sgd.lr * (sgd.weight_decay + sgd.prox_mu)
     batch_width = min(sgd.batch_size, width)
     for step in range(int(steps[0])):
@@ -146,15 +198,28 @@ def train_heads(
         slots = torch.arange(active)[:, None]
         logits = (scale[:active, None, None] * base_logits[slots, taken]
                   + factor[:active, None, None] * torch.bmm(gram[slots, taken], scaled[:active])
-                  + biases[:active, None, :]) / sgd.temperature
+                  + biases[:active, None, :])
+        if control is not None:
+            logits += (drift[:active, None, None] * gram_rows[slots, taken]
+                       + control_scale[:active, None, None] * control_logits[slots, taken])
         one_hot = torch.nn.functional.one_hot(y[slots, taken], num_classes).to(dtype)
-        error = (torch.softmax(logits, dim=-1) - one_hot) * (present / (present.sum(1, keepdim=True) * sgd.temperature))[..., None]
+        error = (torch.softmax(logits / sgd.temperature, dim=-1) - one_hot) * (present / (present.sum(1, keepdim=True) * sgd.temperature))[..., None]
         scale[:active] = shrink * scale[:active] + sgd.lr * sgd.prox_mu
         factor[:active] *= shrink
         step_update = -sgd.lr * error / factor[:active, None, None]
         scaled[:active].index_put_((slots.expand_as(taken), taken), step_update, accumulate=True)
-        biases[:active] -= sgd.lr * (error.sum(dim=1) + sgd.weight_decay * biases[:active] + sgd.prox_mu * (biases[:active] - bias))
+        bias_gradient = error.sum(dim=1) + sgd.weight_decay * biases[:active] + sgd.prox_mu * (biases[:active] - bias)
+        if control is not None:
+            drift[:active] = shrink * drift[:active] + sgd.lr
+            control_scale[:active] = shrink * control_scale[:active] - sgd.lr
+            bias_gradient += bias_pull[:active]
+        biases[:active] -= sgd.lr * bias_gradient
 
     back = torch.from_numpy(np.argsort(order))
     coefficients = factor[:, None, None] * scaled
-    return TrainedHeads(weight, scale[back], coefficients[back], biases[back], features, real[back])
+    if control is not None:
+        coefficients += drift[:, None, None] * client_rows
+    unsorted_rows = torch.empty_like(gradient)
+    unsorted_rows[padded_rows[real] - 0] = gradient
+    return TrainedHeads(weight, scale[back], coefficients[back], control_scale[back], biases[back], features, real[back],
+                        start_loss, unsorted_rows, control)

@@ -52,22 +52,30 @@ def first_seen_rounds(num_clients: int, per_round: int, rng: np.random.Generator
 
 
 def schedule(
-    num_clients: int, per_round: int, replacement: bool, seed: int, max_rounds: int | None = None
+    num_clients: int, per_round: int, replacement: bool, seed: int, max_rounds: int | None = None,
+    past_coverage: bool = False,
 ) -> list[np.ndarray]:
-    """Clients of each round, until every client was seen (or ``max_rounds``)."""
+    """Clients of each round, until every client was seen (or ``max_rounds``).
+
+    With ``past_coverage`` (training) the schedule goes on to exactly
+    ``max_rounds`` rounds: without replacement in passes over fresh
+    permutations. Either way a shorter schedule is a prefix of a longer one.
+    """
     check_per_round(num_clients, per_round)
     rng = np.random.default_rng([seed, 21])
+    more = past_coverage and max_rounds is not None
     if not replacement:
-        order = rng.permutation(num_clients)
-        rounds = [order[i : i + per_round] for i in range(0, num_clients, per_round)]
+        passes = -(-max_rounds // -(-num_clients // per_round)) if more else 1
+        orders = [rng.permutation(num_clients) for _ in range(passes)]
+        rounds = [order[i : i + per_round] for order in orders for i in range(0, num_clients, per_round)]
         return rounds[:max_rounds]
     rounds: list[np.ndarray] = []
     seen = np.zeros(num_clients, dtype=bool)
-    while not seen.all() and (max_rounds is None or len(rounds) < max_rounds):
+    while (more or not seen.all()) and (max_rounds is None or len(rounds) < max_rounds):
         for row in distinct_draws(rng, num_clients, per_round, CHUNK_ROUNDS):
             rounds.append(row)
             seen[row] = True
-            if seen.all() or len(rounds) == max_rounds:
+            if (seen.all() and not more) or len(rounds) == max_rounds:
                 break
     return rounds
 

@@ -82,9 +82,15 @@ class ShardActor:
         """Statistics summed over ``clients`` (global numbers, in upload order); None if there are none."""
         return method.client_statistics(self._batch(clients)) if len(clients) else None
 
-    def local_train(self, trainer: Any, head: tuple[torch.Tensor, torch.Tensor], clients: np.ndarray, round_number: int) -> Any:
-        """Local training of ``clients`` from ``head``, summed as ``trainer.train`` defines; None if there are none."""
-        return trainer.train(self._batch(clients), head, round_number) if len(clients) else None
+    def local_train(self, trainer: Any, head: Any, clients: np.ndarray, round_number: int, client_state: Any = None) -> Any:
+        """Local training of ``clients`` from ``head``, summed as ``trainer.train`` defines; None if there are none.
+
+        ``client_state`` is what the driver keeps for these clients between
+        rounds (SCAFFOLD's control variates), so the shard itself stays stateless.
+        """
+        if not len(clients):
+            return None
+        return trainer.train(self._batch(clients), head, round_number, client_state)
 
     def combine(self, method: ClosedFormMethod, a: Any, b: Any) -> Any:
         if a is None or b is None:
@@ -163,12 +169,23 @@ class ShardPool:
         ]
         return tree_reduce(method, partials)
 
-    def local_train(self, trainer: ray.ObjectRef, head: ray.ObjectRef, clients: np.ndarray, round_number: int) -> ray.ObjectRef:
-        """Submit one round of local training of ``clients`` to their shards and tree-reduce the shards' sums."""
+    def split_clients(self, clients: np.ndarray) -> list[np.ndarray]:
+        """``clients`` (global numbers) by shard, each in the given order."""
         shard_of = np.searchsorted(self.bounds, clients, side="right") - 1
+        return [clients[shard_of == s] for s in range(self.num_shards)]
+
+    def local_train(
+        self, trainer: ray.ObjectRef, head: ray.ObjectRef, clients: np.ndarray, round_number: int,
+        client_states: list | None = None,
+    ) -> ray.ObjectRef:
+        """Submit one round of local training of ``clients`` to their shards and tree-reduce the shards' sums.
+
+        ``client_states[s]`` goes with shard ``s``'s clients (see :meth:`split_clients`).
+        """
+        states = client_states or [None] * self.num_shards
         partials = [
-            (actor.local_train.remote(trainer, head, clients[shard_of == s], round_number), actor)
-            for s, actor in enumerate(self.actors)
+            (actor.local_train.remote(trainer, head, local, round_number, state), actor)
+            for actor, local, state in zip(self.actors, self.split_clients(clients), states)
         ]
         return tree_reduce(trainer, partials)
 

@@ -1,0 +1,59 @@
+"""What the federated training loop needs from whatever trains the clients.
+
+The loop (:mod:`fedray.gradient.training`) owns sampling, the server
+optimizer, evaluation points, checkpoints and divergence; a backend owns the
+clients' data and their local training. Linear probing on features
+(:class:`~fedray.gradient.probing.ProbeBackend`) and fine-tuning on images
+(:mod:`fedray.finetune`) are the two backends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class RoundUpdate:
+    """The sums a round's clients send, already reduced over shards.
+
+    ``delta`` holds Σ_k n_k (θ_k − θ) per parameter, ``weight`` Σ_k n_k, so the
+    sample-weighted mean update is ``delta / weight``. ``loss_sum`` is the
+    cross-entropy of the round's starting model summed over the ``samples``
+    training samples of the round's clients (the loss FL papers plot).
+    """
+
+    delta: Params
+    weight: float
+    loss_sum: float
+    samples: int
+
+
+class TrainingBackend(Protocol):
+    def train_round(self, params: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
+        """Local training of ``clients`` (distinct global numbers) from ``params``; ``params`` is not modified."""
+        ...
+
+    def accuracy(self, params: Params) -> float:
+        """Top-1 accuracy of ``params`` on the federation's test split."""
+        ...
+
+    def traffic_floats(self) -> tuple[int, int]:
+        """Floats one participating client downloads and uploads in a round."""
+        ...
+
+    def client_flops(self, sizes: np.ndarray) -> np.ndarray:
+        """Training FLOPs of one participation of clients with ``sizes`` samples."""
+        ...
+
+    def state_dict(self) -> dict:
+        """Backend state a checkpoint must hold to resume bitwise (e.g. SCAFFOLD's control variates)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        ...

@@ -1,0 +1,119 @@
+"""One gradient-method run on features: optional closed-form stage, federated training, ridge probe.
+
+Stage 1 (``--init fedncm|fed3r|fedcof``) runs the closed-form method through
+the shards until every client was seen (or ``--init-rounds``); its classifier
+becomes the softmax head that stage 2 trains. Both stages' rows go to one
+metrics table (``stage`` column), their traffic and FLOPs accumulate, and
+stage 2's rounds are numbered after stage 1's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import ray
+import torch
+
+from fedray.config import RunConfig
+from fedray.evaluation import Evaluator
+from fedray.gradient.algorithms import ALGORITHMS
+from fedray.gradient.backend import Params
+from fedray.gradient.checkpoint import load_checkpoint, save_checkpoint
+from fedray.gradient.local import LocalSGD
+from fedray.gradient.probing import ProbeBackend
+from fedray.gradient.server import ServerOptimizer
+from fedray.gradient.training import Accounting, Checkpointing, TrainingState, train
+from fedray.methods import METHODS
+from fedray.methods.base import Classifier
+from fedray.methods.from_config import build_method
+from fedray.results import EvalPoint
+from fedray.runtime import sampling
+from fedray.runtime.shards import ShardPool
+from fedray.runtime.simulation import run_closed_form
+
+
+@dataclass
+class TrainingOutcome:
+    points: list[EvalPoint]
+    params: Params
+    diverged: str | None
+    ridge_probe_accuracy: float | None = None
+
+
+def local_sgd(config: RunConfig) -> LocalSGD:
+    return LocalSGD(config.client_lr, config.weight_decay, config.batch_size, config.local_epochs,
+                    config.prox_mu or 0.0, config.temperature)
+
+
+def server_optimizer(config: RunConfig) -> ServerOptimizer:
+    return ServerOptimizer(ALGORITHMS[config.method].server, config.server_lr, config.server_momentum,
+                           config.adam_beta1, config.adam_beta2, config.adam_tau)
+
+
+def random_head(dim: int, num_classes: int, seed: int) -> Params:
+    """``nn.Linear``'s initialization, U(−1/√d, 1/√d), from the run's seed."""
+    generator = torch.Generator().manual_seed(seed)
+    bound = 1 / math.sqrt(dim)
+    weight = torch.empty(dim, num_classes).uniform_(-bound, bound, generator=generator)
+    return {"weight": weight, "bias": torch.empty(num_classes).uniform_(-bound, bound, generator=generator)}
+
+
+def closed_form_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator,
+                      on_point: Callable[[EvalPoint], None] | None) -> tuple[Params, Accounting, list[EvalPoint]]:
+    """Stage 1: the ``--init`` method's classifier as the head, with its rows and accounting."""
+    federation = pool.federation
+    method = build_method(replace(config, method=config.init), federation)
+    rounds = sampling.schedule(federation.num_clients, config.per_round(federation.num_clients),
+                               config.sampling == "with", config.seed, config.init_rounds)
+    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point)
+    classifier: Classifier = outcome.classifier
+    weight = classifier.weight.to(torch.float32)
+    bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
+    last = outcome.points[-1]
+    seen = np.zeros(federation.num_clients, dtype=bool)
+    seen[np.concatenate(rounds)] = True
+    accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down, last.flops_client_avg * last.clients_seen)
+    return {"weight": weight, "bias": bias}, accounting, outcome.points
+
+
+def ridge_probe(pool: ShardPool, config: RunConfig, evaluator: Evaluator) -> float:
+    """Fed3R on the features the head was trained on, from every client (Fed3R Section 5.4's feature-quality probe)."""
+    method = METHODS["fed3r"](pool.federation.dim, pool.federation.num_classes, lam=config.lam, bias=config.bias)
+    statistics = ray.get(pool.statistics(ray.put(method), np.arange(pool.federation.num_clients)))
+    return evaluator.accuracy(method, method.solve(statistics))
+
+
+def train_on_features(
+    config: RunConfig,
+    pool: ShardPool,
+    evaluator: Evaluator,
+    on_point: Callable[[EvalPoint], None] | None = None,
+    resume: bool = False,
+) -> TrainingOutcome:
+    """Linear probing with ``config.method`` on the pool's features (``config`` resolved)."""
+    federation = pool.federation
+    out = Path(config.out)
+    backend = ProbeBackend(pool, local_sgd(config), config.seed, evaluator, scaffold=ALGORITHMS[config.method].scaffold)
+    if resume:
+        state = load_checkpoint(out, config.to_dict())
+    else:
+        if config.init == "random":
+            params = random_head(federation.dim, federation.num_classes, config.seed)
+            accounting, points = Accounting(np.zeros(federation.num_clients, dtype=bool)), []
+        else:
+            params, accounting, points = closed_form_stage(config, pool, evaluator, on_point)
+        state = TrainingState(params, {}, backend.state_dict(), accounting, list(points))
+    first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)
+    rounds = sampling.schedule(federation.num_clients, config.per_round(federation.num_clients), config.sampling == "with",
+                               config.seed, config.rounds, past_coverage=True)
+    checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s))
+    diverged = train(backend, server_optimizer(config), state, rounds, federation.client_sizes, config.eval_every,
+                     first_round, checkpointing, on_point, config.quiet)
+    outcome = TrainingOutcome(state.points, state.params, diverged)
+    if config.probe_ridge:
+        outcome.ridge_probe_accuracy = ridge_probe(pool, config, evaluator)
+    return outcome
