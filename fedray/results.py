@@ -23,7 +23,7 @@ class EvalPoint:
     ``stage`` is ``closed_form`` or ``train`` (a two-stage run has both);
     ``train_loss`` is the mean cross-entropy of the global model on the
     samples of the clients sampled since the previous row, before their local
-    training; ``diverged`` marks the row a run stopped at.
+    training (None where no client trained); ``diverged`` marks the row a run stopped at.
     """
 
     round: int
@@ -35,7 +35,7 @@ class EvalPoint:
     flops_client_avg: float
     wall_s: float
     stage: str = "closed_form"
-    train_loss: float = float("nan")
+    train_loss: float | None = None
     diverged: bool = False
 
 

@@ -14,7 +14,7 @@ from ray.util.placement_group import PlacementGroup
 from fedray.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.evaluation import Evaluator
-from fedray.gradient.checkpoint import remove_checkpoint
+from fedray.gradient.checkpoint import load_checkpoint, remove_checkpoint
 from fedray.gradient.runner import train_on_features
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
@@ -90,11 +90,12 @@ def run(
     federation = load_federation(config.dataset)
     method = None if config.trains else build_method(config, federation)
     sampling.check_per_round(federation.num_clients, config.per_round(federation.num_clients))
+    saved = load_checkpoint(Path(config.out), config.to_dict()) if resume else None
     init_ray(address)
     pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group)
     try:
         if config.trains:
-            outcome = train_on_features(config, pool, Evaluator(federation), on_point, resume)
+            outcome = train_on_features(config, pool, Evaluator(federation), on_point, saved)
             resolved = _resolved(config, pool)
             extra = {} if outcome.ridge_probe_accuracy is None else {"ridge_probe_accuracy": outcome.ridge_probe_accuracy}
             rows = metrics_rows(resolved, config.per_round(federation.num_clients), outcome.points, **extra)

@@ -4,11 +4,12 @@
 
 The runtime (shard actors, batched dual-form local training, tree reduction)
 runs ``--rounds`` rounds of FedAvg-LP: 10 clients per round drawn with
-replacement, 5 local epochs of SGD (lr 0.1, weight decay 4e-5, batch 50),
+replacement, 5 local epochs of SGD (lr 0.001: the stand-in's features are
+larger than MobileNetV2's and Fed3R's lr 0.1 overshoots on them; weight decay 4e-5, batch 50),
 server learning rate 1, on all 9,275 clients (d = 1,280, C = 1,203). Then, in
 this process, a plain implementation (``nn.Linear`` + ``torch.optim.SGD``, one
 client and one mini-batch at a time, the same mini-batches) runs the first
-``--reference-rounds`` rounds. Prints one JSON line: rounds/s of both, their
+``--reference-rounds`` rounds. Prints one JSON line: rounds/s of both (the runtime's without its two evaluations), their
 ratio, and the largest relative difference between the two heads after the
 reference's rounds (the runtime repeated for exactly those rounds).
 """
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--reference-rounds", type=int, default=20)
     parser.add_argument("--dim", type=int, default=1280)
-    parser.add_argument("--lr", type=float, default=LocalSGD.lr, help="client learning rate (default %(default)s, Fed3R's)")
+    parser.add_argument("--lr", type=float, default=0.001, help="client learning rate (default %(default)s, for the stand-in's feature scale)")
     args = parser.parse_args(argv)
     seed, sgd = 0, LocalSGD(lr=args.lr)
     started = time.perf_counter()
@@ -134,9 +135,6 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         trained, runtime_s = train_rounds(rounds)
-        eval_s = time.perf_counter()
-        backend.accuracy(trained.params)
-        eval_s = time.perf_counter() - eval_s
         reference_rounds = rounds[: args.reference_rounds]
         runtime_head = Classifier(**train_rounds(reference_rounds)[0].params)
         shard_rss = pool.peak_memory_bytes()
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     plain_s = time.perf_counter()
     plain_head = plain_fedavg(federation, reference_rounds, sgd, seed, zero, 1.0)
     plain_s = time.perf_counter() - plain_s
-    runtime_rate = args.rounds / max(runtime_s - 2 * eval_s, 1e-9)
+    runtime_rate = args.rounds / (runtime_s - trained.eval_s)
     plain_rate = len(reference_rounds) / plain_s
     difference = float((runtime_head.weight - plain_head.weight).abs().max() / plain_head.weight.abs().max())
     print(json.dumps({
@@ -153,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         "dataset": federation.name, "clients": federation.num_clients, "dim": args.dim, "classes": federation.num_classes,
         "clients_per_round": 10, "client_lr": sgd.lr, "local_epochs": sgd.epochs, "batch_size": sgd.batch_size, "shards": pool.num_shards,
         "ray_start_s": round(ray_start_s, 2), "load_s": round(load_s, 2),
-        "rounds": args.rounds, "runtime_s": round(runtime_s, 2), "eval_s_each": round(eval_s, 2),
+        "rounds": args.rounds, "runtime_s": round(runtime_s, 2), "eval_s": round(trained.eval_s, 2),
         "runtime_rounds_per_s": round(runtime_rate, 2), "accuracy_after_rounds": round(trained.points[-1].accuracy, 4),
         "reference_rounds": len(reference_rounds), "plain_s": round(plain_s, 2), "plain_rounds_per_s": round(plain_rate, 2),
         "ratio_runtime_vs_plain": round(runtime_rate / plain_rate, 2),

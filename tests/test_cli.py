@@ -424,9 +424,12 @@ def test_not_a_parquet_file(ray_session, tmp_path, capsys):
         (["--participation", "0.5", "--clients-per-round", "5"], ["--clients-per-round or --participation"]),
         (["--eval-every", "0"], ["--eval-every"]),
         (["--num-shards", "0"], ["--num-shards"]),
+        (["--method", "fedavg", "--prox-mu", "0.1"], ["--prox-mu applies to fedprox only", "fedavg"]),
+        (["--method", "fedavg", "--client-lr", "0"], ["--client-lr must be > 0", "0"]),
+        (["--method", "scaffold", "--resume"], ["checkpoint.pt", "no checkpoint to resume from"]),
     ],
     ids=["kind", "split", "option", "lam0", "lam-1", "gamma", "too-many-clients", "zero-clients", "participation",
-         "both", "eval-every", "num-shards"],
+         "both", "eval-every", "num-shards", "prox-mu", "client-lr", "resume"],
 )
 def test_bad_option_is_one_line_error(ray_session, tmp_path, capsys, args, needles):
     out = tmp_path / "out"

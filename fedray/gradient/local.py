@@ -76,12 +76,12 @@ class Control:
 class TrainedHeads:
     """Every client's trained head in dual form: W_k = β_k W₀ + X_kᵀ A_k + γ_k c, bias c_k.
 
-    Clients are in the order they were given; ``coefficients`` is padded to
-    the largest client, ``real`` (clients, width) marks the rows that are
-    samples, and ``features`` holds those samples, client after client.
-    ``start_loss`` is the cross-entropy of the starting head summed over those
-    samples; ``gradient_rows`` is G of each sample at the starting head (the
-    new SCAFFOLD control variates), ``control`` the one trained with (or None).
+    Per-client values are in the order the clients were given; ``coefficients``
+    (rows, C) holds every A_k, row-aligned with ``features`` (client after
+    client, ``offsets`` delimiting them). ``start_loss`` is the cross-entropy of
+    the starting head summed over those samples; ``gradient_rows`` is G of each
+    sample at the starting head (the new SCAFFOLD control variates),
+    ``control`` the one trained with (or None).
     """
 
     weight: torch.Tensor
@@ -90,29 +90,36 @@ class TrainedHeads:
     control_scale: torch.Tensor
     bias: torch.Tensor
     features: torch.Tensor
-    real: torch.Tensor
+    offsets: np.ndarray
     start_loss: float
     gradient_rows: torch.Tensor
     control: Control | None
 
     @property
     def sizes(self) -> torch.Tensor:
-        return self.real.sum(dim=1)
+        return torch.from_numpy(np.diff(self.offsets)).to(self.weight.dtype)
+
+    def _row_sizes(self) -> torch.Tensor:
+        """Each sample's client size, row-aligned with ``features``."""
+        sizes = self.sizes
+        return torch.repeat_interleave(sizes, sizes.long())[:, None]
 
     def weights(self) -> torch.Tensor:
         """The heads themselves, (clients, d, C); for checks — aggregation never forms them."""
-        padded = torch.zeros(*self.real.shape, self.features.shape[1], dtype=self.features.dtype)
-        padded[self.real] = self.features
-        heads = self.scale[:, None, None] * self.weight + torch.bmm(padded.transpose(1, 2), self.coefficients)
-        if self.control is not None:
-            heads += self.control_scale[:, None, None] * self.control.weight
-        return heads
+        heads = []
+        for k in range(len(self.scale)):
+            rows = slice(self.offsets[k], self.offsets[k + 1])
+            head = self.scale[k] * self.weight + self.features[rows].T @ self.coefficients[rows]
+            if self.control is not None:
+                head += self.control_scale[k] * self.control.weight
+            heads.append(head)
+        return torch.stack(heads)
 
     def weighted_update(self, global_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(Σ n_k (W_k − W₀), Σ n_k (c_k − b₀), Σ n_k): what a shard sends for FedAvg-style aggregation."""
-        n = self.sizes.to(self.weight.dtype)
-        a = (n[:, None, None] * self.coefficients)[self.real]
-        delta_w = (n * (self.scale - 1)).sum() * self.weight + self.features.T @ a
+        n = self.sizes
+        delta_w = torch.addmm(self.weight, self.features.T, self._row_sizes() * self.coefficients,
+                              beta=float((n * (self.scale - 1)).sum()))
         if self.control is not None:
             delta_w += (n * self.control_scale).sum() * self.control.weight
         delta_b = (n[:, None] * (self.bias - global_bias)).sum(dim=0)
@@ -120,9 +127,29 @@ class TrainedHeads:
 
     def control_update(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(Σ n_k (c_k⁺ − c_k) for the weights, the same for the bias): SCAFFOLD's server-side sum."""
-        n = self.sizes.to(self.weight.dtype)
-        change = torch.repeat_interleave(n, n.long())[:, None] * (self.gradient_rows - self.control.rows)
+        change = self._row_sizes() * (self.gradient_rows - self.control.rows)
         return self.features.T @ change, change.sum(dim=0)
+
+
+SMALL_CLIENT = 64
+"""Clients up to this size train in one group whatever their sizes (their padding is cheap)."""
+
+
+def size_groups(sizes: np.ndarray) -> list[np.ndarray]:
+    """Client indices grouped so that padding to a group's largest client at most doubles a member's size.
+
+    A step of a padded group costs batch × width × C per client, so mixing a
+    2,500-sample client with 2-sample ones would make each small step cost as
+    much as a large one.
+    """
+    order = np.argsort(-sizes, kind="stable")
+    groups, current = [], []
+    for k in order:
+        if current and sizes[k] * 2 < sizes[current[0]] and sizes[current[0]] > SMALL_CLIENT:
+            groups.append(np.array(current))
+            current = []
+        current.append(k)
+    return groups + [np.array(current)]
 
 
 def train_heads(
@@ -141,35 +168,71 @@ def train_heads(
 
     ``features`` / ``labels`` hold the clients' samples concatenated in the
     order of ``clients`` (client ``k`` owns rows ``offsets[k]:offsets[k+1]``).
-    With ``control`` every step follows SCAFFOLD's g + c − c_i.
+    With ``control`` every step follows SCAFFOLD's g + c − c_i. Everything
+    that depends only on the starting head is computed once for all rows;
+    the steps run per group of similar sizes (:func:`size_groups`).
     """
-    count, num_classes, dtype = len(clients), weight.shape[1], weight.dtype
+    count, dtype = len(clients), weight.dtype
     sizes = np.diff(offsets)
+    start_logits = torch.addmm(bias, features, weight)
+    start_loss = float(torch.nn.functional.cross_entropy(start_logits / sgd.temperature, labels, reduction="sum"))
+    row_sizes = torch.repeat_interleave(torch.from_numpy(sizes).to(dtype), torch.from_numpy(sizes))
+    gradient = torch.softmax(start_logits / sgd.temperature, dim=-1)
+    gradient[torch.arange(len(labels)), labels] -= 1
+    gradient /= (row_sizes * sgd.temperature)[:, None]
+    state = _Steps(
+        base=start_logits - bias,
+        control_logits=None if control is None else features @ control.weight,
+        coefficients=torch.zeros_like(start_logits),
+        scale=torch.ones(count, dtype=dtype),
+        control_scale=torch.zeros(count, dtype=dtype),
+        biases=bias.expand(count, -1).clone(),
+    )
+    for group in size_groups(sizes):
+        _train_group(state, group, features, labels, offsets, clients, bias, sgd, seed, round_number, control)
+    return TrainedHeads(weight, state.scale, state.coefficients, state.control_scale, state.biases, features, offsets,
+                        start_loss, gradient, control)
+
+
+@dataclass
+class _Steps:
+    """What the groups' training reads (``base``: X W₀, ``control_logits``: X c) and writes (the rest)."""
+
+    base: torch.Tensor
+    control_logits: torch.Tensor | None
+    coefficients: torch.Tensor
+    scale: torch.Tensor
+    control_scale: torch.Tensor
+    biases: torch.Tensor
+
+
+def _train_group(
+    state: _Steps, group: np.ndarray, features: torch.Tensor, labels: torch.Tensor, offsets: np.ndarray,
+    clients: np.ndarray, bias: torch.Tensor, sgd: LocalSGD, seed: int, round_number: int, control: Control | None,
+) -> None:
+    """All steps of the clients ``group`` (indices into ``clients``), padded to the group's largest client.
+
+    Slots are the group's clients ordered by number of steps, largest first,
+    so step ``t`` computes only the first ``active`` slots.
+    """
+    count, num_classes, dtype = len(group), state.base.shape[1], state.base.dtype
+    sizes = np.diff(offsets)[group]
     width = int(sizes.max())
-    plans = [minibatches(int(sizes[k]), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(c)))
-             for k, c in enumerate(clients)]
+    plans = [minibatches(int(sizes[i]), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(clients[k])))
+             for i, k in enumerate(group)]
     order = np.argsort([-len(plan) for plan in plans], kind="stable")
-    steps = np.array([len(plans[k]) for k in order])
+    steps = np.array([len(plans[i]) for i in order])
+    slot_client = group[order]
 
     padded_rows = torch.full((count, width), -1, dtype=torch.long)
-    for slot, k in enumerate(order):
-        padded_rows[slot, : sizes[k]] = torch.arange(offsets[k], offsets[k + 1])
-    real = padded_rows >= 0
-    samples = features[padded_rows[real]]
-    y = labels[padded_rows.clamp(min=0)]
-    base_logits = torch.zeros(count, width, num_classes, dtype=dtype)
-    base_logits[real] = samples @ weight
     gram = torch.zeros(count, width, width, dtype=dtype)
-    for slot, k in enumerate(order):
+    for slot, k in enumerate(slot_client):
+        n = offsets[k + 1] - offsets[k]
+        padded_rows[slot, :n] = torch.arange(offsets[k], offsets[k + 1])
         block = features[offsets[k] : offsets[k + 1]]
-        gram[slot, : sizes[k], : sizes[k]] = block @ block.T
-
-    start_logits = (base_logits[real] + bias) / sgd.temperature
-    start_loss = float(torch.nn.functional.cross_entropy(start_logits, y[real], reduction="sum"))
-    slot_sizes = torch.from_numpy(sizes[order]).to(dtype)
-    gradient = torch.softmax(start_logits, dim=-1)
-    gradient[torch.arange(len(gradient)), y[real]] -= 1
-    gradient /= (torch.repeat_interleave(slot_sizes, slot_sizes.long()) * sgd.temperature)[:, None]
+        gram[slot, :n, :n] = block @ block.T
+    real = padded_rows >= 0
+    rows = padded_rows.clamp(min=0)
 
     scale = torch.ones(count, dtype=dtype)
     # A = factor · scaled + drift · G: shrinking A each step rescales one number per client, not n × C of them.
@@ -179,11 +242,8 @@ def train_heads(
     control_scale = torch.zeros(count, dtype=dtype)
     biases = bias.expand(count, -1).clone()
     if control is not None:
-        client_rows = torch.zeros(count, width, num_classes, dtype=dtype)
-        client_rows[real] = control.rows[padded_rows[real]]
+        client_rows = control.rows[rows] * real[..., None]
         gram_rows = torch.bmm(gram, client_rows)
-        control_logits = torch.zeros(count, width, num_classes, dtype=dtype)
-        control_logits[real] = samples @ control.weight
         bias_pull = control.bias - client_rows.sum(dim=1)
     shrink = 1 - sgd.lr * (sgd.weight_decay + sgd.prox_mu)
     batch_width = min(sgd.batch_size, width)
@@ -196,14 +256,15 @@ def train_heads(
         present = (index >= 0).to(dtype)
         taken = index.clamp(min=0)
         slots = torch.arange(active)[:, None]
-        logits = (scale[:active, None, None] * base_logits[slots, taken]
-                  + factor[:active, None, None] * torch.bmm(gram[slots, taken], scaled[:active])
-                  + biases[:active, None, :])
+        batch_rows = rows[slots, taken]
+        logits = torch.baddbmm(torch.addcmul(biases[:active, None, :], scale[:active, None, None], state.base[batch_rows]),
+                               factor[:active, None, None] * gram[slots, taken], scaled[:active])
         if control is not None:
             logits += (drift[:active, None, None] * gram_rows[slots, taken]
-                       + control_scale[:active, None, None] * control_logits[slots, taken])
-        one_hot = torch.nn.functional.one_hot(y[slots, taken], num_classes).to(dtype)
-        error = (torch.softmax(logits / sgd.temperature, dim=-1) - one_hot) * (present / (present.sum(1, keepdim=True) * sgd.temperature))[..., None]
+                       + control_scale[:active, None, None] * state.control_logits[batch_rows])
+        error = torch.softmax(logits / sgd.temperature, dim=-1)
+        error.scatter_add_(2, labels[batch_rows][..., None], torch.full((active, batch_width, 1), -1.0, dtype=dtype))
+        error *= (present / (present.sum(1, keepdim=True) * sgd.temperature))[..., None]
         scale[:active] = shrink * scale[:active] + sgd.lr * sgd.prox_mu
         factor[:active] *= shrink
         step_update = -sgd.lr * error / factor[:active, None, None]
@@ -215,11 +276,9 @@ def train_heads(
             bias_gradient += bias_pull[:active]
         biases[:active] -= sgd.lr * bias_gradient
 
-    back = torch.from_numpy(np.argsort(order))
     coefficients = factor[:, None, None] * scaled
     if control is not None:
         coefficients += drift[:, None, None] * client_rows
-    unsorted_rows = torch.empty_like(gradient)
-    unsorted_rows[padded_rows[real] - 0] = gradient
-    return TrainedHeads(weight, scale[back], coefficients[back], control_scale[back], biases[back], features, real[back],
-                        start_loss, unsorted_rows, control)
+    state.coefficients[padded_rows[real]] = coefficients[real]
+    targets = torch.from_numpy(slot_client)
+    state.scale[targets], state.control_scale[targets], state.biases[targets] = scale, control_scale, biases

@@ -26,19 +26,29 @@ from fedray.methods.base import ClientBatch, Classifier
 from fedray.runtime.shards import ShardPool, gather_rows
 
 
+def as_arrays(tensors: tuple[torch.Tensor, ...]) -> tuple[np.ndarray, ...]:
+    """Tensors as NumPy arrays for Ray: those travel as zero-copy buffers, a torch tensor is pickled (6× slower for a head)."""
+    return tuple(t.numpy() for t in tensors)
+
+
+def as_tensors(arrays: tuple[np.ndarray, ...]) -> tuple[torch.Tensor, ...]:
+    """Writable tensors from arrays Ray handed over read-only."""
+    return tuple(torch.from_numpy(np.array(a)) for a in arrays)
+
+
 @dataclass
 class ShardUpdate:
-    """A shard's (or a reduced set of shards') sums; SCAFFOLD adds control-variate sums and new rows."""
+    """A shard's (or a reduced set of shards') sums, as arrays; SCAFFOLD adds control-variate sums and new rows."""
 
-    delta_weight: torch.Tensor
-    delta_bias: torch.Tensor
+    delta_weight: np.ndarray
+    delta_bias: np.ndarray
     weight: float
     loss_sum: float
     samples: int
-    control_weight: torch.Tensor | None = None
-    control_bias: torch.Tensor | None = None
+    control_weight: np.ndarray | None = None
+    control_bias: np.ndarray | None = None
     clients: np.ndarray | None = None
-    gradient_rows: torch.Tensor | None = None
+    gradient_rows: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -48,17 +58,18 @@ class LocalTrainer:
     sgd: LocalSGD
     seed: int
 
-    def train(self, batch: ClientBatch, head: tuple, round_number: int, control_rows: torch.Tensor | None) -> ShardUpdate:
-        """``head`` is (W, b), or (W, b, c_W, c_b) for SCAFFOLD with ``control_rows`` the clients' G rows."""
+    def train(self, batch: ClientBatch, head: tuple, round_number: int, control_rows: np.ndarray | None) -> ShardUpdate:
+        """``head`` is (W, b), or (W, b, c_W, c_b) for SCAFFOLD with ``control_rows`` the clients' G rows (arrays)."""
+        head = as_tensors(head)
         weight, bias = head[:2]
-        control = None if control_rows is None else Control(head[2], head[3], control_rows)
+        control = None if control_rows is None else Control(head[2], head[3], torch.from_numpy(np.array(control_rows)))
         heads = train_heads(batch.features, batch.labels, batch.offsets, batch.clients, weight, bias, self.sgd,
                             self.seed, round_number, control)
         delta_w, delta_b, count = heads.weighted_update(bias)
-        update = ShardUpdate(delta_w, delta_b, float(count), heads.start_loss, len(batch.labels))
+        update = ShardUpdate(delta_w.numpy(), delta_b.numpy(), float(count), heads.start_loss, len(batch.labels))
         if control is not None:
-            update.control_weight, update.control_bias = heads.control_update()
-            update.clients, update.gradient_rows = batch.clients, heads.gradient_rows
+            update.control_weight, update.control_bias = as_arrays(heads.control_update())
+            update.clients, update.gradient_rows = batch.clients, heads.gradient_rows.numpy()
         return update
 
     def combine(self, a: ShardUpdate, b: ShardUpdate) -> ShardUpdate:
@@ -68,7 +79,7 @@ class LocalTrainer:
             merged.control_weight = a.control_weight + b.control_weight
             merged.control_bias = a.control_bias + b.control_bias
             merged.clients = np.concatenate([a.clients, b.clients])
-            merged.gradient_rows = torch.cat([a.gradient_rows, b.gradient_rows])
+            merged.gradient_rows = np.concatenate([a.gradient_rows, b.gradient_rows])
         return merged
 
     def transform(self, features: torch.Tensor) -> torch.Tensor:
@@ -98,21 +109,23 @@ class ProbeBackend:
         states = None
         if self.scaffold:
             head += (self.control["weight"], self.control["bias"])
-            states = [self.control["rows"][torch.from_numpy(gather_rows(self.offsets, local)[0])]
+            states = [self.control["rows"][torch.from_numpy(gather_rows(self.offsets, local)[0])].numpy()
                       for local in self.pool.split_clients(clients)]
-        update: ShardUpdate = ray.get(self.pool.local_train(self.trainer_ref, ray.put(head), clients, round_number, states))
+        reduced = self.pool.local_train(self.trainer_ref, ray.put(as_arrays(head)), clients, round_number, states)
+        update: ShardUpdate = ray.get(reduced)
         if self.scaffold:
             self._update_control(update)
-        return RoundUpdate({"weight": update.delta_weight, "bias": update.delta_bias}, update.weight,
-                           update.loss_sum, update.samples)
+        delta_weight, delta_bias = as_tensors((update.delta_weight, update.delta_bias))
+        return RoundUpdate({"weight": delta_weight, "bias": delta_bias}, update.weight, update.loss_sum, update.samples)
 
     def _update_control(self, update: ShardUpdate) -> None:
         """c ← c + Σ n_i Δc_i / N: c stays the sample-weighted mean of all clients' c_i (zero until first seen)."""
         total = float(self.offsets[-1])
-        self.control["weight"] += update.control_weight / total
-        self.control["bias"] += update.control_bias / total
+        control_weight, control_bias, gradient_rows = as_tensors((update.control_weight, update.control_bias, update.gradient_rows))
+        self.control["weight"] += control_weight / total
+        self.control["bias"] += control_bias / total
         rows, _ = gather_rows(self.offsets, update.clients)
-        self.control["rows"][torch.from_numpy(rows)] = update.gradient_rows
+        self.control["rows"][torch.from_numpy(rows)] = gradient_rows
 
     def accuracy(self, params: Params) -> float:
         return self.evaluator.accuracy(self.trainer, Classifier(params["weight"], params["bias"]))

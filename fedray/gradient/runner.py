@@ -22,7 +22,7 @@ from fedray.config import RunConfig
 from fedray.evaluation import Evaluator
 from fedray.gradient.algorithms import ALGORITHMS
 from fedray.gradient.backend import Params
-from fedray.gradient.checkpoint import load_checkpoint, save_checkpoint
+from fedray.gradient.checkpoint import save_checkpoint
 from fedray.gradient.local import LocalSGD
 from fedray.gradient.probing import ProbeBackend
 from fedray.gradient.server import ServerOptimizer
@@ -92,14 +92,14 @@ def train_on_features(
     pool: ShardPool,
     evaluator: Evaluator,
     on_point: Callable[[EvalPoint], None] | None = None,
-    resume: bool = False,
+    saved: TrainingState | None = None,
 ) -> TrainingOutcome:
-    """Linear probing with ``config.method`` on the pool's features (``config`` resolved)."""
+    """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued."""
     federation = pool.federation
     out = Path(config.out)
     backend = ProbeBackend(pool, local_sgd(config), config.seed, evaluator, scaffold=ALGORITHMS[config.method].scaffold)
-    if resume:
-        state = load_checkpoint(out, config.to_dict())
+    if saved is not None:
+        state = saved
     else:
         if config.init == "random":
             params = random_head(federation.dim, federation.num_classes, config.seed)

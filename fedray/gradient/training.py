@@ -42,7 +42,8 @@ class Accounting:
         self.bytes_down += down
         self.flops += flops
 
-    def point(self, round_number: int, accuracy: float, wall_s: float, stage: str, loss: float = float("nan"), diverged: bool = False) -> EvalPoint:
+    def point(self, round_number: int, accuracy: float, wall_s: float, stage: str, loss: float | None = None,
+              diverged: bool = False) -> EvalPoint:
         clients = int(self.seen.sum())
         return EvalPoint(round_number, clients, self.samples_seen, accuracy, self.bytes_up, self.bytes_down,
                          self.flops / max(clients, 1), wall_s, stage, loss, diverged)
@@ -61,6 +62,7 @@ class TrainingState:
     loss_sum: float = 0.0
     loss_samples: int = 0
     wall_s: float = 0.0
+    eval_s: float = 0.0
 
 
 @dataclass
@@ -100,8 +102,14 @@ def train(
     evaluate_at = eval_rounds(len(rounds), eval_every)
     params, accounting = state.params, state.accounting
 
+    def evaluate() -> float:
+        evaluation_start = time.perf_counter()
+        accuracy = backend.accuracy(params)
+        state.eval_s += time.perf_counter() - evaluation_start
+        return accuracy
+
     def record(number: int, accuracy: float, diverged: bool = False) -> None:
-        loss = state.loss_sum / state.loss_samples if state.loss_samples else float("nan")
+        loss = state.loss_sum / state.loss_samples if state.loss_samples else None
         point = accounting.point(first_round + number, accuracy, time.perf_counter() - started, "train", loss, diverged)
         state.points.append(point)
         state.loss_sum, state.loss_samples = 0.0, 0
@@ -109,7 +117,7 @@ def train(
             on_point(point)
 
     if state.done == 0:
-        record(0, backend.accuracy(params))
+        record(0, evaluate())
     with tqdm(total=len(rounds), initial=state.done, unit="round", disable=quiet, desc="train") as progress:
         for number in range(state.done + 1, len(rounds) + 1):
             clients = rounds[number - 1]
@@ -130,7 +138,7 @@ def train(
                 return f"diverged in round {first_round + number}: non-finite loss or weights (client lr too high?)"
             state.done = number
             if number in evaluate_at:
-                accuracy = backend.accuracy(params)
+                accuracy = evaluate()
                 record(number, accuracy)
                 progress.set_postfix(acc=f"{accuracy:.4f}")
             progress.update(1)
