@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fedray.config import RunConfig, load_config_file, resolve
 from fedray.errors import FedrayError
-from fedray.gradient.algorithms import ALGORITHMS, INITS
+from fedray.gradient.algorithms import ALGORITHMS, FINETUNE_MODES, INITS
 from fedray.methods import METHODS
 
 
@@ -52,6 +52,14 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
     training.add_argument("--probe-ridge", action="store_const", const=True, help="after training, report Fed3R's accuracy on the features")
     training.add_argument("--checkpoint-every", type=int, help="write OUT/checkpoint.pt every N rounds (default 500)")
     training.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
+    images = parser.add_argument_group("fine-tuning on images (a dataset with images: hsu:CSV?images=ROOT, imagefolder:ROOT)")
+    images.add_argument("--finetune", choices=list(FINETUNE_MODES),
+                        help="ft: backbone and head, ftlp: head only, ftfeat: backbone only (default: linear probing on features)")
+    images.add_argument("--backbone", help="torchvision backbone (default mobilenet_v2)")
+    images.add_argument("--weights", help="imagenet, random (seeded, NOT pre-trained) or a state-dict file (default imagenet)")
+    images.add_argument("--image-size", type=int, help="center-crop size (default 224)")
+    images.add_argument("--num-trainers", type=int, help="trainer actors (default: one per GPU, else CPUs / --cpus-per-trainer)")
+    images.add_argument("--cpus-per-trainer", type=float, help="CPUs each trainer requests (default 1)")
     parser.add_argument("--num-shards", type=int, help="shard actors (default: cluster CPUs / --cpus-per-shard)")
     parser.add_argument("--cpus-per-shard", type=float, help="CPUs each shard actor requests (default 1)")
     parser.add_argument("--quiet", action="store_const", const=True, help="no progress bar")

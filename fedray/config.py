@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from fedray.errors import FedrayError
-from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, INITS
+from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, FINETUNE_MODES, INITS
 from fedray.methods import METHODS
 
 
@@ -45,6 +45,12 @@ class RunConfig:
     init_rounds: int | None = None
     probe_ridge: bool = False
     checkpoint_every: int | None = 500
+    finetune: str | None = None
+    backbone: str = "mobilenet_v2"
+    weights: str = "imagenet"
+    image_size: int = 224
+    num_trainers: int | None = None
+    cpus_per_trainer: float = 1.0
     num_shards: int | None = None
     cpus_per_shard: float = 1.0
     quiet: bool = False
@@ -73,10 +79,13 @@ class RunConfig:
             raise FedrayError(f"--init must be one of {', '.join(INITS)}, got {self.init!r}")
         positive = {"client_lr": self.client_lr, "batch_size": self.batch_size, "local_epochs": self.local_epochs,
                     "temperature": self.temperature, "server_lr": self.server_lr, "init_rounds": self.init_rounds,
-                    "checkpoint_every": self.checkpoint_every}
+                    "checkpoint_every": self.checkpoint_every, "image_size": self.image_size,
+                    "num_trainers": self.num_trainers, "cpus_per_trainer": self.cpus_per_trainer}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise FedrayError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if self.finetune is not None and (self.finetune not in FINETUNE_MODES or not self.trains):
+            raise FedrayError(f"--finetune takes {', '.join(FINETUNE_MODES)} with a gradient method, got {self.finetune!r} with {self.method}")
         if self.prox_mu is not None and self.method != "fedprox":
             raise FedrayError(f"--prox-mu applies to fedprox only, not {self.method}")
         return self

@@ -1,4 +1,4 @@
-"""Run outputs, written atomically: metrics.parquet, classifier.npz, config.yaml."""
+"""Run outputs, written atomically: metrics.parquet, classifier.npz, config.yaml (and model.pt after fine-tuning)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-METRICS, CLASSIFIER, CONFIG = "metrics.parquet", "classifier.npz", "config.yaml"
+METRICS, CLASSIFIER, CONFIG, MODEL = "metrics.parquet", "classifier.npz", "config.yaml", "model.pt"
 
 
 @dataclass
@@ -62,8 +62,17 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
         np.savez(handle, **arrays)
 
 
-def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.ndarray]) -> None:
+def _save_model(path: Path, model: dict) -> None:
+    import torch  # here, not at the top: analysis imports this module for EvalPoint without needing torch
+
+    torch.save(model, path)
+
+
+def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.ndarray], model: dict | None = None) -> None:
+    """The run's files; ``model`` (a fine-tuned state dict) goes to model.pt. The metrics come last: they mark a complete run."""
     table = pa.Table.from_pylist(rows)
     write_atomically(out / CLASSIFIER, lambda p: _save_npz(p, arrays))
+    if model is not None:
+        write_atomically(out / MODEL, lambda p: _save_model(p, model))
     write_atomically(out / CONFIG, lambda p: p.write_text(yaml.safe_dump(config, sort_keys=False)))
     write_atomically(out / METRICS, lambda p: pq.write_table(table, p))

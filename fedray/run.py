@@ -15,7 +15,7 @@ from fedray.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.evaluation import Evaluator
 from fedray.gradient.checkpoint import load_checkpoint, remove_checkpoint
-from fedray.gradient.runner import train_on_features
+from fedray.gradient.runner import finetune_on_images, train_on_features
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
 from fedray.results import EvalPoint, config_columns, write_run
@@ -92,19 +92,30 @@ def run(
     sampling.check_per_round(federation.num_clients, config.per_round(federation.num_clients))
     saved = load_checkpoint(Path(config.out), config.to_dict()) if resume else None
     init_ray(address)
-    pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group)
-    try:
-        if config.trains:
-            outcome = train_on_features(config, pool, Evaluator(federation), on_point, saved)
-            resolved = _resolved(config, pool)
-            extra = {} if outcome.ridge_probe_accuracy is None else {"ridge_probe_accuracy": outcome.ridge_probe_accuracy}
-            rows = metrics_rows(resolved, config.per_round(federation.num_clients), outcome.points, **extra)
-            arrays = Classifier(outcome.params["weight"], outcome.params["bias"]).arrays()
-        else:
-            resolved, rows, closed_form = simulate(config, method, pool, Evaluator(federation), on_point)
-            arrays = {**closed_form.classifier.arrays(), **method.arrays()}
-    finally:
-        pool.shutdown()
-    write_run(Path(config.out), rows, resolved.to_dict(), arrays)
+    per_round = config.per_round(federation.num_clients)
+    model = None
+    if config.finetune:
+        outcome = finetune_on_images(config, federation, on_point, saved)
+        resolved = replace(config, clients_per_round=per_round if config.participation is None else None)
+        model = outcome.params
+        head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
+    else:
+        pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group)
+        try:
+            if config.trains:
+                outcome = train_on_features(config, pool, Evaluator(federation), on_point, saved)
+                resolved = _resolved(config, pool)
+                head = Classifier(outcome.params["weight"], outcome.params["bias"])
+            else:
+                resolved, rows, closed_form = simulate(config, method, pool, Evaluator(federation), on_point)
+        finally:
+            pool.shutdown()
+    if config.trains:
+        extra = {} if outcome.ridge_probe_accuracy is None else {"ridge_probe_accuracy": outcome.ridge_probe_accuracy}
+        rows = metrics_rows(resolved, per_round, outcome.points, **extra)
+        arrays = head.arrays()
+    else:
+        arrays = {**closed_form.classifier.arrays(), **method.arrays()}
+    write_run(Path(config.out), rows, resolved.to_dict(), arrays, model)
     remove_checkpoint(Path(config.out))
     return rows

@@ -24,3 +24,5 @@ ALGORITHMS = {
 
 DEFAULT_PROX_MU = 0.01
 INITS = ("random", "fedncm", "fed3r", "fedcof")
+FINETUNE_MODES = ("ft", "ftlp", "ftfeat")
+"""Fine-tuning on images: backbone and head, head only (linear probing on images), backbone only."""

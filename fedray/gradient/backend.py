@@ -35,6 +35,9 @@ class RoundUpdate:
 
 
 class TrainingBackend(Protocol):
+    statistics_names: frozenset[str]
+    """Entries of the update that are statistics (BatchNorm running means), averaged as they are, not stepped."""
+
     def train_round(self, params: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
         """Local training of ``clients`` (distinct global numbers) from ``params``; ``params`` is not modified."""
         ...

@@ -89,6 +89,8 @@ class LocalTrainer:
 class ProbeBackend:
     """Linear probing of a softmax head on the features held by a :class:`ShardPool`."""
 
+    statistics_names: frozenset[str] = frozenset()
+
     def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, scaffold: bool = False) -> None:
         self.pool, self.sgd, self.evaluator, self.scaffold = pool, sgd, evaluator, scaffold
         self.trainer = LocalTrainer(sgd, seed)

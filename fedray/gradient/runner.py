@@ -1,4 +1,4 @@
-"""One gradient-method run on features: optional closed-form stage, federated training, ridge probe.
+"""One gradient-method run: optional closed-form stage, federated training (on features or images), ridge probe.
 
 Stage 1 (``--init fedncm|fed3r|fedcof``) runs the closed-form method through
 the shards until every client was seen (or ``--init-rounds``); its classifier
@@ -12,16 +12,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 import ray
 import torch
 
 from fedray.config import RunConfig
+from fedray.data.federation import TEST, TRAIN, Federation
+from fedray.data.memory import with_features
 from fedray.evaluation import Evaluator
 from fedray.gradient.algorithms import ALGORITHMS
-from fedray.gradient.backend import Params
+from fedray.finetune import FineTuneBackend
+from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
 from fedray.gradient.local import LocalSGD
 from fedray.gradient.probing import ProbeBackend
@@ -34,6 +37,8 @@ from fedray.results import EvalPoint
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import run_closed_form
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -96,24 +101,77 @@ def train_on_features(
 ) -> TrainingOutcome:
     """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued."""
     federation = pool.federation
-    out = Path(config.out)
     backend = ProbeBackend(pool, local_sgd(config), config.seed, evaluator, scaffold=ALGORITHMS[config.method].scaffold)
-    if saved is not None:
-        state = saved
-    else:
+    if saved is None:
         if config.init == "random":
             params = random_head(federation.dim, federation.num_classes, config.seed)
             accounting, points = Accounting(np.zeros(federation.num_clients, dtype=bool)), []
         else:
             params, accounting, points = closed_form_stage(config, pool, evaluator, on_point)
-        state = TrainingState(params, {}, backend.state_dict(), accounting, list(points))
-    first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)
-    rounds = sampling.schedule(federation.num_clients, config.per_round(federation.num_clients), config.sampling == "with",
-                               config.seed, config.rounds, past_coverage=True)
-    checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s))
-    diverged = train(backend, server_optimizer(config), state, rounds, federation.client_sizes, config.eval_every,
-                     first_round, checkpointing, on_point, config.quiet)
-    outcome = TrainingOutcome(state.points, state.params, diverged)
+        saved = TrainingState(params, {}, backend.state_dict(), accounting, list(points))
+    outcome = _train(config, backend, saved, federation.client_sizes, on_point)
     if config.probe_ridge:
         outcome.ridge_probe_accuracy = ridge_probe(pool, config, evaluator)
     return outcome
+
+
+def finetune_on_images(
+    config: RunConfig,
+    federation: Federation,
+    on_point: Callable[[EvalPoint], None] | None = None,
+    saved: TrainingState | None = None,
+) -> TrainingOutcome:
+    """Fine-tuning (``config.finetune``) of a backbone and head on the federation's images.
+
+    A closed-form initialization and the ridge probe run on the images
+    embedded by the backbone at that moment, in shards of their own
+    (``--num-shards``, default 1, next to the trainers).
+    """
+    backend = FineTuneBackend.start(
+        federation, config.backbone, config.weights, config.finetune, local_sgd(config), config.seed,
+        image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
+        scaffold=ALGORITHMS[config.method].scaffold,
+    )
+    try:
+        if saved is None:
+            params = backend.initial_params(config.seed)
+            if config.init == "random":
+                accounting, points = Accounting(np.zeros(federation.num_clients, dtype=bool)), []
+            else:
+                head, accounting, points = on_embeddings(
+                    config, backend, params, lambda pool, evaluator: closed_form_stage(config, pool, evaluator, on_point))
+                params["head.weight"], params["head.bias"] = head["weight"].T.contiguous(), head["bias"]
+            saved = TrainingState(params, {}, backend.state_dict(), accounting, list(points))
+        outcome = _train(config, backend, saved, federation.client_sizes, on_point)
+        if config.probe_ridge:
+            outcome.ridge_probe_accuracy = on_embeddings(
+                config, backend, outcome.params, lambda pool, evaluator: ridge_probe(pool, config, evaluator))
+        return outcome
+    finally:
+        backend.shutdown()
+
+
+def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
+                  work: Callable[[ShardPool, Evaluator], T]) -> T:
+    """``work`` on shards holding the federation's images embedded by the backbone of ``params``."""
+    train_features, _ = backend.embed(params, TRAIN)
+    test_features, _ = backend.embed(params, TEST)
+    embedded = with_features(backend.pool.federation, train_features, test_features)
+    pool = ShardPool.start(embedded, config.num_shards or 1, config.cpus_per_shard)
+    try:
+        return work(pool, Evaluator(embedded))
+    finally:
+        pool.shutdown()
+
+
+def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
+           on_point: Callable[[EvalPoint], None] | None) -> TrainingOutcome:
+    """Stage 2 from ``state``: the schedule, checkpoints to ``config.out``, the loop."""
+    out = Path(config.out)
+    first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)
+    rounds = sampling.schedule(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed,
+                               config.rounds, past_coverage=True)
+    checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s))
+    diverged = train(backend, server_optimizer(config), state, rounds, sizes, config.eval_every, first_round,
+                     checkpointing, on_point, config.quiet)
+    return TrainingOutcome(state.points, state.params, diverged)

@@ -131,6 +131,8 @@ def train(
             previous = {name: tensor.clone() for name, tensor in params.items()}
             finite = bool(np.isfinite(update.loss_sum)) and _finite(mean)
             if finite:
+                for name in backend.statistics_names & mean.keys():
+                    params[name] += mean.pop(name)
                 server.step(params, mean)
             if not finite or not _finite(params):
                 params.update(previous)

@@ -1,0 +1,186 @@
+"""Federated fine-tuning of a torchvision backbone on images: the training backend the FedAvg-family loop drives.
+
+Per round the driver puts the global state in the object store once; each
+trainer of the pool trains its sampled clients one after another and returns
+Σ n_k (θ_k − θ), Σ n_k and the starting model's summed loss; the trainers'
+partial sums are tree-reduced. The whole state is put each round (frozen
+parts included) because every replica needs it to run the model; what a
+client would exchange in a real deployment, the trained part, is what
+:meth:`FineTuneBackend.traffic_floats` counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import ray
+import torch
+
+from fedray.data.federation import Federation
+from fedray.errors import FedrayError
+from fedray.finetune.local import LocalTraining
+from fedray.finetune.model import (
+    HEAD,
+    FineTuneModel,
+    Mode,
+    backbone_flops,
+    get_mode,
+    head_init,
+    sent_names,
+    trained_names,
+)
+from fedray.finetune.pool import TrainerPool
+from fedray.finetune.scaffold import ControlVariates
+from fedray.gradient.backend import Params, RoundUpdate
+from fedray.gradient.local import LocalSGD
+from fedray.images.backbones import feature_model, load_weights
+
+
+def check_sgd(sgd: LocalSGD) -> None:
+    if sgd.lr <= 0 or sgd.batch_size < 1 or sgd.epochs < 1 or sgd.temperature <= 0 or sgd.prox_mu < 0 or sgd.weight_decay < 0:
+        raise FedrayError(f"bad local SGD settings {sgd}: need lr, temperature > 0, batch size, epochs ≥ 1, prox_mu, weight decay ≥ 0")
+
+
+class FineTuneBackend:
+    """A run's settings, initial weights and SCAFFOLD control variates (when on), on a :class:`TrainerPool`.
+
+    Modes: ``ft`` trains backbone and head, ``ftlp`` the head only (linear
+    probing on images), ``ftfeat`` the backbone only (the head stays as
+    initialized: classifier-free traffic). BatchNorm: see :mod:`fedray.finetune.model`.
+    ``seed`` seeds the ``random`` weights and the clients' mini-batch orders.
+    """
+
+    def __init__(
+        self, pool: TrainerPool, weights_spec: str, mode: str, sgd: LocalSGD, seed: int, *, scaffold: bool = False, owns_pool: bool = False
+    ) -> None:
+        self.pool, self.owns_pool = pool, owns_pool
+        self.training = LocalTraining(get_mode(mode), sgd, seed)
+        check_sgd(sgd)
+        federation, backbone = pool.federation, pool.backbone
+        weights = load_weights(backbone, weights_spec, seed)
+        model = FineTuneModel(feature_model(backbone, weights.state_dict), backbone.dim, federation.num_classes, sgd.temperature)
+        self.flops_per_image = backbone_flops(model, pool.image_size)
+        state = model.state_dict()
+        self.initial_backbone = {name: value for name, value in state.items() if not name.startswith(HEAD)}
+        self.state_shapes = {name: value.shape for name, value in state.items()}
+        self.trained = trained_names(model, self.mode)
+        self.sent = sent_names(model, self.mode)
+        shapes = {name: self.state_shapes[name] for name in self.trained}
+        self.controls = ControlVariates(shapes, int(federation.client_offsets[-1])) if scaffold else None
+        self.training_ref = ray.put(self.training)
+
+    @classmethod
+    def start(
+        cls,
+        federation: Federation,
+        backbone_name: str,
+        weights_spec: str,
+        mode: str,
+        sgd: LocalSGD,
+        seed: int,
+        *,
+        image_size: int = 224,
+        num_trainers: int | None = None,
+        cpus_per_trainer: float = 1.0,
+        scaffold: bool = False,
+        eval_batch_size: int = 64,
+    ) -> FineTuneBackend:
+        """A backend on a pool of its own (see :meth:`TrainerPool.start`), shut down with it."""
+        get_mode(mode)
+        check_sgd(sgd)
+        pool = TrainerPool.start(federation, backbone_name, image_size=image_size, num_trainers=num_trainers,
+                                 cpus_per_trainer=cpus_per_trainer, eval_batch_size=eval_batch_size)
+        try:
+            return cls(pool, weights_spec, mode, sgd, seed, scaffold=scaffold, owns_pool=True)
+        except BaseException:
+            pool.shutdown()
+            raise
+
+    @property
+    def mode(self) -> Mode:
+        return self.training.mode
+
+    @property
+    def statistics_names(self) -> frozenset[str]:
+        """Entries of ``RoundUpdate.delta`` that are BN running statistics, not parameters.
+
+        Plain FedAvg averages them like everything else; a loop with a
+        momentum or adaptive server optimizer should still just average them
+        (θ ← θ + Δ), or a running variance could turn negative.
+        """
+        return frozenset(self.sent) - frozenset(self.trained)
+
+    def initial_params(self, head_seed: int) -> Params:
+        """The loaded backbone weights and a head initialized like ``nn.Linear`` from ``head_seed``."""
+        weight, bias = head_init(self.pool.backbone.dim, self.pool.federation.num_classes, head_seed)
+        return {**{name: value.clone() for name, value in self.initial_backbone.items()}, "head.weight": weight, "head.bias": bias}
+
+    def _put(self, params: Params) -> ray.ObjectRef:
+        if set(params) != set(self.state_shapes):
+            differing = sorted(set(self.state_shapes) ^ set(params))
+            raise FedrayError(f"parameters do not match the {self.pool.backbone.name} model (first differing name: {differing[0]})")
+        return ray.put(params)
+
+    def train_round(self, params: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
+        params_ref = self._put(params)
+        clients = np.asarray(clients, dtype=np.int64)
+        num_clients = self.pool.federation.num_clients
+        if not len(clients) or len(np.unique(clients)) != len(clients) or clients.min() < 0 or clients.max() >= num_clients:
+            raise FedrayError(f"a round needs distinct client numbers in 0..{num_clients - 1}, got {clients.tolist()[:10]}")
+        controls = self.controls
+        control_ref = ray.put(controls.control if controls is not None else None)
+        own = {int(client): controls.of(int(client)) for client in clients} if controls is not None else {}
+        result = self.pool.train(self.training_ref, params_ref, control_ref, clients, own, round_number)
+        if controls is not None:
+            sizes = self.pool.federation.client_sizes
+            controls.update(result.controls, {client: int(sizes[client]) for client in result.controls})
+        return RoundUpdate(result.delta, result.weight, result.loss_sum, result.samples)
+
+    def accuracy(self, params: Params) -> float:
+        """Top-1 accuracy on the test split, each trainer classifying its share of the test images (eval mode)."""
+        return self.pool.accuracy(self._put(params))
+
+    def embed(self, params: Params, split: str) -> tuple[torch.Tensor, np.ndarray]:
+        """Backbone features (N, d) float32 and labels of every sample of ``split`` ("train" in federation train order, or "test")."""
+        return self.pool.embed(self._put(params), split)
+
+    def traffic_floats(self) -> tuple[int, int]:
+        """Floats of what a client trains (plus BN statistics when the backbone is trained), each way.
+
+        With SCAFFOLD a client also downloads c and uploads Δc_i, both the size
+        of the trained parameters.
+        """
+        model = sum(self.state_shapes[name].numel() for name in self.sent)
+        controls = sum(self.state_shapes[name].numel() for name in self.trained) if self.controls is not None else 0
+        return model + controls, model + controls
+
+    def client_flops(self, sizes: np.ndarray) -> np.ndarray:
+        """Training FLOPs of one participation: n · epochs samples, each
+
+        * ``ft``, ``ftfeat``: 3 F + 6 d C (backbone forward + backward ≈ 3× its forward F; the head's forward and backward),
+        * ``ftlp``: F + 6 d C (forward only through the frozen backbone).
+
+        F is the backbone's forward FLOPs on one image, counted by torch's
+        FlopCounterMode at the pool's image size. The loss pass before
+        training (an evaluation, not training) is not counted.
+        """
+        head = 6.0 * self.pool.backbone.dim * self.pool.federation.num_classes
+        backbone = (3.0 if self.mode.trains_backbone else 1.0) * self.flops_per_image
+        return np.asarray(sizes, dtype=np.float64) * self.training.sgd.epochs * (backbone + head)
+
+    def state_dict(self) -> dict:
+        """SCAFFOLD's c and every c_i seen so far (``{}`` without SCAFFOLD)."""
+        return {"scaffold": self.controls.state_dict()} if self.controls is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.controls is None:
+            if state:
+                raise FedrayError("a SCAFFOLD checkpoint cannot resume a run without SCAFFOLD")
+            return
+        if "scaffold" not in state:
+            raise FedrayError("the checkpoint has no SCAFFOLD control variates to resume from")
+        self.controls.load_state_dict(state["scaffold"])
+
+    def shutdown(self) -> None:
+        """Shut the pool down if this backend started it (a shared pool is its owner's to shut down)."""
+        if self.owns_pool:
+            self.pool.shutdown()

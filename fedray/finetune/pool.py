@@ -1,0 +1,142 @@
+"""The trainer pool: a federation's images spread over model replicas in a placement group.
+
+One bundle per trainer: ``{"GPU": 1, "CPU": c}`` when the cluster has GPUs,
+``{"CPU": c}`` otherwise. Trainers hold contiguous, sample-balanced ranges of
+clients (as the feature shards do) and equal shares of the test split. The
+pool knows nothing of a run's mode or optimizer, so runs of different settings
+(a sweep) can share it and skip the replicas' start-up (seconds each: torch
+and torchvision are imported in every new process).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow.compute as pc
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from fedray.data.federation import TEST, TRAIN, Federation
+from fedray.errors import FedrayError
+from fedray.finetune.local import Partial
+from fedray.finetune.trainer import Trainer
+from fedray.gradient.backend import Params
+from fedray.images.backbones import Backbone, get_backbone
+from fedray.images.decode import ImageTransform
+from fedray.runtime.placement import reserve, start_actors
+from fedray.runtime.shards import balanced_bounds, tree_reduce
+
+
+def fetch(refs):
+    """``ray.get``, with a trainer's :class:`FedrayError` (e.g. an unreadable image) re-raised as itself, without Ray's traceback."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as error:
+        if isinstance(error.cause, FedrayError):
+            raise FedrayError(str(error.cause)) from None
+        raise
+
+
+def check_images(federation: Federation) -> None:
+    """Every sample of both splits must name an image file (existence and decoding are checked when it is read)."""
+    table = federation.table
+    if "image_path" not in table.column_names:
+        raise FedrayError(f"{federation.name}: no images to fine-tune on (an hsu: split needs images=ROOT)")
+    missing = table.filter(pc.is_null(table.column("image_path")))
+    if missing.num_rows:
+        column = "image_id" if "image_id" in missing.column_names else "sample_id"
+        raise FedrayError(
+            f"{federation.name}: image {missing.column(column)[0].as_py()!r} ({missing.num_rows} in all) not found under the image root"
+        )
+
+
+@dataclass
+class TrainerPool:
+    """The trainers, their placement group and the federation's object ref (a restarted trainer needs it again)."""
+
+    federation: Federation
+    backbone: Backbone
+    image_size: int
+    actors: list
+    bounds: np.ndarray
+    group: PlacementGroup
+    federation_ref: ray.ObjectRef
+
+    @classmethod
+    def start(
+        cls,
+        federation: Federation,
+        backbone_name: str,
+        *,
+        image_size: int = 224,
+        num_trainers: int | None = None,
+        cpus_per_trainer: float = 1.0,
+        eval_batch_size: int = 64,
+    ) -> TrainerPool:
+        """Reserve one bundle per trainer and start the trainers (default: one per GPU, else as many as the free CPUs fit)."""
+        backbone = get_backbone(backbone_name)
+        transform = ImageTransform(image_size)
+        if backbone.fixed_size is not None and image_size != backbone.fixed_size:
+            raise FedrayError(f"{backbone.name} takes {backbone.fixed_size}-pixel images, got image size {image_size}")
+        if cpus_per_trainer <= 0 or eval_batch_size < 1:
+            raise FedrayError(f"need cpus_per_trainer > 0 and eval_batch_size ≥ 1, got {cpus_per_trainer} and {eval_batch_size}")
+        check_images(federation)
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if num_trainers is None:
+            num_trainers = gpus if gpus else max(1, int(ray.available_resources().get("CPU", 1) // cpus_per_trainer))
+        if num_trainers < 1:
+            raise FedrayError(f"need at least one trainer, got {num_trainers}")
+        bounds = balanced_bounds(federation.client_offsets, num_trainers)
+        trainers = len(bounds) - 1
+        bundle = {"CPU": cpus_per_trainer, **({"GPU": 1} if gpus else {})}
+        group = reserve([bundle] * trainers, "SPREAD", f"{trainers} trainers × {bundle}", "lower num_trainers or cpus_per_trainer")
+        federation_ref = ray.put(federation)
+        test_bounds = np.linspace(0, federation.test.num_rows, trainers + 1).astype(np.int64)
+        threads = max(1, int(cpus_per_trainer))
+        arguments = [
+            (federation_ref, backbone, transform, eval_batch_size, (int(bounds[t]), int(bounds[t + 1])),
+             (int(test_bounds[t]), int(test_bounds[t + 1])), threads)
+            for t in range(trainers)
+        ]
+        try:
+            actors = start_actors(Trainer, group, bundle, arguments)
+            fetch([actor.describe.remote() for actor in actors])
+        except BaseException:
+            remove_placement_group(group)
+            raise
+        return cls(federation, backbone, image_size, actors, bounds, group, federation_ref)
+
+    @property
+    def num_trainers(self) -> int:
+        return len(self.actors)
+
+    def train(
+        self, training: ray.ObjectRef, params: ray.ObjectRef, control: ray.ObjectRef, clients: np.ndarray, client_controls: dict[int, Params | None], round_number: int
+    ) -> Partial:
+        """One round of local training of ``clients`` on their trainers, the trainers' sums tree-reduced."""
+        trainer_of = np.searchsorted(self.bounds, clients, side="right") - 1
+        partials = []
+        for index, actor in enumerate(self.actors):
+            mine = clients[trainer_of == index]
+            own = {int(client): client_controls[int(client)] for client in mine} if client_controls else {}
+            partials.append((actor.train.remote(training, params, control, mine, own, round_number), actor))
+        return fetch(tree_reduce(None, partials))
+
+    def accuracy(self, params: ray.ObjectRef) -> float:
+        if self.federation.test.num_rows == 0:
+            raise FedrayError(f"{self.federation.name}: no test samples to evaluate on")
+        counts = fetch([actor.correct.remote(params) for actor in self.actors])
+        return sum(correct for correct, _ in counts) / sum(total for _, total in counts)
+
+    def embed(self, params: ray.ObjectRef, split: str) -> tuple[torch.Tensor, np.ndarray]:
+        if split not in (TRAIN, TEST):
+            raise FedrayError(f"unknown split {split!r}; use {TRAIN} or {TEST}")
+        parts = fetch([actor.embed.remote(params, split) for actor in self.actors])
+        return torch.cat([features for features, _ in parts]), np.concatenate([labels for _, labels in parts])
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        remove_placement_group(self.group)

@@ -1,0 +1,100 @@
+"""Trainer actors: one model replica each, holding a contiguous range of clients' image paths and labels.
+
+Like the feature shards, a trainer's state is a pure function of its
+constructor arguments and its calls are pure functions of theirs (the model is
+reloaded from the call's parameters every time, and the run's settings come
+with the call), so Ray can restart a failed trainer and retry its calls with
+the same results, and one trainer serves runs of any mode and settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from fedray.data.federation import TEST, TRAIN, Federation
+from fedray.finetune.images import ImageReader
+from fedray.finetune.local import (
+    ClientTrainer,
+    LocalTraining,
+    Partial,
+    backbone_features,
+    combine,
+    count_correct,
+    training_device,
+)
+from fedray.finetune.model import build_model
+from fedray.gradient.backend import Params
+from fedray.images.backbones import Backbone
+from fedray.images.decode import ImageTransform
+
+
+@ray.remote(max_restarts=2, max_task_retries=2)
+class Trainer:
+    """Clients ``clients[0] .. clients[1]-1`` and test rows ``test_rows[0] .. test_rows[1]-1`` of ``federation``."""
+
+    def __init__(
+        self,
+        federation: Federation,
+        backbone: Backbone,
+        transform: ImageTransform,
+        eval_batch_size: int,
+        clients: tuple[int, int],
+        test_rows: tuple[int, int],
+        threads: int,
+    ) -> None:
+        torch.set_num_threads(threads)
+        self.device = training_device()
+        start, stop = federation.client_offsets[clients[0]], federation.client_offsets[clients[1]]
+        train = federation.train.slice(start, stop - start)
+        test = federation.test.slice(test_rows[0], test_rows[1] - test_rows[0])
+        self.first_client = clients[0]
+        self.offsets = federation.client_offsets[clients[0] : clients[1] + 1] - start
+        self.readers = {
+            split: ImageReader(rows.column("image_path").to_pylist(), transform, threads) for split, rows in ((TRAIN, train), (TEST, test))
+        }
+        self.labels = {
+            split: torch.from_numpy(rows.column("label").to_numpy().astype(np.int64)).to(self.device)
+            for split, rows in ((TRAIN, train), (TEST, test))
+        }
+        self.model = build_model(backbone, federation.num_classes).to(self.device)
+        self.eval_batch_size = eval_batch_size
+
+    def describe(self) -> dict:
+        context = ray.get_runtime_context()
+        return {"node_id": context.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device)}
+
+    def train(
+        self,
+        training: LocalTraining,
+        params: Params,
+        control: Params | None,
+        clients: np.ndarray,
+        client_controls: dict[int, Params | None],
+        round_number: int,
+    ) -> Partial | None:
+        """One round's local training of ``clients`` (global numbers, trained in the given order); None if there are none."""
+        if not len(clients):
+            return None
+        rows = [np.arange(self.offsets[k], self.offsets[k + 1]) for k in clients - self.first_client]
+        trainer = ClientTrainer(self.model, training, self.device)
+        return trainer.train_clients(
+            params, control, clients.tolist(), rows, self.labels[TRAIN], self.readers[TRAIN], round_number, client_controls
+        )
+
+    def combine(self, _method: Any, a: Partial | None, b: Partial | None) -> Partial | None:
+        """The pairwise step of :func:`~fedray.runtime.shards.tree_reduce` (which passes a method this sum does not need)."""
+        return combine(a, b)
+
+    def correct(self, params: Params) -> tuple[int, int]:
+        """(correctly classified, total) over this trainer's test rows."""
+        correct = count_correct(self.model, params, self.readers[TEST], self.labels[TEST], self.eval_batch_size, self.device)
+        return correct, len(self.labels[TEST])
+
+    def embed(self, params: Params, split: str) -> tuple[torch.Tensor, np.ndarray]:
+        """Backbone features (float32, CPU) and labels of this trainer's rows of ``split``, in federation order."""
+        features = backbone_features(self.model, params, self.readers[split], self.eval_batch_size, self.device)
+        return features.float().cpu(), self.labels[split].cpu().numpy()
