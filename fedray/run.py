@@ -13,6 +13,7 @@ from ray.util.placement_group import PlacementGroup
 
 from fedray.config import RunConfig
 from fedray.data.registry import load_federation
+from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
 from fedray.gradient.checkpoint import load_checkpoint, remove_checkpoint
 from fedray.gradient.runner import finetune_on_images, train_on_features
@@ -95,6 +96,8 @@ def run(
     per_round = config.per_round(federation.num_clients)
     model = None
     if config.finetune:
+        if trial_group is not None:
+            raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
         outcome = finetune_on_images(config, federation, on_point, saved)
         resolved = replace(config, clients_per_round=per_round if config.participation is None else None)
         model = outcome.params
