@@ -76,7 +76,8 @@ def _cmd_run(args: argparse.Namespace) -> None:
     rows = run(config, address=args.address, resume=args.resume)
     last = rows[-1]
     if last["diverged"]:
-        raise FedrayError(f"{config.method} diverged in round {last['round']}; rows up to there are in {config.out}")
+        raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr?); "
+                          f"rows up to there are in {config.out}")
     print(f"{config.method} on {config.dataset}: accuracy {last['accuracy']:.4f} after {last['round']} rounds, "
           f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
 

@@ -22,7 +22,7 @@ import torch
 from fedray.evaluation import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.local import Control, LocalSGD, train_heads
-from fedray.methods.base import ClientBatch, Classifier
+from fedray.methods.base import Classifier, ClientBatch
 from fedray.runtime.shards import ShardPool, gather_rows
 
 

@@ -22,15 +22,14 @@ from fedray.config import RunConfig
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.data.memory import with_features
 from fedray.evaluation import Evaluator
-from fedray.gradient.algorithms import ALGORITHMS
 from fedray.finetune import FineTuneBackend
+from fedray.gradient.algorithms import ALGORITHMS
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
 from fedray.gradient.local import LocalSGD
 from fedray.gradient.probing import ProbeBackend
 from fedray.gradient.server import ServerOptimizer
 from fedray.gradient.training import Accounting, Checkpointing, TrainingState, train
-from fedray.methods import METHODS
 from fedray.methods.base import Classifier
 from fedray.methods.from_config import build_method
 from fedray.results import EvalPoint
@@ -45,7 +44,6 @@ T = TypeVar("T")
 class TrainingOutcome:
     points: list[EvalPoint]
     params: Params
-    diverged: str | None
     ridge_probe_accuracy: float | None = None
 
 
@@ -87,7 +85,7 @@ def closed_form_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator,
 
 def ridge_probe(pool: ShardPool, config: RunConfig, evaluator: Evaluator) -> float:
     """Fed3R on the features the head was trained on, from every client (Fed3R Section 5.4's feature-quality probe)."""
-    method = METHODS["fed3r"](pool.federation.dim, pool.federation.num_classes, lam=config.lam, bias=config.bias)
+    method = build_method(replace(config, method="fed3r"), pool.federation)
     statistics = ray.get(pool.statistics(ray.put(method), np.arange(pool.federation.num_clients)))
     return evaluator.accuracy(method, method.solve(statistics))
 
@@ -104,11 +102,10 @@ def train_on_features(
     backend = ProbeBackend(pool, local_sgd(config), config.seed, evaluator, scaffold=ALGORITHMS[config.method].scaffold)
     if saved is None:
         if config.init == "random":
-            params = random_head(federation.dim, federation.num_classes, config.seed)
-            accounting, points = Accounting(np.zeros(federation.num_clients, dtype=bool)), []
+            params, accounting, points = random_head(federation.dim, federation.num_classes, config.seed), None, []
         else:
             params, accounting, points = closed_form_stage(config, pool, evaluator, on_point)
-        saved = TrainingState(params, {}, backend.state_dict(), accounting, list(points))
+        saved = _fresh_state(params, accounting, points, backend, federation.num_clients)
     outcome = _train(config, backend, saved, federation.client_sizes, on_point)
     if config.probe_ridge:
         outcome.ridge_probe_accuracy = ridge_probe(pool, config, evaluator)
@@ -135,13 +132,12 @@ def finetune_on_images(
     try:
         if saved is None:
             params = backend.initial_params(config.seed)
-            if config.init == "random":
-                accounting, points = Accounting(np.zeros(federation.num_clients, dtype=bool)), []
-            else:
+            accounting, points = None, []
+            if config.init != "random":
                 head, accounting, points = on_embeddings(
                     config, backend, params, lambda pool, evaluator: closed_form_stage(config, pool, evaluator, on_point))
                 params["head.weight"], params["head.bias"] = head["weight"].T.contiguous(), head["bias"]
-            saved = TrainingState(params, {}, backend.state_dict(), accounting, list(points))
+            saved = _fresh_state(params, accounting, points, backend, federation.num_clients)
         outcome = _train(config, backend, saved, federation.client_sizes, on_point)
         if config.probe_ridge:
             outcome.ridge_probe_accuracy = on_embeddings(
@@ -164,6 +160,13 @@ def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
         pool.shutdown()
 
 
+def _fresh_state(params: Params, accounting: Accounting | None, points: list[EvalPoint], backend: TrainingBackend,
+                 num_clients: int) -> TrainingState:
+    """The state training starts from: after a closed-form stage (its accounting and rows), or from nothing."""
+    accounting = accounting or Accounting(np.zeros(num_clients, dtype=bool))
+    return TrainingState(params, {}, backend.state_dict(), accounting, list(points))
+
+
 def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
            on_point: Callable[[EvalPoint], None] | None) -> TrainingOutcome:
     """Stage 2 from ``state``: the schedule, checkpoints to ``config.out``, the loop."""
@@ -172,6 +175,6 @@ def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, si
     rounds = sampling.schedule(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed,
                                config.rounds, past_coverage=True)
     checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s))
-    diverged = train(backend, server_optimizer(config), state, rounds, sizes, config.eval_every, first_round,
-                     checkpointing, on_point, config.quiet)
-    return TrainingOutcome(state.points, state.params, diverged)
+    train(backend, server_optimizer(config), state, rounds, sizes, config.eval_every, first_round, checkpointing,
+          on_point, config.quiet)
+    return TrainingOutcome(state.points, state.params)

@@ -86,8 +86,8 @@ def train(
     checkpointing: Checkpointing | None = None,
     on_point: Callable[[EvalPoint], None] | None = None,
     quiet: bool = False,
-) -> str | None:
-    """Run ``rounds[state.done:]``, updating ``state`` in place; the divergence message, or None.
+) -> bool:
+    """Run ``rounds[state.done:]``, updating ``state`` in place; whether training diverged.
 
     Rows are numbered ``first_round + r`` (after a closed-form stage, its
     rounds come first). A row at the start evaluates the initial model. A
@@ -137,7 +137,7 @@ def train(
             if not finite or not _finite(params):
                 params.update(previous)
                 record(number, float("nan"), diverged=True)
-                return f"diverged in round {first_round + number}: non-finite loss or weights (client lr too high?)"
+                return True
             state.done = number
             if number in evaluate_at:
                 accuracy = evaluate()
@@ -148,4 +148,4 @@ def train(
                 state.server, state.backend = server.state, backend.state_dict()
                 state.wall_s = time.perf_counter() - started
                 checkpointing.save(state)
-    return None
+    return False
