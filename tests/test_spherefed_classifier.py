@@ -1,0 +1,35 @@
+"""SphereFed's fixed classifier: orthonormal rows when C ≤ d, a unit-norm tight frame (Welch bound) when C > d."""
+
+import pytest
+import torch
+
+from fedray.errors import FedrayError
+from fedray.spherefed.classifier import fixed_classifier, frame_potential
+
+
+@pytest.mark.parametrize("classes, dim", [(10, 10), (60, 128), (1203, 1280)])
+def test_orthonormal_rows_when_there_is_room(classes, dim):
+    rows = fixed_classifier(classes, dim, seed=3)
+    assert rows.shape == (classes, dim)
+    torch.testing.assert_close(rows @ rows.T, torch.eye(classes, dtype=torch.float64), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("classes, dim", [(20, 8), (100, 24)])
+def test_more_classes_than_dimensions_give_a_unit_norm_tight_frame_at_the_welch_bound(classes, dim):
+    rows = fixed_classifier(classes, dim, seed=3)
+    torch.testing.assert_close(rows.norm(dim=1), torch.ones(classes, dtype=torch.float64), rtol=0, atol=1e-9)
+    torch.testing.assert_close(rows.T @ rows, classes / dim * torch.eye(dim, dtype=torch.float64), rtol=0, atol=1e-6)
+    welch = classes**2 / dim - classes
+    assert frame_potential(rows) == pytest.approx(welch, rel=1e-6)
+    assert frame_potential(torch.nn.functional.normalize(torch.randn(classes, dim, dtype=torch.float64), dim=1)) > 1.2 * welch
+
+
+def test_the_seed_decides_the_classifier():
+    assert torch.equal(fixed_classifier(30, 16, seed=1), fixed_classifier(30, 16, seed=1))
+    assert not torch.allclose(fixed_classifier(30, 16, seed=1), fixed_classifier(30, 16, seed=2))
+    assert not torch.allclose(fixed_classifier(8, 16, seed=1), fixed_classifier(8, 16, seed=2))
+
+
+def test_bad_sizes_are_named():
+    with pytest.raises(FedrayError, match="C=0"):
+        fixed_classifier(0, 4, seed=0)
