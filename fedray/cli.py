@@ -52,6 +52,10 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
     training.add_argument("--probe-ridge", action="store_const", const=True, help="after training, report Fed3R's accuracy on the features")
     training.add_argument("--checkpoint-every", type=int, help="write OUT/checkpoint.pt every N rounds (default 500)")
     training.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
+    sphere = parser.add_argument_group("SphereFed (--head sphere): a projection onto the sphere before a fixed classifier, FFC after")
+    sphere.add_argument("--head", choices=["linear", "sphere"], help="what the gradient methods train on the features (default linear)")
+    sphere.add_argument("--sphere-dim", type=int, help="dimension l of the sphere (default: the feature dim)")
+    sphere.add_argument("--sphere-loss", choices=["mse", "ce"], help="mse (SphereFed's, default) or ce at --temperature")
     images = parser.add_argument_group("fine-tuning on images (a dataset with images: hsu:CSV?images=ROOT, imagefolder:ROOT)")
     images.add_argument("--finetune", choices=list(FINETUNE_MODES),
                         help="ft: backbone and head, ftlp: head only, ftfeat: backbone only (default: linear probing on features)")

@@ -45,6 +45,9 @@ class RunConfig:
     init_rounds: int | None = None
     probe_ridge: bool = False
     checkpoint_every: int | None = 500
+    head: str = "linear"
+    sphere_dim: int | None = None
+    sphere_loss: str = "mse"
     finetune: str | None = None
     backbone: str = "mobilenet_v2"
     weights: str = "imagenet"
@@ -80,12 +83,19 @@ class RunConfig:
         positive = {"client_lr": self.client_lr, "batch_size": self.batch_size, "local_epochs": self.local_epochs,
                     "temperature": self.temperature, "server_lr": self.server_lr, "init_rounds": self.init_rounds,
                     "checkpoint_every": self.checkpoint_every, "image_size": self.image_size,
-                    "num_trainers": self.num_trainers, "cpus_per_trainer": self.cpus_per_trainer}
+                    "num_trainers": self.num_trainers, "cpus_per_trainer": self.cpus_per_trainer,
+                    "sphere_dim": self.sphere_dim}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise FedrayError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         if self.finetune is not None and (self.finetune not in FINETUNE_MODES or not self.trains):
             raise FedrayError(f"--finetune takes {', '.join(FINETUNE_MODES)} with a gradient method, got {self.finetune!r} with {self.method}")
+        if self.head not in ("linear", "sphere"):
+            raise FedrayError(f"--head must be linear or sphere, got {self.head!r}")
+        if self.head == "sphere" and (not self.trains or self.finetune or self.method == "scaffold" or self.init != "random"):
+            raise FedrayError("--head sphere (SphereFed) trains on features with fedavg, fedavgm, fedadam or fedprox from --init random")
+        if self.sphere_loss not in ("mse", "ce"):
+            raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
         if self.prox_mu is not None and self.method != "fedprox":
             raise FedrayError(f"--prox-mu applies to fedprox only, not {self.method}")
         return self

@@ -20,7 +20,7 @@ class Evaluator:
     def _inputs(self, method: ClosedFormMethod) -> torch.Tensor:
         """Test features through the method's feature map, computed once per method."""
         if self._transformed is None or self._transformed[0] is not method:
-            self._transformed = (method, method.transform(self.features))
+            self._transformed = (method, method.transform(self.features).to(torch.float32))
         return self._transformed[1]
 
     def accuracy(self, method: ClosedFormMethod, classifier: Classifier) -> float:

@@ -116,7 +116,7 @@ def run(
     if config.trains:
         extra = {} if outcome.ridge_probe_accuracy is None else {"ridge_probe_accuracy": outcome.ridge_probe_accuracy}
         rows = metrics_rows(resolved, per_round, outcome.points, **extra)
-        arrays = head.arrays()
+        arrays = outcome.arrays or head.arrays()
     else:
         arrays = {**closed_form.classifier.arrays(), **method.arrays()}
     write_run(Path(config.out), rows, resolved.to_dict(), arrays, model)

@@ -10,6 +10,7 @@ stage 2's rounds are numbered after stage 1's.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -30,12 +31,14 @@ from fedray.gradient.local import LocalSGD
 from fedray.gradient.probing import ProbeBackend
 from fedray.gradient.server import ServerOptimizer
 from fedray.gradient.training import Accounting, Checkpointing, TrainingState, train
-from fedray.methods.base import Classifier
+from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.from_config import build_method
 from fedray.results import EvalPoint
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import run_closed_form
+from fedray.spherefed.calibration import calibrate
+from fedray.spherefed.training import SphereBackend
 
 T = TypeVar("T")
 
@@ -45,6 +48,8 @@ class TrainingOutcome:
     points: list[EvalPoint]
     params: Params
     ridge_probe_accuracy: float | None = None
+    arrays: dict[str, np.ndarray] | None = None
+    """What classifier.npz holds, when it is not the trained softmax head."""
 
 
 def local_sgd(config: RunConfig) -> LocalSGD:
@@ -99,6 +104,8 @@ def train_on_features(
 ) -> TrainingOutcome:
     """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued."""
     federation = pool.federation
+    if config.head == "sphere":
+        return _spherefed(config, pool, evaluator, on_point, saved)
     backend = ProbeBackend(pool, local_sgd(config), config.seed, evaluator, scaffold=ALGORITHMS[config.method].scaffold)
     if saved is None:
         if config.init == "random":
@@ -109,6 +116,31 @@ def train_on_features(
     outcome = _train(config, backend, saved, federation.client_sizes, on_point)
     if config.probe_ridge:
         outcome.ridge_probe_accuracy = ridge_probe(pool, config, evaluator)
+    return outcome
+
+
+def _spherefed(config: RunConfig, pool: ShardPool, evaluator: Evaluator, on_point: Callable[[EvalPoint], None] | None,
+               saved: TrainingState | None) -> TrainingOutcome:
+    """SphereFed: train the projection before the fixed classifier, then calibrate with FFC (a ``calibrated`` row)."""
+    federation = pool.federation
+    backend = SphereBackend(pool, local_sgd(config), config.seed, evaluator, config.sphere_dim or federation.dim, config.sphere_loss)
+    state = saved or _fresh_state(backend.initial_params(config.seed), None, [], backend, federation.num_clients)
+    outcome = _train(config, backend, state, federation.client_sizes, on_point)
+    if state.points[-1].diverged:
+        return outcome
+    start = time.perf_counter()
+    classifier, accuracy, method = calibrate(pool, evaluator, config.lam, outcome.params["weight"], outcome.params["bias"])
+    everyone = np.arange(federation.num_clients)
+    sizes = federation.client_sizes.astype(np.float64)
+    state.accounting.add(everyone, federation.client_sizes, float(method.upload_floats(federation).sum()) * FLOAT_BYTES, 0.0,
+                         float(method.statistics_flops(sizes).sum()))
+    point = state.accounting.point(state.points[-1].round + 1, accuracy, state.points[-1].wall_s + time.perf_counter() - start,
+                                   "calibrated")
+    outcome.points.append(point)
+    if on_point is not None:
+        on_point(point)
+    outcome.arrays = {**classifier.arrays(), "proj_weight": outcome.params["weight"].numpy(),
+                      "proj_bias": outcome.params["bias"].numpy(), "fixed_classifier": backend.classifier.numpy()}
     return outcome
 
 
