@@ -1,0 +1,200 @@
+"""TCT stage 2: the normalization round, the SCAFFOLD solver's invariants, and the closed form."""
+
+import pytest
+import torch
+
+from fedray.errors import FedrayError
+from fedray.tct.stage2 import (
+    STD_FLOOR,
+    ClientData,
+    ScaffoldStage2,
+    client_weights,
+    closed_form_stage2,
+    normalization,
+    normalize,
+    random_projection,
+    scaffold_stage2,
+    standardize_clients,
+    targets,
+)
+
+NUM_CLASSES = 4
+
+
+def label_skewed(seed: int = 0, num_clients: int = 6, dim: int = 20) -> list[ClientData]:
+    """Client k draws 90% of its labels from class k mod C; features are class mean + noise, off-center and scaled."""
+    generator = torch.Generator().manual_seed(seed)
+    means = torch.randn(NUM_CLASSES, dim, generator=generator, dtype=torch.float64)
+    scales = torch.linspace(0.5, 3.0, dim, dtype=torch.float64)
+    clients = []
+    for k in range(num_clients):
+        probs = torch.full((NUM_CLASSES,), 0.1 / (NUM_CLASSES - 1), dtype=torch.float64)
+        probs[k % NUM_CLASSES] = 0.9
+        labels = torch.multinomial(probs, 60 + 10 * k, replacement=True, generator=generator)
+        noise = torch.randn(len(labels), dim, generator=generator, dtype=torch.float64)
+        clients.append(ClientData((means[labels] + noise) * scales + 3.0, labels))
+    return clients
+
+
+@pytest.fixture(scope="module")
+def problem() -> list[ClientData]:
+    clients, _, _ = standardize_clients(label_skewed())
+    return clients
+
+
+def pooled(clients: list[ClientData]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat([c.features for c in clients]), torch.cat([c.labels for c in clients])
+
+
+def stable_lr(clients: list[ClientData]) -> float:
+    """Half the inverse of the largest local curvature: every client's local GD is a contraction."""
+    return 0.5 / max(torch.linalg.eigvalsh(c.features.T @ c.features / len(c.features)).max().item() for c in clients)
+
+
+def objective_gradient(clients: list[ClientData], weights: torch.Tensor, model: torch.Tensor) -> torch.Tensor:
+    return sum(
+        w * c.features.T @ (c.features @ model - targets(c.labels, NUM_CLASSES)) / len(c.labels)
+        for w, c in zip(weights.tolist(), clients)
+    )
+
+
+def test_normalization_from_client_sums_equals_centralized():
+    clients = label_skewed(seed=1)
+    features, _ = pooled(clients)
+    mean, std = normalization(clients)
+    assert torch.allclose(mean, features.mean(dim=0), rtol=0, atol=1e-10)
+    assert torch.allclose(std, features.std(dim=0, correction=0), rtol=0, atol=1e-10)
+    standardized, _ = pooled(standardize_clients(clients)[0])
+    assert torch.allclose(standardized, (features - features.mean(dim=0)) / features.std(dim=0, correction=0), atol=1e-10)
+
+
+def test_constant_coordinate_is_centered_not_divided_by_zero():
+    features = torch.tensor([[1.0, 5.0], [2.0, 5.0], [4.0, 5.0]], dtype=torch.float64)
+    clients = [ClientData(features[:1], torch.tensor([0])), ClientData(features[1:], torch.tensor([1, 0]))]
+    mean, std = normalization(clients)
+    assert std[1] == STD_FLOOR
+    assert torch.all(normalize(features, mean, std)[:, 1] == 0)
+
+
+def test_targets_are_centered_one_hot():
+    y = targets(torch.tensor([2, 0]), 4)
+    assert torch.equal(y, torch.tensor([[-0.25, -0.25, 0.75, -0.25], [0.75, -0.25, -0.25, -0.25]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("clients_per_round", [None, 3])
+def test_control_variates_sum_to_zero_every_round(problem, weighted, clients_per_round):
+    solver = ScaffoldStage2(problem, NUM_CLASSES, local_steps=5, lr=stable_lr(problem), clients_per_round=clients_per_round, weighted=weighted)
+    weights = client_weights(problem, weighted)
+    for _ in range(15):
+        solver.step()
+        assert solver.corrections().abs().max() > 1e-3
+        assert torch.einsum("k,kpc->pc", weights, solver.corrections()).abs().max() <= 1e-10
+
+
+def test_full_participation_control_is_derived_from_two_models(problem):
+    """c⁺ = (W_t − W_{t+1}) / (Kη): why one model down per round is enough without sampling."""
+    solver = ScaffoldStage2(problem, NUM_CLASSES, local_steps=7, lr=stable_lr(problem))
+    for _ in range(10):
+        before = solver.model
+        solver.step()
+        derived = (before - solver.model) / (solver.local_steps * solver.lr)
+        assert torch.allclose(solver.control, derived, rtol=0, atol=1e-10 * derived.abs().max().item())
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_one_local_step_is_full_batch_gradient_descent(problem, weighted):
+    lr = stable_lr(problem)
+    solver = ScaffoldStage2(problem, NUM_CLASSES, local_steps=1, lr=lr, weighted=weighted)
+    weights = client_weights(problem, weighted)
+    model = torch.zeros(20, NUM_CLASSES, dtype=torch.float64)
+    for _ in range(20):
+        model = model - lr * objective_gradient(problem, weights, model)
+        solver.step()
+        assert torch.allclose(solver.model, model, rtol=0, atol=1e-10)
+    assert solver.corrections().abs().max() > 1e-3
+
+
+def fedavg_fixed_point(clients: list[ClientData], local_steps: int, lr: float) -> torch.Tensor:
+    """Where h_k = 0 converges: y_K = P_k W + q_k per client, so W = Σ w_k (P_k W + q_k)."""
+    dim = clients[0].features.shape[1]
+    eye = torch.eye(dim, dtype=torch.float64)
+    system, rhs = eye.clone(), torch.zeros(dim, NUM_CLASSES, dtype=torch.float64)
+    for weight, c in zip(client_weights(clients, True).tolist(), clients):
+        n = len(c.labels)
+        step = eye - lr * c.features.T @ c.features / n
+        offset = lr * c.features.T @ targets(c.labels, NUM_CLASSES) / n
+        power, q = eye, torch.zeros_like(offset)
+        for _ in range(local_steps):
+            q = step @ q + offset
+            power = step @ power
+        system -= weight * power
+        rhs += weight * q
+    return torch.linalg.solve(system, rhs)
+
+
+def test_scaffold_reaches_least_squares_where_local_gd_drifts(problem):
+    lr, local_steps = stable_lr(problem), 10
+    exact = closed_form_stage2(problem, NUM_CLASSES)
+    model, history = scaffold_stage2(problem, NUM_CLASSES, rounds=100, local_steps=local_steps, lr=lr)
+    assert (model - exact).norm() / exact.norm() < 1e-4
+    plain, plain_history = scaffold_stage2(problem, NUM_CLASSES, rounds=100, local_steps=local_steps, lr=lr, correction=False)
+    drift = fedavg_fixed_point(problem, local_steps, lr)
+    assert (plain - drift).norm() / drift.norm() < 1e-5
+    assert (drift - exact).norm() / exact.norm() > 0.05
+    assert plain_history[-1].loss > history[-1].loss * 1.01
+
+
+def test_history_records_objective_and_traffic(problem):
+    evaluated = []
+    model, history = scaffold_stage2(
+        problem, NUM_CLASSES, rounds=3, local_steps=2, lr=0.01, evaluate=lambda w: evaluated.append(w) or {"norm": float(w.norm())}
+    )
+    features, labels = pooled(problem)
+    scores = features @ model
+    assert history[-1].loss == pytest.approx(float((scores - targets(labels, NUM_CLASSES)).square().sum()) / (2 * len(labels)), rel=1e-12)
+    assert history[-1].accuracy == pytest.approx(float((scores.argmax(dim=1) == labels).double().mean()))
+    assert history[-1].metrics == {"norm": float(model.norm())} and len(evaluated) == 3
+    floats = 20 * NUM_CLASSES
+    assert (history[0].floats_up, history[0].floats_down) == (6 * floats, 6 * floats)
+    _, sampled = scaffold_stage2(problem, NUM_CLASSES, rounds=2, local_steps=2, lr=0.01, clients_per_round=2, seed=3)
+    assert [len(r.clients) for r in sampled] == [2, 2]
+    assert (sampled[0].floats_up, sampled[0].floats_down) == (2 * floats, 4 * floats)
+
+
+def test_closed_form_equals_pooled_lstsq(problem):
+    features, labels = pooled(problem)
+    expected = torch.linalg.lstsq(features, targets(labels, NUM_CLASSES)).solution
+    solution = closed_form_stage2(problem, NUM_CLASSES)
+    assert (solution - expected).norm() / expected.norm() <= 1e-8
+
+
+def test_closed_form_ridge_and_rank_deficient(problem):
+    features, labels = pooled(problem)
+    y = targets(labels, NUM_CLASSES)
+    lam = 0.3
+    ridge = torch.linalg.solve(features.T @ features / len(labels) + lam * torch.eye(20, dtype=torch.float64), features.T @ y / len(labels))
+    assert torch.allclose(closed_form_stage2(problem, NUM_CLASSES, lam=lam), ridge, rtol=0, atol=1e-10)
+    wide = [ClientData(c.features[:2].repeat(1, 3), c.labels[:2]) for c in problem]
+    wide_features, wide_labels = pooled(wide)
+    minimum_norm = torch.linalg.pinv(wide_features) @ targets(wide_labels, NUM_CLASSES)
+    assert torch.allclose(closed_form_stage2(wide, NUM_CLASSES), minimum_norm, rtol=0, atol=1e-8)
+
+
+def test_random_projection_is_shared_by_seed(problem):
+    features, _ = pooled(problem)
+    projected = random_projection(features, 8, seed=5)
+    assert projected.shape == (len(features), 8)
+    per_client = torch.cat([random_projection(c.features, 8, seed=5) for c in problem])
+    assert torch.equal(per_client, projected)
+    assert not torch.allclose(random_projection(features, 8, seed=6), projected)
+    wide = torch.randn(50, 400, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    ratio = random_projection(wide, 4000, seed=1).square().sum() / wide.square().sum()
+    assert abs(ratio.item() - 1) < 0.05
+
+
+def test_rejects_inconsistent_clients():
+    with pytest.raises(FedrayError):
+        ClientData(torch.zeros(3, 2), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(FedrayError):
+        ScaffoldStage2([ClientData(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)), ClientData(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))], 2)
