@@ -1,7 +1,6 @@
 """SphereFed on features: training moves only the projection, FFC calibration is the exact least squares and helps."""
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 
