@@ -33,3 +33,19 @@ def test_the_seed_decides_the_classifier():
 def test_bad_sizes_are_named():
     with pytest.raises(FedrayError, match="C=0"):
         fixed_classifier(0, 4, seed=0)
+
+
+def test_sphere_losses():
+    from fedray.spherefed.training import sphere_logits, sphere_loss
+
+    generator = torch.Generator().manual_seed(0)
+    x, weight, bias = torch.randn(5, 6, generator=generator), torch.randn(4, 6, generator=generator), torch.randn(4, generator=generator)
+    classifier = fixed_classifier(3, 4, seed=0).float()
+    logits = sphere_logits(x, weight, bias, classifier)
+    z = (x @ weight.T + bias) / (x @ weight.T + bias).norm(dim=1, keepdim=True)
+    torch.testing.assert_close(logits, z @ classifier.T)
+    labels = torch.tensor([0, 2, 1, 1, 0])
+    expected_mse = sum(float(((logits[i] - torch.eye(3)[labels[i]]) ** 2).sum()) / 3 for i in range(5)) / 5
+    assert float(sphere_loss(logits, labels, "mse", 1.0)) == pytest.approx(expected_mse, rel=1e-6)
+    assert float(sphere_loss(logits, labels, "ce", 0.5)) == pytest.approx(
+        float(torch.nn.functional.cross_entropy(logits / 0.5, labels)), rel=1e-6)
