@@ -1,10 +1,11 @@
-"""SphereFed's fixed classifier: orthonormal rows when C ≤ d, a unit-norm tight frame (Welch bound) when C > d."""
+"""SphereFed's fixed classifier (orthonormal rows when C ≤ d, a unit-norm tight frame at the Welch bound when C > d) and losses."""
 
 import pytest
 import torch
 
 from fedray.errors import FedrayError
 from fedray.spherefed.classifier import fixed_classifier, frame_potential
+from fedray.spherefed.training import sphere_logits, sphere_loss
 
 
 @pytest.mark.parametrize("classes, dim", [(10, 10), (60, 128), (1203, 1280)])
@@ -36,8 +37,6 @@ def test_bad_sizes_are_named():
 
 
 def test_sphere_losses():
-    from fedray.spherefed.training import sphere_logits, sphere_loss
-
     generator = torch.Generator().manual_seed(0)
     x, weight, bias = torch.randn(5, 6, generator=generator), torch.randn(4, 6, generator=generator), torch.randn(4, generator=generator)
     classifier = fixed_classifier(3, 4, seed=0).float()
