@@ -17,7 +17,6 @@ so the counters change nothing).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +24,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedray.errors import FedrayError
+from fedray.gradient.local import random_head
 from fedray.images.backbones import Backbone
 
 HEAD = "head."
@@ -82,17 +82,10 @@ def build_model(backbone: Backbone, num_classes: int, temperature: float = 1.0) 
 
 
 def head_init(dim: int, num_classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``nn.Linear``'s default initialization (uniform in ±1/√d for weight and bias), from its own seeded generator.
-
-    The weight is drawn as d × C and transposed, the linear-probing path's
-    random head, so ``ftlp`` starts from the head linear probing on the
-    backbone's cached features starts from with the same seed.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    bound = 1 / math.sqrt(dim)
-    weight = torch.empty(dim, num_classes).uniform_(-bound, bound, generator=generator)
-    bias = torch.empty(num_classes).uniform_(-bound, bound, generator=generator)
-    return weight.T.contiguous(), bias
+    """The linear-probing path's random head (:func:`~fedray.gradient.local.random_head`) in ``nn.Linear``'s C × d layout,
+    so ``ftlp`` starts from the head linear probing on the backbone's cached features starts from with the same seed."""
+    head = random_head(dim, num_classes, seed)
+    return head["weight"].T.contiguous(), head["bias"]
 
 
 def trained_names(model: nn.Module, mode: Mode) -> list[str]:

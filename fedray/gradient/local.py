@@ -20,6 +20,7 @@ samples. The result equals training each client alone with
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,19 @@ class LocalSGD:
     epochs: int = 5
     prox_mu: float = 0.0
     temperature: float = 1.0
+
+
+def random_head(dim: int, num_classes: int, seed: int) -> dict[str, torch.Tensor]:
+    """``nn.Linear``'s initialization, U(−1/√d, 1/√d) for weight (d, C) and bias (C,), from a generator seeded by ``seed``.
+
+    Every random head of a run starts here (linear probing, the fine-tuning
+    head transposed, SphereFed's projection), so the same seed gives the same
+    draws whichever path trains them.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    bound = 1 / math.sqrt(dim)
+    weight = torch.empty(dim, num_classes).uniform_(-bound, bound, generator=generator)
+    return {"weight": weight, "bias": torch.empty(num_classes).uniform_(-bound, bound, generator=generator)}
 
 
 def minibatches(size: int, batch_size: int, epochs: int, rng: np.random.Generator) -> list[np.ndarray]:

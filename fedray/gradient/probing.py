@@ -91,9 +91,11 @@ class ProbeBackend:
 
     statistics_names: frozenset[str] = frozenset()
 
-    def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, scaffold: bool = False) -> None:
+    def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, scaffold: bool = False,
+                 trainer: LocalTrainer | None = None) -> None:
+        """``trainer`` replaces the softmax head's local training (SphereFed's projection)."""
         self.pool, self.sgd, self.evaluator, self.scaffold = pool, sgd, evaluator, scaffold
-        self.trainer = LocalTrainer(sgd, seed)
+        self.trainer = trainer or LocalTrainer(sgd, seed)
         self.trainer_ref = ray.put(self.trainer)
         federation = pool.federation
         self.dim, self.num_classes = federation.dim, federation.num_classes

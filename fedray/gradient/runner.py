@@ -9,7 +9,6 @@ stage 2's rounds are numbered after stage 1's.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from fedray.finetune import FineTuneBackend
 from fedray.gradient.algorithms import ALGORITHMS
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
-from fedray.gradient.local import LocalSGD
+from fedray.gradient.local import LocalSGD, random_head
 from fedray.gradient.probing import ProbeBackend
 from fedray.gradient.server import ServerOptimizer
 from fedray.gradient.training import Accounting, Checkpointing, TrainingState, train
@@ -60,14 +59,6 @@ def local_sgd(config: RunConfig) -> LocalSGD:
 def server_optimizer(config: RunConfig) -> ServerOptimizer:
     return ServerOptimizer(ALGORITHMS[config.method].server, config.server_lr, config.server_momentum,
                            config.adam_beta1, config.adam_beta2, config.adam_tau)
-
-
-def random_head(dim: int, num_classes: int, seed: int) -> Params:
-    """``nn.Linear``'s initialization, U(−1/√d, 1/√d), from the run's seed."""
-    generator = torch.Generator().manual_seed(seed)
-    bound = 1 / math.sqrt(dim)
-    weight = torch.empty(dim, num_classes).uniform_(-bound, bound, generator=generator)
-    return {"weight": weight, "bias": torch.empty(num_classes).uniform_(-bound, bound, generator=generator)}
 
 
 def closed_form_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator,

@@ -13,12 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import ray
 import torch
 
 from fedray.evaluation import Evaluator
 from fedray.gradient.backend import Params
-from fedray.gradient.local import LocalSGD, client_rng, minibatches
+from fedray.gradient.local import LocalSGD, client_rng, minibatches, random_head
 from fedray.gradient.probing import LocalTrainer, ProbeBackend, ShardUpdate, as_tensors
 from fedray.methods.base import ClientBatch, Classifier
 from fedray.runtime.shards import ShardPool
@@ -85,20 +84,14 @@ class SphereBackend(ProbeBackend):
     """SphereFed's training on the features of a :class:`ShardPool`; the fixed classifier never travels."""
 
     def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, sphere_dim: int, loss: str) -> None:
-        super().__init__(pool, sgd, seed, evaluator)
         self.sphere_dim = sphere_dim
-        self.classifier = fixed_classifier(self.num_classes, sphere_dim, seed).to(torch.float32)
-        self.trainer = SphereTrainer(sgd, seed, self.classifier, loss)
-        self.trainer_ref = ray.put(self.trainer)
+        self.classifier = fixed_classifier(pool.federation.num_classes, sphere_dim, seed).to(torch.float32)
+        super().__init__(pool, sgd, seed, evaluator, trainer=SphereTrainer(sgd, seed, self.classifier, loss))
 
     def initial_params(self, seed: int) -> Params:
-        """``nn.Linear``'s initialization of the projection d → l, from ``seed``."""
-        layer = torch.nn.Linear(self.dim, self.sphere_dim)
-        generator = torch.Generator().manual_seed(seed)
-        bound = 1 / np.sqrt(self.dim)
-        with torch.no_grad():
-            return {"weight": torch.empty_like(layer.weight).uniform_(-bound, bound, generator=generator),
-                    "bias": torch.empty_like(layer.bias).uniform_(-bound, bound, generator=generator)}
+        """The projection d → l, initialized like every random head of a run (:func:`random_head`, transposed)."""
+        projection = random_head(self.dim, self.sphere_dim, seed)
+        return {"weight": projection["weight"].T.contiguous(), "bias": projection["bias"]}
 
     def accuracy(self, params: Params) -> float:
         return self.evaluator.accuracy(SphereMap(params["weight"], params["bias"]), Classifier(self.classifier.T.contiguous()))
