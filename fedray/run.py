@@ -55,14 +55,14 @@ def simulate(
     per_round = config.per_round(federation.num_clients)
     rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point)
-    resolved = _resolved(config, pool, rf_sigma=getattr(method, "rf_sigma", None))
+    resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, rf_sigma=getattr(method, "rf_sigma", None))
     return resolved, metrics_rows(resolved, per_round, outcome.points), outcome
 
 
-def _resolved(config: RunConfig, pool: ShardPool, **values: object) -> RunConfig:
-    per_round = config.per_round(pool.federation.num_clients)
-    return replace(config, clients_per_round=per_round if config.participation is None else None,
-                   num_shards=pool.num_shards, **values)
+def _resolved(config: RunConfig, num_clients: int, **values: object) -> RunConfig:
+    """``config`` with κ resolved (unless a rate was given) and ``values`` filled in."""
+    per_round = config.per_round(num_clients)
+    return replace(config, clients_per_round=per_round if config.participation is None else None, **values)
 
 
 def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], **last: object) -> list[dict]:
@@ -88,18 +88,18 @@ def run(
     A diverged training run is written too; its last row says so.
     """
     config = config.validate().resolved()
+    if config.finetune and trial_group is not None:
+        raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
     federation = load_federation(config.dataset)
     method = None if config.trains else build_method(config, federation)
-    sampling.check_per_round(federation.num_clients, config.per_round(federation.num_clients))
+    per_round = config.per_round(federation.num_clients)
+    sampling.check_per_round(federation.num_clients, per_round)
     saved = load_checkpoint(Path(config.out), config.to_dict()) if resume else None
     init_ray(address)
-    per_round = config.per_round(federation.num_clients)
     model = None
     if config.finetune:
-        if trial_group is not None:
-            raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
         outcome = finetune_on_images(config, federation, on_point, saved)
-        resolved = replace(config, clients_per_round=per_round if config.participation is None else None)
+        resolved = _resolved(config, federation.num_clients)
         model = outcome.params
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
     else:
@@ -107,7 +107,7 @@ def run(
         try:
             if config.trains:
                 outcome = train_on_features(config, pool, Evaluator(federation), on_point, saved)
-                resolved = _resolved(config, pool)
+                resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards)
                 head = Classifier(outcome.params["weight"], outcome.params["bias"])
             else:
                 resolved, rows, closed_form = simulate(config, method, pool, Evaluator(federation), on_point)
