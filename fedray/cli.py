@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from fedray.config import RunConfig, load_config_file, resolve
+from fedray.config import TCT, TCT_SOLVERS, RunConfig, load_config_file, resolve
 from fedray.errors import FedrayError
 from fedray.gradient.algorithms import ALGORITHMS, FINETUNE_MODES, INITS
 from fedray.methods import METHODS
@@ -18,7 +18,7 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
                                  description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
                                  "Gradient methods train a softmax head on the features (linear probing).")
     parser.add_argument("--config", help="YAML file with any of the options below (command line wins)")
-    parser.add_argument("--method", choices=sorted([*METHODS, *ALGORITHMS]), help=f"default {RunConfig.method}")
+    parser.add_argument("--method", choices=sorted([*METHODS, *ALGORITHMS, TCT]), help=f"default {RunConfig.method}")
     parser.add_argument("--dataset", help="synthetic:NAME, parquet:PATH, features:CACHE, hsu:CSV or imagefolder:ROOT, with ?options")
     parser.add_argument("--out", help="output folder (default results/run)")
     parser.add_argument("--clients-per-round", type=int, help="κ clients per round (default 10)")
@@ -64,6 +64,17 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
     images.add_argument("--image-size", type=int, help="center-crop size (default 224)")
     images.add_argument("--num-trainers", type=int, help="trainer actors (default: one per GPU, else CPUs / --cpus-per-trainer)")
     images.add_argument("--cpus-per-trainer", type=float, help="CPUs each trainer requests (default 1)")
+    tct = parser.add_argument_group("TCT (--method tct): fine-tune on images, then a linear model on eNTK features")
+    tct.add_argument("--base", choices=sorted(ALGORITHMS), help="stage-1 algorithm, run for --rounds rounds (default fedavg)")
+    tct.add_argument("--entk-dim", type=int, help="eNTK coordinates p drawn from the parameters (default 100000)")
+    tct.add_argument("--entk-fp16", action="store_const", const=True, help="store the eNTK features as float16 (half the memory)")
+    tct.add_argument("--entk-chunk", type=int, help="samples per batched per-sample-gradient call (default 32)")
+    tct.add_argument("--tct-solver", choices=list(TCT_SOLVERS), help="stage 2: scaffold (TCT's), closed_form (exact, one round) or both")
+    tct.add_argument("--tct-rounds", type=int, help="stage-2 SCAFFOLD rounds (default 100)")
+    tct.add_argument("--tct-local-steps", type=int, help="stage-2 full-batch local steps M (default 500)")
+    tct.add_argument("--tct-lr", type=float, help="stage-2 learning rate η (default 5e-5)")
+    tct.add_argument("--tct-projection", type=int, help="stage 2 on a seeded random projection of the eNTK features to D coordinates")
+    tct.add_argument("--tct-lam", type=float, help="ridge λ of the closed-form stage 2 (default 0: the least-squares solution)")
     parser.add_argument("--num-shards", type=int, help="shard actors (default: cluster CPUs / --cpus-per-shard)")
     parser.add_argument("--cpus-per-shard", type=float, help="CPUs each shard actor requests (default 1)")
     parser.add_argument("--quiet", action="store_const", const=True, help="no progress bar")
@@ -80,9 +91,9 @@ def _cmd_run(args: argparse.Namespace) -> None:
     rows = run(config, address=args.address, resume=args.resume)
     last = rows[-1]
     if last["diverged"]:
-        raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr?); "
+        raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
                           f"rows up to there are in {config.out}")
-    print(f"{config.method} on {config.dataset}: accuracy {last['accuracy']:.4f} after {last['round']} rounds, "
+    print(f"{config.method} on {config.dataset}: accuracy {last['accuracy']:.4f} ({last['stage']}) after {last['round']} rounds, "
           f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
 
 

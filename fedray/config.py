@@ -9,8 +9,14 @@ from pathlib import Path
 import yaml
 
 from fedray.errors import FedrayError
-from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, FINETUNE_MODES, INITS
+from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, FINETUNE_MODES, INITS, Algorithm
 from fedray.methods import METHODS
+
+
+TCT = "tct"
+TCT_SOLVERS = ("scaffold", "closed_form", "both")
+CLOSED_FORM_MAX_DIM = 10_000
+"""Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
 
 
 @dataclass
@@ -49,6 +55,16 @@ class RunConfig:
     sphere_dim: int | None = None
     sphere_loss: str = "mse"
     finetune: str | None = None
+    base: str = "fedavg"
+    entk_dim: int = 100_000
+    entk_fp16: bool = False
+    entk_chunk: int = 32
+    tct_rounds: int = 100
+    tct_local_steps: int = 500
+    tct_lr: float = 5e-5
+    tct_solver: str = "scaffold"
+    tct_projection: int | None = None
+    tct_lam: float = 0.0
     backbone: str = "mobilenet_v2"
     weights: str = "imagenet"
     image_size: int = 224
@@ -60,12 +76,17 @@ class RunConfig:
 
     @property
     def trains(self) -> bool:
-        """A gradient-based method (trains a softmax head) rather than a closed-form one."""
-        return self.method in ALGORITHMS
+        """A gradient-based method (or TCT, whose stage 1 is one) rather than a closed-form one."""
+        return self.method in ALGORITHMS or self.method == TCT
+
+    @property
+    def algorithm(self) -> Algorithm:
+        """The gradient algorithm that trains: ``--method``, or TCT's stage-1 ``--base``."""
+        return ALGORITHMS[self.base if self.method == TCT else self.method]
 
     def validate(self) -> "RunConfig":
-        if self.method not in METHODS and self.method not in ALGORITHMS:
-            raise FedrayError(f"unknown method {self.method!r}; known: {', '.join([*METHODS, *ALGORITHMS])}")
+        if self.method not in METHODS and not self.trains:
+            raise FedrayError(f"unknown method {self.method!r}; known: {', '.join([*METHODS, *ALGORITHMS, TCT])}")
         if self.sampling not in (None, "without", "with"):
             raise FedrayError(f"--sampling must be 'without' or 'with', got {self.sampling!r}")
         if self.clients_per_round is not None and self.participation is not None:
@@ -84,7 +105,9 @@ class RunConfig:
                     "temperature": self.temperature, "server_lr": self.server_lr, "init_rounds": self.init_rounds,
                     "checkpoint_every": self.checkpoint_every, "image_size": self.image_size,
                     "num_trainers": self.num_trainers, "cpus_per_trainer": self.cpus_per_trainer,
-                    "sphere_dim": self.sphere_dim}
+                    "sphere_dim": self.sphere_dim, "entk_dim": self.entk_dim, "entk_chunk": self.entk_chunk,
+                    "tct_rounds": self.tct_rounds, "tct_local_steps": self.tct_local_steps, "tct_lr": self.tct_lr,
+                    "tct_projection": self.tct_projection}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise FedrayError(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -96,15 +119,33 @@ class RunConfig:
             raise FedrayError("--head sphere (SphereFed) trains on features with fedavg, fedavgm, fedadam or fedprox from --init random")
         if self.sphere_loss not in ("mse", "ce"):
             raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
-        if self.prox_mu is not None and self.method != "fedprox":
+        if self.prox_mu is not None and not self.algorithm.proximal:
             raise FedrayError(f"--prox-mu applies to fedprox only, not {self.method}")
+        if self.method == TCT:
+            self._validate_tct()
         return self
+
+    def _validate_tct(self) -> None:
+        if self.base not in ALGORITHMS:
+            raise FedrayError(f"--base (TCT's stage 1) must be one of {', '.join(ALGORITHMS)}, got {self.base!r}")
+        if self.head != "linear":
+            raise FedrayError("TCT fine-tunes a linear head on images (stage 1); --head sphere does not apply")
+        if self.tct_solver not in TCT_SOLVERS:
+            raise FedrayError(f"--tct-solver must be one of {', '.join(TCT_SOLVERS)}, got {self.tct_solver!r}")
+        if self.tct_lam < 0:
+            raise FedrayError(f"--tct-lam must be ≥ 0, got {self.tct_lam}")
+        width = self.tct_projection or self.entk_dim
+        if self.tct_solver != "scaffold" and width > CLOSED_FORM_MAX_DIM:
+            raise FedrayError(f"the closed-form stage 2 solves a {width} × {width} system: give --tct-projection D "
+                              f"≤ {CLOSED_FORM_MAX_DIM} (or --entk-dim ≤ {CLOSED_FORM_MAX_DIM})")
 
     def resolved(self) -> "RunConfig":
         """Method-dependent defaults filled in: sampling (with replacement for training), server lr, FedProx μ."""
         values = {"sampling": self.sampling or ("with" if self.trains else "without")}
+        if self.method == TCT:
+            values["finetune"] = self.finetune or "ft"
         if self.trains:
-            algorithm = ALGORITHMS[self.method]
+            algorithm = self.algorithm
             values["server_lr"] = self.server_lr or algorithm.default_server_lr
             if algorithm.proximal:
                 values["prox_mu"] = DEFAULT_PROX_MU if self.prox_mu is None else self.prox_mu

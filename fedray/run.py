@@ -11,7 +11,7 @@ from typing import Callable
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from fedray.config import RunConfig
+from fedray.config import TCT, RunConfig
 from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
@@ -23,6 +23,7 @@ from fedray.results import EvalPoint, config_columns, write_run
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
+from fedray.tct.runner import run_tct
 
 
 def init_ray(address: str | None = None) -> None:
@@ -98,7 +99,7 @@ def run(
     init_ray(address)
     model = None
     if config.finetune:
-        outcome = finetune_on_images(config, federation, on_point, saved)
+        outcome = (run_tct if config.method == TCT else finetune_on_images)(config, federation, on_point, saved)
         resolved = _resolved(config, federation.num_clients)
         model = outcome.params
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])

@@ -59,6 +59,7 @@ class FineTuneBackend:
         weights = load_weights(backbone, weights_spec, seed)
         model = FineTuneModel(feature_model(backbone, weights.state_dict), backbone.dim, federation.num_classes, sgd.temperature)
         self.flops_per_image = backbone_flops(model, pool.image_size)
+        self.num_parameters = sum(parameter.numel() for parameter in model.parameters())
         state = model.state_dict()
         self.initial_backbone = {name: value for name, value in state.items() if not name.startswith(HEAD)}
         self.state_shapes = {name: value.shape for name, value in state.items()}

@@ -20,6 +20,7 @@ from fedray.finetune.images import ImageReader
 from fedray.finetune.model import FineTuneModel, Mode, sent_names, trained_names
 from fedray.gradient.backend import Params
 from fedray.gradient.local import LocalSGD, client_rng, minibatches
+from fedray.tct.entk import EntkSpec, entk_features, reinitialize_last_layer
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,18 @@ def backbone_features(model: FineTuneModel, params: Params, reader: ImageReader,
     model.eval()
     features = [model.backbone(images.to(device)) for images in reader.batches(chunks(len(reader.paths), batch_size))]
     return torch.cat(features) if features else torch.zeros(0, model.head.in_features, device=device)
+
+
+def images_entk(model: FineTuneModel, params: Params, reader: ImageReader, spec: EntkSpec, device: torch.device) -> torch.Tensor:
+    """TCT's eNTK features (:func:`~fedray.tct.entk.entk_features`) of all of ``reader``'s images at ``params``, in order, on the CPU."""
+    model.load_state_dict(params)
+    linearized = reinitialize_last_layer(model, spec.seed)
+    index = spec.index.to(device)
+    features = [
+        entk_features(linearized, images.to(device), index, chunk_size=spec.chunk_size, dtype=spec.dtype).cpu()
+        for images in reader.batches(chunks(len(reader.paths), spec.chunk_size))
+    ]
+    return torch.cat(features) if features else torch.zeros(0, len(spec.index), dtype=spec.dtype)
 
 
 @torch.inference_mode()

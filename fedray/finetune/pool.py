@@ -27,6 +27,7 @@ from fedray.images.backbones import Backbone, get_backbone
 from fedray.images.decode import ImageTransform
 from fedray.runtime.placement import reserve, start_actors
 from fedray.runtime.shards import balanced_bounds, tree_reduce
+from fedray.tct.entk import EntkSpec
 
 
 def fetch(refs):
@@ -63,6 +64,7 @@ class TrainerPool:
     bounds: np.ndarray
     group: PlacementGroup
     federation_ref: ray.ObjectRef
+    bundle: dict[str, float]
 
     @classmethod
     def start(
@@ -106,7 +108,7 @@ class TrainerPool:
         except BaseException:
             remove_placement_group(group)
             raise
-        return cls(federation, backbone, image_size, actors, bounds, group, federation_ref)
+        return cls(federation, backbone, image_size, actors, bounds, group, federation_ref, bundle)
 
     @property
     def num_trainers(self) -> int:
@@ -135,6 +137,16 @@ class TrainerPool:
             raise FedrayError(f"unknown split {split!r}; use {TRAIN} or {TEST}")
         parts = fetch([actor.embed.remote(params, split) for actor in self.actors])
         return torch.cat([features for features, _ in parts]), np.concatenate([labels for _, labels in parts])
+
+    def entk(self, params: ray.ObjectRef, spec: EntkSpec, split: str) -> tuple[list[ray.ObjectRef], list[np.ndarray]]:
+        """Each trainer's eNTK features of ``split`` as refs (left in the object store for the stage-2 shards) and its labels.
+
+        Waits for all trainers: a trainer's error is raised here.
+        """
+        if split not in (TRAIN, TEST):
+            raise FedrayError(f"unknown split {split!r}; use {TRAIN} or {TEST}")
+        calls = [actor.entk.remote(params, spec, split) for actor in self.actors]
+        return [features for features, _ in calls], fetch([labels for _, labels in calls])
 
     def shutdown(self) -> None:
         for actor in self.actors:

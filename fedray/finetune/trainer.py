@@ -24,12 +24,14 @@ from fedray.finetune.local import (
     backbone_features,
     combine,
     count_correct,
+    images_entk,
     training_device,
 )
 from fedray.finetune.model import build_model
 from fedray.gradient.backend import Params
 from fedray.images.backbones import Backbone
 from fedray.images.decode import ImageTransform
+from fedray.tct.entk import EntkSpec
 
 
 @ray.remote(max_restarts=2, max_task_retries=2)
@@ -98,3 +100,9 @@ class Trainer:
         """Backbone features (float32, CPU) and labels of this trainer's rows of ``split``, in federation order."""
         features = backbone_features(self.model, params, self.readers[split], self.eval_batch_size, self.device)
         return features.float().cpu(), self.labels[split].cpu().numpy()
+
+    @ray.method(num_returns=2)
+    def entk(self, params: Params, spec: EntkSpec, split: str) -> tuple[torch.Tensor, np.ndarray]:
+        """TCT's eNTK features (CPU, ``spec.dtype``) and labels of this trainer's rows of ``split``, in federation order."""
+        features = images_entk(self.model, params, self.readers[split], spec, self.device)
+        return features, self.labels[split].cpu().numpy()

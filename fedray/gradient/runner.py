@@ -23,7 +23,6 @@ from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.data.memory import with_features
 from fedray.evaluation import Evaluator
 from fedray.finetune import FineTuneBackend
-from fedray.gradient.algorithms import ALGORITHMS
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
 from fedray.gradient.local import LocalSGD, random_head
@@ -46,6 +45,7 @@ T = TypeVar("T")
 class TrainingOutcome:
     points: list[EvalPoint]
     params: Params
+    accounting: Accounting
     ridge_probe_accuracy: float | None = None
     arrays: dict[str, np.ndarray] | None = None
     """What classifier.npz holds, when it is not the trained softmax head."""
@@ -57,7 +57,7 @@ def local_sgd(config: RunConfig) -> LocalSGD:
 
 
 def server_optimizer(config: RunConfig) -> ServerOptimizer:
-    return ServerOptimizer(ALGORITHMS[config.method].server, config.server_lr, config.server_momentum,
+    return ServerOptimizer(config.algorithm.server, config.server_lr, config.server_momentum,
                            config.adam_beta1, config.adam_beta2, config.adam_tau)
 
 
@@ -97,7 +97,7 @@ def train_on_features(
     federation = pool.federation
     if config.head == "sphere":
         return _spherefed(config, pool, evaluator, on_point, saved)
-    backend = ProbeBackend(pool, local_sgd(config), config.seed, evaluator, scaffold=ALGORITHMS[config.method].scaffold)
+    backend = ProbeBackend(pool, local_sgd(config), config.seed, evaluator, scaffold=config.algorithm.scaffold)
     if saved is None:
         if config.init == "random":
             params, accounting, points = random_head(federation.dim, federation.num_classes, config.seed), None, []
@@ -141,33 +141,49 @@ def finetune_on_images(
     on_point: Callable[[EvalPoint], None] | None = None,
     saved: TrainingState | None = None,
 ) -> TrainingOutcome:
-    """Fine-tuning (``config.finetune``) of a backbone and head on the federation's images.
+    """Fine-tuning (``config.finetune``) of a backbone and head on the federation's images, on a trainer pool of its own."""
+    backend = start_finetuning(config, federation)
+    try:
+        return finetune(config, backend, on_point, saved)
+    finally:
+        backend.shutdown()
+
+
+def start_finetuning(config: RunConfig, federation: Federation) -> FineTuneBackend:
+    """The run's fine-tuning backend on a trainer pool of its own (shut down with ``backend.shutdown()``)."""
+    return FineTuneBackend.start(
+        federation, config.backbone, config.weights, config.finetune, local_sgd(config), config.seed,
+        image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
+        scaffold=config.algorithm.scaffold,
+    )
+
+
+def finetune(
+    config: RunConfig,
+    backend: FineTuneBackend,
+    on_point: Callable[[EvalPoint], None] | None = None,
+    saved: TrainingState | None = None,
+) -> TrainingOutcome:
+    """Fine-tuning with ``backend``, from a closed-form head when ``--init`` asks, then the ridge probe when asked.
 
     A closed-form initialization and the ridge probe run on the images
     embedded by the backbone at that moment, in shards of their own
     (``--num-shards``, default 1, next to the trainers).
     """
-    backend = FineTuneBackend.start(
-        federation, config.backbone, config.weights, config.finetune, local_sgd(config), config.seed,
-        image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
-        scaffold=ALGORITHMS[config.method].scaffold,
-    )
-    try:
-        if saved is None:
-            params = backend.initial_params(config.seed)
-            accounting, points = None, []
-            if config.init != "random":
-                head, accounting, points = on_embeddings(
-                    config, backend, params, lambda pool, evaluator: closed_form_stage(config, pool, evaluator, on_point))
-                params["head.weight"], params["head.bias"] = head["weight"].T.contiguous(), head["bias"]
-            saved = _fresh_state(params, accounting, points, backend, federation.num_clients)
-        outcome = _train(config, backend, saved, federation.client_sizes, on_point)
-        if config.probe_ridge:
-            outcome.ridge_probe_accuracy = on_embeddings(
-                config, backend, outcome.params, lambda pool, evaluator: ridge_probe(pool, config, evaluator))
-        return outcome
-    finally:
-        backend.shutdown()
+    federation = backend.pool.federation
+    if saved is None:
+        params = backend.initial_params(config.seed)
+        accounting, points = None, []
+        if config.init != "random":
+            head, accounting, points = on_embeddings(
+                config, backend, params, lambda pool, evaluator: closed_form_stage(config, pool, evaluator, on_point))
+            params["head.weight"], params["head.bias"] = head["weight"].T.contiguous(), head["bias"]
+        saved = _fresh_state(params, accounting, points, backend, federation.num_clients)
+    outcome = _train(config, backend, saved, federation.client_sizes, on_point)
+    if config.probe_ridge:
+        outcome.ridge_probe_accuracy = on_embeddings(
+            config, backend, outcome.params, lambda pool, evaluator: ridge_probe(pool, config, evaluator))
+    return outcome
 
 
 def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
@@ -200,4 +216,4 @@ def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, si
     checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s))
     train(backend, server_optimizer(config), state, rounds, sizes, config.eval_every, first_round, checkpointing,
           on_point, config.quiet)
-    return TrainingOutcome(state.points, state.params)
+    return TrainingOutcome(state.points, state.params, state.accounting)

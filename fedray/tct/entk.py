@@ -16,10 +16,22 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+
+
+@dataclass(frozen=True)
+class EntkSpec:
+    """What eNTK features a run takes: the last layer re-initialized from ``seed``, the ``index`` coordinates,
+    ``chunk_size`` samples per vmap, stored as ``dtype``."""
+
+    seed: int
+    index: torch.Tensor
+    chunk_size: int = 32
+    dtype: torch.dtype = torch.float32
 
 
 def reinitialize_last_layer(model: nn.Module, seed: int) -> nn.Module:

@@ -51,6 +51,29 @@ class ClientData:
             raise FedrayError("a client without samples has no stage-2 loss")
 
 
+@dataclass
+class Moments:
+    """Normalization uploads summed over clients: sample count, Σ z and Σ z² (float64)."""
+
+    count: int
+    sums: torch.Tensor
+    squares: torch.Tensor
+
+    @classmethod
+    def of(cls, features: torch.Tensor) -> Moments:
+        features = features.to(torch.float64)
+        return cls(len(features), features.sum(dim=0), features.square().sum(dim=0))
+
+    def __add__(self, other: Moments) -> Moments:
+        return Moments(self.count + other.count, self.sums + other.sums, self.squares + other.squares)
+
+    def normalization(self, eps: float = STD_FLOOR) -> tuple[torch.Tensor, torch.Tensor]:
+        """(μ, σ) with σ² the population variance, floored at ``eps`` (see ``normalization``)."""
+        mean = self.sums / self.count
+        variance = (self.squares / self.count - mean.square()).clamp_min(0.0)
+        return mean, variance.sqrt().clamp_min(eps)
+
+
 def normalization(clients: Sequence[ClientData], eps: float = STD_FLOOR) -> tuple[torch.Tensor, torch.Tensor]:
     """The global per-coordinate (mean, std) in float64, from one upload per client.
 
@@ -64,17 +87,12 @@ def normalization(clients: Sequence[ClientData], eps: float = STD_FLOOR) -> tupl
     """
     if not clients:
         raise FedrayError("normalization needs at least one client")
-    count = sum(len(client.labels) for client in clients)
-    total = sum(client.features.to(torch.float64).sum(dim=0) for client in clients)
-    squares = sum(client.features.to(torch.float64).square().sum(dim=0) for client in clients)
-    mean = total / count
-    variance = (squares / count - mean.square()).clamp_min(0.0)
-    return mean, variance.sqrt().clamp_min(eps)
+    return sum((Moments.of(client.features) for client in clients[1:]), Moments.of(clients[0].features)).normalization(eps)
 
 
-def normalize(features: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """(z − μ) / σ per coordinate, computed in float64 and returned in the features' dtype."""
-    return ((features.to(torch.float64) - mean) / std).to(features.dtype)
+def normalize(features: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """(z − μ) / σ per coordinate, computed in float64 and returned in ``dtype`` (default: the features')."""
+    return ((features.to(torch.float64) - mean) / std).to(dtype or features.dtype)
 
 
 def standardize_clients(
@@ -90,20 +108,30 @@ def targets(labels: torch.Tensor, num_classes: int, dtype: torch.dtype = torch.f
     return torch.nn.functional.one_hot(labels.long(), num_classes).to(dtype) - 1.0 / num_classes
 
 
+PROJECTION_BLOCK = 4096
+"""Rows of the projection matrix drawn at a time: a p × D matrix is never held whole (100k × 10k is 8 GB)."""
+
+
 def random_projection(features: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
     """``features`` (n × p) times a seeded Gaussian p × D matrix with N(0, 1/D) entries.
 
     For eNTK features too wide for stage 2: E‖Rᵀz‖² = ‖z‖² and inner products
     are kept up to O(1/√D) (Johnson–Lindenstrauss). The matrix depends only on
-    (p, D, seed) and is drawn in float64 on the CPU, so every client rebuilds the
-    same one from the shared seed with no communication. Project the raw
-    features, then standardize the projected ones.
+    (p, D, seed): it is drawn in float64 on the CPU, ``PROJECTION_BLOCK`` rows
+    at a time from one generator, so every client rebuilds the same one from
+    the shared seed with no communication. Project the raw features, then
+    standardize the projected ones.
     """
     if dim < 1:
         raise FedrayError(f"the projection dimension must be >= 1, got {dim}")
     generator = torch.Generator().manual_seed(seed)
-    matrix = torch.randn(features.shape[1], dim, generator=generator, dtype=torch.float64) / math.sqrt(dim)
-    return (features.to(torch.float64) @ matrix.to(features.device)).to(features.dtype)
+    scale = 1.0 / math.sqrt(dim)
+    projected = torch.zeros(features.shape[0], dim, dtype=torch.float64, device=features.device)
+    for first in range(0, features.shape[1], PROJECTION_BLOCK):
+        block = features[:, first : first + PROJECTION_BLOCK].to(torch.float64)
+        matrix = torch.randn(block.shape[1], dim, generator=generator, dtype=torch.float64) * scale
+        projected += block @ matrix.to(features.device)
+    return projected.to(features.dtype)
 
 
 def client_weights(clients: Sequence[ClientData], weighted: bool) -> torch.Tensor:
@@ -117,6 +145,25 @@ def client_weights(clients: Sequence[ClientData], weighted: bool) -> torch.Tenso
 def _gradient(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor) -> torch.Tensor:
     """∇F_k(W) = Z_kᵀ (Z_k W − Y_k) / n_k."""
     return features.T @ (features @ model - target) / len(features)
+
+
+def client_loss(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor) -> float:
+    """F_k(W) = ‖Z_k W − Y_k‖²_F / (2 n_k)."""
+    return float((features @ model - target).square().sum()) / (2 * len(target))
+
+
+def local_delta(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor, correction: torch.Tensor,
+                steps: int, lr: float) -> torch.Tensor:
+    """A client's y_K − W after K = ``steps`` full-batch steps y ← y − η (∇F_k(y) − h_k) from y_0 = W (h_k = ``correction``)."""
+    local = model
+    for _ in range(steps):
+        local = local - lr * (_gradient(features, target, local) - correction)
+    return local - model
+
+
+def control_after(own: torch.Tensor, control: torch.Tensor, delta: torch.Tensor, steps: int, lr: float) -> torch.Tensor:
+    """A participant's new control variate c_k⁺ = c_k − c − Δ_k / (Kη) (see ``ScaffoldStage2``)."""
+    return own - control - delta / (steps * lr)
 
 
 @dataclass(frozen=True)
@@ -220,35 +267,29 @@ class ScaffoldStage2:
 
     def local_update(self, client: int) -> torch.Tensor:
         """Client ``client``'s delta y_K − W_t after K corrected full-batch steps from the global model."""
-        features, target = self.clients[client].features, self.targets[client]
         correction = self.client_controls[client] - self.control
-        model = self.model
-        for _ in range(self.local_steps):
-            model = model - self.lr * (_gradient(features, target, model) - correction)
-        return model - self.model
+        return local_delta(self.clients[client].features, self.targets[client], self.model, correction, self.local_steps, self.lr)
 
     def loss_and_accuracy(self, model: torch.Tensor) -> tuple[float, float]:
         """F(model) and the pooled training accuracy of argmax(Z W)."""
         loss = 0.0
         correct = 0
         for weight, client, target in zip(self.weights.tolist(), self.clients, self.targets):
-            scores = client.features @ model
-            loss += weight * float((scores - target).square().sum()) / (2 * len(target))
-            correct += int((scores.argmax(dim=1) == client.labels).sum())
+            loss += weight * client_loss(client.features, target, model)
+            correct += int(((client.features @ model).argmax(dim=1) == client.labels).sum())
         return loss, correct / sum(len(client.labels) for client in self.clients)
 
-    def step(self) -> Stage2Round:
-        """One round; the server's and the participants' control variates are updated in place."""
-        participants = self.sample()
+    def step(self, participants: Sequence[int] | None = None) -> Stage2Round:
+        """One round (of ``participants``, else a ``sample()``); the server's and the participants' control variates are updated in place."""
+        participants = self.sample() if participants is None else sorted(participants)
         weights = self.weights[participants]
         shares = (weights / weights.sum()).to(self.dtype)
         deltas = [self.local_update(client) for client in participants]
         self.model = self.model + sum(share * delta for share, delta in zip(shares, deltas))
         if self.correction:
-            scale = self.local_steps * self.lr
             control_change = torch.zeros_like(self.control)
             for client, weight, delta in zip(participants, weights.tolist(), deltas):
-                updated = self.client_controls[client] - self.control - delta / scale
+                updated = control_after(self.client_controls[client], self.control, delta, self.local_steps, self.lr)
                 control_change += weight * (updated - self.client_controls[client])
                 self.client_controls[client] = updated
             self.control = self.control + control_change
@@ -307,14 +348,24 @@ def closed_form_stage2(clients: Sequence[ClientData], num_classes: int, lam: flo
     """
     if not clients:
         raise FedrayError("stage 2 needs at least one client")
-    if lam < 0:
-        raise FedrayError(f"lam must be >= 0, got {lam}")
     dim = clients[0].features.shape[1]
     matrix = torch.zeros(dim, dim, dtype=torch.float64)
     rhs = torch.zeros(dim, num_classes, dtype=torch.float64)
     for client in clients:
-        features = client.features.to(torch.float64)
-        matrix += gram(features)
-        rhs += features.T @ targets(client.labels, num_classes)
-    count = sum(len(client.labels) for client in clients)
-    return spd_solve(matrix + lam * count * torch.eye(dim, dtype=torch.float64), rhs)
+        client_matrix, client_rhs = stage2_statistics(client.features, client.labels, num_classes)
+        matrix += client_matrix
+        rhs += client_rhs
+    return solve_stage2(matrix, rhs, sum(len(client.labels) for client in clients), lam)
+
+
+def stage2_statistics(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ZᵀZ and ZᵀY (Y = onehot − 1/C) in float64: a client's (or a shard's summed) closed-form upload."""
+    features = features.to(torch.float64)
+    return gram(features), features.T @ targets(labels, num_classes).to(features.device)
+
+
+def solve_stage2(matrix: torch.Tensor, rhs: torch.Tensor, count: int, lam: float = 0.0) -> torch.Tensor:
+    """W solving (ZᵀZ + λ N I) W = ZᵀY from summed statistics (``count`` = N samples); see ``closed_form_stage2``."""
+    if lam < 0:
+        raise FedrayError(f"lam must be >= 0, got {lam}")
+    return spd_solve(matrix + lam * count * torch.eye(len(matrix), dtype=torch.float64, device=matrix.device), rhs)

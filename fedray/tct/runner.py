@@ -1,0 +1,155 @@
+"""TCT end to end (Yu et al., NeurIPS 2022): train, convexify, train.
+
+1. Stage 1: ``--base`` (FedAvg by default) fine-tunes the network on images
+   (``--finetune``, ``ft`` by default) for ``--rounds`` rounds: the usual
+   ``train`` rows.
+2. The trainers compute every sample's eNTK features at the stage-1 weights
+   (last layer re-initialized from the run's seed, ``--entk-dim`` coordinates
+   drawn from the run's seed) and leave them in the object store; the
+   trainers stop and stage-2 shards start on the same client ranges with the
+   features handed over (and projected to ``--tct-projection`` coordinates
+   when given): they never reach the driver.
+3. One normalization round (every client uploads n_k, Σ z, Σ z²).
+4. Stage 2 on the standardized features, by ``--tct-solver``:
+   ``scaffold`` (TCT's communication-efficient SCAFFOLD, ``--tct-rounds`` of
+   ``--tct-local-steps`` full-batch steps at ``--tct-lr``: ``tct_scaffold``
+   rows), ``closed_form`` (one upload of ZᵀZ and ZᵀY, the exact minimizer:
+   one ``tct_closed_form`` row) or ``both``, each branching from the
+   normalization round: the closed form's row counts stage 1, the eNTK and
+   normalization costs and its own upload, not SCAFFOLD's rounds.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Callable
+
+import numpy as np
+import ray
+import torch
+
+from fedray.config import RunConfig
+from fedray.data.federation import TEST, TRAIN, Federation
+from fedray.gradient.runner import TrainingOutcome, finetune, start_finetuning
+from fedray.gradient.training import Accounting, TrainingState
+from fedray.methods.base import FLOAT_BYTES
+from fedray.results import EvalPoint
+from fedray.runtime import sampling
+from fedray.runtime.simulation import eval_rounds
+from fedray.tct.entk import EntkSpec, coordinate_index
+from fedray.tct.shards import LocalSolver, Projection, Stage2Pool
+from fedray.tct.stage2 import solve_stage2
+
+
+class Stage2Run:
+    """Stage 2's rows and accounting after stage 1, on a started :class:`Stage2Pool`."""
+
+    def __init__(self, config: RunConfig, pool: Stage2Pool, sizes: np.ndarray, num_classes: int, width: int,
+                 points: list[EvalPoint], accounting: Accounting, on_point: Callable[[EvalPoint], None] | None = None) -> None:
+        self.config, self.pool, self.sizes, self.num_classes, self.width = config, pool, sizes, num_classes, width
+        self.points, self.accounting, self.on_point = points, accounting, on_point
+        self.first_round = points[-1].round
+        self.started = time.perf_counter() - points[-1].wall_s
+
+    def record(self, accounting: Accounting, round_number: int, accuracy: float, stage: str, loss: float | None = None,
+               diverged: bool = False) -> None:
+        point = accounting.point(round_number, accuracy, time.perf_counter() - self.started, stage, loss, diverged)
+        self.points.append(point)
+        if self.on_point is not None:
+            self.on_point(point)
+
+    def normalize(self) -> ray.ObjectRef:
+        """The normalization round (2p + 1 floats up, 2p down per client); the broadcast (μ, σ) as a ref."""
+        normalization = self.pool.normalization()
+        everyone = np.arange(len(self.sizes))
+        clients = len(self.sizes)
+        samples = float(self.sizes.sum())
+        self.accounting.add(everyone, self.sizes, clients * (2 * self.width + 1) * FLOAT_BYTES,
+                            clients * 2 * self.width * FLOAT_BYTES, 3.0 * samples * self.width)
+        self.normalization = normalization
+        return ray.put(normalization)
+
+    def closed_form(self, normalization: ray.ObjectRef) -> torch.Tensor:
+        """The exact stage-2 minimizer from every client's ZᵀZ and ZᵀY (p² + pC floats up each), one round."""
+        accounting = copy.deepcopy(self.accounting)
+        statistics = self.pool.statistics(normalization)
+        model = solve_stage2(statistics.matrix, statistics.rhs, int(self.sizes.sum()), self.config.tct_lam)
+        p, samples = self.width, float(self.sizes.sum())
+        accounting.add(np.arange(len(self.sizes)), self.sizes, len(self.sizes) * (p * p + p * self.num_classes) * FLOAT_BYTES,
+                       0.0, 2.0 * samples * p * (p + self.num_classes))
+        self.record(accounting, self.first_round + 2, self.pool.accuracy(normalization, ray.put(model)), "tct_closed_form")
+        return model
+
+    def scaffold(self, normalization: ray.ObjectRef) -> torch.Tensor:
+        """TCT's SCAFFOLD from W = 0 (float64 on the driver), ``tct_scaffold`` rows every ``--eval-every`` rounds."""
+        config, sizes, num_clients = self.config, self.sizes, len(self.sizes)
+        per_round = config.per_round(num_clients)
+        rounds = sampling.schedule(num_clients, per_round, True, config.seed, config.tct_rounds, past_coverage=True)
+        solver = ray.put(LocalSolver(config.tct_local_steps, config.tct_lr))
+        weights = sizes / sizes.sum()
+        model = torch.zeros(self.width, self.num_classes, dtype=torch.float64)
+        control = torch.zeros_like(model)
+        floats = self.width * self.num_classes
+        down = floats * (1 if per_round == num_clients else 2)
+        evaluate_at = eval_rounds(len(rounds), config.eval_every)
+        loss, loss_weight = 0.0, 0.0
+        for number, clients in enumerate(rounds, start=1):
+            clients = np.sort(clients)
+            sums = self.pool.train(solver, normalization, ray.put(model), ray.put(control), clients, weights[clients])
+            loss, loss_weight = loss + sums.loss, loss_weight + sums.weight
+            updated = model + sums.delta.to(torch.float64) / sums.weight
+            flops = 4.0 * config.tct_local_steps * float(sizes[clients].sum()) * floats
+            self.accounting.add(clients, sizes, len(clients) * floats * FLOAT_BYTES, len(clients) * down * FLOAT_BYTES, flops)
+            if not bool(torch.isfinite(updated).all()):
+                self.record(self.accounting, self.first_round + 1 + number, float("nan"), "tct_scaffold", None, diverged=True)
+                return model
+            model = updated
+            control += sums.control_change.to(torch.float64)
+            if number in evaluate_at:
+                accuracy = self.pool.accuracy(normalization, ray.put(model))
+                self.record(self.accounting, self.first_round + 1 + number, accuracy, "tct_scaffold", loss / loss_weight)
+                loss, loss_weight = 0.0, 0.0
+        return model
+
+
+def run_tct(config: RunConfig, federation: Federation, on_point: Callable[[EvalPoint], None] | None = None,
+            saved: TrainingState | None = None) -> TrainingOutcome:
+    """Stage 1 (from ``saved`` when resuming), the eNTK features, stage 2; the outcome's arrays hold stage 2's models."""
+    backend = start_finetuning(config, federation)
+    try:
+        outcome = finetune(config, backend, on_point, saved)
+        if outcome.points[-1].diverged:
+            return outcome
+        index = coordinate_index(backend.num_parameters, config.entk_dim, config.seed)
+        spec = EntkSpec(config.seed, index, config.entk_chunk, torch.float16 if config.entk_fp16 else torch.float32)
+        params = ray.put(outcome.params)
+        train, train_labels = backend.pool.entk(params, spec, TRAIN)
+        test, test_labels = backend.pool.entk(params, spec, TEST)
+        # Each client computes its samples' eNTK features: a forward and a backward pass, ~3 forward FLOPs.
+        outcome.accounting.flops += 3.0 * backend.flops_per_image * float(federation.client_sizes.sum())
+        bounds, bundle = backend.pool.bounds, backend.pool.bundle
+    finally:
+        backend.shutdown()
+    projection = None if config.tct_projection is None else Projection(config.tct_projection, config.seed)
+    width = len(index) if projection is None else projection.dim
+    pool = Stage2Pool.start(train, train_labels, test, test_labels, bounds, federation.client_offsets,
+                            federation.num_classes, bundle, projection)
+    try:
+        stage2 = Stage2Run(config, pool, federation.client_sizes, federation.num_classes, width, outcome.points,
+                           outcome.accounting, on_point)
+        if projection is not None:
+            stage2.accounting.flops += 2.0 * float(federation.client_sizes.sum()) * len(index) * width
+        normalization = stage2.normalize()
+        arrays: dict[str, np.ndarray] = {}
+        if config.tct_solver in ("closed_form", "both"):
+            arrays["W_closed_form"] = stage2.closed_form(normalization).numpy()
+        if config.tct_solver in ("scaffold", "both"):
+            arrays["W"] = stage2.scaffold(normalization).numpy()
+        else:
+            arrays["W"] = arrays.pop("W_closed_form")
+    finally:
+        pool.shutdown()
+    outcome.arrays = {**arrays, "entk_index": index.numpy(), "entk_mean": stage2.normalization.mean.numpy(),
+                      "entk_std": stage2.normalization.std.numpy()}
+    return outcome

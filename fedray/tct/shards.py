@@ -1,0 +1,230 @@
+"""TCT stage 2 in the sharded runtime: shard actors holding their clients' eNTK features, and the driver's side.
+
+Each :class:`Stage2Shard` holds the eNTK features of a contiguous range of
+clients (the range of the trainer that computed them, handed over through the
+object store: the features never reach the driver) and an equal share of the
+test split. Per call the driver sends only what a server would broadcast: the
+normalization (μ, σ), the global model W and SCAFFOLD's server control c.
+Unlike the feature shards, a stage-2 shard keeps state between calls: its
+clients' control variates c_k (p × C each, created at a client's first
+participation), as the clients themselves would in TCT's algorithm.
+
+The maths is :mod:`fedray.tct.stage2`'s, applied per client: the sharded
+solver equals :class:`~fedray.tct.stage2.ScaffoldStage2` run on the same
+standardized clients.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from functools import reduce
+
+import numpy as np
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from fedray.finetune.local import training_device
+from fedray.runtime.placement import reserve, start_actors
+from fedray.runtime.shards import tree_reduce
+from fedray.tct.stage2 import (
+    STD_FLOOR,
+    Moments,
+    client_loss,
+    control_after,
+    local_delta,
+    normalize,
+    random_projection,
+    stage2_statistics,
+    targets,
+)
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """The server's broadcast after the normalization round: per-coordinate μ and σ (float64)."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+
+@dataclass
+class RoundSums:
+    """A round's sums over participants: Σ w_k Δ_k, Σ w_k, Σ w_k (c_k⁺ − c_k) and Σ w_k F_k(W) at the round's start."""
+
+    delta: torch.Tensor
+    weight: float
+    control_change: torch.Tensor | None
+    loss: float
+
+    def __add__(self, other: RoundSums) -> RoundSums:
+        change = None if self.control_change is None else self.control_change + other.control_change
+        return RoundSums(self.delta + other.delta, self.weight + other.weight, change, self.loss + other.loss)
+
+
+@dataclass
+class Statistics:
+    """The closed form's uploads summed over clients: ZᵀZ and ZᵀY of the standardized features (float64)."""
+
+    matrix: torch.Tensor
+    rhs: torch.Tensor
+
+    def __add__(self, other: Statistics) -> Statistics:
+        return Statistics(self.matrix + other.matrix, self.rhs + other.rhs)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Stage 2 on Rᵀz: the seeded Gaussian projection to ``dim`` coordinates (see :func:`~fedray.tct.stage2.random_projection`)."""
+
+    dim: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class LocalSolver:
+    """Stage 2's client settings: K full-batch steps at learning rate η, with or without SCAFFOLD's correction."""
+
+    steps: int
+    lr: float
+    correction: bool = True
+
+
+def _sum(a, b):
+    if a is None or b is None:
+        return b if a is None else a
+    return a + b
+
+
+@ray.remote(max_restarts=0)
+class Stage2Shard:
+    """Clients ``first_client ..`` with row ``offsets`` (local, from 0) into ``train``'s features; ``test``: its test rows.
+
+    ``train`` and ``test`` are the features (n × p) the trainers' ``entk``
+    returned, projected by ``projection`` when given (each client would do it
+    with the shared seed). Features are kept in their storage dtype (float16
+    halves memory) and standardized per use into ``float32`` (or float64 when
+    stored so) on the shard's device.
+    """
+
+    def __init__(self, train: torch.Tensor, train_labels: np.ndarray, test: torch.Tensor, test_labels: np.ndarray,
+                 offsets: np.ndarray, first_client: int, num_classes: int, projection: Projection | None, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.device = training_device()
+        self.features = {"train": train.to(self.device), "test": test.to(self.device)}
+        if projection is not None:
+            self.features = {split: random_projection(features, projection.dim, projection.seed)
+                             for split, features in self.features.items()}
+        self.labels = {"train": torch.from_numpy(train_labels).to(self.device), "test": torch.from_numpy(test_labels).to(self.device)}
+        stored = train.dtype
+        self.dtype = torch.float64 if stored == torch.float64 else torch.float32
+        self.offsets, self.first_client, self.num_classes = offsets, first_client, num_classes
+        self.controls: dict[int, torch.Tensor] = {}
+
+    def _client(self, client: int, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
+        local = client - self.first_client
+        rows = slice(int(self.offsets[local]), int(self.offsets[local + 1]))
+        features = normalize(self.features["train"][rows], *self._on_device(normalization), dtype=self.dtype)
+        return features, targets(self.labels["train"][rows], self.num_classes, self.dtype)
+
+    def _on_device(self, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
+        return normalization.mean.to(self.device), normalization.std.to(self.device)
+
+    def moments(self) -> Moments:
+        """The normalization round: this shard's clients' (n_k, Σ z, Σ z²) uploads, summed in float64."""
+        moments = Moments.of(self.features["train"])
+        return Moments(moments.count, moments.sums.cpu(), moments.squares.cpu())
+
+    def statistics(self, normalization: Normalization) -> Statistics:
+        """The closed form's upload summed over this shard's clients."""
+        features = normalize(self.features["train"], *self._on_device(normalization), dtype=torch.float64)
+        matrix, rhs = stage2_statistics(features, self.labels["train"], self.num_classes)
+        return Statistics(matrix.cpu(), rhs.cpu())
+
+    def train(self, solver: LocalSolver, normalization: Normalization, model: torch.Tensor, control: torch.Tensor,
+              clients: np.ndarray, weights: np.ndarray) -> RoundSums | None:
+        """One round's local work of ``clients`` (global numbers, aggregation weights w_k); None if there are none."""
+        if not len(clients):
+            return None
+        model, control = model.to(self.device, self.dtype), control.to(self.device, self.dtype)
+        delta, change, loss = torch.zeros_like(model), torch.zeros_like(model), 0.0
+        for client, weight in zip(clients.tolist(), weights.tolist()):
+            features, target = self._client(client, normalization)
+            own = self.controls.get(client, torch.zeros_like(model))
+            correction = own - control if solver.correction else torch.zeros_like(model)
+            loss += weight * client_loss(features, target, model)
+            step = local_delta(features, target, model, correction, solver.steps, solver.lr)
+            delta += weight * step
+            if solver.correction:
+                updated = control_after(own, control, step, solver.steps, solver.lr)
+                change += weight * (updated - own)
+                self.controls[client] = updated
+        return RoundSums(delta.cpu(), float(weights.sum()), change.cpu() if solver.correction else None, loss)
+
+    def combine(self, _method: object, a, b):
+        """The pairwise step of :func:`~fedray.runtime.shards.tree_reduce`."""
+        return _sum(a, b)
+
+    def correct(self, normalization: Normalization, model: torch.Tensor) -> tuple[int, int]:
+        """(correctly classified, total) test rows by argmax of the standardized features times ``model``."""
+        features = normalize(self.features["test"], *self._on_device(normalization), dtype=self.dtype)
+        scores = features @ model.to(self.device, self.dtype)
+        return int((scores.argmax(dim=1) == self.labels["test"]).sum()), len(features)
+
+
+@dataclass
+class Stage2Pool:
+    """The driver's handle on the stage-2 shards (in a placement group of their own): their client ranges and calls."""
+
+    shards: list
+    bounds: np.ndarray
+    group: PlacementGroup
+
+    @classmethod
+    def start(cls, train: list[ray.ObjectRef], train_labels: list[np.ndarray], test: list[ray.ObjectRef],
+              test_labels: list[np.ndarray], bounds: np.ndarray, client_offsets: np.ndarray, num_classes: int,
+              bundle: dict[str, float], projection: Projection | None) -> Stage2Pool:
+        """One shard per trainer range ``bounds[s] .. bounds[s+1]``, from the refs of that trainer's features."""
+        group = reserve([bundle] * len(train), "SPREAD", f"{len(train)} stage-2 shards × {bundle}", "lower num_trainers or cpus_per_trainer")
+        arguments = [
+            (train[s], train_labels[s], test[s], test_labels[s],
+             client_offsets[bounds[s] : bounds[s + 1] + 1] - client_offsets[bounds[s]], int(bounds[s]), num_classes,
+             projection, max(1, int(bundle.get("CPU", 1))))
+            for s in range(len(train))
+        ]
+        try:
+            shards = start_actors(Stage2Shard, group, bundle, arguments)
+            ray.get([shard.__ray_ready__.remote() for shard in shards])
+        except BaseException:
+            remove_placement_group(group)
+            raise
+        return cls(shards, bounds, group)
+
+    def normalization(self, eps: float = STD_FLOOR) -> Normalization:
+        """The normalization round: μ and σ from every client's moments (see :func:`~fedray.tct.stage2.normalization`)."""
+        moments = reduce(operator.add, ray.get([shard.moments.remote() for shard in self.shards]))
+        return Normalization(*moments.normalization(eps))
+
+    def statistics(self, normalization: ray.ObjectRef) -> Statistics:
+        """Every client's closed-form upload, summed in the shards and tree-reduced."""
+        return ray.get(tree_reduce(None, [(shard.statistics.remote(normalization), shard) for shard in self.shards]))
+
+    def train(self, solver: ray.ObjectRef, normalization: ray.ObjectRef, model: ray.ObjectRef, control: ray.ObjectRef,
+              clients: np.ndarray, weights: np.ndarray) -> RoundSums:
+        """One round of ``clients`` (sorted) with aggregation weights ``weights``, the shards' sums tree-reduced."""
+        shard_of = np.searchsorted(self.bounds, clients, side="right") - 1
+        partials = [
+            (shard.train.remote(solver, normalization, model, control, clients[shard_of == s], weights[shard_of == s]), shard)
+            for s, shard in enumerate(self.shards)
+        ]
+        return ray.get(tree_reduce(None, partials))
+
+    def accuracy(self, normalization: ray.ObjectRef, model: ray.ObjectRef) -> float:
+        counts = ray.get([shard.correct.remote(normalization, model) for shard in self.shards])
+        return sum(c for c, _ in counts) / max(sum(t for _, t in counts), 1)
+
+    def shutdown(self) -> None:
+        for shard in self.shards:
+            ray.kill(shard)
+        remove_placement_group(self.group)
