@@ -115,8 +115,8 @@ class RunConfig:
             raise FedrayError(f"--finetune takes {', '.join(FINETUNE_MODES)} with a gradient method, got {self.finetune!r} with {self.method}")
         if self.head not in ("linear", "sphere"):
             raise FedrayError(f"--head must be linear or sphere, got {self.head!r}")
-        if self.head == "sphere" and (not self.trains or self.finetune or self.method == "scaffold" or self.init != "random"):
-            raise FedrayError("--head sphere (SphereFed) trains on features with fedavg, fedavgm, fedadam or fedprox from --init random")
+        if self.head == "sphere":
+            self._validate_sphere()
         if self.sphere_loss not in ("mse", "ce"):
             raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
         if self.prox_mu is not None and not self.algorithm.proximal:
@@ -124,6 +124,12 @@ class RunConfig:
         if self.method == TCT:
             self._validate_tct()
         return self
+
+    def _validate_sphere(self) -> None:
+        if self.method not in ALGORITHMS or self.init != "random":
+            raise FedrayError("--head sphere (SphereFed) trains with a gradient method from --init random")
+        if self.finetune not in (None, "ftfeat"):
+            raise FedrayError("SphereFed's classifier is fixed: on images it fine-tunes the backbone only (--finetune ftfeat)")
 
     def _validate_tct(self) -> None:
         if self.base not in ALGORITHMS:

@@ -93,13 +93,21 @@ def fedavg(params, update):
     return {name: value + update.delta[name] / update.weight if name in update.delta else value for name, value in params.items()}
 
 
-def reference_net(backbone: str, num_classes: int, params: dict | None = None) -> tuple[nn.Module, str]:
-    """torchvision's network with its classifier replaced by a linear head, and the head's name prefix."""
+class Normalize(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.normalize(x, dim=1)
+
+
+def reference_net(backbone: str, num_classes: int, params: dict | None = None, sphere: bool = False) -> tuple[nn.Module, str]:
+    """torchvision's network with its classifier replaced by a linear head (after an L2 normalization for SphereFed),
+    and the head's name prefix."""
     net = getattr(torchvision.models, backbone)()
+    normalize = [Normalize()] if sphere else []
     if backbone == "mobilenet_v2":
-        net.classifier, head = nn.Linear(1280, num_classes), "classifier."
+        net.classifier, head = nn.Sequential(*normalize, nn.Linear(1280, num_classes)), f"classifier.{len(normalize)}."
     else:
-        net.classifier, head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(DIM, num_classes)), "classifier.2."
+        layers = [nn.AdaptiveAvgPool2d(1), nn.Flatten(), *normalize, nn.Linear(DIM, num_classes)]
+        net.classifier, head = nn.Sequential(*layers), f"classifier.{len(layers) - 1}."
     if params is not None:
         net.load_state_dict({reference_name(name, head): value for name, value in params.items()})
     return net, head
@@ -130,23 +138,33 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def plain_round(backbone, federation, params, clients, sgd, seed, round_number):
+def plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere=False):
     """FedAvg's client side written plainly: each client trains a copy of the whole network with torch.optim.SGD.
 
     BN in train mode (batch statistics; running statistics averaged like weights);
     the starting model's loss summed over the client's samples in batch_size chunks, in train mode.
+    ``sphere``: SphereFed, the head fixed after an L2 normalization and SphereFed's MSE (1/C)‖Wz − onehot(y)‖².
     """
     with one_thread():
-        return _plain_round(backbone, federation, params, clients, sgd, seed, round_number)
+        return _plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere)
 
 
-def _plain_round(backbone, federation, params, clients, sgd, seed, round_number):
+def plain_loss(logits, labels, sgd, sphere, reduction="mean"):
+    if not sphere:
+        return nn.functional.cross_entropy(logits / sgd.temperature, labels, reduction=reduction)
+    per_sample = (logits - nn.functional.one_hot(labels, logits.shape[1]).float()).square().mean(dim=1)
+    return per_sample.sum() if reduction == "sum" else per_sample.mean()
+
+
+def _plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere):
     paths = federation.train.column("image_path").to_pylist()
     labels = torch.from_numpy(federation.train.column("label").to_numpy().astype(np.int64))
     offsets = federation.client_offsets
-    net, head = reference_net(backbone, federation.num_classes, params)
+    net, head = reference_net(backbone, federation.num_classes, params, sphere)
     start = {name: value.clone() for name, value in net.state_dict().items()}
-    delta = {name: torch.zeros_like(value) for name, value in start.items() if value.is_floating_point()}
+    trained = [p for name, p in net.named_parameters() if not (sphere and name.startswith(head))]
+    delta = {name: torch.zeros_like(value) for name, value in start.items()
+             if value.is_floating_point() and not (sphere and name.startswith(head))}
     loss_sum = 0.0
     for client in clients:
         rows = np.arange(offsets[client], offsets[client + 1])
@@ -156,13 +174,13 @@ def _plain_round(backbone, federation, params, clients, sgd, seed, round_number)
         with torch.no_grad():
             for first in range(0, len(rows), sgd.batch_size):
                 batch = slice(first, first + sgd.batch_size)
-                loss_sum += float(nn.functional.cross_entropy(net(x[batch]) / sgd.temperature, y[batch], reduction="sum"))
+                loss_sum += float(plain_loss(net(x[batch]), y[batch], sgd, sphere, reduction="sum"))
         net.load_state_dict(start)
-        optimizer = torch.optim.SGD(net.parameters(), lr=sgd.lr, weight_decay=sgd.weight_decay)
+        optimizer = torch.optim.SGD(trained, lr=sgd.lr, weight_decay=sgd.weight_decay)
         for batch in minibatches(len(rows), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(client))):
             optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(net(x[batch]) / sgd.temperature, y[batch])
-            prox = sum(((p - start[name]) ** 2).sum() for name, p in net.named_parameters())
+            loss = plain_loss(net(x[batch]), y[batch], sgd, sphere)
+            prox = sum(((p - start[name]) ** 2).sum() for name, p in net.named_parameters() if not (sphere and name.startswith(head)))
             (loss + sgd.prox_mu / 2 * prox).backward()
             optimizer.step()
         for name, value in net.state_dict().items():
@@ -316,6 +334,21 @@ def test_ftfeat_trains_the_backbone_and_leaves_the_head_alone(pools):
     backbone_floats = sum(value.numel() for name, value in params.items() if not name.startswith("head."))
     assert ftfeat.traffic_floats() == (backbone_floats, backbone_floats)
     assert sum(value.numel() for value in update.delta.values()) == backbone_floats
+
+
+def test_spherefed_fine_tunes_the_backbone_under_the_fixed_classifier_like_plain_torch(pools, images):
+    sphere = backend(pools, "ftfeat", sphere_loss="mse")
+    params = sphere.initial_params(HEAD_SEED)
+    classifier = params["head.weight"]
+    assert torch.allclose(classifier @ classifier.T, torch.eye(images.num_classes), atol=1e-6)
+    assert not params["head.bias"].any()
+    update = sphere.train_round(params, CLIENTS, ROUND)
+    assert not any(name.startswith("head.") for name in update.delta)
+    expected_delta, expected_loss = plain_round(BACKBONE, images, params, CLIENTS, SGD, SEED, ROUND, sphere=True)
+    close(update.delta, expected_delta, rtol=1e-4, atol=1e-6)
+    assert update.loss_sum == pytest.approx(expected_loss, rel=1e-5)
+    with pytest.raises(FedrayError, match="ftfeat"):
+        backend(pools, "ft", sphere_loss="mse")
 
 
 def test_a_huge_prox_term_keeps_clients_near_the_global_model(pools):

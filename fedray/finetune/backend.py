@@ -29,10 +29,11 @@ from fedray.finetune.model import (
     trained_names,
 )
 from fedray.finetune.pool import TrainerPool
-from fedray.finetune.scaffold import ControlVariates
+from fedray.gradient.control_variates import ControlVariates
 from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.local import LocalSGD
 from fedray.images.backbones import feature_model, load_weights
+from fedray.spherefed.classifier import fixed_classifier
 
 
 def check_sgd(sgd: LocalSGD) -> None:
@@ -50,10 +51,13 @@ class FineTuneBackend:
     """
 
     def __init__(
-        self, pool: TrainerPool, weights_spec: str, mode: str, sgd: LocalSGD, seed: int, *, scaffold: bool = False, owns_pool: bool = False
+        self, pool: TrainerPool, weights_spec: str, mode: str, sgd: LocalSGD, seed: int, *, scaffold: bool = False,
+        sphere_loss: str | None = None, owns_pool: bool = False
     ) -> None:
         self.pool, self.owns_pool = pool, owns_pool
-        self.training = LocalTraining(get_mode(mode), sgd, seed)
+        if sphere_loss is not None and get_mode(mode).trains_head:
+            raise FedrayError(f"SphereFed's classifier is fixed: fine-tune the backbone only (ftfeat), not {mode}")
+        self.training = LocalTraining(get_mode(mode), sgd, seed, sphere_loss)
         check_sgd(sgd)
         federation, backbone = pool.federation, pool.backbone
         weights = load_weights(backbone, weights_spec, seed)
@@ -83,6 +87,7 @@ class FineTuneBackend:
         num_trainers: int | None = None,
         cpus_per_trainer: float = 1.0,
         scaffold: bool = False,
+        sphere_loss: str | None = None,
         eval_batch_size: int = 64,
     ) -> FineTuneBackend:
         """A backend on a pool of its own (see :meth:`TrainerPool.start`), shut down with it."""
@@ -91,7 +96,7 @@ class FineTuneBackend:
         pool = TrainerPool.start(federation, backbone_name, image_size=image_size, num_trainers=num_trainers,
                                  cpus_per_trainer=cpus_per_trainer, eval_batch_size=eval_batch_size)
         try:
-            return cls(pool, weights_spec, mode, sgd, seed, scaffold=scaffold, owns_pool=True)
+            return cls(pool, weights_spec, mode, sgd, seed, scaffold=scaffold, sphere_loss=sphere_loss, owns_pool=True)
         except BaseException:
             pool.shutdown()
             raise
@@ -111,8 +116,16 @@ class FineTuneBackend:
         return frozenset(self.sent) - frozenset(self.trained)
 
     def initial_params(self, head_seed: int) -> Params:
-        """The loaded backbone weights and a head initialized like ``nn.Linear`` from ``head_seed``."""
-        weight, bias = head_init(self.pool.backbone.dim, self.pool.federation.num_classes, head_seed)
+        """The loaded backbone weights and a head initialized like ``nn.Linear`` from ``head_seed``.
+
+        SphereFed's head is the fixed classifier built from ``head_seed``
+        (:func:`~fedray.spherefed.classifier.fixed_classifier`), without bias.
+        """
+        dim, num_classes = self.pool.backbone.dim, self.pool.federation.num_classes
+        if self.training.sphere_loss is not None:
+            weight, bias = fixed_classifier(num_classes, dim, head_seed).to(torch.float32), torch.zeros(num_classes)
+        else:
+            weight, bias = head_init(dim, num_classes, head_seed)
         return {**{name: value.clone() for name, value in self.initial_backbone.items()}, "head.weight": weight, "head.bias": bias}
 
     def _put(self, params: Params) -> ray.ObjectRef:

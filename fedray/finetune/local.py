@@ -20,16 +20,31 @@ from fedray.finetune.images import ImageReader
 from fedray.finetune.model import FineTuneModel, Mode, sent_names, trained_names
 from fedray.gradient.backend import Params
 from fedray.gradient.local import LocalSGD, client_rng, minibatches
+from fedray.spherefed.training import sphere_loss
 from fedray.tct.entk import EntkSpec, entk_features, reinitialize_last_layer
 
 
 @dataclass(frozen=True)
 class LocalTraining:
-    """What a run's clients do: put in the object store once per run, so one trainer pool serves runs of any settings."""
+    """What a run's clients do: put in the object store once per run, so one trainer pool serves runs of any settings.
+
+    ``sphere_loss`` (``mse`` or ``ce``) makes it SphereFed: the backbone's
+    features are L2-normalized before the fixed head and the loss is
+    :func:`~fedray.spherefed.training.sphere_loss`; None is a linear head with
+    cross-entropy at the temperature.
+    """
 
     mode: Mode
     sgd: LocalSGD
     seed: int
+    sphere_loss: str | None = None
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, total: bool = False) -> torch.Tensor:
+        """The mean loss of a batch, or its sum over the batch with ``total``."""
+        if self.sphere_loss is None:
+            return cross_entropy(logits, labels, reduction="sum" if total else "mean")
+        mean = sphere_loss(logits, labels, self.sphere_loss, self.sgd.temperature)
+        return mean * len(labels) if total else mean
 
 
 @dataclass
@@ -69,7 +84,9 @@ class ClientTrainer:
 
     def __init__(self, model: FineTuneModel, training: LocalTraining, device: torch.device) -> None:
         self.model, self.mode, self.sgd, self.seed, self.device = model, training.mode, training.sgd, training.seed, device
+        self.training = training
         model.temperature = training.sgd.temperature
+        model.sphere = training.sphere_loss is not None
         for name, parameter in model.named_parameters():
             parameter.requires_grad_(self.mode.trains(name))
         self.trained = trained_names(model, self.mode)
@@ -135,14 +152,14 @@ class ClientTrainer:
         with torch.no_grad():
             for batch in evaluation:
                 logits = self.model(next(stream).to(self.device))
-                loss_sum += float(cross_entropy(logits, labels[rows[batch]], reduction="sum"))
+                loss_sum += float(self.training.loss(logits, labels[rows[batch]], total=True))
         # in train mode the loss pass moved BN's running statistics: start training from the global state again
         self.model.load_state_dict(start)
         parameters = dict(self.model.named_parameters())
         optimizer = torch.optim.SGD([parameters[name] for name in self.trained], lr=sgd.lr, weight_decay=sgd.weight_decay)
         for batch in plan:
             optimizer.zero_grad(set_to_none=True)
-            cross_entropy(self.model(next(stream).to(self.device)), labels[rows[batch]]).backward()
+            self.training.loss(self.model(next(stream).to(self.device)), labels[rows[batch]]).backward()
             for name in self.trained:
                 grad, value = parameters[name].grad, parameters[name].detach()
                 if sgd.prox_mu:

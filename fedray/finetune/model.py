@@ -59,15 +59,18 @@ def get_mode(name: str) -> Mode:
 
 
 class FineTuneModel(nn.Module):
-    """``head(backbone(x)) / temperature``."""
+    """``head(backbone(x)) / temperature``; with ``sphere`` (SphereFed) ``head(normalize(backbone(x)))``, the head fixed."""
 
-    def __init__(self, backbone: nn.Module, dim: int, num_classes: int, temperature: float = 1.0) -> None:
+    def __init__(self, backbone: nn.Module, dim: int, num_classes: int, temperature: float = 1.0, sphere: bool = False) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = nn.Linear(dim, num_classes)
         self.temperature = temperature
+        self.sphere = sphere
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
+        if self.sphere:
+            return self.head(nn.functional.normalize(features, dim=1))
         return self.head(features) / self.temperature
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

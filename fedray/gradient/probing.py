@@ -49,6 +49,7 @@ class ShardUpdate:
     control_bias: np.ndarray | None = None
     clients: np.ndarray | None = None
     gradient_rows: np.ndarray | None = None
+    client_controls: dict[int, tuple[np.ndarray, ...]] | None = None
 
 
 @dataclass(frozen=True)

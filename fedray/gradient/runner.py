@@ -114,25 +114,34 @@ def _spherefed(config: RunConfig, pool: ShardPool, evaluator: Evaluator, on_poin
                saved: TrainingState | None) -> TrainingOutcome:
     """SphereFed: train the projection before the fixed classifier, then calibrate with FFC (a ``calibrated`` row)."""
     federation = pool.federation
-    backend = SphereBackend(pool, local_sgd(config), config.seed, evaluator, config.sphere_dim or federation.dim, config.sphere_loss)
+    backend = SphereBackend(pool, local_sgd(config), config.seed, evaluator, config.sphere_dim or federation.dim, config.sphere_loss,
+                            scaffold=config.algorithm.scaffold)
     state = saved or _fresh_state(backend.initial_params(config.seed), None, [], backend, federation.num_clients)
     outcome = _train(config, backend, state, federation.client_sizes, on_point)
     if state.points[-1].diverged:
         return outcome
-    start = time.perf_counter()
-    classifier, accuracy, method = calibrate(pool, evaluator, config.lam, outcome.params["weight"], outcome.params["bias"])
-    everyone = np.arange(federation.num_clients)
-    sizes = federation.client_sizes.astype(np.float64)
-    state.accounting.add(everyone, federation.client_sizes, float(method.upload_floats(federation).sum()) * FLOAT_BYTES, 0.0,
-                         float(method.statistics_flops(sizes).sum()))
-    point = state.accounting.point(state.points[-1].round + 1, accuracy, state.points[-1].wall_s + time.perf_counter() - start,
-                                   "calibrated")
-    outcome.points.append(point)
-    if on_point is not None:
-        on_point(point)
+    classifier = calibration_stage(config, pool, evaluator, outcome, outcome.params["weight"], outcome.params["bias"], on_point)
     outcome.arrays = {**classifier.arrays(), "proj_weight": outcome.params["weight"].numpy(),
                       "proj_bias": outcome.params["bias"].numpy(), "fixed_classifier": backend.classifier.numpy()}
     return outcome
+
+
+def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, outcome: TrainingOutcome,
+                      weight: torch.Tensor, bias: torch.Tensor, on_point: Callable[[EvalPoint], None] | None) -> Classifier:
+    """SphereFed's FFC on normalize(P x + q), one round with every client: a ``calibrated`` row; the calibrated classifier."""
+    start = time.perf_counter()
+    classifier, accuracy, method = calibrate(pool, evaluator, config.lam, weight, bias)
+    federation = pool.federation
+    everyone = np.arange(federation.num_clients)
+    sizes = federation.client_sizes.astype(np.float64)
+    outcome.accounting.add(everyone, federation.client_sizes, float(method.upload_floats(federation).sum()) * FLOAT_BYTES, 0.0,
+                           float(method.statistics_flops(sizes).sum()))
+    last = outcome.points[-1]
+    point = outcome.accounting.point(last.round + 1, accuracy, last.wall_s + time.perf_counter() - start, "calibrated")
+    outcome.points.append(point)
+    if on_point is not None:
+        on_point(point)
+    return classifier
 
 
 def finetune_on_images(
@@ -154,7 +163,7 @@ def start_finetuning(config: RunConfig, federation: Federation) -> FineTuneBacke
     return FineTuneBackend.start(
         federation, config.backbone, config.weights, config.finetune, local_sgd(config), config.seed,
         image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
-        scaffold=config.algorithm.scaffold,
+        scaffold=config.algorithm.scaffold, sphere_loss=config.sphere_loss if config.head == "sphere" else None,
     )
 
 
@@ -165,6 +174,10 @@ def finetune(
     saved: TrainingState | None = None,
 ) -> TrainingOutcome:
     """Fine-tuning with ``backend``, from a closed-form head when ``--init`` asks, then the ridge probe when asked.
+
+    SphereFed (``--head sphere``) fine-tunes the backbone under the fixed
+    classifier, then calibrates with FFC on the normalized embeddings (a
+    ``calibrated`` row; classifier.npz holds the calibrated classifier).
 
     A closed-form initialization and the ridge probe run on the images
     embedded by the backbone at that moment, in shards of their own
@@ -180,6 +193,11 @@ def finetune(
             params["head.weight"], params["head.bias"] = head["weight"].T.contiguous(), head["bias"]
         saved = _fresh_state(params, accounting, points, backend, federation.num_clients)
     outcome = _train(config, backend, saved, federation.client_sizes, on_point)
+    if config.head == "sphere" and not outcome.points[-1].diverged:
+        dim = backend.pool.backbone.dim
+        classifier = on_embeddings(config, backend, outcome.params, lambda pool, evaluator: calibration_stage(
+            config, pool, evaluator, outcome, torch.eye(dim), torch.zeros(dim), on_point))
+        outcome.arrays = {**classifier.arrays(), "fixed_classifier": outcome.params["head.weight"].numpy()}
     if config.probe_ridge:
         outcome.ridge_probe_accuracy = on_embeddings(
             config, backend, outcome.params, lambda pool, evaluator: ridge_probe(pool, config, evaluator))

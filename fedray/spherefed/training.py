@@ -13,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import ray
 import torch
 
 from fedray.evaluation import Evaluator
-from fedray.gradient.backend import Params
+from fedray.gradient.backend import Params, RoundUpdate
+from fedray.gradient.control_variates import ControlVariates
 from fedray.gradient.local import LocalSGD, client_rng, minibatches, random_head
-from fedray.gradient.probing import LocalTrainer, ProbeBackend, ShardUpdate, as_tensors
+from fedray.gradient.probing import LocalTrainer, ProbeBackend, ShardUpdate, as_arrays, as_tensors
 from fedray.methods.base import ClientBatch, Classifier
 from fedray.runtime.shards import ShardPool
 from fedray.spherefed.classifier import fixed_classifier
@@ -40,33 +42,60 @@ def sphere_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str, temperatu
 
 @dataclass(frozen=True)
 class SphereTrainer(LocalTrainer):
-    """Local training of the projection (P, q) of every sampled client of a shard."""
+    """Local training of the projection (P, q) of every sampled client of a shard.
+
+    With SCAFFOLD (option II, as on images) ``head`` also carries the server's
+    c = (c_P, c_q) and ``control_rows`` maps each client to its own c_i (None
+    before its first participation: zeros); every gradient gets c − c_i and the
+    update returns each client's c_i⁺ = c_i − c + (θ − θ_i) / (K η).
+    """
 
     classifier: torch.Tensor | None = None
     loss: str = "mse"
 
-    def train(self, batch: ClientBatch, head: tuple, round_number: int, control_rows: None) -> ShardUpdate:
-        weight, bias = as_tensors(head)
+    def train(self, batch: ClientBatch, head: tuple, round_number: int,
+              control_rows: dict[int, tuple[np.ndarray, np.ndarray] | None] | None) -> ShardUpdate:
+        head = as_tensors(head)
+        weight, bias = head[:2]
         delta_w, delta_b = torch.zeros_like(weight), torch.zeros_like(bias)
-        loss_sum, total = 0.0, 0
-        for k, client in enumerate(batch.clients):
+        loss_sum, total, controls = 0.0, 0, {}
+        for k, client in enumerate(batch.clients.tolist()):
             rows = slice(batch.offsets[k], batch.offsets[k + 1])
             x, y = batch.features[rows], batch.labels[rows]
             trained_w, trained_b = weight.clone().requires_grad_(), bias.clone().requires_grad_()
             with torch.no_grad():
                 loss_sum += len(y) * float(sphere_loss(sphere_logits(x, weight, bias, self.classifier), y, self.loss, self.sgd.temperature))
+            if control_rows is not None:
+                own = control_rows[client]
+                own = (torch.zeros_like(weight), torch.zeros_like(bias)) if own is None else as_tensors(own)
+                corrections = (head[2] - own[0], head[3] - own[1])
             optimizer = torch.optim.SGD([trained_w, trained_b], lr=self.sgd.lr, weight_decay=self.sgd.weight_decay)
-            for step in minibatches(len(y), self.sgd.batch_size, self.sgd.epochs, client_rng(self.seed, round_number, int(client))):
+            steps = minibatches(len(y), self.sgd.batch_size, self.sgd.epochs, client_rng(self.seed, round_number, client))
+            for step in steps:
                 optimizer.zero_grad()
                 value = sphere_loss(sphere_logits(x[step], trained_w, trained_b, self.classifier), y[step], self.loss, self.sgd.temperature)
                 if self.sgd.prox_mu:
                     value = value + self.sgd.prox_mu / 2 * (((trained_w - weight) ** 2).sum() + ((trained_b - bias) ** 2).sum())
                 value.backward()
+                if control_rows is not None:
+                    trained_w.grad.add_(corrections[0])
+                    trained_b.grad.add_(corrections[1])
                 optimizer.step()
+            if control_rows is not None:
+                scale = 1.0 / (len(steps) * self.sgd.lr)
+                controls[client] = as_arrays((own[0] - head[2] + scale * (weight - trained_w.detach()),
+                                              own[1] - head[3] + scale * (bias - trained_b.detach())))
             delta_w += len(y) * (trained_w.detach() - weight)
             delta_b += len(y) * (trained_b.detach() - bias)
             total += len(y)
-        return ShardUpdate(delta_w.numpy(), delta_b.numpy(), float(total), loss_sum, total)
+        return ShardUpdate(delta_w.numpy(), delta_b.numpy(), float(total), loss_sum, total,
+                           client_controls=controls if control_rows is not None else None)
+
+    def combine(self, a: ShardUpdate, b: ShardUpdate) -> ShardUpdate:
+        merged = super().combine(a, b)
+        if a.client_controls is not None:
+            merged.client_controls = {**a.client_controls, **b.client_controls}
+        return merged
 
 
 @dataclass(frozen=True)
@@ -81,12 +110,36 @@ class SphereMap:
 
 
 class SphereBackend(ProbeBackend):
-    """SphereFed's training on the features of a :class:`ShardPool`; the fixed classifier never travels."""
+    """SphereFed's training on the features of a :class:`ShardPool`; the fixed classifier never travels.
 
-    def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, sphere_dim: int, loss: str) -> None:
+    SCAFFOLD keeps option-II control variates of the projection per client
+    seen in the driver (:class:`ControlVariates`: 4 (d + 1) l bytes per client).
+    """
+
+    def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, sphere_dim: int, loss: str,
+                 scaffold: bool = False) -> None:
         self.sphere_dim = sphere_dim
         self.classifier = fixed_classifier(pool.federation.num_classes, sphere_dim, seed).to(torch.float32)
         super().__init__(pool, sgd, seed, evaluator, trainer=SphereTrainer(sgd, seed, self.classifier, loss))
+        shapes = {"weight": torch.Size((sphere_dim, self.dim)), "bias": torch.Size((sphere_dim,))}
+        self.controls = ControlVariates(shapes, int(self.offsets[-1])) if scaffold else None
+
+    def train_round(self, params: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
+        if self.controls is None:
+            return super().train_round(params, clients, round_number)
+        control = self.controls.control
+        head = as_arrays((params["weight"], params["bias"], control["weight"], control["bias"]))
+        states = [{client: self._own(client) for client in local.tolist()} for local in self.pool.split_clients(clients)]
+        update: ShardUpdate = ray.get(self.pool.local_train(self.trainer_ref, ray.put(head), clients, round_number, states))
+        sizes = self.pool.federation.client_sizes
+        new = {client: dict(zip(("weight", "bias"), as_tensors(arrays))) for client, arrays in update.client_controls.items()}
+        self.controls.update(new, {client: int(sizes[client]) for client in new})
+        delta_weight, delta_bias = as_tensors((update.delta_weight, update.delta_bias))
+        return RoundUpdate({"weight": delta_weight, "bias": delta_bias}, update.weight, update.loss_sum, update.samples)
+
+    def _own(self, client: int) -> tuple[np.ndarray, np.ndarray] | None:
+        own = self.controls.of(client)
+        return None if own is None else as_arrays((own["weight"], own["bias"]))
 
     def initial_params(self, seed: int) -> Params:
         """The projection d → l, initialized like every random head of a run (:func:`random_head`, transposed)."""
@@ -97,9 +150,16 @@ class SphereBackend(ProbeBackend):
         return self.evaluator.accuracy(SphereMap(params["weight"], params["bias"]), Classifier(self.classifier.T.contiguous()))
 
     def traffic_floats(self) -> tuple[int, int]:
-        """The projection down and its update up; the classifier is fixed and known to every client."""
-        floats = (self.dim + 1) * self.sphere_dim
+        """The projection down and its update up (SCAFFOLD: also c down, Δc_i up); the classifier is fixed and known to every client."""
+        floats = (self.dim + 1) * self.sphere_dim * (2 if self.controls is not None else 1)
         return floats, floats
+
+    def state_dict(self) -> dict:
+        return {"scaffold": self.controls.state_dict()} if self.controls is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.controls is not None:
+            self.controls.load_state_dict(state["scaffold"])
 
     def client_flops(self, sizes: np.ndarray) -> np.ndarray:
         """Forward and backward of the projection and the fixed classifier, every local epoch."""

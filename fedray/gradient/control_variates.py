@@ -1,4 +1,4 @@
-"""SCAFFOLD's control variates (Karimireddy et al., ICML 2020, option II), kept by the driver.
+"""SCAFFOLD's control variates (Karimireddy et al., ICML 2020, option II), kept by the driver (fine-tuning, and SphereFed on features).
 
 The server's c and every client's c_i have the shapes of the trained
 parameters. A client's c_i is created (as zeros) by its first participation
