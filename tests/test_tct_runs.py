@@ -62,6 +62,7 @@ def test_tct_on_a_label_skewed_split_matches_a_recomputation(ray_session, tmp_pa
     assert [(row["round"], row["stage"]) for row in rows] == [
         (0, "train"), (2, "train"), (4, "tct_closed_form"), (5, "tct_scaffold"), (7, "tct_scaffold")]
     assert rows[-1]["train_loss"] < rows[-2]["train_loss"]
+    assert min(row["train_loss"] for row in rows[-2:]) >= rows[2]["train_loss"] - 1e-9, "the closed form is the minimum"
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert (config["method"], config["base"], config["finetune"]) == ("tct", "fedavg", "ft")
 

@@ -96,9 +96,12 @@ def test_sharded_closed_form_equals_in_memory(ray_session, clients, held_out):
         model = run.closed_form(run.normalize())
     finally:
         pool.shutdown()
-    expected = closed_form_stage2(standardize_clients(clients)[0], NUM_CLASSES)
+    standardized = standardize_clients(clients)[0]
+    expected = closed_form_stage2(standardized, NUM_CLASSES)
     assert torch.allclose(model, expected, rtol=0, atol=1e-10 * expected.abs().max().item())
     row = run.points[-1]
+    objective, _ = ScaffoldStage2(standardized, NUM_CLASSES).loss_and_accuracy(expected)
+    assert row.train_loss == pytest.approx(objective, rel=1e-10)
     assert (row.round, row.stage, row.clients_seen) == (7 + 2, "tct_closed_form", 6)
     assert row.bytes_up == 6 * (2 * 20 + 1) * 4 + 6 * (20 * 20 + 20 * NUM_CLASSES) * 4
 

@@ -13,8 +13,10 @@
 4. Stage 2 on the standardized features, by ``--tct-solver``:
    ``scaffold`` (TCT's communication-efficient SCAFFOLD, ``--tct-rounds`` of
    ``--tct-local-steps`` full-batch steps at ``--tct-lr``: ``tct_scaffold``
-   rows), ``closed_form`` (one upload of ZᵀZ and ZᵀY, the exact minimizer:
-   one ``tct_closed_form`` row) or ``both``, each branching from the
+   rows, whose ``train_loss`` is the stage-2 objective F at each round's
+   start over its clients), ``closed_form`` (one upload of ZᵀZ and ZᵀY, the
+   exact minimizer: one ``tct_closed_form`` row, ``train_loss`` = F at the
+   minimizer, the floor SCAFFOLD's approaches) or ``both``, each branching from the
    normalization round: the closed form's row counts stage 1, the eNTK and
    normalization costs and its own upload, not SCAFFOLD's rounds.
 """
@@ -39,7 +41,7 @@ from fedray.runtime import sampling
 from fedray.runtime.simulation import eval_rounds
 from fedray.tct.entk import EntkSpec, coordinate_index
 from fedray.tct.shards import LocalSolver, Projection, Stage2Pool
-from fedray.tct.stage2 import solve_stage2
+from fedray.tct.stage2 import objective_from_statistics, solve_stage2
 
 
 class Stage2Run:
@@ -74,11 +76,13 @@ class Stage2Run:
         """The exact stage-2 minimizer from every client's ZᵀZ and ZᵀY (p² + pC floats up each), one round."""
         accounting = copy.deepcopy(self.accounting)
         statistics = self.pool.statistics(normalization)
-        model = solve_stage2(statistics.matrix, statistics.rhs, int(self.sizes.sum()), self.config.tct_lam)
-        p, samples = self.width, float(self.sizes.sum())
+        count = int(self.sizes.sum())
+        model = solve_stage2(statistics.matrix, statistics.rhs, count, self.config.tct_lam)
+        p = self.width
         accounting.add(np.arange(len(self.sizes)), self.sizes, len(self.sizes) * (p * p + p * self.num_classes) * FLOAT_BYTES,
-                       0.0, 2.0 * samples * p * (p + self.num_classes))
-        self.record(accounting, self.first_round + 2, self.pool.accuracy(normalization, ray.put(model)), "tct_closed_form")
+                       0.0, 2.0 * count * p * (p + self.num_classes))
+        loss = objective_from_statistics(statistics.matrix, statistics.rhs, count, self.num_classes, model)
+        self.record(accounting, self.first_round + 2, self.pool.accuracy(normalization, ray.put(model)), "tct_closed_form", loss)
         return model
 
     def scaffold(self, normalization: ray.ObjectRef) -> torch.Tensor:

@@ -364,6 +364,14 @@ def stage2_statistics(features: torch.Tensor, labels: torch.Tensor, num_classes:
     return gram(features), features.T @ targets(labels, num_classes).to(features.device)
 
 
+def objective_from_statistics(matrix: torch.Tensor, rhs: torch.Tensor, count: int, num_classes: int, model: torch.Tensor) -> float:
+    """F(W) = ‖Z W − Y‖²_F / (2N) from ZᵀZ, ZᵀY and N alone: (tr WᵀZᵀZW − 2 tr WᵀZᵀY + ‖Y‖²) / (2N),
+    with ‖Y‖² = N (1 − 1/C) for the targets onehot − 1/C."""
+    model = model.to(torch.float64)
+    quadratic = float((model * (matrix @ model)).sum()) - 2.0 * float((model * rhs).sum())
+    return (quadratic + count * (1.0 - 1.0 / num_classes)) / (2 * count)
+
+
 def solve_stage2(matrix: torch.Tensor, rhs: torch.Tensor, count: int, lam: float = 0.0) -> torch.Tensor:
     """W solving (ZᵀZ + λ N I) W = ZᵀY from summed statistics (``count`` = N samples); see ``closed_form_stage2``."""
     if lam < 0:
