@@ -115,3 +115,23 @@ def test_shards_project_with_the_shared_seed(ray_session, clients, held_out):
     projected = [ClientData(random_projection(c.features, 8, seed=5), c.labels) for c in clients]
     mean, std = normalization(projected)
     assert torch.allclose(sharded.mean, mean, rtol=0, atol=1e-10) and torch.allclose(sharded.std, std, rtol=0, atol=1e-10)
+
+
+def test_float16_storage_is_standardized_and_solved_in_float32(ray_session, clients, held_out):
+    halved = [ClientData(c.features.half(), c.labels) for c in clients]
+    pool = start_pool(ray_session, halved, ClientData(held_out.features.half(), held_out.labels))
+    try:
+        run = stage2_run(pool, clients, RunConfig(method="tct", tct_rounds=3, tct_local_steps=4, tct_lr=1e-3, clients_per_round=6), width=20)
+        normalization_ref = run.normalize()
+        model = run.scaffold(normalization_ref)
+    finally:
+        pool.shutdown()
+    widened = [ClientData(c.features.double(), c.labels) for c in halved]
+    mean, std = normalization(widened)
+    assert torch.allclose(run.normalization.mean, mean, rtol=0, atol=1e-12)
+    assert torch.allclose(run.normalization.std, std, rtol=0, atol=1e-12)
+    reference = ScaffoldStage2([ClientData(normalize(c.features, mean, std, torch.float32), c.labels) for c in widened],
+                               NUM_CLASSES, local_steps=4, lr=1e-3)
+    for _ in range(3):
+        reference.step(list(range(6)))
+    assert torch.allclose(model, reference.model.double(), rtol=1e-5, atol=1e-6)
