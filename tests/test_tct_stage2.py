@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from fedray.errors import FedrayError
+from fedray.tct import stage2
 from fedray.tct.stage2 import (
     STD_FLOOR,
     ClientData,
@@ -198,3 +199,12 @@ def test_rejects_inconsistent_clients():
         ClientData(torch.zeros(3, 2), torch.zeros(2, dtype=torch.long))
     with pytest.raises(FedrayError):
         ScaffoldStage2([ClientData(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)), ClientData(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))], 2)
+
+
+def test_moments_accumulate_blocks_of_rows(monkeypatch):
+    clients = label_skewed(seed=2)
+    whole = normalization(clients)
+    monkeypatch.setattr(stage2, "ROW_BLOCK", 7)
+    assert len(stage2.row_blocks(60)) == 9
+    blocked = normalization(clients)
+    assert all(torch.allclose(a, b, rtol=1e-13, atol=0) for a, b in zip(whole, blocked))

@@ -36,6 +36,7 @@ from fedray.tct.stage2 import (
     local_delta,
     normalize,
     random_projection,
+    row_blocks,
     stage2_statistics,
     targets,
 )
@@ -137,10 +138,14 @@ class Stage2Shard:
         return Moments(moments.count, moments.sums.cpu(), moments.squares.cpu())
 
     def statistics(self, normalization: Normalization) -> Statistics:
-        """The closed form's upload summed over this shard's clients."""
-        features = normalize(self.features["train"], *self._on_device(normalization), dtype=torch.float64)
-        matrix, rhs = stage2_statistics(features, self.labels["train"], self.num_classes)
-        return Statistics(matrix.cpu(), rhs.cpu())
+        """The closed form's upload summed over this shard's clients (standardized in float64, a block of rows at a time)."""
+        mean, std = self._on_device(normalization)
+        features, labels = self.features["train"], self.labels["train"]
+        total = None
+        for rows in row_blocks(len(features)):
+            block = Statistics(*stage2_statistics(normalize(features[rows], mean, std, torch.float64), labels[rows], self.num_classes))
+            total = block if total is None else total + block
+        return Statistics(total.matrix.cpu(), total.rhs.cpu())
 
     def train(self, solver: LocalSolver, normalization: Normalization, model: torch.Tensor, control: torch.Tensor,
               clients: np.ndarray, weights: np.ndarray) -> RoundSums | None:
@@ -168,9 +173,13 @@ class Stage2Shard:
 
     def correct(self, normalization: Normalization, model: torch.Tensor) -> tuple[int, int]:
         """(correctly classified, total) test rows by argmax of the standardized features times ``model``."""
-        features = normalize(self.features["test"], *self._on_device(normalization), dtype=self.dtype)
-        scores = features @ model.to(self.device, self.dtype)
-        return int((scores.argmax(dim=1) == self.labels["test"]).sum()), len(features)
+        mean, std = self._on_device(normalization)
+        features, model = self.features["test"], model.to(self.device, self.dtype)
+        correct = sum(
+            int(((normalize(features[rows], mean, std, self.dtype) @ model).argmax(dim=1) == self.labels["test"][rows]).sum())
+            for rows in row_blocks(len(features))
+        )
+        return correct, len(features)
 
 
 @dataclass

@@ -34,6 +34,13 @@ from fedray.methods.base import gram, spd_solve
 STD_FLOOR = 1e-8
 """Smallest standard deviation a coordinate is divided by (see ``normalization``)."""
 
+ROW_BLOCK = 4096
+"""Rows widened to float64 at a time: 50,000 eNTK features of p = 100,000 are 40 GB in float64 at once."""
+
+
+def row_blocks(count: int) -> list[slice]:
+    return [slice(first, min(first + ROW_BLOCK, count)) for first in range(0, count, ROW_BLOCK)]
+
 
 @dataclass(frozen=True)
 class ClientData:
@@ -61,8 +68,14 @@ class Moments:
 
     @classmethod
     def of(cls, features: torch.Tensor) -> Moments:
-        features = features.to(torch.float64)
-        return cls(len(features), features.sum(dim=0), features.square().sum(dim=0))
+        """The moments of ``features``' rows, accumulated in float64 a block of rows at a time."""
+        sums = torch.zeros(features.shape[1], dtype=torch.float64, device=features.device)
+        squares = torch.zeros_like(sums)
+        for rows in row_blocks(len(features)):
+            block = features[rows].to(torch.float64)
+            sums += block.sum(dim=0)
+            squares += block.square().sum(dim=0)
+        return cls(len(features), sums, squares)
 
     def __add__(self, other: Moments) -> Moments:
         return Moments(self.count + other.count, self.sums + other.sums, self.squares + other.squares)
