@@ -20,10 +20,12 @@ METRICS, CLASSIFIER, CONFIG, MODEL = "metrics.parquet", "classifier.npz", "confi
 class EvalPoint:
     """One row of metrics.parquet (besides the run's configuration columns).
 
-    ``stage`` is ``closed_form`` or ``train`` (a two-stage run has both);
-    ``train_loss`` is the mean cross-entropy of the global model on the
+    ``stage`` is ``closed_form`` or ``train`` (a two-stage run has both),
+    ``calibrated`` (SphereFed's FFC), ``tct_scaffold`` or ``tct_closed_form``
+    (TCT's stage 2); ``train_loss`` is the mean loss of the global model on the
     samples of the clients sampled since the previous row, before their local
-    training (None where no client trained); ``diverged`` marks the row a run stopped at.
+    training (None where no client trained; TCT's stage 2: its squared-loss
+    objective); ``diverged`` marks the row a run stopped at.
     """
 
     round: int

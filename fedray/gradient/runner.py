@@ -120,15 +120,17 @@ def _spherefed(config: RunConfig, pool: ShardPool, evaluator: Evaluator, on_poin
     outcome = _train(config, backend, state, federation.client_sizes, on_point)
     if state.points[-1].diverged:
         return outcome
-    classifier = calibration_stage(config, pool, evaluator, outcome, outcome.params["weight"], outcome.params["bias"], on_point)
+    classifier = calibration_stage(config, pool, evaluator, outcome, on_point, outcome.params["weight"], outcome.params["bias"])
     outcome.arrays = {**classifier.arrays(), "proj_weight": outcome.params["weight"].numpy(),
                       "proj_bias": outcome.params["bias"].numpy(), "fixed_classifier": backend.classifier.numpy()}
     return outcome
 
 
 def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, outcome: TrainingOutcome,
-                      weight: torch.Tensor, bias: torch.Tensor, on_point: Callable[[EvalPoint], None] | None) -> Classifier:
-    """SphereFed's FFC on normalize(P x + q), one round with every client: a ``calibrated`` row; the calibrated classifier."""
+                      on_point: Callable[[EvalPoint], None] | None, weight: torch.Tensor | None = None,
+                      bias: torch.Tensor | None = None) -> Classifier:
+    """SphereFed's FFC on normalize(P x + q) (on normalize(x) without a projection), one round with every client:
+    a ``calibrated`` row; returns the calibrated classifier."""
     start = time.perf_counter()
     classifier, accuracy, method = calibrate(pool, evaluator, config.lam, weight, bias)
     federation = pool.federation
@@ -194,9 +196,8 @@ def finetune(
         saved = _fresh_state(params, accounting, points, backend, federation.num_clients)
     outcome = _train(config, backend, saved, federation.client_sizes, on_point)
     if config.head == "sphere" and not outcome.points[-1].diverged:
-        dim = backend.pool.backbone.dim
-        classifier = on_embeddings(config, backend, outcome.params, lambda pool, evaluator: calibration_stage(
-            config, pool, evaluator, outcome, torch.eye(dim), torch.zeros(dim), on_point))
+        classifier = on_embeddings(config, backend, outcome.params,
+                                   lambda pool, evaluator: calibration_stage(config, pool, evaluator, outcome, on_point))
         outcome.arrays = {**classifier.arrays(), "fixed_classifier": outcome.params["head.weight"].numpy()}
     if config.probe_ridge:
         outcome.ridge_probe_accuracy = on_embeddings(

@@ -1,4 +1,4 @@
-"""SphereFed's calibration after training: FFC on the trained projection's normalized features.
+"""SphereFed's calibration after training: FFC on the trained projection's (or backbone's) normalized features.
 
 Clients send ZᵀZ and ZᵀY once, Z = normalize(P x + q) of their samples; the
 server's ridge solution replaces the fixed classifier. It runs through the same
@@ -38,11 +38,17 @@ class ProjectedCalibration(FastFederatedCalibration):
         return super().statistics_flops(sizes) + 2.0 * sizes * self.dim * self.feature_dim
 
 
-def calibrate(pool: ShardPool, evaluator: Evaluator, lam: float, weight: torch.Tensor, bias: torch.Tensor
-              ) -> tuple[Classifier, float, ProjectedCalibration]:
-    """The calibrated classifier (l × C), its test accuracy and the method (for its traffic and FLOPs)."""
+def calibrate(pool: ShardPool, evaluator: Evaluator, lam: float, weight: torch.Tensor | None = None,
+              bias: torch.Tensor | None = None) -> tuple[Classifier, float, FastFederatedCalibration]:
+    """The calibrated classifier (l × C), its test accuracy and the method (for its traffic and FLOPs).
+
+    FFC on normalize(P x + q) with a trained projection (``weight`` P, ``bias`` q), or on normalize(x) without one.
+    """
     federation = pool.federation
-    method = ProjectedCalibration(federation.dim, federation.num_classes, lam, weight, bias)
+    if weight is None:
+        method = FastFederatedCalibration(federation.dim, federation.num_classes, lam=lam)
+    else:
+        method = ProjectedCalibration(federation.dim, federation.num_classes, lam, weight, bias)
     statistics = ray.get(pool.statistics(ray.put(method), np.arange(federation.num_clients)))
     classifier = method.solve(statistics)
     return classifier, evaluator.accuracy(method, classifier), method
