@@ -58,10 +58,8 @@ class Partial:
     controls: dict[int, Params] = field(default_factory=dict)
 
 
-def combine(a: Partial | None, b: Partial | None) -> Partial | None:
-    """The sum of two trainers' partials (``None``: a trainer without clients this round)."""
-    if a is None or b is None:
-        return b if a is None else a
+def add_partials(a: Partial, b: Partial) -> Partial:
+    """The sum of two trainers' partials."""
     delta = {name: a.delta[name] + b.delta[name] for name in a.delta}
     return Partial(delta, a.weight + b.weight, a.loss_sum + b.loss_sum, a.samples + b.samples, {**a.controls, **b.controls})
 

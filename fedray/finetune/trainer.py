@@ -21,8 +21,8 @@ from fedray.finetune.local import (
     ClientTrainer,
     LocalTraining,
     Partial,
+    add_partials,
     backbone_features,
-    combine,
     count_correct,
     images_entk,
     training_device,
@@ -31,6 +31,7 @@ from fedray.finetune.model import build_model
 from fedray.gradient.backend import Params
 from fedray.images.backbones import Backbone
 from fedray.images.decode import ImageTransform
+from fedray.runtime.shards import combine_partials
 from fedray.tct.entk import EntkSpec
 
 
@@ -89,7 +90,7 @@ class Trainer:
 
     def combine(self, _method: Any, a: Partial | None, b: Partial | None) -> Partial | None:
         """The pairwise step of :func:`~fedray.runtime.shards.tree_reduce` (which passes a method this sum does not need)."""
-        return combine(a, b)
+        return combine_partials(a, b, add_partials)
 
     def correct(self, params: Params) -> tuple[int, int]:
         """(correctly classified, total) over this trainer's test rows."""

@@ -10,7 +10,9 @@ shards × evaluation points, not with clients or rounds.
 
 from __future__ import annotations
 
+import operator
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,9 +95,7 @@ class ShardActor:
         return trainer.train(self._batch(clients), head, round_number, client_state)
 
     def combine(self, method: ClosedFormMethod, a: Any, b: Any) -> Any:
-        if a is None or b is None:
-            return b if a is None else a
-        return method.combine(a, b)
+        return combine_partials(a, b, method.combine)
 
 
 @dataclass
@@ -197,6 +197,13 @@ class ShardPool:
             ray.kill(actor)
         if self.owns_group:
             remove_placement_group(self.group)
+
+
+def combine_partials(a: Any, b: Any, add: Callable[[Any, Any], Any] = operator.add) -> Any:
+    """``add(a, b)``, where None stands for an actor with nothing to add this time (no sampled clients)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return add(a, b)
 
 
 def tree_reduce(method: ray.ObjectRef, partials: list[tuple[ray.ObjectRef, Any]]) -> ray.ObjectRef:

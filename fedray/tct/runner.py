@@ -40,7 +40,7 @@ from fedray.results import EvalPoint
 from fedray.runtime import sampling
 from fedray.runtime.simulation import eval_rounds
 from fedray.tct.entk import EntkSpec, coordinate_index
-from fedray.tct.shards import LocalSolver, Projection, Stage2Pool
+from fedray.tct.shards import LocalSolver, Normalization, Projection, Stage2Pool
 from fedray.tct.stage2 import objective_from_statistics, solve_stage2
 
 
@@ -53,6 +53,7 @@ class Stage2Run:
         self.points, self.accounting, self.on_point = points, accounting, on_point
         self.first_round = points[-1].round
         self.started = time.perf_counter() - points[-1].wall_s
+        self.normalization: Normalization | None = None
 
     def record(self, accounting: Accounting, round_number: int, accuracy: float, stage: str, loss: float | None = None,
                diverged: bool = False) -> None:

@@ -27,7 +27,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from fedray.finetune.local import training_device
 from fedray.runtime.placement import reserve, start_actors
-from fedray.runtime.shards import tree_reduce
+from fedray.runtime.shards import combine_partials, tree_reduce
 from fedray.tct.stage2 import (
     STD_FLOOR,
     Moments,
@@ -90,12 +90,6 @@ class LocalSolver:
     steps: int
     lr: float
     correction: bool = True
-
-
-def _sum(a, b):
-    if a is None or b is None:
-        return b if a is None else a
-    return a + b
 
 
 @ray.remote(max_restarts=0)
@@ -169,7 +163,7 @@ class Stage2Shard:
 
     def combine(self, _method: object, a, b):
         """The pairwise step of :func:`~fedray.runtime.shards.tree_reduce`."""
-        return _sum(a, b)
+        return combine_partials(a, b)
 
     def correct(self, normalization: Normalization, model: torch.Tensor) -> tuple[int, int]:
         """(correctly classified, total) test rows by argmax of the standardized features times ``model``."""
