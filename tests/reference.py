@@ -25,6 +25,22 @@ def ridge(z, labels, num_classes, lam, normalize=True):
     return normalized(w) if normalize else w
 
 
+def ridge_with_bias(z, labels, num_classes, lam, normalize=True):
+    """Fed3R's bias as its authors' code computes it (``fed3r_step``, ``calc_ridge_params``, ``normalize_W`` in
+    Erosinho13/Fed3R ``src/fed3r.py``): A = λI over the d + 1 dimensions of [z, 1], b = Σ [z, 1]ᵀ onehot(y),
+    [W; bias] = A⁻¹b, then W and bias both divided by the norms of W's columns alone."""
+    design = torch.cat([z, torch.ones(len(z), 1, dtype=torch.float64)], 1)
+    a = lam * torch.eye(design.shape[1], dtype=torch.float64) + design.T @ design
+    b = design.T @ torch.nn.functional.one_hot(labels, num_classes).to(torch.float64)
+    solution = torch.linalg.solve(a, b)
+    w, bias = solution[:-1], solution[-1]
+    if not normalize:
+        return w, bias
+    norms = w.norm(dim=0)
+    norms[norms == 0] = 1
+    return w / norms, bias / norms
+
+
 def class_means(z, labels, num_classes):
     means = torch.zeros(num_classes, z.shape[1], dtype=torch.float64)
     for c in range(num_classes):

@@ -18,6 +18,7 @@ from tests.reference import (
     max_relative_difference,
     normalized,
     ridge,
+    ridge_with_bias,
 )
 
 
@@ -40,15 +41,31 @@ def test_fedncm_equals_centralized_class_means(small_inat):
     assert max_relative_difference(weight, expected) <= 1e-12
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_fed3r_equals_centralized_ridge(small_inat, bias):
+def test_fed3r_equals_centralized_ridge(small_inat):
     z, labels, _ = features_and_labels(small_inat)
-    method = Fed3R(small_inat.dim, small_inat.num_classes, lam=0.01, bias=bias)
+    method = Fed3R(small_inat.dim, small_inat.num_classes, lam=0.01)
     classifier = method.solve(per_client_total(method, all_clients_batch(small_inat)))
-    design = torch.cat([z, torch.ones(len(z), 1, dtype=torch.float64)], 1) if bias else z
-    expected = ridge(design, labels, small_inat.num_classes, 0.01)
-    got = torch.cat([classifier.weight, classifier.bias[None]]) if bias else classifier.weight
-    assert max_relative_difference(got, expected) <= 1e-8
+    assert classifier.bias is None
+    assert max_relative_difference(classifier.weight, ridge(z, labels, small_inat.num_classes, 0.01)) <= 1e-8
+
+
+@pytest.mark.parametrize("method_class", [Fed3R, Fed3RRandomFeatures, FastFederatedCalibration])
+def test_ridge_bias_follows_the_fed3r_code(small_inat, method_class):
+    """λ regularizes the bias too; Fed3R (and Fed3R-RF) divide w_c and b_c by ‖w_c‖ alone, FFC normalizes nothing."""
+    options = {"rf_dim": 300, "rf_sigma": 20.0, "seed": 4} if method_class is Fed3RRandomFeatures else {}
+    method = method_class(small_inat.dim, small_inat.num_classes, lam=0.05, bias=True, **options)
+    z, labels, _ = features_and_labels(small_inat)
+    # all clients in one batch: the float32 feature map of a client-sized batch rounds differently (BLAS blocking)
+    classifier = method.solve(method.client_statistics(all_clients_batch(small_inat)))
+    design = method.transform(z.to(torch.float32)).to(torch.float64)  # the client's feature map, in float32 as a client runs it
+    expected_w, expected_b = ridge_with_bias(design, labels, small_inat.num_classes, 0.05,
+                                             normalize=method_class is not FastFederatedCalibration)
+    assert max_relative_difference(classifier.weight, expected_w) <= 1e-8
+    assert max_relative_difference(classifier.bias, expected_b) <= 1e-8
+    if method_class is not FastFederatedCalibration:
+        seen = torch.bincount(labels, minlength=small_inat.num_classes) > 0
+        torch.testing.assert_close(classifier.weight.norm(dim=0)[seen], torch.ones(int(seen.sum()), dtype=torch.float64),
+                                   rtol=0, atol=1e-12)
 
 
 def test_concatenated_clients_give_the_combined_statistics(small_inat):

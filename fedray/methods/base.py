@@ -110,10 +110,15 @@ def gram(x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     return torch.from_numpy(left.numpy().T @ x.numpy())
 
 
+def column_norms(weight: torch.Tensor) -> torch.Tensor:
+    """Each column's norm, 1 for all-zero columns (unseen classes) so that dividing by it leaves them zero."""
+    norms = torch.linalg.vector_norm(weight, dim=0)
+    return torch.where(norms > 0, norms, torch.ones_like(norms))
+
+
 def normalize_columns(weight: torch.Tensor) -> torch.Tensor:
     """Each column divided by its norm; all-zero columns (unseen classes) stay zero."""
-    norms = torch.linalg.vector_norm(weight, dim=0)
-    return weight / torch.where(norms > 0, norms, torch.ones_like(norms))
+    return weight / column_norms(weight)
 
 
 def spd_solve(matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 
 from fedray.data.federation import Federation
 from fedray.errors import FedrayError
-from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, gram, normalize_columns, spd_solve
+from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, column_norms, gram, spd_solve
 
 
 @dataclass
@@ -61,13 +61,22 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
         return RidgeStatistics(a.gram + b.gram, a.targets + b.targets)
 
     def solve(self, stats: RidgeStatistics) -> Classifier:
+        """The ridge solution over the design (features and, with a bias, the ones column: λ regularizes both).
+
+        With a bias, w_c and b_c are both divided by ‖w_c‖ alone, as the Fed3R
+        code does (``normalize_W`` in ``src/fed3r.py``): scores are then the
+        cosine-like w_cᵀz/‖w_c‖ plus a bias on the same scale. Dividing the
+        stacked [w_c; b_c] by its joint norm instead changes every class's
+        scale by a different factor and so the argmax.
+        """
         regularized = stats.gram + self.lam * torch.eye(self.design_dim, dtype=torch.float64)
-        weight = spd_solve(regularized, stats.targets)
+        solution = spd_solve(regularized, stats.targets)
+        weight, bias = (solution[:-1], solution[-1]) if self.bias else (solution, None)
         if self.normalize:
-            weight = normalize_columns(weight)
-        if self.bias:
-            return Classifier(weight[:-1].contiguous(), weight[-1].contiguous())
-        return Classifier(weight)
+            norms = column_norms(weight)
+            weight = weight / norms
+            bias = None if bias is None else bias / norms
+        return Classifier(weight.contiguous(), None if bias is None else bias.contiguous())
 
     def upload_floats(self, federation: Federation) -> np.ndarray:
         p = float(self.design_dim)
