@@ -108,8 +108,8 @@ def test_an_image_folder_is_one_client_until_split(tmp_path):
     names = federation.train.column("class_name").to_pylist()
     assert [f"class_{label:02d}" for label in labels] == names
     assert all(f"/train/{name}/" in path for name, path in zip(names, federation.train.column("image_path").to_pylist()))
-    split = load_federation(f"imagefolder:{root}?split=dirichlet&alpha=0.5&clients=4")
-    assert split.num_clients == 4
+    split = load_federation(f"imagefolder:{root}?split=dirichlet&alpha=0.5&clients=3")  # 18 = 3 × 6: nothing dropped
+    assert split.num_clients == 3 and split.client_sizes.tolist() == [6, 6, 6]
     assert sorted(split.train.column("image_path").to_pylist()) == sorted(federation.train.column("image_path").to_pylist())
 
 

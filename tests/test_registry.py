@@ -42,6 +42,32 @@ def test_dirichlet_resplit_of_a_parquet_file(tmp_path):
     assert classes.client_num_classes.tolist() == [1, 1, 1, 1]
 
 
+FEDCOF_M = {"cifar100": 2870, "cub200": 2353, "cars": 2634}
+"""M of FedCOF's α = 0.1, K = 100 splits (Appendix H). ImageNet-R (3470) is left out: its real per-class counts,
+on which M depends, were not at hand (the stand-in's linear profile gives 3,569 ± 49)."""
+
+
+@pytest.mark.parametrize("dataset", FEDCOF_M)
+def test_dirichlet_reproduces_the_fedcof_papers_m(dataset, capsys):
+    """``fedray data info`` on data shaped like the paper's: its M lies within the spread over split seeds."""
+    ms = []
+    for seed in range(8):
+        assert main(["data", "info", f"synthetic:{dataset}?split=dirichlet&alpha=0.1&clients=100&split_seed={seed}"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["clients_K"] == 100
+        assert info["client_size_quantiles"]["min"] == info["client_size_quantiles"]["max"] == info["train_N"] // 100
+        ms.append(info["client_class_pairs_M"])
+    assert abs(np.mean(ms) - FEDCOF_M[dataset]) <= 3 * np.std(ms, ddof=1), (ms, FEDCOF_M[dataset])
+
+
+def test_dirichlet_per_class_gives_more_pairs_than_the_papers_protocol():
+    papers = load_federation("synthetic:cifar100?split=dirichlet&alpha=0.1&clients=100")
+    per_class = load_federation("synthetic:cifar100?split=dirichlet_per_class&alpha=0.1&clients=100&min_client_size=0")
+    ratio = per_class.client_num_classes.sum() / papers.client_num_classes.sum()
+    assert 1.1 < ratio < 1.4, ratio
+    assert len(set(per_class.client_sizes.tolist())) > 1
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
@@ -49,6 +75,8 @@ def test_dirichlet_resplit_of_a_parquet_file(tmp_path):
         ("synthetic:inat-user-120k?split=dirichlet&clients=5", "needs alpha"),
         ("synthetic:inat-user-120k?split=dirichlet&alpha=0.1", "needs clients"),
         ("synthetic:inat-user-120k?split=zipf&clients=5", "unknown split"),
+        ("synthetic:cifar100?split=dirichlet&alpha=0.1&clients=5&min_client_size=0", "dirichlet_per_class only"),
+        ("synthetic:cifar100?scale=0.5", "dim and seed only"),
         ("synthetic:inat-user-120k?dim=big", "not an integer"),
         ("parquet:/nonexistent.parquet?dim=3", "do not apply"),
         ("csv:whatever", "unknown dataset"),

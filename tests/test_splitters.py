@@ -4,8 +4,9 @@ import pyarrow.compute as pc
 import pytest
 
 from fedray.data.federation import TEST, TRAIN, Federation, split_table
-from fedray.data.splitters import UNASSIGNED, classes_per_client_split, dirichlet_split, resplit
+from fedray.data.splitters import UNASSIGNED, classes_per_client_split, dirichlet_split, hsu_dirichlet_split, resplit
 from fedray.errors import FedrayError
+from scipy import stats
 
 
 def balanced_labels(num_classes: int, per_class: int, seed: int = 0) -> np.ndarray:
@@ -26,7 +27,44 @@ def assert_partition(assignment: np.ndarray, num_samples: int, num_clients: int)
     assert assignment.min() >= 0 and assignment.max() < num_clients
 
 
-# Dirichlet
+# Dirichlet, Hsu et al.'s protocol (split=dirichlet)
+
+
+def test_hsu_dirichlet_gives_equal_clients_and_drops_the_leftovers():
+    labels = balanced_labels(7, 143)  # N = 1001 over K = 10: 100 each, one sample left over
+    assignment = hsu_dirichlet_split(labels, 10, 0.5, seed=3)
+    assert assignment.dtype == np.int64 and assignment.shape == (1001,)
+    assert np.bincount(assignment[assignment != UNASSIGNED], minlength=10).tolist() == [100] * 10
+    assert (assignment == UNASSIGNED).sum() == 1
+    assert np.array_equal(assignment, hsu_dirichlet_split(labels, 10, 0.5, seed=3))
+    assert not np.array_equal(assignment, hsu_dirichlet_split(labels, 10, 0.5, seed=4))
+
+
+def test_hsu_dirichlet_renormalizes_when_a_class_runs_out():
+    """Class 0 has 5 samples, class 1 has 95: once class 0 is used up every later draw is class 1."""
+    labels = np.repeat([0, 1], [5, 95])
+    for seed in range(20):
+        counts = histograms(hsu_dirichlet_split(labels, 10, 1000.0, seed=seed), labels, 10)
+        assert counts.sum(axis=1).tolist() == [10] * 10
+        assert counts.sum(axis=0).tolist() == [5, 95]
+
+
+def test_hsu_dirichlet_client_draws_follow_its_proportions():
+    """With α huge, q_k ≈ uniform: the first client (no class has run out yet) is multinomial(n, uniform)."""
+    labels = balanced_labels(10, 2000)
+    firsts = np.stack([histograms(hsu_dirichlet_split(labels, 10, 1e6, seed=s), labels, 10)[0] for s in range(30)])
+    assert firsts.sum(axis=1).tolist() == [2000] * 30
+    assert stats.chisquare(firsts.sum(axis=0)).pvalue > 1e-3
+
+
+def test_hsu_dirichlet_small_alpha_gives_few_classes_per_client():
+    labels = balanced_labels(10, 100)
+    counts = histograms(hsu_dirichlet_split(labels, 10, 0.01, seed=0), labels, 10)
+    assert counts.sum(axis=1).tolist() == [100] * 10
+    assert (counts > 0).sum(axis=1).mean() <= 2.5
+
+
+# Dirichlet per class (split=dirichlet_per_class)
 
 
 def test_dirichlet_assigns_every_sample_once_deterministically():

@@ -17,7 +17,7 @@ from fedray.gradient.training import Accounting, TrainingState
 from fedray.run import run
 
 SMALL = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
-IID = SMALL + "&seed=3&split=dirichlet&alpha=1000&clients=100"
+IID = SMALL + "&seed=3&split=dirichlet_per_class&alpha=1000&clients=100"  # each class spread evenly: near IID
 COMMON = {"num_shards": 2, "cpus_per_shard": 0.5, "quiet": True}
 
 

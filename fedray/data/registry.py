@@ -7,10 +7,12 @@
                     images=ROOT&layout=walk|gldv2 to locate its images)
   imagefolder:ROOT  ROOT/train/<class>/* and ROOT/test/<class>/* (one client unless re-split)
 
-Any spec also takes ``split=dirichlet&alpha=A&clients=K`` (``min_client_size=0`` accepts
-clients left empty by a very small α; they are dropped) or
-``split=classes&classes_per_client=C&clients=K`` (and ``split_seed``) to re-split
-its training samples among new clients.
+Any spec also takes ``split=dirichlet&alpha=A&clients=K`` (Hsu et al.'s protocol as the
+FedCOF and FedNCM code implements it: equal client sizes ⌊N/K⌋, leftovers dropped),
+``split=dirichlet_per_class&alpha=A&clients=K`` (each class split over the clients by
+Dir(α·1_K); ``min_client_size=0`` accepts clients left empty by a very small α; they are
+dropped) or ``split=classes&classes_per_client=C&clients=K`` (and ``split_seed``) to
+re-split its training samples among new clients.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from fedray.data import synthetic
 from fedray.data.federation import TRAIN, Federation
 from fedray.data.hsu_csv import hsu_test_csv_beside, load_hsu_split
 from fedray.data.parquet import load_parquet
-from fedray.data.splitters import classes_per_client_split, dirichlet_split, resplit
+from fedray.data.splitters import classes_per_client_split, dirichlet_split, hsu_dirichlet_split, resplit
 from fedray.errors import FedrayError
 from fedray.extract.cache import find_entry
 from fedray.images.folder import load_image_folder
@@ -78,7 +80,7 @@ def load_federation(spec: str) -> Federation:
         federation = _load_hsu(spec, target, options)
     if split_options:
         if "split" not in split_options:
-            raise FedrayError(f"dataset {spec!r}: option(s) {', '.join(split_options)} need split=dirichlet|classes")
+            raise FedrayError(f"dataset {spec!r}: option(s) {', '.join(split_options)} need split=dirichlet|dirichlet_per_class|classes")
         federation = _resplit(spec, federation, split_options)
     return federation
 
@@ -117,14 +119,19 @@ def _resplit(spec: str, federation: Federation, options: dict) -> Federation:
         raise FedrayError(f"dataset {spec!r}: split={kind} needs clients=K")
     table = federation.table
     labels = table.filter(pc.equal(table.column("split"), TRAIN)).column("label").to_numpy()
+    if kind in ("dirichlet", "dirichlet_per_class") and "alpha" not in options:
+        raise FedrayError(f"dataset {spec!r}: split={kind} needs alpha=A")
+    if "min_client_size" in options and kind != "dirichlet_per_class":
+        raise FedrayError(f"dataset {spec!r}: min_client_size applies to split=dirichlet_per_class only "
+                          f"(split=dirichlet gives every client ⌊N/K⌋ samples)")
     if kind == "dirichlet":
-        if "alpha" not in options:
-            raise FedrayError(f"dataset {spec!r}: split=dirichlet needs alpha=A")
+        assignment = hsu_dirichlet_split(labels, clients, options["alpha"], seed)
+    elif kind == "dirichlet_per_class":
         assignment = dirichlet_split(labels, clients, options["alpha"], seed, options.get("min_client_size", 1))
     elif kind == "classes":
         if "classes_per_client" not in options:
             raise FedrayError(f"dataset {spec!r}: split=classes needs classes_per_client=C")
         assignment = classes_per_client_split(labels, clients, options["classes_per_client"], seed)
     else:
-        raise FedrayError(f"dataset {spec!r}: unknown split {kind!r}; use dirichlet or classes")
+        raise FedrayError(f"dataset {spec!r}: unknown split {kind!r}; use dirichlet, dirichlet_per_class or classes")
     return resplit(federation, assignment, spec)

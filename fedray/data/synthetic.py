@@ -70,6 +70,39 @@ SPLITS = {
 }
 
 
+@dataclass(frozen=True)
+class LabelledShape:
+    """A centralized labelled dataset of the papers, as one client ("all") to re-split with ``?split=…``.
+
+    ``smallest`` and ``largest`` bound a linear profile of per-class training
+    counts summing to the real training-set size (equal when both are equal).
+    """
+
+    num_classes: int
+    num_train: int
+    num_test: int
+    smallest: int
+    largest: int
+    num_superclasses: int = 10
+
+
+LABELLED = {
+    # exact: 500 training images in each of 100 classes
+    "cifar100": LabelledShape(100, 50_000, 10_000, 500, 500),
+    # real totals and C; per-class counts approximate: a linear profile between the real smallest and largest class
+    "cub200": LabelledShape(200, 5_994, 5_794, 29, 30),
+    "cars": LabelledShape(196, 8_144, 8_041, 24, 68),
+    # 30,000 images, the usual 80/20 split; the real per-class counts (imbalanced) were not at hand
+    "imagenet-r": LabelledShape(200, 24_000, 6_000, 40, 344),
+}
+"""Datasets the FedCOF and FedNCM papers split with Dirichlet(α) over 100 clients (features synthetic)."""
+
+
+def labelled_counts(shape: LabelledShape) -> np.ndarray:
+    """Per-class training counts: a linear profile from ``smallest`` to ``largest`` rescaled to ``num_train``."""
+    return rescale_sizes(np.linspace(shape.smallest, shape.largest, shape.num_classes), shape.num_train)
+
+
 def real_client_sizes(sizes_file: str) -> np.ndarray:
     """The training clients' sizes from a packaged real client-size table."""
     with resources.as_file(resources.files("fedray.data") / "client_sizes" / sizes_file) as path:
@@ -200,8 +233,12 @@ def build(
     shrinks in proportion. ``classes`` uses fewer classes. Both make small
     federations of the real shape, e.g. for tests.
     """
+    if split in LABELLED:
+        if (feature_shift, scale, classes) != (0.0, 1.0, None):
+            raise FedrayError(f"synthetic:{split}: a labelled dataset takes dim and seed only (re-split it with ?split=…)")
+        return _labelled(split, dim, seed)
     if split not in SPLITS:
-        raise FedrayError(f"unknown synthetic split {split!r}; known: {', '.join(SPLITS)}")
+        raise FedrayError(f"unknown synthetic split {split!r}; known: {', '.join([*SPLITS, *LABELLED])}")
     if dim < 1:
         raise FedrayError(f"synthetic:{split}: dim must be ≥ 1, got {dim}")
     if not 0 < scale <= 1:
@@ -256,6 +293,27 @@ def build(
         split=np.repeat(np.array([TRAIN, TEST]), [n_train, n_test]),
     )
     return Federation(name=f"synthetic:{split}", num_classes=pool.num_classes, table=table, source=source)
+
+
+def _labelled(name: str, dim: int, seed: int) -> Federation:
+    """The labelled dataset ``name`` held by one client, ``all`` (as ``imagefolder:`` loads a dataset)."""
+    if dim < 1:
+        raise FedrayError(f"synthetic:{name}: dim must be ≥ 1, got {dim}")
+    shape = LABELLED[name]
+    counts = labelled_counts(shape)
+    pool = Pool(shape.num_classes, shape.num_train, shape.num_test, shape.num_superclasses)
+    train_labels = np.repeat(np.arange(shape.num_classes, dtype=np.int32), counts)
+    test_labels = np.random.default_rng([seed, 15]).permutation(
+        np.repeat(np.arange(shape.num_classes, dtype=np.int32), rescale_sizes(counts, shape.num_test)))
+    source = SyntheticFeatures(pool=pool, dim=dim, seed=seed, train_labels=train_labels, test_labels=test_labels)
+    n_train, n_test = len(train_labels), len(test_labels)
+    table = split_table(
+        client_id=["all"] * n_train + [None] * n_test,
+        sample_id=np.concatenate([np.arange(n_train), np.arange(n_test)]),
+        label=np.concatenate([train_labels, test_labels]),
+        split=np.repeat(np.array([TRAIN, TEST]), [n_train, n_test]),
+    )
+    return Federation(name=f"synthetic:{name}", num_classes=shape.num_classes, table=table, source=source)
 
 
 def _reference(pool: str) -> str:
