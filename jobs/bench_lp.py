@@ -28,7 +28,7 @@ from fedray.data.registry import load_federation
 from fedray.evaluation import Evaluator
 from fedray.gradient.local import LocalSGD, client_rng, minibatches
 from fedray.gradient.probing import ProbeBackend
-from fedray.gradient.server import ServerOptimizer
+from fedray.gradient.server import FedAvg
 from fedray.gradient.training import Accounting, TrainingState, train
 from fedray.methods.base import Classifier
 from fedray.run import init_ray
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         state = TrainingState({"weight": zero.weight.clone(), "bias": zero.bias.clone()}, {}, {},
                               Accounting(np.zeros(federation.num_clients, dtype=bool)))
         started = time.perf_counter()
-        train(backend, ServerOptimizer("fedavg"), state, schedule, federation.client_sizes, len(schedule), quiet=True)
+        train(backend, FedAvg(), state, schedule, federation.client_sizes, len(schedule), quiet=True)
         return state, time.perf_counter() - started
 
     try:

@@ -7,7 +7,7 @@ import torch
 from fedray.evaluation import Evaluator
 from fedray.gradient.local import LocalSGD
 from fedray.gradient.probing import ProbeBackend
-from fedray.gradient.server import ServerOptimizer
+from fedray.gradient.server import FedAvg
 from fedray.gradient.training import Accounting, TrainingState, train
 from fedray.methods.base import Classifier
 from fedray.runtime import sampling
@@ -32,7 +32,7 @@ def test_the_runtime_equals_plain_fedavg(ray_session, small_inat, sgd, shards, s
         backend = ProbeBackend(pool, sgd, 3, Evaluator(small_inat), scaffold=scaffold)
         state = TrainingState({"weight": head.weight.clone(), "bias": head.bias.clone()}, {}, backend.state_dict(),
                               Accounting(np.zeros(small_inat.num_clients, dtype=bool)))
-        train(backend, ServerOptimizer("fedavg"), state, rounds, small_inat.client_sizes, 3, quiet=True)
+        train(backend, FedAvg(), state, rounds, small_inat.client_sizes, 3, quiet=True)
     finally:
         pool.shutdown()
     expected = plain_fedavg(small_inat, rounds, sgd, 3, head, server_lr=1.0, scaffold=scaffold)

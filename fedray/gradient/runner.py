@@ -27,10 +27,11 @@ from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
 from fedray.gradient.local import LocalSGD, random_head
 from fedray.gradient.probing import ProbeBackend
-from fedray.gradient.server import ServerOptimizer
+from fedray.gradient.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.gradient.training import Accounting, Checkpointing, TrainingState, train
 from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.from_config import build_method
+from fedray.options import options_of
 from fedray.results import EvalPoint
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
@@ -57,8 +58,8 @@ def local_sgd(config: RunConfig) -> LocalSGD:
 
 
 def server_optimizer(config: RunConfig) -> ServerOptimizer:
-    return ServerOptimizer(config.algorithm.server, config.server_lr, config.server_momentum,
-                           config.adam_beta1, config.adam_beta2, config.adam_tau)
+    return SERVER_OPTIMIZERS[config.algorithm.server](**{
+        name: getattr(config, name) for name in options_of(SERVER_OPTIMIZERS[config.algorithm.server])})
 
 
 def closed_form_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator,

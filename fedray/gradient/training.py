@@ -133,7 +133,7 @@ def train(
             if finite:
                 for name in backend.statistics_names & mean.keys():
                     params[name] += mean.pop(name)
-                server.step(params, mean)
+                params.update(server.step(params, mean))
             if not finite or not _finite(params):
                 params.update(previous)
                 record(number, float("nan"), diverged=True)
