@@ -94,7 +94,7 @@ def run(
     federation = load_federation(config.dataset)
     method = None if config.trains else build_method(config, federation)
     per_round = config.per_round(federation.num_clients)
-    sampling.check_per_round(federation.num_clients, per_round)
+    sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
     saved = load_checkpoint(Path(config.out), config.to_dict()) if resume else None
     init_ray(address)
     model = None

@@ -224,8 +224,11 @@ def test_command_line_per_round_choice_replaces_the_files(synthetic_run):
         ("lam: null\n", ["option lam must be a number", "None"]),
         ("bias: 1\n", ["option bias must be true or false"]),
         ("dataset: [1, 2]\n", ["option dataset must be a string"]),
+        ("lam: .inf\n", ["option lam must be a finite number", "inf"]),
+        ("gamma: .nan\n", ["option gamma must be a finite number", "nan"]),
+        ("seed: -1\n", ["option seed must be an integer from 0", "-1"]),
     ],
-    ids=["int-word", "int-float", "float-word", "float-null", "bool", "str"],
+    ids=["int-word", "int-float", "float-word", "float-null", "bool", "str", "float-inf", "float-nan", "seed-negative"],
 )
 def test_config_file_values_are_typed(ray_session, tmp_path, capsys, text, needles):
     config = tmp_path / "typed.yaml"
@@ -290,6 +293,17 @@ def test_byo_parquet_gives_the_centralized_ridge(ray_session, tmp_path, capsys, 
     rows = metrics(tmp_path / "out")
     assert rows[-1]["round"] == 3 and rows[-1]["clients_seen"] == 6 and rows[-1]["samples_seen"] == 60
     assert 0 <= rows[-1]["accuracy"] <= 1
+
+
+def test_a_default_per_round_larger_than_the_federation_says_it_was_the_default(ray_session, tmp_path, capsys):
+    path = tmp_path / "six-clients.parquet"
+    pq.write_table(byo_table(), path)
+    out = tmp_path / "out"
+    expect_error(capsys, ["run", "--dataset", f"parquet:{path}", "--out", out, *SMALL_RUN],
+                 "--clients-per-round must be between 1 and the 6 clients", "its default 10", "--participation", out=out)
+    err = expect_error(capsys, ["run", "--dataset", f"parquet:{path}", "--out", out, *SMALL_RUN, "--clients-per-round", "7"],
+                       "--clients-per-round", "6 clients", "got 7", out=out)
+    assert "default" not in err
 
 
 # --- bad input: one line on stderr, exit code 2, nothing written -------------------------------------------
@@ -427,9 +441,19 @@ def test_not_a_parquet_file(ray_session, tmp_path, capsys):
         (["--method", "fedavg", "--prox-mu", "0.1"], ["--prox-mu applies to fedprox only", "fedavg"]),
         (["--method", "fedavg", "--client-lr", "0"], ["--client-lr must be > 0", "0"]),
         (["--method", "scaffold", "--resume"], ["checkpoint.pt", "no checkpoint to resume from"]),
+        (["--lam", "inf"], ["--lam must be a finite number", "inf"]),
+        (["--method", "fedcof", "--gamma", "nan"], ["--gamma must be a finite number", "nan"]),
+        (["--method", "fedavg", "--client-lr", "inf"], ["--client-lr must be a finite number", "inf"]),
+        (["--participation", "nan"], ["--participation must be a finite number", "nan"]),
+        (["--seed", "-1"], ["--seed must be an integer from 0 to 2^63 - 1", "-1"]),
+        (["--seed", str(2**64)], ["--seed must be an integer from 0 to 2^63 - 1", str(2**64)]),
+        (["--method", "fed3r-rf", "--rf-sigma", "0"], ["--rf-sigma must be > 0", "0"]),
+        (["--dataset", SPEC + "&seed=-1"], ["option seed must be an integer from 0", "-1"]),
+        (["--dataset", SPEC + "&scale=nan"], ["option scale must be a finite number", "nan"]),
     ],
     ids=["kind", "split", "option", "lam0", "lam-1", "gamma", "too-many-clients", "zero-clients", "participation",
-         "both", "eval-every", "num-shards", "prox-mu", "client-lr", "resume"],
+         "both", "eval-every", "num-shards", "prox-mu", "client-lr", "resume", "lam-inf", "gamma-nan", "client-lr-inf",
+         "participation-nan", "seed-negative", "seed-too-large", "rf-sigma-0", "dataset-seed", "dataset-nan"],
 )
 def test_bad_option_is_one_line_error(ray_session, tmp_path, capsys, args, needles):
     out = tmp_path / "out"
@@ -528,5 +552,9 @@ def test_coverage_with_replacement(capsys):
 
 
 def test_coverage_bad_input(capsys):
-    expect_error(capsys, ["sampling", "coverage", "--clients", "10", "--per-round", "11"], "--clients-per-round", "11")
+    err = expect_error(capsys, ["sampling", "coverage", "--clients", "10", "--per-round", "11"], "--per-round", "10 clients", "11")
+    assert "--clients-per-round" not in err, "the option as typed for this command"
     expect_error(capsys, ["sampling", "coverage", "--clients", "10", "--per-round", "2", "--trials", "0"], "--trials")
+    expect_error(capsys, ["sampling", "coverage", "--clients", "0", "--per-round", "1"], "--clients must be ≥ 1")
+    expect_error(capsys, ["sampling", "coverage", "--clients", "10", "--per-round", "2", "--seed", "-1"],
+                 "--seed must be an integer from 0", "-1")
