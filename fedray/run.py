@@ -92,6 +92,7 @@ def run(
     if config.finetune and trial_group is not None:
         raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
     federation = load_federation(config.dataset)
+    federation.require_test_rows()
     method = None if config.trains else build_method(config, federation)
     per_round = config.per_round(federation.num_clients)
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)

@@ -389,6 +389,13 @@ def _train_row_without_client(t):
     return with_column(t, "client_id", pa.array(clients, pa.int64())), [f"row {row}", "train row without client_id"]
 
 
+def _stray_huge_label(t):
+    labels = t.column("label").to_numpy().copy()
+    labels[9] = 50_000_000
+    return with_column(t, "label", pa.array(labels)), \
+        ["row 9", "label 50000000", "C = max label + 1 = 50,000,001 classes", f"only {CLASSES + 1} distinct", "fedray.num_classes"]
+
+
 def _bad_split(t):
     splits = t.column("split").to_pylist()
     splits[3] = "validation"
@@ -398,6 +405,7 @@ def _bad_split(t):
 BAD_FILES = {f.__name__[1:]: f for f in (
     _missing_column, _label_float, _features_strings, _features_one_string, _negative_label, _label_out_of_range,
     _bad_num_classes, _nan, _inf, _mixed_lengths, _no_train_rows, _train_row_without_client, _bad_split,
+    _stray_huge_label,
 )}
 
 
@@ -411,6 +419,27 @@ def test_bad_parquet_is_one_line_error(ray_session, tmp_path, capsys, case):
                  path, *needles, out=out)
     # data info reports the same error
     expect_error(capsys, ["data", "info", f"parquet:{path}"], path, *needles)
+
+
+def test_a_large_class_count_is_kept_when_the_metadata_sets_it(tmp_path, capsys):
+    table = byo_table()
+    labels = table.column("label").to_numpy().copy()
+    labels[9] = 200_000
+    path = tmp_path / "declared.parquet"
+    pq.write_table(with_column(table, "label", pa.array(labels)).replace_schema_metadata({b"fedray.num_classes": b"200001"}), path)
+    rc, out, err = cli(capsys, "data", "info", f"parquet:{path}")
+    assert rc == 0, err
+    assert json.loads(out)["classes_C"] == 200_001
+
+
+def test_a_federation_without_test_rows_is_refused_before_the_run(ray_session, tmp_path, capsys):
+    path = tmp_path / "train-only.parquet"
+    pq.write_table(byo_table(num_test=0), path)
+    out = tmp_path / "out"
+    expect_error(capsys, ["run", "--dataset", f"parquet:{path}", "--out", out, *SMALL_RUN, "--clients-per-round", "2"],
+                 path, "no test rows", "nothing to evaluate", out=out)
+    rc, info, err = cli(capsys, "data", "info", f"parquet:{path}")  # inspecting it is fine
+    assert rc == 0 and json.loads(info)["test_N"] == 0, err
 
 
 def test_not_a_parquet_file(ray_session, tmp_path, capsys):
