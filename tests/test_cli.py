@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -488,6 +489,15 @@ def test_bad_option_is_one_line_error(ray_session, tmp_path, capsys, args, needl
     out = tmp_path / "out"
     base = ["run", "--dataset", SPEC, "--out", out, "--cpus-per-shard", "0.5", "--quiet"]
     expect_error(capsys, [*base, *args], *needles, out=out)
+
+
+def test_an_infeasible_dirichlet_split_fails_in_seconds_saying_why(tmp_path, capsys):
+    spec = "synthetic:inat-user-120k?dim=8&scale=0.05&classes=20&split=dirichlet&alpha=0.0001&clients=5000"
+    out = tmp_path / "out"
+    start = time.monotonic()
+    expect_error(capsys, ["run", "--dataset", spec, "--out", out, *SMALL_RUN], "alpha=0.0001", "5000 clients",
+                 "a small alpha gives each class to few clients", "raise alpha", "min_client_size=0", out=out)
+    assert time.monotonic() - start < 30
 
 
 def test_unknown_method_is_a_usage_error(capsys, tmp_path):
