@@ -20,6 +20,7 @@ import yaml
 from fedray.cli import main
 from fedray.config import load_config_file, resolve
 from fedray.data.registry import load_federation
+from tests.local_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
@@ -498,6 +499,27 @@ def test_an_infeasible_dirichlet_split_fails_in_seconds_saying_why(tmp_path, cap
     expect_error(capsys, ["run", "--dataset", spec, "--out", out, *SMALL_RUN], "alpha=0.0001", "5000 clients",
                  "a small alpha gives each class to few clients", "raise alpha", "min_client_size=0", out=out)
     assert time.monotonic() - start < 30
+
+
+def fedray_subprocess(args, env=None, timeout=120):
+    """``python -m fedray ARGS`` in a fresh process (no Ray yet): (exit code, stdout, stderr, seconds)."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "fedray", *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - start
+
+
+@pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS"])
+def test_an_address_where_nothing_listens_fails_in_one_line(tmp_path, how):
+    address = f"127.0.0.1:{free_port()}"
+    out = tmp_path / "out"
+    args = ["run", "--dataset", SPEC, "--out", out, "--quiet"]
+    rc, stdout, err, seconds = fedray_subprocess([*args, "--address", address] if how == "--address" else args,
+                                                 env={"RAY_ADDRESS": address} if how == "RAY_ADDRESS" else None)
+    assert rc == 2, (stdout, err)
+    assert err.startswith(f"fedray: error: {how} {address}: no Ray cluster at {address}") and err.count("\n") == 1, err
+    assert seconds < 60, "Ray alone retries such an address forever"
+    assert nothing_written(out)
 
 
 def test_unknown_method_is_a_usage_error(capsys, tmp_path):
