@@ -11,6 +11,7 @@ from fedray.config import TCT, TCT_SOLVERS, RunConfig, load_config_file, resolve
 from fedray.errors import FedrayError
 from fedray.gradient.algorithms import ALGORITHMS, FINETUNE_MODES, INITS
 from fedray.methods import METHODS
+from fedray.numeric_options import check_numeric_options, command_line
 
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
@@ -183,8 +184,12 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 
 def _cmd_coverage(args: argparse.Namespace) -> None:
-    from fedray.runtime.sampling import coverage
+    from fedray.runtime.sampling import check_per_round, coverage
 
+    check_numeric_options({key: getattr(args, key) for key in ("clients", "per_round", "trials", "seed")}, command_line)
+    if args.clients < 1:
+        raise FedrayError(f"--clients must be ≥ 1, got {args.clients}")
+    check_per_round(args.clients, args.per_round, option="--per-round")
     result = coverage(args.clients, args.per_round, args.replacement, args.trials, args.seed)
     print(f"K={args.clients} κ={args.per_round} {'with' if args.replacement else 'without'} replacement, {args.trials} trials")
     for fraction, (mean, std) in result.items():

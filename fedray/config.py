@@ -11,6 +11,7 @@ import yaml
 from fedray.errors import FedrayError
 from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, FINETUNE_MODES, INITS, Algorithm
 from fedray.methods import METHODS
+from fedray.numeric_options import check_numeric_option, check_numeric_options, command_line
 
 
 TCT = "tct"
@@ -85,6 +86,7 @@ class RunConfig:
         return ALGORITHMS[self.base if self.method == TCT else self.method]
 
     def validate(self) -> "RunConfig":
+        check_numeric_options({f.name: getattr(self, f.name) for f in fields(self)}, command_line)
         if self.method not in METHODS and not self.trains:
             raise FedrayError(f"unknown method {self.method!r}; known: {', '.join([*METHODS, *ALGORITHMS, TCT])}")
         if self.sampling not in (None, "without", "with"):
@@ -107,10 +109,10 @@ class RunConfig:
                     "num_trainers": self.num_trainers, "cpus_per_trainer": self.cpus_per_trainer,
                     "sphere_dim": self.sphere_dim, "entk_dim": self.entk_dim, "entk_chunk": self.entk_chunk,
                     "tct_rounds": self.tct_rounds, "tct_local_steps": self.tct_local_steps, "tct_lr": self.tct_lr,
-                    "tct_projection": self.tct_projection}
+                    "tct_projection": self.tct_projection, "rf_sigma": self.rf_sigma}
         for name, value in positive.items():
             if value is not None and value <= 0:
-                raise FedrayError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+                raise FedrayError(f"{command_line(name)} must be > 0, got {value}")
         if self.finetune is not None and (self.finetune not in FINETUNE_MODES or not self.trains):
             raise FedrayError(f"--finetune takes {', '.join(FINETUNE_MODES)} with a gradient method, got {self.finetune!r} with {self.method}")
         if self.head not in ("linear", "sphere"):
@@ -174,7 +176,13 @@ TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false",
 
 
 def typed_value(path: Path, key: str, value: object) -> object:
-    """A file value as its option's type (YAML reads ``1e-3`` as a string); null only where the option allows it."""
+    """A file value as its option's type (YAML reads ``1e-3`` as a string), finite, a seed ≥ 0; null only where the option allows it."""
+    typed = _as_option_type(path, key, value)
+    check_numeric_option(f"{path}: option {key}", key, typed)
+    return typed
+
+
+def _as_option_type(path: Path, key: str, value: object) -> object:
     kind, _, optional = FIELD_TYPES[key].partition(" | ")
     if value is None:
         if optional:

@@ -21,21 +21,42 @@ from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
 from fedray.results import EvalPoint, config_columns, write_run
 from fedray.runtime import sampling
+from fedray.runtime.address import check_reachable
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
 from fedray.tct.runner import run_tct
+
+
+def _cluster_address(address: str | None) -> tuple[str, str] | None:
+    """The address to join and where it came from (``--address``, else $RAY_ADDRESS); None for an embedded Ray."""
+    if address:
+        return address, "--address"
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    return None
+
+
+def check_address(address: str | None = None) -> None:
+    """Before any work: a one-line error within seconds when the cluster to join does not answer."""
+    given = None if ray.is_initialized() else _cluster_address(address)
+    if given is not None:
+        check_reachable(*given)
 
 
 def init_ray(address: str | None = None) -> None:
     """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray."""
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS")
+    given = _cluster_address(address)
     options = {"log_to_driver": False, "logging_level": logging.WARNING}
-    if address:
-        ray.init(address=address, **options)
-    else:
+    if given is None:
         ray.init(include_dashboard=False, **options)
+        return
+    check_reachable(*given)
+    try:
+        ray.init(address=given[0], **options)
+    except ConnectionError as error:  # e.g. "auto" on a machine without a cluster
+        raise FedrayError(f"{given[1]} {given[0]}: {str(error).splitlines()[0]}") from None
 
 
 def simulate(
@@ -89,12 +110,14 @@ def run(
     A diverged training run is written too; its last row says so.
     """
     config = config.validate().resolved()
+    check_address(address)
     if config.finetune and trial_group is not None:
         raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
     federation = load_federation(config.dataset)
+    federation.require_test_rows()
     method = None if config.trains else build_method(config, federation)
     per_round = config.per_round(federation.num_clients)
-    sampling.check_per_round(federation.num_clients, per_round)
+    sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
     saved = load_checkpoint(Path(config.out), config.to_dict()) if resume else None
     init_ray(address)
     model = None

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import yaml
 from fedray.cli import main
 from fedray.config import load_config_file, resolve
 from fedray.data.registry import load_federation
+from tests.local_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
@@ -224,8 +226,11 @@ def test_command_line_per_round_choice_replaces_the_files(synthetic_run):
         ("lam: null\n", ["option lam must be a number", "None"]),
         ("bias: 1\n", ["option bias must be true or false"]),
         ("dataset: [1, 2]\n", ["option dataset must be a string"]),
+        ("lam: .inf\n", ["option lam must be a finite number", "inf"]),
+        ("gamma: .nan\n", ["option gamma must be a finite number", "nan"]),
+        ("seed: -1\n", ["option seed must be an integer from 0", "-1"]),
     ],
-    ids=["int-word", "int-float", "float-word", "float-null", "bool", "str"],
+    ids=["int-word", "int-float", "float-word", "float-null", "bool", "str", "float-inf", "float-nan", "seed-negative"],
 )
 def test_config_file_values_are_typed(ray_session, tmp_path, capsys, text, needles):
     config = tmp_path / "typed.yaml"
@@ -290,6 +295,17 @@ def test_byo_parquet_gives_the_centralized_ridge(ray_session, tmp_path, capsys, 
     rows = metrics(tmp_path / "out")
     assert rows[-1]["round"] == 3 and rows[-1]["clients_seen"] == 6 and rows[-1]["samples_seen"] == 60
     assert 0 <= rows[-1]["accuracy"] <= 1
+
+
+def test_a_default_per_round_larger_than_the_federation_says_it_was_the_default(ray_session, tmp_path, capsys):
+    path = tmp_path / "six-clients.parquet"
+    pq.write_table(byo_table(), path)
+    out = tmp_path / "out"
+    expect_error(capsys, ["run", "--dataset", f"parquet:{path}", "--out", out, *SMALL_RUN],
+                 "--clients-per-round must be between 1 and the 6 clients", "its default 10", "--participation", out=out)
+    err = expect_error(capsys, ["run", "--dataset", f"parquet:{path}", "--out", out, *SMALL_RUN, "--clients-per-round", "7"],
+                       "--clients-per-round", "6 clients", "got 7", out=out)
+    assert "default" not in err
 
 
 # --- bad input: one line on stderr, exit code 2, nothing written -------------------------------------------
@@ -375,6 +391,13 @@ def _train_row_without_client(t):
     return with_column(t, "client_id", pa.array(clients, pa.int64())), [f"row {row}", "train row without client_id"]
 
 
+def _stray_huge_label(t):
+    labels = t.column("label").to_numpy().copy()
+    labels[9] = 50_000_000
+    return with_column(t, "label", pa.array(labels)), \
+        ["row 9", "label 50000000", "C = max label + 1 = 50,000,001 classes", f"only {CLASSES + 1} distinct", "fedray.num_classes"]
+
+
 def _bad_split(t):
     splits = t.column("split").to_pylist()
     splits[3] = "validation"
@@ -384,6 +407,7 @@ def _bad_split(t):
 BAD_FILES = {f.__name__[1:]: f for f in (
     _missing_column, _label_float, _features_strings, _features_one_string, _negative_label, _label_out_of_range,
     _bad_num_classes, _nan, _inf, _mixed_lengths, _no_train_rows, _train_row_without_client, _bad_split,
+    _stray_huge_label,
 )}
 
 
@@ -397,6 +421,27 @@ def test_bad_parquet_is_one_line_error(ray_session, tmp_path, capsys, case):
                  path, *needles, out=out)
     # data info reports the same error
     expect_error(capsys, ["data", "info", f"parquet:{path}"], path, *needles)
+
+
+def test_a_large_class_count_is_kept_when_the_metadata_sets_it(tmp_path, capsys):
+    table = byo_table()
+    labels = table.column("label").to_numpy().copy()
+    labels[9] = 200_000
+    path = tmp_path / "declared.parquet"
+    pq.write_table(with_column(table, "label", pa.array(labels)).replace_schema_metadata({b"fedray.num_classes": b"200001"}), path)
+    rc, out, err = cli(capsys, "data", "info", f"parquet:{path}")
+    assert rc == 0, err
+    assert json.loads(out)["classes_C"] == 200_001
+
+
+def test_a_federation_without_test_rows_is_refused_before_the_run(ray_session, tmp_path, capsys):
+    path = tmp_path / "train-only.parquet"
+    pq.write_table(byo_table(num_test=0), path)
+    out = tmp_path / "out"
+    expect_error(capsys, ["run", "--dataset", f"parquet:{path}", "--out", out, *SMALL_RUN, "--clients-per-round", "2"],
+                 path, "no test rows", "nothing to evaluate", out=out)
+    rc, info, err = cli(capsys, "data", "info", f"parquet:{path}")  # inspecting it is fine
+    assert rc == 0 and json.loads(info)["test_N"] == 0, err
 
 
 def test_not_a_parquet_file(ray_session, tmp_path, capsys):
@@ -427,14 +472,54 @@ def test_not_a_parquet_file(ray_session, tmp_path, capsys):
         (["--method", "fedavg", "--prox-mu", "0.1"], ["--prox-mu applies to fedprox only", "fedavg"]),
         (["--method", "fedavg", "--client-lr", "0"], ["--client-lr must be > 0", "0"]),
         (["--method", "scaffold", "--resume"], ["checkpoint.pt", "no checkpoint to resume from"]),
+        (["--lam", "inf"], ["--lam must be a finite number", "inf"]),
+        (["--method", "fedcof", "--gamma", "nan"], ["--gamma must be a finite number", "nan"]),
+        (["--method", "fedavg", "--client-lr", "inf"], ["--client-lr must be a finite number", "inf"]),
+        (["--participation", "nan"], ["--participation must be a finite number", "nan"]),
+        (["--seed", "-1"], ["--seed must be an integer from 0 to 2^63 - 1", "-1"]),
+        (["--seed", str(2**64)], ["--seed must be an integer from 0 to 2^63 - 1", str(2**64)]),
+        (["--method", "fed3r-rf", "--rf-sigma", "0"], ["--rf-sigma must be > 0", "0"]),
+        (["--dataset", SPEC + "&seed=-1"], ["option seed must be an integer from 0", "-1"]),
+        (["--dataset", SPEC + "&scale=nan"], ["option scale must be a finite number", "nan"]),
     ],
     ids=["kind", "split", "option", "lam0", "lam-1", "gamma", "too-many-clients", "zero-clients", "participation",
-         "both", "eval-every", "num-shards", "prox-mu", "client-lr", "resume"],
+         "both", "eval-every", "num-shards", "prox-mu", "client-lr", "resume", "lam-inf", "gamma-nan", "client-lr-inf",
+         "participation-nan", "seed-negative", "seed-too-large", "rf-sigma-0", "dataset-seed", "dataset-nan"],
 )
 def test_bad_option_is_one_line_error(ray_session, tmp_path, capsys, args, needles):
     out = tmp_path / "out"
     base = ["run", "--dataset", SPEC, "--out", out, "--cpus-per-shard", "0.5", "--quiet"]
     expect_error(capsys, [*base, *args], *needles, out=out)
+
+
+def test_an_infeasible_dirichlet_split_fails_in_seconds_saying_why(tmp_path, capsys):
+    spec = "synthetic:inat-user-120k?dim=8&scale=0.05&classes=20&split=dirichlet&alpha=0.0001&clients=5000"
+    out = tmp_path / "out"
+    start = time.monotonic()
+    expect_error(capsys, ["run", "--dataset", spec, "--out", out, *SMALL_RUN], "alpha=0.0001", "5000 clients",
+                 "a small alpha gives each class to few clients", "raise alpha", "min_client_size=0", out=out)
+    assert time.monotonic() - start < 30
+
+
+def fedray_subprocess(args, env=None, timeout=120):
+    """``python -m fedray ARGS`` in a fresh process (no Ray yet): (exit code, stdout, stderr, seconds)."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "fedray", *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - start
+
+
+@pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS"])
+def test_an_address_where_nothing_listens_fails_in_one_line(tmp_path, how):
+    address = f"127.0.0.1:{free_port()}"
+    out = tmp_path / "out"
+    args = ["run", "--dataset", SPEC, "--out", out, "--quiet"]
+    rc, stdout, err, seconds = fedray_subprocess([*args, "--address", address] if how == "--address" else args,
+                                                 env={"RAY_ADDRESS": address} if how == "RAY_ADDRESS" else None)
+    assert rc == 2, (stdout, err)
+    assert err.startswith(f"fedray: error: {how} {address}: no Ray cluster at {address}") and err.count("\n") == 1, err
+    assert seconds < 60, "Ray alone retries such an address forever"
+    assert nothing_written(out)
 
 
 def test_unknown_method_is_a_usage_error(capsys, tmp_path):
@@ -528,5 +613,9 @@ def test_coverage_with_replacement(capsys):
 
 
 def test_coverage_bad_input(capsys):
-    expect_error(capsys, ["sampling", "coverage", "--clients", "10", "--per-round", "11"], "--clients-per-round", "11")
+    err = expect_error(capsys, ["sampling", "coverage", "--clients", "10", "--per-round", "11"], "--per-round", "10 clients", "11")
+    assert "--clients-per-round" not in err, "the option as typed for this command"
     expect_error(capsys, ["sampling", "coverage", "--clients", "10", "--per-round", "2", "--trials", "0"], "--trials")
+    expect_error(capsys, ["sampling", "coverage", "--clients", "0", "--per-round", "1"], "--clients must be ≥ 1")
+    expect_error(capsys, ["sampling", "coverage", "--clients", "10", "--per-round", "2", "--seed", "-1"],
+                 "--seed must be an integer from 0", "-1")

@@ -164,6 +164,8 @@ def test_bad_extraction_requests_fail_before_any_work(tmp_path, folder, weights_
         (config(f"imagefolder:{folder}", tmp_path / "c", weights_file, on_bad_image="ignore"), "--on-bad-image"),
         (config(f"imagefolder:{folder}", tmp_path / "c", weights_file, precision="fp8"), "--precision"),
         (config(f"imagefolder:{folder}", tmp_path / "c", weights_file, batch_size=0), "--batch-size"),
+        (config(f"imagefolder:{folder}", tmp_path / "c", weights_file, cpus_per_worker=float("inf")), "--cpus-per-worker must be a finite number"),
+        (config(f"imagefolder:{folder}", tmp_path / "c", weights_file, seed=-1), "--seed must be an integer from 0"),
         (ExtractConfig(f"imagefolder:{folder}", backbone="vit_b_16", weights="random", image_size=64, out=str(tmp_path / "c")), "224-pixel"),
         (ExtractConfig(f"imagefolder:{folder}", backbone="alexnet", out=str(tmp_path / "c")), "unknown backbone"),
     ]

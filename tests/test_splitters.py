@@ -1,10 +1,13 @@
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from fedray.data import splitters
 from fedray.data.federation import TEST, TRAIN, Federation, split_table
-from fedray.data.splitters import UNASSIGNED, classes_per_client_split, dirichlet_split, hsu_dirichlet_split, resplit
+from fedray.data.splitters import PROBE_DRAWS, UNASSIGNED, classes_per_client_split, dirichlet_split, hsu_dirichlet_split, resplit
 from fedray.errors import FedrayError
 from scipy import stats
 
@@ -264,3 +267,33 @@ def test_resplit_of_classes_per_client_split_holds_those_classes():
 def test_resplit_rejects_a_bad_assignment(assignment):
     with pytest.raises(FedrayError):
         resplit(small_federation(), assignment, name="bad")
+
+
+def test_an_infeasible_split_is_refused_after_a_few_draws_saying_why():
+    labels = balanced_labels(20, 400)  # 8000 samples of 20 classes: α = 0.0001 gives each class to about one client
+    start = time.monotonic()
+    with pytest.raises(FedrayError) as error:
+        dirichlet_split(labels, 5000, 0.0001, seed=0)
+    assert time.monotonic() - start < 10, "not a thousand draws"
+    message = str(error.value)
+    for needle in ("alpha=0.0001", "8000 samples of 20 classes", "5000 clients", f"first {PROBE_DRAWS} draws",
+                   "raise alpha", "min_client_size=0"):
+        assert needle in message, (needle, message)
+    assert len(np.unique(dirichlet_split(labels, 5000, 0.0001, seed=0, min_client_size=0))) < 500  # most clients empty
+
+
+def test_the_draws_are_bounded_by_time(monkeypatch):
+    labels = balanced_labels(2, 10)  # 8 of 10 clients short in every draw: below the early refusal, never feasible
+    monkeypatch.setattr(splitters, "DIRICHLET_TIME_LIMIT_S", 0.0)
+    with pytest.raises(FedrayError, match=r"no Dirichlet split in 1 attempts \(0 s\)"):
+        dirichlet_split(labels, 10, 0.001, seed=0, min_client_size=2)
+
+
+def test_a_hard_but_feasible_split_is_not_refused_early(monkeypatch):
+    draws = []
+    draw = splitters._dirichlet_draw
+    monkeypatch.setattr(splitters, "_dirichlet_draw", lambda *args: draws.append(1) or draw(*args))
+    labels = balanced_labels(10, 100)
+    assignment = dirichlet_split(labels, 20, 0.1, seed=0, min_client_size=20)  # 3 to 8 clients short per early draw
+    assert np.bincount(assignment, minlength=20).min() >= 20
+    assert len(draws) > 10 * PROBE_DRAWS

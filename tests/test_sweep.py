@@ -107,6 +107,13 @@ driver_cpus: 0.5
     ("name: x y\n", "name must be a word"),
     ("name: x\nshards: 2\n", "unknown key"),
     ("name: x\nshards_per_trial: 0\n", "shards_per_trial must be an integer ≥ 1"),
+    ("name: x\nbase: {lam: .inf}\n", "option lam must be a finite number"),
+    ("name: x\ngrid: {gamma: [0.1, .nan]}\n", "option gamma must be a finite number"),
+    ("name: x\ngrid: {seed: [0, -1]}\n", "option seed must be an integer from 0"),
+    ("name: x\nrandom: {lam: {uniform: [0.1, .inf]}}\n", "option lam must be a finite number"),
+    ("name: x\ngrid: {dataset.alpha: [0.1, .nan]}\n", "dataset.alpha must be a finite number"),
+    ("name: x\ngrid: {dataset.split_seed: [-3]}\n", "dataset.split_seed must be an integer from 0"),
+    ("name: x\ncpus_per_shard: .nan\n", "cpus_per_shard must be a finite number"),
     ("- name\n- x\n", "a sweep file is a mapping"),
     ("name: [x\n", "not valid YAML"),
 ])

@@ -73,6 +73,11 @@ class Federation:
             raise FedrayError(f"{self.name}: a split table without features (nothing to run on or export)")
         return self.source
 
+    def require_test_rows(self) -> None:
+        """A run evaluates on the test rows: without any, its accuracy would be NaN at every point."""
+        if self.test.num_rows == 0:
+            raise FedrayError(f"{self.name}: no test rows (split 'test'): nothing to evaluate a classifier on; add test rows")
+
     @property
     def dim(self) -> int:
         return self.require_features().dim

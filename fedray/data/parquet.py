@@ -5,7 +5,9 @@ Schema (one row per sample):
   split      string, "train" or "test"
   label      integer ≥ 0
   features   list<float32> or fixed_size_list<float32>[d], the same length d in every row
-The optional schema metadata key ``fedray.num_classes`` fixes C (else max label + 1).
+The optional schema metadata key ``fedray.num_classes`` fixes C (else max label + 1, refused when
+that is over 100,000 and over 10 × the distinct labels present: a stray label would size every
+class statistic and the classifier).
 Several files (a feature cache's parts) are read as one table, in the order given.
 """
 
@@ -26,6 +28,9 @@ from fedray.errors import FedrayError
 REQUIRED = ("client_id", "split", "label", "features")
 NUM_CLASSES_KEY = b"fedray.num_classes"
 VALIDATE_ROWS = 65_536
+LARGE_IMPLICIT_CLASSES = 100_000
+SPARSE_LABELS_FACTOR = 10
+"""C = max label + 1 is refused when above both: a class count only metadata may set."""
 
 
 def feature_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -74,6 +79,20 @@ def _check_features(path: Path, column: pa.ChunkedArray) -> int:
         if bad.any():
             raise FedrayError(f"{path}: NaN or inf in the features of row {start + int(np.argmax(bad))}")
     return dim
+
+
+def _check_implicit_class_count(path: Path, labels: np.ndarray) -> None:
+    """Refuse C = max label + 1 far beyond the labels present (one label of 50,000,000 made shards of 17 GB)."""
+    num_classes = int(labels.max()) + 1
+    if num_classes <= LARGE_IMPLICIT_CLASSES:
+        return
+    present = len(np.unique(labels))
+    if num_classes > SPARSE_LABELS_FACTOR * present:
+        raise FedrayError(
+            f"{path}: row {int(np.argmax(labels))}: label {num_classes - 1} makes C = max label + 1 = {num_classes:,} classes "
+            f"but only {present:,} distinct labels are present; relabel them 0..{present - 1}, or set the schema "
+            f"metadata {NUM_CLASSES_KEY.decode()} to keep this C"
+        )
 
 
 def read_files(paths: list[str], columns: list[str] | None = None) -> pa.Table:
@@ -127,6 +146,8 @@ def load_parquet(path: str | Path, parts: list[Path] | None = None, name: str | 
         raise FedrayError(f"{path}: schema metadata fedray.num_classes must be an integer, got {metadata[NUM_CLASSES_KEY]!r}") from None
     if labels.max() >= num_classes:
         raise FedrayError(f"{path}: row {int(np.argmax(labels))}: label {labels.max()} out of range for {num_classes} classes")
+    if NUM_CLASSES_KEY not in metadata:
+        _check_implicit_class_count(path, labels)
     client_ids = pc.if_else(pa.array(is_train), client.cast(pa.string()), pa.scalar(None, pa.string()))
     rows = split_table(client_ids, np.arange(table.num_rows), labels, split)
     return Federation(name or f"parquet:{path}", num_classes, rows, ParquetFeatures(files, dim))

@@ -32,6 +32,7 @@ from fedray.errors import FedrayError
 from fedray.extract.cache import find_entry
 from fedray.images.folder import load_image_folder
 from fedray.images.index import resolve_paths
+from fedray.numeric_options import check_numeric_option
 
 KINDS = ("synthetic", "parquet", "features", "hsu", "imagefolder")
 OPTION_TYPES: dict[str, type] = {
@@ -58,6 +59,7 @@ def parse_spec(spec: str) -> tuple[str, str, dict[str, object]]:
         except ValueError:
             kind = "an integer" if OPTION_TYPES[key] is int else "a number"
             raise FedrayError(f"dataset {spec!r}: option {key}={value!r} is not {kind}") from None
+        check_numeric_option(f"dataset {spec!r}: option {key}", key, options[key])
     return kind, target, options
 
 

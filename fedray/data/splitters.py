@@ -7,6 +7,8 @@ into a new :class:`Federation` over the same samples.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,6 +17,17 @@ from fedray.data.federation import TRAIN, Federation
 from fedray.errors import FedrayError
 
 MAX_DIRICHLET_ATTEMPTS = 1000
+DIRICHLET_TIME_LIMIT_S = 60.0
+"""Draws stop at whichever comes first: a large split takes about a second per draw."""
+PROBE_DRAWS = 5
+HOPELESS_SHORT = 10
+"""After PROBE_DRAWS draws that each left ≥ HOPELESS_SHORT clients short, the split is refused as infeasible.
+
+If the number of clients left short were Poisson with a mean λ small enough
+for a draw to succeed once in 1000 (λ ≤ 7), five draws in a row would all
+leave ten or more short with probability below 10⁻³; at λ ≥ 10 a draw succeeds
+less than once in 20,000.
+"""
 UNASSIGNED = -1
 """Assignment of a sample no client holds (#C protocol with fewer slots than classes)."""
 
@@ -29,10 +42,13 @@ def dirichlet_split(
     CIFAR-100-shaped data about 25% more (client, class) pairs.
 
     The whole split is redrawn (from the same generator) until every client has
-    at least ``min_client_size`` samples. Small ``alpha`` gives each class to
-    few clients; large ``alpha`` gives nearly IID clients. With very small
-    ``alpha`` and more clients than classes, many clients get no sample at all:
-    pass ``min_client_size=0`` to accept that.
+    at least ``min_client_size`` samples, for at most :data:`MAX_DIRICHLET_ATTEMPTS`
+    draws or :data:`DIRICHLET_TIME_LIMIT_S` seconds; when the first
+    :data:`PROBE_DRAWS` draws all leave many clients short, it stops there and
+    says so. Small ``alpha`` gives each class to few clients; large ``alpha``
+    gives nearly IID clients. With very small ``alpha`` and more clients than
+    classes, many clients get no sample at all: pass ``min_client_size=0`` to
+    accept that.
     """
     codes = _class_codes(labels)
     num_samples = len(codes)
@@ -45,13 +61,27 @@ def dirichlet_split(
         )
     rng = np.random.default_rng(seed)
     by_class = _samples_by_class(codes)
-    for _ in range(MAX_DIRICHLET_ATTEMPTS):
+    start = time.monotonic()
+    fewest_short = num_clients
+    for attempt in range(1, MAX_DIRICHLET_ATTEMPTS + 1):
         assignment = _dirichlet_draw(by_class, num_samples, num_clients, alpha, rng)
-        if np.bincount(assignment, minlength=num_clients).min() >= min_client_size:
+        short = int((np.bincount(assignment, minlength=num_clients) < min_client_size).sum())
+        if short == 0:
             return assignment
+        fewest_short = min(fewest_short, short)
+        if attempt == PROBE_DRAWS and fewest_short >= HOPELESS_SHORT:
+            raise FedrayError(
+                f"alpha={alpha}: no Dirichlet split of {num_samples} samples of {len(by_class)} classes is likely to give "
+                f"every one of {num_clients} clients ≥ {min_client_size} samples: each of the first {attempt} draws left "
+                f"at least {fewest_short} short (a small alpha gives each class to few clients); raise alpha, lower "
+                f"clients, or set min_client_size=0 to drop the empty clients"
+            )
+        if time.monotonic() - start > DIRICHLET_TIME_LIMIT_S:
+            break
     raise FedrayError(
-        f"alpha={alpha}: no Dirichlet split in {MAX_DIRICHLET_ATTEMPTS} attempts gives every one of "
-        f"{num_clients} clients ≥ {min_client_size} samples; lower min_client_size or num_clients, or raise alpha"
+        f"alpha={alpha}: no Dirichlet split in {attempt} attempts ({time.monotonic() - start:.0f} s) "
+        f"gives every one of {num_clients} clients ≥ {min_client_size} samples (the best left {fewest_short} short); "
+        f"lower min_client_size or num_clients, or raise alpha"
     )
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from fedray.errors import FedrayError
+from fedray.numeric_options import check_numeric_options, command_line
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEVICES = ("auto", "cuda", "cpu")
@@ -32,6 +33,7 @@ class ExtractConfig:
 
     def validate(self) -> "ExtractConfig":
         """Every option checked before anything is loaded or written."""
+        check_numeric_options({f.name: getattr(self, f.name) for f in fields(self)}, command_line)
         for option, value, allowed in (
             ("--precision", self.precision, PRECISIONS),
             ("--device", self.device, DEVICES),

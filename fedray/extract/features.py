@@ -25,7 +25,7 @@ from fedray.extract.config import ExtractConfig
 from fedray.extract.pool import ExtractionPool
 from fedray.images.backbones import get_backbone, load_weights
 from fedray.images.decode import ImageTransform
-from fedray.run import init_ray
+from fedray.run import check_address, init_ray
 
 CACHE_FORMAT = 1
 
@@ -46,6 +46,7 @@ class ExtractReport:
 
 def extract(config: ExtractConfig, address: str | None = None) -> ExtractReport:
     config.validate()
+    check_address(address)
     backbone = get_backbone(config.backbone)
     transform = ImageTransform(config.image_size, config.resize, config.grayscale)
     if backbone.fixed_size is not None and transform.size != backbone.fixed_size:

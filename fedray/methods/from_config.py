@@ -17,7 +17,7 @@ def build_method(config: RunConfig, federation: Federation) -> ClosedFormMethod:
         "fedncm": {},
         "fed3r": common,
         "ffc": common,
-        "fed3r-rf": {**common, "rf_dim": config.rf_dim, "rf_sigma": config.rf_sigma or math.sqrt(dim), "seed": config.seed},
+        "fed3r-rf": {**common, "rf_dim": config.rf_dim, "rf_sigma": math.sqrt(dim) if config.rf_sigma is None else config.rf_sigma, "seed": config.seed},
         "fedcof": {"gamma": config.gamma, "means_per_class": config.means_per_class, "seed": config.seed},
         "fedcof-oracle": {"gamma": config.gamma, "seed": config.seed},
     }[config.method]

@@ -15,9 +15,11 @@ from fedray.errors import FedrayError
 CHUNK_ROUNDS = 1024
 
 
-def check_per_round(num_clients: int, per_round: int) -> None:
+def check_per_round(num_clients: int, per_round: int, option: str = "--clients-per-round", default: bool = False) -> None:
+    """κ is 1..K; ``option`` is how the user gave κ, ``default`` says they did not (κ = 10 on a smaller federation)."""
     if not 1 <= per_round <= num_clients:
-        raise FedrayError(f"--clients-per-round must be between 1 and the {num_clients} clients, got {per_round}")
+        got = f"its default {per_round} (give {option} or --participation)" if default else str(per_round)
+        raise FedrayError(f"{option} must be between 1 and the {num_clients} clients, got {got}")
 
 
 def distinct_draws(rng: np.random.Generator, num_clients: int, per_round: int, num_rounds: int) -> np.ndarray:

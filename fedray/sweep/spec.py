@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode
 from fedray.config import FIELDS, read_yaml_mapping, typed_value
 from fedray.data.registry import OPTION_TYPES, canonical_spec
 from fedray.errors import FedrayError
+from fedray.numeric_options import check_numeric_option
 
 RESOURCE_OPTIONS = ("out", "quiet", "num_shards", "cpus_per_shard")
 DATASET_PREFIX = "dataset."
@@ -82,6 +83,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     for key, value in (("cpus_per_shard", spec.cpus_per_shard), ("driver_cpus", spec.driver_cpus)):
         if not isinstance(value, (int, float)) or value <= 0:
             raise FedrayError(f"{path}: {key} must be a number > 0, got {value!r}")
+        check_numeric_option(f"{path}: {key}", key, value)
     return spec
 
 
@@ -93,9 +95,11 @@ def _typed(path: Path, key: str, value: object) -> object:
     try:
         if isinstance(value, bool) or isinstance(value, (dict, list)):
             raise ValueError
-        return kind(value)
+        typed = kind(value)
     except ValueError:
         raise FedrayError(f"{path}: {key} must be {'a string' if kind is str else 'a number'}, got {value!r}") from None
+    check_numeric_option(f"{path}: {key}", key[len(DATASET_PREFIX):], typed)
+    return typed
 
 
 def with_dataset_options(dataset: str, params: dict) -> str:
