@@ -19,7 +19,11 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
                                  description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
                                  "Gradient methods train a softmax head on the features (linear probing).")
     parser.add_argument("--config", help="YAML file with any of the options below (command line wins)")
-    parser.add_argument("--method", choices=sorted([*METHODS, *ALGORITHMS, TCT]), help=f"default {RunConfig.method}")
+    parser.add_argument("--method", metavar="METHOD",
+                        help=f"{', '.join(sorted([*METHODS, *ALGORITHMS, TCT]))}, or your own closed-form method as "
+                        f"module:Class or path/to/file.py:Class (default {RunConfig.method}; see fedray methods)")
+    parser.add_argument("--option", action="append", metavar="KEY=VALUE",
+                        help="an option of a plugin method or server optimizer (repeatable; see fedray methods)")
     parser.add_argument("--dataset", help="synthetic:NAME, parquet:PATH, features:CACHE, hsu:CSV or imagefolder:ROOT, with ?options")
     parser.add_argument("--out", help="output folder (default results/run)")
     parser.add_argument("--clients-per-round", type=int, help="κ clients per round (default 10)")
@@ -41,6 +45,9 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
     training.add_argument("--weight-decay", type=float, help="client SGD weight decay (default 4e-5)")
     training.add_argument("--batch-size", type=int, help="client mini-batch size (default 50)")
     training.add_argument("--local-epochs", type=int, help="local epochs per round (default 5)")
+    training.add_argument("--server-optimizer", metavar="OPTIMIZER",
+                          help="fedavg, fedavgm, fedadam, or your own as module:Class or path/to/file.py:Class "
+                          "(default: the method's own)")
     training.add_argument("--server-lr", type=float, help="server learning rate (default 1; fedadam 0.01)")
     training.add_argument("--server-momentum", type=float, help="fedavgm server momentum (default 0.9)")
     training.add_argument("--adam-beta1", type=float, help="fedadam β₁ (default 0.9)")
@@ -84,10 +91,11 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    from fedray.run import run
+    from fedray.engine import run
 
     file_values = load_config_file(args.config) if args.config else {}
-    cli_values = {k: v for k, v in vars(args).items() if k not in ("config", "address", "handler", "command", "resume")}
+    cli_values = {k: v for k, v in vars(args).items() if k not in ("config", "address", "handler", "command", "resume", "option")}
+    cli_values["options"] = parse_options(args.option or [])
     config = resolve(file_values, cli_values)
     rows = run(config, address=args.address, resume=args.resume)
     last = rows[-1]
@@ -96,6 +104,23 @@ def _cmd_run(args: argparse.Namespace) -> None:
                           f"rows up to there are in {config.out}")
     print(f"{config.method} on {config.dataset}: accuracy {last['accuracy']:.4f} ({last['stage']}) after {last['round']} rounds, "
           f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
+
+
+def parse_options(pairs: list[str]) -> dict[str, str]:
+    """``--option key=value`` pairs as a mapping (values are typed by the option they set, when the run is checked)."""
+    options = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise FedrayError(f"--option takes key=value, got {pair!r}")
+        options[key.strip().replace("-", "_")] = value
+    return options
+
+
+def _cmd_methods(args: argparse.Namespace) -> None:
+    from fedray.catalogue import catalogue
+
+    print(catalogue())
 
 
 def _extract_parser(commands: argparse._SubParsersAction) -> None:
@@ -202,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(commands)
     _extract_parser(commands)
     _sweep_parser(commands)
+    methods = commands.add_parser("methods", help="list the built-in methods and server optimizers with their options",
+                                  description="Every built-in closed-form method, gradient method and server optimizer, "
+                                  "with its options (type = default). Your own: --method / --server-optimizer "
+                                  "module:Class or path/to/file.py:Class, options with --option key=value.")
+    methods.set_defaults(handler=_cmd_methods)
 
     data = commands.add_parser("data", help="inspect or export federations").add_subparsers(dest="data_command", required=True)
     info = data.add_parser("info", help="print K, C, N, N_test, M and client-size quantiles")

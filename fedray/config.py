@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
 
 from fedray.errors import FedrayError
 from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, FINETUNE_MODES, INITS, Algorithm
-from fedray.methods import METHODS
+from fedray.gradient.server import SERVER_OPTIMIZERS, ServerOptimizer
+from fedray.methods import METHODS, method_class
 from fedray.numeric_options import check_numeric_option, check_numeric_options, command_line
+from fedray.options import options_of
+from fedray.plugins import canonical, is_plugin, load_class
 
 
 TCT = "tct"
@@ -74,6 +77,9 @@ class RunConfig:
     num_shards: int | None = None
     cpus_per_shard: float = 1.0
     quiet: bool = False
+    server_optimizer: str | None = None
+    options: dict = field(default_factory=dict)
+    """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
 
     @property
     def trains(self) -> bool:
@@ -85,10 +91,25 @@ class RunConfig:
         """The gradient algorithm that trains: ``--method``, or TCT's stage-1 ``--base``."""
         return ALGORITHMS[self.base if self.method == TCT else self.method]
 
+    def plugins(self) -> list[type]:
+        """The run's classes named by ``module:Class`` or ``file.py:Class``: their options go in ``options``."""
+        named = [(self.method, method_class)]
+        if self.server_optimizer is not None:
+            named.append((self.server_optimizer, server_optimizer_class))
+        return [load(spec) for spec, load in named if is_plugin(spec)]
+
+    def server_optimizer_class(self) -> type[ServerOptimizer]:
+        """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
+        return server_optimizer_class(self.server_optimizer or self.algorithm.server)
+
     def validate(self) -> "RunConfig":
-        check_numeric_options({f.name: getattr(self, f.name) for f in fields(self)}, command_line)
-        if self.method not in METHODS and not self.trains:
-            raise FedrayError(f"unknown method {self.method!r}; known: {', '.join([*METHODS, *ALGORITHMS, TCT])}")
+        check_numeric_options({f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}, command_line)
+        if not is_plugin(self.method) and self.method not in METHODS and not self.trains:
+            raise FedrayError(f"unknown method {self.method!r}; known: {', '.join([*METHODS, *ALGORITHMS, TCT])}, "
+                              f"or your own closed-form method as module:Class or path/to/file.py:Class")
+        if self.server_optimizer is not None and not self.trains:
+            raise FedrayError(f"--server-optimizer applies to gradient methods, not {self.method}")
+        self._validate_options()
         if self.sampling not in (None, "without", "with"):
             raise FedrayError(f"--sampling must be 'without' or 'with', got {self.sampling!r}")
         if self.clients_per_round is not None and self.participation is not None:
@@ -127,6 +148,23 @@ class RunConfig:
             self._validate_tct()
         return self
 
+    def _validate_options(self) -> None:
+        """Every ``options`` key is an option of one of the run's plugins, and of its type."""
+        if not isinstance(self.options, dict):
+            raise FedrayError(f"options must be a mapping of option: value, got {self.options!r}")
+        clashing = sorted(set(self.options) & (FIELDS | RESERVED))
+        if clashing:
+            key = clashing[0]
+            raise FedrayError(f"--option {key}: {key} is a run option: use {command_line(key)}" if key in FIELDS
+                              else f"--option {key}: {key} is a metrics column, not an option name")
+        plugins = self.plugins()
+        declared = {name: option for cls in plugins for name, option in options_of(cls).items()}
+        unknown = sorted(set(self.options) - set(declared))
+        if unknown:
+            known = ", ".join(declared) or "none"
+            raise FedrayError(f"unknown option(s) {', '.join(unknown)} (--option); this run's plugins take: {known}")
+        self.options = {key: declared[key].coerce(value, "--option") for key, value in self.options.items()}
+
     def _validate_sphere(self) -> None:
         if self.method not in ALGORITHMS or self.init != "random":
             raise FedrayError("--head sphere (SphereFed) trains with a gradient method from --init random")
@@ -149,14 +187,18 @@ class RunConfig:
 
     def resolved(self) -> "RunConfig":
         """Method-dependent defaults filled in: sampling (with replacement for training), server lr, FedProx μ."""
-        values = {"sampling": self.sampling or ("with" if self.trains else "without")}
+        values = {"sampling": self.sampling or ("with" if self.trains else "without"), "method": canonical(self.method)}
         if self.method == TCT:
             values["finetune"] = self.finetune or "ft"
         if self.trains:
             algorithm = self.algorithm
-            values["server_lr"] = self.server_lr or algorithm.default_server_lr
+            values["server_optimizer"] = canonical(self.server_optimizer or algorithm.server)
+            values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
             if algorithm.proximal:
                 values["prox_mu"] = DEFAULT_PROX_MU if self.prox_mu is None else self.prox_mu
+        defaults = {name: option.default for cls in self.plugins() for name, option in options_of(cls).items()
+                    if name not in FIELDS}
+        values["options"] = {**defaults, **self.options}
         return replace(self, **values)
 
     def per_round(self, num_clients: int) -> int:
@@ -169,8 +211,15 @@ class RunConfig:
         return asdict(self)
 
 
+def server_optimizer_class(spec: str) -> type[ServerOptimizer]:
+    return load_class(spec, ServerOptimizer, SERVER_OPTIMIZERS, "server optimizer")
+
+
 FIELDS = {f.name for f in fields(RunConfig)}
 FIELD_TYPES = {f.name: str(f.type) for f in fields(RunConfig)}
+RESERVED = {"round", "clients_seen", "samples_seen", "accuracy", "bytes_up", "bytes_down", "flops_client_avg",
+            "wall_s", "stage", "train_loss", "diverged", "ridge_probe_accuracy", "trial_id", "sweep"}
+"""Metrics columns: no option may take their names, since options become columns too."""
 PER_ROUND = ("clients_per_round", "participation")
 TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
@@ -219,7 +268,17 @@ def load_config_file(path: str | Path) -> dict:
     unknown = sorted(set(values) - FIELDS)
     if unknown:
         raise FedrayError(f"{path}: unknown option(s) {', '.join(unknown)}")
-    return {key: typed_value(path, key, value) for key, value in values.items()}
+    return {key: options_mapping(path, value) if key == "options" else typed_value(path, key, value)
+            for key, value in values.items()}
+
+
+def options_mapping(path: Path, value: object) -> dict:
+    """A file's ``options:`` (a plugin's options), a mapping of names to values; their types are checked with the run."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise FedrayError(f"{path}: options must be a mapping of option: value, got {value!r}")
+    return dict(value)
 
 
 def resolve(file_values: dict, cli_values: dict) -> RunConfig:
@@ -230,7 +289,7 @@ def resolve(file_values: dict, cli_values: dict) -> RunConfig:
     given = {k: v for k, v in cli_values.items() if v is not None}
     if given.keys() & set(PER_ROUND):
         file_values = {k: v for k, v in file_values.items() if k not in PER_ROUND}
-    merged = {**file_values, **given}
+    merged = {**file_values, **given, "options": {**file_values.get("options", {}), **given.get("options", {})}}
     try:
         return RunConfig(**merged).validate().resolved()
     except TypeError as error:

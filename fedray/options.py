@@ -16,12 +16,12 @@ values before anything runs.
 from __future__ import annotations
 
 import inspect
-import math
 import types
 import typing
 from dataclasses import dataclass
 
 from fedray.errors import FedrayError
+from fedray.numeric_options import check_numeric_option
 
 SUPPLIED = ("dim", "num_classes", "seed")
 """Constructor arguments the engine fills in: the feature dimension, the class count, the run's seed."""
@@ -54,8 +54,7 @@ class Option:
             value = float(value)
         if type(value) is not self.type:
             raise FedrayError(f"{where}: option {self.name} must be {TYPE_NAMES[self.type]}, got {value!r}")
-        if self.type is float and not math.isfinite(value):
-            raise FedrayError(f"{where}: option {self.name} must be a finite number, got {value!r}")
+        check_numeric_option(f"{where}: option {self.name}", self.name, value)
         return value
 
 

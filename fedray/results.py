@@ -55,8 +55,9 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def config_columns(config: dict) -> dict:
-    """Config values as table columns (None becomes a typed null via Arrow's inference)."""
-    return {key: value for key, value in config.items() if key not in ("out", "quiet")}
+    """Config values as table columns (None becomes a typed null via Arrow's inference); a plugin's options each a column."""
+    columns = {key: value for key, value in config.items() if key not in ("out", "quiet", "options")}
+    return {**columns, **config.get("options", {})}
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:

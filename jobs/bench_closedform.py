@@ -28,7 +28,7 @@ from fedray.data.registry import load_federation
 from fedray.evaluation import Evaluator
 from fedray.methods.base import ClientBatch
 from fedray.methods.from_config import build_method
-from fedray.run import init_ray, simulate
+from fedray.engine import init_ray, simulate
 from fedray.runtime.shards import ShardPool, peak_memory_bytes
 
 MB = 2**20

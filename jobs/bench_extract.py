@@ -33,7 +33,7 @@ from fedray.extract.config import ExtractConfig
 from fedray.extract.features import extract
 from fedray.images.backbones import feature_model, get_backbone, load_weights
 from fedray.images.decode import ImageTransform, load_image
-from fedray.run import init_ray
+from fedray.engine import init_ray
 from fedray.runtime.shards import peak_memory_bytes
 
 MB = 2**20

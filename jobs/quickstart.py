@@ -18,7 +18,7 @@ from fedray.data.registry import load_federation
 from fedray.evaluation import Evaluator
 from fedray.results import write_run
 from fedray.methods.from_config import build_method
-from fedray.run import init_ray, simulate
+from fedray.engine import init_ray, simulate
 from fedray.runtime.shards import ShardPool
 
 METHODS = ("fedncm", "fed3r", "fedcof")

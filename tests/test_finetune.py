@@ -42,8 +42,8 @@ def images(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FEDRAY_CACHE_DIR", str(root / "fedray-cache"))
         train_csv, image_root = write_inat_split(root, users=6, images_per_user=3, classes=3, test_images=6)
-        # a Dirichlet re-split gives clients of 2, 3, 5, 2 and 6 images
-        federation = load_federation(f"hsu:{train_csv}?images={image_root}&split=dirichlet&alpha=1&clients=5&split_seed=2")
+        # a per-class Dirichlet re-split gives clients of 2, 3, 5, 2 and 6 images
+        federation = load_federation(f"hsu:{train_csv}?images={image_root}&split=dirichlet_per_class&alpha=1&clients=5&split_seed=2")
     return federation
 
 

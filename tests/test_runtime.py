@@ -11,7 +11,7 @@ from fedray.config import RunConfig
 from fedray.data import synthetic
 from fedray.evaluation import Evaluator
 from fedray.methods.from_config import build_method
-from fedray.run import simulate
+from fedray.engine import simulate
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool, balanced_bounds
 from tests.reference import class_means, fedcof_algorithm1, features_and_labels, max_relative_difference, normalized, ridge

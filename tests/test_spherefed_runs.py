@@ -10,7 +10,7 @@ from fedray.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
 from fedray.gradient.local import client_rng, minibatches, random_head
-from fedray.run import run
+from fedray.engine import run
 from fedray.runtime import sampling
 from fedray.spherefed.classifier import fixed_classifier
 

@@ -14,7 +14,7 @@ from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
 from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedray.gradient.training import Accounting, TrainingState
-from fedray.run import run
+from fedray.engine import run
 
 SMALL = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
 IID = SMALL + "&seed=3&split=dirichlet_per_class&alpha=1000&clients=100"  # each class spread evenly: near IID

@@ -25,7 +25,7 @@ from fedray.extract.config import ExtractConfig
 from fedray.extract.pool import ExtractionPool
 from fedray.images.backbones import get_backbone, load_weights
 from fedray.images.decode import ImageTransform
-from fedray.run import check_address, init_ray
+from fedray.engine import check_address, init_ray
 
 CACHE_FORMAT = 1
 

@@ -27,11 +27,11 @@ from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
 from fedray.gradient.local import LocalSGD, random_head
 from fedray.gradient.probing import ProbeBackend
-from fedray.gradient.server import SERVER_OPTIMIZERS, ServerOptimizer
+from fedray.gradient.server import ServerOptimizer
 from fedray.gradient.training import Accounting, Checkpointing, TrainingState, train
 from fedray.methods.base import FLOAT_BYTES, Classifier
-from fedray.methods.from_config import build_method
-from fedray.options import options_of
+from fedray.methods.from_config import build_method, option_values
+from fedray.options import build
 from fedray.results import EvalPoint
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
@@ -58,8 +58,7 @@ def local_sgd(config: RunConfig) -> LocalSGD:
 
 
 def server_optimizer(config: RunConfig) -> ServerOptimizer:
-    return SERVER_OPTIMIZERS[config.algorithm.server](**{
-        name: getattr(config, name) for name in options_of(SERVER_OPTIMIZERS[config.algorithm.server])})
+    return build(config.server_optimizer_class(), option_values(config), f"--server-optimizer {config.server_optimizer}")
 
 
 def closed_form_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator,

@@ -30,7 +30,7 @@ class ServerOptimizer(ABC):
     default_lr: ClassVar[float] = 1.0
     """η when the run does not give ``--server-lr``."""
 
-    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default: the optimizer's)"] = None) -> None:
+    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 1)"] = None) -> None:
         self.server_lr = self.default_lr if server_lr is None else server_lr
         if not self.server_lr > 0:
             raise FedrayError(f"--server-lr must be > 0, got {self.server_lr}")

@@ -5,10 +5,17 @@
 turns the total into a classifier. A shard calls ``client_statistics`` on the
 concatenated samples of many clients at once: for every method here that equals
 combining the clients' individual statistics, and it is one GEMM instead of many.
+
+This is the public interface (``fedray.ClosedFormMethod``): a researcher's own
+method is one subclass in a file of their own, its options the typed keyword
+arguments of its constructor (see :mod:`fedray.options`), used as
+``--method path/to/file.py:Class``. The engine does everything else: sampling,
+shards, tree reduction, evaluation, traffic and FLOPs, metrics, sweeps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
@@ -53,9 +60,14 @@ class Classifier:
 
 
 class ClosedFormMethod(ABC, Generic[Stats]):
-    """A classifier computed in closed form from summed client statistics."""
+    """A classifier computed in closed form from summed client statistics.
 
-    name: ClassVar[str]
+    Subclasses take ``(dim, num_classes, **options)``; a constructor that also
+    takes ``seed`` gets the run's seed (every random choice must come from it).
+    """
+
+    name: ClassVar[str] = ""
+    """The built-in's name for ``--method``; a plugin is named by its ``module:Class`` or ``file.py:Class``."""
 
     def __init__(self, dim: int, num_classes: int) -> None:
         self.dim = dim
@@ -74,17 +86,42 @@ class ClosedFormMethod(ABC, Generic[Stats]):
     @abstractmethod
     def solve(self, stats: Stats) -> Classifier: ...
 
-    @abstractmethod
     def upload_floats(self, federation: Federation) -> np.ndarray:
-        """Floats each client uploads, per the papers' conventions (shape (K,))."""
+        """Floats each client uploads (shape (K,)), counted in ``bytes_up`` as float32.
 
-    @abstractmethod
+        Default: the floats in the statistics of one client with one sample,
+        for every client; right for statistics of a fixed size (Fed3R's
+        ZᵀZ and ZᵀY). Override it where the size depends on the client (the
+        built-ins count the papers' conventions: FedNCM's M·d, one mean per
+        class a client holds). ``federation`` has ``client_sizes``,
+        ``client_num_classes`` and ``num_clients``.
+        """
+        probe = ClientBatch(torch.zeros(1, self.dim), torch.zeros(1, dtype=torch.int64), np.array([0, 1]), np.array([0]))
+        return np.full(federation.num_clients, float(floats_in(self.client_statistics(probe))))
+
     def statistics_flops(self, sizes: np.ndarray) -> np.ndarray:
-        """FLOPs a client with ``sizes`` samples spends on its statistics (feature extraction excluded)."""
+        """FLOPs a client with ``sizes`` samples spends on its statistics (feature extraction excluded).
+
+        Default: not counted, NaN (``flops_client_avg`` is then NaN too); override to count.
+        """
+        return np.full(len(sizes), np.nan)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Extra arrays a saved classifier needs besides W (e.g. a random feature map)."""
         return {}
+
+
+def floats_in(statistics: object) -> int:
+    """The number of floats in a statistics object: its tensors and arrays, in dataclasses, sequences or dicts."""
+    if isinstance(statistics, (torch.Tensor, np.ndarray)):
+        return int(statistics.size if isinstance(statistics, np.ndarray) else statistics.numel())
+    if dataclasses.is_dataclass(statistics):
+        return sum(floats_in(getattr(statistics, field.name)) for field in dataclasses.fields(statistics))
+    if isinstance(statistics, dict):
+        return sum(floats_in(value) for value in statistics.values())
+    if isinstance(statistics, (list, tuple)):
+        return sum(floats_in(value) for value in statistics)
+    return 0
 
 
 def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:

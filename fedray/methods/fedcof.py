@@ -14,6 +14,7 @@ since Σ_k n_kc μ_kc = N_c μ_c, the spread term equals
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import torch
@@ -51,9 +52,12 @@ class ClassCovarianceSums:
 
 
 class FedCOF(ClosedFormMethod[MeanRows]):
+    """Class covariances estimated from the spread of the clients' class means; W = Ĝ⁻¹[N_c μ_c], columns normalized."""
+
     name = "fedcof"
 
-    def __init__(self, dim: int, num_classes: int, gamma: float = 0.1, means_per_class: int = 1, seed: int = 0) -> None:
+    def __init__(self, dim: int, num_classes: int, gamma: Annotated[float, "covariance shrinkage γ (≥ 0)"] = 0.1,
+                 means_per_class: Annotated[int, "means per class per client (Appendix E)"] = 1, seed: int = 0) -> None:
         super().__init__(dim, num_classes)
         if gamma < 0:
             raise FedrayError(f"--gamma must be ≥ 0, got {gamma}")
@@ -139,6 +143,9 @@ class FedCOFOracle(FedCOF):
     """FedCOF with clients sharing their full class covariances (the upper bound of the paper)."""
 
     name = "fedcof-oracle"
+
+    def __init__(self, dim: int, num_classes: int, gamma: Annotated[float, "covariance shrinkage γ (≥ 0)"] = 0.1) -> None:
+        super().__init__(dim, num_classes, gamma)
 
     def client_statistics(self, batch: ClientBatch) -> ClassCovarianceSums:  # type: ignore[override]
         counts, sums = class_sums(batch.features, batch.labels, self.num_classes)

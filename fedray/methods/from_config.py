@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import math
+from dataclasses import fields
 
 from fedray.config import RunConfig
 from fedray.data.federation import Federation
-from fedray.methods import METHODS
+from fedray.methods import method_class
 from fedray.methods.base import ClosedFormMethod
+from fedray.options import build
+
+
+def option_values(config: RunConfig) -> dict[str, object]:
+    """What a class's options are set from: the run's fields (built-in options such as ``lam``) and ``options`` (a plugin's)."""
+    return {**{f.name: getattr(config, f.name) for f in fields(config) if f.name != "options"}, **config.options}
 
 
 def build_method(config: RunConfig, federation: Federation) -> ClosedFormMethod:
-    dim, classes = federation.dim, federation.num_classes
-    common = {"lam": config.lam, "bias": config.bias}
-    options = {
-        "fedncm": {},
-        "fed3r": common,
-        "ffc": common,
-        "fed3r-rf": {**common, "rf_dim": config.rf_dim, "rf_sigma": math.sqrt(dim) if config.rf_sigma is None else config.rf_sigma, "seed": config.seed},
-        "fedcof": {"gamma": config.gamma, "means_per_class": config.means_per_class, "seed": config.seed},
-        "fedcof-oracle": {"gamma": config.gamma, "seed": config.seed},
-    }[config.method]
-    return METHODS[config.method](dim, classes, **options)
+    """``config.method`` (a built-in or a plugin) for the federation's dimension and classes, with the run's seed."""
+    return build(method_class(config.method), option_values(config), f"--method {config.method}",
+                 dim=federation.dim, num_classes=federation.num_classes, seed=config.seed)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import torch
@@ -30,7 +31,8 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
     name = "fed3r"
     normalize = True
 
-    def __init__(self, dim: int, num_classes: int, lam: float = 0.01, bias: bool = False) -> None:
+    def __init__(self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01,
+                 bias: Annotated[bool, "fit a bias: a ones column, regularized by λ too"] = False) -> None:
         super().__init__(dim, num_classes)
         if not lam > 0:
             raise FedrayError(f"--lam must be > 0, got {lam}")
@@ -97,10 +99,13 @@ class Fed3RRandomFeatures(Fed3R):
     name = "fed3r-rf"
 
     def __init__(
-        self, dim: int, num_classes: int, lam: float = 0.01, bias: bool = False,
-        rf_dim: int = 5000, rf_sigma: float = 1.0, seed: int = 0,
+        self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01,
+        bias: Annotated[bool, "fit a bias: a ones column, regularized by λ too"] = False,
+        rf_dim: Annotated[int, "random features D"] = 5000,
+        rf_sigma: Annotated[float | None, "RBF bandwidth σ (default √d)"] = None, seed: int = 0,
     ) -> None:
         super().__init__(dim, num_classes, lam, bias)
+        rf_sigma = math.sqrt(dim) if rf_sigma is None else rf_sigma
         if rf_dim < 1:
             raise FedrayError(f"--rf-dim must be ≥ 1, got {rf_dim}")
         if not rf_sigma > 0:

@@ -83,7 +83,7 @@ def run_closed_form(
     outcome = RunOutcome()
     state = None
     accuracy = float("nan")
-    with tqdm(total=len(rounds), unit="round", disable=quiet, desc=method.name) as progress:
+    with tqdm(total=len(rounds), unit="round", disable=quiet, desc=method.name or type(method).__name__) as progress:
         for block in blocks:
             partial = None if block.total is None else ray.get(block.total)
             if partial is not None:

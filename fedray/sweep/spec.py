@@ -25,10 +25,13 @@ from urllib.parse import parse_qsl, urlencode
 from fedray.config import FIELDS, read_yaml_mapping, typed_value
 from fedray.data.registry import OPTION_TYPES, canonical_spec
 from fedray.errors import FedrayError
+from fedray.plugins import canonical
 from fedray.numeric_options import check_numeric_option
 
 RESOURCE_OPTIONS = ("out", "quiet", "num_shards", "cpus_per_shard")
 DATASET_PREFIX = "dataset."
+OPTIONS_PREFIX = "options."
+"""``options.KEY``: option KEY of a plugin (``--option KEY=...``), typed and checked with each trial's run."""
 DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
 SWEEP_KEYS = ("name", "base", "grid", "random", "num_samples", "shards_per_trial", "cpus_per_shard", "driver_cpus")
 
@@ -62,7 +65,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise FedrayError(f"{path}: unknown key(s) {', '.join(unknown)}; a sweep has {', '.join(SWEEP_KEYS)}")
     if not isinstance(values.get("name"), str) or not values["name"].replace("-", "").replace("_", "").isalnum():
         raise FedrayError(f"{path}: name must be a word (letters, digits, - and _), got {values.get('name')!r}")
-    base = {key: typed_value(path, key, value) for key, value in _options(path, values, "base").items()}
+    base = {key: _typed(path, key, value) for key, value in _options(path, values, "base").items()}
     grid = {}
     for key, choices in _options(path, values, "grid").items():
         if not isinstance(choices, list) or not choices:
@@ -72,10 +75,11 @@ def load_sweep(path: str | Path) -> SweepSpec:
     overlap = sorted((set(base) & set(grid)) | (set(base) & set(random)) | (set(grid) & set(random)))
     if overlap:
         raise FedrayError(f"{path}: option(s) {', '.join(overlap)} given in more than one of base, grid, random")
-    if "dataset" in base:
-        base["dataset"] = canonical_spec(base["dataset"])
-    if "dataset" in grid:
-        grid["dataset"] = [canonical_spec(spec) for spec in grid["dataset"]]
+    for key, canonical_form in (("dataset", canonical_spec), ("method", canonical), ("server_optimizer", canonical)):
+        if base.get(key) is not None:
+            base[key] = canonical_form(base[key])
+        if key in grid:
+            grid[key] = [canonical_form(value) for value in grid[key]]
     spec = SweepSpec(values["name"], base, grid, random, **{k: values[k] for k in SWEEP_KEYS[4:] if k in values})
     for key, value in (("num_samples", spec.num_samples), ("shards_per_trial", spec.shards_per_trial)):
         if not isinstance(value, int) or value < 1:
@@ -89,6 +93,10 @@ def load_sweep(path: str | Path) -> SweepSpec:
 
 def _typed(path: Path, key: str, value: object) -> object:
     """A run option's value as its type; a dataset option's value as the type the dataset spec parses it to."""
+    if key.startswith(OPTIONS_PREFIX):
+        if isinstance(value, (dict, list)):
+            raise FedrayError(f"{path}: {key} must be a single value, got {value!r}")
+        return value
     if not key.startswith(DATASET_PREFIX):
         return typed_value(path, key, value)
     kind = OPTION_TYPES[key[len(DATASET_PREFIX):]]
@@ -100,6 +108,11 @@ def _typed(path: Path, key: str, value: object) -> object:
         raise FedrayError(f"{path}: {key} must be {'a string' if kind is str else 'a number'}, got {value!r}") from None
     check_numeric_option(f"{path}: {key}", key[len(DATASET_PREFIX):], typed)
     return typed
+
+
+def plugin_options(params: dict) -> dict:
+    """The ``options.KEY`` entries of a trial's ``params`` as the run's ``options``."""
+    return {key[len(OPTIONS_PREFIX):]: value for key, value in params.items() if key.startswith(OPTIONS_PREFIX)}
 
 
 def with_dataset_options(dataset: str, params: dict) -> str:
@@ -118,6 +131,8 @@ def _options(path: Path, values: dict, section: str) -> dict:
         raise FedrayError(f"{path}: {section} must be a mapping of option: value")
     options = {str(key).replace("-", "_"): value for key, value in options.items()}
     for key in options:
+        if key.startswith(OPTIONS_PREFIX) and len(key) > len(OPTIONS_PREFIX):
+            continue
         if key.startswith(DATASET_PREFIX) and section != "base":
             if key[len(DATASET_PREFIX):] not in OPTION_TYPES:
                 raise FedrayError(f"{path}: {section}.{key}: unknown dataset option {key[len(DATASET_PREFIX):]!r}")

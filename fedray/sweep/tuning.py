@@ -20,8 +20,8 @@ from ray.util import get_current_placement_group
 from fedray.config import RunConfig, resolve
 from fedray.errors import FedrayError
 from fedray.results import METRICS, write_atomically
-from fedray.run import init_ray, run
-from fedray.sweep.spec import DATASET_PREFIX, SweepSpec, with_dataset_options
+from fedray.engine import init_ray, run
+from fedray.sweep.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
 
 RESULTS = "results.parquet"
 SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
@@ -30,8 +30,9 @@ SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": t
 def run_trial(params: dict) -> None:
     """One trial: a ``fedray run`` with ``params``, its shards in this trial's placement group."""
     out = Path(tune.get_context().get_trial_dir())
-    options = {key: value for key, value in params.items() if not key.startswith(DATASET_PREFIX)}
+    options = {key: value for key, value in params.items() if not key.startswith((DATASET_PREFIX, OPTIONS_PREFIX))}
     options["dataset"] = with_dataset_options(params.get("dataset", RunConfig.dataset), params)
+    options["options"] = plugin_options(params)
     config = resolve(options, {"out": str(out), "quiet": True})
     run(config, trial_group=get_current_placement_group(), on_point=lambda point: tune.report(asdict(point)))
 
@@ -83,7 +84,7 @@ def combine(spec: SweepSpec, grid: tune.ResultGrid) -> pl.DataFrame:
         if result.error is None and metrics.is_file():
             frame = pl.read_parquet(metrics)
             trial_id = result.metrics.get("trial_id", Path(result.path).name)
-            swept = {key: result.config[key] for key in spec.swept if key not in frame.columns}
+            swept = {key: result.config[key] for key in spec.swept if key not in frame.columns and not key.startswith(OPTIONS_PREFIX)}
             frames.append(frame.with_columns(pl.lit(trial_id).alias("trial_id"), *(pl.lit(v).alias(k) for k, v in swept.items())))
     if not frames:
         return pl.DataFrame({"trial_id": []}, schema={"trial_id": pl.String})

@@ -1,0 +1,47 @@
+"""``fedray methods``: every built-in method and server optimizer with its options, read from their definitions."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from fedray.config import TCT, RunConfig
+from fedray.gradient.algorithms import ALGORITHMS
+from fedray.gradient.server import SERVER_OPTIMIZERS
+from fedray.methods import METHODS
+from fedray.options import options_of
+
+CLIENT_OPTIONS = ("client_lr", "weight_decay", "batch_size", "local_epochs", "temperature")
+"""Options of every gradient method's local SGD (run options for now)."""
+
+
+def _summary(cls: type) -> str:
+    return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+
+def _entry(name: str, cls: type) -> list[str]:
+    return [f"  {name:<14} {_summary(cls)}", *(f"      {option.describe()}" for option in options_of(cls).values())]
+
+
+def _gradient_method(name: str) -> str:
+    algorithm = ALGORITHMS[name]
+    client = "SGD" + (" + (μ/2)‖θ − θ_global‖² (--prox-mu, default 0.01)" if algorithm.proximal else "") + \
+        (" with SCAFFOLD control variates" if algorithm.scaffold else "")
+    return f"  {name:<14} client {client}; server {algorithm.server}"
+
+
+def catalogue() -> str:
+    defaults = {f.name: f.default for f in fields(RunConfig)}
+    lines = ["closed-form methods (--method NAME; options as --lam, --gamma, ...):"]
+    for name, cls in METHODS.items():
+        lines += _entry(name, cls)
+    lines += ["", "gradient methods (--method NAME), training a softmax head (or the backbone with --finetune):"]
+    lines += [_gradient_method(name) for name in ALGORITHMS]
+    lines += ["    local SGD of every gradient method:"]
+    lines += [f"      {name}: {type(defaults[name]).__name__} = {defaults[name]!r}" for name in CLIENT_OPTIONS]
+    lines += [f"  {TCT:<14} TCT: fine-tune (--base), eNTK features, stage 2 by SCAFFOLD and/or in closed form (see --help)"]
+    lines += ["", "server optimizers (--server-optimizer NAME, any gradient method; default: the method's own):"]
+    for name, cls in SERVER_OPTIMIZERS.items():
+        lines += _entry(name, cls)
+    lines += ["", "your own: --method / --server-optimizer module:Class or path/to/file.py:Class (see examples/);",
+              "its options: --option key=value, options: {key: value} in YAML, options.KEY: [...] in a sweep grid"]
+    return "\n".join(lines)
