@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+import torchvision
 import yaml
 
 from fedray.cli import main
@@ -23,7 +24,7 @@ from fedray.finetune.model import build_model
 from fedray.images.backbones import get_backbone
 from fedray.images.decode import ImageTransform
 from fedray.runtime.shards import balanced_bounds
-from fedray.tct.entk import EntkSpec
+from fedray.tct.entk import EntkSpec, coordinate_index
 from fedray.tct.stage2 import ClientData, closed_form_stage2, normalization, normalize
 from tests.images import write_image_folder
 
@@ -73,6 +74,10 @@ def test_tct_on_a_label_skewed_split_matches_a_recomputation(ray_session, tmp_pa
     with np.load(out / "classifier.npz") as saved:
         arrays = dict(saved)
     assert arrays["entk_index"].shape == (300,) and arrays["W"].shape == arrays["W_closed_form"].shape == (300, 4)
+    # drawn from P of the network with TCT's one-output head: squeezenet1_1 less its 1000-class conv, plus 512 → 1
+    reference = torchvision.models.squeezenet1_1()
+    one_output = sum(p.numel() for p in reference.parameters()) - (512 * 1000 + 1000) + (512 + 1)
+    assert np.array_equal(arrays["entk_index"], coordinate_index(one_output, 300, seed=0).numpy())
     offsets = federation.client_offsets
     train = recomputed_entk(federation.train, offsets[balanced_bounds(offsets, 2)], model, params, arrays["entk_index"])
     labels = torch.from_numpy(federation.train.column("label").to_numpy().copy())

@@ -4,8 +4,9 @@
    (``--finetune``, ``ft`` by default) for ``--rounds`` rounds: the usual
    ``train`` rows.
 2. The trainers compute every sample's eNTK features at the stage-1 weights
-   (last layer re-initialized from the run's seed, ``--entk-dim`` coordinates
-   drawn from the run's seed) and leave them in the object store; the
+   (last layer replaced by a one-output head initialized from the run's seed,
+   ``--entk-dim`` coordinates drawn from the run's seed; see
+   :mod:`fedray.tct.entk`) and leave them in the object store; the
    trainers stop and stage-2 shards start on the same client ranges with the
    features handed over (and projected to ``--tct-projection`` coordinates
    when given): they never reach the driver.
@@ -126,7 +127,7 @@ def run_tct(config: RunConfig, federation: Federation, on_point: Callable[[EvalP
         outcome = finetune(config, backend, on_point, saved)
         if outcome.points[-1].diverged:
             return outcome
-        index = coordinate_index(backend.num_parameters, config.entk_dim, config.seed)
+        index = coordinate_index(backend.entk_num_parameters, config.entk_dim, config.seed)
         spec = EntkSpec(config.seed, index, config.entk_chunk, torch.float16 if config.entk_fp16 else torch.float32)
         params = ray.put(outcome.params)
         train, train_labels = backend.pool.entk(params, spec, TRAIN)
