@@ -3,8 +3,9 @@
     python -m jobs.bench_entk [--samples 256] [--p 100000] [--model cnn] [--chunk-size 64]
 
 Builds a seeded model (weights random: timing only) with its last linear layer
-re-initialized, draws ``--samples`` seeded inputs, and in this same process
-computes their features with ``entk_features`` and with ``entk_features_loop``.
+replaced by TCT's one-output head, draws ``--samples`` seeded inputs, and in
+this same process computes their features with ``entk_features`` and with
+``entk_features_loop``.
 The two are timed alternately ``--repeats`` times and the fastest run of each is
 kept, so that load from other processes on the machine biases neither. Prints
 one JSON line: samples/s of both, their ratio and the largest difference

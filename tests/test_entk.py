@@ -2,15 +2,22 @@ import math
 
 import pytest
 import torch
+import torchvision
 from torch import nn
 
+from fedray.finetune.model import build_model
+from fedray.images.backbones import get_backbone
 from fedray.tct.entk import (
     coordinate_index,
     entk_features,
     entk_features_loop,
+    entk_num_parameters,
     num_parameters,
     reinitialize_last_layer,
 )
+
+ONE_OUTPUT_PARAMETERS = (6 * 3 * 3 * 3 + 6) + 2 * 6 + (8 * 6 * 3 * 3 + 8) + 2 * 8 + (72 * 12 + 12) + (12 + 1)
+"""``conv_bn_model`` with TCT's one-output head: conv, BN (γ, β), conv, BN, linear 72 → 12, head 12 → 1."""
 
 
 def conv_bn_model() -> nn.Module:
@@ -53,8 +60,10 @@ def autograd_reference(model: nn.Module, inputs: torch.Tensor, index: torch.Tens
 
 
 @pytest.mark.parametrize("p", [100_000, 300])
-@pytest.mark.parametrize("logit", [0, 3])
-def test_batched_equals_per_sample_autograd(model: nn.Module, inputs: torch.Tensor, p: int, logit: int) -> None:
+@pytest.mark.parametrize("linearized, logit", [(True, 0), (False, 3)])
+def test_batched_equals_per_sample_autograd(inputs: torch.Tensor, p: int, linearized: bool, logit: int) -> None:
+    """On TCT's one-output model, and on any logit of a several-output one."""
+    model = reinitialize_last_layer(conv_bn_model(), seed=7) if linearized else conv_bn_model()
     index = coordinate_index(num_parameters(model), p, seed=0)
     expected = autograd_reference(model, inputs, index, logit)
     batched = entk_features(model, inputs, index, logit=logit, chunk_size=4)
@@ -119,17 +128,53 @@ def test_unsorted_index_is_rejected(model: nn.Module, inputs: torch.Tensor) -> N
 def test_reinitialize_last_layer() -> None:
     original = conv_bn_model()
     before = {name: t.clone() for name, t in original.state_dict().items()}
+    rng = torch.random.get_rng_state()
     first = reinitialize_last_layer(original, seed=11)
+    assert torch.equal(torch.random.get_rng_state(), rng), "the global RNG is left alone"
     again = reinitialize_last_layer(original, seed=11)
     other = reinitialize_last_layer(original, seed=12)
-    last = "9."
+    head = first[9]
+    assert isinstance(head, nn.Linear) and (head.in_features, head.out_features) == (12, 1)
+    assert head.weight.shape == (1, 12) and head.bias.shape == (1,)
+    assert original[9].weight.shape == (5, 12), "the original is modified"
+    # nn.Linear(12, 1).reset_parameters() from a CPU generator seeded 11: weight then bias, both U(±1/√12).
+    generator = torch.Generator().manual_seed(11)
+    bound = 1 / math.sqrt(12)
+    weight = torch.empty(1, 12).uniform_(-bound, bound, generator=generator)
+    bias = torch.empty(1).uniform_(-bound, bound, generator=generator)
+    assert torch.allclose(head.weight, weight, rtol=0, atol=1e-7) and torch.allclose(head.bias, bias, rtol=0, atol=1e-7)
     for name, tensor in first.state_dict().items():
         assert torch.equal(original.state_dict()[name], before[name]), "the original is modified"
         assert torch.equal(tensor, again.state_dict()[name])
-        if name.startswith(last):
-            assert not torch.equal(tensor, before[name])
+        if name.startswith("9."):
             assert not torch.equal(tensor, other.state_dict()[name])
-            assert tensor.abs().max() <= 1 / math.sqrt(12)
         else:
             assert torch.equal(tensor, before[name])
-    assert first[9].weight.data_ptr() != original[9].weight.data_ptr()
+    widened = reinitialize_last_layer(conv_bn_model().double(), seed=11)[9]
+    assert widened.weight.dtype == torch.float64 and torch.equal(widened.weight, head.weight.double())
+    assert torch.equal(widened.bias, head.bias.double())
+
+
+def test_entk_head_has_one_output_and_no_coordinate_is_zero(inputs: torch.Tensor) -> None:
+    """Every eNTK coordinate of the one-output network, the head's being its penultimate features h and 1."""
+    model = reinitialize_last_layer(conv_bn_model(), seed=7).eval()
+    assert model(inputs).shape == (len(inputs), 1)
+    assert entk_num_parameters(conv_bn_model()) == ONE_OUTPUT_PARAMETERS == num_parameters(model)
+    index = coordinate_index(ONE_OUTPUT_PARAMETERS, 10**6, seed=0)
+    features = entk_features(model, inputs, index)
+    assert features.shape == (len(inputs), ONE_OUTPUT_PARAMETERS)
+    # The head's coordinates come last (parameter order): ∂(wᵀh + b)/∂w = h, the output of layers 0–8, and ∂/∂b = 1.
+    with torch.no_grad():
+        penultimate = torch.cat([model[:9](x.unsqueeze(0)) for x in inputs])
+    assert torch.allclose(features[:, -13:-1], penultimate, rtol=0, atol=1e-6)
+    assert torch.equal(features[:, -1], torch.ones(len(inputs)))
+    assert bool((features.abs().amax(dim=0) > 0).all()), "a coordinate is zero for every sample"
+
+
+def test_entk_parameter_count_of_a_torchvision_backbone() -> None:
+    """The fine-tuned network's P: torchvision's squeezenet1_1 less its 1000-class classifier conv, plus TCT's 512 → 1 head."""
+    reference = torchvision.models.squeezenet1_1()
+    expected = sum(p.numel() for p in reference.parameters()) - (512 * 1000 + 1000) + (512 + 1)
+    model = build_model(get_backbone("squeezenet1_1"), num_classes=4)
+    assert entk_num_parameters(model) == expected
+    assert num_parameters(reinitialize_last_layer(model, seed=0)) == expected

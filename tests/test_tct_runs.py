@@ -3,7 +3,7 @@
 The run's saved outputs are checked against a recomputation outside Ray: the
 eNTK features of every image at the saved stage-1 weights (the same
 functions, one process), standardized with the saved μ and σ, give the run's
-normalization, its closed-form model and its test accuracy. The backbone has
+normalization, its closed-form model (weights and bias) and its test accuracy. The backbone has
 seeded random weights (no pre-trained weights can be downloaded here).
 """
 
@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+import torchvision
 import yaml
 
 from fedray.cli import main
@@ -23,7 +24,7 @@ from fedray.finetune.model import build_model
 from fedray.images.backbones import get_backbone
 from fedray.images.decode import ImageTransform
 from fedray.runtime.shards import balanced_bounds
-from fedray.tct.entk import EntkSpec
+from fedray.tct.entk import EntkSpec, coordinate_index
 from fedray.tct.stage2 import ClientData, closed_form_stage2, normalization, normalize
 from tests.images import write_image_folder
 
@@ -73,6 +74,11 @@ def test_tct_on_a_label_skewed_split_matches_a_recomputation(ray_session, tmp_pa
     with np.load(out / "classifier.npz") as saved:
         arrays = dict(saved)
     assert arrays["entk_index"].shape == (300,) and arrays["W"].shape == arrays["W_closed_form"].shape == (300, 4)
+    assert arrays["bias"].shape == arrays["bias_closed_form"].shape == (4,)
+    # drawn from P of the network with TCT's one-output head: squeezenet1_1 less its 1000-class conv, plus 512 → 1
+    reference = torchvision.models.squeezenet1_1()
+    one_output = sum(p.numel() for p in reference.parameters()) - (512 * 1000 + 1000) + (512 + 1)
+    assert np.array_equal(arrays["entk_index"], coordinate_index(one_output, 300, seed=0).numpy())
     offsets = federation.client_offsets
     train = recomputed_entk(federation.train, offsets[balanced_bounds(offsets, 2)], model, params, arrays["entk_index"])
     labels = torch.from_numpy(federation.train.column("label").to_numpy().copy())
@@ -83,14 +89,17 @@ def test_tct_on_a_label_skewed_split_matches_a_recomputation(ray_session, tmp_pa
 
     standardized = [ClientData(normalize(c.features, mean, std, torch.float64), c.labels) for c in clients]
     expected = closed_form_stage2(standardized, federation.num_classes)
-    assert np.allclose(arrays["W_closed_form"], expected.numpy(), rtol=0, atol=1e-8 * expected.abs().max().item())
+    tolerance = 1e-8 * expected.abs().max().item()
+    assert np.allclose(arrays["W_closed_form"], expected[:-1].numpy(), rtol=0, atol=tolerance)
+    assert np.allclose(arrays["bias_closed_form"], expected[-1].numpy(), rtol=0, atol=tolerance)
 
     test_bounds = np.linspace(0, federation.test.num_rows, 3).astype(np.int64)
     test = recomputed_entk(federation.test, test_bounds, model, params, arrays["entk_index"])
     test_labels = federation.test.column("label").to_numpy()
-    for stage, weights in (("tct_closed_form", "W_closed_form"), ("tct_scaffold", "W")):
-        scores = normalize(test, torch.from_numpy(arrays["entk_mean"]), torch.from_numpy(arrays["entk_std"]), torch.float64)
-        accuracy = float((scores.numpy() @ arrays[weights]).argmax(axis=1).__eq__(test_labels).mean())
+    for stage, suffix in (("tct_closed_form", "_closed_form"), ("tct_scaffold", "")):
+        features = normalize(test, torch.from_numpy(arrays["entk_mean"]), torch.from_numpy(arrays["entk_std"]), torch.float64)
+        scores = features.numpy() @ arrays[f"W{suffix}"] + arrays[f"bias{suffix}"]
+        accuracy = float(scores.argmax(axis=1).__eq__(test_labels).mean())
         assert [row["accuracy"] for row in rows if row["stage"] == stage][-1] == pytest.approx(accuracy, abs=1e-12)
 
 

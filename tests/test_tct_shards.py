@@ -1,4 +1,7 @@
-"""TCT stage 2 in the sharded runtime equals the in-memory solvers of ``fedray.tct.stage2`` on the same clients."""
+"""TCT stage 2 in the sharded runtime equals the in-memory solvers of ``fedray.tct.stage2`` on the same clients.
+
+Models are ψ = [W; bᵀ] ((p + 1) × C, the bias as the last row); test scores are Z̃W + 1bᵀ.
+"""
 
 import numpy as np
 import pytest
@@ -73,16 +76,17 @@ def test_sharded_scaffold_equals_in_memory(ray_session, clients, held_out, per_r
     reference = ScaffoldStage2(standardized, NUM_CLASSES, local_steps=5, lr=lr)
     for participants in sampling.schedule(6, per_round, True, 3, 8, past_coverage=True):
         reference.step(participants.tolist())
+    assert model.shape == (20 + 1, NUM_CLASSES) and model[-1].abs().max() > 1e-3, "the bias is trained"
     assert torch.allclose(model, reference.model, rtol=0, atol=1e-10)
 
     mean, std = normalization(clients)
-    scores = normalize(held_out.features, mean, std) @ model
+    scores = normalize(held_out.features, mean, std) @ model[:-1] + model[-1]
     assert accuracy == (scores.argmax(dim=1) == held_out.labels).double().mean().item()
 
     rows = run.points[1:]
     assert [row.round for row in rows] == [7 + 1 + 4, 7 + 1 + 8] and {row.stage for row in rows} == {"tct_scaffold"}
     assert rows[-1].accuracy == accuracy
-    floats = 20 * NUM_CLASSES
+    floats = (20 + 1) * NUM_CLASSES
     normalization_up, normalization_down = 6 * (2 * 20 + 1) * 4, 6 * 2 * 20 * 4
     assert rows[-1].bytes_up == normalization_up + 8 * per_round * floats * 4
     assert rows[-1].bytes_down == normalization_down + 8 * per_round * floats * 4 * (1 if per_round == 6 else 2)
@@ -94,16 +98,21 @@ def test_sharded_closed_form_equals_in_memory(ray_session, clients, held_out):
     try:
         run = stage2_run(pool, clients, RunConfig(method="tct", tct_solver="closed_form"), width=20)
         model = run.closed_form(run.normalize())
+        accuracy = pool.accuracy(ray.put(run.normalization), ray.put(model))
     finally:
         pool.shutdown()
     standardized = standardize_clients(clients)[0]
     expected = closed_form_stage2(standardized, NUM_CLASSES)
+    assert model.shape == (20 + 1, NUM_CLASSES) and expected[-1].abs().max() > 1e-3
     assert torch.allclose(model, expected, rtol=0, atol=1e-10 * expected.abs().max().item())
+    mean, std = normalization(clients)
+    scores = normalize(held_out.features, mean, std) @ expected[:-1] + expected[-1]
+    assert accuracy == (scores.argmax(dim=1) == held_out.labels).double().mean().item()
     row = run.points[-1]
     objective, _ = ScaffoldStage2(standardized, NUM_CLASSES).loss_and_accuracy(expected)
     assert row.train_loss == pytest.approx(objective, rel=1e-10)
     assert (row.round, row.stage, row.clients_seen) == (7 + 2, "tct_closed_form", 6)
-    assert row.bytes_up == 6 * (2 * 20 + 1) * 4 + 6 * (20 * 20 + 20 * NUM_CLASSES) * 4
+    assert row.bytes_up == 6 * (2 * 20 + 1) * 4 + 6 * (21 * 21 + 21 * NUM_CLASSES) * 4
 
 
 def test_shards_project_with_the_shared_seed(ray_session, clients, held_out):

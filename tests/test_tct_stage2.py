@@ -1,4 +1,9 @@
-"""TCT stage 2: the normalization round, the SCAFFOLD solver's invariants, and the closed form."""
+"""TCT stage 2: the normalization round, the SCAFFOLD solver's invariants, and the closed form, all with the bias.
+
+The references write the bias out as the paper's Algorithm 2 has it: predictions
+Z̃W + 1bᵀ, i.e. least squares on the design [Z̃, 1] (``design``), models
+ψ = [W; bᵀ] with the bias as the last row.
+"""
 
 import pytest
 import torch
@@ -47,14 +52,20 @@ def pooled(clients: list[ClientData]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([c.features for c in clients]), torch.cat([c.labels for c in clients])
 
 
+def design(features: torch.Tensor) -> torch.Tensor:
+    """[Z, 1]: the features and the bias's constant coordinate."""
+    return torch.cat([features, torch.ones(len(features), 1, dtype=features.dtype)], dim=1)
+
+
 def stable_lr(clients: list[ClientData]) -> float:
-    """Half the inverse of the largest local curvature: every client's local GD is a contraction."""
-    return 0.5 / max(torch.linalg.eigvalsh(c.features.T @ c.features / len(c.features)).max().item() for c in clients)
+    """Half the inverse of the largest local curvature (of W and b): every client's local GD is a contraction."""
+    return 0.5 / max(torch.linalg.eigvalsh(design(c.features).T @ design(c.features) / len(c.features)).max().item() for c in clients)
 
 
 def objective_gradient(clients: list[ClientData], weights: torch.Tensor, model: torch.Tensor) -> torch.Tensor:
+    """∇F of ψ = [W; bᵀ]: Σ_k w_k [Z_k, 1]ᵀ (Z_k W + 1bᵀ − Y_k) / n_k."""
     return sum(
-        w * c.features.T @ (c.features @ model - targets(c.labels, NUM_CLASSES)) / len(c.labels)
+        w * design(c.features).T @ (c.features @ model[:-1] + model[-1] - targets(c.labels, NUM_CLASSES)) / len(c.labels)
         for w, c in zip(weights.tolist(), clients)
     )
 
@@ -108,23 +119,25 @@ def test_one_local_step_is_full_batch_gradient_descent(problem, weighted):
     lr = stable_lr(problem)
     solver = ScaffoldStage2(problem, NUM_CLASSES, local_steps=1, lr=lr, weighted=weighted)
     weights = client_weights(problem, weighted)
-    model = torch.zeros(20, NUM_CLASSES, dtype=torch.float64)
+    model = torch.zeros(20 + 1, NUM_CLASSES, dtype=torch.float64)
     for _ in range(20):
         model = model - lr * objective_gradient(problem, weights, model)
         solver.step()
+        assert solver.model.shape == (20 + 1, NUM_CLASSES)
         assert torch.allclose(solver.model, model, rtol=0, atol=1e-10)
+    assert solver.model[-1].abs().max() > 1e-3, "the bias is trained"
     assert solver.corrections().abs().max() > 1e-3
 
 
 def fedavg_fixed_point(clients: list[ClientData], local_steps: int, lr: float) -> torch.Tensor:
-    """Where h_k = 0 converges: y_K = P_k W + q_k per client, so W = Σ w_k (P_k W + q_k)."""
-    dim = clients[0].features.shape[1]
+    """Where h_k = 0 converges: y_K = P_k ψ + q_k per client, so ψ = Σ w_k (P_k ψ + q_k)."""
+    dim = clients[0].features.shape[1] + 1
     eye = torch.eye(dim, dtype=torch.float64)
     system, rhs = eye.clone(), torch.zeros(dim, NUM_CLASSES, dtype=torch.float64)
     for weight, c in zip(client_weights(clients, True).tolist(), clients):
-        n = len(c.labels)
-        step = eye - lr * c.features.T @ c.features / n
-        offset = lr * c.features.T @ targets(c.labels, NUM_CLASSES) / n
+        n, x = len(c.labels), design(c.features)
+        step = eye - lr * x.T @ x / n
+        offset = lr * x.T @ targets(c.labels, NUM_CLASSES) / n
         power, q = eye, torch.zeros_like(offset)
         for _ in range(local_steps):
             q = step @ q + offset
@@ -139,6 +152,9 @@ def test_scaffold_reaches_least_squares_where_local_gd_drifts(problem):
     exact = closed_form_stage2(problem, NUM_CLASSES)
     model, history = scaffold_stage2(problem, NUM_CLASSES, rounds=100, local_steps=local_steps, lr=lr)
     assert (model - exact).norm() / exact.norm() < 1e-4
+    features, labels = pooled(problem)
+    least_squares = torch.linalg.lstsq(design(features), targets(labels, NUM_CLASSES)).solution
+    assert (model[-1] - least_squares[-1]).norm() / least_squares[-1].norm() < 1e-4, "the bias converges too"
     plain, plain_history = scaffold_stage2(problem, NUM_CLASSES, rounds=100, local_steps=local_steps, lr=lr, correction=False)
     drift = fedavg_fixed_point(problem, local_steps, lr)
     assert (plain - drift).norm() / drift.norm() < 1e-5
@@ -152,11 +168,11 @@ def test_history_records_objective_and_traffic(problem):
         problem, NUM_CLASSES, rounds=3, local_steps=2, lr=0.01, evaluate=lambda w: evaluated.append(w) or {"norm": float(w.norm())}
     )
     features, labels = pooled(problem)
-    scores = features @ model
+    scores = features @ model[:-1] + model[-1]
     assert history[-1].loss == pytest.approx(float((scores - targets(labels, NUM_CLASSES)).square().sum()) / (2 * len(labels)), rel=1e-12)
     assert history[-1].accuracy == pytest.approx(float((scores.argmax(dim=1) == labels).double().mean()))
     assert history[-1].metrics == {"norm": float(model.norm())} and len(evaluated) == 3
-    floats = 20 * NUM_CLASSES
+    floats = (20 + 1) * NUM_CLASSES
     assert (history[0].floats_up, history[0].floats_down) == (6 * floats, 6 * floats)
     _, sampled = scaffold_stage2(problem, NUM_CLASSES, rounds=2, local_steps=2, lr=0.01, clients_per_round=2, seed=3)
     assert [len(r.clients) for r in sampled] == [2, 2]
@@ -165,20 +181,42 @@ def test_history_records_objective_and_traffic(problem):
 
 def test_closed_form_equals_pooled_lstsq(problem):
     features, labels = pooled(problem)
-    expected = torch.linalg.lstsq(features, targets(labels, NUM_CLASSES)).solution
+    expected = torch.linalg.lstsq(design(features), targets(labels, NUM_CLASSES)).solution
     solution = closed_form_stage2(problem, NUM_CLASSES)
+    assert solution.shape == (20 + 1, NUM_CLASSES)
     assert (solution - expected).norm() / expected.norm() <= 1e-8
+    assert torch.allclose(solution[-1], expected[-1], rtol=0, atol=1e-10)
+
+
+def test_closed_form_bias_is_the_class_prior(problem):
+    """Standardized features sum to 0 over all clients, so b = Ȳ (class frequencies − 1/C) and W is the fit without a bias."""
+    features, labels = pooled(problem)
+    frequencies = torch.bincount(labels, minlength=NUM_CLASSES).double() / len(labels)
+    assert (frequencies - 1 / NUM_CLASSES).abs().max() > 0.05, "the label-skewed clients pool into imbalanced classes"
+    without_bias = torch.linalg.lstsq(features, targets(labels, NUM_CLASSES)).solution
+    for lam in (0.0, 0.3):
+        solution = closed_form_stage2(problem, NUM_CLASSES, lam=lam)
+        assert torch.allclose(solution[-1], frequencies - 1 / NUM_CLASSES, rtol=0, atol=1e-10), "λ leaves b alone"
+    solution = closed_form_stage2(problem, NUM_CLASSES)
+    assert torch.allclose(solution[:-1], without_bias, rtol=0, atol=1e-10)
+
+    def residual(weights: torch.Tensor, bias: torch.Tensor | float) -> float:
+        return float((features @ weights + bias - targets(labels, NUM_CLASSES)).square().sum())
+
+    gain = residual(without_bias, 0.0) - residual(solution[:-1], solution[-1])
+    assert gain == pytest.approx(len(labels) * float((frequencies - 1 / NUM_CLASSES).square().sum()), rel=1e-8), "N ‖Ȳ‖²"
 
 
 def test_closed_form_ridge_and_rank_deficient(problem):
     features, labels = pooled(problem)
-    y = targets(labels, NUM_CLASSES)
+    x, y = design(features), targets(labels, NUM_CLASSES)
     lam = 0.3
-    ridge = torch.linalg.solve(features.T @ features / len(labels) + lam * torch.eye(20, dtype=torch.float64), features.T @ y / len(labels))
+    penalty = torch.diag(torch.tensor([1.0] * 20 + [0.0], dtype=torch.float64))  # W regularized, b not
+    ridge = torch.linalg.solve(x.T @ x / len(labels) + lam * penalty, x.T @ y / len(labels))
     assert torch.allclose(closed_form_stage2(problem, NUM_CLASSES, lam=lam), ridge, rtol=0, atol=1e-10)
     wide = [ClientData(c.features[:2].repeat(1, 3), c.labels[:2]) for c in problem]
     wide_features, wide_labels = pooled(wide)
-    minimum_norm = torch.linalg.pinv(wide_features) @ targets(wide_labels, NUM_CLASSES)
+    minimum_norm = torch.linalg.pinv(design(wide_features)) @ targets(wide_labels, NUM_CLASSES)
     assert torch.allclose(closed_form_stage2(wide, NUM_CLASSES), minimum_norm, rtol=0, atol=1e-8)
 
 

@@ -34,6 +34,7 @@ from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.local import LocalSGD
 from fedray.images.backbones import feature_model, load_weights
 from fedray.spherefed.classifier import fixed_classifier
+from fedray.tct.entk import entk_num_parameters
 
 
 def check_sgd(sgd: LocalSGD) -> None:
@@ -63,7 +64,7 @@ class FineTuneBackend:
         weights = load_weights(backbone, weights_spec, seed)
         model = FineTuneModel(feature_model(backbone, weights.state_dict), backbone.dim, federation.num_classes, sgd.temperature)
         self.flops_per_image = backbone_flops(model, pool.image_size)
-        self.num_parameters = sum(parameter.numel() for parameter in model.parameters())
+        self.entk_num_parameters = entk_num_parameters(model)
         state = model.state_dict()
         self.initial_backbone = {name: value for name, value in state.items() if not name.startswith(HEAD)}
         self.state_shapes = {name: value.shape for name, value in state.items()}

@@ -2,8 +2,22 @@
 
 After stage 1 (FedAvg) the network is linearized around its weights θ: a sample
 ``x`` is represented by ``∇_θ f_0(x; θ)``, the gradient with respect to *all*
-parameters of one logit of the network whose last linear layer has been
-re-initialized (as in the TCT code), sub-sampled to ``p`` seeded coordinates.
+parameters of the single output of the network whose last linear layer has
+been replaced by a freshly initialized one-output layer, sub-sampled to ``p``
+seeded coordinates.
+
+This follows the authors' code rather than the letter of Algorithm 2 in the
+paper. The code (``mnist/run_TCT.py``, ``mnist/utils.py``) replaces the last
+layer ``fc2`` by ``nn.Linear(128, 1)`` and its ``compute_eNTK`` differentiates
+that single output w.r.t. every parameter, the new head's included (P =
+355,073: the network with the one-output head). Algorithm 2 writes the first
+logit of a re-initialized C-output layer, differentiated w.r.t. the feature
+extractor φ only. Differentiated w.r.t. all parameters, a C-output head would
+give a gradient to that logit's row alone: (C − 1)(d + 1) of the P
+coordinates would be zero for every sample and waste part of the ``p``
+sampled ones. With the one-output head no coordinate is zero because of the
+head; the head's own are the penultimate features h and a constant 1
+(∂(wᵀh + b)/∂w = h, ∂/∂b = 1).
 
 ``entk_features`` computes these per-sample gradients batched with
 ``torch.func`` (``vmap(grad(functional_call))``) in chunks of samples;
@@ -21,11 +35,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.nn.utils import skip_init
 
 
 @dataclass(frozen=True)
 class EntkSpec:
-    """What eNTK features a run takes: the last layer re-initialized from ``seed``, the ``index`` coordinates,
+    """What eNTK features a run takes: the one-output head initialized from ``seed``, the ``index`` coordinates,
     ``chunk_size`` samples per vmap, stored as ``dtype``."""
 
     seed: int
@@ -34,34 +49,57 @@ class EntkSpec:
     dtype: torch.dtype = torch.float32
 
 
-def reinitialize_last_layer(model: nn.Module, seed: int) -> nn.Module:
-    """A deep copy of ``model`` whose last ``nn.Linear`` (in module order) is freshly initialized.
-
-    The initialization is ``nn.Linear.reset_parameters`` (Kaiming-uniform weight,
-    uniform bias in ±1/√fan_in) drawn from a CPU ``torch.Generator`` seeded by
-    ``seed`` and then copied to the layer's device and dtype, so the same seed
-    gives the same layer on any device. ``model`` itself is not modified.
-    """
-    clone = copy.deepcopy(model)
-    linears = [m for m in clone.modules() if isinstance(m, nn.Linear)]
+def _last_linear(model: nn.Module) -> tuple[str, nn.Linear]:
+    """The qualified name and module of ``model``'s last ``nn.Linear`` in module order (its head)."""
+    linears = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     if not linears:
         raise ValueError("model has no nn.Linear layer to re-initialize")
-    layer = linears[-1]
+    return linears[-1]
+
+
+def reinitialize_last_layer(model: nn.Module, seed: int) -> nn.Module:
+    """A deep copy of ``model`` whose last ``nn.Linear`` (in module order) is replaced by a fresh one-output layer.
+
+    The new layer is ``nn.Linear(in_features, 1)`` (with a bias iff the old one
+    had one), on the old layer's device and dtype, so the copy's single output
+    is the scalar whose gradient ``entk_features`` takes (see the module
+    docstring). Its initialization is ``nn.Linear.reset_parameters``'
+    (Kaiming-uniform weight, uniform bias in ±1/√in_features) drawn from a CPU
+    ``torch.Generator`` seeded by ``seed`` and then copied to the layer's device
+    and dtype, so the same seed gives the same layer on any device; the global
+    RNG is not touched. ``model`` itself is not modified.
+    """
+    clone = copy.deepcopy(model)
+    name, old = _last_linear(clone)
     generator = torch.Generator().manual_seed(seed)
-    weight = torch.empty(layer.weight.shape)
+    weight = torch.empty(1, old.in_features)
     nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
+    head = skip_init(nn.Linear, old.in_features, 1, bias=old.bias is not None, device=old.weight.device, dtype=old.weight.dtype)
     with torch.no_grad():
-        layer.weight.copy_(weight)
-        if layer.bias is not None:
-            bound = 1 / math.sqrt(layer.in_features) if layer.in_features > 0 else 0.0
-            bias = torch.empty(layer.bias.shape).uniform_(-bound, bound, generator=generator)
-            layer.bias.copy_(bias)
+        head.weight.copy_(weight)
+        if head.bias is not None:
+            bound = 1 / math.sqrt(old.in_features) if old.in_features > 0 else 0.0
+            head.bias.copy_(torch.empty(1).uniform_(-bound, bound, generator=generator))
+    parent, _, attribute = name.rpartition(".")
+    setattr(clone.get_submodule(parent), attribute, head)
     return clone
 
 
 def num_parameters(model: nn.Module) -> int:
     """Number of scalar parameters, i.e. the length of the flattened gradient ``entk_features`` indexes."""
     return sum(p.numel() for p in model.parameters())
+
+
+def entk_num_parameters(model: nn.Module) -> int:
+    """P, the number of eNTK coordinates of ``model``: ``num_parameters(reinitialize_last_layer(model, ·))``, without the copy.
+
+    The model's parameters with its last linear layer's C × d weight and C
+    biases counted as the one-output head's d weights and 1 bias. This is what
+    ``coordinate_index`` draws the ``p`` coordinates from.
+    """
+    _, head = _last_linear(model)
+    one_output = head.in_features + (1 if head.bias is not None else 0)
+    return num_parameters(model) - sum(p.numel() for p in head.parameters()) + one_output
 
 
 def coordinate_index(num_params: int, p: int, seed: int) -> torch.Tensor:
@@ -153,8 +191,8 @@ def entk_features(
 ) -> torch.Tensor:
     """eNTK features ``∇_θ f_logit(x)[index]`` of every row of ``inputs`` (N × len(index), ``dtype``).
 
-    ``model`` is normally ``reinitialize_last_layer(trained, seed)``. Gradients
-    are taken w.r.t. all parameters (frozen ones included) in
+    ``model`` is normally ``reinitialize_last_layer(trained, seed)``, whose only
+    output is ``logit`` 0. Gradients are taken w.r.t. all parameters (frozen ones included) in
     ``named_parameters`` order; ``index`` must be sorted (``coordinate_index``).
     Per-sample gradients are computed with ``vmap(grad(...))`` over
     ``chunk_size`` samples at a time, which bounds peak memory to about

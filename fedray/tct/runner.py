@@ -4,21 +4,28 @@
    (``--finetune``, ``ft`` by default) for ``--rounds`` rounds: the usual
    ``train`` rows.
 2. The trainers compute every sample's eNTK features at the stage-1 weights
-   (last layer re-initialized from the run's seed, ``--entk-dim`` coordinates
-   drawn from the run's seed) and leave them in the object store; the
+   (last layer replaced by a one-output head initialized from the run's seed,
+   ``--entk-dim`` coordinates drawn from the run's seed; see
+   :mod:`fedray.tct.entk`) and leave them in the object store; the
    trainers stop and stage-2 shards start on the same client ranges with the
    features handed over (and projected to ``--tct-projection`` coordinates
    when given): they never reach the driver.
 3. One normalization round (every client uploads n_k, Σ z, Σ z²).
-4. Stage 2 on the standardized features, by ``--tct-solver``:
+4. Stage 2 on the standardized features with a bias (the paper's Algorithm 2:
+   ψ = (W, b), scores Z̃W + 1bᵀ; a constant-1 coordinate appended to the
+   features, see :mod:`fedray.tct.stage2`), by ``--tct-solver``:
    ``scaffold`` (TCT's communication-efficient SCAFFOLD, ``--tct-rounds`` of
    ``--tct-local-steps`` full-batch steps at ``--tct-lr``: ``tct_scaffold``
    rows, whose ``train_loss`` is the stage-2 objective F at each round's
-   start over its clients), ``closed_form`` (one upload of ZᵀZ and ZᵀY, the
+   start over its clients), ``closed_form`` (one upload of XᵀX and XᵀY, the
    exact minimizer: one ``tct_closed_form`` row, ``train_loss`` = F at the
    minimizer, the floor SCAFFOLD's approaches) or ``both``, each branching from the
    normalization round: the closed form's row counts stage 1, the eNTK and
    normalization costs and its own upload, not SCAFFOLD's rounds.
+
+The outcome's arrays (``classifier.npz``) hold each solver's weights and bias
+separately: ``W`` (p × C) and ``bias`` (C), SCAFFOLD's when it ran, and with
+``both`` the closed form's as ``W_closed_form`` and ``bias_closed_form``.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from fedray.runtime import sampling
 from fedray.runtime.simulation import eval_rounds
 from fedray.tct.entk import EntkSpec, coordinate_index
 from fedray.tct.shards import LocalSolver, Normalization, Projection, Stage2Pool
-from fedray.tct.stage2 import objective_from_statistics, solve_stage2
+from fedray.tct.stage2 import objective_from_statistics, solve_stage2, split_model
 
 
 class Stage2Run:
@@ -74,12 +81,12 @@ class Stage2Run:
         return ray.put(normalization)
 
     def closed_form(self, normalization: ray.ObjectRef) -> torch.Tensor:
-        """The exact stage-2 minimizer from every client's ZᵀZ and ZᵀY (p² + pC floats up each), one round."""
+        """The exact stage-2 minimizer ψ from every client's XᵀX and XᵀY ((p + 1)² + (p + 1)C floats up each), one round."""
         accounting = copy.deepcopy(self.accounting)
         statistics = self.pool.statistics(normalization)
         count = int(self.sizes.sum())
         model = solve_stage2(statistics.matrix, statistics.rhs, count, self.config.tct_lam)
-        p = self.width
+        p = self.width + 1  # the features and the intercept
         accounting.add(np.arange(len(self.sizes)), self.sizes, len(self.sizes) * (p * p + p * self.num_classes) * FLOAT_BYTES,
                        0.0, 2.0 * count * p * (p + self.num_classes))
         loss = objective_from_statistics(statistics.matrix, statistics.rhs, count, self.num_classes, model)
@@ -87,15 +94,15 @@ class Stage2Run:
         return model
 
     def scaffold(self, normalization: ray.ObjectRef) -> torch.Tensor:
-        """TCT's SCAFFOLD from W = 0 (float64 on the driver), ``tct_scaffold`` rows every ``--eval-every`` rounds."""
+        """TCT's SCAFFOLD from ψ = 0 ((p + 1) × C, float64 on the driver), ``tct_scaffold`` rows every ``--eval-every`` rounds."""
         config, sizes, num_clients = self.config, self.sizes, len(self.sizes)
         per_round = config.per_round(num_clients)
         rounds = sampling.schedule(num_clients, per_round, True, config.seed, config.tct_rounds, past_coverage=True)
         solver = ray.put(LocalSolver(config.tct_local_steps, config.tct_lr))
         weights = sizes / sizes.sum()
-        model = torch.zeros(self.width, self.num_classes, dtype=torch.float64)
+        model = torch.zeros(self.width + 1, self.num_classes, dtype=torch.float64)
         control = torch.zeros_like(model)
-        floats = self.width * self.num_classes
+        floats = model.numel()
         down = floats * (1 if per_round == num_clients else 2)
         evaluate_at = eval_rounds(len(rounds), config.eval_every)
         loss, loss_weight = 0.0, 0.0
@@ -126,7 +133,7 @@ def run_tct(config: RunConfig, federation: Federation, on_point: Callable[[EvalP
         outcome = finetune(config, backend, on_point, saved)
         if outcome.points[-1].diverged:
             return outcome
-        index = coordinate_index(backend.num_parameters, config.entk_dim, config.seed)
+        index = coordinate_index(backend.entk_num_parameters, config.entk_dim, config.seed)
         spec = EntkSpec(config.seed, index, config.entk_chunk, torch.float16 if config.entk_fp16 else torch.float32)
         params = ray.put(outcome.params)
         train, train_labels = backend.pool.entk(params, spec, TRAIN)
@@ -146,15 +153,18 @@ def run_tct(config: RunConfig, federation: Federation, on_point: Callable[[EvalP
         if projection is not None:
             stage2.accounting.flops += 2.0 * float(federation.client_sizes.sum()) * len(index) * width
         normalization = stage2.normalize()
-        arrays: dict[str, np.ndarray] = {}
-        if config.tct_solver in ("closed_form", "both"):
-            arrays["W_closed_form"] = stage2.closed_form(normalization).numpy()
-        if config.tct_solver in ("scaffold", "both"):
-            arrays["W"] = stage2.scaffold(normalization).numpy()
-        else:
-            arrays["W"] = arrays.pop("W_closed_form")
+        closed_form = stage2.closed_form(normalization) if config.tct_solver in ("closed_form", "both") else None
+        scaffold = stage2.scaffold(normalization) if config.tct_solver in ("scaffold", "both") else None
     finally:
         pool.shutdown()
+    # W and bias are SCAFFOLD's when it ran, else the closed form's; with both, the closed form's are suffixed.
+    solved = {"": scaffold if scaffold is not None else closed_form}
+    if scaffold is not None and closed_form is not None:
+        solved["_closed_form"] = closed_form
+    arrays: dict[str, np.ndarray] = {}
+    for suffix, model in solved.items():
+        weights, bias = split_model(model)
+        arrays[f"W{suffix}"], arrays[f"bias{suffix}"] = weights.numpy(), bias.numpy()
     outcome.arrays = {**arrays, "entk_index": index.numpy(), "entk_mean": stage2.normalization.mean.numpy(),
                       "entk_std": stage2.normalization.std.numpy()}
     return outcome

@@ -4,14 +4,16 @@ Each :class:`Stage2Shard` holds the eNTK features of a contiguous range of
 clients (the range of the trainer that computed them, handed over through the
 object store: the features never reach the driver) and an equal share of the
 test split. Per call the driver sends only what a server would broadcast: the
-normalization (μ, σ), the global model W and SCAFFOLD's server control c.
-Unlike the feature shards, a stage-2 shard keeps state between calls: its
-clients' control variates c_k (p × C each, created at a client's first
-participation), as the clients themselves would in TCT's algorithm.
+normalization (μ, σ), the global model ψ = [W; bᵀ] ((p + 1) × C, the bias as
+the last row) and SCAFFOLD's server control c. Unlike the feature shards, a
+stage-2 shard keeps state between calls: its clients' control variates c_k
+((p + 1) × C each, created at a client's first participation), as the clients
+themselves would in TCT's algorithm.
 
-The maths is :mod:`fedray.tct.stage2`'s, applied per client: the sharded
-solver equals :class:`~fedray.tct.stage2.ScaffoldStage2` run on the same
-standardized clients.
+The maths is :mod:`fedray.tct.stage2`'s, applied per client to the
+standardized features with the intercept appended (``with_intercept``), for
+training and scoring alike: the sharded solver equals
+:class:`~fedray.tct.stage2.ScaffoldStage2` run on the same standardized clients.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from fedray.tct.stage2 import (
     row_blocks,
     stage2_statistics,
     targets,
+    with_intercept,
 )
 
 
@@ -66,7 +69,7 @@ class RoundSums:
 
 @dataclass
 class Statistics:
-    """The closed form's uploads summed over clients: ZᵀZ and ZᵀY of the standardized features (float64)."""
+    """The closed form's uploads summed over clients: XᵀX and XᵀY of the standardized features with the intercept (float64)."""
 
     matrix: torch.Tensor
     rhs: torch.Tensor
@@ -118,9 +121,10 @@ class Stage2Shard:
         self.controls: dict[int, torch.Tensor] = {}
 
     def _client(self, client: int, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
+        """Client ``client``'s design [Z̃_k, 1] and targets, in the shard's compute dtype."""
         local = client - self.first_client
         rows = slice(int(self.offsets[local]), int(self.offsets[local + 1]))
-        features = normalize(self.features["train"][rows], *self._on_device(normalization), dtype=self.dtype)
+        features = with_intercept(normalize(self.features["train"][rows], *self._on_device(normalization), dtype=self.dtype))
         return features, targets(self.labels["train"][rows], self.num_classes, self.dtype)
 
     def _on_device(self, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,11 +170,11 @@ class Stage2Shard:
         return combine_partials(a, b)
 
     def correct(self, normalization: Normalization, model: torch.Tensor) -> tuple[int, int]:
-        """(correctly classified, total) test rows by argmax of the standardized features times ``model``."""
+        """(correctly classified, total) test rows by argmax of Z̃ W + 1 bᵀ, Z̃ the standardized features and ``model`` = [W; bᵀ]."""
         mean, std = self._on_device(normalization)
         features, model = self.features["test"], model.to(self.device, self.dtype)
         correct = sum(
-            int(((normalize(features[rows], mean, std, self.dtype) @ model).argmax(dim=1) == self.labels["test"][rows]).sum())
+            int(((with_intercept(normalize(features[rows], mean, std, self.dtype)) @ model).argmax(dim=1) == self.labels["test"][rows]).sum())
             for rows in row_blocks(len(features))
         )
         return correct, len(features)

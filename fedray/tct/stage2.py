@@ -1,21 +1,32 @@
 """TCT stage 2 (Yu et al., NeurIPS 2022): the convexified problem and its federated solvers.
 
 Every client k holds eNTK features Z_k (n_k × p) and labels y_k. Stage 2 is the
-linear regression
+linear regression with a bias of the paper's Algorithm 2 (ψ = (φ, b),
+ŷ = φᵀ z̃ + b)
 
-    min_W  F(W) = Σ_k w_k F_k(W),   F_k(W) = ‖Z_k W − Y_k‖²_F / (2 n_k),
+    min_{W,b}  F(W, b) = Σ_k w_k F_k(W, b),   F_k(W, b) = ‖Z_k W + 1 bᵀ − Y_k‖²_F / (2 n_k),
 
 with targets Y_k = onehot(y_k) − 1/C and aggregation weights w_k = n_k / N
-(``weighted=True``: F is the pooled (1/2N) ‖Z W − Y‖²_F) or 1/K. Before it, the
-features are standardized across clients with one round of communication
-(``normalization``), and ``random_projection`` shrinks p when it is too large.
+(``weighted=True``: F is the pooled (1/2N) ‖Z W + 1 bᵀ − Y‖²_F) or 1/K. Before
+it, the features are standardized across clients with one round of
+communication (``normalization``), and ``random_projection`` shrinks p when it
+is too large.
+
+The bias is a constant-1 coordinate appended to the standardized features
+(``with_intercept``): the model is one (p + 1) × C matrix ψ = [W; bᵀ] acting on
+X_k = [Z_k, 1], so F_k(ψ) = ‖X_k ψ − Y_k‖²_F / (2 n_k) and every formula below
+(gradients, control variates, XᵀX and XᵀY, the closed form, F from statistics)
+is plain least squares in p + 1 coordinates. The paper has the bias; the
+authors' code (``mnist/utils.py``: ``scaffold_update``) has none. With features
+centered over all clients it carries the class prior (see
+``closed_form_stage2``), which a model without it cannot represent.
 
 Two solvers of the same problem:
 
 * ``scaffold_stage2``: the paper's communication-efficient SCAFFOLD, full-batch
   local gradient steps with a drift correction, one model up and down per round;
-* ``closed_form_stage2``: the exact minimizer from summed ZᵀZ and ZᵀY, i.e. what a
-  Fed3R-style upload of p² + pC floats per client gives in one round.
+* ``closed_form_stage2``: the exact minimizer from summed XᵀX and XᵀY, i.e. what a
+  Fed3R-style upload of (p + 1)² + (p + 1)·C floats per client gives in one round.
 
 Everything here works on in-memory tensors; the sharded Ray runtime wraps it.
 """
@@ -147,6 +158,20 @@ def random_projection(features: torch.Tensor, dim: int, seed: int) -> torch.Tens
     return projected.to(features.dtype)
 
 
+def with_intercept(features: torch.Tensor) -> torch.Tensor:
+    """X = [Z, 1]: ``features`` (n × p) with a constant-1 coordinate appended, whose row of ψ is the bias b.
+
+    Applied to standardized features (the constant is not standardized: it has
+    no variance), by every place that fits or scores a stage-2 model ψ.
+    """
+    return torch.cat([features, torch.ones(len(features), 1, dtype=features.dtype, device=features.device)], dim=1)
+
+
+def split_model(model: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W, b) of a stage-2 model ψ = [W; bᵀ] ((p + 1) × C): the p × C weights and the C biases."""
+    return model[:-1], model[-1]
+
+
 def client_weights(clients: Sequence[ClientData], weighted: bool) -> torch.Tensor:
     """The aggregation weights w_k (float64, summing to 1): n_k / N, or 1/K when not ``weighted``."""
     if weighted:
@@ -156,18 +181,18 @@ def client_weights(clients: Sequence[ClientData], weighted: bool) -> torch.Tenso
 
 
 def _gradient(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor) -> torch.Tensor:
-    """∇F_k(W) = Z_kᵀ (Z_k W − Y_k) / n_k."""
+    """∇F_k(ψ) = X_kᵀ (X_k ψ − Y_k) / n_k (``features`` = X_k, the design with the intercept)."""
     return features.T @ (features @ model - target) / len(features)
 
 
 def client_loss(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor) -> float:
-    """F_k(W) = ‖Z_k W − Y_k‖²_F / (2 n_k)."""
+    """F_k(ψ) = ‖X_k ψ − Y_k‖²_F / (2 n_k) (``features`` = X_k = [Z_k, 1])."""
     return float((features @ model - target).square().sum()) / (2 * len(target))
 
 
 def local_delta(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor, correction: torch.Tensor,
                 steps: int, lr: float) -> torch.Tensor:
-    """A client's y_K − W after K = ``steps`` full-batch steps y ← y − η (∇F_k(y) − h_k) from y_0 = W (h_k = ``correction``)."""
+    """A client's y_K − ψ after K = ``steps`` full-batch steps y ← y − η (∇F_k(y) − h_k) from y_0 = ψ (h_k = ``correction``)."""
     local = model
     for _ in range(steps):
         local = local - lr * (_gradient(features, target, local) - correction)
@@ -193,7 +218,12 @@ class Stage2Round:
 
 
 class ScaffoldStage2:
-    """TCT's communication-efficient SCAFFOLD on F, one ``step`` per round.
+    """TCT's communication-efficient SCAFFOLD on F, one ``step`` per round, over ψ = [W; bᵀ] ((p + 1) × C).
+
+    ``clients`` hold standardized features Z_k; the solver works on their designs
+    X_k = [Z_k, 1] (``with_intercept``, kept as ``self.clients``), so W_t below
+    stands for the whole ψ_t, bias included (Algorithm 2 runs SCAFFOLD over
+    ψ = (φ, b)).
 
     Round t, with global model W_t and sampled clients S (all by default). Client
     k starts from y_0 = W_t and runs K = ``local_steps`` full-batch steps
@@ -218,9 +248,9 @@ class ScaffoldStage2:
     Σ_k w_k c_k = c give c⁺ = (W_t − W_{t+1}) / (Kη): every client derives c⁺ from
     the two last global models it received, hence
     h_k⁺ = h_k + (W_{t+1} − y_K) / (Kη), the update of the TCT code. Per round
-    and participant that is p·C floats up (Δ_k) and p·C down (W_{t+1}). When
-    clients are sampled, a client that skipped rounds cannot derive c, so the
-    server sends it with the model: 2·p·C down.
+    and participant that is (p + 1)·C floats up (Δ_k) and (p + 1)·C down
+    (W_{t+1}). When clients are sampled, a client that skipped rounds cannot
+    derive c, so the server sends it with the model: 2·(p + 1)·C down.
 
     With full participation and K = 1 the round is exactly full-batch gradient
     descent on F: W_{t+1} = W_t − η Σ_k w_k (∇F_k(W_t) − h_k) = W_t − η ∇F(W_t).
@@ -251,7 +281,7 @@ class ScaffoldStage2:
         dtypes = {client.features.dtype for client in clients}
         if len(dims) != 1 or len(dtypes) != 1:
             raise FedrayError(f"all clients need features of one width and dtype, got widths {sorted(dims)} and {len(dtypes)} dtypes")
-        self.clients = list(clients)
+        self.clients = [ClientData(with_intercept(client.features), client.labels) for client in clients]
         self.num_classes = num_classes
         self.local_steps = local_steps
         self.lr = lr
@@ -261,7 +291,7 @@ class ScaffoldStage2:
         self.weights = client_weights(self.clients, weighted)
         self.sample_size = len(self.clients) if clients_per_round is None else min(clients_per_round, len(self.clients))
         self.generator = torch.Generator().manual_seed(seed)
-        shape = (dims.pop(), num_classes)
+        shape = (dims.pop() + 1, num_classes)
         device = self.clients[0].features.device
         self.model = torch.zeros(shape, dtype=self.dtype, device=device)
         self.client_controls = torch.zeros((len(self.clients), *shape), dtype=self.dtype, device=device)
@@ -269,7 +299,7 @@ class ScaffoldStage2:
         self.round = 0
 
     def corrections(self) -> torch.Tensor:
-        """All clients' h_k = c_k − c (K × p × C); Σ_k w_k h_k = 0."""
+        """All clients' h_k = c_k − c (K × (p + 1) × C); Σ_k w_k h_k = 0."""
         return self.client_controls - self.control
 
     def sample(self) -> list[int]:
@@ -284,7 +314,7 @@ class ScaffoldStage2:
         return local_delta(self.clients[client].features, self.targets[client], self.model, correction, self.local_steps, self.lr)
 
     def loss_and_accuracy(self, model: torch.Tensor) -> tuple[float, float]:
-        """F(model) and the pooled training accuracy of argmax(Z W)."""
+        """F(model) and the pooled training accuracy of argmax(Z W + 1 bᵀ)."""
         loss = 0.0
         correct = 0
         for weight, client, target in zip(self.weights.tolist(), self.clients, self.targets):
@@ -332,11 +362,11 @@ def scaffold_stage2(
     correction: bool = True,
     evaluate: Callable[[torch.Tensor], dict[str, float]] | None = None,
 ) -> tuple[torch.Tensor, list[Stage2Round]]:
-    """Stage 2 by ``rounds`` rounds of ``ScaffoldStage2`` from W = 0; returns W (p × C) and the rounds.
+    """Stage 2 by ``rounds`` rounds of ``ScaffoldStage2`` from ψ = 0; returns ψ = [W; bᵀ] ((p + 1) × C) and the rounds.
 
     The defaults are the TCT paper's (100 rounds of 500 local steps at η = 5e-5).
     ``clients`` should already be standardized (``standardize_clients``).
-    ``evaluate(W)``, when given, is called after every round and its result is
+    ``evaluate(ψ)``, when given, is called after every round and its result is
     stored as the round's ``metrics`` (e.g. test accuracy).
     """
     solver = ScaffoldStage2(clients, num_classes, local_steps, lr, clients_per_round, seed, weighted, correction)
@@ -350,18 +380,24 @@ def scaffold_stage2(
 
 
 def closed_form_stage2(clients: Sequence[ClientData], num_classes: int, lam: float = 0.0) -> torch.Tensor:
-    """The exact minimizer of (1/2N) ‖Z W − Y‖²_F + (λ/2) ‖W‖²_F in float64 (p × C).
+    """The exact minimizer ψ = [W; bᵀ] of (1/2N) ‖Z W + 1 bᵀ − Y‖²_F + (λ/2) ‖W‖²_F in float64 ((p + 1) × C).
 
-    Solves (Σ_k Z_kᵀZ_k + λ N I) W = Σ_k Z_kᵀY_k from the clients' summed
-    statistics (p² + p·C floats up per client, one round) by Cholesky. ``lam``
-    regularizes an ill-conditioned or rank-deficient ZᵀZ (p close to or above
-    N); with ``lam = 0`` and a singular ZᵀZ the solve falls back to least squares,
-    which gives the minimum-norm minimizer. It is the pooled (``weighted=True``)
-    objective; ``clients`` should already be standardized.
+    Solves (Σ_k X_kᵀX_k + λ N D) ψ = Σ_k X_kᵀY_k, X_k = [Z_k, 1] and
+    D = diag(1, …, 1, 0), from the clients' summed statistics ((p + 1)² +
+    (p + 1)·C floats up per client, one round) by Cholesky. ``lam`` regularizes
+    an ill-conditioned or rank-deficient ZᵀZ (p close to or above N) and leaves
+    b alone (see ``solve_stage2``); with ``lam = 0`` and a singular XᵀX the
+    solve falls back to least squares, which gives the minimum-norm minimizer.
+    It is the pooled (``weighted=True``) objective; ``clients`` should already
+    be standardized.
+
+    Standardized over all clients, the features sum to zero (Σ z̃ = 0), so the
+    system decouples: W is the minimizer without a bias and b = Ȳ, the class
+    frequencies minus 1/C, nonzero when the classes are imbalanced.
     """
     if not clients:
         raise FedrayError("stage 2 needs at least one client")
-    dim = clients[0].features.shape[1]
+    dim = clients[0].features.shape[1] + 1
     matrix = torch.zeros(dim, dim, dtype=torch.float64)
     rhs = torch.zeros(dim, num_classes, dtype=torch.float64)
     for client in clients:
@@ -372,21 +408,31 @@ def closed_form_stage2(clients: Sequence[ClientData], num_classes: int, lam: flo
 
 
 def stage2_statistics(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ZᵀZ and ZᵀY (Y = onehot − 1/C) in float64: a client's (or a shard's summed) closed-form upload."""
-    features = features.to(torch.float64)
+    """XᵀX and XᵀY of X = [Z, 1] (``with_intercept``) and Y = onehot − 1/C, in float64: a client's (or a shard's summed)
+    closed-form upload, (p + 1)² + (p + 1)·C floats for standardized features Z (n × p)."""
+    features = with_intercept(features.to(torch.float64))
     return gram(features), features.T @ targets(labels, num_classes).to(features.device)
 
 
 def objective_from_statistics(matrix: torch.Tensor, rhs: torch.Tensor, count: int, num_classes: int, model: torch.Tensor) -> float:
-    """F(W) = ‖Z W − Y‖²_F / (2N) from ZᵀZ, ZᵀY and N alone: (tr WᵀZᵀZW − 2 tr WᵀZᵀY + ‖Y‖²) / (2N),
-    with ‖Y‖² = N (1 − 1/C) for the targets onehot − 1/C."""
+    """F(ψ) = ‖X ψ − Y‖²_F / (2N) from XᵀX, XᵀY and N alone: (tr ψᵀXᵀXψ − 2 tr ψᵀXᵀY + ‖Y‖²) / (2N),
+    with ‖Y‖² = N (1 − 1/C) for the targets onehot − 1/C (X = [Z, 1], see ``stage2_statistics``)."""
     model = model.to(torch.float64)
     quadratic = float((model * (matrix @ model)).sum()) - 2.0 * float((model * rhs).sum())
     return (quadratic + count * (1.0 - 1.0 / num_classes)) / (2 * count)
 
 
 def solve_stage2(matrix: torch.Tensor, rhs: torch.Tensor, count: int, lam: float = 0.0) -> torch.Tensor:
-    """W solving (ZᵀZ + λ N I) W = ZᵀY from summed statistics (``count`` = N samples); see ``closed_form_stage2``."""
+    """ψ solving (XᵀX + λ N D) ψ = XᵀY, D = diag(1, …, 1, 0), from summed statistics (``count`` = N samples).
+
+    See ``closed_form_stage2``. λ is fedray's extension (the paper's objective
+    has no regularizer) against an ill-conditioned ZᵀZ; it does not penalize
+    the bias, the last coordinate: that would pull predictions toward 0 rather
+    than the class prior, and b needs no help (its curvature is 1, and with
+    λ > 0 the matrix is positive definite all the same).
+    """
     if lam < 0:
         raise FedrayError(f"lam must be >= 0, got {lam}")
-    return spd_solve(matrix + lam * count * torch.eye(len(matrix), dtype=torch.float64, device=matrix.device), rhs)
+    penalty = torch.ones(len(matrix), dtype=torch.float64, device=matrix.device)
+    penalty[-1] = 0.0
+    return spd_solve(matrix + lam * count * torch.diag(penalty), rhs)
