@@ -189,3 +189,14 @@ def test_methods_lists_every_builtin_with_its_options(capsys):
                  "fedavg", "fedadam", "server_lr: float | None = None", "adam_beta2: float = 0.99",
                  "fedavgm", "server_momentum: float = 0.9", "scaffold", "fedprox", "tct"]:
         assert line in out, line
+
+
+def test_the_readme_example_method_runs_and_is_fedncm(fedncm_run, tmp_path):
+    """The "Write your own method" example of the README, as written there."""
+    readme = (REPO / "README.md").read_text()
+    code = readme.split("```python\n# my_ncm.py\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_ncm.py").write_text(code)
+    table = fedray.run(method=f"{tmp_path / 'my_ncm.py'}:MyNCM", dataset=SPEC, out=tmp_path / "out", eval_every=3,
+                       num_shards=2, cpus_per_shard=0.5, quiet=True)
+    assert table["accuracy"].to_list() == [r["accuracy"] for r in rows(fedncm_run)]
+    assert max_relative_difference(weight(tmp_path / "out"), weight(fedncm_run)) <= 1e-12
