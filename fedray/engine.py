@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
@@ -43,6 +45,32 @@ def check_address(address: str | None = None) -> None:
         check_reachable(*given)
 
 
+TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+@contextmanager
+def _without_token_auth_notice() -> Iterator[None]:
+    """Token authentication stays on, as Ray enables it for a new local cluster; only its notice on every run is dropped
+    (that one message: every other warning and error of Ray still shows)."""
+    logger = logging.getLogger(TOKEN_AUTH_LOGGER)
+    notice = _DropMessage(TOKEN_AUTH_NOTICE)
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
 def init_ray(address: str | None = None) -> None:
     """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray."""
     if ray.is_initialized():
@@ -50,7 +78,8 @@ def init_ray(address: str | None = None) -> None:
     given = _cluster_address(address)
     options = {"log_to_driver": False, "logging_level": logging.WARNING}
     if given is None:
-        ray.init(include_dashboard=False, **options)
+        with _without_token_auth_notice():
+            ray.init(include_dashboard=False, **options)
         return
     check_reachable(*given)
     try:
