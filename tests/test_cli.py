@@ -522,6 +522,18 @@ def test_an_address_where_nothing_listens_fails_in_one_line(tmp_path, how):
     assert nothing_written(out)
 
 
+@pytest.mark.parametrize("args, needles", [
+    (["--num-shards", "500", "--cpus-per-shard", "1"], ["cannot reserve", "--num-shards 500 cut at equal sample counts over 186 clients",
+                                                       "the cluster has 2 CPU", "no autoscaler", "lower --num-shards or --cpus-per-shard"]),
+    (["--num-shards", "1", "--cpus-per-shard", "4"], ["cannot reserve 1 shard × 4 CPU", "the cluster has 2 CPU", "no autoscaler"]),
+], ids=["num-shards", "cpus-per-shard"])
+def test_shards_beyond_a_cluster_without_autoscaler_fail_at_once(ray_session, tmp_path, capsys, args, needles):
+    out = tmp_path / "out"
+    start = time.monotonic()
+    expect_error(capsys, ["run", "--dataset", SPEC, "--out", out, "--quiet", *args], *needles, out=out)
+    assert time.monotonic() - start < 30, "not the 60 s wait for nodes that no autoscaler will add"
+
+
 def test_unknown_method_is_a_usage_error(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit:
         main(["run", "--method", "sgd", "--dataset", SPEC, "--out", str(tmp_path / "out")])

@@ -143,7 +143,9 @@ class ShardPool:
         shards = len(bounds) - 1
         bundle = {"CPU": cpus_per_shard}
         if trial_group is None:
-            group = reserve([bundle] * shards, "SPREAD", f"{shards} shards × {cpus_per_shard} CPU", "lower --num-shards or --cpus-per-shard")
+            cut = f" (--num-shards {num_shards} cut at equal sample counts over {federation.num_clients} clients)" if shards < num_shards else ""
+            group = reserve(bundle, shards, "SPREAD", f"{shards} shard{'s' if shards > 1 else ''}{cut} × {cpus_per_shard:g} CPU",
+                            "lower --num-shards or --cpus-per-shard")
             first_bundle = 0
         else:
             group, first_bundle = trial_group, 1
