@@ -1,6 +1,7 @@
 """What the Ray cluster this driver is connected to can hold, and whether it can grow.
 
-A request the cluster can never hold (115 one-CPU shards on 2 CPUs) fails at once with the cluster's
+A request the cluster can never hold (115 one-CPU shards on 2 CPUs, a run
+needing more memory than its nodes have) fails at once with the cluster's
 resources in the message, unless an autoscaler may add the nodes it needs.
 """
 
@@ -9,9 +10,11 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import ray
 
 from fedray.errors import FedrayError
+from fedray.runtime.footprint import Footprint
 
 GB = 1e9
 
@@ -73,3 +76,25 @@ def check_bundles_fit(bundle: dict[str, float], count: int, what: str, hint: str
     nodes = alive_nodes()
     if bundles_that_fit(bundle, nodes) < count and not may_add_nodes():
         raise FedrayError(f"cannot reserve {what}: the cluster has {describe(nodes)} and no autoscaler to add more; {hint}")
+
+
+def check_memory(footprint: Footprint, shard_samples: np.ndarray) -> None:
+    """Fail at once when the estimated memory of ``footprint`` on shards of ``shard_samples`` cannot fit the cluster.
+
+    The largest shard must fit the largest node, and all shards and the driver
+    the cluster's total; skipped where an autoscaler may add nodes.
+    """
+    if may_add_nodes():
+        return
+    nodes = alive_nodes()
+    memory = [node.get("memory", 0.0) for node in nodes]
+    shards = [footprint.shard(int(samples)) for samples in shard_samples]
+    total = sum(shards) + footprint.driver
+    if max(shards) <= max(memory) and total <= sum(memory):
+        return
+    term = footprint.largest(shard_samples)
+    raise FedrayError(
+        f"{footprint.stage} needs about {total / GB:.1f} GB of memory ({len(shards)} shards of up to {max(shards) / GB:.1f} GB, "
+        f"{footprint.driver / GB:.1f} GB on the driver; most of it {term.what}), more than the cluster's "
+        f"{sum(memory) / GB:.1f} GB (largest node {max(memory) / GB:.1f} GB): {term.remedy}"
+    )
