@@ -22,7 +22,7 @@ from fedray.gradient.runner import finetune_on_images, train_on_features
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
 from fedray.results import EvalPoint, config_columns, write_run
-from fedray.runtime import sampling
+from fedray.runtime import footprint, sampling
 from fedray.runtime.address import check_reachable
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
@@ -156,7 +156,8 @@ def run(
         model = outcome.params
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
     else:
-        pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group)
+        pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group,
+                               footprints=footprint.estimate(config, federation))
         try:
             if config.trains:
                 outcome = train_on_features(config, pool, Evaluator(federation), on_point, saved)

@@ -34,6 +34,8 @@ driver_cpus: 1
         "import ray, sys\n"
         f"ray.init(address='127.0.0.1:{port}', logging_level='ERROR')\n"
         "from fedray.cli import main\n"
+        "from fedray.runtime.cluster import may_add_nodes\n"
+        "print('GROWS', may_add_nodes())\n"
         f"code = main(['sweep', '--config', '{sweep}', '--out', '{tmp_path / 'out'}', '--quiet'])\n"
         "print('NODES', len([n for n in ray.nodes() if n['Alive']]))\n"
         "sys.exit(code)\n"
@@ -47,6 +49,7 @@ driver_cpus: 1
     finally:
         stop_node(head, temp_dir)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "GROWS True" in done.stdout, "an autoscaler with room for workers: requests wait for nodes instead of failing"
     nodes = int(done.stdout.split("NODES")[-1].split()[0])
     assert nodes >= 2, "each trial needs 2 CPUs and the head has 1: workers were added"
     results = pl.read_parquet(tmp_path / "out" / "grows" / "results.parquet")

@@ -522,6 +522,34 @@ def test_an_address_where_nothing_listens_fails_in_one_line(tmp_path, how):
     assert nothing_written(out)
 
 
+@pytest.mark.parametrize("args, needles", [
+    (["--num-shards", "500", "--cpus-per-shard", "1"], ["cannot reserve", "--num-shards 500 cut at equal sample counts over 186 clients",
+                                                       "the cluster has 2 CPU", "no autoscaler", "lower --num-shards or --cpus-per-shard"]),
+    (["--num-shards", "1", "--cpus-per-shard", "4"], ["cannot reserve 1 shard × 4 CPU", "the cluster has 2 CPU", "no autoscaler"]),
+], ids=["num-shards", "cpus-per-shard"])
+def test_shards_beyond_a_cluster_without_autoscaler_fail_at_once(ray_session, tmp_path, capsys, args, needles):
+    out = tmp_path / "out"
+    start = time.monotonic()
+    expect_error(capsys, ["run", "--dataset", SPEC, "--out", out, "--quiet", *args], *needles, out=out)
+    assert time.monotonic() - start < 30, "not the 60 s wait for nodes that no autoscaler will add"
+
+
+def test_a_run_that_cannot_fit_the_clusters_memory_is_refused_with_the_estimate(ray_session, tmp_path, capsys):
+    table = byo_table()
+    labels = table.column("label").to_numpy().copy()
+    labels[9] = 2_000_000_000
+    path = tmp_path / "two-billion-classes.parquet"
+    metadata = {b"fedray.num_classes": b"2000000001"}  # declared on purpose, so only the memory estimate can refuse it
+    pq.write_table(with_column(table, "label", pa.array(labels)).replace_schema_metadata(metadata), path)
+    out = tmp_path / "out"
+    err = expect_error(capsys, ["run", "--dataset", f"parquet:{path}", "--out", out, *SMALL_RUN, "--clients-per-round", "2"],
+                       "fed3r needs about", "GB of memory", "2 shards of up to", "on the driver",
+                       "the p × C targets (float64, p = 5, C = 2,000,000,001)", "more than the cluster's",
+                       "lower the number of classes C", out=out)
+    needed = float(re.search(r"needs about ([\d.]+) GB", err)[1])
+    assert needed > 3 * 5 * 2e9 * 8 / 1e9, "at least three copies of the targets on each shard"
+
+
 def test_unknown_method_is_a_usage_error(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit:
         main(["run", "--method", "sgd", "--dataset", SPEC, "--out", str(tmp_path / "out")])

@@ -1,7 +1,8 @@
-"""The extraction pool's placement group on a real multi-node cluster with (logical) GPUs."""
+"""Placement groups on a real multi-node cluster: the extraction pool with (logical) GPUs, shards beyond the cluster."""
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -10,6 +11,7 @@ import torchvision
 from fedray.data.registry import load_federation
 from tests.images import write_image_folder
 from tests.local_cluster import ENV, driver_command, local_cluster
+from tests.test_cli import SPEC
 from tests.test_extract import SIZE, check_against_direct
 
 
@@ -34,3 +36,18 @@ def test_gpu_bundles_are_spread_over_the_nodes_and_fall_back_to_cpu(tmp_path, mo
     cached = load_federation(f"features:{entry}")
     assert cached.train.num_rows == 12 and cached.test.num_rows == 4
     check_against_direct(load_federation(f"imagefolder:{folder}"), entry, weights)
+
+
+def test_shards_beyond_a_hand_started_cluster_fail_at_once(tmp_path):
+    """A cluster started with ``ray start`` runs Ray's read-only autoscaler: no node will come, so no 60 s wait."""
+    out = tmp_path / "out"
+    argv = ["run", "--dataset", SPEC, "--out", str(out), "--num-shards", "3", "--cpus-per-shard", "1", "--quiet"]
+    with local_cluster(nodes=2, cpus=1, gpus=0) as address:
+        start = time.monotonic()
+        done = subprocess.run(driver_command(address, argv), env=ENV, capture_output=True, text=True, timeout=300)
+        seconds = time.monotonic() - start
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "fedray: error: cannot reserve 3 shards × 1 CPU: the cluster has 2 CPU, 0 GPU" in done.stderr, done.stderr[-2000:]
+    assert "on 2 nodes and no autoscaler to add more; lower --num-shards or --cpus-per-shard" in done.stderr
+    assert seconds < 50, "failed at once, not after the 60 s wait"
+    assert not out.exists()

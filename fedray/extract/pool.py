@@ -123,7 +123,7 @@ class ExtractionPool:
             raise FedrayError("no extraction replica fits: " + ("the cluster has no GPU" if use_gpus else "too few CPUs"))
         bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpus else {})}
         group = reserve(
-            [bundle] * pool_size, "SPREAD", f"{pool_size} extraction replicas × {bundle}", "lower --pool-size or --cpus-per-worker"
+            bundle, pool_size, "SPREAD", f"{pool_size} extraction replicas × {bundle}", "lower --pool-size or --cpus-per-worker"
         )
         state_ref = ray.put(state_dict)
         arguments = (backbone, state_ref, transform, precision, batch_size, max(1, int(cpus_per_worker)))

@@ -93,7 +93,7 @@ class TrainerPool:
         bounds = balanced_bounds(federation.client_offsets, num_trainers)
         trainers = len(bounds) - 1
         bundle = {"CPU": cpus_per_trainer, **({"GPU": 1} if gpus else {})}
-        group = reserve([bundle] * trainers, "SPREAD", f"{trainers} trainers × {bundle}", "lower num_trainers or cpus_per_trainer")
+        group = reserve(bundle, trainers, "SPREAD", f"{trainers} trainers × {bundle}", "lower num_trainers or cpus_per_trainer")
         federation_ref = ray.put(federation)
         test_bounds = np.linspace(0, federation.test.num_rows, trainers + 1).astype(np.int64)
         threads = max(1, int(cpus_per_trainer))

@@ -7,18 +7,23 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedray.errors import FedrayError
+from fedray.runtime.cluster import check_bundles_fit
 
 WAIT_S = 60.0
 
 
-def reserve(bundles: list[dict[str, float]], strategy: str, what: str, hint: str, wait_s: float = WAIT_S) -> PlacementGroup:
-    """A ready placement group of ``bundles``, or a clear error after ``wait_s`` seconds.
+def reserve(bundle: dict[str, float], count: int, strategy: str, what: str, hint: str, wait_s: float = WAIT_S) -> PlacementGroup:
+    """A ready placement group of ``count`` copies of ``bundle``, or a clear error.
 
     All or nothing: a job either gets every bundle or fails with a message
     naming ``what`` it asked for, the cluster's totals and ``hint`` (what to
-    lower), instead of running on a partial set or waiting forever.
+    lower), instead of running on a partial set or waiting forever: at once
+    when the cluster can never hold them and no autoscaler may add nodes, else
+    after ``wait_s`` seconds (other jobs may free resources, an autoscaler add
+    nodes).
     """
-    group = placement_group(bundles, strategy=strategy)
+    check_bundles_fit(bundle, count, what, hint)
+    group = placement_group([bundle] * count, strategy=strategy)
     if not group.wait(timeout_seconds=wait_s):
         remove_placement_group(group)
         totals = ray.cluster_resources()

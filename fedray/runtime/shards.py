@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,8 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from fedray.data.federation import TRAIN, Federation
 from fedray.errors import FedrayError
 from fedray.methods.base import ClientBatch, ClosedFormMethod
+from fedray.runtime.cluster import check_memory
+from fedray.runtime.footprint import Footprint
 from fedray.runtime.placement import reserve, start_actors
 
 
@@ -125,12 +127,15 @@ class ShardPool:
         num_shards: int | None = None,
         cpus_per_shard: float = 1,
         trial_group: PlacementGroup | None = None,
+        footprints: Sequence[Footprint] = (),
     ) -> "ShardPool":
         """Start the shards in a placement group of their own, or in bundles 1.. of ``trial_group``.
 
         ``trial_group`` is the placement group a Tune trial runs in (bundle 0
         is the trial's driver), reserved by the sweep with one bundle per
         shard, so trials never compete with each other for shard CPUs.
+        ``footprints`` (the run's estimated memory, stage by stage) must fit
+        the cluster before any shard starts.
         """
         federation.require_features()
         if trial_group is not None:
@@ -143,10 +148,19 @@ class ShardPool:
         shards = len(bounds) - 1
         bundle = {"CPU": cpus_per_shard}
         if trial_group is None:
-            group = reserve([bundle] * shards, "SPREAD", f"{shards} shards × {cpus_per_shard} CPU", "lower --num-shards or --cpus-per-shard")
+            cut = f" (--num-shards {num_shards} cut at equal sample counts over {federation.num_clients} clients)" if shards < num_shards else ""
+            group = reserve(bundle, shards, "SPREAD", f"{shards} shard{'s' if shards > 1 else ''}{cut} × {cpus_per_shard:g} CPU",
+                            "lower --num-shards or --cpus-per-shard")
             first_bundle = 0
         else:
             group, first_bundle = trial_group, 1
+        try:
+            for footprint in footprints:
+                check_memory(footprint, np.diff(federation.client_offsets[bounds]))
+        except FedrayError:
+            if trial_group is None:
+                remove_placement_group(group)
+            raise
         federation_ref = ray.put(federation)
         threads = max(1, int(cpus_per_shard))
         arguments = [(federation_ref, int(a), int(b), threads) for a, b in zip(bounds[:-1], bounds[1:])]

@@ -193,7 +193,7 @@ class Stage2Pool:
               test_labels: list[np.ndarray], bounds: np.ndarray, client_offsets: np.ndarray, num_classes: int,
               bundle: dict[str, float], projection: Projection | None) -> Stage2Pool:
         """One shard per trainer range ``bounds[s] .. bounds[s+1]``, from the refs of that trainer's features."""
-        group = reserve([bundle] * len(train), "SPREAD", f"{len(train)} stage-2 shards × {bundle}", "lower num_trainers or cpus_per_trainer")
+        group = reserve(bundle, len(train), "SPREAD", f"{len(train)} stage-2 shards × {bundle}", "lower num_trainers or cpus_per_trainer")
         arguments = [
             (train[s], train_labels[s], test[s], test_labels[s],
              client_offsets[bounds[s] : bounds[s + 1] + 1] - client_offsets[bounds[s]], int(bounds[s]), num_classes,

@@ -1,0 +1,194 @@
+"""The memory a run on features needs, estimated from its shapes before any shard starts.
+
+What it counts: the large arrays the code allocates, in bytes (statistics in
+float64, features in float32), with d the feature dimension, C the classes,
+M the client-class pairs, N_s a shard's training samples, B the samples of one
+block (the clients a shard serves in one evaluation block, or in one round
+when training: at most N_s, and at most the largest such set of clients):
+
+  every shard   its features and labels (N_s × (4d + 8)); the block's rows gathered
+                (B × (4d + 8)) and their float64 design (B × 8p, plus the float32
+                output of the method's feature map); four statistics objects at
+                once (a partial received in the tree reduction, its own, their sum,
+                and the copy Ray pickles to return it);
+  the driver    the test features and their feature map's output; three statistics
+                objects (the running total, a block's, their sum); the solver's
+                workspace; one chunk of test scores (8192 × 4C).
+
+Statistics: fedncm C × d; fed3r and ffc p × p + p × C with p = d (+ 1 with
+--bias); fed3r-rf the same with p = D (plus the d × D random map everywhere);
+fedcof C × d and the received means, at most M × --means-per-class × d (the
+shard that ends the tree reduction holds them all); fedcof-oracle d × d + C × d.
+A gradient method on features adds its trained parameters P (C(d + 1); with
+--head sphere, l(d + 1) + lC) four times everywhere, its round's logits in a
+shard (5 × B × 4C), and SCAFFOLD's client state on the driver (N × 4C for a
+linear head, K × 4P for SphereFed); each closed-form stage it runs (--init,
+--probe-ridge, SphereFed's calibration) is estimated as a stage of its own.
+Measured against shards' peak memory growth past their features (iNat-User-120K
+stand-ins, 2 shards; fed3r, fed3r-rf with D = 1,000 and 3,000, ffc, fedcof,
+fedncm), the estimate was at or above it, within a few MB where the random
+features' design dominates, and never more than 0.5 GB above.
+
+Not counted: each process's Python, torch and Ray (a few hundred MB), the object
+store (a block's total waits there until the driver reads it; Ray spills it to
+disk when full), runs that fine-tune on images, and TCT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedray.config import RunConfig
+from fedray.data.federation import Federation
+from fedray.evaluation import CHUNK
+
+FLOAT32, FLOAT64, INT64 = 4, 8, 8
+SHARD_COPIES = 4
+"""Statistics objects alive at once in a shard: a partial received in the tree reduction,
+its own, their sum, and the copy Ray pickles to return the sum (as measured)."""
+DRIVER_COPIES = 3
+"""On the driver: the running total, a block's total, their sum."""
+TRAINING_COPIES = 4
+"""Copies of the trained parameters: the head, a local copy, its gradient, the update."""
+LOGIT_COPIES = 5
+
+
+@dataclass(frozen=True)
+class Term:
+    """Bytes of one kind of array; ``what`` it is and the ``remedy``, for a message."""
+
+    what: str
+    remedy: str
+    per_sample: float = 0.0
+    """In a shard, per training sample it holds."""
+    per_block_sample: float = 0.0
+    """In a shard, per sample of its largest block."""
+    per_shard: float = 0.0
+    driver: float = 0.0
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One stage of a run: its terms and the bound on a block's samples."""
+
+    stage: str
+    terms: tuple[Term, ...]
+    block_samples: int
+
+    def shard(self, samples: int) -> float:
+        block = min(samples, self.block_samples)
+        return sum(t.per_shard + t.per_sample * samples + t.per_block_sample * block for t in self.terms)
+
+    @property
+    def driver(self) -> float:
+        return sum(t.driver for t in self.terms)
+
+    def largest(self, shard_samples: np.ndarray) -> Term:
+        """The term that weighs most in the whole run, over the shards holding ``shard_samples``."""
+        blocks = np.minimum(shard_samples, self.block_samples).sum()
+        return max(self.terms, key=lambda t: t.per_shard * len(shard_samples) + t.per_sample * shard_samples.sum()
+                   + t.per_block_sample * blocks + t.driver)
+
+
+def estimate(config: RunConfig, federation: Federation) -> list[Footprint]:
+    """The footprint of each stage of ``config`` (resolved) on ``federation``'s features; none for runs on images."""
+    if config.finetune:
+        return []
+    d = federation.dim
+    data = _data_terms(d, federation.test.num_rows)
+    per_round = config.per_round(federation.num_clients)
+    block = _largest_clients(federation, per_round * config.eval_every)
+    if not config.trains:
+        return [Footprint(config.method, data + _closed_form(config.method, config, federation, d), block)]
+    width = config.sphere_dim or d
+    stages = [(f"{config.init} (--init)", config.init, d)] if config.init != "random" else []
+    if config.probe_ridge:
+        stages.append(("fed3r (--probe-ridge)", "fed3r", d))
+    if config.head == "sphere":
+        stages.append(("ffc (SphereFed's calibration)", "ffc", width))
+    closed_form = [Footprint(label, data + _closed_form(method, config, federation, dim), block) for label, method, dim in stages]
+    training = Footprint(config.method, data + _training_terms(config, federation, width), _largest_clients(federation, per_round))
+    return [*closed_form, training]
+
+
+def _largest_clients(federation: Federation, count: int) -> int:
+    """Samples of the ``count`` largest clients: the most one block (or round) can gather."""
+    sizes = np.sort(federation.client_sizes)[::-1]
+    return int(sizes[:count].sum())
+
+
+def _data_terms(d: int, test_samples: int) -> tuple[Term, ...]:
+    return (
+        Term(f"the training features (N × d float32, d = {d})",
+             "use a cluster with more memory, or more shards (--num-shards) to spread them over more nodes",
+             per_sample=FLOAT32 * d + INT64, per_block_sample=FLOAT32 * d + INT64),
+        Term(f"the test features ({test_samples:,} × {d} float32)", "use a cluster with more memory",
+             driver=test_samples * (FLOAT32 * d + INT64)),
+    )
+
+
+def _closed_form(method: str, config: RunConfig, federation: Federation, d: int) -> tuple[Term, ...]:
+    """``method``'s terms on features of dimension ``d``."""
+    classes, tests = federation.num_classes, federation.test.num_rows
+    fewer_classes = "lower the number of classes C (the schema's fedray.num_classes, or the labels)"
+    scores = Term(f"the test scores (8192 × C float32, C = {classes:,})", fewer_classes,
+                  driver=min(tests, CHUNK) * classes * FLOAT32)
+    class_sums = classes * (d + 1) * FLOAT64
+    sums = Term(f"the class sums (C × d float64, C = {classes:,}, d = {d})", fewer_classes,
+                per_block_sample=FLOAT64 * d, per_shard=SHARD_COPIES * class_sums, driver=DRIVER_COPIES * class_sums + 2 * classes * d * FLOAT64)
+    if method == "fedncm":
+        return scores, sums
+    if method in ("fed3r", "ffc", "fed3r-rf"):
+        return (scores, *_ridge(method, config, d, classes, tests))
+    oracle = method == "fedcof-oracle"
+    means = 0 if oracle else int(federation.client_num_classes.sum()) * config.means_per_class * (d + 2) * FLOAT64
+    covariance = d * d * FLOAT64
+    return (
+        scores,
+        sums,
+        Term(f"the d × d covariance and Gram matrices (float64, d = {d})", "lower the feature dimension d",
+             per_shard=SHARD_COPIES * covariance if oracle else 0, driver=((DRIVER_COPIES if oracle else 0) + 3) * covariance),
+        Term("the received class means (M × d float64 for each mean per class)", "lower --means-per-class",
+             per_shard=means, driver=means),
+    )
+
+
+def _ridge(method: str, config: RunConfig, d: int, classes: int, tests: int) -> tuple[Term, ...]:
+    """Fed3R's family: the design's feature map (none, L2 normalization, or D random features), Gram and targets."""
+    mapped = {"fed3r": 0, "ffc": d, "fed3r-rf": config.rf_dim}[method]
+    p = (mapped or d) + int(config.bias)
+    narrower = "lower --rf-dim" if method == "fed3r-rf" else "lower the feature dimension d"
+    design = FLOAT64 * p + FLOAT32 * mapped + (FLOAT64 * (p - 1) if config.bias else 0)
+    terms = [
+        Term(f"the p × p Gram matrix and the design (float64, p = {p})", narrower, per_block_sample=design,
+             per_shard=SHARD_COPIES * p * p * FLOAT64, driver=(DRIVER_COPIES + 2) * p * p * FLOAT64 + tests * FLOAT32 * mapped * 2),
+        Term(f"the p × C targets (float64, p = {p}, C = {classes:,})",
+             "lower the number of classes C (the schema's fedray.num_classes, or the labels)",
+             per_shard=SHARD_COPIES * p * classes * FLOAT64, driver=(DRIVER_COPIES + 2) * p * classes * FLOAT64),
+    ]
+    if method == "fed3r-rf":
+        omega = d * config.rf_dim * FLOAT32
+        terms.append(Term(f"the d × D random feature map (float32, D = {config.rf_dim})", "lower --rf-dim",
+                          per_shard=omega, driver=omega))
+    return tuple(terms)
+
+
+def _training_terms(config: RunConfig, federation: Federation, width: int) -> tuple[Term, ...]:
+    d, classes = federation.dim, federation.num_classes
+    sphere = config.head == "sphere"
+    parameters = (width * (d + 1) + width * classes if sphere else classes * (d + 1)) * FLOAT32
+    terms = [
+        Term(f"the trained parameters (four float32 copies of {parameters // FLOAT32:,})",
+             "lower --sphere-dim or the number of classes C" if sphere else "lower the number of classes C",
+             per_shard=TRAINING_COPIES * parameters, driver=TRAINING_COPIES * parameters),
+        Term(f"a round's logits (samples × C float32, C = {classes:,})", "lower --clients-per-round or the number of classes C",
+             per_block_sample=LOGIT_COPIES * classes * FLOAT32,
+             driver=min(federation.test.num_rows, CHUNK) * classes * FLOAT32),
+    ]
+    if config.algorithm.scaffold:
+        terms.append(Term("SCAFFOLD's client state on the driver", "use another --method",
+                          per_block_sample=0 if sphere else 2 * classes * FLOAT32,
+                          driver=federation.num_clients * parameters if sphere else federation.train.num_rows * classes * FLOAT32))
+    return tuple(terms)
