@@ -7,7 +7,7 @@ from fedray.config import RunConfig
 from fedray.data import synthetic
 from fedray.evaluation import Evaluator
 from fedray.methods.from_config import build_method
-from fedray.run import simulate
+from fedray.engine import simulate
 from fedray.runtime.footprint import FLOAT32, INT64, estimate
 from fedray.runtime.shards import ShardPool
 
