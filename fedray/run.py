@@ -24,6 +24,7 @@ from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
 from fedray.tct.runner import run_tct
+from fedray.writable import check_folder
 
 
 def init_ray(address: str | None = None) -> None:
@@ -86,16 +87,19 @@ def run(
     Inside a Tune trial, ``trial_group`` is the trial's placement group (see
     :meth:`ShardPool.start`) and ``on_point`` reports each evaluation point.
     ``resume`` continues a training run from its checkpoint in ``config.out``.
-    A diverged training run is written too; its last row says so.
+    A diverged training run is written too; its last row says so. Every input,
+    the output folder included, is checked before the work starts.
     """
     config = config.validate().resolved()
     if config.finetune and trial_group is not None:
         raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
+    out = Path(config.out)
+    check_folder(out)
     federation = load_federation(config.dataset)
     method = None if config.trains else build_method(config, federation)
     per_round = config.per_round(federation.num_clients)
     sampling.check_per_round(federation.num_clients, per_round)
-    saved = load_checkpoint(Path(config.out), config.to_dict()) if resume else None
+    saved = load_checkpoint(out, config.to_dict()) if resume else None
     init_ray(address)
     model = None
     if config.finetune:
@@ -120,6 +124,6 @@ def run(
         arrays = outcome.arrays or head.arrays()
     else:
         arrays = {**closed_form.classifier.arrays(), **method.arrays()}
-    write_run(Path(config.out), rows, resolved.to_dict(), arrays, model)
-    remove_checkpoint(Path(config.out))
+    write_run(out, rows, resolved.to_dict(), arrays, model)
+    remove_checkpoint(out)
     return rows

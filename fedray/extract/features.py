@@ -26,6 +26,7 @@ from fedray.extract.pool import ExtractionPool
 from fedray.images.backbones import get_backbone, load_weights
 from fedray.images.decode import ImageTransform
 from fedray.run import init_ray
+from fedray.writable import check_folder
 
 CACHE_FORMAT = 1
 
@@ -65,6 +66,7 @@ def extract(config: ExtractConfig, address: str | None = None) -> ExtractReport:
         return ExtractReport(str(entry.path), True, 0, manifest["parts"], 0, 0.0, None, manifest["skipped"],
                              manifest["pretrained"], manifest["workers"])
 
+    check_folder(Path(config.out))  # only now: a cache hit writes nothing, so a read-only cache serves it
     federation = load_federation(config.dataset)
     if "image_path" not in federation.table.column_names:
         raise FedrayError(f"{config.dataset}: no images to extract from (an hsu: split needs images=ROOT)")

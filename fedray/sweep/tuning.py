@@ -22,6 +22,7 @@ from fedray.errors import FedrayError
 from fedray.results import METRICS, write_atomically
 from fedray.run import init_ray, run
 from fedray.sweep.spec import DATASET_PREFIX, SweepSpec, with_dataset_options
+from fedray.writable import check_folder
 
 RESULTS = "results.parquet"
 SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
@@ -55,6 +56,7 @@ def sweep(
         raise FedrayError(f"{folder}: no sweep to resume")
     if not resume and folder.exists():
         raise FedrayError(f"{folder}: a sweep named {spec.name!r} is already there; use --resume or another --out")
+    check_folder(folder)
     init_ray(address)
     if resume:
         tuner = tune.Tuner.restore(str(folder), trainable, resume_unfinished=True, resume_errored=True)

@@ -1,0 +1,146 @@
+"""Nothing lost at the end: unusable output locations refused before any work."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+import fedray.data.registry
+import fedray.extract.features
+import fedray.run
+import fedray.sweep.tuning
+from tests.test_cli import SMALL_RUN, SPEC, expect_error
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class WorkStarted(AssertionError):
+    """Raised by the first step of a command's work: the output check should have refused before it."""
+
+
+def no_work(*args, **kwargs):
+    raise WorkStarted
+
+
+@pytest.fixture
+def work_forbidden(monkeypatch):
+    """Every command's first step of work fails the test: what is refused must be refused before it."""
+    monkeypatch.setattr(fedray.run, "load_federation", no_work)
+    monkeypatch.setattr(fedray.sweep.tuning, "init_ray", no_work)
+    monkeypatch.setattr(fedray.extract.features, "load_federation", no_work)
+    monkeypatch.setattr(fedray.data.registry, "load_federation", no_work)
+
+
+def sweep_file(tmp_path) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"name: tiny\nbase:\n  dataset: '{SPEC}'\n  method: fed3r\ngrid:\n  seed: [0, 1]\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("weights") / "squeezenet.pt"
+    torch.save(torchvision.models.squeezenet1_1().state_dict(), path)
+    return path
+
+
+def command(kind: str, out: Path, tmp_path: Path, weights_file: Path) -> list:
+    """``fedray KIND`` writing to ``out`` (run, sweep, extract: a folder; export: a file)."""
+    if kind == "sweep":
+        return ["sweep", "--config", sweep_file(tmp_path), "--out", out, "--quiet"]
+    return {
+        "run": ["run", "--dataset", SPEC, "--out", out, *SMALL_RUN],
+        "extract": ["extract", "--dataset", f"imagefolder:{tmp_path / 'images'}", "--backbone", "squeezenet1_1",
+                    "--weights", weights_file, "--image-size", "64", "--out", out, "--quiet"],
+        "export": ["data", "export", SPEC, "--out", out],
+    }[kind]
+
+
+def files_under(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# --- unusable --out: refused before any work -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["run", "sweep", "extract", "export"])
+@pytest.mark.parametrize("case", ["a-file", "under-a-file"])
+def test_an_out_that_is_a_file_is_refused_before_any_work(work_forbidden, weights_file, tmp_path, capsys, kind, case):
+    existing = tmp_path / "results.txt"
+    existing.write_text("someone's notes\n")
+    out = existing if case == "a-file" else existing / "out" / ("x.parquet" if kind == "export" else "run")
+    if kind == "export" and case == "a-file":
+        out = tmp_path  # data export writes a file: a folder is what it refuses (an existing file it replaces)
+    args = command(kind, out, tmp_path, weights_file)
+    before = files_under(tmp_path)
+    if kind == "export" and case == "a-file":
+        expect_error(capsys, args, f"--out {out}: is a folder; name the file to write")
+    else:
+        where = "" if case == "a-file" else f"{existing} "
+        expect_error(capsys, args, "--out ", f"{where}is a file, not a folder")
+    assert files_under(tmp_path) == before
+
+
+def unprivileged() -> list[str]:
+    """A command prefix that takes root's power to write anywhere (CAP_DAC_OVERRIDE) away; none when not root."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: no way to make a folder unwritable")
+    capabilities = "-dac_override,-dac_read_search"
+    return [setpriv, f"--bounding-set={capabilities}", f"--inh-caps={capabilities}"]
+
+
+UNPRIVILEGED_CLI = """
+import contextlib, io, json, sys
+import fedray.data.registry, fedray.extract.features, fedray.run, fedray.sweep.tuning
+
+def no_work(*args, **kwargs):
+    raise SystemExit("work started: the output check should have refused before it")
+
+for module, name in ((fedray.run, "load_federation"), (fedray.sweep.tuning, "init_ray"),
+                     (fedray.extract.features, "load_federation"), (fedray.data.registry, "load_federation")):
+    setattr(module, name, no_work)
+from fedray.cli import main
+
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        results.append((main(argv), err.getvalue()))
+print(json.dumps(results))
+"""
+
+
+def test_an_out_in_a_read_only_folder_is_refused_before_any_work(weights_file, tmp_path):
+    """Every command, --out the read-only folder itself or a folder to create in it: one process without root's
+    power to write anywhere runs them all, each command's work replaced by a failure."""
+    prefix = unprivileged()
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    (read_only / "kept.txt").write_text("kept\n")
+    read_only.chmod(0o555)
+    outs = {"run": [read_only, read_only / "run"], "sweep": [read_only, read_only / "sweeps"],
+            "extract": [read_only, read_only / "cache"],
+            "export": [read_only / "federation.parquet", read_only / "sub" / "federation.parquet"]}
+    commands = [[str(a) for a in command(kind, out, tmp_path, weights_file)] for kind in outs for out in outs[kind]]
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", UNPRIVILEGED_CLI, json.dumps(commands)], cwd=REPO,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+        assert done.returncode == 0, done.stderr
+        results = json.loads(done.stdout.splitlines()[-1])
+    finally:
+        read_only.chmod(0o755)
+    for argv, (rc, err) in zip(commands, results):
+        assert rc == 2, (argv, err)
+        assert err.startswith("fedray: error: --out ") and err.count("\n") == 1, (argv, err)
+        assert "cannot create" in err and err.endswith("(Permission denied)\n"), (argv, err)
+    assert sorted(p.name for p in read_only.iterdir()) == ["kept.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["read-only", "sweep.yaml"]
