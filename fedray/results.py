@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -42,16 +42,26 @@ class EvalPoint:
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """Write through a temporary file in the same folder, then rename over ``path``."""
+    """Write through a temporary file ``.NAME.TAG.tmp`` in the same folder, then rename over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
+    temporary = _new_temporary(path)
     try:
-        write(Path(temporary))
+        write(temporary)
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
+
+
+def _new_temporary(path: Path) -> Path:
+    """A new empty file beside ``path``, created with mode 0666 less the umask like any tool's output (mkstemp's are 0600)."""
+    while True:
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return temporary
+        except FileExistsError:
+            continue
 
 
 def config_columns(config: dict) -> dict:

@@ -1,8 +1,9 @@
-"""Nothing lost at the end: unusable output locations refused before any work."""
+"""Nothing lost at the end: unusable output locations refused before any work, files created with the user's umask."""
 
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,11 @@ import fedray.data.registry
 import fedray.extract.features
 import fedray.run
 import fedray.sweep.tuning
-from tests.test_cli import SMALL_RUN, SPEC, expect_error
+from fedray.results import write_atomically
+from tests.test_cli import SMALL_RUN, SPEC, expect_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
+RUN_FILES = ["classifier.npz", "config.yaml", "metrics.parquet"]
 
 
 class WorkStarted(AssertionError):
@@ -144,3 +147,25 @@ def test_an_out_in_a_read_only_folder_is_refused_before_any_work(weights_file, t
         assert "cannot create" in err and err.endswith("(Permission denied)\n"), (argv, err)
     assert sorted(p.name for p in read_only.iterdir()) == ["kept.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["read-only", "sweep.yaml"]
+
+
+# --- file modes: the umask, like any other tool ---------------------------------------------------------------
+
+
+@pytest.fixture
+def umask_027():
+    previous = os.umask(0o027)
+    yield 0o640
+    os.umask(previous)
+
+
+def test_written_files_follow_the_umask(umask_027, tmp_path):
+    write_atomically(tmp_path / "a" / "file.txt", lambda p: p.write_text("x"))
+    assert stat.S_IMODE((tmp_path / "a" / "file.txt").stat().st_mode) == umask_027
+
+
+def test_a_runs_files_follow_the_umask(ray_session, umask_027, tmp_path, capsys):
+    rc, _, err = run_cli(capsys, SPEC, tmp_path / "run", "--eval-every", "100")
+    assert rc == 0, err
+    assert {name: stat.S_IMODE((tmp_path / "run" / name).stat().st_mode) for name in RUN_FILES} == \
+        dict.fromkeys(RUN_FILES, umask_027)
