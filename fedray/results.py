@@ -1,4 +1,9 @@
-"""Run outputs, written atomically: metrics.parquet, classifier.npz, config.yaml (and model.pt after fine-tuning)."""
+"""Run outputs, written atomically: metrics.parquet, classifier.npz, config.yaml (and model.pt after fine-tuning).
+
+A run's folder holds a complete run exactly when it holds ``metrics.parquet``:
+:func:`write_run` removes the previous run's metrics first and writes them
+last, so the files beside a ``metrics.parquet`` are always its run's.
+"""
 
 from __future__ import annotations
 
@@ -81,8 +86,16 @@ def _save_model(path: Path, model: dict) -> None:
 
 
 def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.ndarray], model: dict | None = None) -> None:
-    """The run's files; ``model`` (a fine-tuned state dict) goes to model.pt. The metrics come last: they mark a complete run."""
+    """The run's files; ``model`` (a fine-tuned state dict) goes to model.pt. The metrics come last: they mark a complete run.
+
+    A previous run's metrics.parquet goes first (and its model.pt, when this run
+    has none), so an interruption between the files never leaves a folder that
+    looks complete with files of two runs.
+    """
     table = pa.Table.from_pylist(rows)
+    (out / METRICS).unlink(missing_ok=True)
+    if model is None:
+        (out / MODEL).unlink(missing_ok=True)
     write_atomically(out / CLASSIFIER, lambda p: _save_npz(p, arrays))
     if model is not None:
         write_atomically(out / MODEL, lambda p: _save_model(p, model))

@@ -1,8 +1,10 @@
-"""Nothing lost at the end: unusable output locations refused before any work, files created with the user's umask."""
+"""Nothing lost at the end: unusable output locations refused before any work, a run's files completed as a whole,
+files created with the user's umask."""
 
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -11,13 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+import yaml
 
 import fedray.data.registry
 import fedray.extract.features
 import fedray.run
 import fedray.sweep.tuning
+from analysis.results import result_files
+from fedray.cli import main
 from fedray.results import write_atomically
-from tests.test_cli import SMALL_RUN, SPEC, expect_error, run_cli
+from tests.test_cli import SMALL_RUN, SPEC, expect_error, metrics, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_FILES = ["classifier.npz", "config.yaml", "metrics.parquet"]
@@ -147,6 +152,92 @@ def test_an_out_in_a_read_only_folder_is_refused_before_any_work(weights_file, t
         assert "cannot create" in err and err.endswith("(Permission denied)\n"), (argv, err)
     assert sorted(p.name for p in read_only.iterdir()) == ["kept.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["read-only", "sweep.yaml"]
+
+
+# --- a run's files: complete as a whole ---------------------------
+
+KILLING_DRIVER = '''
+import os, signal, sys
+import fedray.results as results
+
+name, when, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+write_atomically = results.write_atomically
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def interrupted(path, write):
+    """The real write of every file; the process is killed on NAME, after its rename or before it."""
+    if path.name != name:
+        return write_atomically(path, write)
+    if when == "before-rename":
+        return write_atomically(path, lambda temporary: (write(temporary), die()))
+    write_atomically(path, write)
+    die()
+
+results.write_atomically = interrupted
+from fedray.cli import main
+sys.exit(main(argv))
+'''
+
+
+def end_session(session: int) -> None:
+    """SIGKILL whatever the killed driver left running in its own session (its embedded Ray): only what this test started."""
+    for pid in (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()):
+        try:
+            if os.getsid(pid) == session:
+                os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+@pytest.fixture(scope="module")
+def previous_run(ray_session, tmp_path_factory):
+    """A complete fed3r run (seed 0, κ 20) to reuse folders of."""
+    out = tmp_path_factory.mktemp("previous") / "run"
+    assert main(["run", "--method", "fed3r", "--dataset", SPEC, "--out", str(out), *SMALL_RUN,
+                            "--clients-per-round", "20", "--eval-every", "100"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("name, when, stale", [("config.yaml", "after-rename", [])], ids=["killed-between-renames"])
+def test_a_run_killed_while_writing_never_leaves_a_mix_that_looks_complete(previous_run, tmp_path, capsys, name, when,
+                                                                          stale):
+    out = tmp_path / "reused"
+    shutil.copytree(previous_run, out)
+    previous = files_under(out)
+    new_run = ["--clients-per-round", "40", "--seed", "5", "--lam", "0.5", "--eval-every", "100"]
+    args = ["run", "--method", "fed3r", "--dataset", SPEC, "--out", out, *SMALL_RUN, *new_run]
+    process = subprocess.Popen([sys.executable, "-c", KILLING_DRIVER, name, when, *map(str, args)], cwd=REPO,
+                               env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert process.wait(timeout=300) == -signal.SIGKILL
+    finally:
+        end_session(process.pid)
+
+    left = sorted(os.listdir(out))
+    temporaries = [n for n in left if n.endswith(".tmp")]
+    assert [n for n in left if not n.endswith(".tmp")] == ["classifier.npz", "config.yaml"], left
+    assert [t[: -len("XXXXXXXX.tmp")] for t in temporaries] == stale
+    assert yaml.safe_load((out / "config.yaml").read_text())["seed"] == 5, "the new run's config"
+    assert (out / "classifier.npz").read_bytes() != previous["classifier.npz"]
+    with pytest.raises(SystemExit, match="no results.parquet or metrics.parquet"):
+        result_files([out])  # analysis sees no complete run there
+
+    rc, _, err = run_cli(capsys, SPEC, out, *new_run)
+    assert rc == 0, err
+    assert sorted(os.listdir(out)) == RUN_FILES, "the next run completes the folder and removes the stale temporary"
+    assert [(row["seed"], row["clients_per_round"], row["lam"]) for row in metrics(out)] == [(5, 40, 0.5)]
+
+
+def test_a_run_into_a_fine_tuning_folder_does_not_leave_the_old_model_beside_its_results(previous_run, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(previous_run, out)
+    (out / "model.pt").write_bytes(b"an earlier fine-tuned model")
+    rc, _, err = run_cli(capsys, SPEC, out, "--eval-every", "100")
+    assert rc == 0, err
+    assert sorted(os.listdir(out)) == RUN_FILES
 
 
 # --- file modes: the umask, like any other tool ---------------------------------------------------------------
