@@ -8,10 +8,11 @@ last, so the files beside a ``metrics.parquet`` are always its run's.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,9 @@ import pyarrow.parquet as pq
 import yaml
 
 METRICS, CLASSIFIER, CONFIG, MODEL = "metrics.parquet", "classifier.npz", "config.yaml", "model.pt"
+RUN_FILES = (CLASSIFIER, MODEL, CONFIG, METRICS)
+TEMPORARY_TAG = "[a-z0-9_]{8}"
+"""The random part of a temporary's name ``.NAME.TAG.tmp``: hex digits, or mkstemp's alphabet (older fedray used it)."""
 
 
 @dataclass
@@ -67,6 +71,16 @@ def _new_temporary(path: Path) -> Path:
             return temporary
         except FileExistsError:
             continue
+
+
+def remove_stale_temporaries(folder: Path, names: Iterable[str]) -> None:
+    """Remove the temporaries that interrupted :func:`write_atomically` calls for ``names`` left in ``folder``, nothing else."""
+    if not folder.is_dir():
+        return
+    temporary = re.compile(rf"\.(?:{'|'.join(map(re.escape, names))})\.{TEMPORARY_TAG}\.tmp")
+    for entry in folder.iterdir():
+        if temporary.fullmatch(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)
 
 
 def config_columns(config: dict) -> dict:

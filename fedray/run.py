@@ -15,11 +15,11 @@ from fedray.config import TCT, RunConfig
 from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
-from fedray.gradient.checkpoint import load_checkpoint, remove_checkpoint
+from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint, remove_checkpoint
 from fedray.gradient.runner import finetune_on_images, train_on_features
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
-from fedray.results import EvalPoint, config_columns, write_run
+from fedray.results import RUN_FILES, EvalPoint, config_columns, remove_stale_temporaries, write_run
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
@@ -100,6 +100,7 @@ def run(
     per_round = config.per_round(federation.num_clients)
     sampling.check_per_round(federation.num_clients, per_round)
     saved = load_checkpoint(out, config.to_dict()) if resume else None
+    remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
     init_ray(address)
     model = None
     if config.finetune:

@@ -1,5 +1,5 @@
 """Nothing lost at the end: unusable output locations refused before any work, a run's files completed as a whole,
-files created with the user's umask."""
+stale temporaries cleaned, files created with the user's umask."""
 
 import json
 import os
@@ -22,7 +22,7 @@ import fedray.sweep.tuning
 from analysis.results import result_files
 from fedray.cli import main
 from fedray.results import write_atomically
-from tests.test_cli import SMALL_RUN, SPEC, expect_error, metrics, run_cli
+from tests.test_cli import SMALL_RUN, SPEC, cli, expect_error, metrics, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_FILES = ["classifier.npz", "config.yaml", "metrics.parquet"]
@@ -154,7 +154,7 @@ def test_an_out_in_a_read_only_folder_is_refused_before_any_work(weights_file, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["read-only", "sweep.yaml"]
 
 
-# --- a run's files: complete as a whole ---------------------------
+# --- a run's files: complete as a whole, temporaries cleaned ---------------------------
 
 KILLING_DRIVER = '''
 import os, signal, sys
@@ -200,7 +200,9 @@ def previous_run(ray_session, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name, when, stale", [("config.yaml", "after-rename", [])], ids=["killed-between-renames"])
+@pytest.mark.parametrize("name, when, stale", [("config.yaml", "after-rename", []),
+                                               ("metrics.parquet", "before-rename", [".metrics.parquet."])],
+                         ids=["killed-between-renames", "killed-before-the-last-rename"])
 def test_a_run_killed_while_writing_never_leaves_a_mix_that_looks_complete(previous_run, tmp_path, capsys, name, when,
                                                                           stale):
     out = tmp_path / "reused"
@@ -229,6 +231,27 @@ def test_a_run_killed_while_writing_never_leaves_a_mix_that_looks_complete(previ
     assert rc == 0, err
     assert sorted(os.listdir(out)) == RUN_FILES, "the next run completes the folder and removes the stale temporary"
     assert [(row["seed"], row["clients_per_round"], row["lam"]) for row in metrics(out)] == [(5, 40, 0.5)]
+
+
+def test_a_later_run_removes_only_its_own_stale_temporaries(previous_run, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(previous_run, out)
+    stale = [".metrics.parquet.ab12cd34.tmp", ".config.yaml.k3_9xq0z.tmp", ".checkpoint.pt.0f1e2d3c.tmp"]
+    others = [".metrics.parquet.mine.tmp", ".notes.ab12cd34.tmp", "metrics.parquet.ab12cd34.tmp", "draft.tmp"]
+    for name in stale + others:
+        (out / name).write_text("left over\n")
+    rc, _, err = run_cli(capsys, SPEC, out, "--eval-every", "100")
+    assert rc == 0, err
+    assert sorted(os.listdir(out)) == sorted(RUN_FILES + others)
+
+
+def test_export_removes_its_own_stale_temporaries(tmp_path, capsys):
+    out = tmp_path / "federation.parquet"
+    (tmp_path / ".federation.parquet.ab12cd34.tmp").write_text("left over\n")
+    (tmp_path / ".other.parquet.ab12cd34.tmp").write_text("someone else's\n")
+    rc, _, err = cli(capsys, "data", "export", SPEC, "--out", out)
+    assert rc == 0, err
+    assert sorted(os.listdir(tmp_path)) == [".other.parquet.ab12cd34.tmp", "federation.parquet"]
 
 
 def test_a_run_into_a_fine_tuning_folder_does_not_leave_the_old_model_beside_its_results(previous_run, tmp_path, capsys):

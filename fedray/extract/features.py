@@ -78,6 +78,7 @@ def extract(config: ExtractConfig, address: str | None = None) -> ExtractReport:
     parts = [
         (split, index, rows) for split in (TRAIN, TEST) for index, rows in enumerate(part_rows(federation.table, split))
     ]
+    entry.remove_stale_temporaries([entry.part_path(split, index).name for split, index, _ in parts])
     todo = deque(part for part in parts if not entry.part_path(part[0], part[1]).is_file())
     computed = len(todo)
 

@@ -19,7 +19,7 @@ from ray.util import get_current_placement_group
 
 from fedray.config import RunConfig, resolve
 from fedray.errors import FedrayError
-from fedray.results import METRICS, write_atomically
+from fedray.results import METRICS, remove_stale_temporaries, write_atomically
 from fedray.run import init_ray, run
 from fedray.sweep.spec import DATASET_PREFIX, SweepSpec, with_dataset_options
 from fedray.writable import check_folder
@@ -57,6 +57,7 @@ def sweep(
     if not resume and folder.exists():
         raise FedrayError(f"{folder}: a sweep named {spec.name!r} is already there; use --resume or another --out")
     check_folder(folder)
+    remove_stale_temporaries(folder, [RESULTS])
     init_ray(address)
     if resume:
         tuner = tune.Tuner.restore(str(folder), trainable, resume_unfinished=True, resume_errored=True)
