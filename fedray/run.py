@@ -15,7 +15,7 @@ from fedray.config import TCT, RunConfig
 from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
-from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint, remove_checkpoint
+from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.gradient.runner import finetune_on_images, train_on_features
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
@@ -88,7 +88,8 @@ def run(
     :meth:`ShardPool.start`) and ``on_point`` reports each evaluation point.
     ``resume`` continues a training run from its checkpoint in ``config.out``.
     A diverged training run is written too; its last row says so. Every input,
-    the output folder included, is checked before the work starts.
+    the output folder included, is checked before the work starts; the run
+    removes the checkpoint at the end only if it resumed from it or wrote it.
     """
     config = config.validate().resolved()
     if config.finetune and trial_group is not None:
@@ -100,6 +101,7 @@ def run(
     per_round = config.per_round(federation.num_clients)
     sampling.check_per_round(federation.num_clients, per_round)
     saved = load_checkpoint(out, config.to_dict()) if resume else None
+    found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
     init_ray(address)
     model = None
@@ -126,5 +128,6 @@ def run(
     else:
         arrays = {**closed_form.classifier.arrays(), **method.arrays()}
     write_run(out, rows, resolved.to_dict(), arrays, model)
-    remove_checkpoint(out)
+    if resume or checkpoint_stamp(out) != found_checkpoint:
+        remove_checkpoint(out)
     return rows

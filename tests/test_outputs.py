@@ -1,5 +1,5 @@
 """Nothing lost at the end: unusable output locations refused before any work, a run's files completed as a whole,
-stale temporaries cleaned, files created with the user's umask."""
+stale temporaries cleaned, other files (a training run's checkpoint) left alone, files created with the user's umask."""
 
 import json
 import os
@@ -21,6 +21,7 @@ import fedray.run
 import fedray.sweep.tuning
 from analysis.results import result_files
 from fedray.cli import main
+from fedray.gradient.checkpoint import CHECKPOINT
 from fedray.results import write_atomically
 from tests.test_cli import SMALL_RUN, SPEC, cli, expect_error, metrics, run_cli
 
@@ -154,7 +155,7 @@ def test_an_out_in_a_read_only_folder_is_refused_before_any_work(weights_file, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["read-only", "sweep.yaml"]
 
 
-# --- a run's files: complete as a whole, temporaries cleaned ---------------------------
+# --- a run's files: complete as a whole, temporaries cleaned, nothing else touched ---------------------------
 
 KILLING_DRIVER = '''
 import os, signal, sys
@@ -252,6 +253,18 @@ def test_export_removes_its_own_stale_temporaries(tmp_path, capsys):
     rc, _, err = cli(capsys, "data", "export", SPEC, "--out", out)
     assert rc == 0, err
     assert sorted(os.listdir(tmp_path)) == [".other.parquet.ab12cd34.tmp", "federation.parquet"]
+
+
+@pytest.mark.parametrize("method, extra", [("fed3r", []), ("fedavg", ["--rounds", "2", "--eval-every", "1"])],
+                         ids=["closed-form", "training-that-wrote-no-checkpoint"])
+def test_a_run_leaves_a_checkpoint_it_did_not_write(ray_session, tmp_path, capsys, method, extra):
+    out = tmp_path / "training"
+    out.mkdir()
+    (out / CHECKPOINT).write_bytes(b"a training run's checkpoint")
+    rc, _, err = run_cli(capsys, SPEC, out, *extra, method=method)
+    assert rc == 0, err
+    assert sorted(os.listdir(out)) == sorted([*RUN_FILES, CHECKPOINT])
+    assert (out / CHECKPOINT).read_bytes() == b"a training run's checkpoint"
 
 
 def test_a_run_into_a_fine_tuning_folder_does_not_leave_the_old_model_beside_its_results(previous_run, tmp_path, capsys):

@@ -61,6 +61,19 @@ def remove_checkpoint(out: Path) -> None:
     (out / CHECKPOINT).unlink(missing_ok=True)
 
 
+def checkpoint_stamp(out: Path) -> tuple[int, int] | None:
+    """Which file ``OUT/checkpoint.pt`` is now (inode, modification time), None without one.
+
+    Every save writes a new file, so a stamp that changed since a run started
+    means the run wrote the checkpoint itself.
+    """
+    try:
+        status = (out / CHECKPOINT).stat()
+    except FileNotFoundError:
+        return None
+    return status.st_ino, status.st_mtime_ns
+
+
 def _read(path: Path) -> dict:
     """The file's contents as tensors and plain values, or a one-line error saying what is wrong with it."""
     damage = _damage(path)
