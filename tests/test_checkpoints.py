@@ -93,7 +93,7 @@ class RunsCode:
 
 
 def write_bad_checkpoint(kind: str, path: Path, config: dict) -> None:
-    if kind in ("truncated", "incomplete-state", "format-99"):
+    if kind in ("truncated", "incomplete-state", "malformed-state", "format-99"):
         save_checkpoint(path.parent, config, state_as_every_backend_keeps_it())
     if kind == "empty":
         path.write_bytes(b"")
@@ -111,6 +111,8 @@ def write_bad_checkpoint(kind: str, path: Path, config: dict) -> None:
         contents = torch.load(path, weights_only=True)
         if kind == "incomplete-state":
             del contents["state"]["accounting"]
+        elif kind == "malformed-state":
+            contents["state"]["accounting"]["seen"] = [True, False]
         else:
             contents["format"] = 99
         torch.save(contents, path)
@@ -127,6 +129,7 @@ def write_bad_checkpoint(kind: str, path: Path, config: dict) -> None:
         ("runs-code", ["is not a fedray checkpoint: it holds objects other than tensors and plain values"]),
         ("format-99", ["checkpoint format 99, this fedray reads format 2"]),
         ("incomplete-state", ["not a complete fedray checkpoint (its state lacks 'accounting')"]),
+        ("malformed-state", ["not a fedray checkpoint (its state is malformed: 'list' object has no attribute 'numpy')"]),
     ],
 )
 def test_a_bad_checkpoint_is_refused_in_one_line(monkeypatch, tmp_path, capsys, kind, needles):

@@ -53,8 +53,10 @@ def load_checkpoint(out: Path, config: dict) -> TrainingState:
         raise FedrayError(f"{path}: saved by a run with other options ({', '.join(differing)}); resume with the same ones")
     try:
         return _training_state(saved["state"])
-    except (KeyError, TypeError, AttributeError) as error:
+    except KeyError as error:
         raise FedrayError(f"{path}: not a complete fedray checkpoint (its state lacks {error}); {START_OVER}") from None
+    except (TypeError, AttributeError) as error:
+        raise FedrayError(f"{path}: not a fedray checkpoint (its state is malformed: {error}); {START_OVER}") from None
 
 
 def remove_checkpoint(out: Path) -> None:
@@ -88,7 +90,8 @@ def _read(path: Path) -> dict:
     except Exception as error:  # the zip and pickle readers raise RuntimeError, EOFError, ValueError, ... on damaged files
         first_line = (str(error).splitlines() or [type(error).__name__])[0]
         raise FedrayError(f"{path}: damaged ({first_line}); {START_OVER}") from None
-    if not isinstance(contents, dict) or not {"format", "config", "state"} <= contents.keys():
+    if not (isinstance(contents, dict) and {"format", "config", "state"} <= contents.keys()
+            and isinstance(contents["config"], dict) and isinstance(contents["state"], dict)):
         raise FedrayError(f"{path}: not a fedray checkpoint (a PyTorch file without its format, config and state); {START_OVER}")
     if contents["format"] != FORMAT:
         raise FedrayError(f"{path}: checkpoint format {contents['format']!r}, this fedray reads format {FORMAT}; {START_OVER}")
