@@ -129,30 +129,37 @@ print(json.dumps(results))
 
 
 def test_an_out_in_a_read_only_folder_is_refused_before_any_work(weights_file, tmp_path):
-    """Every command, --out the read-only folder itself or a folder to create in it: one process without root's
-    power to write anywhere runs them all, each command's work replaced by a failure."""
+    """Every command, --out a read-only folder, a folder to create in it, or one in a folder that may not be searched:
+    one process without root's power to write anywhere runs them all, each command's work replaced by a failure."""
     prefix = unprivileged()
-    read_only = tmp_path / "read-only"
+    read_only, locked = tmp_path / "read-only", tmp_path / "locked"
     read_only.mkdir()
     (read_only / "kept.txt").write_text("kept\n")
+    locked.mkdir()
+    cases = [(kind, out, "cannot create files in it") for kind, out in
+             [("run", read_only), ("sweep", read_only), ("extract", read_only)]]
+    cases += [(kind, read_only / name, "cannot create the folder") for kind, name in
+              [("run", "run"), ("sweep", "sweeps"), ("extract", "cache")]]
+    cases += [("export", read_only / "federation.parquet", f"cannot create files in {read_only}"),
+              ("export", read_only / "sub" / "federation.parquet", f"cannot create the folder {read_only / 'sub'}")]
+    cases += [(kind, locked / "out", "cannot reach it") for kind in ("run", "sweep", "extract")]
+    cases += [("export", locked / "federation.parquet", "cannot reach it")]
+    commands = [[str(a) for a in command(kind, out, tmp_path, weights_file)] for kind, out, _ in cases]
     read_only.chmod(0o555)
-    outs = {"run": [read_only, read_only / "run"], "sweep": [read_only, read_only / "sweeps"],
-            "extract": [read_only, read_only / "cache"],
-            "export": [read_only / "federation.parquet", read_only / "sub" / "federation.parquet"]}
-    commands = [[str(a) for a in command(kind, out, tmp_path, weights_file)] for kind in outs for out in outs[kind]]
+    locked.chmod(0o000)
     try:
         done = subprocess.run([*prefix, sys.executable, "-c", UNPRIVILEGED_CLI, json.dumps(commands)], cwd=REPO,
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
-        assert done.returncode == 0, done.stderr
-        results = json.loads(done.stdout.splitlines()[-1])
     finally:
         read_only.chmod(0o755)
-    for argv, (rc, err) in zip(commands, results):
-        assert rc == 2, (argv, err)
-        assert err.startswith("fedray: error: --out ") and err.count("\n") == 1, (argv, err)
-        assert "cannot create" in err and err.endswith("(Permission denied)\n"), (argv, err)
-    assert sorted(p.name for p in read_only.iterdir()) == ["kept.txt"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["read-only", "sweep.yaml"]
+        locked.chmod(0o755)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.splitlines()[-1])
+    for (kind, out, needle), (rc, err) in zip(cases, results, strict=True):
+        assert rc == 2, (kind, out, err)
+        assert err == f"fedray: error: --out {out}: {needle} (Permission denied)\n", (kind, out, err)
+    assert sorted(p.name for p in read_only.iterdir()) == ["kept.txt"] and list(locked.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["locked", "read-only", "sweep.yaml"]
 
 
 # --- a run's files: complete as a whole, temporaries cleaned, nothing else touched ---------------------------

@@ -54,7 +54,11 @@ class CacheEntry:
 
     @property
     def complete(self) -> bool:
-        return (self.path / MANIFEST).is_file()
+        """Whether the manifest is there (False where it cannot even be looked for: a folder that may not be searched)."""
+        try:
+            return (self.path / MANIFEST).is_file()
+        except PermissionError:
+            return False
 
     def part_path(self, split: str, index: int) -> Path:
         return self.path / PARTS / f"{split}-{index:05d}.parquet"

@@ -50,13 +50,13 @@ def sweep(
     spec: SweepSpec, out: str | Path, resume: bool = False, address: str | None = None, quiet: bool = False
 ) -> pl.DataFrame:
     """Run (or resume) the sweep; returns and writes the combined results table."""
+    check_folder(Path(out))
     folder = Path(out).resolve() / spec.name
     trainable = tune.with_resources(run_trial, tune.PlacementGroupFactory(spec.bundles, strategy="PACK"))
     if resume and not tune.Tuner.can_restore(str(folder)):
         raise FedrayError(f"{folder}: no sweep to resume")
     if not resume and folder.exists():
         raise FedrayError(f"{folder}: a sweep named {spec.name!r} is already there; use --resume or another --out")
-    check_folder(folder)
     remove_stale_temporaries(folder, [RESULTS])
     init_ray(address)
     if resume:
