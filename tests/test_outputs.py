@@ -78,22 +78,26 @@ def files_under(folder: Path) -> dict[str, bytes]:
 # --- unusable --out: refused before any work -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["run", "sweep", "extract", "export"])
-@pytest.mark.parametrize("case", ["a-file", "under-a-file"])
-def test_an_out_that_is_a_file_is_refused_before_any_work(work_forbidden, weights_file, tmp_path, capsys, kind, case):
+@pytest.mark.parametrize("kind, case", [(kind, "a-file") for kind in ("run", "sweep", "extract")] +
+                         [(kind, "under-a-file") for kind in ("run", "sweep", "extract", "export")])
+def test_an_out_that_is_or_is_under_a_file_is_refused_before_any_work(work_forbidden, weights_file, tmp_path, capsys,
+                                                                       kind, case):
     existing = tmp_path / "results.txt"
     existing.write_text("someone's notes\n")
     out = existing if case == "a-file" else existing / "out" / ("x.parquet" if kind == "export" else "run")
-    if kind == "export" and case == "a-file":
-        out = tmp_path  # data export writes a file: a folder is what it refuses (an existing file it replaces)
     args = command(kind, out, tmp_path, weights_file)
     before = files_under(tmp_path)
-    if kind == "export" and case == "a-file":
-        expect_error(capsys, args, f"--out {out}: is a folder; name the file to write")
-    else:
-        where = "" if case == "a-file" else f"{existing} "
-        expect_error(capsys, args, "--out ", f"{where}is a file, not a folder")
+    err = expect_error(capsys, args)
+    where = "" if case == "a-file" else f"{existing} "
+    assert err == f"fedray: error: --out {out}: {where}is a file, not a folder\n"
     assert files_under(tmp_path) == before
+
+
+def test_data_export_to_a_folder_is_refused_before_any_work(work_forbidden, tmp_path, capsys):
+    (tmp_path / "kept.txt").write_text("kept\n")
+    err = expect_error(capsys, ["data", "export", SPEC, "--out", tmp_path])
+    assert err == f"fedray: error: --out {tmp_path}: is a folder; name the file to write, e.g. {tmp_path / 'federation.parquet'}\n"
+    assert os.listdir(tmp_path) == ["kept.txt"]
 
 
 def unprivileged() -> list[str]:
