@@ -203,7 +203,9 @@ def _cmd_info(args: argparse.Namespace) -> None:
 def _cmd_export(args: argparse.Namespace) -> None:
     from fedray.data.export import export_parquet
     from fedray.data.registry import load_federation
+    from fedray.writable import check_file
 
+    check_file(Path(args.out))
     export_parquet(load_federation(args.spec), Path(args.out))
     print(f"wrote {args.out}")
 

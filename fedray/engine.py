@@ -17,16 +17,17 @@ from fedray.config import TCT, RunConfig
 from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
-from fedray.gradient.checkpoint import load_checkpoint, remove_checkpoint
+from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.gradient.runner import finetune_on_images, train_on_features
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
-from fedray.results import EvalPoint, config_columns, write_run
+from fedray.results import RUN_FILES, EvalPoint, config_columns, remove_stale_temporaries, write_run
 from fedray.runtime import footprint, sampling
 from fedray.runtime.address import check_reachable
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
 from fedray.tct.runner import run_tct
+from fedray.writable import check_folder
 
 
 def _cluster_address(address: str | None) -> tuple[str, str] | None:
@@ -136,18 +137,24 @@ def run(
     Inside a Tune trial, ``trial_group`` is the trial's placement group (see
     :meth:`ShardPool.start`) and ``on_point`` reports each evaluation point.
     ``resume`` continues a training run from its checkpoint in ``config.out``.
-    A diverged training run is written too; its last row says so.
+    A diverged training run is written too; its last row says so. Every input,
+    the output folder included, is checked before the work starts; the run
+    removes the checkpoint at the end only if it resumed from it or wrote it.
     """
     config = config.validate().resolved()
     check_address(address)
     if config.finetune and trial_group is not None:
         raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
+    out = Path(config.out)
+    check_folder(out)
     federation = load_federation(config.dataset)
     federation.require_test_rows()
     method = None if config.trains else build_method(config, federation)
     per_round = config.per_round(federation.num_clients)
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
-    saved = load_checkpoint(Path(config.out), config.to_dict()) if resume else None
+    saved = load_checkpoint(out, config.to_dict()) if resume else None
+    found_checkpoint = checkpoint_stamp(out)
+    remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
     init_ray(address)
     model = None
     if config.finetune:
@@ -173,6 +180,7 @@ def run(
         arrays = outcome.arrays or head.arrays()
     else:
         arrays = {**closed_form.classifier.arrays(), **method.arrays()}
-    write_run(Path(config.out), rows, resolved.to_dict(), arrays, model)
-    remove_checkpoint(Path(config.out))
+    write_run(out, rows, resolved.to_dict(), arrays, model)
+    if resume or checkpoint_stamp(out) != found_checkpoint:
+        remove_checkpoint(out)
     return rows

@@ -125,11 +125,16 @@ def test_an_interrupted_run_resumes_from_its_finished_parts(ray_session, tmp_pat
     entry.part_path("train", 2).unlink()
     entry.part_path("test", 0).unlink()
     (entry.path / cache.PARTS / ".train-00003.parquet.abc.tmp").write_bytes(b"half a part")
+    stale = [entry.path / ".manifest.json.ab12cd34.tmp", entry.path / cache.PARTS / ".train-00002.parquet.0f1e2d3c.tmp"]
+    for path in stale:
+        path.write_bytes(b"what an interrupted write left")
     with pytest.raises(FedrayError, match="unfinished feature extraction"):
         load_federation(f"features:{entry.path}")
     resumed = extract(config(f"imagefolder:{folder}", tmp_path / "cache", weights_file))
     assert (resumed.parts_computed, resumed.parts_reused, resumed.images_computed) == (2, 5, 5 + 5)
     np.testing.assert_array_equal(cached_features(resumed.entry), expected)
+    assert not any(path.exists() for path in stale), "the resumed run removes its own stale temporaries"
+    assert (entry.path / cache.PARTS / ".train-00003.parquet.abc.tmp").exists(), "not a name fedray writes: left alone"
 
 
 def test_bad_images_are_counted_and_skipped_or_stop_the_run(ray_session, tmp_path, folder, weights_file):

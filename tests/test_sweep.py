@@ -87,8 +87,11 @@ driver_cpus: 0.5
     with pytest.raises(FedrayError, match="already there"):
         sweep(load_sweep(path), tmp_path / "out", quiet=True)
     export_parquet(load_federation(tiny), features)
+    stale = tmp_path / "out" / "resumable" / f".{RESULTS}.ab12cd34.tmp"
+    stale.write_bytes(b"what an interrupted write left")
     table = sweep(load_sweep(path), tmp_path / "out", resume=True, quiet=True)
     assert table["trial_id"].n_unique() == 2
+    assert not stale.exists(), "the resumed sweep removes its own stale temporary"
     assert table.filter(pl.col("trial_id") == first["trial_id"][0]).equals(first), "not run again: same wall_s too"
     finals = table.filter(pl.col("round") == pl.col("round").max().over("trial_id"))
     assert finals["accuracy"].n_unique() == 1, "the same data, as synthetic or as exported Parquet, gives the same Fed3R"

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.data.parquet import NUM_CLASSES_KEY
-from fedray.results import write_atomically
+from fedray.results import remove_stale_temporaries, write_atomically
 
 ROWS_PER_BATCH = 16_384
 
@@ -40,4 +40,5 @@ def export_parquet(federation: Federation, out: Path) -> None:
                     rows = table.slice(start, ROWS_PER_BATCH).select(["client_id", "label", "sample_id"])
                     writer.write_batch(_batch(federation, split, rows).cast(schema))
 
+    remove_stale_temporaries(out.parent, [out.name])
     write_atomically(out, write)

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from fedray.data.parquet import feature_matrix, read_files
 from fedray.errors import FedrayError
-from fedray.results import write_atomically
+from fedray.results import remove_stale_temporaries, write_atomically
 
 PART_ROWS = 256
 KEY, MANIFEST, PARTS = "key.json", "manifest.json", "parts"
@@ -54,7 +54,11 @@ class CacheEntry:
 
     @property
     def complete(self) -> bool:
-        return (self.path / MANIFEST).is_file()
+        """Whether the manifest is there (False where it cannot even be looked for: a folder that may not be searched)."""
+        try:
+            return (self.path / MANIFEST).is_file()
+        except PermissionError:
+            return False
 
     def part_path(self, split: str, index: int) -> Path:
         return self.path / PARTS / f"{split}-{index:05d}.parquet"
@@ -90,6 +94,11 @@ class CacheEntry:
         for part in self.part_files():
             found += [tuple(item) for item in json.loads(pq.read_schema(part).metadata[SKIPPED_KEY])]
         return found
+
+    def remove_stale_temporaries(self, part_names: list[str]) -> None:
+        """Remove what interrupted writes of the entry's files (``part_names`` in parts/) left behind."""
+        remove_stale_temporaries(self.path, [KEY, MANIFEST])
+        remove_stale_temporaries(self.path / PARTS, part_names)
 
     def finish(self, manifest: dict) -> None:
         write_atomically(self.path / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))

@@ -26,6 +26,7 @@ from fedray.extract.pool import ExtractionPool
 from fedray.images.backbones import get_backbone, load_weights
 from fedray.images.decode import ImageTransform
 from fedray.engine import check_address, init_ray
+from fedray.writable import check_folder
 
 CACHE_FORMAT = 1
 
@@ -66,6 +67,7 @@ def extract(config: ExtractConfig, address: str | None = None) -> ExtractReport:
         return ExtractReport(str(entry.path), True, 0, manifest["parts"], 0, 0.0, None, manifest["skipped"],
                              manifest["pretrained"], manifest["workers"])
 
+    check_folder(Path(config.out))  # only now: a cache hit writes nothing, so a read-only cache serves it
     federation = load_federation(config.dataset)
     if "image_path" not in federation.table.column_names:
         raise FedrayError(f"{config.dataset}: no images to extract from (an hsu: split needs images=ROOT)")
@@ -77,6 +79,7 @@ def extract(config: ExtractConfig, address: str | None = None) -> ExtractReport:
     parts = [
         (split, index, rows) for split in (TRAIN, TEST) for index, rows in enumerate(part_rows(federation.table, split))
     ]
+    entry.remove_stale_temporaries([entry.part_path(split, index).name for split, index, _ in parts])
     todo = deque(part for part in parts if not entry.part_path(part[0], part[1]).is_file())
     computed = len(todo)
 

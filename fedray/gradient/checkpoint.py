@@ -1,26 +1,44 @@
-"""A training run's checkpoint: ``OUT/checkpoint.pt``, written atomically, read back only for the same run."""
+"""A training run's checkpoint: ``OUT/checkpoint.pt``, written atomically, read back only for the same run.
+
+The file is plain data: ``{"format", "config", "state"}`` with the state as
+tensors, numbers, strings, lists and dicts, read with ``weights_only=True`` so
+that loading it never runs code from the file. A file that is not such a
+checkpoint (empty, truncated, foreign, of an older fedray) is refused in one line.
+"""
 
 from __future__ import annotations
 
+import pickle
+import zipfile
+from dataclasses import asdict, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from fedray.data.registry import canonical_spec
 from fedray.errors import FedrayError
-from fedray.gradient.training import TrainingState
-from fedray.results import write_atomically
+from fedray.gradient.training import Accounting, TrainingState
+from fedray.results import EvalPoint, write_atomically
 
 CHECKPOINT = "checkpoint.pt"
+FORMAT = 2
+"""Format 1 (older fedray) pickled fedray's classes; format 2 holds plain data only."""
 FREE_OPTIONS = ("out", "quiet", "checkpoint_every")
 """Options a resumed run may change: they do not change its results."""
+START_OVER = "delete it and run without --resume to start over"
 
 
 def _identity(config: dict) -> dict:
-    return {key: value for key, value in config.items() if key not in FREE_OPTIONS}
+    """The options that make a run's results, the dataset as its canonical spec (options in any order are one dataset)."""
+    identity = {key: value for key, value in config.items() if key not in FREE_OPTIONS}
+    identity["dataset"] = canonical_spec(identity["dataset"])
+    return identity
 
 
 def save_checkpoint(out: Path, config: dict, state: TrainingState) -> None:
-    write_atomically(out / CHECKPOINT, lambda path: torch.save({"config": _identity(config), "state": state}, path))
+    contents = {"format": FORMAT, "config": _identity(config), "state": _plain_state(state)}
+    write_atomically(out / CHECKPOINT, lambda path: torch.save(contents, path))
 
 
 def load_checkpoint(out: Path, config: dict) -> TrainingState:
@@ -28,12 +46,109 @@ def load_checkpoint(out: Path, config: dict) -> TrainingState:
     path = out / CHECKPOINT
     if not path.is_file():
         raise FedrayError(f"{path}: no checkpoint to resume from")
-    saved = torch.load(path, weights_only=False)
-    differing = sorted(k for k in {*saved["config"], *_identity(config)} if saved["config"].get(k) != config.get(k))
+    saved = _read(path)
+    identity = _identity(config)
+    differing = sorted(k for k in {*saved["config"], *identity} if saved["config"].get(k) != identity.get(k))
     if differing:
         raise FedrayError(f"{path}: saved by a run with other options ({', '.join(differing)}); resume with the same ones")
-    return saved["state"]
+    try:
+        return _training_state(saved["state"])
+    except KeyError as error:
+        raise FedrayError(f"{path}: not a complete fedray checkpoint (its state lacks {error}); {START_OVER}") from None
+    except (TypeError, AttributeError) as error:
+        raise FedrayError(f"{path}: not a fedray checkpoint (its state is malformed: {error}); {START_OVER}") from None
 
 
 def remove_checkpoint(out: Path) -> None:
     (out / CHECKPOINT).unlink(missing_ok=True)
+
+
+def checkpoint_stamp(out: Path) -> tuple[int, int] | None:
+    """Which file ``OUT/checkpoint.pt`` is now (inode, modification time), None without one.
+
+    Every save writes a new file, so a stamp that changed since a run started
+    means the run wrote the checkpoint itself.
+    """
+    try:
+        status = (out / CHECKPOINT).stat()
+    except FileNotFoundError:
+        return None
+    return status.st_ino, status.st_mtime_ns
+
+
+def _read(path: Path) -> dict:
+    """The file's contents as tensors and plain values, or a one-line error saying what is wrong with it."""
+    damage = _damage(path)
+    if damage:
+        raise FedrayError(f"{path}: {damage}; {START_OVER}")
+    try:
+        contents = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        what = "was written by an older fedray (checkpoint format 1)" if "fedray." in str(error) else "is not a fedray checkpoint"
+        raise FedrayError(f"{path}: {what}: it holds objects other than tensors and plain values, which are not loaded "
+                          f"(that would run code from the file); {START_OVER}") from None
+    except Exception as error:  # the zip and pickle readers raise RuntimeError, EOFError, ValueError, ... on damaged files
+        first_line = (str(error).splitlines() or [type(error).__name__])[0]
+        raise FedrayError(f"{path}: damaged ({first_line}); {START_OVER}") from None
+    if not (isinstance(contents, dict) and {"format", "config", "state"} <= contents.keys()
+            and isinstance(contents["config"], dict) and isinstance(contents["state"], dict)):
+        raise FedrayError(f"{path}: not a fedray checkpoint (a PyTorch file without its format, config and state); {START_OVER}")
+    if contents["format"] != FORMAT:
+        raise FedrayError(f"{path}: checkpoint format {contents['format']!r}, this fedray reads format {FORMAT}; {START_OVER}")
+    return contents
+
+
+def _damage(path: Path) -> str | None:
+    """What makes ``path`` unreadable as a PyTorch (zip) file, None when it is one."""
+    try:
+        if path.stat().st_size == 0:
+            return "empty file"
+        if zipfile.is_zipfile(path):
+            return None
+        with open(path, "rb") as handle:
+            start = handle.read(4)
+    except OSError as error:
+        return f"cannot be read ({error.strerror})"
+    return "truncated (an interrupted copy?)" if start == b"PK\x03\x04" else "not a PyTorch checkpoint file"
+
+
+def _plain_state(state: TrainingState) -> dict:
+    """``state`` as tensors, numbers, strings, lists and dicts (parameters and optimizer states are already tensors in dicts)."""
+    accounting = state.accounting
+    return {
+        "params": state.params,
+        "server": state.server,
+        "backend": state.backend,
+        "accounting": {"seen": torch.from_numpy(accounting.seen), "samples_seen": int(accounting.samples_seen),
+                       "bytes_up": float(accounting.bytes_up), "bytes_down": float(accounting.bytes_down),
+                       "flops": float(accounting.flops)},
+        "points": [{key: _plain(value) for key, value in asdict(point).items()} for point in state.points],
+        "done": int(state.done),
+        "loss_sum": float(state.loss_sum),
+        "loss_samples": int(state.loss_samples),
+        "wall_s": float(state.wall_s),
+        "eval_s": float(state.eval_s),
+    }
+
+
+def _plain(value: object) -> object:
+    """A NumPy scalar as the Python number it holds (the same value), anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _training_state(plain: dict) -> TrainingState:
+    accounting = plain["accounting"]
+    names = [field.name for field in fields(EvalPoint)]
+    return TrainingState(
+        params=plain["params"],
+        server=plain["server"],
+        backend=plain["backend"],
+        accounting=Accounting(accounting["seen"].numpy(), accounting["samples_seen"], accounting["bytes_up"],
+                              accounting["bytes_down"], accounting["flops"]),
+        points=[EvalPoint(**{name: point[name] for name in names}) for point in plain["points"]],
+        done=plain["done"],
+        loss_sum=plain["loss_sum"],
+        loss_samples=plain["loss_samples"],
+        wall_s=plain["wall_s"],
+        eval_s=plain["eval_s"],
+    )

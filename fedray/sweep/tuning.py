@@ -19,9 +19,10 @@ from ray.util import get_current_placement_group
 
 from fedray.config import RunConfig, resolve
 from fedray.errors import FedrayError
-from fedray.results import METRICS, write_atomically
+from fedray.results import METRICS, remove_stale_temporaries, write_atomically
 from fedray.engine import init_ray, run
 from fedray.sweep.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
+from fedray.writable import check_folder
 
 RESULTS = "results.parquet"
 SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
@@ -50,12 +51,14 @@ def sweep(
     spec: SweepSpec, out: str | Path, resume: bool = False, address: str | None = None, quiet: bool = False
 ) -> pl.DataFrame:
     """Run (or resume) the sweep; returns and writes the combined results table."""
+    check_folder(Path(out))
     folder = Path(out).resolve() / spec.name
     trainable = tune.with_resources(run_trial, tune.PlacementGroupFactory(spec.bundles, strategy="PACK"))
     if resume and not tune.Tuner.can_restore(str(folder)):
         raise FedrayError(f"{folder}: no sweep to resume")
     if not resume and folder.exists():
         raise FedrayError(f"{folder}: a sweep named {spec.name!r} is already there; use --resume or another --out")
+    remove_stale_temporaries(folder, [RESULTS])
     init_ray(address)
     if resume:
         tuner = tune.Tuner.restore(str(folder), trainable, resume_unfinished=True, resume_errored=True)
