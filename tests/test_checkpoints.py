@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-import fedray.run
+import fedray.engine
 from fedray.config import RunConfig
 from fedray.errors import FedrayError
 from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedray.gradient.control_variates import ControlVariates
-from fedray.gradient.server import ServerOptimizer
+from fedray.gradient.server import FedAdam
 from fedray.gradient.training import Accounting, TrainingState
 from fedray.results import EvalPoint
 from tests.test_cli import expect_error
@@ -25,7 +25,7 @@ START_OVER = "delete it and run without --resume to start over"
 
 
 def run_config(out: Path) -> dict:
-    """The configuration ``fedray run RUN --out OUT`` resumes with (as :func:`fedray.run.run` resolves it)."""
+    """The configuration ``fedray run RUN --out OUT`` resumes with (as :func:`fedray.engine.run` resolves it)."""
     config = RunConfig(method="fedavg", dataset=SMALL, out=str(out), num_shards=2, cpus_per_shard=0.5, quiet=True)
     return config.validate().resolved().to_dict()
 
@@ -33,7 +33,7 @@ def run_config(out: Path) -> dict:
 def state_as_every_backend_keeps_it() -> TrainingState:
     """Parameters, FedAdam's moments, SCAFFOLD's control variates (int client keys), accounting and rows."""
     params = {"weight": torch.randn(24, 60, generator=torch.Generator().manual_seed(0)), "bias": torch.zeros(60)}
-    server = ServerOptimizer("fedadam", lr=0.01)
+    server = FedAdam(server_lr=0.01)
     server.step(params, {name: torch.full_like(value, 0.5) for name, value in params.items()})
     controls = ControlVariates({name: value.shape for name, value in params.items()}, total_samples=100)
     controls.update({3: {name: torch.ones_like(value) for name, value in params.items()}}, {3: 7})
@@ -133,7 +133,7 @@ def write_bad_checkpoint(kind: str, path: Path, config: dict) -> None:
     ],
 )
 def test_a_bad_checkpoint_is_refused_in_one_line(monkeypatch, tmp_path, capsys, kind, needles):
-    monkeypatch.setattr(fedray.run, "init_ray", lambda address=None: pytest.fail("a bad checkpoint was accepted"))
+    monkeypatch.setattr(fedray.engine, "init_ray", lambda address=None: pytest.fail("a bad checkpoint was accepted"))
     out = tmp_path / "run"
     out.mkdir()
     checkpoint = out / CHECKPOINT
