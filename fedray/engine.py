@@ -17,6 +17,7 @@ from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
 from fedray.gradient.checkpoint import load_checkpoint, remove_checkpoint
 from fedray.gradient.runner import finetune_on_images, train_on_features
+from fedray.interrupts import keeping_sigterm_handler
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
 from fedray.results import EvalPoint, config_columns, write_run
@@ -44,17 +45,22 @@ def check_address(address: str | None = None) -> None:
 
 
 def init_ray(address: str | None = None) -> None:
-    """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray."""
+    """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray.
+
+    The caller's SIGTERM handler stays (``ray.init`` would replace it).
+    """
     if ray.is_initialized():
         return
     given = _cluster_address(address)
     options = {"log_to_driver": False, "logging_level": logging.WARNING}
     if given is None:
-        ray.init(include_dashboard=False, **options)
+        with keeping_sigterm_handler():
+            ray.init(include_dashboard=False, **options)
         return
     check_reachable(*given)
     try:
-        ray.init(address=given[0], **options)
+        with keeping_sigterm_handler():
+            ray.init(address=given[0], **options)
     except ConnectionError as error:  # e.g. "auto" on a machine without a cluster
         raise FedrayError(f"{given[1]} {given[0]}: {str(error).splitlines()[0]}") from None
 
