@@ -21,7 +21,7 @@ from fedray.interrupts import keeping_sigterm_handler
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
 from fedray.results import EvalPoint, config_columns, write_run
-from fedray.runtime import sampling
+from fedray.runtime import sampling, watchdog
 from fedray.runtime.address import check_reachable
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
@@ -45,7 +45,7 @@ def check_address(address: str | None = None) -> None:
 
 
 def init_ray(address: str | None = None) -> None:
-    """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray.
+    """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray, which ends with this process.
 
     The caller's SIGTERM handler stays (``ray.init`` would replace it).
     """
@@ -56,6 +56,7 @@ def init_ray(address: str | None = None) -> None:
     if given is None:
         with keeping_sigterm_handler():
             ray.init(include_dashboard=False, **options)
+        watchdog.start()
         return
     check_reachable(*given)
     try:

@@ -1,4 +1,4 @@
-"""Real signals to real ``fedray run`` processes: Ctrl-C and SIGTERM stop cleanly.
+"""Real signals to real ``fedray run`` processes: Ctrl-C and SIGTERM stop cleanly, and SIGKILL leaves no Ray behind.
 
 Each test starts the command line as a process of its own session (as a shell
 starts a job), waits until the run is training (a checkpoint file, or the
@@ -26,7 +26,7 @@ FOREVER = {"method": "fedavg", "dataset": SPEC, "rounds": 100000, "eval_every": 
 STARTUP_S = 300
 """Bound on the wait for Ray, the shards and the first rounds (minutes on a loaded 2-core machine)."""
 CLEANUP_S = 30
-"""Bound on the wait for a signalled run and every process it started to end."""
+"""Bound on the wait for a signalled run and every process it started to end (Ray's agents outlived a killed driver by 60 s)."""
 
 
 def command_line(out: Path, **options) -> list[str]:
@@ -165,4 +165,18 @@ def test_a_signal_before_the_first_checkpoint_says_nothing_was_written(start, tm
     assert "Traceback" not in log.read_text()
     assert last_line(log) == f"fedray: stopped by {signal.Signals(number).name}: nothing written to {out} (no checkpoint yet)"
     assert not out.exists() or not any(out.iterdir())
+    assert survivors(processes) == {}
+
+
+def test_no_ray_process_outlives_a_killed_run(start, tmp_path):
+    """SIGKILL runs no cleanup: the processes Ray ties to the driver die with it, and fedray's watchdog takes the rest."""
+    out, log = tmp_path / "run", tmp_path / "stderr.txt"
+    driver = start(out, log, checkpoint_every=2, quiet=True)
+    wait_until(lambda: (out / CHECKPOINT).is_file(), driver, log)
+    processes, exit_code = signal_run(driver, signal.SIGKILL)
+
+    assert exit_code == -signal.SIGKILL
+    assert sorted(path.name for path in out.iterdir()) == [CHECKPOINT]
+    config = resolve({}, {**FOREVER, "out": str(out), "checkpoint_every": 2, "quiet": True})
+    assert load_checkpoint(out, config.to_dict()).done >= 2, "the checkpoint, written atomically, is whole"
     assert survivors(processes) == {}
