@@ -66,6 +66,12 @@ def init_ray(address: str | None = None) -> None:
         raise FedrayError(f"{given[1]} {given[0]}: {str(error).splitlines()[0]}") from None
 
 
+def check_sweepable(config: RunConfig) -> None:
+    """A run that can be a Tune trial: its actors fit in the trial's placement group."""
+    if config.finetune:
+        raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
+
+
 def simulate(
     config: RunConfig,
     method: ClosedFormMethod,
@@ -118,8 +124,8 @@ def run(
     """
     config = config.validate().resolved()
     check_address(address)
-    if config.finetune and trial_group is not None:
-        raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
+    if trial_group is not None:
+        check_sweepable(config)
     federation = load_federation(config.dataset)
     federation.require_test_rows()
     method = None if config.trains else build_method(config, federation)

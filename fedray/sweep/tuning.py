@@ -17,11 +17,11 @@ import polars as pl
 from ray import tune
 from ray.util import get_current_placement_group
 
-from fedray.config import RunConfig, resolve
 from fedray.errors import FedrayError
 from fedray.results import METRICS, write_atomically
 from fedray.engine import init_ray, run
-from fedray.sweep.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
+from fedray.sweep.spec import OPTIONS_PREFIX, SweepSpec
+from fedray.sweep.trials import check_trials, fixed_params, trial_config
 
 RESULTS = "results.parquet"
 SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
@@ -29,16 +29,12 @@ SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": t
 
 def run_trial(params: dict) -> None:
     """One trial: a ``fedray run`` with ``params``, its shards in this trial's placement group."""
-    out = Path(tune.get_context().get_trial_dir())
-    options = {key: value for key, value in params.items() if not key.startswith((DATASET_PREFIX, OPTIONS_PREFIX))}
-    options["dataset"] = with_dataset_options(params.get("dataset", RunConfig.dataset), params)
-    options["options"] = plugin_options(params)
-    config = resolve(options, {"out": str(out), "quiet": True})
+    config = trial_config(params, out=tune.get_context().get_trial_dir())
     run(config, trial_group=get_current_placement_group(), on_point=lambda point: tune.report(asdict(point)))
 
 
 def param_space(spec: SweepSpec) -> dict:
-    space: dict = {**spec.base, "cpus_per_shard": spec.cpus_per_shard}
+    space: dict = fixed_params(spec)
     space.update({key: tune.grid_search(choices) for key, choices in spec.grid.items()})
     for key, distribution in spec.random.items():
         kind, arguments = next(iter(distribution.items()))
@@ -49,7 +45,11 @@ def param_space(spec: SweepSpec) -> dict:
 def sweep(
     spec: SweepSpec, out: str | Path, resume: bool = False, address: str | None = None, quiet: bool = False
 ) -> pl.DataFrame:
-    """Run (or resume) the sweep; returns and writes the combined results table."""
+    """Run (or resume) the sweep; returns and writes the combined results table.
+
+    Every trial's options are checked before Tune starts (:func:`check_trials`).
+    """
+    check_trials(spec)
     folder = Path(out).resolve() / spec.name
     trainable = tune.with_resources(run_trial, tune.PlacementGroupFactory(spec.bundles, strategy="PACK"))
     if resume and not tune.Tuner.can_restore(str(folder)):
