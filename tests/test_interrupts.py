@@ -1,8 +1,9 @@
-"""Real signals to real ``fedray run`` processes: Ctrl-C and SIGTERM stop cleanly, and SIGKILL leaves no Ray behind.
+"""Real signals to real ``fedray run`` and ``fedray sweep`` processes: Ctrl-C and SIGTERM stop cleanly, and SIGKILL
+leaves no Ray behind.
 
 Each test starts the command line as a process of its own session (as a shell
-starts a job), waits until the run is training (a checkpoint file, or the
-progress bar when no checkpoint is due), signals it,
+starts a job), waits until the work is under way (a checkpoint file, the
+progress bar when no checkpoint is due, a trial's first result), signals it,
 and checks its exit code, its last line, the files it leaves and that every
 process it had started is gone. SIGINT goes to the whole process group, as
 Ctrl-C in a terminal sends it.
@@ -42,11 +43,11 @@ def start():
     """Starts ``fedray run`` (stderr to a file) in a session of its own; kills what is left of it after the test."""
     drivers = []
 
-    def started(out: Path, log: Path, **options) -> subprocess.Popen:
-        """``fedray run`` with FOREVER and ``options``."""
+    def started(out: Path, log: Path, arguments: list[str] | None = None, **options) -> subprocess.Popen:
+        """``fedray run`` with FOREVER and ``options``, or the command line ``arguments``."""
         with open(log, "w") as stderr:
-            drivers.append(subprocess.Popen(command_line(out, **options), cwd=REPO, stdout=subprocess.DEVNULL,
-                                            stderr=stderr, start_new_session=True))
+            drivers.append(subprocess.Popen(arguments or command_line(out, **options), cwd=REPO,
+                                            stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True))
         return drivers[-1]
 
     yield started
@@ -179,4 +180,27 @@ def test_no_ray_process_outlives_a_killed_run(start, tmp_path):
     assert sorted(path.name for path in out.iterdir()) == [CHECKPOINT]
     config = resolve({}, {**FOREVER, "out": str(out), "checkpoint_every": 2, "quiet": True})
     assert load_checkpoint(out, config.to_dict()).done >= 2, "the checkpoint, written atomically, is whole"
+    assert survivors(processes) == {}
+
+
+def test_ctrl_c_stops_a_sweep_whose_state_tune_keeps(start, tmp_path):
+    """Tune stops its trials on Ctrl-C and returns; the sweep goes on as interrupted (it used to exit 0, tabling nothing)."""
+    sweep_file = tmp_path / "long.yaml"
+    sweep_file.write_text(f"""
+name: long
+base: {{method: fedavg, rounds: 100000, eval_every: 5, checkpoint_every: 100000, dataset: "{SPEC}"}}
+grid: {{seed: [0, 1, 2]}}
+cpus_per_shard: 0.5
+driver_cpus: 0.5
+""")
+    out, log = tmp_path / "sweeps", tmp_path / "stderr.txt"
+    arguments = [sys.executable, "-m", "fedray", "sweep", "--config", str(sweep_file), "--out", str(out), "--quiet"]
+    driver = start(out, log, arguments)
+    wait_until(lambda: any(path.stat().st_size for path in out.glob("long/*/result.json")), driver, log)  # a trial reported
+    processes, exit_code = signal_run(driver, signal.SIGINT)
+
+    assert exit_code == 130, log.read_text()[-3000:]
+    assert "Traceback" not in log.read_text()
+    assert last_line(log) == f"fedray: stopped by SIGINT: the sweep's state is kept in {out / 'long'}; continue with --resume"
+    assert not (out / "long" / "results.parquet").exists() and any((out / "long").glob("experiment_state-*.json"))
     assert survivors(processes) == {}

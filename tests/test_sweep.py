@@ -11,7 +11,7 @@ from fedray.data.export import export_parquet
 from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
 from fedray.sweep.spec import load_sweep, with_dataset_options
-from fedray.sweep.tuning import RESULTS, sweep
+from fedray.sweep.tuning import RESULTS, failure_line, sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "jobs" / "sweeps"
 SMALL = {"dim": 16, "scale": 0.04, "classes": 40}
@@ -81,8 +81,10 @@ grid:
 cpus_per_shard: 0.5
 driver_cpus: 0.5
 """)
-    with pytest.raises(FedrayError, match="1 of 2 trials failed"):
+    with pytest.raises(FedrayError, match="1 of 2 trials failed") as failure:
         sweep(load_sweep(path), tmp_path / "out", quiet=True)
+    assert f"(first: {features}: no such file)" in str(failure.value), "fedray's message, not Ray's actor line"
+    assert "\x1b" not in str(failure.value) and "ray::" not in str(failure.value)
     first = pl.read_parquet(tmp_path / "out" / "resumable" / RESULTS)
     assert first["trial_id"].n_unique() == 1
     with pytest.raises(FedrayError, match="already there"):
@@ -161,3 +163,26 @@ def test_the_command_line_refuses_a_doomed_sweep_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == "fedray: error: sweep doomed: 1 of 2 option combinations would fail, first lam=-1.0: --lam must be > 0, got -1.0\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_when_every_trial_fails_the_sweep_says_so_and_writes_no_results(ray_session, tmp_path):
+    missing = tmp_path / "missing.parquet"
+    path = write(tmp_path, f"""
+name: hopeless
+base: {{clients_per_round: 10, method: fed3r}}
+grid:
+  dataset: ["parquet:{missing}", "parquet:{missing}?split=classes&clients=5&classes_per_client=2"]
+cpus_per_shard: 0.5
+driver_cpus: 0.5
+""")
+    with pytest.raises(FedrayError) as failure:
+        sweep(load_sweep(path), tmp_path / "out", quiet=True)
+    assert str(failure.value).startswith(f"all 2 trials failed (first: {missing}: no such file), so no {RESULTS}; ")
+    assert "\x1b" not in str(failure.value)
+    assert not (tmp_path / "out" / "hopeless" / RESULTS).exists()
+
+
+def test_a_failed_trial_is_named_by_its_own_error():
+    coloured = RuntimeError("\x1b[31mshard lost\x1b[39m\n  more detail")
+    assert failure_line(coloured) == "RuntimeError: shard lost"
+    assert failure_line(FedrayError("--lam must be > 0, got -1.0")) == "--lam must be > 0, got -1.0"
