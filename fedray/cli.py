@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from fedray import interrupts
 from fedray.config import TCT, TCT_SOLVERS, RunConfig, load_config_file, resolve
 from fedray.errors import FedrayError
 from fedray.gradient.algorithms import ALGORITHMS, FINETUNE_MODES, INITS
@@ -97,13 +98,28 @@ def _cmd_run(args: argparse.Namespace) -> None:
     cli_values = {k: v for k, v in vars(args).items() if k not in ("config", "address", "handler", "command", "resume", "option")}
     cli_values["options"] = parse_options(args.option or [])
     config = resolve(file_values, cli_values)
-    rows = run(config, address=args.address, resume=args.resume)
+    with interrupts.reporting(lambda: _left_by_run(config)):
+        rows = run(config, address=args.address, resume=args.resume)
     last = rows[-1]
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
                           f"rows up to there are in {config.out}")
     print(f"{config.method} on {config.dataset}: accuracy {last['accuracy']:.4f} ({last['stage']}) after {last['round']} rounds, "
           f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
+
+
+def _left_by_run(config: RunConfig) -> str:
+    """What a stopped run leaves in --out: the checkpoint to continue from, or nothing."""
+    from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint
+
+    out = Path(config.out)
+    if not config.trains:
+        return f"nothing written to {out}"
+    try:
+        done = load_checkpoint(out, config.to_dict()).done
+    except FedrayError:  # none yet, or another run's
+        return f"nothing written to {out} (no checkpoint yet)"
+    return f"the last checkpoint is {out / CHECKPOINT}, after training round {done}; continue with --resume"
 
 
 def parse_options(pairs: list[str]) -> dict[str, str]:
@@ -189,7 +205,10 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     from fedray.sweep.tuning import RESULTS, sweep
 
     spec = load_sweep(args.config)
-    table = sweep(spec, args.out, resume=args.resume, address=args.address, quiet=args.quiet)
+    folder = Path(args.out) / spec.name
+    with interrupts.reporting(lambda: f"the sweep's state is kept in {folder}; continue with --resume" if folder.exists()
+                              else f"nothing written to {folder}"):
+        table = sweep(spec, args.out, resume=args.resume, address=args.address, quiet=args.quiet)
     trials = table["trial_id"].n_unique() if table.height else 0
     print(f"sweep {spec.name}: {trials} trials, {table.height} evaluation rows → {Path(args.out) / spec.name / RESULTS}")
 
@@ -255,11 +274,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ray_is_up() -> bool:
+    """Whether this process is connected to Ray (without importing it: ``fedray --help`` stays quick)."""
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``fedray ARGV``; the exit code: 0, 2 for bad input, 130 after Ctrl-C and 143 after SIGTERM."""
     args = build_parser().parse_args(argv)
-    try:
-        args.handler(args)
-    except FedrayError as error:
-        print(f"fedray: error: {error}", file=sys.stderr)
-        return 2
+    ray_was_up = _ray_is_up()
+    with interrupts.raising_on_sigterm():
+        try:
+            args.handler(args)
+        except FedrayError as error:
+            print(f"fedray: error: {error}", file=sys.stderr)
+            return 2
+        except (*interrupts.INTERRUPTS, interrupts.Stopped) as interrupt:
+            stop = interrupts.stopped(interrupt)
+            with interrupts.ignoring_interrupts():
+                if _ray_is_up() and not ray_was_up:
+                    sys.modules["ray"].shutdown()
+            print(f"fedray: {stop}", file=sys.stderr)
+            return stop.exit_code
     return 0

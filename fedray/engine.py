@@ -19,10 +19,11 @@ from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
 from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.gradient.runner import finetune_on_images, train_on_features
+from fedray.interrupts import keeping_sigterm_handler
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
 from fedray.results import RUN_FILES, EvalPoint, config_columns, remove_stale_temporaries, write_run
-from fedray.runtime import footprint, sampling
+from fedray.runtime import footprint, sampling, watchdog
 from fedray.runtime.address import check_reachable
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
@@ -73,20 +74,31 @@ class _DropMessage(logging.Filter):
 
 
 def init_ray(address: str | None = None) -> None:
-    """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray."""
+    """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray, which ends with this process.
+
+    The caller's SIGTERM handler stays (``ray.init`` would replace it).
+    """
     if ray.is_initialized():
         return
     given = _cluster_address(address)
     options = {"log_to_driver": False, "logging_level": logging.WARNING}
     if given is None:
-        with _without_token_auth_notice():
+        with _without_token_auth_notice(), keeping_sigterm_handler():
             ray.init(include_dashboard=False, **options)
+        watchdog.start()
         return
     check_reachable(*given)
     try:
-        ray.init(address=given[0], **options)
+        with keeping_sigterm_handler():
+            ray.init(address=given[0], **options)
     except ConnectionError as error:  # e.g. "auto" on a machine without a cluster
         raise FedrayError(f"{given[1]} {given[0]}: {str(error).splitlines()[0]}") from None
+
+
+def check_sweepable(config: RunConfig) -> None:
+    """A run that can be a Tune trial: its actors fit in the trial's placement group."""
+    if config.finetune:
+        raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
 
 
 def simulate(
@@ -143,8 +155,8 @@ def run(
     """
     config = config.validate().resolved()
     check_address(address)
-    if config.finetune and trial_group is not None:
-        raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
+    if trial_group is not None:
+        check_sweepable(config)
     out = Path(config.out)
     check_folder(out)
     federation = load_federation(config.dataset)

@@ -6,11 +6,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from fedray.cli import main
 from fedray.data.export import export_parquet
 from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
 from fedray.sweep.spec import load_sweep, with_dataset_options
-from fedray.sweep.tuning import RESULTS, sweep
+from fedray.sweep.tuning import RESULTS, failure_line, sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "jobs" / "sweeps"
 SMALL = {"dim": 16, "scale": 0.04, "classes": 40}
@@ -80,8 +81,10 @@ grid:
 cpus_per_shard: 0.5
 driver_cpus: 0.5
 """)
-    with pytest.raises(FedrayError, match="1 of 2 trials failed"):
+    with pytest.raises(FedrayError, match="1 of 2 trials failed") as failure:
         sweep(load_sweep(path), tmp_path / "out", quiet=True)
+    assert f"(first: {features}: no such file)" in str(failure.value), "fedray's message, not Ray's actor line"
+    assert "\x1b" not in str(failure.value) and "ray::" not in str(failure.value)
     first = pl.read_parquet(tmp_path / "out" / "resumable" / RESULTS)
     assert first["trial_id"].n_unique() == 1
     with pytest.raises(FedrayError, match="already there"):
@@ -128,3 +131,61 @@ def test_bad_sweep_files_are_named(tmp_path, text, message):
 def test_a_missing_sweep_file_is_named(tmp_path):
     with pytest.raises(FedrayError, match="nothing.yaml: no such sweep file"):
         load_sweep(tmp_path / "nothing.yaml")
+
+
+TINY = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
+DOOMED = [
+    ("base: {method: fed3r}\ngrid: {lam: [-1, 0.01]}\n", "1 of 2 option combinations would fail, first lam=-1.0: --lam must be > 0, got -1.0"),
+    ("grid: {method: [fedncm, fed3r], dataset.alpha: [0.1, 1]}\n",
+     "4 of 4 option combinations would fail, first method=fedncm, dataset.alpha=0.1: dataset 'synthetic:inat-user-120k?"
+     "alpha=0.1&classes=20&dim=8&scale=0.02': option(s) alpha need split=dirichlet|dirichlet_per_class|classes"),
+    ("base: {method: fed3r}\nrandom: {lam: {uniform: [-1, 1]}}\n", "first lam=-1.0: --lam must be > 0, got -1.0"),
+    ("base: {method: fedavg}\nrandom: {server_lr: {choice: [0.5, 0]}}\n", "first server_lr=0.0: --server-lr must be > 0"),
+    ("base: {method: fedavg, init: fedcof}\ngrid: {gamma: [0.1, -1]}\n", "first gamma=-1.0: --gamma must be ≥ 0, got -1.0"),
+    ("grid: {dataset.scale: [0.5, 2]}\n", "first dataset.scale=2.0: synthetic:inat-user-120k: scale must be in (0, 1], got 2.0"),
+    ("grid: {dataset.split: [classes], dataset.clients: [5]}\n", "split=classes needs classes_per_client=C"),
+    ("base: {method: fedavg, finetune: ft}\ngrid: {seed: [0, 1]}\n", "2 of 2 option combinations would fail, first seed=0: fine-tuning runs"),
+    ("base: {method: fed3r, lam: 0}\n", "sweep doomed: its trials would fail: --lam must be > 0, got 0.0"),
+]
+
+
+@pytest.mark.parametrize("text, message", DOOMED)
+def test_trials_that_would_fail_on_their_options_are_refused_before_tune_starts(tmp_path, text, message):
+    path = write(tmp_path, f"name: doomed\n{text}")
+    spec = load_sweep(path)
+    spec = replace(spec, base={"dataset": TINY, **spec.base})
+    with pytest.raises(FedrayError) as refusal:
+        sweep(spec, tmp_path / "out", quiet=True)
+    assert message in str(refusal.value) and str(refusal.value).startswith("sweep doomed: ")
+    assert not (tmp_path / "out").exists(), "refused before Tune wrote anything"
+
+
+def test_the_command_line_refuses_a_doomed_sweep_in_one_line(tmp_path, capsys):
+    path = write(tmp_path, f"name: doomed\nbase: {{dataset: '{TINY}', method: fed3r}}\ngrid: {{lam: [-1, 0.01]}}\n")
+    assert main(["sweep", "--config", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == "fedray: error: sweep doomed: 1 of 2 option combinations would fail, first lam=-1.0: --lam must be > 0, got -1.0\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_when_every_trial_fails_the_sweep_says_so_and_writes_no_results(ray_session, tmp_path):
+    missing = tmp_path / "missing.parquet"
+    path = write(tmp_path, f"""
+name: hopeless
+base: {{clients_per_round: 10, method: fed3r}}
+grid:
+  dataset: ["parquet:{missing}", "parquet:{missing}?split=classes&clients=5&classes_per_client=2"]
+cpus_per_shard: 0.5
+driver_cpus: 0.5
+""")
+    with pytest.raises(FedrayError) as failure:
+        sweep(load_sweep(path), tmp_path / "out", quiet=True)
+    assert str(failure.value).startswith(f"all 2 trials failed (first: {missing}: no such file), so no {RESULTS}; ")
+    assert "\x1b" not in str(failure.value)
+    assert not (tmp_path / "out" / "hopeless" / RESULTS).exists()
+
+
+def test_a_failed_trial_is_named_by_its_own_error():
+    coloured = RuntimeError("\x1b[31mshard lost\x1b[39m\n  more detail")
+    assert failure_line(coloured) == "RuntimeError: shard lost"
+    assert failure_line(FedrayError("--lam must be > 0, got -1.0")) == "--lam must be > 0, got -1.0"

@@ -43,6 +43,10 @@ OPTION_TYPES: dict[str, type] = {
 PATH_KINDS = ("parquet", "features", "hsu", "imagefolder")
 PATH_OPTIONS = ("test", "images")
 SPLIT_OPTIONS = ("split", "alpha", "classes_per_client", "split_seed", "min_client_size")
+KIND_OPTIONS = {"synthetic": ("dim", "seed", "feature_shift", "scale", "classes"), "hsu": ("test", "images", "layout"),
+                "parquet": (), "features": (), "imagefolder": ()}
+"""The options each kind takes besides the re-split ones."""
+SPLITS = ("dirichlet", "dirichlet_per_class", "classes")
 
 
 def parse_spec(spec: str) -> tuple[str, str, dict[str, object]]:
@@ -63,34 +67,43 @@ def parse_spec(spec: str) -> tuple[str, str, dict[str, object]]:
     return kind, target, options
 
 
+def check_spec(spec: str) -> None:
+    """Every check of ``spec`` that needs no data: its kind, its options and their types, what a re-split needs.
+
+    :func:`load_federation` runs it before loading anything; a sweep runs it on every trial's dataset before Tune starts.
+    """
+    kind, target, options = parse_spec(spec)
+    split_options = {k: v for k, v in options.items() if k in (*SPLIT_OPTIONS, "clients")}
+    _no_options(spec, {k: v for k, v in options.items() if k not in split_options and k not in KIND_OPTIONS[kind]})
+    if kind == "synthetic":
+        synthetic.check(target, **{k: v for k, v in options.items() if k not in split_options})
+    if split_options:
+        _check_split(spec, split_options)
+
+
 def load_federation(spec: str) -> Federation:
+    check_spec(spec)
     kind, target, options = parse_spec(spec)
     split_options = {k: options.pop(k) for k in (*SPLIT_OPTIONS, "clients") if k in options}
     if kind == "synthetic":
         federation = synthetic.build(target, **options)
     elif kind == "parquet":
-        _no_options(spec, options)
         federation = load_parquet(target)
     elif kind == "features":
-        _no_options(spec, options)
         entry = find_entry(target)
         federation = load_parquet(entry.path, entry.part_files(), name=f"features:{entry.path}")
     elif kind == "imagefolder":
-        _no_options(spec, options)
         federation = load_image_folder(target)
     else:
-        federation = _load_hsu(spec, target, options)
+        federation = _load_hsu(target, options)
     if split_options:
-        if "split" not in split_options:
-            raise FedrayError(f"dataset {spec!r}: option(s) {', '.join(split_options)} need split=dirichlet|dirichlet_per_class|classes")
         federation = _resplit(spec, federation, split_options)
     return federation
 
 
-def _load_hsu(spec: str, target: str, options: dict) -> Federation:
-    test = options.pop("test", None) or hsu_test_csv_beside(target)
-    images, layout = options.pop("images", None), options.pop("layout", "walk")
-    _no_options(spec, options)
+def _load_hsu(target: str, options: dict) -> Federation:
+    test = options.get("test") or hsu_test_csv_beside(target)
+    images, layout = options.get("images"), options.get("layout", "walk")
     federation = load_hsu_split(target, test)
     if images is None:
         return federation
@@ -115,25 +128,33 @@ def _no_options(spec: str, options: dict) -> None:
         raise FedrayError(f"dataset {spec!r}: option(s) {', '.join(options)} do not apply to this kind")
 
 
-def _resplit(spec: str, federation: Federation, options: dict) -> Federation:
-    kind, clients, seed = options.get("split"), options.get("clients"), options.get("split_seed", 0)
-    if clients is None:
+def _check_split(spec: str, options: dict) -> None:
+    """The re-split options name a known split and give what it needs (its values are checked against the data later)."""
+    kind = options.get("split")
+    if kind is None:
+        raise FedrayError(f"dataset {spec!r}: option(s) {', '.join(options)} need split=dirichlet|dirichlet_per_class|classes")
+    if kind not in SPLITS:
+        raise FedrayError(f"dataset {spec!r}: unknown split {kind!r}; use dirichlet, dirichlet_per_class or classes")
+    if "clients" not in options:
         raise FedrayError(f"dataset {spec!r}: split={kind} needs clients=K")
-    table = federation.table
-    labels = table.filter(pc.equal(table.column("split"), TRAIN)).column("label").to_numpy()
     if kind in ("dirichlet", "dirichlet_per_class") and "alpha" not in options:
         raise FedrayError(f"dataset {spec!r}: split={kind} needs alpha=A")
     if "min_client_size" in options and kind != "dirichlet_per_class":
         raise FedrayError(f"dataset {spec!r}: min_client_size applies to split=dirichlet_per_class only "
                           f"(split=dirichlet gives every client ⌊N/K⌋ samples)")
+    if kind == "classes" and "classes_per_client" not in options:
+        raise FedrayError(f"dataset {spec!r}: split=classes needs classes_per_client=C")
+
+
+def _resplit(spec: str, federation: Federation, options: dict) -> Federation:
+    """``federation``'s training samples re-split among new clients (``options`` passed :func:`_check_split`)."""
+    kind, clients, seed = options["split"], options["clients"], options.get("split_seed", 0)
+    table = federation.table
+    labels = table.filter(pc.equal(table.column("split"), TRAIN)).column("label").to_numpy()
     if kind == "dirichlet":
         assignment = hsu_dirichlet_split(labels, clients, options["alpha"], seed)
     elif kind == "dirichlet_per_class":
         assignment = dirichlet_split(labels, clients, options["alpha"], seed, options.get("min_client_size", 1))
-    elif kind == "classes":
-        if "classes_per_client" not in options:
-            raise FedrayError(f"dataset {spec!r}: split=classes needs classes_per_client=C")
-        assignment = classes_per_client_split(labels, clients, options["classes_per_client"], seed)
     else:
-        raise FedrayError(f"dataset {spec!r}: unknown split {kind!r}; use dirichlet, dirichlet_per_class or classes")
+        assignment = classes_per_client_split(labels, clients, options["classes_per_client"], seed)
     return resplit(federation, assignment, spec)

@@ -217,6 +217,28 @@ def _assign_clients(labels: np.ndarray, sizes: np.ndarray, num_classes: int, tau
     return order, np.repeat(np.arange(len(sizes), dtype=np.int64), client_sizes)
 
 
+def check(
+    split: str,
+    dim: int = 1280,
+    seed: int = 0,
+    feature_shift: float = 0.0,
+    scale: float = 1.0,
+    classes: int | None = None,
+) -> None:
+    """What :func:`build` refuses, found without building anything."""
+    if split in LABELLED:
+        if (feature_shift, scale, classes) != (0.0, 1.0, None):
+            raise FedrayError(f"synthetic:{split}: a labelled dataset takes dim and seed only (re-split it with ?split=…)")
+    elif split not in SPLITS:
+        raise FedrayError(f"unknown synthetic split {split!r}; known: {', '.join([*SPLITS, *LABELLED])}")
+    if dim < 1:
+        raise FedrayError(f"synthetic:{split}: dim must be ≥ 1, got {dim}")
+    if not 0 < scale <= 1:
+        raise FedrayError(f"synthetic:{split}: scale must be in (0, 1], got {scale}")
+    if classes is not None and classes < 1:
+        raise FedrayError(f"synthetic:{split}: classes must be ≥ 1, got {classes}")
+
+
 def build(
     split: str,
     dim: int = 1280,
@@ -233,18 +255,9 @@ def build(
     shrinks in proportion. ``classes`` uses fewer classes. Both make small
     federations of the real shape, e.g. for tests.
     """
+    check(split, dim, seed, feature_shift, scale, classes)
     if split in LABELLED:
-        if (feature_shift, scale, classes) != (0.0, 1.0, None):
-            raise FedrayError(f"synthetic:{split}: a labelled dataset takes dim and seed only (re-split it with ?split=…)")
         return _labelled(split, dim, seed)
-    if split not in SPLITS:
-        raise FedrayError(f"unknown synthetic split {split!r}; known: {', '.join([*SPLITS, *LABELLED])}")
-    if dim < 1:
-        raise FedrayError(f"synthetic:{split}: dim must be ≥ 1, got {dim}")
-    if not 0 < scale <= 1:
-        raise FedrayError(f"synthetic:{split}: scale must be in (0, 1], got {scale}")
-    if classes is not None and classes < 1:
-        raise FedrayError(f"synthetic:{split}: classes must be ≥ 1, got {classes}")
     shape = SPLITS[split]
     reference = SPLITS[_reference(shape.pool)]
     reference_sizes = _kept(real_client_sizes(reference.sizes_file), scale, seed)
@@ -297,8 +310,6 @@ def build(
 
 def _labelled(name: str, dim: int, seed: int) -> Federation:
     """The labelled dataset ``name`` held by one client, ``all`` (as ``imagefolder:`` loads a dataset)."""
-    if dim < 1:
-        raise FedrayError(f"synthetic:{name}: dim must be ≥ 1, got {dim}")
     shape = LABELLED[name]
     counts = labelled_counts(shape)
     pool = Pool(shape.num_classes, shape.num_train, shape.num_test, shape.num_superclasses)

@@ -10,6 +10,7 @@ The sweep ends by combining every trial's ``metrics.parquet`` into
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,29 +18,26 @@ import polars as pl
 from ray import tune
 from ray.util import get_current_placement_group
 
-from fedray.config import RunConfig, resolve
 from fedray.errors import FedrayError
 from fedray.results import METRICS, remove_stale_temporaries, write_atomically
 from fedray.engine import init_ray, run
-from fedray.sweep.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
+from fedray.sweep.spec import OPTIONS_PREFIX, SweepSpec
+from fedray.sweep.trials import check_trials, fixed_params, trial_config
 from fedray.writable import check_folder
 
 RESULTS = "results.parquet"
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
 SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
 
 
 def run_trial(params: dict) -> None:
     """One trial: a ``fedray run`` with ``params``, its shards in this trial's placement group."""
-    out = Path(tune.get_context().get_trial_dir())
-    options = {key: value for key, value in params.items() if not key.startswith((DATASET_PREFIX, OPTIONS_PREFIX))}
-    options["dataset"] = with_dataset_options(params.get("dataset", RunConfig.dataset), params)
-    options["options"] = plugin_options(params)
-    config = resolve(options, {"out": str(out), "quiet": True})
+    config = trial_config(params, out=tune.get_context().get_trial_dir())
     run(config, trial_group=get_current_placement_group(), on_point=lambda point: tune.report(asdict(point)))
 
 
 def param_space(spec: SweepSpec) -> dict:
-    space: dict = {**spec.base, "cpus_per_shard": spec.cpus_per_shard}
+    space: dict = fixed_params(spec)
     space.update({key: tune.grid_search(choices) for key, choices in spec.grid.items()})
     for key, distribution in spec.random.items():
         kind, arguments = next(iter(distribution.items()))
@@ -50,7 +48,14 @@ def param_space(spec: SweepSpec) -> dict:
 def sweep(
     spec: SweepSpec, out: str | Path, resume: bool = False, address: str | None = None, quiet: bool = False
 ) -> pl.DataFrame:
-    """Run (or resume) the sweep; returns and writes the combined results table."""
+    """Run (or resume) the sweep; returns and writes the combined results table.
+
+    Every trial's options are checked before Tune starts (:func:`check_trials`).
+    When every trial fails, nothing is written and the error says so. Ctrl-C
+    stops the trials and raises KeyboardInterrupt once Tune has saved the
+    sweep's state (``resume`` continues it); results.parquet is not written.
+    """
+    check_trials(spec)
     check_folder(Path(out))
     folder = Path(out).resolve() / spec.name
     trainable = tune.with_resources(run_trial, tune.PlacementGroupFactory(spec.bundles, strategy="PACK"))
@@ -71,25 +76,44 @@ def sweep(
         )
     grid = tuner.fit()
     failed = [result for result in grid if result.error is not None]
+    if len(failed) + sum(map(_finished, grid)) < len(grid):
+        # Tune catches Ctrl-C itself: it stops the trials (as if they had ended), saves its state and returns.
+        raise KeyboardInterrupt(f"sweep {spec.name} interrupted; its state is saved in {folder}")
+    if failed and len(failed) == len(grid):
+        raise FedrayError(f"all {len(grid)} trials failed (first: {failure_line(failed[0].error)}), so no {RESULTS}; "
+                          f"fix and rerun with --resume (each trial's error is in {folder})")
     table = combine(spec, grid)
     write_atomically(folder / RESULTS, table.write_parquet)
     if failed:
-        raise FedrayError(f"{len(failed)} of {len(grid)} trials failed (first: {str(failed[0].error).splitlines()[0]}); "
+        raise FedrayError(f"{len(failed)} of {len(grid)} trials failed (first: {failure_line(failed[0].error)}); "
                           f"finished trials are in {folder / RESULTS}; fix and rerun with --resume")
     return table
 
 
+def _finished(result: tune.Result) -> bool:
+    """Whether the trial's run completed: its metrics.parquet, written last, is there."""
+    return result.error is None and result.path is not None and (Path(result.path) / METRICS).is_file()
+
+
+def failure_line(error: BaseException) -> str:
+    """A failed trial's error in one line: fedray's own message, else the exception's type and message, never Ray's
+    actor wrapper (its first line is ``ray::ImplicitFunc.train() (pid=...)`` in colour)."""
+    cause = getattr(error, "cause", None)  # a RayTaskError carries the trial's own exception
+    error = cause if isinstance(cause, BaseException) else error
+    if isinstance(error, FedrayError):
+        return str(error)
+    message = ANSI_CODES.sub("", str(error)).strip().splitlines()
+    return f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
+
+
 def combine(spec: SweepSpec, grid: tune.ResultGrid) -> pl.DataFrame:
-    """All finished trials' metrics rows, with the trial id and every swept parameter as columns, in trial order."""
+    """All finished trials' metrics rows (there is at least one), with the trial id and every swept parameter as
+    columns, in trial order."""
     frames = []
-    for result in grid:
-        metrics = Path(result.path) / METRICS
-        if result.error is None and metrics.is_file():
-            frame = pl.read_parquet(metrics)
-            trial_id = result.metrics.get("trial_id", Path(result.path).name)
-            swept = {key: result.config[key] for key in spec.swept if key not in frame.columns and not key.startswith(OPTIONS_PREFIX)}
-            frames.append(frame.with_columns(pl.lit(trial_id).alias("trial_id"), *(pl.lit(v).alias(k) for k, v in swept.items())))
-    if not frames:
-        return pl.DataFrame({"trial_id": []}, schema={"trial_id": pl.String})
+    for result in filter(_finished, grid):
+        frame = pl.read_parquet(Path(result.path) / METRICS)
+        trial_id = result.metrics.get("trial_id", Path(result.path).name)
+        swept = {key: result.config[key] for key in spec.swept if key not in frame.columns and not key.startswith(OPTIONS_PREFIX)}
+        frames.append(frame.with_columns(pl.lit(trial_id).alias("trial_id"), *(pl.lit(v).alias(k) for k, v in swept.items())))
     table = pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit(spec.name).alias("sweep"))
     return table.sort(["trial_id", "round"])
