@@ -646,3 +646,11 @@ def test_coverage_bad_input(capsys):
     expect_error(capsys, ["sampling", "coverage", "--clients", "0", "--per-round", "1"], "--clients must be ≥ 1")
     expect_error(capsys, ["sampling", "coverage", "--clients", "10", "--per-round", "2", "--seed", "-1"],
                  "--seed must be an integer from 0", "-1")
+
+
+def test_a_run_does_not_announce_token_authentication(tmp_path):
+    """Ray's token authentication stays on for the embedded cluster; its notice no longer greets every run."""
+    rc, out, err, _ = fedray_subprocess(["run", "--method", "fedncm", "--dataset", SPEC, "--out", tmp_path / "out", *SMALL_RUN])
+    assert rc == 0, err
+    assert "Token authentication" not in err and "fedncm on" in out
+    assert (Path.home() / ".ray" / "auth_token").is_file()  # the token Ray created or reused: authentication is on
