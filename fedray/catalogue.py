@@ -15,7 +15,7 @@ CLIENT_OPTIONS = ("client_lr", "weight_decay", "batch_size", "local_epochs", "te
 
 
 def _summary(cls: type) -> str:
-    return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+    return cls.__doc__.strip().splitlines()[0] if cls.__doc__ else ""
 
 
 def _entry(name: str, cls: type) -> list[str]:

@@ -15,6 +15,7 @@ from fedray.methods import METHODS, method_class
 from fedray.numeric_options import check_numeric_option, check_numeric_options, command_line
 from fedray.options import options_of
 from fedray.plugins import canonical, is_plugin, load_class
+from fedray.results import EvalPoint
 
 
 TCT = "tct"
@@ -217,8 +218,7 @@ def server_optimizer_class(spec: str) -> type[ServerOptimizer]:
 
 FIELDS = {f.name for f in fields(RunConfig)}
 FIELD_TYPES = {f.name: str(f.type) for f in fields(RunConfig)}
-RESERVED = {"round", "clients_seen", "samples_seen", "accuracy", "bytes_up", "bytes_down", "flops_client_avg",
-            "wall_s", "stage", "train_loss", "diverged", "ridge_probe_accuracy", "trial_id", "sweep"}
+RESERVED = {f.name for f in fields(EvalPoint)} | {"ridge_probe_accuracy", "trial_id", "sweep"}
 """Metrics columns: no option may take their names, since options become columns too."""
 PER_ROUND = ("clients_per_round", "participation")
 TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}

@@ -119,9 +119,3 @@ def build(cls: type, values: dict[str, object], where: str, **supplied: object) 
         return cls(**supplied_arguments(cls, **supplied), **chosen)
     except ValueError as error:
         raise FedrayError(f"{where}: {error}") from None
-
-
-def unknown_options(values: dict[str, object], *classes: type) -> list[str]:
-    """Keys of ``values`` that none of ``classes`` declares."""
-    declared = set().union(*(options_of(cls) for cls in classes))
-    return sorted(set(values) - declared)
