@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from fedray.accounting import PaperCosts, PaperTotals
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.server import ServerOptimizer
 from fedray.methods.base import FLOAT_BYTES
@@ -33,20 +34,24 @@ class Accounting:
     bytes_up: float = 0.0
     bytes_down: float = 0.0
     flops: float = 0.0
+    paper: PaperTotals = field(default_factory=PaperTotals)
 
-    def add(self, clients: np.ndarray, sizes: np.ndarray, up: float, down: float, flops: float) -> None:
+    def add(self, clients: np.ndarray, sizes: np.ndarray, up: float, down: float, flops: float,
+            paper: PaperCosts | None = None, backbone_macs: float | None = None) -> None:
+        """One computation of each of ``clients``; ``paper`` its papers' costs (None: undefined, those columns go null)."""
         new = clients[~self.seen[clients]]
         self.seen[new] = True
         self.samples_seen += int(sizes[new].sum())
         self.bytes_up += up
         self.bytes_down += down
         self.flops += flops
+        self.paper.add(paper, clients, backbone_macs)
 
     def point(self, round_number: int, accuracy: float, wall_s: float, stage: str, loss: float | None = None,
               diverged: bool = False) -> EvalPoint:
         clients = int(self.seen.sum())
         return EvalPoint(round_number, clients, self.samples_seen, accuracy, self.bytes_up, self.bytes_down,
-                         self.flops / max(clients, 1), wall_s, stage, loss, diverged)
+                         self.flops / max(clients, 1), wall_s, stage, loss, diverged, **self.paper.columns(len(self.seen)))
 
 
 @dataclass
@@ -86,6 +91,7 @@ def train(
     checkpointing: Checkpointing | None = None,
     on_point: Callable[[EvalPoint], None] | None = None,
     quiet: bool = False,
+    backbone_macs: float | None = None,
 ) -> bool:
     """Run ``rounds[state.done:]``, updating ``state`` in place; whether training diverged.
 
@@ -93,12 +99,14 @@ def train(
     rounds come first). A row at the start evaluates the initial model. A
     non-finite loss, update or model stops the run at that round with a row
     marking it diverged; the parameters stay the last finite ones.
+    ``backbone_macs`` (F_φ, when known) enters ``macs_client_avg_fed3r``.
     """
     server.state = state.server
     backend.load_state_dict(state.backend)
     started = time.perf_counter() - state.wall_s
     down_floats, up_floats = backend.traffic_floats()
     client_flops = backend.client_flops(sizes.astype(np.float64))
+    paper_costs = backend.paper_costs(sizes.astype(np.float64))
     evaluate_at = eval_rounds(len(rounds), eval_every)
     params, accounting = state.params, state.accounting
 
@@ -126,7 +134,8 @@ def train(
             state.loss_samples += update.samples
             participations = len(clients)
             accounting.add(clients, sizes, participations * up_floats * FLOAT_BYTES,
-                           participations * down_floats * FLOAT_BYTES, float(client_flops[clients].sum()))
+                           participations * down_floats * FLOAT_BYTES, float(client_flops[clients].sum()),
+                           paper_costs, backbone_macs)
             mean = {name: delta / update.weight for name, delta in update.delta.items()}
             previous = {name: tensor.clone() for name, tensor in params.items()}
             finite = bool(np.isfinite(update.loss_sum)) and _finite(mean)

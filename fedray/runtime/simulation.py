@@ -10,6 +10,7 @@ import numpy as np
 import ray
 from tqdm import tqdm
 
+from fedray.accounting import PaperTotals
 from fedray.evaluation import Evaluator
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.results import EvalPoint
@@ -22,6 +23,7 @@ class RunOutcome:
     classifier: Classifier | None = None
     solve_s: float = 0.0
     eval_s: float = 0.0
+    paper: PaperTotals = field(default_factory=PaperTotals)
 
 
 @dataclass
@@ -31,6 +33,7 @@ class _Block:
     samples_seen: int
     bytes_up: float
     flops_client_avg: float
+    paper: dict[str, float | None]
     total: ray.ObjectRef | None
 
 
@@ -46,8 +49,12 @@ def run_closed_form(
     evaluator: Evaluator,
     quiet: bool = False,
     on_point: Callable[[EvalPoint], None] | None = None,
+    backbone_macs: float | None = None,
 ) -> RunOutcome:
     """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation, also passed to ``on_point``.
+
+    ``backbone_macs`` is the backbone's forward multiply-adds per sample (F_φ),
+    when known, for ``macs_client_avg_fed3r``.
 
     A client uploads its statistics the first time it is sampled and never
     again (the clients of one round are distinct). All blocks are submitted at
@@ -60,6 +67,7 @@ def run_closed_form(
     sizes = federation.client_sizes
     upload_bytes = method.upload_floats(federation) * FLOAT_BYTES
     client_flops = method.statistics_flops(sizes.astype(np.float64))
+    paper_costs, paper = method.paper_costs(federation), PaperTotals()
     seen = np.zeros(federation.num_clients, dtype=bool)
     evaluate_at = eval_rounds(len(rounds), eval_every)
     blocks: list[_Block] = []
@@ -72,15 +80,17 @@ def run_closed_form(
         uploads.append(new)
         bytes_up += float(upload_bytes[new].sum())
         flops += float(client_flops[new].sum())
+        paper.add(paper_costs, new, backbone_macs)
         samples += int(sizes[new].sum())
         clients_seen += len(new)
         if number in evaluate_at:
             uploaded = np.concatenate(uploads)
             uploads = []
             total = pool.statistics(method_ref, uploaded) if len(uploaded) else None
-            blocks.append(_Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1), total))
+            blocks.append(_Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
+                                 paper.columns(federation.num_clients), total))
 
-    outcome = RunOutcome()
+    outcome = RunOutcome(paper=paper)
     state = None
     accuracy = float("nan")
     with tqdm(total=len(rounds), unit="round", disable=quiet, desc=method.name or type(method).__name__) as progress:
@@ -95,7 +105,7 @@ def run_closed_form(
                 outcome.solve_s += eval_start - solve_start
                 outcome.eval_s += time.perf_counter() - eval_start
             point = EvalPoint(block.round, block.clients_seen, block.samples_seen, accuracy, block.bytes_up, 0.0,
-                              block.flops_client_avg, time.perf_counter() - start)
+                              block.flops_client_avg, time.perf_counter() - start, **block.paper)
             outcome.points.append(point)
             if on_point is not None:
                 on_point(point)
