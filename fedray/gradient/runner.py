@@ -188,15 +188,16 @@ def finetune(
     (``--num-shards``, default 1, next to the trainers).
     """
     federation = backend.pool.federation
+    backbone_macs = backend.flops_per_image / 2 if config.backbone_macs is None else config.backbone_macs
     if saved is None:
         params = backend.initial_params(config.seed)
         accounting, points = None, []
         if config.init != "random":
+            stage_config = replace(config, backbone_macs=backbone_macs)
             head, accounting, points = on_embeddings(
-                config, backend, params, lambda pool, evaluator: closed_form_stage(config, pool, evaluator, on_point))
+                config, backend, params, lambda pool, evaluator: closed_form_stage(stage_config, pool, evaluator, on_point))
             params["head.weight"], params["head.bias"] = head["weight"].T.contiguous(), head["bias"]
         saved = _fresh_state(params, accounting, points, backend, federation.num_clients)
-    backbone_macs = backend.flops_per_image / 2 if config.backbone_macs is None else config.backbone_macs
     outcome = _train(config, backend, saved, federation.client_sizes, on_point, backbone_macs)
     if config.head == "sphere" and not outcome.points[-1].diverged:
         classifier = on_embeddings(config, backend, outcome.params,
