@@ -14,7 +14,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from fedray.config import TCT, RunConfig
-from fedray.data.registry import load_federation
+from fedray.data.registry import load_federation, recorded_backbone_macs
 from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
 from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
@@ -118,7 +118,8 @@ def simulate(
     federation = pool.federation
     per_round = config.per_round(federation.num_clients)
     rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
-    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point)
+    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
+                              backbone_macs=config.backbone_macs)
     resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, rf_sigma=getattr(method, "rf_sigma", None))
     return resolved, metrics_rows(resolved, per_round, outcome.points), outcome
 
@@ -161,6 +162,8 @@ def run(
     check_folder(out)
     federation = load_federation(config.dataset)
     federation.require_test_rows()
+    if config.backbone_macs is None:
+        config = replace(config, backbone_macs=recorded_backbone_macs(config.dataset))
     method = None if config.trains else build_method(config, federation)
     per_round = config.per_round(federation.num_clients)
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fedray.engine
+from fedray.accounting import PaperTotals
 from fedray.config import RunConfig
 from fedray.errors import FedrayError
 from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
@@ -39,7 +40,7 @@ def state_as_every_backend_keeps_it() -> TrainingState:
     controls.update({3: {name: torch.ones_like(value) for name, value in params.items()}}, {3: 7})
     seen = np.zeros(371, dtype=bool)
     seen[[3, 10]] = True
-    accounting = Accounting(seen, 42, 1e6, 2e6, 3.5e9)
+    accounting = Accounting(seen, 42, 1e6, 2e6, 3.5e9, PaperTotals(800.0, None, 7e9, 84.0))
     points = [EvalPoint(0, 0, 0, 0.01, 0.0, 0.0, 0.0, 0.1, "train"),
               EvalPoint(4, 2, 42, 0.25, 1e6, 2e6, 1.75e9, 2.5, "train", 3.2, False)]
     return TrainingState(params, server.state, {"scaffold": controls.state_dict()}, accounting, points, done=4,
@@ -68,7 +69,7 @@ def test_a_checkpoint_is_plain_data_and_gives_the_state_back(tmp_path):
         assert_same(getattr(loaded, field), getattr(state, field))
     assert np.array_equal(loaded.accounting.seen, state.accounting.seen) and loaded.accounting.seen.dtype == bool
     counters = [f.name for f in fields(Accounting) if f.name != "seen"]
-    assert [getattr(loaded.accounting, name) for name in counters] == [42, 1e6, 2e6, 3.5e9]
+    assert [getattr(loaded.accounting, name) for name in counters] == [42, 1e6, 2e6, 3.5e9, PaperTotals(800.0, None, 7e9, 84.0)]
     assert loaded.points == state.points
     assert [getattr(loaded, f) for f in ("done", "loss_sum", "loss_samples", "wall_s", "eval_s")] == [4, 12.5, 40, 2.5, 0.5]
 

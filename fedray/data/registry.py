@@ -101,6 +101,12 @@ def load_federation(spec: str) -> Federation:
     return federation
 
 
+def recorded_backbone_macs(spec: str) -> float | None:
+    """F_φ of a ``features:`` dataset: the forward multiply-adds per sample its cache recorded (None: not recorded, or no cache)."""
+    kind, target, _ = parse_spec(spec)
+    return find_entry(target).manifest().get("backbone_macs") if kind == "features" else None
+
+
 def _load_hsu(target: str, options: dict) -> Federation:
     test = options.get("test") or hsu_test_csv_beside(target)
     images, layout = options.get("images"), options.get("layout", "walk")

@@ -6,7 +6,8 @@ Layout of an entry ``CACHE_DIR/<dataset>--<backbone>--<hash>/``:
                            the features of one fixed block of PART_ROWS samples of a
                            split (rows in sample order), each written atomically, so
                            an interrupted extraction resumes from the finished parts
-  manifest.json            written last: the entry is complete
+  manifest.json            written last: the entry is complete (its dim, C, rows, and
+                           backbone_macs: the backbone's forward multiply-adds per image, F_φ)
 A part has the columns ``sample_id, client_id, split, label, image_id,
 features`` (fixed-size list of float32); its schema metadata holds C
 (``fedray.num_classes``, read by the Parquet loader) and the samples it skipped

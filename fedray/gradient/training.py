@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fedray.accounting import PaperCosts, PaperTotals
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.server import ServerOptimizer
 from fedray.methods.base import FLOAT_BYTES
@@ -32,20 +33,24 @@ class Accounting:
     bytes_up: float = 0.0
     bytes_down: float = 0.0
     flops: float = 0.0
+    paper: PaperTotals = field(default_factory=PaperTotals)
 
-    def add(self, clients: np.ndarray, sizes: np.ndarray, up: float, down: float, flops: float) -> None:
+    def add(self, clients: np.ndarray, sizes: np.ndarray, up: float, down: float, flops: float,
+            paper: PaperCosts | None = None, backbone_macs: float | None = None) -> None:
+        """One computation of each of ``clients``; ``paper`` its papers' costs (None: undefined, those columns go null)."""
         new = clients[~self.seen[clients]]
         self.seen[new] = True
         self.samples_seen += int(sizes[new].sum())
         self.bytes_up += up
         self.bytes_down += down
         self.flops += flops
+        self.paper.add(paper, clients, backbone_macs)
 
     def point(self, round_number: int, accuracy: float, wall_s: float, stage: str, loss: float | None = None,
               diverged: bool = False) -> EvalPoint:
         clients = int(self.seen.sum())
         return EvalPoint(round_number, clients, self.samples_seen, accuracy, self.bytes_up, self.bytes_down,
-                         self.flops / max(clients, 1), wall_s, stage, loss, diverged)
+                         self.flops / max(clients, 1), wall_s, stage, loss, diverged, **self.paper.columns(len(self.seen)))
 
 
 @dataclass
@@ -83,13 +88,15 @@ class TrainingRounds:
     """
 
     def __init__(self, backend: TrainingBackend, server: ServerOptimizer, state: TrainingState, sizes: np.ndarray,
-                 first_round: int) -> None:
+                 first_round: int, backbone_macs: float | None = None) -> None:
         self.backend, self.server, self.state, self.sizes, self.first_round = backend, server, state, sizes, first_round
+        self.backbone_macs = backbone_macs
         server.state = state.server
         backend.load_state_dict(state.backend)
         self.started = time.perf_counter() - state.wall_s
         self.down_floats, self.up_floats = backend.traffic_floats()
         self.client_flops = backend.client_flops(sizes.astype(np.float64))
+        self.paper_costs = backend.paper_costs(sizes.astype(np.float64))
 
     def run_round(self, number: int, clients: np.ndarray) -> bool:
         state, params = self.state, self.state.params
@@ -98,7 +105,8 @@ class TrainingRounds:
         state.loss_samples += update.samples
         participations = len(clients)
         state.accounting.add(clients, self.sizes, participations * self.up_floats * FLOAT_BYTES,
-                             participations * self.down_floats * FLOAT_BYTES, float(self.client_flops[clients].sum()))
+                             participations * self.down_floats * FLOAT_BYTES, float(self.client_flops[clients].sum()),
+                             self.paper_costs, self.backbone_macs)
         mean = {name: delta / update.weight for name, delta in update.delta.items()}
         previous = {name: tensor.clone() for name, tensor in params.items()}
         if bool(np.isfinite(update.loss_sum)) and _finite(mean):
@@ -144,12 +152,14 @@ def train(
     checkpointing: Checkpointing | None = None,
     on_point: Callable[[EvalPoint], None] | None = None,
     quiet: bool = False,
+    backbone_macs: float | None = None,
 ) -> bool:
     """Run ``rounds[state.done:]``, updating ``state`` in place; whether training diverged.
 
     A row at the start evaluates the initial model; see :class:`TrainingRounds`.
+    ``backbone_macs`` (F_φ, when known) enters ``macs_client_avg_fed3r``.
     """
-    path = TrainingRounds(backend, server, state, sizes, first_round)
+    path = TrainingRounds(backend, server, state, sizes, first_round, backbone_macs)
     progress = Progress(len(rounds), state.done, "train", quiet)
     callbacks: list[Callback] = [Report(state.points, on_point), progress]
     if checkpointing is not None:

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import ray
 
+from fedray.accounting import PaperTotals
 from fedray.evaluation import Evaluator
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.results import EvalPoint
@@ -22,6 +23,7 @@ class RunOutcome:
     classifier: Classifier | None = None
     solve_s: float = 0.0
     eval_s: float = 0.0
+    paper: PaperTotals = field(default_factory=PaperTotals)
 
 
 @dataclass
@@ -31,6 +33,7 @@ class _Block:
     samples_seen: int
     bytes_up: float
     flops_client_avg: float
+    paper: dict[str, float | None]
     total: ray.ObjectRef | None
 
 
@@ -45,8 +48,8 @@ class ClosedFormRounds:
     """
 
     def __init__(self, pool: ShardPool, method: ClosedFormMethod, rounds: list[np.ndarray], evaluate_at: set[int],
-                 evaluator: Evaluator, outcome: RunOutcome) -> None:
-        self.method, self.evaluator, self.outcome = method, evaluator, outcome
+                 evaluator: Evaluator, outcome: RunOutcome, backbone_macs: float | None = None) -> None:
+        self.method, self.evaluator, self.outcome, self.backbone_macs = method, evaluator, outcome, backbone_macs
         self.start = time.perf_counter()
         self.blocks = self._submit(pool, ray.put(method), rounds, evaluate_at)
         self.state: Any = None
@@ -58,6 +61,7 @@ class ClosedFormRounds:
         sizes = federation.client_sizes
         upload_bytes = method.upload_floats(federation) * FLOAT_BYTES
         client_flops = method.statistics_flops(sizes.astype(np.float64))
+        paper_costs, paper = method.paper_costs(federation), self.outcome.paper
         seen = np.zeros(federation.num_clients, dtype=bool)
         blocks: dict[int, _Block] = {}
         uploads: list[np.ndarray] = []
@@ -69,13 +73,15 @@ class ClosedFormRounds:
             uploads.append(new)
             bytes_up += float(upload_bytes[new].sum())
             flops += float(client_flops[new].sum())
+            paper.add(paper_costs, new, self.backbone_macs)
             samples += int(sizes[new].sum())
             clients_seen += len(new)
             if number in evaluate_at:
                 uploaded = np.concatenate(uploads)
                 uploads = []
                 total = pool.statistics(method_ref, uploaded) if len(uploaded) else None
-                blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1), total)
+                blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
+                                        paper.columns(federation.num_clients), total)
         return blocks
 
     def run_round(self, number: int, clients: np.ndarray) -> bool:
@@ -93,7 +99,7 @@ class ClosedFormRounds:
             outcome.solve_s += eval_start - solve_start
             outcome.eval_s += time.perf_counter() - eval_start
         return EvalPoint(block.round, block.clients_seen, block.samples_seen, self.accuracy, block.bytes_up, 0.0,
-                         block.flops_client_avg, time.perf_counter() - self.start)
+                         block.flops_client_avg, time.perf_counter() - self.start, **block.paper)
 
 
 def run_closed_form(
@@ -104,11 +110,16 @@ def run_closed_form(
     evaluator: Evaluator,
     quiet: bool = False,
     on_point: Callable[[EvalPoint], None] | None = None,
+    backbone_macs: float | None = None,
 ) -> RunOutcome:
-    """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation, also passed to ``on_point``."""
+    """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation, also passed to ``on_point``.
+
+    ``backbone_macs`` is the backbone's forward multiply-adds per sample (F_φ),
+    when known, for ``macs_client_avg_fed3r``.
+    """
     outcome = RunOutcome()
     evaluate_at = eval_rounds(len(rounds), eval_every)
-    path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome)
+    path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs)
     progress = Progress(len(rounds), 0, method.name or type(method).__name__, quiet)
     try:
         run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point), progress])

@@ -16,6 +16,7 @@ import numpy as np
 import ray
 import torch
 
+from fedray.accounting import PaperCosts
 from fedray.evaluation import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.control_variates import ControlVariates
@@ -153,6 +154,10 @@ class SphereBackend(ProbeBackend):
         """The projection down and its update up (SCAFFOLD: also c down, Δc_i up); the classifier is fixed and known to every client."""
         floats = (self.dim + 1) * self.sphere_dim * (2 if self.controls is not None else 1)
         return floats, floats
+
+    def paper_costs(self, sizes: np.ndarray) -> PaperCosts:
+        """Undefined: none of the papers whose conventions fedray reproduces counts SphereFed's training."""
+        return PaperCosts()
 
     def state_dict(self) -> dict:
         return {"scaffold": self.controls.state_dict()} if self.controls is not None else {}
