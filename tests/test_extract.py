@@ -12,9 +12,9 @@ import torchvision
 from PIL import Image
 
 from fedray.cli import main
+from fedray.data import feature_cache as cache
 from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
-from fedray.extract import cache
 from fedray.extract.config import ExtractConfig
 from fedray.extract.features import extract
 from fedray.extract.pool import ExtractionPool

@@ -23,7 +23,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedray.data import synthetic
 from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
-from fedray.finetune import FineTuneBackend, TrainerPool
+from fedray.finetune.backend import FineTuneBackend
+from fedray.finetune.pool import TrainerPool
 from fedray.gradient.local import LocalSGD, client_rng, minibatches, train_heads
 from fedray.images.backbones import get_backbone, load_weights
 from fedray.images.decode import ImageTransform, load_image

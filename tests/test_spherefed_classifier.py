@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from fedray.errors import FedrayError
-from fedray.spherefed.classifier import fixed_classifier, frame_potential
-from fedray.spherefed.training import sphere_logits, sphere_loss
+from fedray.spherefed.classifier import fixed_classifier, frame_potential, sphere_logits, sphere_loss
 
 
 @pytest.mark.parametrize("classes, dim", [(10, 10), (60, 128), (1203, 1280)])
