@@ -17,7 +17,7 @@ from fedray.gradient.control_variates import ControlVariates
 from fedray.gradient.server import FedAdam
 from fedray.gradient.training import Accounting, TrainingState
 from fedray.results import EvalPoint
-from tests.test_cli import expect_error
+from tests.app.test_cli import expect_error
 
 SMALL = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
 RUN = ["run", "--method", "fedavg", "--dataset", SMALL, "--num-shards", "2", "--cpus-per-shard", "0.5", "--quiet"]

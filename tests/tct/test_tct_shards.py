@@ -23,7 +23,7 @@ from fedray.tct.stage2 import (
     random_projection,
     standardize_clients,
 )
-from tests.test_tct_stage2 import NUM_CLASSES, label_skewed, stable_lr
+from tests.tct.test_tct_stage2 import NUM_CLASSES, label_skewed, stable_lr
 
 BOUNDS = np.array([0, 2, 6])
 """Two shards: clients 0–1 and 2–5."""

@@ -22,7 +22,7 @@ from fedray.config import load_config_file, resolve
 from fedray.data.registry import load_federation
 from tests.local_cluster import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
 SMALL_RUN = ["--num-shards", "2", "--cpus-per-shard", "0.5", "--quiet"]
 METRIC_COLUMNS = {"method", "dataset", "seed", "round", "clients_seen", "samples_seen", "accuracy", "bytes_up",

@@ -11,8 +11,8 @@ import yaml
 
 from fedray.sweep.spec import load_sweep
 
-CLUSTER = Path(__file__).resolve().parent.parent / "cluster"
-JOBS = Path(__file__).resolve().parent.parent / "jobs"
+CLUSTER = Path(__file__).resolve().parents[2] / "cluster"
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
 RAY_SCHEMA = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
 
 

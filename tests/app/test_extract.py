@@ -19,7 +19,7 @@ from fedray.extract.config import ExtractConfig
 from fedray.extract.features import extract
 from fedray.extract.pool import ExtractionPool
 from tests.images import random_image, write_image_folder, write_inat_split
-from tests.test_images import classic_eval_transform
+from tests.data.test_images import classic_eval_transform
 
 SIZE = 64
 

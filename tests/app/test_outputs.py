@@ -23,9 +23,9 @@ from analysis.results import result_files
 from fedray.cli import main
 from fedray.gradient.checkpoint import CHECKPOINT
 from fedray.results import write_atomically
-from tests.test_cli import SMALL_RUN, SPEC, cli, expect_error, metrics, run_cli
+from tests.app.test_cli import SMALL_RUN, SPEC, cli, expect_error, metrics, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUN_FILES = ["classifier.npz", "config.yaml", "metrics.parquet"]
 
 

@@ -21,7 +21,7 @@ from fedray.plugins import load_class
 from fedray.sweep.spec import load_sweep
 from fedray.sweep.tuning import sweep
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
 YOGI = f"{REPO / 'examples' / 'fedyogi.py'}:FedYogi"
 SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"

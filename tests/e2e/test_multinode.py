@@ -11,8 +11,8 @@ import torchvision
 from fedray.data.registry import load_federation
 from tests.images import write_image_folder
 from tests.local_cluster import ENV, driver_command, local_cluster
-from tests.test_cli import SPEC
-from tests.test_extract import SIZE, check_against_direct
+from tests.app.test_cli import SPEC
+from tests.app.test_extract import SIZE, check_against_direct
 
 
 def test_gpu_bundles_are_spread_over_the_nodes_and_fall_back_to_cpu(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import yaml
 
 from tests.local_cluster import ENV, free_port, start_node, stop_node, wait_started
 
-CONFIG = Path(__file__).resolve().parent.parent / "cluster" / "local-fake-autoscaling.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "cluster" / "local-fake-autoscaling.yaml"
 # Every node on 127.0.0.1: the fake provider starts worker nodes at the address Ray finds for this machine.
 FAKE_ENV = {**ENV, "RAY_FAKE_CLUSTER": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 

@@ -21,7 +21,7 @@ import pytest
 from fedray.config import resolve
 from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SPEC = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
 FOREVER = {"method": "fedavg", "dataset": SPEC, "rounds": 100000, "eval_every": 1000, "num_shards": 2, "cpus_per_shard": 0.5}
 STARTUP_S = 300

@@ -13,7 +13,7 @@ from fedray.errors import FedrayError
 from fedray.sweep.spec import load_sweep, with_dataset_options
 from fedray.sweep.tuning import RESULTS, failure_line, sweep
 
-SWEEPS = Path(__file__).resolve().parent.parent / "jobs" / "sweeps"
+SWEEPS = Path(__file__).resolve().parents[2] / "jobs" / "sweeps"
 SMALL = {"dim": 16, "scale": 0.04, "classes": 40}
 
 
