@@ -509,6 +509,7 @@ def fedray_subprocess(args, env=None, timeout=120):
     return done.returncode, done.stdout, done.stderr, time.monotonic() - start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS"])
 def test_an_address_where_nothing_listens_fails_in_one_line(tmp_path, how):
     address = f"127.0.0.1:{free_port()}"
@@ -648,6 +649,7 @@ def test_coverage_bad_input(capsys):
                  "--seed must be an integer from 0", "-1")
 
 
+@pytest.mark.slow
 def test_a_run_does_not_announce_token_authentication(tmp_path):
     """Ray's token authentication stays on for the embedded cluster; its notice no longer greets every run."""
     rc, out, err, _ = fedray_subprocess(["run", "--method", "fedncm", "--dataset", SPEC, "--out", tmp_path / "out", *SMALL_RUN])

@@ -34,6 +34,7 @@ def write(tmp_path, text: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_participation_sweep_runs_and_tables_every_evaluation(ray_session, tmp_path):
     spec = small(load_sweep(SWEEPS / "participation.yaml"))
     spec = replace(spec, base={**spec.base, "eval_every": 5}, grid={**spec.grid, "clients_per_round": [20, 50]})

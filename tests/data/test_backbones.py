@@ -23,7 +23,8 @@ def penultimate(name: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Ten
     return tokens[:, 0]
 
 
-@pytest.mark.parametrize("name", sorted(BACKBONES))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "vit_b_16" else name
+                                  for name in sorted(BACKBONES)])
 def test_features_are_the_pooled_penultimate_activation(name):
     backbone = get_backbone(name)
     weights = load_weights(backbone, "random", seed=1)

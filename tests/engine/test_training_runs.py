@@ -48,6 +48,7 @@ def centralized_logistic_regression(spec: str, weight_decay: float) -> float:
     return float((scores.argmax(1).numpy() == test_labels).mean())
 
 
+@pytest.mark.slow
 def test_fedavg_on_an_iid_split_approaches_centralized_logistic_regression(ray_session, tmp_path):
     config = RunConfig(method="fedavg", dataset=IID, out=str(tmp_path / "iid"), rounds=300, eval_every=150, **COMMON)
     rows = run(config)
@@ -58,6 +59,7 @@ def test_fedavg_on_an_iid_split_approaches_centralized_logistic_regression(ray_s
     assert accuracies[2] == pytest.approx(centralized, abs=0.015), (accuracies, centralized)
 
 
+@pytest.mark.slow
 def test_fed3r_initialized_training_starts_at_fed3r_and_does_not_drop_below_it(ray_session, tmp_path):
     # The stand-in's features are larger than MobileNetV2's, so lr 0.1 at temperature 0.1 overshoots here.
     config = RunConfig(method="fedavg", dataset=SMALL, out=str(tmp_path / "two-stage"), init="fed3r", temperature=0.1,
@@ -81,6 +83,7 @@ class Interrupted(Exception):
     pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, init", [("scaffold", "fed3r"), ("fedadam", "random")])
 def test_a_resumed_run_equals_an_uninterrupted_one(ray_session, tmp_path, method, init):
     config = RunConfig(method=method, dataset=SMALL, init=init, init_rounds=15, rounds=12, eval_every=4,

@@ -22,6 +22,7 @@ def test_the_configuration_knows_the_backends_modes():
     assert FINETUNE_MODES == tuple(MODES)
 
 
+@pytest.mark.slow
 def test_ftfeat_from_a_fed3r_head_on_images(ray_session, tmp_path, capsys):
     train_csv, images = write_inat_split(tmp_path / "data", users=4, images_per_user=3, classes=3, test_images=6)
     out = tmp_path / "run"
@@ -53,6 +54,7 @@ def test_ftfeat_from_a_fed3r_head_on_images(ray_session, tmp_path, capsys):
     assert (config["finetune"], config["init"], config["backbone"]) == ("ftfeat", "fed3r", "squeezenet1_1")
 
 
+@pytest.mark.slow
 def test_spherefed_with_scaffold_on_label_skewed_images(ray_session, tmp_path, capsys):
     """SphereFed on images: the backbone trains under the fixed classifier (never sent), then FFC on its embeddings."""
     root = write_image_folder(tmp_path / "data", classes=4, train_per_class=6, test_per_class=3)

@@ -16,8 +16,8 @@ from jobs.bench_lp import plain_fedavg
 
 
 @pytest.mark.parametrize("sgd, shards, scaffold", [
-    (LocalSGD(batch_size=8, epochs=2), 2, False),
-    (LocalSGD(prox_mu=0.1, temperature=0.5), 3, False),
+    pytest.param(LocalSGD(batch_size=8, epochs=2), 2, False, marks=pytest.mark.slow),
+    pytest.param(LocalSGD(prox_mu=0.1, temperature=0.5), 3, False, marks=pytest.mark.slow),
     (LocalSGD(lr=0.05, batch_size=8, epochs=2, temperature=0.5), 2, True),
 ])
 def test_the_runtime_equals_plain_fedavg(ray_session, small_inat, sgd, shards, scaffold):

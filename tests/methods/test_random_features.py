@@ -17,6 +17,7 @@ def pool(ray_session):
     started.shutdown()
 
 
+@pytest.mark.slow
 def test_fed3r_rf_accuracy_grows_with_d(pool):
     evaluator = Evaluator(pool.federation)
     accuracy = {}

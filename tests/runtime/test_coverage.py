@@ -24,7 +24,7 @@ def expected_rounds_to_see_all(num_clients: int, per_round: int) -> float:
     return float(np.sum(1 - (1 - q**r) ** num_clients))
 
 
-@pytest.mark.parametrize("num_clients", [9275, 1262])
+@pytest.mark.parametrize("num_clients", [pytest.param(9275, marks=pytest.mark.slow), 1262])
 @pytest.mark.parametrize("per_round", [10, 20, 50])
 def test_coverage_with_replacement_matches_the_sampling_law(num_clients, per_round):
     result = coverage(num_clients, per_round, replacement=True, trials=TRIALS, seed=0)

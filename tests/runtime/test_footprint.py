@@ -41,7 +41,7 @@ def test_the_largest_term_names_what_to_lower(federation):
     assert scaffold.driver > federation.train.num_rows * federation.num_classes * FLOAT32
 
 
-@pytest.mark.parametrize("method, options", [("fed3r-rf", {"rf_dim": 3000}), ("fedcof", {})])
+@pytest.mark.parametrize("method, options", [pytest.param("fed3r-rf", {"rf_dim": 3000}, marks=pytest.mark.slow), ("fedcof", {})])
 def test_the_estimate_bounds_the_shards_measured_growth(ray_session, federation, method, options):
     """Run the method on 2 shards and compare each shard's peak memory growth past its features with the estimate."""
     pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)

@@ -17,6 +17,7 @@ from fedray.spherefed.classifier import fixed_classifier
 SKEWED = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60&seed=3&split=dirichlet&alpha=0.1&clients=50"
 
 
+@pytest.mark.slow
 def test_spherefed_trains_the_projection_then_calibrates_to_the_least_squares_solution(ray_session, tmp_path):
     out = tmp_path / "sphere"
     config = RunConfig(method="fedavg", head="sphere", sphere_dim=16, client_lr=0.5, dataset=SKEWED, out=str(out),

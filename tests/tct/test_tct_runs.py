@@ -49,6 +49,7 @@ def recomputed_entk(table, bounds, model, params, index) -> torch.Tensor:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_tct_on_a_label_skewed_split_matches_a_recomputation(ray_session, tmp_path, capsys):
     root = write_image_folder(tmp_path / "data", classes=4, train_per_class=10, test_per_class=4)
     dataset = f"imagefolder:{root}?split=classes&classes_per_client=2&clients=10"

@@ -60,7 +60,7 @@ def stage2_run(pool: Stage2Pool, clients: list[ClientData], config: RunConfig, w
     return Stage2Run(config, pool, sizes, NUM_CLASSES, width, [start], Accounting(np.zeros(len(sizes), dtype=bool)))
 
 
-@pytest.mark.parametrize("per_round", [6, 3])
+@pytest.mark.parametrize("per_round", [pytest.param(6, marks=pytest.mark.slow), 3])
 def test_sharded_scaffold_equals_in_memory(ray_session, clients, held_out, per_round):
     standardized, _, _ = standardize_clients(clients)
     lr = stable_lr(standardized)
