@@ -212,6 +212,7 @@ def previous_run(ray_session, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, when, stale", [("config.yaml", "after-rename", []),
                                                ("metrics.parquet", "before-rename", [".metrics.parquet."])],
                          ids=["killed-between-renames", "killed-before-the-last-rename"])

@@ -104,6 +104,7 @@ def test_a_closed_form_plugin_from_python(fedncm_run, tmp_path):
     assert max_relative_difference(weight(tmp_path), weight(fedncm_run)) <= 1e-12
 
 
+@pytest.mark.slow
 def test_a_closed_form_plugin_in_a_sweep(fedncm_run, tmp_path):
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({
@@ -145,6 +146,7 @@ def test_fedyogi_follows_its_update_rule():
     assert [o.name for o in options_of(type(yogi)).values()] == ["server_lr", "yogi_beta1", "yogi_beta2", "yogi_tau"]
 
 
+@pytest.mark.slow
 def test_fedyogi_trains_through_the_shards_and_in_a_sweep(ray_session, tmp_path, capsys):
     rc, _, err = cli(capsys, "run", "--method", "scaffold", "--server-optimizer", YOGI, "--dataset", SPEC, "--rounds", "6",
                      "--eval-every", "3", "--client-lr", "0.01", "--option", "yogi_tau=0.01", "--out", tmp_path / "run", *SMALL_RUN)

@@ -53,6 +53,7 @@ def test_the_participation_sweep_runs_and_tables_every_evaluation(ray_session, t
     assert accuracy["fedncm"] < accuracy["fed3r"] and accuracy["fedncm"] < accuracy["fedcof"]
 
 
+@pytest.mark.slow
 def test_fed3r_is_immune_to_the_split_in_the_heterogeneity_sweep(ray_session, tmp_path):
     spec = small(load_sweep(SWEEPS / "heterogeneity.yaml"), shards_per_trial=2, cpus_per_shard=0.5, driver_cpus=1)
     spec = replace(spec, base={**spec.base, "clients_per_round": 2}, grid={**spec.grid, "method": ["fed3r"]})
