@@ -24,12 +24,12 @@ from urllib.parse import parse_qsl, urlencode
 import pyarrow.compute as pc
 
 from fedray.data import synthetic
+from fedray.data.feature_cache import find_entry
 from fedray.data.federation import TRAIN, Federation
 from fedray.data.hsu_csv import hsu_test_csv_beside, load_hsu_split
 from fedray.data.parquet import load_parquet
 from fedray.data.splitters import classes_per_client_split, dirichlet_split, hsu_dirichlet_split, resplit
 from fedray.errors import FedrayError
-from fedray.extract.cache import find_entry
 from fedray.images.folder import load_image_folder
 from fedray.images.index import resolve_paths
 from fedray.numeric_options import check_numeric_option

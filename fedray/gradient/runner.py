@@ -22,7 +22,7 @@ from fedray.config import RunConfig
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.data.memory import with_features
 from fedray.evaluation import Evaluator
-from fedray.finetune import FineTuneBackend
+from fedray.finetune.backend import FineTuneBackend
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
 from fedray.gradient.local import LocalSGD, random_head
