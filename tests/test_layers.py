@@ -32,6 +32,7 @@ LAYER_OF = {
     "fedray.results": "core",
     "fedray.writable": "core",
     "fedray.interrupts": "core",
+    "fedray.accounting": "core",
     "fedray.data.federation": "core",
     # data: federations from files, splits and synthetic stand-ins; images and the feature cache
     "fedray.data": "data",
@@ -46,6 +47,7 @@ LAYER_OF = {
     "fedray.finetune": "methods",
     # runtime: Ray actors, pools and placement, and the backends that run the maths on them
     "fedray.runtime": "runtime",
+    "fedray.round_loop": "runtime",
     "fedray.gradient.probing": "runtime",
     "fedray.spherefed.calibration": "runtime",
     "fedray.spherefed.training": "runtime",
