@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from fedray.config import TCT, RunConfig
+from fedray.config import FIELD_TYPES, TCT, RunConfig
 from fedray.gradient.algorithms import ALGORITHMS
 from fedray.gradient.server import SERVER_OPTIMIZERS
 from fedray.methods import METHODS
 from fedray.options import options_of
 
-CLIENT_OPTIONS = ("client_lr", "weight_decay", "batch_size", "local_epochs", "temperature")
+CLIENT_OPTIONS = ("client_lr", "weight_decay", "batch_size", "local_epochs", "client_momentum", "lr_schedule",
+                  "lr_milestones", "lr_gamma", "temperature")
 """Options of every gradient method's local SGD (run options for now)."""
 
 
@@ -37,7 +38,7 @@ def catalogue() -> str:
     lines += ["", "gradient methods (--method NAME), training a softmax head (or the backbone with --finetune):"]
     lines += [_gradient_method(name) for name in ALGORITHMS]
     lines += ["    local SGD of every gradient method:"]
-    lines += [f"      {name}: {type(defaults[name]).__name__} = {defaults[name]!r}" for name in CLIENT_OPTIONS]
+    lines += [f"      {name}: {FIELD_TYPES[name]} = {defaults[name]!r}" for name in CLIENT_OPTIONS]
     lines += [f"  {TCT:<14} TCT: fine-tune (--base), eNTK features, stage 2 by SCAFFOLD and/or in closed form (see --help)"]
     lines += ["", "server optimizers (--server-optimizer NAME, any gradient method; default: the method's own):"]
     for name, cls in SERVER_OPTIMIZERS.items():

@@ -11,6 +11,7 @@ from fedray import interrupts
 from fedray.config import TCT, TCT_SOLVERS, RunConfig, load_config_file, resolve
 from fedray.errors import FedrayError
 from fedray.gradient.algorithms import ALGORITHMS, FINETUNE_MODES, INITS
+from fedray.gradient.schedule import SCHEDULES
 from fedray.methods import METHODS
 from fedray.numeric_options import check_numeric_options, command_line
 
@@ -46,6 +47,12 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
     training.add_argument("--weight-decay", type=float, help="client SGD weight decay (default 4e-5)")
     training.add_argument("--batch-size", type=int, help="client mini-batch size (default 50)")
     training.add_argument("--local-epochs", type=int, help="local epochs per round (default 5)")
+    training.add_argument("--client-momentum", type=float, help="client SGD momentum, torch's heavy ball; the buffer starts "
+                          "at zero for every client every round (default 0)")
+    training.add_argument("--lr-schedule", choices=list(SCHEDULES), help="client learning rate over the training rounds: "
+                          "constant (default), cosine (annealed to 0 over --rounds) or step (× --lr-gamma after each of --lr-milestones)")
+    training.add_argument("--lr-milestones", metavar="R1,R2,...", help="step schedule: training rounds after which the rate decays")
+    training.add_argument("--lr-gamma", type=float, help="step schedule: the decay factor (default 0.1)")
     training.add_argument("--server-optimizer", metavar="OPTIMIZER",
                           help="fedavg, fedavgm, fedadam, or your own as module:Class or path/to/file.py:Class "
                           "(default: the method's own)")

@@ -10,6 +10,7 @@ import yaml
 
 from fedray.errors import FedrayError
 from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, FINETUNE_MODES, INITS, Algorithm
+from fedray.gradient.schedule import SCHEDULES, LrSchedule, parse_milestones
 from fedray.gradient.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods import METHODS, method_class
 from fedray.numeric_options import check_numeric_option, check_numeric_options, command_line
@@ -45,6 +46,11 @@ class RunConfig:
     weight_decay: float = 4e-5
     batch_size: int = 50
     local_epochs: int = 5
+    client_momentum: float = 0.0
+    lr_schedule: str = "constant"
+    lr_milestones: str | None = None
+    """``step``'s milestones, comma-separated training rounds (``"50,75"``)."""
+    lr_gamma: float = 0.1
     server_lr: float | None = None
     server_momentum: float = 0.9
     adam_beta1: float = 0.9
@@ -134,7 +140,7 @@ class RunConfig:
                     "sphere_dim": self.sphere_dim, "entk_dim": self.entk_dim, "entk_chunk": self.entk_chunk,
                     "tct_rounds": self.tct_rounds, "tct_local_steps": self.tct_local_steps, "tct_lr": self.tct_lr,
                     "tct_projection": self.tct_projection, "rf_sigma": self.rf_sigma,
-                    "backbone_macs": self.backbone_macs}
+                    "backbone_macs": self.backbone_macs, "lr_gamma": self.lr_gamma}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise FedrayError(f"{command_line(name)} must be > 0, got {value}")
@@ -146,11 +152,32 @@ class RunConfig:
             self._validate_sphere()
         if self.sphere_loss not in ("mse", "ce"):
             raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
+        self._validate_client_optimizer()
         if self.prox_mu is not None and not self.algorithm.proximal:
             raise FedrayError(f"--prox-mu applies to fedprox only, not {self.method}")
         if self.method == TCT:
             self._validate_tct()
         return self
+
+    def _validate_client_optimizer(self) -> None:
+        if not 0 <= self.client_momentum < 1:
+            raise FedrayError(f"--client-momentum must be in [0, 1), got {self.client_momentum}")
+        if self.lr_schedule not in SCHEDULES:
+            raise FedrayError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
+        if self.lr_schedule == "cosine" and self.rounds is None:
+            raise FedrayError("--lr-schedule cosine anneals over the run's training rounds: give --rounds")
+        if (self.lr_milestones is not None) != (self.lr_schedule == "step"):
+            raise FedrayError("--lr-schedule step needs --lr-milestones, and --lr-milestones applies to step only")
+        try:
+            milestones = parse_milestones(self.lr_milestones)
+        except ValueError:
+            milestones = (0,)
+        if self.lr_schedule == "step" and (not milestones or min(milestones) < 1):
+            raise FedrayError(f"--lr-milestones takes comma-separated training rounds ≥ 1, got {self.lr_milestones!r}")
+
+    def lr_schedule_of_run(self) -> LrSchedule:
+        """The client learning-rate schedule (cosine over ``--rounds``); the configuration is validated."""
+        return LrSchedule(self.lr_schedule, self.rounds or 1, parse_milestones(self.lr_milestones), self.lr_gamma)
 
     def _validate_options(self) -> None:
         """Every ``options`` key is an option of one of the run's plugins, and of its type."""

@@ -50,7 +50,7 @@ def train_client_plainly(
     with torch.no_grad():
         head.weight.copy_(weight.T)
         head.bias.copy_(bias)
-    optimizer = torch.optim.SGD(head.parameters(), lr=sgd.lr, weight_decay=sgd.weight_decay)
+    optimizer = torch.optim.SGD(head.parameters(), lr=sgd.lr, weight_decay=sgd.weight_decay, momentum=sgd.momentum)
     for batch in batches:
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(head(x[batch]) / sgd.temperature, y[batch])

@@ -39,8 +39,10 @@ from fedray.tct.entk import entk_num_parameters
 
 
 def check_sgd(sgd: LocalSGD) -> None:
-    if sgd.lr <= 0 or sgd.batch_size < 1 or sgd.epochs < 1 or sgd.temperature <= 0 or sgd.prox_mu < 0 or sgd.weight_decay < 0:
-        raise FedrayError(f"bad local SGD settings {sgd}: need lr, temperature > 0, batch size, epochs ≥ 1, prox_mu, weight decay ≥ 0")
+    if (sgd.lr <= 0 or sgd.batch_size < 1 or sgd.epochs < 1 or sgd.temperature <= 0 or sgd.prox_mu < 0 or sgd.weight_decay < 0
+            or not 0 <= sgd.momentum < 1):
+        raise FedrayError(f"bad local SGD settings {sgd}: need lr, temperature > 0, batch size, epochs ≥ 1, prox_mu, weight decay ≥ 0, "
+                          f"momentum in [0, 1)")
 
 
 class FineTuneBackend:

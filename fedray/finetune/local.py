@@ -123,7 +123,7 @@ class ClientTrainer:
             for name in self.sent:
                 delta[name] += size * (state[name] - start[name])
             if control is not None:
-                controls[client] = self._new_control(start, state, control, own, steps)
+                controls[client] = self._new_control(start, state, control, own, steps * self.sgd.for_round(round_number).lr)
             loss_sum += client_loss
             samples += size
         return Partial({name: value.cpu() for name, value in delta.items()}, float(samples), loss_sum, samples, controls)
@@ -140,7 +140,7 @@ class ClientTrainer:
         client: int,
     ) -> tuple[float, int]:
         """Local SGD of one client from ``start``; returns the starting model's summed loss and the number of steps."""
-        sgd, size = self.sgd, len(rows)
+        sgd, size = self.sgd.for_round(round_number), len(rows)
         plan = minibatches(size, sgd.batch_size, sgd.epochs, client_rng(self.seed, round_number, client))
         evaluation = chunks(size, sgd.batch_size)
         stream = reader.batches([rows[batch] for batch in evaluation + plan])
@@ -154,7 +154,8 @@ class ClientTrainer:
         # in train mode the loss pass moved BN's running statistics: start training from the global state again
         self.model.load_state_dict(start)
         parameters = dict(self.model.named_parameters())
-        optimizer = torch.optim.SGD([parameters[name] for name in self.trained], lr=sgd.lr, weight_decay=sgd.weight_decay)
+        optimizer = torch.optim.SGD([parameters[name] for name in self.trained], lr=sgd.lr, weight_decay=sgd.weight_decay,
+                                    momentum=sgd.momentum)
         for batch in plan:
             optimizer.zero_grad(set_to_none=True)
             self.training.loss(self.model(next(stream).to(self.device)), labels[rows[batch]]).backward()
@@ -167,9 +168,9 @@ class ClientTrainer:
             optimizer.step()
         return loss_sum, len(plan)
 
-    def _new_control(self, start: Params, state: Params, control: Params, own: Params | None, steps: int) -> Params:
-        """SCAFFOLD option II: c_i⁺ = c_i − c + (θ − θ_i) / (K η_l), K the client's local steps."""
-        scale = 1.0 / (steps * self.sgd.lr)
+    def _new_control(self, start: Params, state: Params, control: Params, own: Params | None, step_length: float) -> Params:
+        """SCAFFOLD option II: c_i⁺ = c_i − c + (θ − θ_i) / (K η_l), ``step_length`` = K η_l (local steps × the round's lr)."""
+        scale = 1.0 / step_length
         return {
             name: ((own[name] if own is not None else 0) - control[name] + scale * (start[name] - state[name])).cpu()
             for name in self.trained

@@ -14,25 +14,35 @@ rows against the client's n samples) instead of touching the d × C weights.
 Clients are stacked (padded) and trained together, largest first, so a step
 computes only the clients that still have mini-batches. The summed update of
 all clients, Σ n_k (W_k − W₀), is one more GEMM over their concatenated
-samples. The result equals training each client alone with
-``torch.optim.SGD`` on the same mini-batches (tested to float64 round-off).
+samples. SGD momentum keeps the form: the momentum buffer is a sum of such
+gradients, ν W₀ + Xᵀ V. The result equals training each client alone with
+``torch.optim.SGD`` (with or without momentum) on the same mini-batches
+(tested to float64 round-off).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
+from fedray.gradient.schedule import LrSchedule
+
 
 @dataclass(frozen=True)
 class LocalSGD:
-    """Client optimizer; defaults are Fed3R Appendix C's (lr 0.1, weight decay 4e-5, batch 50, 5 epochs).
+    """Client optimizer; defaults are Fed3R Appendix C's (lr 0.1, weight decay 4e-5, batch 50, 5 epochs, no momentum).
 
     ``prox_mu`` > 0 adds FedProx's (μ/2)‖θ − θ_global‖² (weights and bias);
     logits are divided by ``temperature`` (a closed-form initialization wants 0.1).
+    ``momentum`` is ``torch.optim.SGD``'s (heavy ball, no dampening); every
+    client starts every round with a zero momentum buffer, as a client that
+    creates its optimizer when the round's model arrives (SphereFed trains
+    each participation afresh; TCT's code keeps one optimizer per client but
+    without momentum, so it holds no state). ``schedule`` sets ``lr`` per
+    round (:mod:`fedray.gradient.schedule`); :meth:`for_round` applies it.
     """
 
     lr: float = 0.1
@@ -41,6 +51,14 @@ class LocalSGD:
     epochs: int = 5
     prox_mu: float = 0.0
     temperature: float = 1.0
+    momentum: float = 0.0
+    schedule: LrSchedule = LrSchedule()
+
+    def for_round(self, round_number: int) -> "LocalSGD":
+        """This optimizer at training round ``round_number``'s learning rate (itself when the rate is constant)."""
+        if self.schedule.kind == "constant":
+            return self
+        return replace(self, lr=self.lr * self.schedule.factor(round_number), schedule=LrSchedule())
 
 
 def random_head(dim: int, num_classes: int, seed: int) -> dict[str, torch.Tensor]:
@@ -182,11 +200,13 @@ def train_heads(
 
     ``features`` / ``labels`` hold the clients' samples concatenated in the
     order of ``clients`` (client ``k`` owns rows ``offsets[k]:offsets[k+1]``).
-    With ``control`` every step follows SCAFFOLD's g + c − c_i. Everything
+    With ``control`` every step follows SCAFFOLD's g + c − c_i (the correction
+    is part of the gradient, so momentum accumulates it too). Everything
     that depends only on the starting head is computed once for all rows;
     the steps run per group of similar sizes (:func:`size_groups`).
     """
     count, dtype = len(clients), weight.dtype
+    sgd = sgd.for_round(round_number)
     sizes = np.diff(offsets)
     start_logits = torch.addmm(bias, features, weight)
     start_loss = float(torch.nn.functional.cross_entropy(start_logits / sgd.temperature, labels, reduction="sum"))
@@ -229,13 +249,12 @@ def _train_group(
     Slots are the group's clients ordered by number of steps, largest first,
     so step ``t`` computes only the first ``active`` slots.
     """
-    count, num_classes, dtype = len(group), state.base.shape[1], state.base.dtype
+    count, dtype = len(group), state.base.dtype
     sizes = np.diff(offsets)[group]
     width = int(sizes.max())
     plans = [minibatches(int(sizes[i]), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(clients[k])))
              for i, k in enumerate(group)]
     order = np.argsort([-len(plan) for plan in plans], kind="stable")
-    steps = np.array([len(plans[i]) for i in order])
     slot_client = group[order]
 
     padded_rows = torch.full((count, width), -1, dtype=torch.long)
@@ -247,7 +266,56 @@ def _train_group(
         gram[slot, :n, :n] = block @ block.T
     real = padded_rows >= 0
     rows = padded_rows.clamp(min=0)
+    client_rows = None if control is None else control.rows[rows] * real[..., None]
+    layout = _Layout([plans[i] for i in order], gram, rows, labels, client_rows, min(sgd.batch_size, width))
+    steps = _momentum_steps if sgd.momentum else _plain_steps
+    coefficients, scale, control_scale, biases = steps(state, layout, bias, sgd, control)
+    state.coefficients[padded_rows[real]] = coefficients[real]
+    targets = torch.from_numpy(slot_client)
+    state.scale[targets], state.control_scale[targets], state.biases[targets] = scale, control_scale, biases
 
+
+@dataclass
+class _Layout:
+    """A group's slots: their mini-batch plans (most steps first), Gram matrices, rows (padded with row 0) and G rows."""
+
+    plans: list[list[np.ndarray]]
+    gram: torch.Tensor
+    rows: torch.Tensor
+    labels: torch.Tensor
+    client_rows: torch.Tensor | None
+    batch_width: int
+
+    @property
+    def steps(self) -> int:
+        return len(self.plans[0])
+
+    def batch(self, step: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(active slots, their slot numbers, batch positions in each slot, which are real samples, their rows)."""
+        active = sum(len(plan) > step for plan in self.plans)
+        index = torch.full((active, self.batch_width), -1, dtype=torch.long)
+        for slot in range(active):
+            batch = self.plans[slot][step]
+            index[slot, : len(batch)] = torch.from_numpy(batch)
+        present = (index >= 0).to(self.gram.dtype)
+        taken = index.clamp(min=0)
+        slots = torch.arange(active)[:, None]
+        return active, slots, taken, present, self.rows[slots, taken]
+
+    def error(self, logits: torch.Tensor, batch_rows: torch.Tensor, present: torch.Tensor, temperature: float) -> torch.Tensor:
+        """∂(mean cross-entropy of each slot's batch)/∂logits, zero on padding."""
+        active = logits.shape[0]
+        error = torch.softmax(logits / temperature, dim=-1)
+        error.scatter_add_(2, self.labels[batch_rows][..., None], torch.full((active, self.batch_width, 1), -1.0, dtype=logits.dtype))
+        error *= (present / (present.sum(1, keepdim=True) * temperature))[..., None]
+        return error
+
+
+def _plain_steps(state: _Steps, layout: _Layout, bias: torch.Tensor, sgd: LocalSGD,
+                 control: Control | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SGD without momentum; returns the slots' (A, β, γ, bias)."""
+    count, width = layout.gram.shape[:2]
+    num_classes, dtype = state.base.shape[1], state.base.dtype
     scale = torch.ones(count, dtype=dtype)
     # A = factor · scaled + drift · G: shrinking A each step rescales one number per client, not n × C of them.
     factor = torch.ones(count, dtype=dtype)
@@ -256,29 +324,17 @@ def _train_group(
     control_scale = torch.zeros(count, dtype=dtype)
     biases = bias.expand(count, -1).clone()
     if control is not None:
-        client_rows = control.rows[rows] * real[..., None]
-        gram_rows = torch.bmm(gram, client_rows)
-        bias_pull = control.bias - client_rows.sum(dim=1)
+        gram_rows = torch.bmm(layout.gram, layout.client_rows)
+        bias_pull = control.bias - layout.client_rows.sum(dim=1)
     shrink = 1 - sgd.lr * (sgd.weight_decay + sgd.prox_mu)
-    batch_width = min(sgd.batch_size, width)
-    for step in range(int(steps[0])):
-        active = int((steps > step).sum())
-        index = torch.full((active, batch_width), -1, dtype=torch.long)
-        for slot in range(active):
-            batch = plans[order[slot]][step]
-            index[slot, : len(batch)] = torch.from_numpy(batch)
-        present = (index >= 0).to(dtype)
-        taken = index.clamp(min=0)
-        slots = torch.arange(active)[:, None]
-        batch_rows = rows[slots, taken]
+    for step in range(layout.steps):
+        active, slots, taken, present, batch_rows = layout.batch(step)
         logits = torch.baddbmm(torch.addcmul(biases[:active, None, :], scale[:active, None, None], state.base[batch_rows]),
-                               factor[:active, None, None] * gram[slots, taken], scaled[:active])
+                               factor[:active, None, None] * layout.gram[slots, taken], scaled[:active])
         if control is not None:
             logits += (drift[:active, None, None] * gram_rows[slots, taken]
                        + control_scale[:active, None, None] * state.control_logits[batch_rows])
-        error = torch.softmax(logits / sgd.temperature, dim=-1)
-        error.scatter_add_(2, labels[batch_rows][..., None], torch.full((active, batch_width, 1), -1.0, dtype=dtype))
-        error *= (present / (present.sum(1, keepdim=True) * sgd.temperature))[..., None]
+        error = layout.error(logits, batch_rows, present, sgd.temperature)
         scale[:active] = shrink * scale[:active] + sgd.lr * sgd.prox_mu
         factor[:active] *= shrink
         step_update = -sgd.lr * error / factor[:active, None, None]
@@ -292,7 +348,50 @@ def _train_group(
 
     coefficients = factor[:, None, None] * scaled
     if control is not None:
-        coefficients += drift[:, None, None] * client_rows
-    state.coefficients[padded_rows[real]] = coefficients[real]
-    targets = torch.from_numpy(slot_client)
-    state.scale[targets], state.control_scale[targets], state.biases[targets] = scale, control_scale, biases
+        coefficients += drift[:, None, None] * layout.client_rows
+    return coefficients, scale, control_scale, biases
+
+
+def _momentum_steps(state: _Steps, layout: _Layout, bias: torch.Tensor, sgd: LocalSGD,
+                    control: Control | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SGD with heavy-ball momentum μ as ``torch.optim.SGD`` (no dampening, not Nesterov); returns the slots' (A, β, γ, bias).
+
+    The momentum buffer v is a gradient sum, so it keeps the dual form too:
+    v = ν W₀ + Xᵀ V + δ c with scalars ν, δ and V (n × C). A step adds the
+    gradient g = (s β − μ_prox) W₀ + Xᵀ(E + s A − G_i) + (s γ + 1) c, with
+    s = weight decay + μ_prox and E the batch's error rows, then moves
+    (β, A, γ) by −lr (ν, V, δ). A and V are updated densely (n × C per step,
+    less than the step's b × n × C logits). Buffers start at zero.
+    """
+    count, width = layout.gram.shape[:2]
+    num_classes, dtype = state.base.shape[1], state.base.dtype
+    decay = sgd.weight_decay + sgd.prox_mu
+    scale, scale_velocity = torch.ones(count, dtype=dtype), torch.zeros(count, dtype=dtype)
+    coefficients, velocity = (torch.zeros(count, width, num_classes, dtype=dtype) for _ in range(2))
+    control_scale, control_velocity = torch.zeros(count, dtype=dtype), torch.zeros(count, dtype=dtype)
+    biases = bias.expand(count, -1).clone()
+    bias_velocity = torch.zeros_like(biases)
+    if control is not None:
+        bias_pull = control.bias - layout.client_rows.sum(dim=1)
+    for step in range(layout.steps):
+        active, slots, taken, present, batch_rows = layout.batch(step)
+        logits = torch.baddbmm(torch.addcmul(biases[:active, None, :], scale[:active, None, None], state.base[batch_rows]),
+                               layout.gram[slots, taken], coefficients[:active])
+        if control is not None:
+            logits += control_scale[:active, None, None] * state.control_logits[batch_rows]
+        error = layout.error(logits, batch_rows, present, sgd.temperature)
+        bias_gradient = error.sum(dim=1) + sgd.weight_decay * biases[:active] + sgd.prox_mu * (biases[:active] - bias)
+        scale_velocity[:active] = sgd.momentum * scale_velocity[:active] + decay * scale[:active] - sgd.prox_mu
+        moving = velocity[:active]
+        moving.mul_(sgd.momentum).add_(coefficients[:active], alpha=decay)
+        if control is not None:
+            moving.sub_(layout.client_rows[:active])
+            control_velocity[:active] = sgd.momentum * control_velocity[:active] + decay * control_scale[:active] + 1
+            bias_gradient += bias_pull[:active]
+        moving.index_put_((slots.expand_as(taken), taken), error, accumulate=True)
+        bias_velocity[:active] = sgd.momentum * bias_velocity[:active] + bias_gradient
+        scale[:active] -= sgd.lr * scale_velocity[:active]
+        coefficients[:active] -= sgd.lr * moving
+        control_scale[:active] -= sgd.lr * control_velocity[:active]
+        biases[:active] -= sgd.lr * bias_velocity[:active]
+    return coefficients, scale, control_scale, biases

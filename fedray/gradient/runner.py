@@ -54,7 +54,7 @@ class TrainingOutcome:
 
 def local_sgd(config: RunConfig) -> LocalSGD:
     return LocalSGD(config.client_lr, config.weight_decay, config.batch_size, config.local_epochs,
-                    config.prox_mu or 0.0, config.temperature)
+                    config.prox_mu or 0.0, config.temperature, config.client_momentum, config.lr_schedule_of_run())
 
 
 def server_optimizer(config: RunConfig) -> ServerOptimizer:

@@ -46,6 +46,7 @@ class SphereTrainer(LocalTrainer):
               control_rows: dict[int, tuple[np.ndarray, np.ndarray] | None] | None) -> ShardUpdate:
         head = as_tensors(head)
         weight, bias = head[:2]
+        sgd = self.sgd.for_round(round_number)
         delta_w, delta_b = torch.zeros_like(weight), torch.zeros_like(bias)
         loss_sum, total, controls = 0.0, 0, {}
         for k, client in enumerate(batch.clients.tolist()):
@@ -58,20 +59,20 @@ class SphereTrainer(LocalTrainer):
                 own = control_rows[client]
                 own = (torch.zeros_like(weight), torch.zeros_like(bias)) if own is None else as_tensors(own)
                 corrections = (head[2] - own[0], head[3] - own[1])
-            optimizer = torch.optim.SGD([trained_w, trained_b], lr=self.sgd.lr, weight_decay=self.sgd.weight_decay)
-            steps = minibatches(len(y), self.sgd.batch_size, self.sgd.epochs, client_rng(self.seed, round_number, client))
+            optimizer = torch.optim.SGD([trained_w, trained_b], lr=sgd.lr, weight_decay=sgd.weight_decay, momentum=sgd.momentum)
+            steps = minibatches(len(y), sgd.batch_size, sgd.epochs, client_rng(self.seed, round_number, client))
             for step in steps:
                 optimizer.zero_grad()
-                value = sphere_loss(sphere_logits(x[step], trained_w, trained_b, self.classifier), y[step], self.loss, self.sgd.temperature)
-                if self.sgd.prox_mu:
-                    value = value + self.sgd.prox_mu / 2 * (((trained_w - weight) ** 2).sum() + ((trained_b - bias) ** 2).sum())
+                value = sphere_loss(sphere_logits(x[step], trained_w, trained_b, self.classifier), y[step], self.loss, sgd.temperature)
+                if sgd.prox_mu:
+                    value = value + sgd.prox_mu / 2 * (((trained_w - weight) ** 2).sum() + ((trained_b - bias) ** 2).sum())
                 value.backward()
                 if control_rows is not None:
                     trained_w.grad.add_(corrections[0])
                     trained_b.grad.add_(corrections[1])
                 optimizer.step()
             if control_rows is not None:
-                scale = 1.0 / (len(steps) * self.sgd.lr)
+                scale = 1.0 / (len(steps) * sgd.lr)
                 controls[client] = as_arrays((own[0] - head[2] + scale * (weight - trained_w.detach()),
                                               own[1] - head[3] + scale * (bias - trained_b.detach())))
             delta_w += len(y) * (trained_w.detach() - weight)

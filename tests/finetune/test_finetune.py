@@ -11,6 +11,7 @@ where the backend must match them to summation round-off.
 
 import io
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from fedray.errors import FedrayError
 from fedray.finetune.backend import FineTuneBackend
 from fedray.finetune.pool import TrainerPool
 from fedray.gradient.local import LocalSGD, client_rng, minibatches, train_heads
+from fedray.gradient.schedule import LrSchedule
 from fedray.images.backbones import get_backbone, load_weights
 from fedray.images.decode import ImageTransform, load_image
 from fedray.runtime.shards import gather_rows
@@ -177,7 +179,7 @@ def _plain_round(backbone, federation, params, clients, sgd, seed, round_number,
                 batch = slice(first, first + sgd.batch_size)
                 loss_sum += float(plain_loss(net(x[batch]), y[batch], sgd, sphere, reduction="sum"))
         net.load_state_dict(start)
-        optimizer = torch.optim.SGD(trained, lr=sgd.lr, weight_decay=sgd.weight_decay)
+        optimizer = torch.optim.SGD(trained, lr=sgd.lr, weight_decay=sgd.weight_decay, momentum=sgd.momentum)
         for batch in minibatches(len(rows), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(client))):
             optimizer.zero_grad()
             loss = plain_loss(net(x[batch]), y[batch], sgd, sphere)
@@ -350,6 +352,16 @@ def test_spherefed_fine_tunes_the_backbone_under_the_fixed_classifier_like_plain
     assert update.loss_sum == pytest.approx(expected_loss, rel=1e-5)
     with pytest.raises(FedrayError, match="ftfeat"):
         backend(pools, "ft", sphere_loss="mse")
+
+
+def test_client_momentum_and_a_scheduled_learning_rate_train_like_plain_torch(pools, images):
+    scheduled = replace(SGD, lr=0.1, momentum=0.9, schedule=LrSchedule("cosine", rounds=4))
+    fl = backend(pools, sgd=scheduled)
+    params = fl.initial_params(HEAD_SEED)
+    update = fl.train_round(params, CLIENTS, ROUND)
+    # round 3 of a cosine over 4 rounds: 0.1 · (1 + cos(π · 2/4)) / 2 = 0.05
+    expected_delta, _ = plain_round(BACKBONE, images, params, CLIENTS, replace(SGD, lr=0.05, momentum=0.9), SEED, ROUND)
+    close(update.delta, expected_delta, rtol=1e-4, atol=1e-6)
 
 
 def test_a_huge_prox_term_keeps_clients_near_the_global_model(pools):

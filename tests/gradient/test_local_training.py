@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fedray.gradient.local import Control, LocalSGD, client_rng, minibatches, train_heads
+from fedray.gradient.schedule import LrSchedule
 from jobs.bench_lp import client_gradient, train_client_plainly
 
 
@@ -13,6 +14,9 @@ from jobs.bench_lp import client_gradient, train_client_plainly
     (LocalSGD(lr=0.05, batch_size=4, epochs=3, prox_mu=0.5), False),
     (LocalSGD(batch_size=7, epochs=2, temperature=0.1), False),
     (LocalSGD(lr=0.05, batch_size=4, epochs=3, temperature=0.5), True),
+    (LocalSGD(lr=0.05, batch_size=4, epochs=3, momentum=0.9), False),
+    (LocalSGD(lr=0.05, weight_decay=1e-2, batch_size=6, epochs=2, prox_mu=0.5, momentum=0.5, temperature=0.5), False),
+    (LocalSGD(lr=0.05, batch_size=4, epochs=3, temperature=0.5, momentum=0.9), True),
 ])
 def test_batched_training_equals_training_each_client_alone(sgd, scaffold):
     generator = torch.Generator().manual_seed(0)
@@ -65,3 +69,34 @@ def test_a_clients_minibatches_depend_only_on_seed_round_and_client():
     assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == 10
     assert not all(np.array_equal(x, y) for x, y in zip(a, c))
     assert sorted(np.concatenate(a[:5])) == list(range(23)), "each epoch visits every sample once"
+
+
+def test_a_scheduled_round_trains_at_that_rounds_learning_rate():
+    generator = torch.Generator().manual_seed(1)
+    sizes = np.array([9, 30])
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    features = torch.randn(offsets[-1], 5, generator=generator, dtype=torch.float64)
+    labels = torch.randint(4, (offsets[-1],), generator=generator)
+    weight, bias = torch.zeros(5, 4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+    clients = np.array([3, 8])
+
+    def trained(sgd: LocalSGD, round_number: int) -> torch.Tensor:
+        return train_heads(features, labels, offsets, clients, weight, bias, sgd, 0, round_number).weights()
+
+    cosine = LocalSGD(lr=0.2, batch_size=4, momentum=0.9, schedule=LrSchedule("cosine", rounds=40))
+    # round 17 of 40: 0.2 · (1 + cos(π · 16/40)) / 2 = 0.2 · 0.6545084971874737
+    torch.testing.assert_close(trained(cosine, 17), trained(LocalSGD(lr=0.1309016994374947, batch_size=4, momentum=0.9), 17),
+                               rtol=1e-12, atol=1e-14)
+    step = LocalSGD(lr=0.2, batch_size=4, schedule=LrSchedule("step", milestones=(10, 20), gamma=0.5))
+    torch.testing.assert_close(trained(step, 10), trained(LocalSGD(lr=0.2, batch_size=4), 10), rtol=0, atol=0)
+    torch.testing.assert_close(trained(step, 11), trained(LocalSGD(lr=0.1, batch_size=4), 11), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(trained(step, 21), trained(LocalSGD(lr=0.05, batch_size=4), 21), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("schedule, factors", [
+    (LrSchedule(), {1: 1.0, 50: 1.0}),
+    (LrSchedule("cosine", rounds=4), {1: 1.0, 2: 0.8535533905932737, 3: 0.5, 4: 0.14644660940672627}),
+    (LrSchedule("step", milestones=(2, 3), gamma=0.1), {1: 1.0, 2: 1.0, 3: 0.1, 4: 0.010000000000000002}),
+])
+def test_learning_rate_schedules_follow_torchs_schedulers_stepped_once_per_round(schedule, factors):
+    assert {t: schedule.factor(t) for t in factors} == factors
