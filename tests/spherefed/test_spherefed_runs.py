@@ -47,8 +47,11 @@ def test_spherefed_trains_the_projection_then_calibrates_to_the_least_squares_so
 SMALL = "synthetic:inat-user-120k?dim=12&scale=0.01&classes=8&seed=1&split=dirichlet&alpha=0.3&clients=12"
 
 
-def plain_sphere_scaffold(federation, config, rounds):
-    """SCAFFOLD option II on SphereFed's projection written plainly: one torch.optim.SGD per client, dense c_i."""
+def plain_sphere_scaffold(federation, config, rounds, lrs=None):
+    """SCAFFOLD option II on SphereFed's projection written plainly: one torch.optim.SGD per client, dense c_i.
+
+    ``lrs``: the client learning rate of each round (default ``config.client_lr`` throughout).
+    """
     dim, sphere_dim, classes = federation.dim, config.sphere_dim, federation.num_classes
     head = random_head(dim, sphere_dim, config.seed)
     weight, bias = head["weight"].T.contiguous(), head["bias"]
@@ -57,13 +60,14 @@ def plain_sphere_scaffold(federation, config, rounds):
     own = {}
     sizes, total = federation.client_sizes, int(federation.client_sizes.sum())
     for number, clients in enumerate(rounds, start=1):
+        lr = config.client_lr if lrs is None else lrs[number - 1]
         delta, weights, change = [torch.zeros_like(weight), torch.zeros_like(bias)], 0, [torch.zeros_like(weight), torch.zeros_like(bias)]
         for client in clients.tolist():
             sample_ids, labels, _ = federation.train_arrays(client, client + 1)
             x, y = federation.source.features("train", sample_ids).float(), torch.from_numpy(labels.astype(np.int64))
             mine = own.get(client, [torch.zeros_like(weight), torch.zeros_like(bias)])
             p, q = weight.clone().requires_grad_(), bias.clone().requires_grad_()
-            optimizer = torch.optim.SGD([p, q], lr=config.client_lr, weight_decay=config.weight_decay)
+            optimizer = torch.optim.SGD([p, q], lr=lr, weight_decay=config.weight_decay, momentum=config.client_momentum)
             steps = minibatches(len(y), config.batch_size, config.local_epochs, client_rng(config.seed, number, client))
             for batch in steps:
                 optimizer.zero_grad()
@@ -73,8 +77,8 @@ def plain_sphere_scaffold(federation, config, rounds):
                 p.grad += control[0] - mine[0]
                 q.grad += control[1] - mine[1]
                 optimizer.step()
-            new = [mine[0] - control[0] + (weight - p.detach()) / (len(steps) * config.client_lr),
-                   mine[1] - control[1] + (bias - q.detach()) / (len(steps) * config.client_lr)]
+            new = [mine[0] - control[0] + (weight - p.detach()) / (len(steps) * lr),
+                   mine[1] - control[1] + (bias - q.detach()) / (len(steps) * lr)]
             for i in range(2):
                 change[i] += sizes[client] / total * (new[i] - mine[i])
                 delta[i] += sizes[client] * ((p, q)[i].detach() - (weight, bias)[i])
@@ -100,6 +104,25 @@ def test_spherefed_with_scaffold_on_features_equals_plain_scaffold(ray_session, 
         assert np.allclose(arrays["proj_bias"], bias.numpy(), rtol=1e-4, atol=1e-5)
     assert not np.allclose(weight.numpy(), plain_sphere_scaffold(federation, replace(config, client_lr=0.1), rounds)[0].numpy(),
                            atol=1e-3), "the comparison can tell settings apart"
+
+
+def test_spherefed_with_momentum_and_a_cosine_schedule_equals_plain_torch(ray_session, tmp_path):
+    out = tmp_path / "sphere-momentum"
+    config = RunConfig(method="scaffold", head="sphere", sphere_dim=6, client_lr=0.2, batch_size=4, local_epochs=2,
+                       client_momentum=0.9, lr_schedule="cosine", weight_decay=1e-5, clients_per_round=4, dataset=SMALL,
+                       out=str(out), rounds=5, eval_every=5, num_shards=2, cpus_per_shard=0.5, quiet=True).resolved()
+    rows = run(config)
+    assert rows[-1]["client_momentum"] == 0.9 and rows[-1]["lr_schedule"] == "cosine", "the settings are config columns"
+    federation = load_federation(SMALL)
+    rounds = sampling.schedule(federation.num_clients, 4, True, config.seed, 5, past_coverage=True)
+    # 0.2 · (1 + cos(π (t − 1) / 5)) / 2 for rounds t = 1..5
+    lrs = [0.2, 0.18090169943749475, 0.13090169943749476, 0.06909830056250527, 0.019098300562505258]
+    weight, bias = plain_sphere_scaffold(federation, config, rounds, lrs)
+    with np.load(out / "classifier.npz") as arrays:
+        assert np.allclose(arrays["proj_weight"], weight.numpy(), rtol=1e-4, atol=1e-5)
+        assert np.allclose(arrays["proj_bias"], bias.numpy(), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(weight.numpy(), plain_sphere_scaffold(federation, config, rounds)[0].numpy(), atol=1e-3), \
+        "the schedule changes the result"
 
 
 def test_spherefed_options_are_checked():
