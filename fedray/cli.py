@@ -75,7 +75,8 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
     images = parser.add_argument_group("fine-tuning on images (a dataset with images: hsu:CSV?images=ROOT, imagefolder:ROOT)")
     images.add_argument("--finetune", choices=list(FINETUNE_MODES),
                         help="ft: backbone and head, ftlp: head only, ftfeat: backbone only (default: linear probing on features)")
-    images.add_argument("--backbone", help="torchvision backbone (default mobilenet_v2)")
+    images.add_argument("--backbone", help="mobilenet_v2 (default), squeezenet1_1, resnet18, vit_b_16, or TCT's networks "
+                        "trained from scratch: resnet18_cifar, resnet18_cifar_gn, tct_cnn (28-pixel images)")
     images.add_argument("--weights", help="imagenet, random (seeded, NOT pre-trained) or a state-dict file (default imagenet)")
     images.add_argument("--image-size", type=int, help="center-crop size (default 224)")
     images.add_argument("--num-trainers", type=int, help="trainer actors (default: one per GPU, else CPUs / --cpus-per-trainer)")
@@ -159,7 +160,7 @@ def _extract_parser(commands: argparse._SubParsersAction) -> None:
         "an interrupted run resumes.",
     )
     parser.add_argument("--dataset", required=True, help="hsu:TRAIN_CSV?images=ROOT[&layout=walk|gldv2] or imagefolder:ROOT (+ ?split options)")
-    parser.add_argument("--backbone", default=Defaults.backbone, help="mobilenet_v2, squeezenet1_1, resnet18 or vit_b_16 (default %(default)s)")
+    parser.add_argument("--backbone", default=Defaults.backbone, help="mobilenet_v2, squeezenet1_1, resnet18, vit_b_16, resnet18_cifar, resnet18_cifar_gn or tct_cnn (default %(default)s)")
     parser.add_argument("--weights", default=Defaults.weights, help="a state-dict file, 'imagenet' (torchvision enum, torch hub cache) or 'random' (seeded; NOT pre-trained) (default %(default)s)")
     parser.add_argument("--out", default=Defaults.out, help="cache folder (default %(default)s)")
     parser.add_argument("--image-size", type=int, default=Defaults.image_size, help="center-crop size (default %(default)s; the Fed3R code used 299 on iNat)")

@@ -4,6 +4,23 @@ Weights come from a local state-dict file (``--weights PATH``, no network),
 from torchvision's ImageNet weights enum (``--weights imagenet``: read from the
 torch hub cache, downloaded only where the network allows), or are a seeded
 random initialization (``--weights random``: for tests; never pre-trained).
+
+Besides torchvision's ImageNet models, TCT's (Yu et al. 2022) networks, which
+its experiments train from scratch (no ImageNet weights; ``--weights random``
+or a file):
+
+- ``resnet18_cifar`` (ResNet-18-BN, Section 5) and ``resnet18_cifar_gn``
+  (ResNet-18-GN, Appendix B.2, GroupNorm with 2 groups): the CIFAR ResNet-18
+  — a 3 × 3 stride-1 first convolution and no max pooling before the four
+  stages of two basic blocks (64 … 512 channels), global average pooling;
+  torchvision's ResNet with those two layers changed (its parameter names).
+- ``tct_cnn``: the small CNN of TCT's published code (``mnist/utils.py``,
+  ``Net``): three 3 × 3 stride-2 convolutions (32, 64, 128 channels, ReLU),
+  then fc1 (2048 → 128, ReLU) and the classifier, on 28 × 28 images. The
+  paper's FMNIST "SimpleCNN" (two convolutions with max pooling, two fully
+  connected layers) is not published; this follows the code. fedray decodes
+  images as RGB, so the first convolution takes 3 channels (a grayscale image
+  replicated to RGB gives the 1-channel network with summed filters).
 Every replica of a pool is built from the one state dict the driver loaded,
 so all replicas hold bitwise the same weights.
 """
@@ -12,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -40,16 +58,55 @@ def _strip_vit(model: nn.Module) -> None:
     model.heads = nn.Identity()
 
 
+class TctCnn(nn.Module):
+    """TCT code's ``Net`` (mnist/utils.py) on RGB 28 × 28 images; ``fc2`` is the classifier."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 32, kernel_size=3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=3, stride=2, padding=1)
+        self.conv3 = nn.Conv2d(64, 128, kernel_size=3, stride=2, padding=1)
+        self.fc1 = nn.Linear(2048, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in (self.conv1, self.conv2, self.conv3):
+            x = nn.functional.relu(conv(x))
+        return self.fc2(nn.functional.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def _cifar_resnet18(norm_layer: Callable[[int], nn.Module] | None = None) -> nn.Module:
+    """torchvision's ResNet-18 made the CIFAR ResNet-18: a 3 × 3 stride-1 stem, no max pooling."""
+    model = torchvision.models.resnet18(weights=None, norm_layer=norm_layer)
+    model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
+    model.maxpool = nn.Identity()
+    return model
+
+
+def _group_norm(channels: int) -> nn.Module:
+    return nn.GroupNorm(2, channels)
+
+
+def _strip_tct_cnn(model: nn.Module) -> None:
+    model.fc2 = nn.Identity()
+
+
 @dataclass(frozen=True)
 class Backbone:
     name: str
     dim: int
-    weights_enum: str
+    weights_enum: str | None
+    """torchvision's ImageNet weights (``--weights imagenet``); None where the papers train from scratch."""
     strip_head: Callable[[nn.Module], None]
     fixed_size: int | None = None
+    build: Callable[[], nn.Module] | None = None
+    """The architecture, when it is not ``torchvision.models.<name>``."""
 
     def architecture(self) -> nn.Module:
-        """The full torchvision model (classifier included), randomly initialized."""
+        """The full model (classifier included), randomly initialized."""
+        if self.build is not None:
+            return self.build()
         return getattr(torchvision.models, self.name)(weights=None)
 
 
@@ -60,6 +117,9 @@ BACKBONES = {
         Backbone("squeezenet1_1", 512, "SqueezeNet1_1_Weights.IMAGENET1K_V1", _strip_squeezenet),
         Backbone("resnet18", 512, "ResNet18_Weights.IMAGENET1K_V1", _strip_resnet),
         Backbone("vit_b_16", 768, "ViT_B_16_Weights.IMAGENET1K_V1", _strip_vit, fixed_size=224),
+        Backbone("resnet18_cifar", 512, None, _strip_resnet, build=_cifar_resnet18),
+        Backbone("resnet18_cifar_gn", 512, None, _strip_resnet, build=partial(_cifar_resnet18, _group_norm)),
+        Backbone("tct_cnn", 128, None, _strip_tct_cnn, fixed_size=28, build=TctCnn),
     )
 }
 
@@ -86,6 +146,9 @@ def load_weights(backbone: Backbone, spec: str, seed: int = 0) -> Weights:
         torch.manual_seed(seed)
         return Weights(backbone.architecture().state_dict(), f"random-seed{seed}", pretrained=False)
     if spec == "imagenet":
+        if backbone.weights_enum is None:
+            raise FedrayError(f"{backbone.name} has no ImageNet weights (its paper trains it from scratch): "
+                              f"use --weights random or a state-dict file")
         return Weights(_imagenet_state_dict(backbone), backbone.weights_enum, pretrained=True)
     state_dict = _file_state_dict(backbone, Path(spec))
     return Weights(state_dict, f"sha256-{content_hash(state_dict)}", pretrained=True)

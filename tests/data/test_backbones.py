@@ -16,7 +16,11 @@ def penultimate(name: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Ten
         return torch.nn.functional.adaptive_avg_pool2d(model.features(x), 1).flatten(1)
     if name == "squeezenet1_1":
         return torch.nn.functional.adaptive_avg_pool2d(model.features(x), 1).flatten(1)
-    if name == "resnet18":
+    if name == "tct_cnn":
+        for conv in (model.conv1, model.conv2, model.conv3):
+            x = torch.relu(conv(x))
+        return torch.relu(model.fc1(x.flatten(1)))
+    if name.startswith("resnet18"):
         body = torch.nn.Sequential(*list(model.children())[:-1])
         return body(x).flatten(1)
     tokens = model.encoder(torch.cat([model.class_token.expand(len(x), -1, -1), model._process_input(x)], dim=1))
@@ -32,12 +36,31 @@ def test_features_are_the_pooled_penultimate_activation(name):
     full = backbone.architecture()
     full.load_state_dict(weights.state_dict)
     full.eval()
-    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    size = {"tct_cnn": 28, "resnet18_cifar": 32, "resnet18_cifar_gn": 32}.get(name, 224)
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         ours = feature_model(backbone, weights.state_dict)(x)
         expected = penultimate(name, full, x)
     assert ours.shape == (2, backbone.dim)
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_tcts_networks_have_the_published_architectures():
+    cifar = get_backbone("resnet18_cifar").architecture()
+    cifar.fc = torch.nn.Linear(512, 10)
+    assert sum(p.numel() for p in cifar.parameters()) == 11_173_962, "the CIFAR ResNet-18 (kuangliu/pytorch-cifar) with 10 classes"
+    assert cifar.conv1.kernel_size == (3, 3) and cifar.conv1.stride == (1, 1)
+    gn = get_backbone("resnet18_cifar_gn").architecture()
+    assert gn.bn1.num_groups == 2 and isinstance(gn.layer4[1].bn2, torch.nn.GroupNorm), "ResNet-18-GN: 2 groups (TCT B.2)"
+    cnn = get_backbone("tct_cnn").architecture()
+    cnn.fc2 = torch.nn.Linear(128, 1)
+    rgb_filters = 2 * 32 * 3 * 3
+    assert sum(p.numel() for p in cnn.parameters()) - rgb_filters == 355_073, "TCT's code draws eNTK coordinates of 355,073 parameters"
+
+
+def test_networks_trained_from_scratch_have_no_imagenet_weights():
+    with pytest.raises(FedrayError, match="resnet18_cifar has no ImageNet weights"):
+        load_weights(get_backbone("resnet18_cifar"), "imagenet")
 
 
 def test_random_weights_are_fixed_by_the_seed():
