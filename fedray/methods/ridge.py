@@ -35,10 +35,14 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
     def __init__(self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01,
                  bias: Annotated[bool, "fit a bias: a ones column, regularized by λ too"] = False) -> None:
         super().__init__(dim, num_classes)
-        if not lam > 0:
-            raise FedrayError(f"--lam must be > 0, got {lam}")
+        self._check_lam(lam)
         self.lam = lam
         self.bias = bias
+
+    @staticmethod
+    def _check_lam(lam: float) -> None:
+        if not lam > 0:
+            raise FedrayError(f"--lam must be > 0, got {lam}")
 
     @property
     def feature_dim(self) -> int:
@@ -73,13 +77,16 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
         scale by a different factor and so the argmax.
         """
         regularized = stats.gram + self.lam * torch.eye(self.design_dim, dtype=torch.float64)
-        solution = spd_solve(regularized, stats.targets)
+        solution = self._solve_system(regularized, stats.targets)
         weight, bias = (solution[:-1], solution[-1]) if self.bias else (solution, None)
         if self.normalize:
             norms = column_norms(weight)
             weight = weight / norms
             bias = None if bias is None else bias / norms
         return Classifier(weight.contiguous(), None if bias is None else bias.contiguous())
+
+    def _solve_system(self, matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+        return spd_solve(matrix, rhs)
 
     def upload_floats(self, federation: Federation) -> np.ndarray:
         p = float(self.design_dim)
@@ -111,6 +118,15 @@ class Fed3RRandomFeatures(Fed3R):
 
     φ(z) = √(2/D) cos(zΩ + b), Ω ~ N(0, σ⁻²) of shape (d, D), b ~ U[0, 2π). The
     map travels with the method object, so every shard applies the same one.
+
+    σ defaults to √d, a scale-aware choice that needs no data: for features
+    whose coordinates spread by about 1 (standardized features, the synthetic
+    stand-ins), two samples lie about √(2d) apart, so the kernel neither
+    vanishes nor flattens into a linear one between typical pairs. Fed3R
+    (Appendix C) tuned σ once on Landmarks and used σ = 1000 throughout, for
+    MobileNetV2 features; the Fed3R presets set that value (``--rf-sigma
+    1000``). A data-driven choice (the median pairwise distance) would cost
+    the federation an extra round, which the paper does not spend.
     """
 
     name = "fed3r-rf"
@@ -119,7 +135,7 @@ class Fed3RRandomFeatures(Fed3R):
         self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01,
         bias: Annotated[bool, "fit a bias: a ones column, regularized by λ too"] = False,
         rf_dim: Annotated[int, "random features D"] = 5000,
-        rf_sigma: Annotated[float | None, "RBF bandwidth σ (default √d)"] = None, seed: int = 0,
+        rf_sigma: Annotated[float | None, "RBF bandwidth σ (default √d; Fed3R's paper: 1000)"] = None, seed: int = 0,
     ) -> None:
         super().__init__(dim, num_classes, lam, bias)
         rf_sigma = math.sqrt(dim) if rf_sigma is None else rf_sigma
@@ -149,10 +165,35 @@ class Fed3RRandomFeatures(Fed3R):
 
 
 class FastFederatedCalibration(Fed3R):
-    """SphereFed's FFC: ridge on L2-normalized features, columns not normalized."""
+    """SphereFed's FFC: ridge on L2-normalized features, columns not normalized.
+
+    SphereFed's FFC (its Eqs. 6–7) is the exact least squares, W = (ZᵀZ)⁻¹ZᵀY:
+    ``--lam 0``. A singular ZᵀZ (fewer samples than dimensions, or collinear
+    features) is then an error rather than a silent pseudo-inverse. The
+    default λ = 0.01 keeps the solve well posed on any federation.
+    """
 
     name = "ffc"
     normalize = False
+
+    def __init__(self, dim: int, num_classes: int,
+                 lam: Annotated[float, "ridge λ (≥ 0; 0: SphereFed's exact least squares)"] = 0.01,
+                 bias: Annotated[bool, "fit a bias: a ones column, regularized by λ too"] = False) -> None:
+        super().__init__(dim, num_classes, lam, bias)
+
+    @staticmethod
+    def _check_lam(lam: float) -> None:
+        if not lam >= 0:
+            raise FedrayError(f"--lam must be ≥ 0 for FFC, got {lam}")
+
+    def _solve_system(self, matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+        if self.lam > 0:
+            return super()._solve_system(matrix, rhs)
+        factor, info = torch.linalg.cholesky_ex(matrix)
+        if int(info) != 0:
+            raise FedrayError(f"FFC with --lam 0 (exact least squares): ZᵀZ ({len(matrix)} × {len(matrix)}) is singular "
+                              f"(fewer samples than dimensions, or collinear features); give --lam > 0")
+        return torch.cholesky_solve(rhs, factor)
 
     def transform(self, features: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.normalize(features, dim=1)

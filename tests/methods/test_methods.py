@@ -86,6 +86,23 @@ def test_ffc_is_unnormalized_ridge_on_unit_features(small_inat):
     assert max_relative_difference(weight, expected) <= 1e-6  # features normalized in float32 on the client
 
 
+def test_ffc_with_lambda_zero_is_sphereFeds_exact_least_squares(small_inat):
+    z, labels, _ = features_and_labels(small_inat)
+    method = FastFederatedCalibration(small_inat.dim, small_inat.num_classes, lam=0.0)
+    weight = method.solve(method.client_statistics(all_clients_batch(small_inat))).weight
+    unit = (z / z.norm(dim=1, keepdim=True)).to(torch.float64)
+    one_hot = torch.nn.functional.one_hot(torch.as_tensor(labels, dtype=torch.long), small_inat.num_classes).to(torch.float64)
+    expected = torch.linalg.lstsq(unit, one_hot, driver="gelsd").solution  # argmin ‖ZW − Y‖², SphereFed Eq. 6
+    assert max_relative_difference(weight, expected) <= 1e-5
+
+
+def test_ffc_with_lambda_zero_refuses_a_singular_system():
+    few = ClientBatch(torch.randn(3, 8), torch.tensor([0, 1, 0]), np.array([0, 3]), np.array([0]))
+    method = FastFederatedCalibration(8, 2, lam=0.0)
+    with pytest.raises(FedrayError, match=r"FFC with --lam 0 .* singular .* give --lam > 0"):
+        method.solve(method.client_statistics(few))
+
+
 def test_fedcof_matches_its_algorithm_1(small_inat):
     z, labels, offsets = features_and_labels(small_inat)
     method = FedCOF(small_inat.dim, small_inat.num_classes, gamma=0.1)
@@ -175,6 +192,7 @@ def test_random_features_approximate_the_rbf_kernel():
     [
         (lambda: Fed3R(4, 2, lam=0.0), "--lam"),
         (lambda: Fed3R(4, 2, lam=-1.0), "--lam"),
+        (lambda: FastFederatedCalibration(4, 2, lam=-1.0), "--lam must be ≥ 0 for FFC"),
         (lambda: FedCOF(4, 2, gamma=-0.1), "--gamma"),
         (lambda: FedCOF(4, 2, means_per_class=0), "--means-per-class"),
         (lambda: Fed3RRandomFeatures(4, 2, rf_dim=0), "--rf-dim"),
