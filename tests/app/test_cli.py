@@ -481,10 +481,17 @@ def test_not_a_parquet_file(ray_session, tmp_path, capsys):
         (["--method", "fed3r-rf", "--rf-sigma", "0"], ["--rf-sigma must be > 0", "0"]),
         (["--dataset", SPEC + "&seed=-1"], ["option seed must be an integer from 0", "-1"]),
         (["--dataset", SPEC + "&scale=nan"], ["option scale must be a finite number", "nan"]),
+        (["--method", "ffc", "--lam", "-1"], ["--lam must be ≥ 0 for FFC", "-1"]),
+        (["--method", "fedavg", "--client-momentum", "1"], ["--client-momentum must be in [0, 1)", "1.0"]),
+        (["--method", "fedavg", "--lr-schedule", "cosine"], ["--lr-schedule cosine", "give --rounds"]),
+        (["--method", "fedavg", "--lr-schedule", "step"], ["--lr-schedule step needs --lr-milestones"]),
+        (["--method", "fedavg", "--lr-schedule", "step", "--lr-milestones", "5,x"], ["--lr-milestones takes", "5,x"]),
+        (["--method", "fedavg", "--lr-gamma", "0"], ["--lr-gamma must be > 0", "0"]),
     ],
     ids=["kind", "split", "option", "lam0", "lam-1", "gamma", "too-many-clients", "zero-clients", "participation",
          "both", "eval-every", "num-shards", "prox-mu", "client-lr", "resume", "lam-inf", "gamma-nan", "client-lr-inf",
-         "participation-nan", "seed-negative", "seed-too-large", "rf-sigma-0", "dataset-seed", "dataset-nan"],
+         "participation-nan", "seed-negative", "seed-too-large", "rf-sigma-0", "dataset-seed", "dataset-nan", "ffc-lam",
+         "momentum", "cosine-rounds", "step-milestones", "milestones-bad", "lr-gamma"],
 )
 def test_bad_option_is_one_line_error(ray_session, tmp_path, capsys, args, needles):
     out = tmp_path / "out"
