@@ -267,7 +267,8 @@ def _train_group(
     real = padded_rows >= 0
     rows = padded_rows.clamp(min=0)
     client_rows = None if control is None else control.rows[rows] * real[..., None]
-    layout = _Layout([plans[i] for i in order], gram, rows, labels, client_rows, min(sgd.batch_size, width))
+    layout = _Layout([plans[i] for i in order], np.array([len(plans[i]) for i in order]), gram, rows, labels, client_rows,
+                     min(sgd.batch_size, width))
     steps = _momentum_steps if sgd.momentum else _plain_steps
     coefficients, scale, control_scale, biases = steps(state, layout, bias, sgd, control)
     state.coefficients[padded_rows[real]] = coefficients[real]
@@ -280,6 +281,8 @@ class _Layout:
     """A group's slots: their mini-batch plans (most steps first), Gram matrices, rows (padded with row 0) and G rows."""
 
     plans: list[list[np.ndarray]]
+    counts: np.ndarray
+    """Steps of each slot (non-increasing)."""
     gram: torch.Tensor
     rows: torch.Tensor
     labels: torch.Tensor
@@ -288,11 +291,11 @@ class _Layout:
 
     @property
     def steps(self) -> int:
-        return len(self.plans[0])
+        return int(self.counts[0])
 
     def batch(self, step: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(active slots, their slot numbers, batch positions in each slot, which are real samples, their rows)."""
-        active = sum(len(plan) > step for plan in self.plans)
+        active = int((self.counts > step).sum())
         index = torch.full((active, self.batch_width), -1, dtype=torch.long)
         for slot in range(active):
             batch = self.plans[slot][step]
@@ -383,7 +386,9 @@ def _momentum_steps(state: _Steps, layout: _Layout, bias: torch.Tensor, sgd: Loc
         bias_gradient = error.sum(dim=1) + sgd.weight_decay * biases[:active] + sgd.prox_mu * (biases[:active] - bias)
         scale_velocity[:active] = sgd.momentum * scale_velocity[:active] + decay * scale[:active] - sgd.prox_mu
         moving = velocity[:active]
-        moving.mul_(sgd.momentum).add_(coefficients[:active], alpha=decay)
+        moving.mul_(sgd.momentum)
+        if decay:
+            moving.add_(coefficients[:active], alpha=decay)
         if control is not None:
             moving.sub_(layout.client_rows[:active])
             control_velocity[:active] = sgd.momentum * control_velocity[:active] + decay * control_scale[:active] + 1
@@ -391,7 +396,7 @@ def _momentum_steps(state: _Steps, layout: _Layout, bias: torch.Tensor, sgd: Loc
         moving.index_put_((slots.expand_as(taken), taken), error, accumulate=True)
         bias_velocity[:active] = sgd.momentum * bias_velocity[:active] + bias_gradient
         scale[:active] -= sgd.lr * scale_velocity[:active]
-        coefficients[:active] -= sgd.lr * moving
+        coefficients[:active].add_(moving, alpha=-sgd.lr)
         control_scale[:active] -= sgd.lr * control_velocity[:active]
         biases[:active] -= sgd.lr * bias_velocity[:active]
     return coefficients, scale, control_scale, biases
