@@ -54,6 +54,8 @@ def test_fedcof_presets_use_the_papers_shrinkage_and_participation():
     assert preset("fedcof/inat-user-120k-mobilenet_v2.yaml")["gamma"] == 0.1
     assert all(preset(f"fedcof/{path.name}")["participation"] == 0.3 for path in PRESETS if path.parent.name == "fedcof")
     assert "alpha=0.1&clients=100" in preset("fedcof/cars-squeezenet.yaml")["dataset"]
+    ft = preset("fedcof/ft-imagenet-r-fedadam.yaml")  # Appendix J
+    assert (ft["method"], ft["client_lr"], ft["server_lr"], ft["local_epochs"], ft["rounds"]) == ("fedadam", 1e-4, 1e-4, 1, 100)
     lp = preset("fedcof/lp-inat-user-120k-squeezenet.yaml")  # Appendix J
     assert (lp["rounds"], lp["local_epochs"], lp["client_lr"]) == (5000, 3, 1e-5)
 
