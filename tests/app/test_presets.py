@@ -1,4 +1,7 @@
-"""Every preset in presets/ loads, names its target in a leading comment, and runs at reduced size; key values are the papers'."""
+"""Every preset in presets/ loads, names its target in a leading comment, and runs at reduced size; key values are the papers'.
+
+The runs of image presets (fine-tuning, TCT: 15–35 s each on the loaded machine) are marked slow.
+"""
 
 from pathlib import Path
 
@@ -8,13 +11,14 @@ from fedray.config import load_config_file, resolve
 from fedray.engine import run
 from tests.images import write_image_folder
 
-PRESETS = sorted((Path(__file__).parent.parent / "presets").glob("*/*.yaml"))
+ROOT = Path(__file__).resolve().parents[2]
+PRESETS = sorted((ROOT / "presets").glob("*/*.yaml"))
 SMALL_FEATURES = "synthetic:inat-user-120k?dim=16&scale=0.01&classes=20&seed=1"
 FIXED_SIZE = {"tct_cnn": 28, "resnet18_cifar": 32, "resnet18_cifar_gn": 32}
 
 
 def preset(path: str) -> dict:
-    return load_config_file(Path(__file__).parent.parent / "presets" / path)
+    return load_config_file(ROOT / "presets" / path)
 
 
 def on_images(values: dict) -> bool:
@@ -25,7 +29,12 @@ def test_there_is_a_preset_per_paper():
     assert {path.parent.name for path in PRESETS} == {"fedcof", "fed3r", "fedncm", "spherefed", "tct"}
 
 
-@pytest.mark.parametrize("path", PRESETS, ids=lambda path: f"{path.parent.name}/{path.name}")
+def on_images_file(path: Path) -> bool:
+    return on_images(load_config_file(path))
+
+
+@pytest.mark.parametrize("path", [pytest.param(path, marks=[pytest.mark.slow] if on_images_file(path) else [],
+                                               id=f"{path.parent.name}/{path.name}") for path in PRESETS])
 def test_each_preset_names_its_target_and_runs_at_reduced_size(ray_session, tmp_path, path):
     assert path.read_text().startswith("# "), "a preset starts with a comment naming the paper's table or figure"
     values = load_config_file(path)
