@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from fedray.accounting import PaperTotals
+from fedray.config import RunConfig
 from fedray.data.registry import canonical_spec
 from fedray.errors import FedrayError
 from fedray.gradient.training import Accounting, TrainingState
@@ -49,7 +50,10 @@ def load_checkpoint(out: Path, config: dict) -> TrainingState:
         raise FedrayError(f"{path}: no checkpoint to resume from")
     saved = _read(path)
     identity = _identity(config)
-    differing = sorted(k for k in {*saved["config"], *identity} if saved["config"].get(k) != identity.get(k))
+    # An option the saved run's fedray did not have yet ran as its default does now (new options keep the old behaviour).
+    defaults = RunConfig().to_dict()
+    differing = sorted(k for k in {*saved["config"], *identity}
+                       if saved["config"].get(k, defaults.get(k)) != identity.get(k))
     if differing:
         raise FedrayError(f"{path}: saved by a run with other options ({', '.join(differing)}); resume with the same ones")
     try:

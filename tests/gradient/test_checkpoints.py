@@ -83,6 +83,18 @@ def test_resume_compares_the_canonical_dataset_spec(tmp_path):
         load_checkpoint(tmp_path, {**config, "dataset": "synthetic:inat-user-120k?classes=60&scale=0.05&dim=24"})
 
 
+def test_a_checkpoint_from_before_an_option_existed_resumes_only_at_its_default(tmp_path):
+    """client_momentum came after this checkpoint's fedray: the saved run trained with 0.0, today's default."""
+    config = run_config(tmp_path)
+    save_checkpoint(tmp_path, config, state_as_every_backend_keeps_it())
+    contents = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    del contents["config"]["client_momentum"]
+    torch.save(contents, tmp_path / CHECKPOINT)
+    assert load_checkpoint(tmp_path, {**config, "client_momentum": 0.0}).done == 4
+    with pytest.raises(FedrayError, match=r"saved by a run with other options \(client_momentum\)"):
+        load_checkpoint(tmp_path, {**config, "client_momentum": 0.9})
+
+
 class RunsCode:
     """Unpickling this would create ``marker``: what a checkpoint loaded with weights_only=False would do."""
 
