@@ -35,6 +35,8 @@ NUM_CLASSES_KEY = b"fedray.num_classes"
 LARGE_IMPLICIT_CLASSES = 100_000
 SPARSE_LABELS_FACTOR = 10
 """C = max label + 1 is refused when above both: a class count only metadata may set."""
+READ_BATCH = 4096
+"""Rows decoded at a time when reading features."""
 
 
 def feature_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -75,24 +77,30 @@ class ParquetFeatures:
             pass
 
     def _blocks(self, rows: np.ndarray | None) -> Iterator[tuple[slice, np.ndarray]]:
-        """For each row group holding some of the sorted file ``rows`` (all rows if None): their positions in ``rows`` and features."""
+        """For each batch of a row group holding some of the sorted file ``rows`` (all rows if None): their positions
+        in ``rows`` and their features. Batches of :data:`READ_BATCH` rows keep a reader's memory to its own rows."""
         first = 0
         for path in self.paths:
-            file = pq.ParquetFile(path, memory_map=True)
+            file = pq.ParquetFile(path)
             for group in range(file.num_row_groups):
                 count = file.metadata.row_group(group).num_rows
-                lo, hi = (0, count) if rows is None else np.searchsorted(rows, [first, first + count])
-                if hi > lo:
-                    column = file.read_row_group(group, columns=["features"]).column("features")
-                    if rows is not None and not np.array_equal(rows[lo:hi], np.arange(first, first + count)):
-                        column = column.take(pa.array(rows[lo:hi] - first))
-                    ids = np.arange(first + lo, first + hi) if rows is None else rows[lo:hi]
-                    yield slice(lo, hi), self._checked(column, ids)
-                first += count
+                if rows is None or np.searchsorted(rows, first + count) > np.searchsorted(rows, first):
+                    for batch in file.iter_batches(READ_BATCH, row_groups=[group], columns=["features"]):
+                        stop = first + batch.num_rows
+                        lo, hi = (0, batch.num_rows) if rows is None else np.searchsorted(rows, [first, stop])
+                        if hi > lo:
+                            column = batch.column("features")
+                            ids = np.arange(first, stop) if rows is None else rows[lo:hi]
+                            if not np.array_equal(ids, np.arange(first, stop)):
+                                column = column.take(pa.array(ids - first))
+                            yield slice(lo, hi), self._checked(column, ids)
+                        first = stop
+                else:
+                    first += count
         if rows is not None and len(rows) and rows[-1] >= first:
             raise FedrayError(f"{self.name}: no row {rows[-1]} (the file has {first})")
 
-    def _checked(self, column: pa.ChunkedArray, ids: np.ndarray) -> np.ndarray:
+    def _checked(self, column: pa.Array, ids: np.ndarray) -> np.ndarray:
         """The (rows, dim) float32 matrix of ``column`` (rows ``ids`` of the file), refusing nulls, other lengths, NaN and inf."""
         if column.null_count:
             row = ids[int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))]

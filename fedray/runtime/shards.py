@@ -3,8 +3,9 @@
 A shard is a contiguous range of client numbers, balanced by sample count. Its
 features are produced once, inside the actor, by the federation's feature
 source: the actor rebuilds the federation from its dataset spec (a line of
-text) and reads or generates only its own clients' rows. Per block of rounds the driver sends the numbers of the clients that
-upload in that block; the shard gathers their rows and computes the block's
+text) and reads or generates only its own clients' rows. Per block of rounds
+the driver sends the numbers of the clients that upload in that block; the
+shard gathers their rows and computes the block's
 statistics in one call (for Fed3R: one GEMM), so Ray's overhead scales with
 shards × evaluation points, not with clients or rounds.
 """
