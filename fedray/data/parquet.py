@@ -81,7 +81,7 @@ class ParquetFeatures:
         in ``rows`` and their features. Batches of :data:`READ_BATCH` rows keep a reader's memory to its own rows."""
         first = 0
         for path in self.paths:
-            file = pq.ParquetFile(path)
+            file = pq.ParquetFile(path, buffer_size=1 << 22, pre_buffer=False)
             for group in range(file.num_row_groups):
                 count = file.metadata.row_group(group).num_rows
                 if rows is None or np.searchsorted(rows, first + count) > np.searchsorted(rows, first):
