@@ -84,6 +84,9 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
     tct.add_argument("--tct-lr", type=float, help="stage-2 learning rate η (default 5e-5)")
     tct.add_argument("--tct-projection", type=int, help="stage 2 on a seeded random projection of the eNTK features to D coordinates")
     tct.add_argument("--tct-lam", type=float, help="ridge λ of the closed-form stage 2 (default 0: the least-squares solution)")
+    parser.add_argument("--backbone-macs", type=float,
+                        help="the backbone's forward multiply-adds per sample, F_φ, for macs_client_avg_fed3r "
+                             "(default: from the feature cache's manifest; MobileNetV2: 332.9e6 in Fed3R's Table 5)")
     parser.add_argument("--num-shards", type=int, help="shard actors (default: cluster CPUs / --cpus-per-shard)")
     parser.add_argument("--cpus-per-shard", type=float, help="CPUs each shard actor requests (default 1)")
     parser.add_argument("--quiet", action="store_const", const=True, help="no progress bar")

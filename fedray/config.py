@@ -73,6 +73,8 @@ class RunConfig:
     backbone: str = "mobilenet_v2"
     weights: str = "imagenet"
     image_size: int = 224
+    backbone_macs: float | None = None
+    """F_φ, the backbone's forward multiply-adds per sample (papers' accounting); None: from the feature cache if recorded."""
     num_trainers: int | None = None
     cpus_per_trainer: float = 1.0
     num_shards: int | None = None
@@ -131,7 +133,8 @@ class RunConfig:
                     "num_trainers": self.num_trainers, "cpus_per_trainer": self.cpus_per_trainer,
                     "sphere_dim": self.sphere_dim, "entk_dim": self.entk_dim, "entk_chunk": self.entk_chunk,
                     "tct_rounds": self.tct_rounds, "tct_local_steps": self.tct_local_steps, "tct_lr": self.tct_lr,
-                    "tct_projection": self.tct_projection, "rf_sigma": self.rf_sigma}
+                    "tct_projection": self.tct_projection, "rf_sigma": self.rf_sigma,
+                    "backbone_macs": self.backbone_macs}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise FedrayError(f"{command_line(name)} must be > 0, got {value}")

@@ -2,95 +2,25 @@
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-import ray
 from ray.util.placement_group import PlacementGroup
 
 from fedray.config import TCT, RunConfig
-from fedray.data.registry import load_federation
+from fedray.data.registry import load_federation, recorded_backbone_macs
 from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
 from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
-from fedray.interrupts import keeping_sigterm_handler
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
 from fedray.results import RUN_FILES, EvalPoint, config_columns, remove_stale_temporaries, write_run
-from fedray.runtime import footprint, sampling, watchdog
-from fedray.runtime.address import check_reachable
+from fedray.runtime import footprint, sampling
+from fedray.runtime.session import check_address, init_ray
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
 from fedray.writable import check_folder
-
-
-def _cluster_address(address: str | None) -> tuple[str, str] | None:
-    """The address to join and where it came from (``--address``, else $RAY_ADDRESS); None for an embedded Ray."""
-    if address:
-        return address, "--address"
-    if os.environ.get("RAY_ADDRESS"):
-        return os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
-    return None
-
-
-def check_address(address: str | None = None) -> None:
-    """Before any work: a one-line error within seconds when the cluster to join does not answer."""
-    given = None if ray.is_initialized() else _cluster_address(address)
-    if given is not None:
-        check_reachable(*given)
-
-
-TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
-
-
-@contextmanager
-def _without_token_auth_notice() -> Iterator[None]:
-    """Token authentication stays on, as Ray enables it for a new local cluster; only its notice on every run is dropped
-    (that one message: every other warning and error of Ray still shows)."""
-    logger = logging.getLogger(TOKEN_AUTH_LOGGER)
-    notice = _DropMessage(TOKEN_AUTH_NOTICE)
-    logger.addFilter(notice)
-    try:
-        yield
-    finally:
-        logger.removeFilter(notice)
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefix)
-
-
-def init_ray(address: str | None = None) -> None:
-    """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray, which ends with this process.
-
-    The caller's SIGTERM handler stays (``ray.init`` would replace it).
-    """
-    if ray.is_initialized():
-        return
-    given = _cluster_address(address)
-    options = {"log_to_driver": False, "logging_level": logging.WARNING}
-    if given is None:
-        with _without_token_auth_notice(), keeping_sigterm_handler():
-            ray.init(include_dashboard=False, **options)
-        watchdog.start()
-        return
-    check_reachable(*given)
-    try:
-        with keeping_sigterm_handler():
-            ray.init(address=given[0], **options)
-    except ConnectionError as error:  # e.g. "auto" on a machine without a cluster
-        raise FedrayError(f"{given[1]} {given[0]}: {str(error).splitlines()[0]}") from None
 
 
 def check_sweepable(config: RunConfig) -> None:
@@ -116,7 +46,8 @@ def simulate(
     federation = pool.federation
     per_round = config.per_round(federation.num_clients)
     rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
-    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point)
+    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
+                              backbone_macs=config.backbone_macs)
     resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, rf_sigma=getattr(method, "rf_sigma", None))
     return resolved, metrics_rows(resolved, per_round, outcome.points), outcome
 
@@ -159,6 +90,8 @@ def run(
     check_folder(out)
     federation = load_federation(config.dataset)
     federation.require_test_rows()
+    if config.backbone_macs is None:
+        config = replace(config, backbone_macs=recorded_backbone_macs(config.dataset))
     method = None if config.trains else build_method(config, federation)
     per_round = config.per_round(federation.num_clients)
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)

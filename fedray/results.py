@@ -34,7 +34,9 @@ class EvalPoint:
     (TCT's stage 2); ``train_loss`` is the mean loss of the global model on the
     samples of the clients sampled since the previous row, before their local
     training (None where no client trained; TCT's stage 2: its squared-loss
-    objective); ``diverged`` marks the row a run stopped at.
+    objective); ``diverged`` marks the row a run stopped at. The last four
+    are the papers' accounting conventions (:mod:`fedray.accounting`), None
+    where a paper defines no count for the run's method.
     """
 
     round: int
@@ -48,6 +50,10 @@ class EvalPoint:
     stage: str = "closed_form"
     train_loss: float | None = None
     diverged: bool = False
+    comm_floats_fedcof: float | None = None
+    comm_floats_fed3r: float | None = None
+    macs_client_avg_fed3r: float | None = None
+    forward_passes: float | None = None
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:

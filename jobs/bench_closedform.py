@@ -104,7 +104,8 @@ def one_run(dataset: str) -> dict:
 
     from fedray.config import RunConfig
     from fedray.data.registry import load_federation
-    from fedray.engine import init_ray, simulate
+    from fedray.engine import simulate
+    from fedray.runtime.session import init_ray
     from fedray.evaluation import Evaluator
     from fedray.methods.from_config import build_method
     from fedray.results import write_run

@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from fedray.data.feature_cache import CacheEntry
 from fedray.data.registry import load_federation
-from fedray.extract.cache import CacheEntry
 from fedray.extract.config import ExtractConfig
 from fedray.extract.features import extract
 from fedray.images.backbones import feature_model, get_backbone, load_weights
 from fedray.images.decode import ImageTransform, load_image
-from fedray.engine import init_ray
+from fedray.runtime.session import init_ray
 from fedray.runtime.shards import peak_memory_bytes
 
 MB = 2**20

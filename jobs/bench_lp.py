@@ -31,8 +31,8 @@ from fedray.gradient.probing import ProbeBackend
 from fedray.gradient.server import FedAvg
 from fedray.gradient.training import Accounting, TrainingState, train
 from fedray.methods.base import Classifier
-from fedray.engine import init_ray
 from fedray.runtime import sampling
+from fedray.runtime.session import init_ray
 from fedray.runtime.shards import ShardPool, peak_memory_bytes
 
 MB = 2**20

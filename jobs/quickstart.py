@@ -18,7 +18,8 @@ from fedray.data.registry import load_federation
 from fedray.evaluation import Evaluator
 from fedray.results import write_run
 from fedray.methods.from_config import build_method
-from fedray.engine import init_ray, simulate
+from fedray.engine import simulate
+from fedray.runtime.session import init_ray
 from fedray.runtime.shards import ShardPool
 
 METHODS = ("fedncm", "fed3r", "fedcof")

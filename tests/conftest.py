@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 import ray
@@ -5,6 +7,15 @@ import torch
 
 from fedray.data import synthetic
 from fedray.methods.base import ClientBatch
+
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items):
+    """Every test under tests/e2e/ (whole processes, clusters, full-size runs) is slow: ``pytest -m "not slow"`` skips them."""
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

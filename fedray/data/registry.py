@@ -24,12 +24,12 @@ from urllib.parse import parse_qsl, urlencode
 import pyarrow.compute as pc
 
 from fedray.data import synthetic
+from fedray.data.feature_cache import find_entry
 from fedray.data.federation import TRAIN, Federation
 from fedray.data.hsu_csv import hsu_test_csv_beside, load_hsu_split
 from fedray.data.parquet import load_parquet
 from fedray.data.splitters import classes_per_client_split, dirichlet_split, hsu_dirichlet_split, resplit
 from fedray.errors import FedrayError
-from fedray.extract.cache import find_entry
 from fedray.images.folder import load_image_folder
 from fedray.images.index import resolve_paths
 from fedray.numeric_options import check_numeric_option
@@ -105,6 +105,12 @@ def load_federation(spec: str) -> Federation:
     if split_options:
         federation = _resplit(spec, federation, split_options)
     return replace(federation, spec=canonical_spec(spec))
+
+
+def recorded_backbone_macs(spec: str) -> float | None:
+    """F_φ of a ``features:`` dataset: the forward multiply-adds per sample its cache recorded (None: not recorded, or no cache)."""
+    kind, target, _ = parse_spec(spec)
+    return find_entry(target).manifest().get("backbone_macs") if kind == "features" else None
 
 
 def _load_hsu(target: str, options: dict) -> Federation:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from fedray.errors import FedrayError
+from fedray.images import GRAYSCALE_POLICIES
 from fedray.numeric_options import check_numeric_options, command_line
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEVICES = ("auto", "cuda", "cpu")
-GRAYSCALE_POLICIES = ("convert", "skip")
 BAD_IMAGE_POLICIES = ("skip", "fail")
 
 

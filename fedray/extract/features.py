@@ -17,15 +17,15 @@ import pyarrow as pa
 import ray
 from tqdm import tqdm
 
+from fedray.data.feature_cache import CacheEntry, features_table, part_rows
 from fedray.data.federation import TEST, TRAIN
 from fedray.data.registry import canonical_spec, load_federation
 from fedray.errors import FedrayError
-from fedray.extract.cache import CacheEntry, features_table, part_rows
 from fedray.extract.config import ExtractConfig
 from fedray.extract.pool import ExtractionPool
-from fedray.images.backbones import get_backbone, load_weights
+from fedray.images.backbones import forward_macs, get_backbone, load_weights
 from fedray.images.decode import ImageTransform
-from fedray.engine import check_address, init_ray
+from fedray.runtime.session import check_address, init_ray
 from fedray.writable import check_folder
 
 CACHE_FORMAT = 1
@@ -101,6 +101,7 @@ def extract(config: ExtractConfig, address: str | None = None) -> ExtractReport:
     manifest = {
         "key": key,
         "dim": backbone.dim,
+        "backbone_macs": forward_macs(backbone, transform.size),
         "num_classes": federation.num_classes,
         "rows": {split: sum(rows.num_rows for s, _, rows in parts if s == split) for split in (TRAIN, TEST)},
         "parts": len(parts),

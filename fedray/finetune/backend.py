@@ -15,6 +15,7 @@ import numpy as np
 import ray
 import torch
 
+from fedray.accounting import PaperCosts
 from fedray.data.federation import Federation
 from fedray.errors import FedrayError
 from fedray.finetune.local import LocalTraining
@@ -64,6 +65,7 @@ class FineTuneBackend:
         weights = load_weights(backbone, weights_spec, seed)
         model = FineTuneModel(feature_model(backbone, weights.state_dict), backbone.dim, federation.num_classes, sgd.temperature)
         self.flops_per_image = backbone_flops(model, pool.image_size)
+        self.backbone_parameters = sum(parameter.numel() for parameter in model.backbone.parameters())
         self.entk_num_parameters = entk_num_parameters(model)
         state = model.state_dict()
         self.initial_backbone = {name: value for name, value in state.items() if not name.startswith(HEAD)}
@@ -181,6 +183,29 @@ class FineTuneBackend:
         head = 6.0 * self.pool.backbone.dim * self.pool.federation.num_classes
         backbone = (3.0 if self.mode.trains_backbone else 1.0) * self.flops_per_image
         return np.asarray(sizes, dtype=np.float64) * self.training.sgd.epochs * (backbone + head)
+
+    def paper_costs(self, sizes: np.ndarray) -> PaperCosts:
+        """One participation as the papers count it: b backbone parameters (BN statistics not counted), the head d·C
+        floats (no bias), F_M = F_φ + d·C forward multiply-adds, B ≈ 2F.
+
+        FedCOF App. H: 2(b + d·C) for ``ft``, 2·d·C for ``ftlp`` (``ftfeat``, SCAFFOLD, SphereFed: undefined);
+        Fed3R App. D: 2(b + d·C), 2·d·C, 2·b (``ftfeat``), twice that with Scaffold; App. E:
+        3·E·n_k·F_M (``ft``, ``ftfeat``), E·n_k(F_φ + 3·d·C) (``ftlp``); FedNCM: E·n_k forward passes.
+        """
+        if self.training.sphere_loss is not None:
+            return PaperCosts()
+        mode, head = self.mode, float(self.pool.backbone.dim * self.pool.federation.num_classes)
+        sent = (float(self.backbone_parameters) if mode.trains_backbone else 0.0) + (head if mode.trains_head else 0.0)
+        passes = self.training.sgd.epochs * sizes
+        per_client = np.ones_like(passes)
+        scaffold = self.controls is not None
+        return PaperCosts(
+            fedcof_floats=None if scaffold or not mode.trains_head else 2 * sent * per_client,
+            fed3r_floats=(4 if scaffold else 2) * sent * per_client,
+            fed3r_macs=3 * head * passes,
+            forward_passes=passes,
+            backbone_factor=3.0 if mode.trains_backbone else 1.0,
+        )
 
     def state_dict(self) -> dict:
         """SCAFFOLD's c and every c_i seen so far (``{}`` without SCAFFOLD)."""

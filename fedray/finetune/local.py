@@ -20,7 +20,7 @@ from fedray.finetune.images import ImageReader
 from fedray.finetune.model import FineTuneModel, Mode, sent_names, trained_names
 from fedray.gradient.backend import Params
 from fedray.gradient.local import LocalSGD, client_rng, minibatches
-from fedray.spherefed.training import sphere_loss
+from fedray.spherefed.classifier import sphere_loss
 from fedray.tct.entk import EntkSpec, entk_features, reinitialize_last_layer
 
 
@@ -30,7 +30,7 @@ class LocalTraining:
 
     ``sphere_loss`` (``mse`` or ``ce``) makes it SphereFed: the backbone's
     features are L2-normalized before the fixed head and the loss is
-    :func:`~fedray.spherefed.training.sphere_loss`; None is a linear head with
+    :func:`~fedray.spherefed.classifier.sphere_loss`; None is a linear head with
     cross-entropy at the temperature.
     """
 

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from fedray.errors import FedrayError
 from fedray.gradient.local import random_head
-from fedray.images.backbones import Backbone
+from fedray.images.backbones import Backbone, forward_flops
 
 HEAD = "head."
 
@@ -104,7 +103,4 @@ def sent_names(model: nn.Module, mode: Mode) -> list[str]:
 
 def backbone_flops(model: FineTuneModel, image_size: int) -> float:
     """Forward FLOPs of the backbone on one image (torch's counter: 2 per multiply-add of convolutions and matmuls)."""
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        model.backbone.eval()(torch.zeros(1, 3, image_size, image_size))
-    return float(counter.get_total_flops())
+    return forward_flops(model.backbone, image_size)

@@ -15,6 +15,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from fedray.accounting import PaperCosts
+
 Params = dict[str, torch.Tensor]
 
 
@@ -52,6 +54,10 @@ class TrainingBackend(Protocol):
 
     def client_flops(self, sizes: np.ndarray) -> np.ndarray:
         """Training FLOPs of one participation of clients with ``sizes`` samples."""
+        ...
+
+    def paper_costs(self, sizes: np.ndarray) -> PaperCosts:
+        """One participation of clients with ``sizes`` samples as the papers count it (:mod:`fedray.accounting`); ``PaperCosts()`` where undefined."""
         ...
 
     def state_dict(self) -> dict:

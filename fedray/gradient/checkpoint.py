@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedray.accounting import PaperTotals
 from fedray.data.registry import canonical_spec
 from fedray.errors import FedrayError
 from fedray.gradient.training import Accounting, TrainingState
@@ -121,7 +122,7 @@ def _plain_state(state: TrainingState) -> dict:
         "backend": state.backend,
         "accounting": {"seen": torch.from_numpy(accounting.seen), "samples_seen": int(accounting.samples_seen),
                        "bytes_up": float(accounting.bytes_up), "bytes_down": float(accounting.bytes_down),
-                       "flops": float(accounting.flops)},
+                       "flops": float(accounting.flops), "paper": accounting.paper.to_dict()},
         "points": [{key: _plain(value) for key, value in asdict(point).items()} for point in state.points],
         "done": int(state.done),
         "loss_sum": float(state.loss_sum),
@@ -136,6 +137,13 @@ def _plain(value: object) -> object:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _paper_totals(accounting: dict) -> PaperTotals:
+    """The papers' running totals; a checkpoint from before fedray kept them has none (its paper columns stay null)."""
+    if "paper" not in accounting:
+        return PaperTotals(None, None, None, None)
+    return PaperTotals(**accounting["paper"])
+
+
 def _training_state(plain: dict) -> TrainingState:
     accounting = plain["accounting"]
     names = [field.name for field in fields(EvalPoint)]
@@ -144,8 +152,8 @@ def _training_state(plain: dict) -> TrainingState:
         server=plain["server"],
         backend=plain["backend"],
         accounting=Accounting(accounting["seen"].numpy(), accounting["samples_seen"], accounting["bytes_up"],
-                              accounting["bytes_down"], accounting["flops"]),
-        points=[EvalPoint(**{name: point[name] for name in names}) for point in plain["points"]],
+                              accounting["bytes_down"], accounting["flops"], _paper_totals(accounting)),
+        points=[EvalPoint(**{name: point[name] for name in names if name in point}) for point in plain["points"]],
         done=plain["done"],
         loss_sum=plain["loss_sum"],
         loss_samples=plain["loss_samples"],

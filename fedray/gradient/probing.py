@@ -19,6 +19,7 @@ import numpy as np
 import ray
 import torch
 
+from fedray.accounting import PaperCosts
 from fedray.evaluation import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.local import Control, LocalSGD, train_heads
@@ -143,6 +144,21 @@ class ProbeBackend:
     def client_flops(self, sizes: np.ndarray) -> np.ndarray:
         """Forward (2ndC) and backward (4ndC) passes of the head over every local epoch: the primal count the papers use."""
         return 6.0 * self.sgd.epochs * sizes * self.dim * self.num_classes
+
+    def paper_costs(self, sizes: np.ndarray) -> PaperCosts:
+        """Linear probing as the papers count it, the head being d·C floats (no bias) and its forward d·C multiply-adds:
+        FedCOF App. H 2·d·C per participation (SCAFFOLD undefined); Fed3R App. D d·C down and up (Scaffold-LP twice
+        that), App. E E·n_k(F_φ + 3·d·C); FedNCM one backbone forward per sample and epoch, as on images.
+        FedAvgM, FedAdam and FedProx clients send and compute what FedAvg's do."""
+        head = float(self.dim * self.num_classes)
+        passes = self.sgd.epochs * sizes
+        per_client = np.ones_like(passes)
+        return PaperCosts(
+            fedcof_floats=None if self.scaffold else 2 * head * per_client,
+            fed3r_floats=(4 if self.scaffold else 2) * head * per_client,
+            fed3r_macs=3 * head * passes,
+            forward_passes=passes,
+        )
 
     def state_dict(self) -> dict:
         return {name: tensor.clone() for name, tensor in self.control.items()}

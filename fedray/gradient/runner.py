@@ -22,7 +22,7 @@ from fedray.config import RunConfig
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.data.memory import with_features
 from fedray.evaluation import Evaluator
-from fedray.finetune import FineTuneBackend
+from fedray.finetune.backend import FineTuneBackend
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
 from fedray.gradient.local import LocalSGD, random_head
@@ -68,14 +68,16 @@ def closed_form_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator,
     method = build_method(replace(config, method=config.init), federation)
     rounds = sampling.schedule(federation.num_clients, config.per_round(federation.num_clients),
                                config.sampling == "with", config.seed, config.init_rounds)
-    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point)
+    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
+                              backbone_macs=config.backbone_macs)
     classifier: Classifier = outcome.classifier
     weight = classifier.weight.to(torch.float32)
     bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
     last = outcome.points[-1]
     seen = np.zeros(federation.num_clients, dtype=bool)
     seen[np.concatenate(rounds)] = True
-    accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down, last.flops_client_avg * last.clients_seen)
+    accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down, last.flops_client_avg * last.clients_seen,
+                            outcome.paper)
     return {"weight": weight, "bias": bias}, accounting, outcome.points
 
 
@@ -186,15 +188,17 @@ def finetune(
     (``--num-shards``, default 1, next to the trainers).
     """
     federation = backend.pool.federation
+    backbone_macs = backend.flops_per_image / 2 if config.backbone_macs is None else config.backbone_macs
     if saved is None:
         params = backend.initial_params(config.seed)
         accounting, points = None, []
         if config.init != "random":
+            stage_config = replace(config, backbone_macs=backbone_macs)
             head, accounting, points = on_embeddings(
-                config, backend, params, lambda pool, evaluator: closed_form_stage(config, pool, evaluator, on_point))
+                config, backend, params, lambda pool, evaluator: closed_form_stage(stage_config, pool, evaluator, on_point))
             params["head.weight"], params["head.bias"] = head["weight"].T.contiguous(), head["bias"]
         saved = _fresh_state(params, accounting, points, backend, federation.num_clients)
-    outcome = _train(config, backend, saved, federation.client_sizes, on_point)
+    outcome = _train(config, backend, saved, federation.client_sizes, on_point, backbone_macs)
     if config.head == "sphere" and not outcome.points[-1].diverged:
         classifier = on_embeddings(config, backend, outcome.params,
                                    lambda pool, evaluator: calibration_stage(config, pool, evaluator, outcome, on_point))
@@ -226,13 +230,14 @@ def _fresh_state(params: Params, accounting: Accounting | None, points: list[Eva
 
 
 def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
-           on_point: Callable[[EvalPoint], None] | None) -> TrainingOutcome:
-    """Stage 2 from ``state``: the schedule, checkpoints to ``config.out``, the loop."""
+           on_point: Callable[[EvalPoint], None] | None, backbone_macs: float | None = None) -> TrainingOutcome:
+    """Stage 2 from ``state``: the schedule, checkpoints to ``config.out``, the loop; ``backbone_macs``: F_φ
+    (default ``config.backbone_macs``; fine-tuning measures it on its own backbone)."""
     out = Path(config.out)
     first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)
     rounds = sampling.schedule(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed,
                                config.rounds, past_coverage=True)
     checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s))
     train(backend, server_optimizer(config), state, rounds, sizes, config.eval_every, first_round, checkpointing,
-          on_point, config.quiet)
+          on_point, config.quiet, config.backbone_macs if backbone_macs is None else backbone_macs)
     return TrainingOutcome(state.points, state.params, state.accounting)

@@ -16,7 +16,7 @@ from PIL import Image, UnidentifiedImageError
 from torchvision.transforms import v2
 
 from fedray.errors import FedrayError
-from fedray.extract.config import GRAYSCALE_POLICIES
+from fedray.images import GRAYSCALE_POLICIES
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -23,6 +23,7 @@ from typing import ClassVar, Generic, TypeVar
 import numpy as np
 import torch
 
+from fedray.accounting import PaperCosts
 from fedray.data.federation import Federation
 
 FLOAT_BYTES = 4
@@ -105,6 +106,16 @@ class ClosedFormMethod(ABC, Generic[Stats]):
         Default: not counted, NaN (``flops_client_avg`` is then NaN too); override to count.
         """
         return np.full(len(sizes), np.nan)
+
+    def paper_costs(self, federation: Federation) -> PaperCosts:
+        """Each client's one upload as the papers count it (:mod:`fedray.accounting`).
+
+        Default: one backbone forward pass per sample (FedNCM's count, true of
+        any method computing statistics of the cached features); the papers'
+        float and multiply-add counts are undefined (None) for a method they
+        do not describe. The built-ins override it with their papers' formulas.
+        """
+        return PaperCosts(forward_passes=federation.client_sizes.astype(np.float64))
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Extra arrays a saved classifier needs besides W (e.g. a random feature map)."""

@@ -19,6 +19,7 @@ from typing import Annotated
 import numpy as np
 import torch
 
+from fedray.accounting import PaperCosts
 from fedray.data.federation import Federation
 from fedray.errors import FedrayError
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, gram, normalize_columns, spd_solve
@@ -137,6 +138,11 @@ class FedCOF(ClosedFormMethod[MeanRows]):
 
     def statistics_flops(self, sizes: np.ndarray) -> np.ndarray:
         return sizes * self.dim
+
+    def paper_costs(self, federation: Federation) -> PaperCosts:
+        """FedCOF App. H: M·d (M·(d + d²) for the oracle; with several means per class, M counts every mean sent)."""
+        return PaperCosts(fedcof_floats=self.upload_floats(federation),
+                          forward_passes=federation.client_sizes.astype(np.float64))
 
 
 class FedCOFOracle(FedCOF):

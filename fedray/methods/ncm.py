@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedray.accounting import PaperCosts
 from fedray.data.federation import Federation
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, normalize_columns
 
@@ -37,3 +38,8 @@ class FedNCM(ClosedFormMethod[ClassSums]):
 
     def statistics_flops(self, sizes: np.ndarray) -> np.ndarray:
         return sizes * self.dim
+
+    def paper_costs(self, federation: Federation) -> PaperCosts:
+        """FedCOF App. H: M·d (one mean per class held); FedNCM: one forward pass per sample; Fed3R's paper counts no FedNCM costs."""
+        return PaperCosts(fedcof_floats=self.upload_floats(federation),
+                          forward_passes=federation.client_sizes.astype(np.float64))

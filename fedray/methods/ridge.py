@@ -14,6 +14,7 @@ from typing import Annotated
 import numpy as np
 import torch
 
+from fedray.accounting import PaperCosts
 from fedray.data.federation import Federation
 from fedray.errors import FedrayError
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, column_norms, gram, spd_solve
@@ -87,6 +88,22 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
     def statistics_flops(self, sizes: np.ndarray) -> np.ndarray:
         p = self.design_dim
         return 2.0 * sizes * p * p + sizes * p
+
+    def paper_costs(self, federation: Federation) -> PaperCosts:
+        """FedCOF App. H: M·p + K·p²; Fed3R App. D: p² + p·C per client; Fed3R App. E: n_k(½p(p+1) + p·C) multiply-adds.
+
+        p is the design's width: d (D for Fed3R-RF, whose random-feature map
+        Fed3R's Appendix E does not count: "the same of FED3R, with the sole
+        exception that the latent feature space is D-dimensional"), plus 1 with
+        a bias. FFC has Fed3R's statistics and is counted as Fed3R.
+        """
+        p, sizes = float(self.design_dim), federation.client_sizes.astype(np.float64)
+        return PaperCosts(
+            fedcof_floats=self.upload_floats(federation),
+            fed3r_floats=np.full(federation.num_clients, p * p + p * self.num_classes),
+            fed3r_macs=sizes * (p * (p + 1) / 2 + p * self.num_classes),
+            forward_passes=sizes,
+        )
 
 
 class Fed3RRandomFeatures(Fed3R):

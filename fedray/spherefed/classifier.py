@@ -1,4 +1,4 @@
-"""SphereFed's fixed classifier: C unit-norm rows in R^d, built once from the run's seed and never trained.
+"""SphereFed's fixed classifier: C unit-norm rows in R^d, built once from the run's seed and never trained; its scores and loss.
 
 With C ≤ d the rows are orthonormal: the Q factor of a seeded Gaussian d × C
 matrix, transposed. With C > d no C rows can be orthogonal; the best one can
@@ -44,3 +44,15 @@ def frame_potential(rows: torch.Tensor) -> float:
     """Σ_{i≠j} ⟨w_i, w_j⟩²: 0 for orthonormal rows, ≥ C²/d − C (Welch) for C > d unit rows."""
     gram = rows @ rows.T
     return float((gram**2).sum() - (torch.diagonal(gram) ** 2).sum())
+
+
+def sphere_logits(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(features @ weight.T + bias, dim=1) @ classifier.T
+
+
+def sphere_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str, temperature: float) -> torch.Tensor:
+    """Mean over the batch of SphereFed's (1/C)‖Wz − onehot(y)‖², or of the cross-entropy of Wz / T."""
+    if loss == "ce":
+        return torch.nn.functional.cross_entropy(logits / temperature, labels)
+    one_hot = torch.nn.functional.one_hot(labels, logits.shape[1]).to(logits.dtype)
+    return ((logits - one_hot) ** 2).mean(dim=1).mean()

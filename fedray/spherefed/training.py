@@ -16,6 +16,7 @@ import numpy as np
 import ray
 import torch
 
+from fedray.accounting import PaperCosts
 from fedray.evaluation import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.control_variates import ControlVariates
@@ -23,21 +24,9 @@ from fedray.gradient.local import LocalSGD, client_rng, minibatches, random_head
 from fedray.gradient.probing import LocalTrainer, ProbeBackend, ShardUpdate, as_arrays, as_tensors
 from fedray.methods.base import ClientBatch, Classifier
 from fedray.runtime.shards import ShardPool
-from fedray.spherefed.classifier import fixed_classifier
+from fedray.spherefed.classifier import fixed_classifier, sphere_logits, sphere_loss
 
 LOSSES = ("mse", "ce")
-
-
-def sphere_logits(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.normalize(features @ weight.T + bias, dim=1) @ classifier.T
-
-
-def sphere_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str, temperature: float) -> torch.Tensor:
-    """Mean over the batch of SphereFed's (1/C)‖Wz − onehot(y)‖², or of the cross-entropy of Wz / T."""
-    if loss == "ce":
-        return torch.nn.functional.cross_entropy(logits / temperature, labels)
-    one_hot = torch.nn.functional.one_hot(labels, logits.shape[1]).to(logits.dtype)
-    return ((logits - one_hot) ** 2).mean(dim=1).mean()
 
 
 @dataclass(frozen=True)
@@ -153,6 +142,10 @@ class SphereBackend(ProbeBackend):
         """The projection down and its update up (SCAFFOLD: also c down, Δc_i up); the classifier is fixed and known to every client."""
         floats = (self.dim + 1) * self.sphere_dim * (2 if self.controls is not None else 1)
         return floats, floats
+
+    def paper_costs(self, sizes: np.ndarray) -> PaperCosts:
+        """Undefined: none of the papers whose conventions fedray reproduces counts SphereFed's training."""
+        return PaperCosts()
 
     def state_dict(self) -> dict:
         return {"scaffold": self.controls.state_dict()} if self.controls is not None else {}

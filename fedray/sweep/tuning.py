@@ -20,7 +20,8 @@ from ray.util import get_current_placement_group
 
 from fedray.errors import FedrayError
 from fedray.results import METRICS, remove_stale_temporaries, write_atomically
-from fedray.engine import init_ray, run
+from fedray.engine import run
+from fedray.runtime.session import init_ray
 from fedray.sweep.spec import OPTIONS_PREFIX, SweepSpec
 from fedray.sweep.trials import check_trials, fixed_params, trial_config
 from fedray.writable import check_folder

@@ -44,8 +44,8 @@ from fedray.gradient.runner import TrainingOutcome, finetune, start_finetuning
 from fedray.gradient.training import Accounting, TrainingState
 from fedray.methods.base import FLOAT_BYTES
 from fedray.results import EvalPoint
+from fedray.round_loop import Progress, Report, eval_rounds, run_rounds
 from fedray.runtime import sampling
-from fedray.runtime.simulation import eval_rounds
 from fedray.tct.entk import EntkSpec, coordinate_index
 from fedray.tct.shards import LocalSolver, Normalization, Projection, Stage2Pool
 from fedray.tct.stage2 import objective_from_statistics, solve_stage2, split_model
@@ -95,34 +95,53 @@ class Stage2Run:
 
     def scaffold(self, normalization: ray.ObjectRef) -> torch.Tensor:
         """TCT's SCAFFOLD from ψ = 0 ((p + 1) × C, float64 on the driver), ``tct_scaffold`` rows every ``--eval-every`` rounds."""
-        config, sizes, num_clients = self.config, self.sizes, len(self.sizes)
-        per_round = config.per_round(num_clients)
-        rounds = sampling.schedule(num_clients, per_round, True, config.seed, config.tct_rounds, past_coverage=True)
-        solver = ray.put(LocalSolver(config.tct_local_steps, config.tct_lr))
-        weights = sizes / sizes.sum()
-        model = torch.zeros(self.width + 1, self.num_classes, dtype=torch.float64)
-        control = torch.zeros_like(model)
-        floats = model.numel()
-        down = floats * (1 if per_round == num_clients else 2)
-        evaluate_at = eval_rounds(len(rounds), config.eval_every)
-        loss, loss_weight = 0.0, 0.0
-        for number, clients in enumerate(rounds, start=1):
-            clients = np.sort(clients)
-            sums = self.pool.train(solver, normalization, ray.put(model), ray.put(control), clients, weights[clients])
-            loss, loss_weight = loss + sums.loss, loss_weight + sums.weight
-            updated = model + sums.delta.to(torch.float64) / sums.weight
-            flops = 4.0 * config.tct_local_steps * float(sizes[clients].sum()) * floats
-            self.accounting.add(clients, sizes, len(clients) * floats * FLOAT_BYTES, len(clients) * down * FLOAT_BYTES, flops)
-            if not bool(torch.isfinite(updated).all()):
-                self.record(self.accounting, self.first_round + 1 + number, float("nan"), "tct_scaffold", None, diverged=True)
-                return model
-            model = updated
-            control += sums.control_change.to(torch.float64)
-            if number in evaluate_at:
-                accuracy = self.pool.accuracy(normalization, ray.put(model))
-                self.record(self.accounting, self.first_round + 1 + number, accuracy, "tct_scaffold", loss / loss_weight)
-                loss, loss_weight = 0.0, 0.0
-        return model
+        config, num_clients = self.config, len(self.sizes)
+        rounds = sampling.schedule(num_clients, config.per_round(num_clients), True, config.seed, config.tct_rounds,
+                                   past_coverage=True)
+        path = ScaffoldRounds(self, normalization, config.per_round(num_clients) == num_clients)
+        progress = Progress(len(rounds), 0, "tct stage 2", config.quiet)
+        try:
+            run_rounds(path, rounds, eval_rounds(len(rounds), config.eval_every), [Report(self.points, self.on_point), progress])
+        finally:
+            progress.close()
+        return path.model
+
+
+class ScaffoldRounds:
+    """Stage 2's SCAFFOLD rounds for :func:`~fedray.round_loop.run_rounds`; ``model`` is the last finite ψ."""
+
+    def __init__(self, run: Stage2Run, normalization: ray.ObjectRef, full_participation: bool) -> None:
+        self.run, self.normalization = run, normalization
+        self.solver = ray.put(LocalSolver(run.config.tct_local_steps, run.config.tct_lr))
+        self.weights = run.sizes / run.sizes.sum()
+        self.model = torch.zeros(run.width + 1, run.num_classes, dtype=torch.float64)
+        self.control = torch.zeros_like(self.model)
+        self.down = self.model.numel() * (1 if full_participation else 2)
+        self.loss, self.loss_weight = 0.0, 0.0
+
+    def run_round(self, number: int, clients: np.ndarray) -> bool:
+        run, floats = self.run, self.model.numel()
+        clients = np.sort(clients)
+        sums = run.pool.train(self.solver, self.normalization, ray.put(self.model), ray.put(self.control), clients,
+                              self.weights[clients])
+        self.loss, self.loss_weight = self.loss + sums.loss, self.loss_weight + sums.weight
+        updated = self.model + sums.delta.to(torch.float64) / sums.weight
+        flops = 4.0 * run.config.tct_local_steps * float(run.sizes[clients].sum()) * floats
+        run.accounting.add(clients, run.sizes, len(clients) * floats * FLOAT_BYTES, len(clients) * self.down * FLOAT_BYTES,
+                           flops)
+        if not bool(torch.isfinite(updated).all()):
+            return False
+        self.model = updated
+        self.control += sums.control_change.to(torch.float64)
+        return True
+
+    def point(self, number: int, diverged: bool = False) -> EvalPoint:
+        run = self.run
+        accuracy = float("nan") if diverged else run.pool.accuracy(self.normalization, ray.put(self.model))
+        loss = None if diverged else self.loss / self.loss_weight
+        self.loss, self.loss_weight = 0.0, 0.0
+        return run.accounting.point(run.first_round + 1 + number, accuracy, time.perf_counter() - run.started,
+                                    "tct_scaffold", loss, diverged)
 
 
 def run_tct(config: RunConfig, federation: Federation, on_point: Callable[[EvalPoint], None] | None = None,

@@ -1,0 +1,204 @@
+"""A researcher's own method and server optimizer, each one file outside the package, run everywhere a built-in runs.
+
+The examples in ``examples/`` are the plugins: ``nearest_class_mean.py`` re-implements FedNCM,
+``fedyogi.py`` is FedYogi. A plain-averaging server optimizer is written below into a file of its own.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+import fedray
+from fedray.cli import main
+from fedray.options import options_of
+from fedray.plugins import load_class
+from fedray.sweep.spec import load_sweep
+from fedray.sweep.tuning import sweep
+
+REPO = Path(__file__).resolve().parents[2]
+NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
+YOGI = f"{REPO / 'examples' / 'fedyogi.py'}:FedYogi"
+SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
+SMALL_RUN = ["--num-shards", "2", "--cpus-per-shard", "0.5", "--quiet"]
+PLAIN_AVERAGE = '''
+import fedray
+
+
+class PlainAverage(fedray.ServerOptimizer):
+    """θ + Δ, nothing else."""
+
+    def step(self, params, delta):
+        return {name: params[name] + change for name, change in delta.items()}
+'''
+
+
+def cli(capsys, *args):
+    capsys.readouterr()
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def weight(out: Path) -> np.ndarray:
+    with np.load(out / "classifier.npz") as arrays:
+        return arrays["W"]
+
+
+def rows(out: Path) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "wall_s"} for row in pq.read_table(out / "metrics.parquet").to_pylist()]
+
+
+def max_relative_difference(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def fedncm_run(ray_session, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fedncm")
+    assert main(["run", "--method", "fedncm", "--dataset", SPEC, "--out", str(out), "--eval-every", "3", *SMALL_RUN]) == 0
+    return out
+
+
+def test_a_closed_form_plugin_on_the_command_line_gives_the_builtin_classifier(fedncm_run, tmp_path, capsys):
+    rc, out, err = cli(capsys, "run", "--method", NCM, "--dataset", SPEC, "--out", tmp_path, "--eval-every", "3", *SMALL_RUN)
+    assert rc == 0, err
+    assert max_relative_difference(weight(tmp_path), weight(fedncm_run)) <= 1e-12
+    plugin, builtin = rows(tmp_path), rows(fedncm_run)
+    assert [r["accuracy"] for r in plugin] == [r["accuracy"] for r in builtin]
+    assert [r["bytes_up"] for r in plugin] == [r["bytes_up"] for r in builtin]  # its upload_floats: FedNCM's M·d
+    assert {r["method"] for r in plugin} == {NCM} and {r["normalize"] for r in plugin} == {True}
+
+
+def test_a_plugin_option_from_the_command_line_and_a_config_file(fedncm_run, tmp_path, capsys):
+    rc, _, err = cli(capsys, "run", "--method", NCM, "--dataset", SPEC, "--out", tmp_path / "cli", "--option",
+                     "normalize=false", *SMALL_RUN)
+    assert rc == 0, err
+    config = yaml.safe_load((tmp_path / "cli" / "config.yaml").read_text())
+    assert config["options"] == {"normalize": False} and config["method"] == NCM
+    # the unnormalized means, written out: column c is the mean of class c's training features
+    federation = fedray.load_federation(SPEC)
+    sample_ids, labels, _ = federation.train_arrays(0, federation.num_clients)
+    features = federation.source.features("train", sample_ids).double()
+    means = np.stack([features[labels == c].mean(0).numpy() for c in range(federation.num_classes)], axis=1)
+    assert max_relative_difference(weight(tmp_path / "cli"), means) <= 1e-12
+    # the same run from its config.yaml; then the file's option overridden on the command line
+    rc, _, err = cli(capsys, "run", "--config", tmp_path / "cli" / "config.yaml", "--out", tmp_path / "yaml")
+    assert rc == 0, err
+    assert np.array_equal(weight(tmp_path / "yaml"), weight(tmp_path / "cli"))
+    rc, _, err = cli(capsys, "run", "--config", tmp_path / "cli" / "config.yaml", "--out", tmp_path / "over",
+                     "--option", "normalize=true")
+    assert rc == 0, err
+    assert max_relative_difference(weight(tmp_path / "over"), weight(fedncm_run)) <= 1e-12
+
+
+def test_a_closed_form_plugin_from_python(fedncm_run, tmp_path):
+    plugin = load_class(NCM, fedray.ClosedFormMethod, {}, "method")
+    table = fedray.run(method=plugin, dataset=SPEC, out=tmp_path, eval_every=3, num_shards=2, cpus_per_shard=0.5, quiet=True)
+    assert isinstance(table, pl.DataFrame) and table["accuracy"].to_list() == [r["accuracy"] for r in rows(fedncm_run)]
+    assert max_relative_difference(weight(tmp_path), weight(fedncm_run)) <= 1e-12
+
+
+@pytest.mark.slow
+def test_a_closed_form_plugin_in_a_sweep(fedncm_run, tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "plugin", "base": {"dataset": SPEC, "method": NCM, "eval_every": 3},
+        "grid": {"options.normalize": [True, False]}, "cpus_per_shard": 0.5, "driver_cpus": 0.5,
+    }))
+    table = sweep(load_sweep(path), tmp_path / "out", quiet=True)
+    assert sorted(table["normalize"].unique().to_list()) == [False, True]
+    trial = table.filter(pl.col("normalize")).select("trial_id").row(0)[0]
+    folder = next(p for p in (tmp_path / "out" / "plugin").iterdir() if p.is_dir() and trial in p.name)
+    assert max_relative_difference(weight(folder), weight(fedncm_run)) <= 1e-12
+
+
+def test_a_server_optimizer_plugin_of_theta_plus_delta_is_fedavg_bit_for_bit(ray_session, tmp_path, capsys):
+    (tmp_path / "plain_average.py").write_text(PLAIN_AVERAGE)
+    common = ["--method", "fedavg", "--dataset", SPEC, "--rounds", "12", "--eval-every", "4", "--client-lr", "0.01", *SMALL_RUN]
+    assert cli(capsys, "run", *common, "--out", tmp_path / "builtin")[0] == 0
+    rc, _, err = cli(capsys, "run", *common, "--out", tmp_path / "plugin", "--server-optimizer",
+                     f"{tmp_path / 'plain_average.py'}:PlainAverage")
+    assert rc == 0, err
+    drop = ("server_optimizer",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "plugin")] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "builtin")]
+    with np.load(tmp_path / "plugin" / "classifier.npz") as plugin, np.load(tmp_path / "builtin" / "classifier.npz") as builtin:
+        assert np.array_equal(plugin["W"], builtin["W"]) and np.array_equal(plugin["bias"], builtin["bias"])
+
+
+def test_fedyogi_follows_its_update_rule():
+    yogi = load_class(YOGI, fedray.ServerOptimizer, {}, "server optimizer")(server_lr=0.05, yogi_tau=1e-2)
+    deltas = [torch.tensor([1.0, -2.0]), torch.tensor([0.5, 0.5]), torch.tensor([-1.0, 4.0])]
+    theta, m, v = torch.tensor([0.0, 1.0]), torch.zeros(2), torch.full((2,), 1e-4)  # v starts at τ²
+    params = {"w": theta.clone()}
+    for delta in deltas:
+        m = 0.9 * m + 0.1 * delta
+        v = v - 0.01 * delta**2 * torch.sign(v - delta**2)
+        theta = theta + 0.05 * m / (v.sqrt() + 1e-2)
+        params = yogi.step(params, {"w": delta})
+        torch.testing.assert_close(params["w"], theta, rtol=0, atol=1e-7)
+    assert [o.name for o in options_of(type(yogi)).values()] == ["server_lr", "yogi_beta1", "yogi_beta2", "yogi_tau"]
+
+
+@pytest.mark.slow
+def test_fedyogi_trains_through_the_shards_and_in_a_sweep(ray_session, tmp_path, capsys):
+    rc, _, err = cli(capsys, "run", "--method", "scaffold", "--server-optimizer", YOGI, "--dataset", SPEC, "--rounds", "6",
+                     "--eval-every", "3", "--client-lr", "0.01", "--option", "yogi_tau=0.01", "--out", tmp_path / "run", *SMALL_RUN)
+    assert rc == 0, err
+    run_rows = rows(tmp_path / "run")
+    assert [r["round"] for r in run_rows] == [0, 3, 6] and {r["yogi_tau"] for r in run_rows} == {0.01}
+    assert {r["server_optimizer"] for r in run_rows} == {YOGI} and {r["server_lr"] for r in run_rows} == {0.01}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "yogi", "base": {"dataset": SPEC, "method": "fedavg", "server_optimizer": YOGI, "rounds": 4, "eval_every": 2,
+                                 "client_lr": 0.01},
+        "grid": {"options.yogi_beta2": [0.9, 0.99]}, "cpus_per_shard": 0.5, "driver_cpus": 0.5,
+    }))
+    table = sweep(load_sweep(path), tmp_path / "sweeps", quiet=True)
+    assert sorted(table["yogi_beta2"].unique().to_list()) == [0.9, 0.99] and table["trial_id"].n_unique() == 2
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--method", "nowhere.py:Thing"], ["nowhere.py: no such plugin file"]),
+    (["--method", "fedray.gradient.server:FedAvg"], ["not a subclass of fedray.ClosedFormMethod"]),
+    (["--method", f"{REPO / 'examples' / 'nearest_class_mean.py'}:Missing"], ["no class 'Missing'"]),
+    (["--method", "no_such_module_here:Thing"], ["cannot import no_such_module_here"]),
+    (["--method", NCM, "--option", "normalise=false"], ["unknown option(s) normalise", "normalize"]),
+    (["--method", NCM, "--option", "normalize=maybe"], ["option normalize must be true or false"]),
+    (["--method", NCM, "--option", "novalue"], ["--option takes key=value"]),
+    (["--method", NCM, "--option", "lam=1"], ["lam is a run option: use --lam"]),
+    (["--method", "fed3r", "--server-optimizer", YOGI], ["--server-optimizer applies to gradient methods"]),
+    (["--method", "fedavg", "--server-optimizer", NCM], ["not a subclass of fedray.ServerOptimizer"]),
+])
+def test_bad_plugins_and_options_are_one_line_errors_before_any_work(capsys, tmp_path, args, needles):
+    rc, out, err = cli(capsys, "run", "--dataset", SPEC, "--out", tmp_path / "out", *SMALL_RUN, *args)
+    assert rc == 2 and err.startswith("fedray: error: ") and err.count("\n") == 1, err
+    assert all(needle in err for needle in needles), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_methods_lists_every_builtin_with_its_options(capsys):
+    rc, out, err = cli(capsys, "methods")
+    assert rc == 0, err
+    for line in ["fed3r", "lam: float = 0.01", "bias: bool = False", "fed3r-rf", "rf_sigma: float | None = None",
+                 "fedcof", "gamma: float = 0.1", "means_per_class: int = 1", "fedncm", "ffc", "fedcof-oracle",
+                 "fedavg", "fedadam", "server_lr: float | None = None", "adam_beta2: float = 0.99",
+                 "fedavgm", "server_momentum: float = 0.9", "scaffold", "fedprox", "tct"]:
+        assert line in out, line
+
+
+def test_the_readme_example_method_runs_and_is_fedncm(fedncm_run, tmp_path):
+    """The "Write your own method" example of the README, as written there."""
+    readme = (REPO / "README.md").read_text()
+    code = readme.split("```python\n# my_ncm.py\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_ncm.py").write_text(code)
+    table = fedray.run(method=f"{tmp_path / 'my_ncm.py'}:MyNCM", dataset=SPEC, out=tmp_path / "out", eval_every=3,
+                       num_shards=2, cpus_per_shard=0.5, quiet=True)
+    assert table["accuracy"].to_list() == [r["accuracy"] for r in rows(fedncm_run)]
+    assert max_relative_difference(weight(tmp_path / "out"), weight(fedncm_run)) <= 1e-12

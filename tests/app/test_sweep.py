@@ -1,0 +1,193 @@
+"""Sweeps: the sweep file, Tune trials with their shards in the trial's placement group, results.parquet, resume."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from fedray.cli import main
+from fedray.data.export import export_parquet
+from fedray.data.registry import load_federation
+from fedray.errors import FedrayError
+from fedray.sweep.spec import load_sweep, with_dataset_options
+from fedray.sweep.tuning import RESULTS, failure_line, sweep
+
+SWEEPS = Path(__file__).resolve().parents[2] / "jobs" / "sweeps"
+SMALL = {"dim": 16, "scale": 0.04, "classes": 40}
+
+
+def small(spec, **resources):
+    """A shipped sweep at reduced size: every dataset shrunk, two trials at a time on 2 CPUs."""
+    base = dict(spec.base)
+    grid = dict(spec.grid)
+    if "dataset" in base:
+        base["dataset"] = with_dataset_options(base["dataset"], {f"dataset.{k}": v for k, v in SMALL.items()})
+    if "dataset" in grid:
+        grid["dataset"] = [with_dataset_options(d, {f"dataset.{k}": v for k, v in SMALL.items()}) for d in grid["dataset"]]
+    return replace(spec, base=base, grid=grid, **{"cpus_per_shard": 0.5, "driver_cpus": 0.5, **resources})
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+def test_the_participation_sweep_runs_and_tables_every_evaluation(ray_session, tmp_path):
+    spec = small(load_sweep(SWEEPS / "participation.yaml"))
+    spec = replace(spec, base={**spec.base, "eval_every": 5}, grid={**spec.grid, "clients_per_round": [20, 50]})
+    table = sweep(spec, tmp_path, quiet=True)
+    assert table.equals(pl.read_parquet(tmp_path / "participation" / RESULTS))
+    per_trial = table.group_by("trial_id").agg(pl.col("method").first(), pl.col("clients_per_round").first(), pl.col("round").max(), pl.len())
+    assert per_trial.height == 6
+    clients = load_federation(spec.base["dataset"]).num_clients
+    for row in per_trial.iter_rows(named=True):
+        rounds = -(-clients // row["clients_per_round"])
+        assert row["round"] == rounds and row["len"] == len(set(range(5, rounds + 1, 5)) | {rounds})
+    final = table.filter(pl.col("round") == pl.col("round").max().over("trial_id"))
+    assert (final["clients_seen"] == clients).all()
+    assert set(table["num_shards"]) == {1} and (table["sweep"] == "participation").all()
+    accuracy = dict(final.group_by("method").agg(pl.col("accuracy").min()).iter_rows())
+    assert accuracy["fedncm"] < accuracy["fed3r"] and accuracy["fedncm"] < accuracy["fedcof"]
+
+
+@pytest.mark.slow
+def test_fed3r_is_immune_to_the_split_in_the_heterogeneity_sweep(ray_session, tmp_path):
+    spec = small(load_sweep(SWEEPS / "heterogeneity.yaml"), shards_per_trial=2, cpus_per_shard=0.5, driver_cpus=1)
+    spec = replace(spec, base={**spec.base, "clients_per_round": 2}, grid={**spec.grid, "method": ["fed3r"]})
+    table = sweep(spec, tmp_path, quiet=True)
+    final = table.filter(pl.col("round") == pl.col("round").max().over("trial_id"))
+    assert final.height == 4 and final["dataset"].n_unique() == 4 and set(table["num_shards"]) == {2}
+    assert final["accuracy"].n_unique() == 1, final.select("dataset", "accuracy")
+
+
+def test_the_dirichlet_sweep_sets_alpha_in_the_dataset(ray_session, tmp_path):
+    spec = small(load_sweep(SWEEPS / "dirichlet.yaml"))
+    spec = replace(spec, grid={"dataset.alpha": [0.01, 100.0], "method": ["fed3r"]})
+    table = sweep(spec, tmp_path, quiet=True)
+    assert sorted(table["dataset.alpha"].unique()) == [0.01, 100.0]
+    for alpha, dataset in table.select("dataset.alpha", "dataset").unique().iter_rows():
+        assert f"alpha={alpha:g}" in dataset.replace("alpha=100.0", "alpha=100")
+
+
+def test_a_resumed_sweep_runs_only_the_unfinished_trials(ray_session, tmp_path):
+    features = tmp_path / "later.parquet"
+    tiny = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
+    path = write(tmp_path, f"""
+name: resumable
+base: {{clients_per_round: 10, eval_every: 3, method: fed3r}}
+grid:
+  dataset: ["{tiny}", "parquet:{features}"]
+cpus_per_shard: 0.5
+driver_cpus: 0.5
+""")
+    with pytest.raises(FedrayError, match="1 of 2 trials failed") as failure:
+        sweep(load_sweep(path), tmp_path / "out", quiet=True)
+    assert f"(first: {features}: no such file)" in str(failure.value), "fedray's message, not Ray's actor line"
+    assert "\x1b" not in str(failure.value) and "ray::" not in str(failure.value)
+    first = pl.read_parquet(tmp_path / "out" / "resumable" / RESULTS)
+    assert first["trial_id"].n_unique() == 1
+    with pytest.raises(FedrayError, match="already there"):
+        sweep(load_sweep(path), tmp_path / "out", quiet=True)
+    export_parquet(load_federation(tiny), features)
+    stale = tmp_path / "out" / "resumable" / f".{RESULTS}.ab12cd34.tmp"
+    stale.write_bytes(b"what an interrupted write left")
+    table = sweep(load_sweep(path), tmp_path / "out", resume=True, quiet=True)
+    assert table["trial_id"].n_unique() == 2
+    assert not stale.exists(), "the resumed sweep removes its own stale temporary"
+    assert table.filter(pl.col("trial_id") == first["trial_id"][0]).equals(first), "not run again: same wall_s too"
+    finals = table.filter(pl.col("round") == pl.col("round").max().over("trial_id"))
+    assert finals["accuracy"].n_unique() == 1, "the same data, as synthetic or as exported Parquet, gives the same Fed3R"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: x\nbase: {lam: 0.1}\ngrid: {lam: [1, 2]}\n", "lam given in more than one"),
+    ("name: x\ngrid: {method: []}\n", "grid.method must be a non-empty list"),
+    ("name: x\ngrid: {num_shards: [1, 2]}\n", "grid.num_shards is not a run option"),
+    ("name: x\ngrid: {colour: [1]}\n", "grid.colour is not a run option"),
+    ("name: x\ngrid: {dataset.colour: [1]}\n", "unknown dataset option 'colour'"),
+    ("name: x\nrandom: {lam: {normal: [0, 1]}}\n", "random.lam must be one of"),
+    ("name: x\nrandom: {lam: {loguniform: [0, 1]}}\n", "0 < low < high"),
+    ("name: x\nrandom: {lam: {uniform: [0.1]}}\n", r"needs \[low, high\]"),
+    ("name: x\ngrid: {eval_every: [1, two]}\n", "eval_every must be an integer"),
+    ("name: x y\n", "name must be a word"),
+    ("name: x\nshards: 2\n", "unknown key"),
+    ("name: x\nshards_per_trial: 0\n", "shards_per_trial must be an integer ≥ 1"),
+    ("name: x\nbase: {lam: .inf}\n", "option lam must be a finite number"),
+    ("name: x\ngrid: {gamma: [0.1, .nan]}\n", "option gamma must be a finite number"),
+    ("name: x\ngrid: {seed: [0, -1]}\n", "option seed must be an integer from 0"),
+    ("name: x\nrandom: {lam: {uniform: [0.1, .inf]}}\n", "option lam must be a finite number"),
+    ("name: x\ngrid: {dataset.alpha: [0.1, .nan]}\n", "dataset.alpha must be a finite number"),
+    ("name: x\ngrid: {dataset.split_seed: [-3]}\n", "dataset.split_seed must be an integer from 0"),
+    ("name: x\ncpus_per_shard: .nan\n", "cpus_per_shard must be a finite number"),
+    ("- name\n- x\n", "a sweep file is a mapping"),
+    ("name: [x\n", "not valid YAML"),
+])
+def test_bad_sweep_files_are_named(tmp_path, text, message):
+    with pytest.raises(FedrayError, match=message):
+        load_sweep(write(tmp_path, text))
+
+
+def test_a_missing_sweep_file_is_named(tmp_path):
+    with pytest.raises(FedrayError, match="nothing.yaml: no such sweep file"):
+        load_sweep(tmp_path / "nothing.yaml")
+
+
+TINY = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
+DOOMED = [
+    ("base: {method: fed3r}\ngrid: {lam: [-1, 0.01]}\n", "1 of 2 option combinations would fail, first lam=-1.0: --lam must be > 0, got -1.0"),
+    ("grid: {method: [fedncm, fed3r], dataset.alpha: [0.1, 1]}\n",
+     "4 of 4 option combinations would fail, first method=fedncm, dataset.alpha=0.1: dataset 'synthetic:inat-user-120k?"
+     "alpha=0.1&classes=20&dim=8&scale=0.02': option(s) alpha need split=dirichlet|dirichlet_per_class|classes"),
+    ("base: {method: fed3r}\nrandom: {lam: {uniform: [-1, 1]}}\n", "first lam=-1.0: --lam must be > 0, got -1.0"),
+    ("base: {method: fedavg}\nrandom: {server_lr: {choice: [0.5, 0]}}\n", "first server_lr=0.0: --server-lr must be > 0"),
+    ("base: {method: fedavg, init: fedcof}\ngrid: {gamma: [0.1, -1]}\n", "first gamma=-1.0: --gamma must be ≥ 0, got -1.0"),
+    ("grid: {dataset.scale: [0.5, 2]}\n", "first dataset.scale=2.0: synthetic:inat-user-120k: scale must be in (0, 1], got 2.0"),
+    ("grid: {dataset.split: [classes], dataset.clients: [5]}\n", "split=classes needs classes_per_client=C"),
+    ("base: {method: fedavg, finetune: ft}\ngrid: {seed: [0, 1]}\n", "2 of 2 option combinations would fail, first seed=0: fine-tuning runs"),
+    ("base: {method: fed3r, lam: 0}\n", "sweep doomed: its trials would fail: --lam must be > 0, got 0.0"),
+]
+
+
+@pytest.mark.parametrize("text, message", DOOMED)
+def test_trials_that_would_fail_on_their_options_are_refused_before_tune_starts(tmp_path, text, message):
+    path = write(tmp_path, f"name: doomed\n{text}")
+    spec = load_sweep(path)
+    spec = replace(spec, base={"dataset": TINY, **spec.base})
+    with pytest.raises(FedrayError) as refusal:
+        sweep(spec, tmp_path / "out", quiet=True)
+    assert message in str(refusal.value) and str(refusal.value).startswith("sweep doomed: ")
+    assert not (tmp_path / "out").exists(), "refused before Tune wrote anything"
+
+
+def test_the_command_line_refuses_a_doomed_sweep_in_one_line(tmp_path, capsys):
+    path = write(tmp_path, f"name: doomed\nbase: {{dataset: '{TINY}', method: fed3r}}\ngrid: {{lam: [-1, 0.01]}}\n")
+    assert main(["sweep", "--config", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == "fedray: error: sweep doomed: 1 of 2 option combinations would fail, first lam=-1.0: --lam must be > 0, got -1.0\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_when_every_trial_fails_the_sweep_says_so_and_writes_no_results(ray_session, tmp_path):
+    missing = tmp_path / "missing.parquet"
+    path = write(tmp_path, f"""
+name: hopeless
+base: {{clients_per_round: 10, method: fed3r}}
+grid:
+  dataset: ["parquet:{missing}", "parquet:{missing}?split=classes&clients=5&classes_per_client=2"]
+cpus_per_shard: 0.5
+driver_cpus: 0.5
+""")
+    with pytest.raises(FedrayError) as failure:
+        sweep(load_sweep(path), tmp_path / "out", quiet=True)
+    assert str(failure.value).startswith(f"all 2 trials failed (first: {missing}: no such file), so no {RESULTS}; ")
+    assert "\x1b" not in str(failure.value)
+    assert not (tmp_path / "out" / "hopeless" / RESULTS).exists()
+
+
+def test_a_failed_trial_is_named_by_its_own_error():
+    coloured = RuntimeError("\x1b[31mshard lost\x1b[39m\n  more detail")
+    assert failure_line(coloured) == "RuntimeError: shard lost"
+    assert failure_line(FedrayError("--lam must be > 0, got -1.0")) == "--lam must be > 0, got -1.0"

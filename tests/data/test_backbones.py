@@ -1,0 +1,89 @@
+"""Backbones: the feature is the pooled penultimate activation; weights from a file, the hub cache, or a seed."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from fedray.errors import FedrayError
+from fedray.images.backbones import BACKBONES, feature_model, get_backbone, load_weights
+
+
+def penultimate(name: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The pooled penultimate activation of a full torchvision model, computed by hand."""
+    if name == "mobilenet_v2":
+        return torch.nn.functional.adaptive_avg_pool2d(model.features(x), 1).flatten(1)
+    if name == "squeezenet1_1":
+        return torch.nn.functional.adaptive_avg_pool2d(model.features(x), 1).flatten(1)
+    if name == "resnet18":
+        body = torch.nn.Sequential(*list(model.children())[:-1])
+        return body(x).flatten(1)
+    tokens = model.encoder(torch.cat([model.class_token.expand(len(x), -1, -1), model._process_input(x)], dim=1))
+    return tokens[:, 0]
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "vit_b_16" else name
+                                  for name in sorted(BACKBONES)])
+def test_features_are_the_pooled_penultimate_activation(name):
+    backbone = get_backbone(name)
+    weights = load_weights(backbone, "random", seed=1)
+    assert not weights.pretrained and weights.weights_id == "random-seed1"
+    full = backbone.architecture()
+    full.load_state_dict(weights.state_dict)
+    full.eval()
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ours = feature_model(backbone, weights.state_dict)(x)
+        expected = penultimate(name, full, x)
+    assert ours.shape == (2, backbone.dim)
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_random_weights_are_fixed_by_the_seed():
+    backbone = get_backbone("squeezenet1_1")
+    a, b, c = (load_weights(backbone, "random", seed) for seed in (4, 4, 5))
+    assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+    assert not torch.equal(a.state_dict["features.0.weight"], c.state_dict["features.0.weight"])
+
+
+def test_a_weights_file_is_loaded_and_identified_by_its_content(tmp_path):
+    backbone = get_backbone("resnet18")
+    torch.manual_seed(7)
+    state = torchvision.models.resnet18().state_dict()
+    torch.save(state, tmp_path / "a.pt")
+    torch.save(state, tmp_path / "b.pt")
+    weights = load_weights(backbone, str(tmp_path / "a.pt"))
+    assert all(torch.equal(weights.state_dict[k], state[k]) for k in state)
+    assert weights.weights_id == load_weights(backbone, str(tmp_path / "b.pt")).weights_id
+    state["fc.bias"][0] += 1
+    torch.save(state, tmp_path / "c.pt")
+    assert load_weights(backbone, str(tmp_path / "c.pt")).weights_id != weights.weights_id
+
+
+def test_imagenet_weights_come_from_the_torch_hub_cache(tmp_path, monkeypatch):
+    """No network here: a state dict placed where torchvision caches its download is what gets loaded."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    backbone = get_backbone("squeezenet1_1")
+    url = torchvision.models.SqueezeNet1_1_Weights.IMAGENET1K_V1.url
+    torch.manual_seed(3)
+    state = torchvision.models.squeezenet1_1().state_dict()
+    (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
+    torch.save(state, tmp_path / "hub" / "checkpoints" / Path(url).name)
+    weights = load_weights(backbone, "imagenet")
+    assert weights.pretrained and weights.weights_id == "SqueezeNet1_1_Weights.IMAGENET1K_V1"
+    assert torch.equal(weights.state_dict["features.0.weight"], state["features.0.weight"])
+
+
+def test_bad_weights_are_named(tmp_path):
+    backbone = get_backbone("resnet18")
+    with pytest.raises(FedrayError, match="no such weights file"):
+        load_weights(backbone, str(tmp_path / "none.pt"))
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    with pytest.raises(FedrayError, match="junk.pt: not a loadable state dict"):
+        load_weights(backbone, str(tmp_path / "junk.pt"))
+    torch.save(torchvision.models.squeezenet1_1().state_dict(), tmp_path / "other.pt")
+    with pytest.raises(FedrayError, match="other.pt: not a state dict of torchvision resnet18"):
+        load_weights(backbone, str(tmp_path / "other.pt"))
+    with pytest.raises(FedrayError, match="unknown backbone 'vgg'"):
+        get_backbone("vgg")

@@ -1,0 +1,206 @@
+"""Real signals to real ``fedray run`` and ``fedray sweep`` processes: Ctrl-C and SIGTERM stop cleanly, and SIGKILL
+leaves no Ray behind.
+
+Each test starts the command line as a process of its own session (as a shell
+starts a job), waits until the work is under way (a checkpoint file, the
+progress bar when no checkpoint is due, a trial's first result), signals it,
+and checks its exit code, its last line, the files it leaves and that every
+process it had started is gone. SIGINT goes to the whole process group, as
+Ctrl-C in a terminal sends it.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedray.config import resolve
+from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
+FOREVER = {"method": "fedavg", "dataset": SPEC, "rounds": 100000, "eval_every": 1000, "num_shards": 2, "cpus_per_shard": 0.5}
+STARTUP_S = 300
+"""Bound on the wait for Ray, the shards and the first rounds (minutes on a loaded 2-core machine)."""
+CLEANUP_S = 30
+"""Bound on the wait for a signalled run and every process it started to end (Ray's agents outlived a killed driver by 60 s)."""
+
+
+def command_line(out: Path, **options) -> list[str]:
+    arguments = [sys.executable, "-m", "fedray", "run", "--out", str(out)]
+    for key, value in {**FOREVER, **options}.items():
+        flag = "--" + key.replace("_", "-")
+        arguments += [flag] if value is True else [flag, str(value)]
+    return arguments
+
+
+@pytest.fixture
+def start():
+    """Starts ``fedray run`` (stderr to a file) in a session of its own; kills what is left of it after the test."""
+    drivers = []
+
+    def started(out: Path, log: Path, arguments: list[str] | None = None, **options) -> subprocess.Popen:
+        """``fedray run`` with FOREVER and ``options``, or the command line ``arguments``."""
+        with open(log, "w") as stderr:
+            drivers.append(subprocess.Popen(arguments or command_line(out, **options), cwd=REPO,
+                                            stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True))
+        return drivers[-1]
+
+    yield started
+    for driver in drivers:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+
+
+def wait_until(ready, driver: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while not ready():
+        assert driver.poll() is None, f"the run ended before it was signalled:\n{log.read_text()[-2000:]}"
+        if time.monotonic() > deadline:
+            pytest.fail(f"the run did not get going in {STARTUP_S} s:\n{log.read_text()[-2000:]}")
+        time.sleep(0.2)
+
+
+def children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        tree.setdefault(parent, []).append(int(entry.name))
+    return tree
+
+
+def process_tree(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` now, by pid, with its start time (a reused pid has another)."""
+    tree, found, todo = children(), {}, [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if (started := start_time(child)) is not None:
+                found[child] = started
+            todo.append(child)
+    return found
+
+
+def start_time(pid: int) -> str | None:
+    """None once ``pid`` has ended (or is a zombie waiting for its parent)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def survivors(processes: dict[int, str]) -> dict[int, str]:
+    """Those of ``processes`` still running ``CLEANUP_S`` after the driver ended (returns as soon as none is)."""
+    deadline = time.monotonic() + CLEANUP_S
+    while True:
+        alive = {pid: started for pid, started in processes.items() if start_time(pid) == started}
+        if not alive or time.monotonic() > deadline:
+            return {pid: command_of(pid) for pid in alive}
+        time.sleep(0.2)
+
+
+def command_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120].decode(errors="replace")
+    except OSError:
+        return "(ended just now)"
+
+
+def signal_run(driver: subprocess.Popen, number: int) -> tuple[dict[int, str], int]:
+    """Send ``number`` (SIGINT to the process group, as Ctrl-C does); the run's processes then, and its exit code."""
+    processes = process_tree(driver.pid)
+    assert processes, "Ray's processes are children of the driver"
+    if number == signal.SIGINT:
+        os.killpg(driver.pid, number)
+    else:
+        os.kill(driver.pid, number)
+    try:
+        return processes, driver.wait(timeout=CLEANUP_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"signal {number}: the run did not stop within {CLEANUP_S} s")
+
+
+def last_line(log: Path) -> str:
+    return log.read_text().strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_a_run_at_its_last_checkpoint(start, tmp_path, number, code):
+    out, log = tmp_path / "run", tmp_path / "stderr.txt"
+    driver = start(out, log, checkpoint_every=2, quiet=True)
+    wait_until(lambda: (out / CHECKPOINT).is_file(), driver, log)
+    processes, exit_code = signal_run(driver, number)
+
+    assert exit_code == code, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "Traceback" not in text and "SIGTERM received" not in text, text[-3000:]
+    name = signal.Signals(number).name
+    prefix = f"fedray: stopped by {name}: the last checkpoint is {out / CHECKPOINT}, after training round "
+    line = last_line(log)
+    assert line.startswith(prefix) and line.endswith("; continue with --resume"), line
+    saved_round = int(line[len(prefix):].split(";")[0])
+    assert sorted(path.name for path in out.iterdir()) == [CHECKPOINT], "nothing but the checkpoint, no temporary file"
+    config = resolve({}, {**FOREVER, "out": str(out), "checkpoint_every": 2, "quiet": True})
+    assert load_checkpoint(out, config.to_dict()).done == saved_round and saved_round % 2 == 0
+    assert survivors(processes) == {}, "Ray is shut down with the run"
+
+
+@pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_before_the_first_checkpoint_says_nothing_was_written(start, tmp_path, number, code):
+    out, log = tmp_path / "run", tmp_path / "stderr.txt"
+    driver = start(out, log, checkpoint_every=100000)
+    wait_until(lambda: "train:" in log.read_text(), driver, log)  # the progress bar: training has started
+    processes, exit_code = signal_run(driver, number)
+
+    assert exit_code == code, log.read_text()[-3000:]
+    assert "Traceback" not in log.read_text()
+    assert last_line(log) == f"fedray: stopped by {signal.Signals(number).name}: nothing written to {out} (no checkpoint yet)"
+    assert not out.exists() or not any(out.iterdir())
+    assert survivors(processes) == {}
+
+
+def test_no_ray_process_outlives_a_killed_run(start, tmp_path):
+    """SIGKILL runs no cleanup: the processes Ray ties to the driver die with it, and fedray's watchdog takes the rest."""
+    out, log = tmp_path / "run", tmp_path / "stderr.txt"
+    driver = start(out, log, checkpoint_every=2, quiet=True)
+    wait_until(lambda: (out / CHECKPOINT).is_file(), driver, log)
+    processes, exit_code = signal_run(driver, signal.SIGKILL)
+
+    assert exit_code == -signal.SIGKILL
+    assert sorted(path.name for path in out.iterdir()) == [CHECKPOINT]
+    config = resolve({}, {**FOREVER, "out": str(out), "checkpoint_every": 2, "quiet": True})
+    assert load_checkpoint(out, config.to_dict()).done >= 2, "the checkpoint, written atomically, is whole"
+    assert survivors(processes) == {}
+
+
+def test_ctrl_c_stops_a_sweep_whose_state_tune_keeps(start, tmp_path):
+    """Tune stops its trials on Ctrl-C and returns; the sweep goes on as interrupted (it used to exit 0, tabling nothing)."""
+    sweep_file = tmp_path / "long.yaml"
+    sweep_file.write_text(f"""
+name: long
+base: {{method: fedavg, rounds: 100000, eval_every: 5, checkpoint_every: 100000, dataset: "{SPEC}"}}
+grid: {{seed: [0, 1, 2]}}
+cpus_per_shard: 0.5
+driver_cpus: 0.5
+""")
+    out, log = tmp_path / "sweeps", tmp_path / "stderr.txt"
+    arguments = [sys.executable, "-m", "fedray", "sweep", "--config", str(sweep_file), "--out", str(out), "--quiet"]
+    driver = start(out, log, arguments)
+    wait_until(lambda: any(path.stat().st_size for path in out.glob("long/*/result.json")), driver, log)  # a trial reported
+    processes, exit_code = signal_run(driver, signal.SIGINT)
+
+    assert exit_code == 130, log.read_text()[-3000:]
+    assert "Traceback" not in log.read_text()
+    assert last_line(log) == f"fedray: stopped by SIGINT: the sweep's state is kept in {out / 'long'}; continue with --resume"
+    assert not (out / "long" / "results.parquet").exists() and any((out / "long").glob("experiment_state-*.json"))
+    assert survivors(processes) == {}

@@ -1,0 +1,428 @@
+"""Federated fine-tuning on generated images with seeded random backbones (not pre-trained), against plain torch.
+
+Most tests use SqueezeNet 1.1 (no BatchNorm); MobileNetV2 covers BN. Training
+random networks on batches of 1–2 tiny images is chaotic: round-off (1- vs
+2-thread convolution kernels, or the two decoding recipes' 1e-6 pixel
+differences) flips ReLU and max-pool decisions, and BN at initialization has
+exploding gradients, so updates can differ by 1e-3 to O(1). Plain-torch
+references therefore run on the trainers' single thread and decoded inputs,
+where the backend must match them to summation round-off.
+"""
+
+import io
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from fedray.data import synthetic
+from fedray.data.registry import load_federation
+from fedray.errors import FedrayError
+from fedray.finetune.backend import FineTuneBackend
+from fedray.finetune.pool import TrainerPool
+from fedray.gradient.local import LocalSGD, client_rng, minibatches, train_heads
+from fedray.images.backbones import get_backbone, load_weights
+from fedray.images.decode import ImageTransform, load_image
+from fedray.runtime.shards import gather_rows
+from tests.images import write_inat_split
+
+SIZE, SEED, HEAD_SEED, BACKBONE, DIM = 64, 5, 9, "squeezenet1_1", 512
+SGD = LocalSGD(lr=0.05, weight_decay=1e-3, batch_size=2, epochs=2, prox_mu=0.5, temperature=2.0)
+CLIENTS, ROUND = np.array([4, 0, 2, 3]), 3
+CPUS = 0.25
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inat")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FEDRAY_CACHE_DIR", str(root / "fedray-cache"))
+        train_csv, image_root = write_inat_split(root, users=6, images_per_user=3, classes=3, test_images=6)
+        # a per-class Dirichlet re-split gives clients of 2, 3, 5, 2 and 6 images
+        federation = load_federation(f"hsu:{train_csv}?images={image_root}&split=dirichlet_per_class&alpha=1&clients=5&split_seed=2")
+    return federation
+
+
+@pytest.fixture(scope="module")
+def bad_images(tmp_path_factory):
+    """A split whose first train image is missing, and the same split with that image unreadable instead."""
+    root = tmp_path_factory.mktemp("bad")
+    train_csv, image_root = write_inat_split(root, users=2, images_per_user=2, classes=2, test_images=1, seed=1)
+    spec = f"hsu:{train_csv}?images={image_root}"
+
+    def load(cache: str):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("FEDRAY_CACHE_DIR", str(root / cache))  # the walked image index is cached per cache folder
+            return load_federation(spec)
+
+    path = Path(load("before").train.column("image_path")[0].as_py())
+    path.unlink()
+    missing = load("missing")
+    path.write_bytes(b"not a jpeg")
+    return missing, load("unreadable"), path
+
+
+@pytest.fixture(scope="module")
+def pools(images, bad_images, ray_session):
+    """Trainer pools shared by the tests (starting a trainer takes seconds), a quarter CPU (so one thread) per
+    trainer; plus a backend on a pool of its own, over the split with an unreadable image.
+
+    Started one after another: Ray pickling the trainer class while another thread imports can fail.
+    """
+    started = {}
+    try:
+        for backbone, trainers in ((BACKBONE, 2), (BACKBONE, 1), ("mobilenet_v2", 1)):
+            started[backbone, trainers] = TrainerPool.start(images, backbone, image_size=SIZE, num_trainers=trainers, cpus_per_trainer=CPUS)
+        started["unreadable"] = FineTuneBackend.start(bad_images[1], BACKBONE, "random", "ft", LocalSGD(batch_size=2, epochs=1), SEED,
+                                                      image_size=SIZE, num_trainers=1, cpus_per_trainer=CPUS)
+        yield started
+    finally:
+        for pool in started.values():
+            pool.shutdown()
+
+
+def backend(pools, mode="ft", sgd=SGD, backbone=BACKBONE, trainers=1, **options):
+    return FineTuneBackend(pools[backbone, trainers], "random", mode, sgd, SEED, **options)
+
+
+def fedavg(params, update):
+    return {name: value + update.delta[name] / update.weight if name in update.delta else value for name, value in params.items()}
+
+
+class Normalize(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.normalize(x, dim=1)
+
+
+def reference_net(backbone: str, num_classes: int, params: dict | None = None, sphere: bool = False) -> tuple[nn.Module, str]:
+    """torchvision's network with its classifier replaced by a linear head (after an L2 normalization for SphereFed),
+    and the head's name prefix."""
+    net = getattr(torchvision.models, backbone)()
+    normalize = [Normalize()] if sphere else []
+    if backbone == "mobilenet_v2":
+        net.classifier, head = nn.Sequential(*normalize, nn.Linear(1280, num_classes)), f"classifier.{len(normalize)}."
+    else:
+        layers = [nn.AdaptiveAvgPool2d(1), nn.Flatten(), *normalize, nn.Linear(DIM, num_classes)]
+        net.classifier, head = nn.Sequential(*layers), f"classifier.{len(layers) - 1}."
+    if params is not None:
+        net.load_state_dict({reference_name(name, head): value for name, value in params.items()})
+    return net, head
+
+
+def reference_name(name: str, head: str) -> str:
+    return name.replace("head.", head) if name.startswith("head.") else name.removeprefix("backbone.")
+
+
+def decode(paths: list[str]) -> torch.Tensor:
+    """The images as extraction decodes them (tested against torchvision's recipe in test_images).
+
+    Not an independent decoder on purpose: see the module docstring.
+    """
+    transform = ImageTransform(SIZE)
+    pipeline = transform.pipeline()
+    return torch.stack([load_image(path, transform, pipeline) for path in paths])
+
+
+@contextmanager
+def one_thread():
+    """The trainers' thread count (a quarter CPU each): see the module docstring."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere=False):
+    """FedAvg's client side written plainly: each client trains a copy of the whole network with torch.optim.SGD.
+
+    BN in train mode (batch statistics; running statistics averaged like weights);
+    the starting model's loss summed over the client's samples in batch_size chunks, in train mode.
+    ``sphere``: SphereFed, the head fixed after an L2 normalization and SphereFed's MSE (1/C)‖Wz − onehot(y)‖².
+    """
+    with one_thread():
+        return _plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere)
+
+
+def plain_loss(logits, labels, sgd, sphere, reduction="mean"):
+    if not sphere:
+        return nn.functional.cross_entropy(logits / sgd.temperature, labels, reduction=reduction)
+    per_sample = (logits - nn.functional.one_hot(labels, logits.shape[1]).float()).square().mean(dim=1)
+    return per_sample.sum() if reduction == "sum" else per_sample.mean()
+
+
+def _plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere):
+    paths = federation.train.column("image_path").to_pylist()
+    labels = torch.from_numpy(federation.train.column("label").to_numpy().astype(np.int64))
+    offsets = federation.client_offsets
+    net, head = reference_net(backbone, federation.num_classes, params, sphere)
+    start = {name: value.clone() for name, value in net.state_dict().items()}
+    trained = [p for name, p in net.named_parameters() if not (sphere and name.startswith(head))]
+    delta = {name: torch.zeros_like(value) for name, value in start.items()
+             if value.is_floating_point() and not (sphere and name.startswith(head))}
+    loss_sum = 0.0
+    for client in clients:
+        rows = np.arange(offsets[client], offsets[client + 1])
+        x, y = decode([paths[r] for r in rows]), labels[rows]
+        net.load_state_dict(start)
+        net.train()
+        with torch.no_grad():
+            for first in range(0, len(rows), sgd.batch_size):
+                batch = slice(first, first + sgd.batch_size)
+                loss_sum += float(plain_loss(net(x[batch]), y[batch], sgd, sphere, reduction="sum"))
+        net.load_state_dict(start)
+        optimizer = torch.optim.SGD(trained, lr=sgd.lr, weight_decay=sgd.weight_decay)
+        for batch in minibatches(len(rows), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(client))):
+            optimizer.zero_grad()
+            loss = plain_loss(net(x[batch]), y[batch], sgd, sphere)
+            prox = sum(((p - start[name]) ** 2).sum() for name, p in net.named_parameters() if not (sphere and name.startswith(head)))
+            (loss + sgd.prox_mu / 2 * prox).backward()
+            optimizer.step()
+        for name, value in net.state_dict().items():
+            if name in delta:
+                delta[name] += len(rows) * (value - start[name])
+    backend_names = {reference_name(name, head): name for name in params}
+    return {backend_names[name]: value for name, value in delta.items()}, loss_sum
+
+
+def backbone_forward_flops(backbone: str, num_classes: int) -> float:
+    """torch's count for the whole network minus the head's 2 d C."""
+    net, head = reference_net(backbone, num_classes)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        net.eval()(torch.zeros(1, 3, SIZE, SIZE))
+    return counter.get_total_flops() - 2 * net.state_dict()[head + "weight"].numel()
+
+
+def close(a, b, **tolerance):
+    assert set(a) == set(b)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], **tolerance, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.fixture(scope="module")
+def ft_runs(images, pools):
+    """One ft round, the test accuracy and the embeddings, on 2 trainers and on 1."""
+    runs = {}
+    for trainers in (2, 1):
+        ft = backend(pools, trainers=trainers)
+        params = ft.initial_params(HEAD_SEED)
+        runs[trainers] = {
+            "trainers": ft.pool.num_trainers, "params": params, "update": ft.train_round(params, CLIENTS, ROUND),
+            "accuracy": ft.accuracy(params), "test": ft.embed(params, "test"), "train": ft.embed(params, "train"),
+            "traffic": ft.traffic_floats(), "flops": ft.client_flops(images.client_sizes), "state": ft.state_dict(),
+        }
+    return runs
+
+
+def test_a_fedavg_round_of_full_fine_tuning_equals_plain_torch(images, ft_runs):
+    run = ft_runs[2]
+    assert run["trainers"] == 2
+    params, update = run["params"], run["update"]
+    expected_delta, expected_loss = plain_round(BACKBONE, images, params, CLIENTS, SGD, SEED, ROUND)
+    close(update.delta, expected_delta, rtol=1e-4, atol=1e-6)
+    assert update.weight == update.samples == images.client_sizes[CLIENTS].sum()
+    assert update.loss_sum == pytest.approx(expected_loss, rel=1e-5)
+    assert all(value.abs().max() > 0 for value in update.delta.values())
+
+
+def test_results_do_not_depend_on_the_number_of_trainers(ft_runs):
+    one, two = ft_runs[1], ft_runs[2]
+    assert one["trainers"] == 1
+    close(one["update"].delta, two["update"].delta, rtol=1e-5, atol=1e-7)
+    assert one["update"].loss_sum == pytest.approx(two["update"].loss_sum, rel=1e-6)
+    assert one["accuracy"] == two["accuracy"]
+    torch.testing.assert_close(one["test"][0], two["test"][0])
+    torch.testing.assert_close(one["train"][0], two["train"][0])
+
+
+def test_initial_params_are_the_loaded_backbone_and_a_seeded_linear_head(images, ft_runs):
+    params = ft_runs[2]["params"]
+    backbone = load_weights(get_backbone(BACKBONE), "random", SEED).state_dict
+    for name, value in params.items():
+        if not name.startswith("head."):
+            assert torch.equal(value, backbone[name.removeprefix("backbone.")]), name
+    # nn.Linear's U(±1/√d), drawn d × C as the linear-probing path's random head, then transposed
+    generator = torch.Generator().manual_seed(HEAD_SEED)
+    weight = torch.empty(DIM, images.num_classes).uniform_(-1 / np.sqrt(DIM), 1 / np.sqrt(DIM), generator=generator)
+    bias = torch.empty(images.num_classes).uniform_(-1 / np.sqrt(DIM), 1 / np.sqrt(DIM), generator=generator)
+    assert torch.equal(params["head.weight"], weight.T) and torch.equal(params["head.bias"], bias)
+    assert torch.equal(ft_runs[1]["params"]["head.weight"], params["head.weight"])
+
+
+def test_evaluation_and_embedding_use_the_trained_backbone(images, ft_runs):
+    run = ft_runs[2]
+    features, labels = run["test"]
+    net, _ = reference_net(BACKBONE, images.num_classes, run["params"])
+    with torch.no_grad():
+        x = decode(images.test.column("image_path").to_pylist())
+        expected = torch.flatten(nn.functional.adaptive_avg_pool2d(net.eval().features(x), 1), 1)
+        logits = net(x)
+    assert features.dtype == torch.float32 and features.shape == (images.test.num_rows, DIM)
+    torch.testing.assert_close(features, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(labels, images.test.column("label").to_numpy())
+    assert run["accuracy"] == pytest.approx((logits.argmax(1).numpy() == labels).mean())
+    train_features, train_labels = run["train"]
+    assert train_features.shape == (images.train.num_rows, DIM)
+    np.testing.assert_array_equal(train_labels, images.train.column("label").to_numpy())
+
+
+def test_full_fine_tuning_sends_every_parameter_and_counts_its_flops(images, ft_runs):
+    run = ft_runs[2]
+    sent = sum(value.numel() for value in run["update"].delta.values())
+    net, _ = reference_net(BACKBONE, images.num_classes)
+    assert sent == sum(p.numel() for p in net.parameters())
+    assert run["traffic"] == (sent, sent)
+    per_sample = 3 * backbone_forward_flops(BACKBONE, images.num_classes) + 6 * DIM * images.num_classes
+    np.testing.assert_allclose(run["flops"], images.client_sizes * SGD.epochs * per_sample)
+    assert run["state"] == {}
+
+
+def test_batchnorm_trains_and_averages_its_statistics_like_weights(pools, images):
+    ft = backend(pools, backbone="mobilenet_v2")
+    params = ft.initial_params(HEAD_SEED)
+    update = ft.train_round(params, CLIENTS, ROUND)
+    expected_delta, expected_loss = plain_round("mobilenet_v2", images, params, CLIENTS, SGD, SEED, ROUND)
+    close(update.delta, expected_delta, rtol=1e-4, atol=1e-6)
+    assert update.loss_sum == pytest.approx(expected_loss, rel=1e-5)
+    statistics = {name for name in update.delta if "running_" in name}
+    assert statistics and all(update.delta[name].abs().max() > 0 for name in statistics)
+    assert ft.statistics_names == statistics
+    assert not any("num_batches_tracked" in name for name in update.delta)
+    assert ft.traffic_floats()[0] == sum(value.numel() for value in update.delta.values())
+
+
+def test_linear_probing_on_images_trains_the_head_only_exactly_like_probing_on_features(pools, images):
+    ftlp = backend(pools, "ftlp", backbone="mobilenet_v2")
+    params = ftlp.initial_params(HEAD_SEED)
+    update = ftlp.train_round(params, CLIENTS, ROUND)
+    assert set(update.delta) == {"head.weight", "head.bias"}
+    trained = fedavg(params, update)
+    assert all(torch.equal(trained[name], params[name]) for name in params if not name.startswith("head."))
+    assert not torch.equal(trained["head.weight"], params["head.weight"])
+    classes = images.num_classes
+    assert ftlp.traffic_floats() == (classes * 1280 + classes,) * 2
+
+    # eval-mode BN: the head trains on exactly the features embed() gives, as linear probing on a feature cache does
+    features, labels = ftlp.embed(params, "train")
+    rows, offsets = gather_rows(images.client_offsets, CLIENTS)
+    y = torch.from_numpy(labels[rows].astype(np.int64))
+    heads = train_heads(features[rows], y, offsets, CLIENTS, params["head.weight"].T.contiguous(), params["head.bias"], SGD, SEED, ROUND)
+    delta_w, delta_b, count = heads.weighted_update(params["head.bias"])
+    torch.testing.assert_close(update.delta["head.weight"], delta_w.T, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(update.delta["head.bias"], delta_b, rtol=1e-4, atol=1e-6)
+    assert update.weight == float(count)
+    logits = (features[rows] @ params["head.weight"].T + params["head.bias"]) / SGD.temperature
+    assert update.loss_sum == pytest.approx(float(nn.functional.cross_entropy(logits, y, reduction="sum")), rel=1e-5)
+    per_sample = backbone_forward_flops("mobilenet_v2", classes) + 6 * 1280 * classes
+    np.testing.assert_allclose(ftlp.client_flops(np.array([1, 7])), np.array([1, 7]) * SGD.epochs * per_sample)
+
+
+def test_ftfeat_trains_the_backbone_and_leaves_the_head_alone(pools):
+    ftfeat = backend(pools, "ftfeat")
+    params = ftfeat.initial_params(HEAD_SEED)
+    update = ftfeat.train_round(params, CLIENTS, ROUND)
+    assert not any(name.startswith("head.") for name in update.delta)
+    trained = fedavg(params, update)
+    assert torch.equal(trained["head.weight"], params["head.weight"]) and torch.equal(trained["head.bias"], params["head.bias"])
+    assert all(update.delta[name].abs().max() > 0 for name in update.delta)
+    backbone_floats = sum(value.numel() for name, value in params.items() if not name.startswith("head."))
+    assert ftfeat.traffic_floats() == (backbone_floats, backbone_floats)
+    assert sum(value.numel() for value in update.delta.values()) == backbone_floats
+
+
+def test_spherefed_fine_tunes_the_backbone_under_the_fixed_classifier_like_plain_torch(pools, images):
+    sphere = backend(pools, "ftfeat", sphere_loss="mse")
+    params = sphere.initial_params(HEAD_SEED)
+    classifier = params["head.weight"]
+    assert torch.allclose(classifier @ classifier.T, torch.eye(images.num_classes), atol=1e-6)
+    assert not params["head.bias"].any()
+    update = sphere.train_round(params, CLIENTS, ROUND)
+    assert not any(name.startswith("head.") for name in update.delta)
+    expected_delta, expected_loss = plain_round(BACKBONE, images, params, CLIENTS, SGD, SEED, ROUND, sphere=True)
+    close(update.delta, expected_delta, rtol=1e-4, atol=1e-6)
+    assert update.loss_sum == pytest.approx(expected_loss, rel=1e-5)
+    with pytest.raises(FedrayError, match="ftfeat"):
+        backend(pools, "ft", sphere_loss="mse")
+
+
+def test_a_huge_prox_term_keeps_clients_near_the_global_model(pools):
+    steps = {}
+    for mu in (0.0, 90.0):  # lr·μ = 0.9: each step pulls 90 % of the way back to the global model
+        fedprox = backend(pools, sgd=LocalSGD(lr=0.01, weight_decay=0.0, batch_size=2, epochs=2, prox_mu=mu))
+        update = fedprox.train_round(fedprox.initial_params(HEAD_SEED), CLIENTS, ROUND)
+        steps[mu] = torch.sqrt(sum((value / update.weight).square().sum() for value in update.delta.values()))
+    assert steps[90.0] < 0.4 * steps[0.0]
+
+
+def run_rounds(fl, params, rounds):
+    losses = []
+    for number, clients in rounds:
+        update = fl.train_round(params, np.array(clients), number)
+        params = fedavg(params, update)
+        losses.append(update.loss_sum)
+    return params, losses
+
+
+def test_scaffold_keeps_option_ii_control_variates_and_resumes_bitwise_from_its_state_dict(pools, images):
+    sgd = LocalSGD(lr=0.05, batch_size=2, epochs=1)
+    rounds = [(1, [2]), (2, [0, 1, 3]), (3, [2, 4, 0])]
+    first = backend(pools, sgd=sgd, trainers=2, scaffold=True)
+    initial = first.initial_params(HEAD_SEED)
+    assert first.traffic_floats()[0] == 2 * sum(value.numel() for value in initial.values())
+
+    update = first.train_round(initial, np.array([2]), 1)
+    state = first.state_dict()["scaffold"]
+    size, steps = int(images.client_sizes[2]), 3  # 5 samples in batches of 2
+    assert set(state["clients"]) == {2} and set(state["control"]) == set(initial)
+    for name, control in state["clients"][2].items():
+        torch.testing.assert_close(control, -update.delta[name] / size / (steps * sgd.lr), rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(state["control"][name], size / images.train.num_rows * control)
+
+    after_two, _ = run_rounds(first, fedavg(initial, update), rounds[1:2])
+    checkpoint = io.BytesIO()
+    torch.save({"params": after_two, "backend": first.state_dict()}, checkpoint)
+    expected, expected_losses = run_rounds(first, after_two, rounds[2:])
+    expected_state = first.state_dict()["scaffold"]
+    assert set(expected_state["clients"]) == {0, 1, 2, 3, 4}
+
+    checkpoint.seek(0)
+    saved = torch.load(checkpoint, weights_only=True)
+    resumed_backend = backend(pools, sgd=sgd, trainers=2, scaffold=True)  # trainers keep nothing between calls
+    resumed_backend.load_state_dict(saved["backend"])
+    resumed, losses = run_rounds(resumed_backend, saved["params"], rounds[2:])
+    assert losses == expected_losses
+    assert all(torch.equal(resumed[name], expected[name]) for name in expected)
+    resumed_state = resumed_backend.state_dict()["scaffold"]
+    assert all(torch.equal(resumed_state["control"][name], expected_state["control"][name]) for name in initial)
+
+
+def test_bad_inputs_get_clear_errors(pools, images, bad_images):
+    with pytest.raises(FedrayError, match="unknown fine-tuning mode 'lp'; known: ft, ftlp, ftfeat"):
+        FineTuneBackend.start(images, BACKBONE, "random", "lp", SGD, SEED)
+    features_only = synthetic.build("inat-geo-100", dim=8, scale=0.1, seed=0)
+    with pytest.raises(FedrayError, match="no images to fine-tune on"):
+        FineTuneBackend.start(features_only, BACKBONE, "random", "ft", SGD, SEED)
+    with pytest.raises(FedrayError, match="bad local SGD settings"):
+        FineTuneBackend.start(images, BACKBONE, "random", "ft", LocalSGD(batch_size=0), SEED)
+    missing, _, path = bad_images
+    with pytest.raises(FedrayError, match=f"image '{path.stem}' .* not found under the image root"):
+        FineTuneBackend.start(missing, BACKBONE, "random", "ft", SGD, SEED)
+
+    ft = pools["unreadable"]
+    params = ft.initial_params(HEAD_SEED)
+    with pytest.raises(FedrayError, match=f"^{path}: unreadable image"):
+        ft.train_round(params, np.array([0]), 1)
+    with pytest.raises(FedrayError, match="distinct client numbers"):
+        ft.train_round(params, np.array([1, 1]), 1)
+    with pytest.raises(FedrayError, match="do not match the squeezenet1_1 model"):
+        ft.train_round({"head.weight": params["head.weight"]}, np.array([1]), 1)
+    with pytest.raises(FedrayError, match="SCAFFOLD checkpoint cannot resume a run without SCAFFOLD"):
+        ft.load_state_dict({"scaffold": {}})
+    assert ft.train_round(params, np.array([1]), 1).samples == 2

@@ -1,0 +1,59 @@
+"""The memory estimate: its stages, and that it bounds what a run's shards really grow by."""
+
+import numpy as np
+import pytest
+
+from fedray.config import RunConfig
+from fedray.data import synthetic
+from fedray.evaluation import Evaluator
+from fedray.methods.from_config import build_method
+from fedray.engine import simulate
+from fedray.runtime.footprint import FLOAT32, INT64, estimate
+from fedray.runtime.shards import ShardPool
+
+GB = 1e9
+
+
+@pytest.fixture(scope="module")
+def federation():
+    return synthetic.build("inat-user-120k", dim=64, scale=0.1, classes=100, seed=3)
+
+
+def stages(federation, **options):
+    return [footprint.stage for footprint in estimate(RunConfig(**options).validate().resolved(), federation)]
+
+
+def test_each_stage_of_a_run_is_estimated(federation):
+    assert stages(federation, method="fedcof") == ["fedcof"]
+    assert stages(federation, method="fedavg", init="fedcof", probe_ridge=True) == \
+        ["fedcof (--init)", "fed3r (--probe-ridge)", "fedavg"]
+    assert stages(federation, method="scaffold", head="sphere") == ["ffc (SphereFed's calibration)", "scaffold"]
+    assert stages(federation, method="fedavg", finetune="ft") == [], "fine-tuning on images is not estimated"
+
+
+def test_the_largest_term_names_what_to_lower(federation):
+    samples = np.array([federation.train.num_rows])
+    rf = estimate(RunConfig(method="fed3r-rf", rf_dim=20_000).validate().resolved(), federation)[0]
+    assert rf.largest(samples).remedy == "lower --rf-dim"
+    means = estimate(RunConfig(method="fedcof", means_per_class=10_000).validate().resolved(), federation)[0]
+    assert means.largest(samples).remedy == "lower --means-per-class"
+    scaffold = estimate(RunConfig(method="scaffold").validate().resolved(), federation)[-1]
+    assert scaffold.driver > federation.train.num_rows * federation.num_classes * FLOAT32
+
+
+@pytest.mark.parametrize("method, options", [pytest.param("fed3r-rf", {"rf_dim": 3000}, marks=pytest.mark.slow), ("fedcof", {})])
+def test_the_estimate_bounds_the_shards_measured_growth(ray_session, federation, method, options):
+    """Run the method on 2 shards and compare each shard's peak memory growth past its features with the estimate."""
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
+    try:
+        loaded = np.array(pool.peak_memory_bytes())
+        config = RunConfig(method=method, quiet=True, **options).validate().resolved()
+        footprint, = estimate(config, federation)
+        simulate(config, build_method(config, federation), pool, Evaluator(federation))
+        grown = np.array(pool.peak_memory_bytes()) - loaded
+        samples = np.diff(federation.client_offsets[pool.bounds])
+    finally:
+        pool.shutdown()
+    estimated = np.array([footprint.shard(int(n)) - n * (FLOAT32 * federation.dim + INT64) for n in samples])
+    assert (grown <= estimated + 0.05 * GB).all(), (grown / GB, estimated / GB)  # a few MB of BLAS buffers aside
+    assert (estimated <= grown + 0.5 * GB).all(), "an estimate, not a wild upper bound"
