@@ -50,6 +50,7 @@ def file_rows(path, client_ids):
     return torch.tensor(rows, dtype=torch.float32)
 
 
+@pytest.mark.slow  # a CLI run in a subprocess
 @pytest.mark.parametrize("kind", ["synthetic", "parquet"])
 def test_a_run_prints_no_error_line(tmp_path, parquet_path, kind):
     dataset = SPEC if kind == "synthetic" else f"parquet:{parquet_path}"
