@@ -227,9 +227,13 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> None:
+    from fedray.data.parquet import ParquetFeatures
     from fedray.data.registry import load_federation
 
-    print(json.dumps(load_federation(args.spec).summary(), indent=2))
+    federation = load_federation(args.spec)
+    if isinstance(federation.source, ParquetFeatures):
+        federation.source.check()  # a run checks the rows it reads; inspecting a file checks them all
+    print(json.dumps(federation.summary(), indent=2))
 
 
 def _cmd_export(args: argparse.Namespace) -> None:

@@ -13,7 +13,6 @@ from fedray.data.registry import load_federation, recorded_backbone_macs
 from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
 from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
-from fedray.gradient.runner import finetune_on_images, train_on_features
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
 from fedray.results import RUN_FILES, EvalPoint, config_columns, remove_stale_temporaries, write_run
@@ -21,7 +20,6 @@ from fedray.runtime import footprint, sampling
 from fedray.runtime.session import check_address, init_ray
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
-from fedray.tct.runner import run_tct
 from fedray.writable import check_folder
 
 
@@ -103,6 +101,9 @@ def run(
     init_ray(address)
     model = None
     if config.finetune:
+        from fedray.gradient.runner import finetune_on_images  # these paths' modules (torchvision among them) load only when used
+        from fedray.tct.runner import run_tct
+
         outcome = (run_tct if config.method == TCT else finetune_on_images)(config, federation, on_point, saved)
         resolved = _resolved(config, federation.num_clients)
         model = outcome.params
@@ -112,6 +113,8 @@ def run(
                                footprints=footprint.estimate(config, federation))
         try:
             if config.trains:
+                from fedray.gradient.runner import train_on_features
+
                 outcome = train_on_features(config, pool, Evaluator(federation), on_point, saved)
                 resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards)
                 head = Classifier(outcome.params["weight"], outcome.params["bias"])

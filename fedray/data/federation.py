@@ -1,8 +1,10 @@
 """A federation: who holds which sample, and where the samples' features come from.
 
-The split table is small (one row per sample, no features) and travels to every
-shard actor; features are produced by a :class:`FeatureSource` inside the shard
-that needs them, so no process ever holds the whole federation's features.
+The split table is small (one row per sample, no features); features are
+produced by a :class:`FeatureSource` inside the process that needs them, so no
+process ever holds the whole federation's features. A federation loaded from a
+dataset spec remembers it (:attr:`Federation.spec`): a shard actor rebuilds the
+federation from that line of text and reads only its own clients' features.
 """
 
 from __future__ import annotations
@@ -49,12 +51,18 @@ class Federation:
     test rows have a null ``client_id``. Clients are numbered 0..K-1 in order of
     first appearance among the train rows; :attr:`train` is sorted by that
     number so that each client's samples are one contiguous slice.
+
+    ``spec`` is a dataset spec that rebuilds this federation, split table and
+    feature source, bit for bit in any process (see
+    :func:`fedray.data.registry.load_federation`); None for one that exists only
+    in memory (hand-built, re-split by code, features computed by a model).
     """
 
     name: str
     num_classes: int
     table: pa.Table
     source: FeatureSource | None = field(default=None, compare=False)
+    spec: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.train.num_rows == 0:

@@ -29,4 +29,4 @@ def with_features(federation: Federation, train: torch.Tensor, test: torch.Tenso
     train_ids = federation.train_arrays(0, federation.num_clients)[0]
     test_ids = federation.test_arrays()[0]
     source = ArrayFeatures(train.shape[1], {TRAIN: train_ids, TEST: test_ids}, {TRAIN: train, TEST: test})
-    return replace(federation, source=source)
+    return replace(federation, source=source, spec=None)

@@ -9,11 +9,14 @@ The optional schema metadata key ``fedray.num_classes`` fixes C (else max label 
 that is over 100,000 and over 10 × the distinct labels present: a stray label would size every
 class statistic and the classifier).
 Several files (a feature cache's parts) are read as one table, in the order given.
+Loading reads the client, split and label columns only; features are read, and
+checked, by whoever needs some rows (:class:`ParquetFeatures`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +29,14 @@ from fedray.data.federation import TEST, TRAIN, Federation, split_table
 from fedray.errors import FedrayError
 
 REQUIRED = ("client_id", "split", "label", "features")
+SPLIT_COLUMNS = ["client_id", "split", "label"]
+"""What :func:`load_parquet` reads: the features stay in the file until a process needs some rows."""
 NUM_CLASSES_KEY = b"fedray.num_classes"
-VALIDATE_ROWS = 65_536
 LARGE_IMPLICIT_CLASSES = 100_000
 SPARSE_LABELS_FACTOR = 10
 """C = max label + 1 is refused when above both: a class count only metadata may set."""
+READ_BATCH = 4096
+"""Rows decoded at a time when reading features."""
 
 
 def feature_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -44,40 +50,89 @@ def feature_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 @dataclass
 class ParquetFeatures:
-    """Features read from the file(s) by row number (the sample_id)."""
+    """Features read from the file(s) by row number (the sample_id), one row group at a time.
+
+    Only the row groups holding requested rows are read, and only their
+    ``features`` column, so a shard reads its own clients' rows and the server
+    its test rows. Rows are checked as they are read (no nulls, ``dim`` floats,
+    all finite): a bad row stops whoever reads it with a one-line error naming
+    ``name`` and the row. :meth:`check` reads and checks every row.
+    """
 
     paths: list[str]
     dim: int
-    _column: pa.ChunkedArray | None = field(default=None, repr=False)
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_column": None}
+    name: str
 
     def features(self, split: str, sample_ids: np.ndarray) -> torch.Tensor:
-        if self._column is None:
-            self._column = read_files(self.paths, columns=["features"]).column("features")
-        return torch.from_numpy(feature_matrix(self._column.take(pa.array(sample_ids))).copy())
+        sample_ids = np.asarray(sample_ids, dtype=np.int64)
+        out = np.empty((len(sample_ids), self.dim), dtype=np.float32)
+        order = np.argsort(sample_ids, kind="stable")
+        for positions, block in self._blocks(sample_ids[order]):
+            out[order[positions]] = block
+        return torch.from_numpy(out)
 
+    def check(self) -> None:
+        """Read and check every row (what a run checks as it goes, done at once: ``fedray data info``)."""
+        for _ in self._blocks(None):
+            pass
 
-def _check_features(path: Path, column: pa.ChunkedArray) -> int:
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(column.type)):
-        raise FedrayError(f"{path}: column 'features' must be a list of floats, got {column.type}")
-    if not pa.types.is_floating(column.type.value_type):
-        raise FedrayError(f"{path}: column 'features' must hold floats, got {column.type.value_type}")
-    if column.null_count:
-        raise FedrayError(f"{path}: column 'features' has null rows")
-    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-    if len(lengths) and lengths.min() != lengths.max():
-        row = int(np.argmax(lengths != lengths[0]))
-        raise FedrayError(f"{path}: mixed feature lengths: row {row} has {lengths[row]}, row 0 has {lengths[0]}")
-    dim = int(lengths[0]) if len(lengths) else 0
-    if dim == 0:
-        raise FedrayError(f"{path}: features are empty")
-    for start in range(0, len(column), VALIDATE_ROWS):
-        block = feature_matrix(column.slice(start, VALIDATE_ROWS))
+    def _blocks(self, rows: np.ndarray | None) -> Iterator[tuple[slice, np.ndarray]]:
+        """For each batch of a row group holding some of the sorted file ``rows`` (all rows if None): their positions
+        in ``rows`` and their features. Batches of :data:`READ_BATCH` rows keep a reader's memory to its own rows."""
+        first = 0
+        for path in self.paths:
+            file = pq.ParquetFile(path, buffer_size=1 << 22, pre_buffer=False)
+            for group in range(file.num_row_groups):
+                count = file.metadata.row_group(group).num_rows
+                if rows is None or np.searchsorted(rows, first + count) > np.searchsorted(rows, first):
+                    for batch in file.iter_batches(READ_BATCH, row_groups=[group], columns=["features"]):
+                        stop = first + batch.num_rows
+                        lo, hi = (0, batch.num_rows) if rows is None else np.searchsorted(rows, [first, stop])
+                        if hi > lo:
+                            column = batch.column("features")
+                            ids = np.arange(first, stop) if rows is None else rows[lo:hi]
+                            if not np.array_equal(ids, np.arange(first, stop)):
+                                column = column.take(pa.array(ids - first))
+                            yield slice(lo, hi), self._checked(column, ids)
+                        first = stop
+                else:
+                    first += count
+        if rows is not None and len(rows) and rows[-1] >= first:
+            raise FedrayError(f"{self.name}: no row {rows[-1]} (the file has {first})")
+
+    def _checked(self, column: pa.Array, ids: np.ndarray) -> np.ndarray:
+        """The (rows, dim) float32 matrix of ``column`` (rows ``ids`` of the file), refusing nulls, other lengths, NaN and inf."""
+        if column.null_count:
+            row = ids[int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))]
+            raise FedrayError(f"{self.name}: column 'features' has null rows (row {row})")
+        if not pa.types.is_fixed_size_list(column.type):
+            lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+            if (lengths != self.dim).any():
+                at = int(np.argmax(lengths != self.dim))
+                raise FedrayError(f"{self.name}: mixed feature lengths: row {ids[at]} has {lengths[at]}, row 0 has {self.dim}")
+        block = feature_matrix(column)
         bad = ~np.isfinite(block).all(axis=1)
         if bad.any():
-            raise FedrayError(f"{path}: NaN or inf in the features of row {start + int(np.argmax(bad))}")
+            raise FedrayError(f"{self.name}: NaN or inf in the features of row {ids[int(np.argmax(bad))]}")
+        return block
+
+
+def _feature_dim(path: Path, files: list[str], schema: pa.Schema) -> int:
+    """d from the schema (fixed-size lists) or from the first row, after checking the column's type."""
+    kind = schema.field("features").type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
+        raise FedrayError(f"{path}: column 'features' must be a list of floats, got {kind}")
+    if not pa.types.is_floating(kind.value_type):
+        raise FedrayError(f"{path}: column 'features' must hold floats, got {kind.value_type}")
+    if pa.types.is_fixed_size_list(kind):
+        dim = kind.list_size
+    else:
+        first = next(pq.ParquetFile(files[0], memory_map=True).iter_batches(batch_size=1, columns=["features"]))
+        if first.column(0).null_count:
+            raise FedrayError(f"{path}: column 'features' has null rows (row 0)")
+        dim = len(first.column(0)[0])
+    if dim == 0:
+        raise FedrayError(f"{path}: features are empty")
     return dim
 
 
@@ -107,12 +162,13 @@ def load_parquet(path: str | Path, parts: list[Path] | None = None, name: str | 
     if parts is None and not path.is_file():
         raise FedrayError(f"{path}: no such file")
     try:
-        table = read_files(files)
+        schema = pq.read_schema(files[0], memory_map=True)
+        missing = [name for name in REQUIRED if name not in schema.names]
+        if missing:
+            raise FedrayError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(REQUIRED)}")
+        table = read_files(files, SPLIT_COLUMNS)
     except (pa.ArrowInvalid, OSError) as error:
         raise FedrayError(f"{path}: not a readable Parquet file ({error})") from None
-    missing = [name for name in REQUIRED if name not in table.column_names]
-    if missing:
-        raise FedrayError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(REQUIRED)}")
     if table.num_rows == 0:
         raise FedrayError(f"{path}: the file has no rows")
     split = table.column("split")
@@ -138,8 +194,8 @@ def load_parquet(path: str | Path, parts: list[Path] | None = None, name: str | 
     no_client = client.is_null().to_numpy(zero_copy_only=False)
     if (is_train & no_client).any():
         raise FedrayError(f"{path}: row {int(np.argmax(is_train & no_client))}: train row without client_id")
-    dim = _check_features(path, table.column("features"))
-    metadata = table.schema.metadata or {}
+    dim = _feature_dim(path, files, schema)
+    metadata = schema.metadata or {}
     try:
         num_classes = int(metadata[NUM_CLASSES_KEY]) if NUM_CLASSES_KEY in metadata else int(labels.max()) + 1
     except ValueError:
@@ -150,4 +206,5 @@ def load_parquet(path: str | Path, parts: list[Path] | None = None, name: str | 
         _check_implicit_class_count(path, labels)
     client_ids = pc.if_else(pa.array(is_train), client.cast(pa.string()), pa.scalar(None, pa.string()))
     rows = split_table(client_ids, np.arange(table.num_rows), labels, split)
-    return Federation(name or f"parquet:{path}", num_classes, rows, ParquetFeatures(files, dim))
+    spec = None if parts is not None else f"parquet:{path.resolve()}"
+    return Federation(name or f"parquet:{path}", num_classes, rows, ParquetFeatures(files, dim, str(path)), spec=spec)

@@ -82,6 +82,12 @@ def check_spec(spec: str) -> None:
 
 
 def load_federation(spec: str) -> Federation:
+    """The federation ``spec`` names, remembering its canonical spec (so that any process can rebuild it).
+
+    Features are not read here: a Parquet file's feature column is read, and
+    checked, by the process that needs some of its rows (see
+    :class:`fedray.data.parquet.ParquetFeatures`).
+    """
     check_spec(spec)
     kind, target, options = parse_spec(spec)
     split_options = {k: options.pop(k) for k in (*SPLIT_OPTIONS, "clients") if k in options}
@@ -98,7 +104,7 @@ def load_federation(spec: str) -> Federation:
         federation = _load_hsu(target, options)
     if split_options:
         federation = _resplit(spec, federation, split_options)
-    return federation
+    return replace(federation, spec=canonical_spec(spec))
 
 
 def recorded_backbone_macs(spec: str) -> float | None:

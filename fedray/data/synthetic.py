@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from functools import cached_property
 from importlib import resources
+from urllib.parse import urlencode
 
 import numpy as np
 import pyarrow as pa
@@ -305,7 +306,9 @@ def build(
         label=np.concatenate([train_labels, test_labels]),
         split=np.repeat(np.array([TRAIN, TEST]), [n_train, n_test]),
     )
-    return Federation(name=f"synthetic:{split}", num_classes=pool.num_classes, table=table, source=source)
+    options = {"classes": classes, "dim": dim, "feature_shift": feature_shift, "scale": scale, "seed": seed}
+    return Federation(name=f"synthetic:{split}", num_classes=pool.num_classes, table=table, source=source,
+                      spec=_spec(split, options))
 
 
 def _labelled(name: str, dim: int, seed: int) -> Federation:
@@ -324,7 +327,13 @@ def _labelled(name: str, dim: int, seed: int) -> Federation:
         label=np.concatenate([train_labels, test_labels]),
         split=np.repeat(np.array([TRAIN, TEST]), [n_train, n_test]),
     )
-    return Federation(name=f"synthetic:{name}", num_classes=shape.num_classes, table=table, source=source)
+    return Federation(name=f"synthetic:{name}", num_classes=shape.num_classes, table=table, source=source,
+                      spec=_spec(name, {"dim": dim, "seed": seed}))
+
+
+def _spec(split: str, options: dict[str, object]) -> str:
+    """The dataset spec :func:`build` reads back as these options (the canonical form: sorted, defaults written out)."""
+    return f"synthetic:{split}?" + urlencode([(key, value) for key, value in sorted(options.items()) if value is not None])
 
 
 def _reference(pool: str) -> str:

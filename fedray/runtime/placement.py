@@ -35,14 +35,19 @@ def reserve(bundle: dict[str, float], count: int, strategy: str, what: str, hint
 
 
 def start_actors(
-    actor_class: type, group: PlacementGroup, bundle: dict[str, float], arguments: list[tuple], first_bundle: int = 0
+    actor_class: type, group: PlacementGroup, bundle: dict[str, float], arguments: list[tuple], first_bundle: int = 0,
+    **options: object,
 ) -> list:
-    """Actor ``i`` is ``actor_class(*arguments[i])`` in bundle ``first_bundle + i`` of ``group``, using ``bundle``'s resources."""
+    """Actor ``i`` is ``actor_class(*arguments[i])`` in bundle ``first_bundle + i`` of ``group``, using ``bundle``'s resources.
+
+    ``options`` are further actor options (e.g. ``max_restarts``).
+    """
     return [
         actor_class.options(
             num_cpus=bundle.get("CPU", 0),
             num_gpus=bundle.get("GPU", 0),
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=first_bundle + index),
+            **options,
         ).remote(*args)
         for index, args in enumerate(arguments)
     ]

@@ -2,8 +2,10 @@
 
 A shard is a contiguous range of client numbers, balanced by sample count. Its
 features are produced once, inside the actor, by the federation's feature
-source. Per block of rounds the driver sends the numbers of the clients that
-upload in that block; the shard gathers their rows and computes the block's
+source: the actor rebuilds the federation from its dataset spec (a line of
+text) and reads or generates only its own clients' rows. Per block of rounds
+the driver sends the numbers of the clients that upload in that block; the
+shard gathers their rows and computes the block's
 statistics in one call (for Fed3R: one GEMM), so Ray's overhead scales with
 shards × evaluation points, not with clients or rounds.
 """
@@ -53,24 +55,70 @@ def gather_rows(offsets: np.ndarray, local_clients: np.ndarray) -> tuple[np.ndar
     return rows, new_offsets
 
 
+@dataclass(frozen=True)
+class ShardRows:
+    """Which rows a shard holds, small enough to travel inline with the actor's creation task.
+
+    Clients ``first_client .. end_client-1`` of the federation that ``spec``
+    rebuilds (the shard reads only these clients' features), or, for a
+    federation that exists only in memory (``spec`` None), ``held``: a
+    reference to their ``(features, labels, offsets)``. Ray warns about an
+    actor whose creation arguments live in the object store and may restart,
+    since a lost argument makes the restart fail; so only the first kind of
+    shard restarts.
+    """
+
+    first_client: int
+    end_client: int
+    spec: str | None = None
+    held: ray.ObjectRef | None = None
+
+    @classmethod
+    def of(cls, federation: Federation, first_client: int, end_client: int) -> "ShardRows":
+        if federation.spec is not None:
+            return cls(first_client, end_client, spec=federation.spec)
+        return cls(first_client, end_client, held=ray.put(train_rows(federation, first_client, end_client)))
+
+    def load(self) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """``(features, labels, offsets)`` of the clients, as :func:`train_rows` gives them."""
+        if self.spec is None:
+            return ray.get(self.held)
+        from fedray.data.registry import load_federation  # the dataset kinds' loaders, needed by this kind of shard only
+
+        return train_rows(load_federation(self.spec), self.first_client, self.end_client)
+
+
+def train_rows(federation: Federation, first_client: int, end_client: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """Features, labels and row offsets of clients ``first_client .. end_client-1``."""
+    sample_ids, labels, offsets = federation.train_arrays(first_client, end_client)
+    return federation.require_features().features(TRAIN, sample_ids), labels, offsets
+
+
 @ray.remote(max_restarts=3, max_task_retries=3)
 class ShardActor:
-    """Holds clients ``first_client .. end_client-1`` of a federation.
+    """Holds the clients of :class:`ShardRows`.
 
     Its state is a pure function of its constructor arguments and its calls are
     pure functions of their arguments, so Ray can restart a failed shard and
-    retry its calls with bitwise the same results.
+    retry its calls with bitwise the same results. A bad row in its part of
+    the data (e.g. NaN in a Parquet file) is kept as the shard's error, for
+    :meth:`ShardPool.wait` to raise in the driver as one line.
     """
 
-    def __init__(self, federation: Federation, first_client: int, end_client: int, threads: int) -> None:
+    def __init__(self, rows: ShardRows, threads: int) -> None:
         torch.set_num_threads(threads)
-        sample_ids, labels, self.offsets = federation.train_arrays(first_client, end_client)
-        self.first_client = first_client
-        self.features = federation.source.features(TRAIN, sample_ids)
+        self.first_client = rows.first_client
+        self.error: str | None = None
+        try:
+            self.features, labels, self.offsets = rows.load()
+        except FedrayError as error:
+            self.error = str(error)
+            return
         self.labels = torch.from_numpy(labels.astype(np.int64))
 
-    def num_samples(self) -> int:
-        return len(self.labels)
+    def loaded(self) -> str | None:
+        """None once the rows are held, else why they could not be."""
+        return self.error
 
     def peak_memory_bytes(self) -> int:
         """Peak resident memory of this actor's process."""
@@ -106,19 +154,17 @@ class ShardPool:
 
     The shards' CPUs are reserved at once in a placement group (one bundle per
     shard, spread over the nodes), so a run either gets all its shards or fails
-    with a clear message instead of waiting forever for a partial set. The
-    pool holds the reference to the federation (a split table and a feature
-    source, not features) that the shards were built from: Ray frees an
-    actor's constructor arguments once nothing refers to them, and a restarted
-    shard needs them again.
+    with a clear message instead of waiting forever for a partial set. Shards
+    load their rows while the driver goes on (e.g. reading the test set);
+    :meth:`wait`, called by every method that needs them, waits for them.
     """
 
     federation: Federation
     actors: list
     bounds: np.ndarray
     group: PlacementGroup
-    federation_ref: ray.ObjectRef
     owns_group: bool = True
+    loading: list | None = None
 
     @classmethod
     def start(
@@ -161,12 +207,21 @@ class ShardPool:
             if trial_group is None:
                 remove_placement_group(group)
             raise
-        federation_ref = ray.put(federation)
         threads = max(1, int(cpus_per_shard))
-        arguments = [(federation_ref, int(a), int(b), threads) for a, b in zip(bounds[:-1], bounds[1:])]
-        actors = start_actors(ShardActor, group, bundle, arguments, first_bundle)
-        ray.get([actor.num_samples.remote() for actor in actors])
-        return cls(federation, actors, bounds, group, federation_ref, owns_group=trial_group is None)
+        arguments = [(ShardRows.of(federation, int(a), int(b)), threads) for a, b in zip(bounds[:-1], bounds[1:])]
+        in_memory = {} if federation.spec is not None else {"max_restarts": 0, "max_task_retries": 0}
+        actors = start_actors(ShardActor, group, bundle, arguments, first_bundle, **in_memory)
+        return cls(federation, actors, bounds, group, owns_group=trial_group is None,
+                   loading=[actor.loaded.remote() for actor in actors])
+
+    def wait(self) -> "ShardPool":
+        """Wait until every shard holds its rows; a shard's bad row is raised here as one :class:`FedrayError`."""
+        if self.loading is not None:
+            errors, self.loading = ray.get(self.loading), None
+            for error in errors:
+                if error is not None:
+                    raise FedrayError(error)
+        return self
 
     @property
     def num_shards(self) -> int:
@@ -177,6 +232,7 @@ class ShardPool:
 
         ``method`` is the method put in the object store once per run.
         """
+        self.wait()
         shard_of = np.searchsorted(self.bounds, clients, side="right") - 1
         partials = [
             (actor.statistics.remote(method, clients[shard_of == s]), actor) for s, actor in enumerate(self.actors)
@@ -196,6 +252,7 @@ class ShardPool:
 
         ``client_states[s]`` goes with shard ``s``'s clients (see :meth:`split_clients`).
         """
+        self.wait()
         states = client_states or [None] * self.num_shards
         partials = [
             (actor.local_train.remote(trainer, head, local, round_number, state), actor)
@@ -204,6 +261,7 @@ class ShardPool:
         return tree_reduce(trainer, partials)
 
     def peak_memory_bytes(self) -> list[int]:
+        self.wait()
         return ray.get([actor.peak_memory_bytes.remote() for actor in self.actors])
 
     def shutdown(self) -> None:

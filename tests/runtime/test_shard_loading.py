@@ -1,0 +1,125 @@
+"""Shards load their own clients' rows from the federation's spec: no object-store constructor arguments, no table in the driver."""
+
+import pickle
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import ray
+import torch
+
+from fedray.data import synthetic
+from fedray.data.export import export_parquet
+from fedray.data.parquet import load_parquet
+from fedray.errors import FedrayError
+from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod
+from fedray.runtime.shards import ShardPool
+from tests.app.test_cli import SMALL_RUN, SPEC, fedray_subprocess
+
+
+class Rows(ClosedFormMethod):
+    """The clients' features themselves, concatenated in upload order (what a shard holds, made visible)."""
+
+    def client_statistics(self, batch: ClientBatch) -> torch.Tensor:
+        return batch.features.clone()
+
+    def combine(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cat([a, b])
+
+    def solve(self, stats: torch.Tensor) -> Classifier:
+        raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def parquet_path(tmp_path_factory):
+    """SPEC exported to Parquet in row groups of 100 rows, clients' rows in client order (as ``data export`` writes them)."""
+    path = tmp_path_factory.mktemp("shards") / "small.parquet"
+    export_parquet(synthetic.build("inat-user-120k", dim=8, scale=0.02, classes=20), path)
+    pq.write_table(pq.read_table(path), path, row_group_size=100)
+    return path
+
+
+def file_rows(path, client_ids):
+    """The features of the train rows of ``client_ids`` read straight from the file, client after client in file order."""
+    table = pq.read_table(path)
+    train = table.filter(pc.equal(table.column("split"), "train"))
+    rows = [row for client in client_ids for row in train.filter(pc.equal(train.column("client_id"), client)).column("features").to_pylist()]
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+@pytest.mark.slow  # a CLI run in a subprocess
+@pytest.mark.parametrize("kind", ["synthetic", "parquet"])
+def test_a_run_prints_no_error_line(tmp_path, parquet_path, kind):
+    dataset = SPEC if kind == "synthetic" else f"parquet:{parquet_path}"
+    rc, out, err, _ = fedray_subprocess(["run", "--method", "fed3r", "--dataset", dataset, "--out", tmp_path / "out", *SMALL_RUN])
+    assert rc == 0, err
+    assert "fed3r on" in out
+    assert "constructor arguments" not in err and "ERROR" not in err and " E " not in err, err
+
+
+def test_the_driver_holds_no_features(parquet_path):
+    federation = load_parquet(parquet_path)
+    assert federation.table.column_names == ["client_id", "sample_id", "label", "split"]
+    assert federation.spec == f"parquet:{parquet_path.resolve()}"
+    assert len(pickle.dumps(federation.source)) < 1000  # a path and d, no rows
+
+
+def test_each_shard_holds_exactly_its_clients_rows_from_the_file(ray_session, parquet_path):
+    federation = load_parquet(parquet_path)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
+    try:
+        method = ray.put(Rows(federation.dim, federation.num_classes))
+        for first, end in zip(pool.bounds[:-1], pool.bounds[1:]):
+            clients = np.arange(first, end)
+            held = ray.get(pool.statistics(method, clients))
+            assert torch.equal(held, file_rows(parquet_path, [federation.client_ids[c] for c in clients]))
+    finally:
+        pool.shutdown()
+
+
+def test_a_restarted_parquet_shard_reloads_the_same_rows(ray_session, parquet_path):
+    federation = load_parquet(parquet_path)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
+    try:
+        method = ray.put(Rows(federation.dim, federation.num_classes))
+        clients = np.arange(pool.bounds[1])
+        before = ray.get(pool.statistics(method, clients))
+        ray.kill(pool.actors[0], no_restart=False)
+        assert torch.equal(ray.get(pool.statistics(method, clients)), before)
+    finally:
+        pool.shutdown()
+
+
+def test_a_federation_held_in_memory_gives_the_same_rows(ray_session):
+    """Without a spec (features computed in memory), the shards get their rows by reference, and hold the same ones."""
+    federation = synthetic.build("inat-user-120k", dim=8, scale=0.02, classes=20)
+    clients = np.arange(federation.num_clients)
+    held = {}
+    for name, which in (("spec", federation), ("memory", replace(federation, spec=None))):
+        pool = ShardPool.start(which, num_shards=2, cpus_per_shard=1)
+        try:
+            held[name] = ray.get(pool.statistics(ray.put(Rows(federation.dim, federation.num_classes)), clients))
+        finally:
+            pool.shutdown()
+    assert torch.equal(held["spec"], held["memory"])
+    assert torch.equal(held["spec"], federation.source.features("train", federation.train_arrays(0, federation.num_clients)[0]))
+
+
+def test_rows_are_read_and_checked_one_row_group_at_a_time(tmp_path, parquet_path):
+    """A NaN in row 5 (row group 0) stops only a reader of row group 0."""
+    table = pq.read_table(parquet_path)
+    rows = table.column("features").to_pylist()
+    rows[5] = [float("nan")] * len(rows[5])
+    bad = tmp_path / "nan.parquet"
+    pq.write_table(table.set_column(3, "features", pa.array(rows, table.schema.field("features").type)), bad,
+                   row_group_size=100)
+    source = load_parquet(bad).source
+    assert torch.equal(source.features("train", np.array([250, 101, 199])),
+                       torch.tensor([rows[250], rows[101], rows[199]], dtype=torch.float32))
+    with pytest.raises(FedrayError, match="NaN or inf in the features of row 5"):
+        source.features("train", np.array([150, 5]))
+    with pytest.raises(FedrayError, match="row 5"):
+        source.check()
