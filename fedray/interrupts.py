@@ -56,6 +56,12 @@ def reporting(left: Callable[[], str]) -> Iterator[None]:
         yield
     except INTERRUPTS as interrupt:
         raise stopped(interrupt, left()) from None
+    except SystemError as error:
+        # A signal handler that raises while C code runs a Python callback (Ray deserializing a result in
+        # ray.get) surfaces as "SystemError: ... returned a result with an exception set", the interrupt its cause.
+        if isinstance(error.__cause__, INTERRUPTS):
+            raise stopped(error.__cause__, left()) from None
+        raise
 
 
 def _raise_terminated(signal_number: int, frame: object) -> None:
