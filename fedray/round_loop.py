@@ -30,13 +30,16 @@ class Rounds(Protocol):
 
 
 class Callback:
-    """Hooks of :func:`run_rounds`; both do nothing unless overridden."""
+    """Hooks of :func:`run_rounds`; each does nothing unless overridden."""
 
     def on_point(self, point: EvalPoint) -> None:
         """Called with every evaluation row, the diverged one included, in order."""
 
     def after_round(self, number: int) -> None:
         """Called after round ``number`` finished (and was evaluated when it was due); not after a diverged round."""
+
+    def close(self) -> None:
+        """Called when the loop ends, however it ends (an error or an interrupt included)."""
 
 
 def eval_rounds(num_rounds: int, eval_every: int, initial: bool = False) -> set[int]:
@@ -52,17 +55,21 @@ def run_rounds(path: Rounds, rounds: list[np.ndarray], evaluate_at: set[int], ca
         for callback in callbacks:
             callback.on_point(point)
 
-    if done == 0 and 0 in evaluate_at:
-        emit(path.point(0))
-    for number in range(done + 1, len(rounds) + 1):
-        if not path.run_round(number, rounds[number - 1]):
-            emit(path.point(number, diverged=True))
-            return True
-        if number in evaluate_at:
-            emit(path.point(number))
+    try:
+        if done == 0 and 0 in evaluate_at:
+            emit(path.point(0))
+        for number in range(done + 1, len(rounds) + 1):
+            if not path.run_round(number, rounds[number - 1]):
+                emit(path.point(number, diverged=True))
+                return True
+            if number in evaluate_at:
+                emit(path.point(number))
+            for callback in callbacks:
+                callback.after_round(number)
+        return False
+    finally:
         for callback in callbacks:
-            callback.after_round(number)
-    return False
+            callback.close()
 
 
 @dataclass

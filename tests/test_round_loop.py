@@ -1,6 +1,7 @@
 """The one round loop: which rows, checkpoints and stops it produces, on a path that only records its calls."""
 
 import numpy as np
+import pytest
 
 from fedray.results import EvalPoint
 from fedray.round_loop import Callback, Checkpoints, Report, eval_rounds, run_rounds
@@ -80,3 +81,28 @@ def test_report_forwards_every_row_to_its_listener():
     heard, points = [], []
     run_rounds(RecordingPath(), ROUNDS, {2, 7}, [Report(points, heard.append)])
     assert heard == points and [p.round for p in heard] == [2, 7]
+
+
+class Closing(Callback):
+    closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class FailingPath(RecordingPath):
+    def run_round(self, number: int, clients: np.ndarray) -> bool:
+        if number == 3:
+            raise KeyboardInterrupt
+        return super().run_round(number, clients)
+
+
+def test_callbacks_are_closed_once_however_the_loop_ends():
+    for path, ends in ((RecordingPath(), None), (RecordingPath(diverge_at=2), None), (FailingPath(), KeyboardInterrupt)):
+        closing = Closing()
+        if ends is None:
+            run_rounds(path, ROUNDS, {7}, [closing])
+        else:
+            with pytest.raises(ends):
+                run_rounds(path, ROUNDS, {7}, [closing])
+        assert closing.closed == 1

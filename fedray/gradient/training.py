@@ -160,11 +160,7 @@ def train(
     ``backbone_macs`` (F_φ, when known) enters ``macs_client_avg_fed3r``.
     """
     path = TrainingRounds(backend, server, state, sizes, first_round, backbone_macs)
-    progress = Progress(len(rounds), state.done, "train", quiet)
-    callbacks: list[Callback] = [Report(state.points, on_point), progress]
+    callbacks: list[Callback] = [Report(state.points, on_point), Progress(len(rounds), state.done, "train", quiet)]
     if checkpointing is not None:
         callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: checkpointing.save(path.snapshot())))
-    try:
-        return run_rounds(path, rounds, eval_rounds(len(rounds), eval_every, initial=True), callbacks, state.done)
-    finally:
-        progress.close()
+    return run_rounds(path, rounds, eval_rounds(len(rounds), eval_every, initial=True), callbacks, state.done)

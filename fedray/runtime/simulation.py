@@ -120,9 +120,6 @@ def run_closed_form(
     outcome = RunOutcome()
     evaluate_at = eval_rounds(len(rounds), eval_every)
     path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs)
-    progress = Progress(len(rounds), 0, method.name or type(method).__name__, quiet)
-    try:
-        run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point), progress])
-    finally:
-        progress.close()
+    name = method.name or type(method).__name__
+    run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point), Progress(len(rounds), 0, name, quiet)])
     return outcome

@@ -99,11 +99,8 @@ class Stage2Run:
         rounds = sampling.schedule(num_clients, config.per_round(num_clients), True, config.seed, config.tct_rounds,
                                    past_coverage=True)
         path = ScaffoldRounds(self, normalization, config.per_round(num_clients) == num_clients)
-        progress = Progress(len(rounds), 0, "tct stage 2", config.quiet)
-        try:
-            run_rounds(path, rounds, eval_rounds(len(rounds), config.eval_every), [Report(self.points, self.on_point), progress])
-        finally:
-            progress.close()
+        callbacks = [Report(self.points, self.on_point), Progress(len(rounds), 0, "tct stage 2", config.quiet)]
+        run_rounds(path, rounds, eval_rounds(len(rounds), config.eval_every), callbacks)
         return path.model
 
 
