@@ -1,7 +1,8 @@
 """One trainer's local work: clients' SGD from the global model, evaluation and embedding.
 
-A client's training is a pure function of the global state, its samples, its
-mini-batches and (for SCAFFOLD) the control variates: the model is reloaded
+A client's training (:func:`~fedray.gradient.client_sgd.local_sgd`) is a
+pure function of the global state, its samples, its mini-batches and (for
+SCAFFOLD) the control variates: the model is reloaded
 from the global state before every client, and the mini-batches are
 ``minibatches(n, batch_size, epochs, client_rng(seed, round, client))`` — the
 linear-probing path's — so a run does not depend on how clients are spread
@@ -19,7 +20,8 @@ from torch.nn.functional import cross_entropy
 from fedray.finetune.images import ImageReader
 from fedray.finetune.model import FineTuneModel, Mode, sent_names, trained_names
 from fedray.gradient.backend import Params
-from fedray.gradient.local import LocalSGD, client_rng, minibatches
+from fedray.gradient.client_sgd import ClientAlgorithm, client_batches, local_sgd
+from fedray.gradient.local import LocalSGD
 from fedray.spherefed.classifier import sphere_loss
 from fedray.tct.entk import EntkSpec, entk_features, reinitialize_last_layer
 
@@ -83,6 +85,7 @@ class ClientTrainer:
     def __init__(self, model: FineTuneModel, training: LocalTraining, device: torch.device) -> None:
         self.model, self.mode, self.sgd, self.seed, self.device = model, training.mode, training.sgd, training.seed, device
         self.training = training
+        self.algorithm = ClientAlgorithm(training.loss, training.sgd.prox_mu)
         model.temperature = training.sgd.temperature
         model.sphere = training.sphere_loss is not None
         for name, parameter in model.named_parameters():
@@ -117,13 +120,13 @@ class ClientTrainer:
         for client, client_rows in zip(clients, rows):
             own = client_controls.get(client)
             own = self._on_device(own) if own is not None else None
-            client_loss, steps = self._train_client(start, control, own, client_rows, labels, reader, round_number, client)
+            client_loss, new = self._train_client(start, control, own, client_rows, labels, reader, round_number, client)
             size = len(client_rows)
             state = self.model.state_dict()
             for name in self.sent:
                 delta[name] += size * (state[name] - start[name])
-            if control is not None:
-                controls[client] = self._new_control(start, state, control, own, steps * self.sgd.for_round(round_number).lr)
+            if new is not None:
+                controls[client] = new
             loss_sum += client_loss
             samples += size
         return Partial({name: value.cpu() for name, value in delta.items()}, float(samples), loss_sum, samples, controls)
@@ -138,10 +141,10 @@ class ClientTrainer:
         reader: ImageReader,
         round_number: int,
         client: int,
-    ) -> tuple[float, int]:
-        """Local SGD of one client from ``start``; returns the starting model's summed loss and the number of steps."""
+    ) -> tuple[float, Params | None]:
+        """Local SGD of one client from ``start``; returns the starting model's summed loss and its new control (SCAFFOLD) or None."""
         sgd, size = self.sgd.for_round(round_number), len(rows)
-        plan = minibatches(size, sgd.batch_size, sgd.epochs, client_rng(self.seed, round_number, client))
+        plan = client_batches(size, sgd, self.seed, round_number, client)
         evaluation = chunks(size, sgd.batch_size)
         stream = reader.batches([rows[batch] for batch in evaluation + plan])
         self.model.load_state_dict(start)
@@ -154,27 +157,10 @@ class ClientTrainer:
         # in train mode the loss pass moved BN's running statistics: start training from the global state again
         self.model.load_state_dict(start)
         parameters = dict(self.model.named_parameters())
-        optimizer = torch.optim.SGD([parameters[name] for name in self.trained], lr=sgd.lr, weight_decay=sgd.weight_decay,
-                                    momentum=sgd.momentum)
-        for batch in plan:
-            optimizer.zero_grad(set_to_none=True)
-            self.training.loss(self.model(next(stream).to(self.device)), labels[rows[batch]]).backward()
-            for name in self.trained:
-                grad, value = parameters[name].grad, parameters[name].detach()
-                if sgd.prox_mu:
-                    grad.add_(value - start[name], alpha=sgd.prox_mu)
-                if control is not None:
-                    grad.add_(control[name] if own is None else control[name] - own[name])
-            optimizer.step()
-        return loss_sum, len(plan)
-
-    def _new_control(self, start: Params, state: Params, control: Params, own: Params | None, step_length: float) -> Params:
-        """SCAFFOLD option II: c_i⁺ = c_i − c + (θ − θ_i) / (K η_l), ``step_length`` = K η_l (local steps × the round's lr)."""
-        scale = 1.0 / step_length
-        return {
-            name: ((own[name] if own is not None else 0) - control[name] + scale * (start[name] - state[name])).cpu()
-            for name in self.trained
-        }
+        trained = {name: parameters[name] for name in self.trained}
+        new = local_sgd(trained, lambda _: self.model(next(stream).to(self.device)), labels[rows], plan, sgd, self.algorithm,
+                        {name: start[name] for name in self.trained}, control, own)
+        return loss_sum, None if new is None else {name: value.cpu() for name, value in new.items()}
 
 
 @torch.inference_mode()

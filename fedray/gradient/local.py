@@ -159,8 +159,14 @@ class TrainedHeads:
 
     def control_update(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(Σ n_k (c_k⁺ − c_k) for the weights, the same for the bias): SCAFFOLD's server-side sum."""
-        change = self._row_sizes() * (self.gradient_rows - self.control.rows)
-        return self.features.T @ change, change.sum(dim=0)
+        return control_change(self.features, self._row_sizes(), self.gradient_rows, self.control.rows)
+
+
+def control_change(features: torch.Tensor, row_sizes: torch.Tensor, gradient_rows: torch.Tensor,
+                   control_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ n_k (c_k⁺ − c_k) for the weights and the bias, from the new and old G rows (``row_sizes``: each row's n_k)."""
+    change = row_sizes * (gradient_rows - control_rows)
+    return features.T @ change, change.sum(dim=0)
 
 
 SMALL_CLIENT = 64

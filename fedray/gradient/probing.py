@@ -1,7 +1,7 @@
 """Federated linear probing on frozen features: the shard runtime as a training backend.
 
 Per round the global head (W, b) is put in the object store once; each shard
-trains its sampled clients together (:func:`~fedray.gradient.local.train_heads`)
+trains its sampled clients together (:func:`~fedray.gradient.heads.train_linear_heads`)
 and returns Σ n_k (θ_k − θ) and Σ n_k; the sums are tree-reduced and the
 training loop turns their ratio into the next head with the server optimizer.
 
@@ -22,7 +22,9 @@ import torch
 from fedray.accounting import PaperCosts
 from fedray.evaluation import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
-from fedray.gradient.local import Control, LocalSGD, train_heads
+from fedray.gradient.client_sgd import ClientAlgorithm, CrossEntropy
+from fedray.gradient.heads import train_linear_heads
+from fedray.gradient.local import Control, LocalSGD
 from fedray.methods.base import Classifier, ClientBatch
 from fedray.runtime.shards import ShardPool, gather_rows
 
@@ -59,14 +61,22 @@ class LocalTrainer:
 
     sgd: LocalSGD
     seed: int
+    algorithm: ClientAlgorithm | None = None
+    """The clients' objective; None: the cross-entropy at ``sgd``'s temperature with ``sgd``'s μ (FedAvg, FedProx, SCAFFOLD)."""
+
+    def client_algorithm(self) -> ClientAlgorithm:
+        return self.algorithm or ClientAlgorithm(CrossEntropy(self.sgd.temperature), self.sgd.prox_mu)
 
     def train(self, batch: ClientBatch, head: tuple, round_number: int, control_rows: np.ndarray | None) -> ShardUpdate:
-        """``head`` is (W, b), or (W, b, c_W, c_b) for SCAFFOLD with ``control_rows`` the clients' G rows (arrays)."""
+        """``head`` is (W, b), or (W, b, c_W, c_b) for SCAFFOLD with ``control_rows`` the clients' G rows (arrays).
+
+        The dual form trains the heads when it supports the algorithm, autograd otherwise (:mod:`fedray.gradient.heads`).
+        """
         head = as_tensors(head)
         weight, bias = head[:2]
         control = None if control_rows is None else Control(head[2], head[3], torch.from_numpy(np.array(control_rows)))
-        heads = train_heads(batch.features, batch.labels, batch.offsets, batch.clients, weight, bias, self.sgd,
-                            self.seed, round_number, control)
+        heads = train_linear_heads(batch.features, batch.labels, batch.offsets, batch.clients, weight, bias, self.sgd,
+                                   self.client_algorithm(), self.seed, round_number, control)
         delta_w, delta_b, count = heads.weighted_update(bias)
         update = ShardUpdate(delta_w.numpy(), delta_b.numpy(), float(count), heads.start_loss, len(batch.labels))
         if control is not None:

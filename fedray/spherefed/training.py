@@ -4,13 +4,14 @@ The model is z = normalize(P x + q), logits = W z with W the fixed classifier
 (C × l, :func:`~fedray.spherefed.classifier.fixed_classifier`); only (P, q)
 are trained and travel. The loss is SphereFed's MSE (1/C)‖W z − onehot(y)‖²,
 or cross-entropy of W z / T for the ablation. Clients train one after another
-with ``torch.optim.SGD`` on the same mini-batches as linear probing; the
-shards' sums go through the same tree reduction.
+with :func:`~fedray.gradient.client_sgd.local_sgd` on the same mini-batches
+as linear probing; the shards' sums go through the same tree reduction.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import ray
@@ -19,8 +20,9 @@ import torch
 from fedray.accounting import PaperCosts
 from fedray.evaluation import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
+from fedray.gradient.client_sgd import ClientAlgorithm, client_batches, local_sgd
 from fedray.gradient.control_variates import ControlVariates
-from fedray.gradient.local import LocalSGD, client_rng, minibatches, random_head
+from fedray.gradient.local import LocalSGD, random_head
 from fedray.gradient.probing import LocalTrainer, ProbeBackend, ShardUpdate, as_arrays, as_tensors
 from fedray.methods.base import ClientBatch, Classifier
 from fedray.runtime.shards import ShardPool
@@ -42,41 +44,33 @@ class SphereTrainer(LocalTrainer):
     classifier: torch.Tensor | None = None
     loss: str = "mse"
 
+    def client_algorithm(self) -> ClientAlgorithm:
+        return self.algorithm or ClientAlgorithm(partial(sphere_loss, loss=self.loss, temperature=self.sgd.temperature), self.sgd.prox_mu)
+
     def train(self, batch: ClientBatch, head: tuple, round_number: int,
               control_rows: dict[int, tuple[np.ndarray, np.ndarray] | None] | None) -> ShardUpdate:
         head = as_tensors(head)
         weight, bias = head[:2]
-        sgd = self.sgd.for_round(round_number)
+        start = {"weight": weight, "bias": bias}
+        control = None if control_rows is None else {"weight": head[2], "bias": head[3]}
+        sgd, algorithm = self.sgd.for_round(round_number), self.client_algorithm()
         delta_w, delta_b = torch.zeros_like(weight), torch.zeros_like(bias)
         loss_sum, total, controls = 0.0, 0, {}
         for k, client in enumerate(batch.clients.tolist()):
             rows = slice(batch.offsets[k], batch.offsets[k + 1])
             x, y = batch.features[rows], batch.labels[rows]
-            trained_w, trained_b = weight.clone().requires_grad_(), bias.clone().requires_grad_()
             with torch.no_grad():
-                loss_sum += len(y) * float(sphere_loss(sphere_logits(x, weight, bias, self.classifier), y, self.loss, self.sgd.temperature))
-            if control_rows is not None:
-                own = control_rows[client]
-                own = (torch.zeros_like(weight), torch.zeros_like(bias)) if own is None else as_tensors(own)
-                corrections = (head[2] - own[0], head[3] - own[1])
-            optimizer = torch.optim.SGD([trained_w, trained_b], lr=sgd.lr, weight_decay=sgd.weight_decay, momentum=sgd.momentum)
-            steps = minibatches(len(y), sgd.batch_size, sgd.epochs, client_rng(self.seed, round_number, client))
-            for step in steps:
-                optimizer.zero_grad()
-                value = sphere_loss(sphere_logits(x[step], trained_w, trained_b, self.classifier), y[step], self.loss, sgd.temperature)
-                if sgd.prox_mu:
-                    value = value + sgd.prox_mu / 2 * (((trained_w - weight) ** 2).sum() + ((trained_b - bias) ** 2).sum())
-                value.backward()
-                if control_rows is not None:
-                    trained_w.grad.add_(corrections[0])
-                    trained_b.grad.add_(corrections[1])
-                optimizer.step()
-            if control_rows is not None:
-                scale = 1.0 / (len(steps) * sgd.lr)
-                controls[client] = as_arrays((own[0] - head[2] + scale * (weight - trained_w.detach()),
-                                              own[1] - head[3] + scale * (bias - trained_b.detach())))
-            delta_w += len(y) * (trained_w.detach() - weight)
-            delta_b += len(y) * (trained_b.detach() - bias)
+                loss_sum += len(y) * float(algorithm.loss(sphere_logits(x, weight, bias, self.classifier), y))
+            trained = {name: value.clone().requires_grad_() for name, value in start.items()}
+            own = None
+            if control is not None and control_rows[client] is not None:
+                own = dict(zip(("weight", "bias"), as_tensors(control_rows[client])))
+            new = local_sgd(trained, lambda step: sphere_logits(x[step], trained["weight"], trained["bias"], self.classifier), y,
+                            client_batches(len(y), sgd, self.seed, round_number, client), sgd, algorithm, start, control, own)
+            if new is not None:
+                controls[client] = as_arrays((new["weight"], new["bias"]))
+            delta_w += len(y) * (trained["weight"].detach() - weight)
+            delta_b += len(y) * (trained["bias"].detach() - bias)
             total += len(y)
         return ShardUpdate(delta_w.numpy(), delta_b.numpy(), float(total), loss_sum, total,
                            client_controls=controls if control_rows is not None else None)
@@ -110,7 +104,7 @@ class SphereBackend(ProbeBackend):
                  scaffold: bool = False) -> None:
         self.sphere_dim = sphere_dim
         self.classifier = fixed_classifier(pool.federation.num_classes, sphere_dim, seed).to(torch.float32)
-        super().__init__(pool, sgd, seed, evaluator, trainer=SphereTrainer(sgd, seed, self.classifier, loss))
+        super().__init__(pool, sgd, seed, evaluator, trainer=SphereTrainer(sgd, seed, classifier=self.classifier, loss=loss))
         shapes = {"weight": torch.Size((sphere_dim, self.dim)), "bias": torch.Size((sphere_dim,))}
         self.controls = ControlVariates(shapes, int(self.offsets[-1])) if scaffold else None
 
