@@ -65,7 +65,7 @@ class LocalTrainer:
     """The clients' objective; None: the cross-entropy at ``sgd``'s temperature with ``sgd``'s μ (FedAvg, FedProx, SCAFFOLD)."""
 
     def client_algorithm(self) -> ClientAlgorithm:
-        return self.algorithm or ClientAlgorithm(CrossEntropy(self.sgd.temperature), self.sgd.prox_mu)
+        return self.algorithm if self.algorithm is not None else ClientAlgorithm(CrossEntropy(self.sgd.temperature), self.sgd.prox_mu)
 
     def train(self, batch: ClientBatch, head: tuple, round_number: int, control_rows: np.ndarray | None) -> ShardUpdate:
         """``head`` is (W, b), or (W, b, c_W, c_b) for SCAFFOLD with ``control_rows`` the clients' G rows (arrays).

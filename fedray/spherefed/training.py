@@ -45,7 +45,9 @@ class SphereTrainer(LocalTrainer):
     loss: str = "mse"
 
     def client_algorithm(self) -> ClientAlgorithm:
-        return self.algorithm or ClientAlgorithm(partial(sphere_loss, loss=self.loss, temperature=self.sgd.temperature), self.sgd.prox_mu)
+        if self.algorithm is not None:
+            return self.algorithm
+        return ClientAlgorithm(partial(sphere_loss, loss=self.loss, temperature=self.sgd.temperature), self.sgd.prox_mu)
 
     def train(self, batch: ClientBatch, head: tuple, round_number: int,
               control_rows: dict[int, tuple[np.ndarray, np.ndarray] | None] | None) -> ShardUpdate:
