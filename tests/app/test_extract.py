@@ -206,6 +206,7 @@ def test_reduced_precision_is_its_own_cache_entry_and_close_to_fp32(ray_session,
     np.testing.assert_allclose(cached_features(bf16.entry), reference, rtol=0, atol=0.05 * np.abs(reference).max())
 
 
+@pytest.mark.slow  # a restarted actor imports torch and builds its model again
 def test_a_restarted_replica_fetches_the_weights_again_and_gives_the_same_features(ray_session, folder, weights_file):
     """The weights come with every call, so a restarted replica (its constructor took small things only) rebuilds
     the same model."""

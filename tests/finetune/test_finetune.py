@@ -441,6 +441,7 @@ def test_bad_inputs_get_clear_errors(pools, images, bad_images):
     assert ft.train_round(params, np.array([1]), 1).samples == 2
 
 
+@pytest.mark.slow  # a restarted actor imports torch and builds its model again
 def test_a_restarted_trainer_fetches_its_rows_again_and_gives_the_same_results(pools):
     """A trainer's rows come with every call, so a restarted trainer (its constructor took small things only) serves
     the same images and labels."""
