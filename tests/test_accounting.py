@@ -80,7 +80,11 @@ CLOSED_FORM = {
 }
 
 
-@pytest.mark.parametrize("name", list(CLOSED_FORM))
+# the fast layer runs one method of each paper's count; the variants run in the full suite
+FAST = ("fedncm", "fedcof", "fed3r")
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[] if name in FAST else [pytest.mark.slow]) for name in CLOSED_FORM])
 def test_closed_form_columns_are_the_papers_formulas(ray_session, tmp_path, uneven, name):
     options, expected = CLOSED_FORM[name]
     rows = rows_of(tmp_path, uneven, **{"method": name, "backbone_macs": F_PHI, **options})
@@ -98,12 +102,14 @@ def test_fed3r_default_columns_keep_their_values(ray_session, tmp_path, uneven):
     assert last["bytes_down"] == 0.0
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_macs_are_null_without_a_backbone_count(ray_session, tmp_path, uneven):
     last = rows_of(tmp_path, uneven, method="fed3r")[-1]
     assert last["backbone_macs"] is None and last["macs_client_avg_fed3r"] is None
     assert last["comm_floats_fed3r"] == 3 * (16 + 20)
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_fed3r_macs_average_over_all_clients_as_t_kappa_over_k(ray_session, tmp_path, even):
     rows = rows_of(tmp_path, even, method="fed3r", clients_per_round=1, eval_every=1, backbone_macs=F_PHI)
     per_round = 3 * (1000 + 10 + 20)  # 𝒯 = n_k (F_φ + ½d(d+1) + d·C), n_k = 3
@@ -128,6 +134,7 @@ def test_linear_probing_columns(ray_session, tmp_path, even):
     assert rows[-1]["bytes_up"] == 4 * 3 * 2 * (4 + 1) * 5  # fedray's own count (the head with its bias), unchanged
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_scaffold_probing_doubles_fed3r_traffic_and_has_no_fedcof_count(ray_session, tmp_path, even):
     last = rows_of(tmp_path, even, method="scaffold", clients_per_round=2, rounds=3, local_epochs=1)[-1]
     assert last["comm_floats_fed3r"] == 4 * 20 * 2 * 3

@@ -102,6 +102,7 @@ def test_pool_features_match_the_model_on_an_image_folder(ray_session, tmp_path,
     assert load_federation(f"features:{report.entry}").num_clients == 4
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_second_run_does_no_model_work(ray_session, tmp_path, folder, weights_file, monkeypatch):
     first = extract(config(f"imagefolder:{folder}", tmp_path / "cache", weights_file))
     before = cached_features(first.entry)
@@ -118,6 +119,7 @@ def test_a_second_run_does_no_model_work(ray_session, tmp_path, folder, weights_
         extract(other)
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_an_interrupted_run_resumes_from_its_finished_parts(ray_session, tmp_path, folder, weights_file, monkeypatch):
     monkeypatch.setattr(cache, "PART_ROWS", 5)
     full = extract(config(f"imagefolder:{folder}", tmp_path / "cache", weights_file))
@@ -140,6 +142,7 @@ def test_an_interrupted_run_resumes_from_its_finished_parts(ray_session, tmp_pat
     assert (entry.path / cache.PARTS / ".train-00003.parquet.abc.tmp").exists(), "not a name fedray writes: left alone"
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_bad_images_are_counted_and_skipped_or_stop_the_run(ray_session, tmp_path, folder, weights_file):
     random_image(np.random.default_rng(0), "L").save(folder / "train" / "class_00" / "gray.png")
     (folder / "train" / "class_01" / "broken.jpg").write_bytes(b"\xff\xd8 truncated")
@@ -155,6 +158,7 @@ def test_bad_images_are_counted_and_skipped_or_stop_the_run(ray_session, tmp_pat
     assert not any((tmp_path / "fail").rglob(cache.MANIFEST))
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_missing_image_is_reported_or_stops_the_run(ray_session, tmp_path, weights_file):
     train_csv, images = write_inat_split(tmp_path / "inat", users=3, images_per_user=2, classes=2, test_images=2)
     victim = sorted(images.rglob("*.jpg"))[0]
@@ -183,6 +187,7 @@ def test_bad_extraction_requests_fail_before_any_work(tmp_path, folder, weights_
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_images_to_metrics_end_to_end(ray_session, tmp_path, weights_file, capsys):
     train_csv, images = write_inat_split(tmp_path / "inat", users=10, images_per_user=3, classes=3, test_images=9)
     spec = f"hsu:{train_csv}?images={images}"
@@ -198,6 +203,7 @@ def test_images_to_metrics_end_to_end(ray_session, tmp_path, weights_file, capsy
     assert metrics.column("dataset").to_pylist() == [f"features:{entry}"] * 2
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_reduced_precision_is_its_own_cache_entry_and_close_to_fp32(ray_session, tmp_path, folder, weights_file):
     full = extract(config(f"imagefolder:{folder}", tmp_path / "cache", weights_file, pool_size=1))
     bf16 = extract(config(f"imagefolder:{folder}", tmp_path / "cache", weights_file, pool_size=1, precision="bf16"))

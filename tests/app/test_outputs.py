@@ -132,6 +132,7 @@ print(json.dumps(results))
 """
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_an_out_in_a_read_only_folder_is_refused_before_any_work(weights_file, tmp_path):
     """Every command, --out a read-only folder, a folder to create in it, or one in a folder that may not be searched:
     one process without root's power to write anywhere runs them all, each command's work replaced by a failure."""
@@ -246,6 +247,7 @@ def test_a_run_killed_while_writing_never_leaves_a_mix_that_looks_complete(previ
     assert [(row["seed"], row["clients_per_round"], row["lam"]) for row in metrics(out)] == [(5, 40, 0.5)]
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_later_run_removes_only_its_own_stale_temporaries(previous_run, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(previous_run, out)
@@ -279,6 +281,7 @@ def test_a_run_leaves_a_checkpoint_it_did_not_write(ray_session, tmp_path, capsy
     assert (out / CHECKPOINT).read_bytes() == b"a training run's checkpoint"
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_run_into_a_fine_tuning_folder_does_not_leave_the_old_model_beside_its_results(previous_run, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(previous_run, out)
@@ -303,6 +306,7 @@ def test_written_files_follow_the_umask(umask_027, tmp_path):
     assert stat.S_IMODE((tmp_path / "a" / "file.txt").stat().st_mode) == umask_027
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_runs_files_follow_the_umask(ray_session, umask_027, tmp_path, capsys):
     rc, _, err = run_cli(capsys, SPEC, tmp_path / "run", "--eval-every", "100")
     assert rc == 0, err

@@ -63,6 +63,7 @@ def test_fed3r_is_immune_to_the_split_in_the_heterogeneity_sweep(ray_session, tm
     assert final["accuracy"].n_unique() == 1, final.select("dataset", "accuracy")
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_the_dirichlet_sweep_sets_alpha_in_the_dataset(ray_session, tmp_path):
     spec = small(load_sweep(SWEEPS / "dirichlet.yaml"))
     spec = replace(spec, grid={"dataset.alpha": [0.01, 100.0], "method": ["fed3r"]})
@@ -72,6 +73,7 @@ def test_the_dirichlet_sweep_sets_alpha_in_the_dataset(ray_session, tmp_path):
         assert f"alpha={alpha:g}" in dataset.replace("alpha=100.0", "alpha=100")
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_resumed_sweep_runs_only_the_unfinished_trials(ray_session, tmp_path):
     features = tmp_path / "later.parquet"
     tiny = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
@@ -169,6 +171,7 @@ def test_the_command_line_refuses_a_doomed_sweep_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_when_every_trial_fails_the_sweep_says_so_and_writes_no_results(ray_session, tmp_path):
     missing = tmp_path / "missing.parquet"
     path = write(tmp_path, f"""

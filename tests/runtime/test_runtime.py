@@ -55,7 +55,7 @@ def centralized_ridge():
 
 @pytest.mark.parametrize(
     "split, shards, participation, replacement",
-    [pytest.param(s, n, p, r, marks=[pytest.mark.slow] if s == "inat-geo-3k" or (p, r) == (0.02, "without") else [])
+    [pytest.param(s, n, p, r, marks=[pytest.mark.slow] if s == "inat-geo-3k" or (p, r) == (0.02, "without") or (n, p) == (3, 0.02) else [])
      for s in SPLITS for n in (1, 3) for p in (0.02, 0.3) for r in ("without", "with")],
 )
 def test_fed3r_is_the_centralized_ridge_solution(pools, centralized_ridge, split, shards, participation, replacement):
@@ -71,7 +71,7 @@ def test_fedncm_is_the_centralized_class_means(pools):
     assert max_relative_difference(outcome.classifier.weight, normalized(class_means(z, labels, 60).T)) <= 1e-12
 
 
-@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize("shards", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_fedcof_matches_its_algorithm_1(pools, shards):
     pool = pools("inat-user-120k", shards)
     _, _, outcome = run_on(pool, method="fedcof", clients_per_round=11, sampling="with")

@@ -80,6 +80,7 @@ def test_each_shard_holds_exactly_its_clients_rows_from_the_file(ray_session, pa
         pool.shutdown()
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_restarted_parquet_shard_reloads_the_same_rows(ray_session, parquet_path):
     federation = load_parquet(parquet_path)
     pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
@@ -93,6 +94,7 @@ def test_a_restarted_parquet_shard_reloads_the_same_rows(ray_session, parquet_pa
         pool.shutdown()
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_federation_held_in_memory_gives_the_same_rows(ray_session):
     """Without a spec (features computed in memory), the shards get their rows by reference, and hold the same ones."""
     federation = synthetic.build("inat-user-120k", dim=8, scale=0.02, classes=20)

@@ -106,6 +106,7 @@ def test_spherefed_with_scaffold_on_features_equals_plain_scaffold(ray_session, 
                            atol=1e-3), "the comparison can tell settings apart"
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_spherefed_with_momentum_and_a_cosine_schedule_equals_plain_torch(ray_session, tmp_path):
     out = tmp_path / "sphere-momentum"
     config = RunConfig(method="scaffold", head="sphere", sphere_dim=6, client_lr=0.2, batch_size=4, local_epochs=2,

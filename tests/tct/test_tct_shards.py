@@ -93,6 +93,7 @@ def test_sharded_scaffold_equals_in_memory(ray_session, clients, held_out, per_r
     assert 0 < rows[-1].train_loss < rows[0].train_loss
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_sharded_closed_form_equals_in_memory(ray_session, clients, held_out):
     pool = start_pool(ray_session, clients, held_out)
     try:
@@ -115,6 +116,7 @@ def test_sharded_closed_form_equals_in_memory(ray_session, clients, held_out):
     assert row.bytes_up == 6 * (2 * 20 + 1) * 4 + 6 * (21 * 21 + 21 * NUM_CLASSES) * 4
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_shards_project_with_the_shared_seed(ray_session, clients, held_out):
     pool = start_pool(ray_session, clients, held_out, Projection(8, seed=5))
     try:
@@ -126,6 +128,7 @@ def test_shards_project_with_the_shared_seed(ray_session, clients, held_out):
     assert torch.allclose(sharded.mean, mean, rtol=0, atol=1e-10) and torch.allclose(sharded.std, std, rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_float16_storage_is_standardized_and_solved_in_float32(ray_session, clients, held_out):
     halved = [ClientData(c.features.half(), c.labels) for c in clients]
     pool = start_pool(ray_session, halved, ClientData(held_out.features.half(), held_out.labels))
