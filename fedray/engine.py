@@ -10,7 +10,6 @@ from ray.util.placement_group import PlacementGroup
 
 from fedray.config import TCT, RunConfig
 from fedray.data.registry import load_federation, recorded_backbone_macs
-from fedray.errors import FedrayError
 from fedray.evaluation import Evaluator
 from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.methods.base import Classifier, ClosedFormMethod
@@ -21,12 +20,6 @@ from fedray.runtime.session import check_address, init_ray
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import RunOutcome, run_closed_form
 from fedray.writable import check_folder
-
-
-def check_sweepable(config: RunConfig) -> None:
-    """A run that can be a Tune trial: its actors fit in the trial's placement group."""
-    if config.finetune:
-        raise FedrayError("fine-tuning runs cannot be swept yet: their trainers reserve a placement group of their own")
 
 
 def simulate(
@@ -84,8 +77,6 @@ def run(
     """
     config = config.validate().resolved()
     check_address(address)
-    if trial_group is not None:
-        check_sweepable(config)
     out = Path(config.out)
     check_folder(out)
     federation = load_federation(config.dataset)
@@ -104,7 +95,7 @@ def run(
         from fedray.gradient.runner import finetune_on_images  # these paths' modules (torchvision among them) load only when used
         from fedray.tct.runner import run_tct
 
-        outcome = (run_tct if config.method == TCT else finetune_on_images)(config, federation, on_point, saved)
+        outcome = (run_tct if config.method == TCT else finetune_on_images)(config, federation, on_point, saved, trial_group)
         resolved = _resolved(config, federation.num_clients)
         model = outcome.params
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])

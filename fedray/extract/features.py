@@ -123,7 +123,7 @@ def _run_parts(pool: ExtractionPool, todo: deque, entry: CacheEntry, num_classes
         if todo:
             split, index, rows = todo.popleft()
             paths = rows.column("image_path").to_pylist()
-            ref = pool.actors[replica].extract.remote(rows.column("sample_id").to_numpy(), paths)
+            ref = pool.extract(replica, rows.column("sample_id").to_numpy(), paths)
             in_flight[ref] = (replica, split, index, rows)
 
     for replica in range(len(pool.actors)):

@@ -20,6 +20,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from fedray.errors import FedrayError
 from fedray.images.backbones import Backbone, feature_model
 from fedray.images.decode import ImageTransform, load_image
+from fedray.runtime.held import Held
 from fedray.runtime.placement import reserve, start_actors
 
 AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -36,14 +37,16 @@ class PartResult:
 
 @ray.remote(max_restarts=2, max_task_retries=2)
 class Extractor:
-    """One model replica. A call is a pure function of its arguments, so Ray can retry it on a restarted replica."""
+    """One model replica. A call is a pure function of its arguments, so Ray can retry it on a restarted replica.
 
-    def __init__(
-        self, backbone: Backbone, state_dict: dict, transform: ImageTransform, precision: str, batch_size: int, threads: int
-    ) -> None:
+    The weights come with every call, as a :class:`Held` state dict (see
+    :mod:`fedray.runtime.held`); the model is built on the first call.
+    """
+
+    def __init__(self, backbone: Backbone, transform: ImageTransform, precision: str, batch_size: int, threads: int) -> None:
         torch.set_num_threads(threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = feature_model(backbone, state_dict).to(self.device)
+        self.backbone, self.weights, self.model = backbone, None, None
         self.dim = backbone.dim
         self.transform, self.pipeline = transform, transform.pipeline()
         self.dtype = AUTOCAST_DTYPES[precision]
@@ -64,7 +67,9 @@ class Extractor:
             features = self.model(batch)
         return features.float().cpu().numpy()
 
-    def extract(self, sample_ids: np.ndarray, paths: list[str | None]) -> PartResult:
+    def extract(self, weights: Held, sample_ids: np.ndarray, paths: list[str | None]) -> PartResult:
+        if self.weights != weights:
+            self.model, self.weights = feature_model(self.backbone, weights.get()).to(self.device), weights
         starts = range(0, len(paths), self.batch_size)
         pending = self._decode(paths[: self.batch_size])
         kept, features, skipped = [], [], []
@@ -87,16 +92,13 @@ class Extractor:
 
 @dataclass
 class ExtractionPool:
-    """The replicas, their placement group, where each runs, and the weights' object ref.
-
-    The pool keeps the weights' ref alive: Ray frees an actor's constructor
-    arguments once nothing refers to them, and a restarted replica needs them.
-    """
+    """The replicas, their placement group, where each runs, and the weights (sent with every call: a restarted
+    replica needs them again)."""
 
     actors: list
     group: PlacementGroup
     workers: list[dict]
-    state_ref: ray.ObjectRef
+    weights: Held
 
     @classmethod
     def start(
@@ -125,11 +127,14 @@ class ExtractionPool:
         group = reserve(
             bundle, pool_size, "SPREAD", f"{pool_size} extraction replicas × {bundle}", "lower --pool-size or --cpus-per-worker"
         )
-        state_ref = ray.put(state_dict)
-        arguments = (backbone, state_ref, transform, precision, batch_size, max(1, int(cpus_per_worker)))
+        arguments = (backbone, transform, precision, batch_size, max(1, int(cpus_per_worker)))
         actors = start_actors(Extractor, group, bundle, [arguments] * pool_size)
         workers = ray.get([actor.describe.remote() for actor in actors])
-        return cls(actors, group, workers, state_ref)
+        return cls(actors, group, workers, Held.put(state_dict))
+
+    def extract(self, replica: int, sample_ids: np.ndarray, paths: list[str | None]) -> ray.ObjectRef:
+        """Submit one part to replica ``replica``; its :class:`PartResult`'s ref."""
+        return self.actors[replica].extract.remote(self.weights, sample_ids, paths)
 
     def shutdown(self) -> None:
         for actor in self.actors:

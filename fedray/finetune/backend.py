@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import ray
 import torch
+from ray.util.placement_group import PlacementGroup
 
 from fedray.accounting import PaperCosts
 from fedray.data.federation import Federation
@@ -94,12 +95,13 @@ class FineTuneBackend:
         scaffold: bool = False,
         sphere_loss: str | None = None,
         eval_batch_size: int = 64,
+        trial_group: PlacementGroup | None = None,
     ) -> FineTuneBackend:
-        """A backend on a pool of its own (see :meth:`TrainerPool.start`), shut down with it."""
+        """A backend on a pool of its own (see :meth:`TrainerPool.start`, also for ``trial_group``), shut down with it."""
         get_mode(mode)
         check_sgd(sgd)
         pool = TrainerPool.start(federation, backbone_name, image_size=image_size, num_trainers=num_trainers,
-                                 cpus_per_trainer=cpus_per_trainer, eval_batch_size=eval_batch_size)
+                                 cpus_per_trainer=cpus_per_trainer, eval_batch_size=eval_batch_size, trial_group=trial_group)
         try:
             return cls(pool, weights_spec, mode, sgd, seed, scaffold=scaffold, sphere_loss=sphere_loss, owns_pool=True)
         except BaseException:

@@ -21,11 +21,12 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.errors import FedrayError
 from fedray.finetune.local import Partial
-from fedray.finetune.trainer import Trainer
+from fedray.finetune.trainer import Trainer, TrainerRows
 from fedray.gradient.backend import Params
 from fedray.images.backbones import Backbone, get_backbone
 from fedray.images.decode import ImageTransform
-from fedray.runtime.placement import reserve, start_actors
+from fedray.runtime.held import Held
+from fedray.runtime.placement import reserve, start_actors, trial_bundles
 from fedray.runtime.shards import balanced_bounds, tree_reduce
 from fedray.tct.entk import EntkSpec
 
@@ -55,7 +56,7 @@ def check_images(federation: Federation) -> None:
 
 @dataclass
 class TrainerPool:
-    """The trainers, their placement group and the federation's object ref (a restarted trainer needs it again)."""
+    """The trainers, their placement group and each trainer's rows (sent with every call: a restarted trainer needs them again)."""
 
     federation: Federation
     backbone: Backbone
@@ -63,8 +64,10 @@ class TrainerPool:
     actors: list
     bounds: np.ndarray
     group: PlacementGroup
-    federation_ref: ray.ObjectRef
+    rows: list[Held]
     bundle: dict[str, float]
+    trial_group: PlacementGroup | None = None
+    """The Tune trial's placement group the trainers run in (``group`` then), else None (a group of their own)."""
 
     @classmethod
     def start(
@@ -76,8 +79,15 @@ class TrainerPool:
         num_trainers: int | None = None,
         cpus_per_trainer: float = 1.0,
         eval_batch_size: int = 64,
+        trial_group: PlacementGroup | None = None,
     ) -> TrainerPool:
-        """Reserve one bundle per trainer and start the trainers (default: one per GPU, else as many as the free CPUs fit)."""
+        """Reserve one bundle per trainer and start the trainers (default: one per GPU, else as many as the free CPUs fit).
+
+        Inside a Tune trial, the trainers take bundles 1.. of ``trial_group``
+        instead (bundle 0 is the trial's driver; see
+        :meth:`~fedray.runtime.shards.ShardPool.start`): one trainer per bundle,
+        with its resources, whatever ``num_trainers`` and ``cpus_per_trainer`` say.
+        """
         backbone = get_backbone(backbone_name)
         transform = ImageTransform(image_size)
         if backbone.fixed_size is not None and image_size != backbone.fixed_size:
@@ -85,6 +95,9 @@ class TrainerPool:
         if cpus_per_trainer <= 0 or eval_batch_size < 1:
             raise FedrayError(f"need cpus_per_trainer > 0 and eval_batch_size ≥ 1, got {cpus_per_trainer} and {eval_batch_size}")
         check_images(federation)
+        if trial_group is not None:
+            num_trainers, bundle = trial_bundles(trial_group)
+            cpus_per_trainer = bundle.get("CPU", 1.0)
         gpus = int(ray.cluster_resources().get("GPU", 0))
         if num_trainers is None:
             num_trainers = gpus if gpus else max(1, int(ray.available_resources().get("CPU", 1) // cpus_per_trainer))
@@ -92,23 +105,23 @@ class TrainerPool:
             raise FedrayError(f"need at least one trainer, got {num_trainers}")
         bounds = balanced_bounds(federation.client_offsets, num_trainers)
         trainers = len(bounds) - 1
-        bundle = {"CPU": cpus_per_trainer, **({"GPU": 1} if gpus else {})}
-        group = reserve(bundle, trainers, "SPREAD", f"{trainers} trainers × {bundle}", "lower num_trainers or cpus_per_trainer")
-        federation_ref = ray.put(federation)
+        if trial_group is None:
+            bundle = {"CPU": cpus_per_trainer, **({"GPU": 1} if gpus else {})}
+            group = reserve(bundle, trainers, "SPREAD", f"{trainers} trainers × {bundle}", "lower num_trainers or cpus_per_trainer")
+        else:
+            group = trial_group
         test_bounds = np.linspace(0, federation.test.num_rows, trainers + 1).astype(np.int64)
-        threads = max(1, int(cpus_per_trainer))
-        arguments = [
-            (federation_ref, backbone, transform, eval_batch_size, (int(bounds[t]), int(bounds[t + 1])),
-             (int(test_bounds[t]), int(test_bounds[t + 1])), threads)
-            for t in range(trainers)
-        ]
+        rows = [Held.put(TrainerRows.of(federation, (int(bounds[t]), int(bounds[t + 1])), (int(test_bounds[t]), int(test_bounds[t + 1]))))
+                for t in range(trainers)]
+        arguments = [(backbone, federation.num_classes, transform, eval_batch_size, max(1, int(cpus_per_trainer)))] * trainers
         try:
-            actors = start_actors(Trainer, group, bundle, arguments)
+            actors = start_actors(Trainer, group, bundle, arguments, first_bundle=0 if trial_group is None else 1)
             fetch([actor.describe.remote() for actor in actors])
         except BaseException:
-            remove_placement_group(group)
+            if trial_group is None:
+                remove_placement_group(group)
             raise
-        return cls(federation, backbone, image_size, actors, bounds, group, federation_ref, bundle)
+        return cls(federation, backbone, image_size, actors, bounds, group, rows, bundle, trial_group)
 
     @property
     def num_trainers(self) -> int:
@@ -123,19 +136,19 @@ class TrainerPool:
         for index, actor in enumerate(self.actors):
             mine = clients[trainer_of == index]
             own = {int(client): client_controls[int(client)] for client in mine} if client_controls else {}
-            partials.append((actor.train.remote(training, params, control, mine, own, round_number), actor))
+            partials.append((actor.train.remote(self.rows[index], training, params, control, mine, own, round_number), actor))
         return fetch(tree_reduce(None, partials))
 
     def accuracy(self, params: ray.ObjectRef) -> float:
         if self.federation.test.num_rows == 0:
             raise FedrayError(f"{self.federation.name}: no test samples to evaluate on")
-        counts = fetch([actor.correct.remote(params) for actor in self.actors])
+        counts = fetch([actor.correct.remote(held, params) for actor, held in zip(self.actors, self.rows)])
         return sum(correct for correct, _ in counts) / sum(total for _, total in counts)
 
     def embed(self, params: ray.ObjectRef, split: str) -> tuple[torch.Tensor, np.ndarray]:
         if split not in (TRAIN, TEST):
             raise FedrayError(f"unknown split {split!r}; use {TRAIN} or {TEST}")
-        parts = fetch([actor.embed.remote(params, split) for actor in self.actors])
+        parts = fetch([actor.embed.remote(held, params, split) for actor, held in zip(self.actors, self.rows)])
         return torch.cat([features for features, _ in parts]), np.concatenate([labels for _, labels in parts])
 
     def entk(self, params: ray.ObjectRef, spec: EntkSpec, split: str) -> tuple[list[ray.ObjectRef], list[np.ndarray]]:
@@ -145,10 +158,11 @@ class TrainerPool:
         """
         if split not in (TRAIN, TEST):
             raise FedrayError(f"unknown split {split!r}; use {TRAIN} or {TEST}")
-        calls = [actor.entk.remote(params, spec, split) for actor in self.actors]
+        calls = [actor.entk.remote(held, params, spec, split) for actor, held in zip(self.actors, self.rows)]
         return [features for features, _ in calls], fetch([labels for _, labels in calls])
 
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
-        remove_placement_group(self.group)
+        if self.trial_group is None:
+            remove_placement_group(self.group)

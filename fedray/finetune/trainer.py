@@ -1,14 +1,17 @@
 """Trainer actors: one model replica each, holding a contiguous range of clients' image paths and labels.
 
 Like the feature shards, a trainer's state is a pure function of its
-constructor arguments and its calls are pure functions of theirs (the model is
-reloaded from the call's parameters every time, and the run's settings come
-with the call), so Ray can restart a failed trainer and retry its calls with
-the same results, and one trainer serves runs of any mode and settings.
+constructor arguments and of its :class:`TrainerRows` (which come with every
+call, see :mod:`fedray.runtime.held`), and its calls are pure functions of
+their arguments (the model is reloaded from the call's parameters every time,
+and the run's settings come with the call), so Ray can restart a failed
+trainer and retry its calls with the same results, and one trainer serves runs
+of any mode and settings.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,40 +34,53 @@ from fedray.finetune.model import build_model
 from fedray.gradient.backend import Params
 from fedray.images.backbones import Backbone
 from fedray.images.decode import ImageTransform
+from fedray.runtime.held import Held
 from fedray.runtime.shards import combine_partials
 from fedray.tct.entk import EntkSpec
 
 
+@dataclass(frozen=True)
+class TrainerRows:
+    """A trainer's rows: its clients' train images and labels (client after client) and its share of the test split."""
+
+    first_client: int
+    offsets: np.ndarray
+    """Row offsets of clients ``first_client ..``, from 0."""
+    paths: dict[str, list[str | None]]
+    labels: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, federation: Federation, clients: tuple[int, int], test_rows: tuple[int, int]) -> "TrainerRows":
+        """Clients ``clients[0] .. clients[1]-1`` and test rows ``test_rows[0] .. test_rows[1]-1`` of ``federation``."""
+        start, stop = federation.client_offsets[clients[0]], federation.client_offsets[clients[1]]
+        splits = {TRAIN: federation.train.slice(start, stop - start),
+                  TEST: federation.test.slice(test_rows[0], test_rows[1] - test_rows[0])}
+        return cls(clients[0], federation.client_offsets[clients[0] : clients[1] + 1] - start,
+                   {split: rows.column("image_path").to_pylist() for split, rows in splits.items()},
+                   {split: rows.column("label").to_numpy().astype(np.int64) for split, rows in splits.items()})
+
+
 @ray.remote(max_restarts=2, max_task_retries=2)
 class Trainer:
-    """Clients ``clients[0] .. clients[1]-1`` and test rows ``test_rows[0] .. test_rows[1]-1`` of ``federation``."""
+    """One model replica; its rows arrive, as a :class:`Held` :class:`TrainerRows`, with every call."""
 
-    def __init__(
-        self,
-        federation: Federation,
-        backbone: Backbone,
-        transform: ImageTransform,
-        eval_batch_size: int,
-        clients: tuple[int, int],
-        test_rows: tuple[int, int],
-        threads: int,
-    ) -> None:
+    def __init__(self, backbone: Backbone, num_classes: int, transform: ImageTransform, eval_batch_size: int, threads: int) -> None:
         torch.set_num_threads(threads)
         self.device = training_device()
-        start, stop = federation.client_offsets[clients[0]], federation.client_offsets[clients[1]]
-        train = federation.train.slice(start, stop - start)
-        test = federation.test.slice(test_rows[0], test_rows[1] - test_rows[0])
-        self.first_client = clients[0]
-        self.offsets = federation.client_offsets[clients[0] : clients[1] + 1] - start
-        self.readers = {
-            split: ImageReader(rows.column("image_path").to_pylist(), transform, threads) for split, rows in ((TRAIN, train), (TEST, test))
-        }
-        self.labels = {
-            split: torch.from_numpy(rows.column("label").to_numpy().astype(np.int64)).to(self.device)
-            for split, rows in ((TRAIN, train), (TEST, test))
-        }
-        self.model = build_model(backbone, federation.num_classes).to(self.device)
+        self.transform, self.threads = transform, threads
+        self.model = build_model(backbone, num_classes).to(self.device)
         self.eval_batch_size = eval_batch_size
+        self.held: Held | None = None
+
+    def _load(self, held: Held) -> None:
+        """Fetch the rows on the first call (after a start or a restart)."""
+        if self.held == held:
+            return
+        rows: TrainerRows = held.get()
+        self.first_client, self.offsets = rows.first_client, rows.offsets
+        self.readers = {split: ImageReader(paths, self.transform, self.threads) for split, paths in rows.paths.items()}
+        self.labels = {split: torch.from_numpy(labels).to(self.device) for split, labels in rows.labels.items()}
+        self.held = held
 
     def describe(self) -> dict:
         context = ray.get_runtime_context()
@@ -72,6 +88,7 @@ class Trainer:
 
     def train(
         self,
+        held: Held,
         training: LocalTraining,
         params: Params,
         control: Params | None,
@@ -82,6 +99,7 @@ class Trainer:
         """One round's local training of ``clients`` (global numbers, trained in the given order); None if there are none."""
         if not len(clients):
             return None
+        self._load(held)
         rows = [np.arange(self.offsets[k], self.offsets[k + 1]) for k in clients - self.first_client]
         trainer = ClientTrainer(self.model, training, self.device)
         return trainer.train_clients(
@@ -92,18 +110,21 @@ class Trainer:
         """The pairwise step of :func:`~fedray.runtime.shards.tree_reduce` (which passes a method this sum does not need)."""
         return combine_partials(a, b, add_partials)
 
-    def correct(self, params: Params) -> tuple[int, int]:
+    def correct(self, held: Held, params: Params) -> tuple[int, int]:
         """(correctly classified, total) over this trainer's test rows."""
+        self._load(held)
         correct = count_correct(self.model, params, self.readers[TEST], self.labels[TEST], self.eval_batch_size, self.device)
         return correct, len(self.labels[TEST])
 
-    def embed(self, params: Params, split: str) -> tuple[torch.Tensor, np.ndarray]:
+    def embed(self, held: Held, params: Params, split: str) -> tuple[torch.Tensor, np.ndarray]:
         """Backbone features (float32, CPU) and labels of this trainer's rows of ``split``, in federation order."""
+        self._load(held)
         features = backbone_features(self.model, params, self.readers[split], self.eval_batch_size, self.device)
         return features.float().cpu(), self.labels[split].cpu().numpy()
 
     @ray.method(num_returns=2)
-    def entk(self, params: Params, spec: EntkSpec, split: str) -> tuple[torch.Tensor, np.ndarray]:
+    def entk(self, held: Held, params: Params, spec: EntkSpec, split: str) -> tuple[torch.Tensor, np.ndarray]:
         """TCT's eNTK features (CPU, ``spec.dtype``) and labels of this trainer's rows of ``split``, in federation order."""
+        self._load(held)
         features = images_entk(self.model, params, self.readers[split], spec, self.device)
         return features, self.labels[split].cpu().numpy()

@@ -17,6 +17,7 @@ from typing import Callable, TypeVar
 import numpy as np
 import ray
 import torch
+from ray.util.placement_group import PlacementGroup
 
 from fedray.config import RunConfig
 from fedray.data.federation import TEST, TRAIN, Federation
@@ -153,21 +154,25 @@ def finetune_on_images(
     federation: Federation,
     on_point: Callable[[EvalPoint], None] | None = None,
     saved: TrainingState | None = None,
+    trial_group: PlacementGroup | None = None,
 ) -> TrainingOutcome:
-    """Fine-tuning (``config.finetune``) of a backbone and head on the federation's images, on a trainer pool of its own."""
-    backend = start_finetuning(config, federation)
+    """Fine-tuning (``config.finetune``) of a backbone and head on the federation's images, on a trainer pool of its own
+    (in ``trial_group``'s bundles inside a Tune trial)."""
+    backend = start_finetuning(config, federation, trial_group)
     try:
         return finetune(config, backend, on_point, saved)
     finally:
         backend.shutdown()
 
 
-def start_finetuning(config: RunConfig, federation: Federation) -> FineTuneBackend:
-    """The run's fine-tuning backend on a trainer pool of its own (shut down with ``backend.shutdown()``)."""
+def start_finetuning(config: RunConfig, federation: Federation, trial_group: PlacementGroup | None = None) -> FineTuneBackend:
+    """The run's fine-tuning backend on a trainer pool of its own, or in ``trial_group``'s bundles inside a Tune trial
+    (shut down with ``backend.shutdown()``)."""
     return FineTuneBackend.start(
         federation, config.backbone, config.weights, config.finetune, local_sgd(config), config.seed,
         image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
         scaffold=config.algorithm.scaffold, sphere_loss=config.sphere_loss if config.head == "sphere" else None,
+        trial_group=trial_group,
     )
 
 
@@ -211,11 +216,19 @@ def finetune(
 
 def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
                   work: Callable[[ShardPool, Evaluator], T]) -> T:
-    """``work`` on shards holding the federation's images embedded by the backbone of ``params``."""
+    """``work`` on shards holding the federation's images embedded by the backbone of ``params``.
+
+    Inside a Tune trial the shards share the trainers' bundles, claiming no CPU:
+    trainers and shards take turns (the trainers wait while the shards work).
+    """
     train_features, _ = backend.embed(params, TRAIN)
     test_features, _ = backend.embed(params, TEST)
     embedded = with_features(backend.pool.federation, train_features, test_features)
-    pool = ShardPool.start(embedded, config.num_shards or 1, config.cpus_per_shard)
+    trial_group = backend.pool.trial_group
+    if trial_group is None:
+        pool = ShardPool.start(embedded, config.num_shards or 1, config.cpus_per_shard)
+    else:
+        pool = ShardPool.start(embedded, cpus_per_shard=0, trial_group=trial_group)
     try:
         return work(pool, Evaluator(embedded))
     finally:

@@ -11,7 +11,7 @@
     random:                        # drawn per trial (uniform, loguniform: [low, high]; randint: [low, high); choice: [...])
       lam: {loguniform: [0.0001, 0.1]}
     num_samples: 1                 # repeats of the grid, each with its own random draws
-    shards_per_trial: 1            # shard actors of each trial ...
+    shards_per_trial: 1            # shard actors (fine-tuning: trainers) of each trial ...
     cpus_per_shard: 1              # ... and their CPUs; the trial's driver gets driver_cpus
     driver_cpus: 1
 """
@@ -49,7 +49,7 @@ class SweepSpec:
 
     @property
     def bundles(self) -> list[dict[str, float]]:
-        """One trial's placement group: its driver, then one bundle per shard."""
+        """One trial's placement group: its driver, then one bundle per shard (or fine-tuning trainer)."""
         return [{"CPU": self.driver_cpus}] + [{"CPU": self.cpus_per_shard}] * self.shards_per_trial
 
     @property

@@ -19,7 +19,6 @@ from itertools import product
 
 from fedray.config import RunConfig, resolve
 from fedray.data.registry import check_spec
-from fedray.engine import check_sweepable
 from fedray.errors import FedrayError
 from fedray.gradient.runner import server_optimizer
 from fedray.methods import METHODS, method_class
@@ -73,7 +72,6 @@ def check_trial(config: RunConfig) -> None:
     constructors check only their options. A plugin method is not built here
     (its constructor may depend on the shape); the trial checks it.
     """
-    check_sweepable(config)
     check_spec(config.dataset)
     for name in _closed_form_methods(config):
         build(method_class(name), option_values(replace(config, method=name)), f"--method {name}",

@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 import ray
 import torch
+from ray.util.placement_group import PlacementGroup
 
 from fedray.config import RunConfig
 from fedray.data.federation import TEST, TRAIN, Federation
@@ -142,9 +143,12 @@ class ScaffoldRounds:
 
 
 def run_tct(config: RunConfig, federation: Federation, on_point: Callable[[EvalPoint], None] | None = None,
-            saved: TrainingState | None = None) -> TrainingOutcome:
-    """Stage 1 (from ``saved`` when resuming), the eNTK features, stage 2; the outcome's arrays hold stage 2's models."""
-    backend = start_finetuning(config, federation)
+            saved: TrainingState | None = None, trial_group: PlacementGroup | None = None) -> TrainingOutcome:
+    """Stage 1 (from ``saved`` when resuming), the eNTK features, stage 2; the outcome's arrays hold stage 2's models.
+
+    Inside a Tune trial, stage 1's trainers and then stage 2's shards run in ``trial_group``'s bundles.
+    """
+    backend = start_finetuning(config, federation, trial_group)
     try:
         outcome = finetune(config, backend, on_point, saved)
         if outcome.points[-1].diverged:
@@ -162,7 +166,7 @@ def run_tct(config: RunConfig, federation: Federation, on_point: Callable[[EvalP
     projection = None if config.tct_projection is None else Projection(config.tct_projection, config.seed)
     width = len(index) if projection is None else projection.dim
     pool = Stage2Pool.start(train, train_labels, test, test_labels, bounds, federation.client_offsets,
-                            federation.num_classes, bundle, projection)
+                            federation.num_classes, bundle, projection, trial_group)
     try:
         stage2 = Stage2Run(config, pool, federation.client_sizes, federation.num_classes, width, outcome.points,
                            outcome.accounting, on_point)

@@ -187,13 +187,21 @@ class Stage2Pool:
     shards: list
     bounds: np.ndarray
     group: PlacementGroup
+    owns_group: bool = True
 
     @classmethod
     def start(cls, train: list[ray.ObjectRef], train_labels: list[np.ndarray], test: list[ray.ObjectRef],
               test_labels: list[np.ndarray], bounds: np.ndarray, client_offsets: np.ndarray, num_classes: int,
-              bundle: dict[str, float], projection: Projection | None) -> Stage2Pool:
-        """One shard per trainer range ``bounds[s] .. bounds[s+1]``, from the refs of that trainer's features."""
-        group = reserve(bundle, len(train), "SPREAD", f"{len(train)} stage-2 shards × {bundle}", "lower num_trainers or cpus_per_trainer")
+              bundle: dict[str, float], projection: Projection | None, trial_group: PlacementGroup | None = None) -> Stage2Pool:
+        """One shard per trainer range ``bounds[s] .. bounds[s+1]``, from the refs of that trainer's features.
+
+        Inside a Tune trial the shards take the stage-1 trainers' bundles (1..) of ``trial_group``.
+        """
+        if trial_group is None:
+            group = reserve(bundle, len(train), "SPREAD", f"{len(train)} stage-2 shards × {bundle}",
+                            "lower num_trainers or cpus_per_trainer")
+        else:
+            group = trial_group
         arguments = [
             (train[s], train_labels[s], test[s], test_labels[s],
              client_offsets[bounds[s] : bounds[s + 1] + 1] - client_offsets[bounds[s]], int(bounds[s]), num_classes,
@@ -201,12 +209,13 @@ class Stage2Pool:
             for s in range(len(train))
         ]
         try:
-            shards = start_actors(Stage2Shard, group, bundle, arguments)
+            shards = start_actors(Stage2Shard, group, bundle, arguments, first_bundle=0 if trial_group is None else 1)
             ray.get([shard.__ray_ready__.remote() for shard in shards])
         except BaseException:
-            remove_placement_group(group)
+            if trial_group is None:
+                remove_placement_group(group)
             raise
-        return cls(shards, bounds, group)
+        return cls(shards, bounds, group, owns_group=trial_group is None)
 
     def normalization(self, eps: float = STD_FLOOR) -> Normalization:
         """The normalization round: μ and σ from every client's moments (see :func:`~fedray.tct.stage2.normalization`)."""
@@ -234,4 +243,5 @@ class Stage2Pool:
     def shutdown(self) -> None:
         for shard in self.shards:
             ray.kill(shard)
-        remove_placement_group(self.group)
+        if self.owns_group:
+            remove_placement_group(self.group)

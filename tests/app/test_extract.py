@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import ray
 import torch
 import torchvision
 from PIL import Image
@@ -18,6 +19,8 @@ from fedray.errors import FedrayError
 from fedray.extract.config import ExtractConfig
 from fedray.extract.features import extract
 from fedray.extract.pool import ExtractionPool
+from fedray.images.backbones import get_backbone, load_weights
+from fedray.images.decode import ImageTransform
 from tests.images import random_image, write_image_folder, write_inat_split
 from tests.data.test_images import classic_eval_transform
 
@@ -207,3 +210,22 @@ def test_reduced_precision_is_its_own_cache_entry_and_close_to_fp32(ray_session,
     assert bf16.entry != full.entry and not bf16.cache_hit
     reference = cached_features(full.entry)
     np.testing.assert_allclose(cached_features(bf16.entry), reference, rtol=0, atol=0.05 * np.abs(reference).max())
+
+
+@pytest.mark.slow  # a restarted actor imports torch and builds its model again
+def test_a_restarted_replica_fetches_the_weights_again_and_gives_the_same_features(ray_session, folder, weights_file):
+    """The weights come with every call, so a restarted replica (its constructor took small things only) rebuilds
+    the same model."""
+    federation = load_federation(f"imagefolder:{folder}?split=classes&classes_per_client=2&clients=4")
+    sample_ids, paths = federation.table.column("sample_id").to_numpy(), federation.table.column("image_path").to_pylist()
+    backbone = get_backbone("squeezenet1_1")
+    pool = ExtractionPool.start(backbone, load_weights(backbone, str(weights_file)).state_dict, ImageTransform(SIZE),
+                                batch_size=8, pool_size=1)
+    try:
+        before = ray.get(pool.extract(0, sample_ids, paths))
+        ray.kill(pool.actors[0], no_restart=False)
+        after = ray.get(pool.extract(0, sample_ids, paths))
+    finally:
+        pool.shutdown()
+    assert np.array_equal(after.sample_ids, before.sample_ids) and np.array_equal(after.features, before.features)
+    assert len(before.sample_ids) == 30

@@ -148,7 +148,6 @@ DOOMED = [
     ("base: {method: fedavg, init: fedcof}\ngrid: {gamma: [0.1, -1]}\n", "first gamma=-1.0: --gamma must be ≥ 0, got -1.0"),
     ("grid: {dataset.scale: [0.5, 2]}\n", "first dataset.scale=2.0: synthetic:inat-user-120k: scale must be in (0, 1], got 2.0"),
     ("grid: {dataset.split: [classes], dataset.clients: [5]}\n", "split=classes needs classes_per_client=C"),
-    ("base: {method: fedavg, finetune: ft}\ngrid: {seed: [0, 1]}\n", "2 of 2 option combinations would fail, first seed=0: fine-tuning runs"),
     ("base: {method: fed3r, lam: 0}\n", "sweep doomed: its trials would fail: --lam must be > 0, got 0.0"),
 ]
 

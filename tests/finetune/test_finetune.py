@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 import torch
 import torchvision
 from torch import nn
@@ -438,3 +439,15 @@ def test_bad_inputs_get_clear_errors(pools, images, bad_images):
     with pytest.raises(FedrayError, match="SCAFFOLD checkpoint cannot resume a run without SCAFFOLD"):
         ft.load_state_dict({"scaffold": {}})
     assert ft.train_round(params, np.array([1]), 1).samples == 2
+
+
+@pytest.mark.slow  # a restarted actor imports torch and builds its model again
+def test_a_restarted_trainer_fetches_its_rows_again_and_gives_the_same_results(pools):
+    """A trainer's rows come with every call, so a restarted trainer (its constructor took small things only) serves
+    the same images and labels."""
+    pool = pools[BACKBONE, 1]
+    params = ray.put(backend(pools).initial_params(HEAD_SEED))
+    features, labels = pool.embed(params, "test")
+    ray.kill(pool.actors[0], no_restart=False)
+    again, labels_again = pool.embed(params, "test")
+    assert torch.equal(again, features) and np.array_equal(labels_again, labels)
