@@ -7,7 +7,6 @@ import math
 import typing
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from functools import cache
 from pathlib import Path
 from typing import Any
 
