@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
-from fedray.config import FIELD_TYPES, TCT, RunConfig
+from fedray.config import RUN_OPTIONS, TCT
 from fedray.gradient.algorithms import ALGORITHMS
 from fedray.gradient.server import SERVER_OPTIMIZERS
 from fedray.methods import METHODS
@@ -31,14 +29,13 @@ def _gradient_method(name: str) -> str:
 
 
 def catalogue() -> str:
-    defaults = {f.name: f.default for f in fields(RunConfig)}
     lines = ["closed-form methods (--method NAME; options as --lam, --gamma, ...):"]
     for name, cls in METHODS.items():
         lines += _entry(name, cls)
     lines += ["", "gradient methods (--method NAME), training a softmax head (or the backbone with --finetune):"]
     lines += [_gradient_method(name) for name in ALGORITHMS]
     lines += ["    local SGD of every gradient method:"]
-    lines += [f"      {name}: {FIELD_TYPES[name]} = {defaults[name]!r}" for name in CLIENT_OPTIONS]
+    lines += [f"      {RUN_OPTIONS[name].describe()}" for name in CLIENT_OPTIONS]
     lines += [f"  {TCT:<14} TCT: fine-tune (--base), eNTK features, stage 2 by SCAFFOLD and/or in closed form (see --help)"]
     lines += ["", "server optimizers (--server-optimizer NAME, any gradient method; default: the method's own):"]
     for name, cls in SERVER_OPTIMIZERS.items():

@@ -5,103 +5,52 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import Field, fields
 from pathlib import Path
 
 from fedray import interrupts
-from fedray.config import TCT, TCT_SOLVERS, RunConfig, load_config_file, resolve
+from fedray.config import GENERAL, GROUPS, RESOURCES, RUN_OPTIONS, TRAINING, RunConfig, load_config_file, resolve
 from fedray.errors import FedrayError
-from fedray.gradient.algorithms import ALGORITHMS, FINETUNE_MODES, INITS
-from fedray.gradient.schedule import SCHEDULES
-from fedray.methods import METHODS
 from fedray.numeric_options import check_numeric_options, command_line
 
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
+    """``fedray run``'s options, generated from :class:`~fedray.config.RunConfig`: flag, type, choices, help and default."""
     parser = commands.add_parser("run", help="run one closed-form or gradient-based method on a federation",
                                  description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
                                  "Gradient methods train a softmax head on the features (linear probing).")
     parser.add_argument("--config", help="YAML file with any of the options below (command line wins)")
-    parser.add_argument("--method", metavar="METHOD",
-                        help=f"{', '.join(sorted([*METHODS, *ALGORITHMS, TCT]))}, or your own closed-form method as "
-                        f"module:Class or path/to/file.py:Class (default {RunConfig.method}; see fedray methods)")
-    parser.add_argument("--option", action="append", metavar="KEY=VALUE",
-                        help="an option of a plugin method or server optimizer (repeatable; see fedray methods)")
-    parser.add_argument("--dataset", help="synthetic:NAME, parquet:PATH, features:CACHE, hsu:CSV or imagefolder:ROOT, with ?options")
-    parser.add_argument("--out", help="output folder (default results/run)")
-    parser.add_argument("--clients-per-round", type=int, help="κ clients per round (default 10)")
-    parser.add_argument("--participation", type=float, help="fraction of clients per round, instead of κ")
-    parser.add_argument("--sampling", choices=["without", "with"],
-                        help="client sampling across rounds (default: without for closed-form, with for gradient methods)")
-    parser.add_argument("--rounds", type=int, help="stop after this many rounds (default: until every client was seen); "
-                        "gradient methods run exactly this many")
-    parser.add_argument("--eval-every", type=int, help="evaluate every R rounds and at the end (default 100)")
-    parser.add_argument("--seed", type=int, help="seed of every random choice of the run (default 0)")
-    parser.add_argument("--lam", type=float, help="ridge λ for fed3r, fed3r-rf, ffc and SphereFed's calibration (default 0.01; "
-                        "ffc and --head sphere take 0: the exact least squares)")
-    parser.add_argument("--bias", action="store_const", const=True, help="fit a bias (ones column) in the ridge methods")
-    parser.add_argument("--rf-dim", type=int, help="random features D for fed3r-rf (default 5000)")
-    parser.add_argument("--rf-sigma", type=float, help="RBF bandwidth σ for fed3r-rf (default √d, about the distance between "
-                        "samples of unit-spread features; the Fed3R paper used 1000 on MobileNetV2 features)")
-    parser.add_argument("--gamma", type=float, help="FedCOF covariance shrinkage γ (default 0.1)")
-    parser.add_argument("--means-per-class", type=int, help="FedCOF means per class per client (default 1)")
-    training = parser.add_argument_group("gradient methods (fedavg, fedavgm, fedadam, fedprox, scaffold)")
-    training.add_argument("--client-lr", type=float, help="client SGD learning rate (default 0.1)")
-    training.add_argument("--weight-decay", type=float, help="client SGD weight decay (default 4e-5)")
-    training.add_argument("--batch-size", type=int, help="client mini-batch size (default 50)")
-    training.add_argument("--local-epochs", type=int, help="local epochs per round (default 5)")
-    training.add_argument("--client-momentum", type=float, help="client SGD momentum, torch's heavy ball; the buffer starts "
-                          "at zero for every client every round (default 0)")
-    training.add_argument("--lr-schedule", choices=list(SCHEDULES), help="client learning rate over the training rounds: "
-                          "constant (default), cosine (annealed to 0 over --rounds) or step (× --lr-gamma after each of --lr-milestones)")
-    training.add_argument("--lr-milestones", metavar="R1,R2,...", help="step schedule: training rounds after which the rate decays")
-    training.add_argument("--lr-gamma", type=float, help="step schedule: the decay factor (default 0.1)")
-    training.add_argument("--server-optimizer", metavar="OPTIMIZER",
-                          help="fedavg, fedavgm, fedadam, or your own as module:Class or path/to/file.py:Class "
-                          "(default: the method's own)")
-    training.add_argument("--server-lr", type=float, help="server learning rate (default 1; fedadam 0.01)")
-    training.add_argument("--server-momentum", type=float, help="fedavgm server momentum (default 0.9)")
-    training.add_argument("--adam-beta1", type=float, help="fedadam β₁ (default 0.9)")
-    training.add_argument("--adam-beta2", type=float, help="fedadam β₂ (default 0.99)")
-    training.add_argument("--adam-tau", type=float, help="fedadam τ (default 1e-3)")
-    training.add_argument("--prox-mu", type=float, help="fedprox proximal μ (default 0.01)")
-    training.add_argument("--temperature", type=float, help="softmax temperature: logits / T (default 1; 0.1 after a closed-form init)")
-    training.add_argument("--init", choices=list(INITS), help="head initialization: random, or a closed-form stage first (default random)")
-    training.add_argument("--init-rounds", type=int, help="round budget of the closed-form stage (default: until every client was seen)")
-    training.add_argument("--probe-ridge", action="store_const", const=True, help="after training, report Fed3R's accuracy on the features")
-    training.add_argument("--checkpoint-every", type=int, help="write OUT/checkpoint.pt every N rounds (default 500)")
-    training.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
-    sphere = parser.add_argument_group("SphereFed (--head sphere): a projection onto the sphere before a fixed classifier, FFC after")
-    sphere.add_argument("--head", choices=["linear", "sphere"], help="what the gradient methods train on the features (default linear)")
-    sphere.add_argument("--sphere-dim", type=int, help="dimension l of the sphere (default: the feature dim)")
-    sphere.add_argument("--sphere-loss", choices=["mse", "ce"], help="mse (SphereFed's, default) or ce at --temperature")
-    images = parser.add_argument_group("fine-tuning on images (a dataset with images: hsu:CSV?images=ROOT, imagefolder:ROOT)")
-    images.add_argument("--finetune", choices=list(FINETUNE_MODES),
-                        help="ft: backbone and head, ftlp: head only, ftfeat: backbone only (default: linear probing on features)")
-    images.add_argument("--backbone", help="mobilenet_v2 (default), squeezenet1_1, resnet18, vit_b_16, or TCT's networks "
-                        "trained from scratch: resnet18_cifar, resnet18_cifar_gn, tct_cnn (28-pixel images)")
-    images.add_argument("--weights", help="imagenet, random (seeded, NOT pre-trained) or a state-dict file (default imagenet)")
-    images.add_argument("--image-size", type=int, help="center-crop size (default 224)")
-    images.add_argument("--num-trainers", type=int, help="trainer actors (default: one per GPU, else CPUs / --cpus-per-trainer)")
-    images.add_argument("--cpus-per-trainer", type=float, help="CPUs each trainer requests (default 1)")
-    tct = parser.add_argument_group("TCT (--method tct): fine-tune on images, then a linear model on eNTK features")
-    tct.add_argument("--base", choices=sorted(ALGORITHMS), help="stage-1 algorithm, run for --rounds rounds (default fedavg)")
-    tct.add_argument("--entk-dim", type=int, help="eNTK coordinates p drawn from the parameters (default 100000)")
-    tct.add_argument("--entk-fp16", action="store_const", const=True, help="store the eNTK features as float16 (half the memory)")
-    tct.add_argument("--entk-chunk", type=int, help="samples per batched per-sample-gradient call (default 32)")
-    tct.add_argument("--tct-solver", choices=list(TCT_SOLVERS), help="stage 2: scaffold (TCT's), closed_form (exact, one round) or both")
-    tct.add_argument("--tct-rounds", type=int, help="stage-2 SCAFFOLD rounds (default 100)")
-    tct.add_argument("--tct-local-steps", type=int, help="stage-2 full-batch local steps M (default 500)")
-    tct.add_argument("--tct-lr", type=float, help="stage-2 learning rate η (default 5e-5)")
-    tct.add_argument("--tct-projection", type=int, help="stage 2 on a seeded random projection of the eNTK features to D coordinates")
-    tct.add_argument("--tct-lam", type=float, help="ridge λ of the closed-form stage 2 (default 0: the least-squares solution)")
-    parser.add_argument("--backbone-macs", type=float,
-                        help="the backbone's forward multiply-adds per sample, F_φ, for macs_client_avg_fed3r "
-                             "(default: from the feature cache's manifest; MobileNetV2: 332.9e6 in Fed3R's Table 5)")
-    parser.add_argument("--num-shards", type=int, help="shard actors (default: cluster CPUs / --cpus-per-shard)")
-    parser.add_argument("--cpus-per-shard", type=float, help="CPUs each shard actor requests (default 1)")
-    parser.add_argument("--quiet", action="store_const", const=True, help="no progress bar")
-    parser.add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
+    groups = {GENERAL: parser, **{name: parser.add_argument_group(title) for name, title in GROUPS.items()}}
+    for spec in fields(RunConfig):
+        if spec.name == "options":
+            parser.add_argument("--option", action="append", metavar="KEY=VALUE",
+                                help="an option of a plugin method or server optimizer (repeatable; see fedray methods)")
+        else:
+            _add_run_option(groups[spec.metadata["group"]], spec)
+    groups[TRAINING].add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
+    groups[RESOURCES].add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
     parser.set_defaults(handler=_cmd_run)
+
+
+def _add_run_option(group: argparse._ActionsContainer, spec: Field) -> None:
+    """``--name`` for the run option ``spec``; its argparse default stays None so a config file's value is kept."""
+    option = RUN_OPTIONS[spec.name]
+    help_text = spec.metadata["help"].replace("%", "%%") + default_note(spec)
+    if option.type is bool:
+        group.add_argument(command_line(spec.name), action="store_const", const=True, help=help_text)
+        return
+    choices = spec.metadata["choices"]
+    group.add_argument(command_line(spec.name), type=None if option.type is str else option.type,
+                       choices=list(choices) if choices else None, metavar=spec.metadata["metavar"], help=help_text)
+
+
+def default_note(spec: Field) -> str:
+    """`` (default VALUE)`` as the dataclass holds it; for a ``None`` default, what it means; flags are off by default."""
+    if spec.default is False:
+        return ""
+    if spec.default is None:
+        return f" (default: {spec.metadata['unset']})"
+    return f" (default {spec.default})"
 
 
 def _cmd_run(args: argparse.Namespace) -> None:

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import difflib
 import math
+import typing
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
 from fedray.errors import FedrayError
 from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, FINETUNE_MODES, INITS, Algorithm
 from fedray.gradient.schedule import SCHEDULES, LrSchedule, parse_milestones
 from fedray.gradient.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods import METHODS, method_class
-from fedray.numeric_options import check_numeric_option, check_numeric_options, command_line
-from fedray.options import options_of
+from fedray.numeric_options import check_numeric_options, command_line
+from fedray.options import Option, option_from_hint, options_of
 from fedray.plugins import canonical, is_plugin, load_class
 from fedray.results import EvalPoint
 
@@ -25,68 +30,123 @@ CLOSED_FORM_MAX_DIM = 10_000
 """Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
 
 
+GENERAL, SAMPLING, CLOSED_FORM, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES = (
+    None, "sampling", "closed form", "training", "spherefed", "fine-tuning", "tct", "resources")
+GROUPS = {
+    SAMPLING: "client sampling",
+    CLOSED_FORM: "closed-form methods (fedncm, fed3r, fed3r-rf, fedcof, ffc)",
+    TRAINING: f"gradient methods ({', '.join(ALGORITHMS)})",
+    SPHERE: "SphereFed (--head sphere): a projection onto the sphere before a fixed classifier, FFC after",
+    IMAGES: "fine-tuning on images (a dataset with images: hsu:CSV?images=ROOT, imagefolder:ROOT)",
+    TCT_GROUP: "TCT (--method tct): fine-tune on images, then a linear model on eNTK features",
+    RESOURCES: "resources (Ray)",
+}
+"""The run options' groups in ``fedray run --help``, by the method or stage they belong to (``None``: every run's)."""
+
+SAMPLINGS = ("without", "with")
+HEADS = ("linear", "sphere")
+SPHERE_LOSSES = ("mse", "ce")
+DEFAULT_PER_ROUND = 10
+"""κ when neither --clients-per-round nor --participation is given."""
+
+
+def option(default: object, help: str, group: str | None, *, unset: str | None = None,
+           choices: Sequence[str] | None = None, metavar: str | None = None) -> Any:
+    """A run option: its default, its help and group in ``fedray run --help`` (``unset``: what a ``None`` default means).
+
+    The command line is generated from these (:mod:`fedray.cli`), so each default is written here only.
+    """
+    return field(default=default, metadata={"help": help, "group": group, "unset": unset, "choices": choices,
+                                            "metavar": metavar})
+
+
+def declared(cls: type, name: str, help: str, group: str | None, *, unset: str | None = None) -> Any:
+    """A run option that is the option ``name`` of ``cls``'s constructor: its default is the one ``cls`` declares."""
+    return option(options_of(cls)[name].default, help, group, unset=unset)
+
+
 @dataclass
 class RunConfig:
-    method: str = "fed3r"
-    dataset: str = "synthetic:inat-user-120k"
-    out: str = "results/run"
-    clients_per_round: int | None = None
-    participation: float | None = None
-    sampling: str | None = None
-    rounds: int | None = None
-    eval_every: int = 100
-    seed: int = 0
-    lam: float = 0.01
-    bias: bool = False
-    rf_dim: int = 5000
-    rf_sigma: float | None = None
-    gamma: float = 0.1
-    means_per_class: int = 1
-    client_lr: float = 0.1
-    weight_decay: float = 4e-5
-    batch_size: int = 50
-    local_epochs: int = 5
-    client_momentum: float = 0.0
-    lr_schedule: str = "constant"
-    lr_milestones: str | None = None
-    """``step``'s milestones, comma-separated training rounds (``"50,75"``)."""
-    lr_gamma: float = 0.1
-    server_lr: float | None = None
-    server_momentum: float = 0.9
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.99
-    adam_tau: float = 1e-3
-    prox_mu: float | None = None
-    temperature: float = 1.0
-    init: str = "random"
-    init_rounds: int | None = None
-    probe_ridge: bool = False
-    checkpoint_every: int | None = 500
-    head: str = "linear"
-    sphere_dim: int | None = None
-    sphere_loss: str = "mse"
-    finetune: str | None = None
-    base: str = "fedavg"
-    entk_dim: int = 100_000
-    entk_fp16: bool = False
-    entk_chunk: int = 32
-    tct_rounds: int = 100
-    tct_local_steps: int = 500
-    tct_lr: float = 5e-5
-    tct_solver: str = "scaffold"
-    tct_projection: int | None = None
-    tct_lam: float = 0.0
-    backbone: str = "mobilenet_v2"
-    weights: str = "imagenet"
-    image_size: int = 224
-    backbone_macs: float | None = None
-    """F_φ, the backbone's forward multiply-adds per sample (papers' accounting); None: from the feature cache if recorded."""
-    num_trainers: int | None = None
-    cpus_per_trainer: float = 1.0
-    num_shards: int | None = None
-    cpus_per_shard: float = 1.0
-    quiet: bool = False
-    server_optimizer: str | None = None
+    method: str = option("fed3r", f"{', '.join(sorted([*METHODS, *ALGORITHMS, TCT]))}, or your own closed-form "
+                         "method as module:Class or path/to/file.py:Class (see fedray methods)", GENERAL, metavar="METHOD")
+    dataset: str = option("synthetic:inat-user-120k",
+                          "synthetic:NAME, parquet:PATH, features:CACHE, hsu:CSV or imagefolder:ROOT, with ?options", GENERAL)
+    out: str = option("results/run", "output folder", GENERAL)
+    clients_per_round: int | None = option(None, "κ clients per round", SAMPLING, unset=str(DEFAULT_PER_ROUND))
+    participation: float | None = option(None, "fraction of clients per round, instead of κ", SAMPLING,
+                                         unset="κ clients per round")
+    sampling: str | None = option(None, "client sampling across rounds", SAMPLING, choices=SAMPLINGS,
+                                  unset="without for closed-form, with for gradient methods")
+    rounds: int | None = option(None, "stop after this many rounds; gradient methods run exactly this many", SAMPLING,
+                                unset="until every client was seen")
+    eval_every: int = option(100, "evaluate every R rounds and at the end", GENERAL)
+    seed: int = option(0, "seed of every random choice of the run", GENERAL)
+    lam: float = declared(METHODS["fed3r"], "lam", "ridge λ for fed3r, fed3r-rf, ffc and SphereFed's calibration "
+                          "(ffc and --head sphere take 0: the exact least squares)", CLOSED_FORM)
+    bias: bool = declared(METHODS["fed3r"], "bias", "fit a bias (ones column) in the ridge methods", CLOSED_FORM)
+    rf_dim: int = declared(METHODS["fed3r-rf"], "rf_dim", "random features D for fed3r-rf", CLOSED_FORM)
+    rf_sigma: float | None = declared(METHODS["fed3r-rf"], "rf_sigma", "RBF bandwidth σ for fed3r-rf", CLOSED_FORM,
+                                      unset="√d, about the distance between samples of unit-spread features; "
+                                      "the Fed3R paper used 1000 on MobileNetV2 features")
+    gamma: float = declared(METHODS["fedcof"], "gamma", "FedCOF covariance shrinkage γ", CLOSED_FORM)
+    means_per_class: int = declared(METHODS["fedcof"], "means_per_class", "FedCOF means per class per client", CLOSED_FORM)
+    client_lr: float = option(0.1, "client SGD learning rate", TRAINING)
+    weight_decay: float = option(4e-5, "client SGD weight decay", TRAINING)
+    batch_size: int = option(50, "client mini-batch size", TRAINING)
+    local_epochs: int = option(5, "local epochs per round", TRAINING)
+    client_momentum: float = option(0.0, "client SGD momentum, torch's heavy ball; the buffer starts at zero for every "
+                                    "client every round", TRAINING)
+    lr_schedule: str = option("constant", "client learning rate over the training rounds: constant, cosine (annealed to 0 "
+                              "over --rounds) or step (× --lr-gamma after each of --lr-milestones)", TRAINING,
+                              choices=SCHEDULES)
+    lr_milestones: str | None = option(None, "step schedule: comma-separated training rounds after which the rate "
+                                       "decays (\"50,75\")", TRAINING, unset="none; constant and cosine take none",
+                                       metavar="R1,R2,...")
+    lr_gamma: float = option(0.1, "step schedule: the decay factor", TRAINING)
+    server_lr: float | None = option(None, "server learning rate", TRAINING, unset="the server optimizer's own: " +
+                                     ", ".join(f"{name} {cls.default_lr:g}" for name, cls in SERVER_OPTIMIZERS.items()))
+    server_momentum: float = declared(SERVER_OPTIMIZERS["fedavgm"], "server_momentum", "fedavgm server momentum", TRAINING)
+    adam_beta1: float = declared(SERVER_OPTIMIZERS["fedadam"], "adam_beta1", "fedadam β₁", TRAINING)
+    adam_beta2: float = declared(SERVER_OPTIMIZERS["fedadam"], "adam_beta2", "fedadam β₂", TRAINING)
+    adam_tau: float = declared(SERVER_OPTIMIZERS["fedadam"], "adam_tau", "fedadam τ", TRAINING)
+    prox_mu: float | None = option(None, "fedprox proximal μ", TRAINING, unset=f"{DEFAULT_PROX_MU} with fedprox")
+    temperature: float = option(1.0, "softmax temperature: logits / T (0.1 suits a closed-form init)", TRAINING)
+    init: str = option("random", "head initialization: random, or a closed-form stage first", TRAINING, choices=INITS)
+    init_rounds: int | None = option(None, "round budget of the closed-form stage", TRAINING,
+                                     unset="until every client was seen")
+    probe_ridge: bool = option(False, "after training, report Fed3R's accuracy on the features", TRAINING)
+    checkpoint_every: int | None = option(500, "write OUT/checkpoint.pt every N rounds", TRAINING)
+    head: str = option("linear", "what the gradient methods train on the features", SPHERE, choices=HEADS)
+    sphere_dim: int | None = option(None, "dimension l of the sphere", SPHERE, unset="the feature dim")
+    sphere_loss: str = option("mse", "mse (SphereFed's) or ce at --temperature", SPHERE, choices=SPHERE_LOSSES)
+    finetune: str | None = option(None, "ft: backbone and head, ftlp: head only, ftfeat: backbone only", IMAGES,
+                                  choices=FINETUNE_MODES, unset="linear probing on features (ft with --method tct)")
+    base: str = option("fedavg", "stage-1 algorithm, run for --rounds rounds", TCT_GROUP, choices=tuple(sorted(ALGORITHMS)))
+    entk_dim: int = option(100_000, "eNTK coordinates p drawn from the parameters", TCT_GROUP)
+    entk_fp16: bool = option(False, "store the eNTK features as float16 (half the memory)", TCT_GROUP)
+    entk_chunk: int = option(32, "samples per batched per-sample-gradient call", TCT_GROUP)
+    tct_rounds: int = option(100, "stage-2 SCAFFOLD rounds", TCT_GROUP)
+    tct_local_steps: int = option(500, "stage-2 full-batch local steps M", TCT_GROUP)
+    tct_lr: float = option(5e-5, "stage-2 learning rate η", TCT_GROUP)
+    tct_solver: str = option("scaffold", "stage 2: scaffold (TCT's), closed_form (exact, one round) or both", TCT_GROUP,
+                             choices=TCT_SOLVERS)
+    tct_projection: int | None = option(None, "stage 2 on a seeded random projection of the eNTK features to D "
+                                        "coordinates", TCT_GROUP, unset="no projection")
+    tct_lam: float = option(0.0, "ridge λ of the closed-form stage 2 (0: the least-squares solution)", TCT_GROUP)
+    backbone: str = option("mobilenet_v2", "mobilenet_v2, squeezenet1_1, resnet18, vit_b_16, or TCT's networks trained "
+                           "from scratch: resnet18_cifar, resnet18_cifar_gn, tct_cnn (28-pixel images)", IMAGES)
+    weights: str = option("imagenet", "imagenet, random (seeded, NOT pre-trained) or a state-dict file", IMAGES)
+    image_size: int = option(224, "center-crop size", IMAGES)
+    backbone_macs: float | None = option(None, "the backbone's forward multiply-adds per sample, F_φ, for "
+                                         "macs_client_avg_fed3r (the papers' accounting)", GENERAL,
+                                         unset="from the feature cache's manifest; MobileNetV2: 332.9e6 in Fed3R's Table 5")
+    num_trainers: int | None = option(None, "trainer actors", RESOURCES, unset="one per GPU, else CPUs / --cpus-per-trainer")
+    cpus_per_trainer: float = option(1.0, "CPUs each trainer requests", RESOURCES)
+    num_shards: int | None = option(None, "shard actors", RESOURCES, unset="cluster CPUs / --cpus-per-shard")
+    cpus_per_shard: float = option(1.0, "CPUs each shard actor requests", RESOURCES)
+    quiet: bool = option(False, "no progress bar", GENERAL)
+    server_optimizer: str | None = option(None, "fedavg, fedavgm, fedadam, or your own as module:Class or "
+                                          "path/to/file.py:Class", TRAINING, unset="the method's own", metavar="OPTIMIZER")
     options: dict = field(default_factory=dict)
     """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
 
@@ -119,7 +179,7 @@ class RunConfig:
         if self.server_optimizer is not None and not self.trains:
             raise FedrayError(f"--server-optimizer applies to gradient methods, not {self.method}")
         self._validate_options()
-        if self.sampling not in (None, "without", "with"):
+        if self.sampling not in (None, *SAMPLINGS):
             raise FedrayError(f"--sampling must be 'without' or 'with', got {self.sampling!r}")
         if self.clients_per_round is not None and self.participation is not None:
             raise FedrayError("give --clients-per-round or --participation, not both")
@@ -146,11 +206,11 @@ class RunConfig:
                 raise FedrayError(f"{command_line(name)} must be > 0, got {value}")
         if self.finetune is not None and (self.finetune not in FINETUNE_MODES or not self.trains):
             raise FedrayError(f"--finetune takes {', '.join(FINETUNE_MODES)} with a gradient method, got {self.finetune!r} with {self.method}")
-        if self.head not in ("linear", "sphere"):
+        if self.head not in HEADS:
             raise FedrayError(f"--head must be linear or sphere, got {self.head!r}")
         if self.head == "sphere":
             self._validate_sphere()
-        if self.sphere_loss not in ("mse", "ce"):
+        if self.sphere_loss not in SPHERE_LOSSES:
             raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
         self._validate_client_optimizer()
         if self.prox_mu is not None and not self.algorithm.proximal:
@@ -233,10 +293,10 @@ class RunConfig:
         return replace(self, **values)
 
     def per_round(self, num_clients: int) -> int:
-        """κ from --clients-per-round, --participation, or 10 by default."""
+        """κ from --clients-per-round, --participation, or :data:`DEFAULT_PER_ROUND` by default."""
         if self.participation is not None:
             return max(1, math.ceil(self.participation * num_clients))
-        return 10 if self.clients_per_round is None else self.clients_per_round
+        return DEFAULT_PER_ROUND if self.clients_per_round is None else self.clients_per_round
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -247,35 +307,31 @@ def server_optimizer_class(spec: str) -> type[ServerOptimizer]:
 
 
 FIELDS = {f.name for f in fields(RunConfig)}
-FIELD_TYPES = {f.name: str(f.type) for f in fields(RunConfig)}
 RESERVED = {f.name for f in fields(EvalPoint)} | {"ridge_probe_accuracy", "trial_id", "sweep"}
 """Metrics columns: no option may take their names, since options become columns too."""
 PER_ROUND = ("clients_per_round", "participation")
-TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def _run_options() -> dict[str, Option]:
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: option_from_hint(f"RunConfig.{f.name}", f.name, hints[f.name], f.default, f.metadata["help"])
+            for f in fields(RunConfig) if f.name != "options"}
+
+
+RUN_OPTIONS = _run_options()
+"""Every run option (the fields of :class:`RunConfig` but ``options``) as an :class:`~fedray.options.Option`:
+file, sweep and plugin values are all typed and checked by :meth:`~fedray.options.Option.coerce`."""
 
 
 def typed_value(path: Path, key: str, value: object) -> object:
     """A file value as its option's type (YAML reads ``1e-3`` as a string), finite, a seed ≥ 0; null only where the option allows it."""
-    typed = _as_option_type(path, key, value)
-    check_numeric_option(f"{path}: option {key}", key, typed)
-    return typed
+    return RUN_OPTIONS[key].coerce(value, str(path))
 
 
-def _as_option_type(path: Path, key: str, value: object) -> object:
-    kind, _, optional = FIELD_TYPES[key].partition(" | ")
-    if value is None:
-        if optional:
-            return None
-    elif kind == "float" and isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    elif kind == "int" and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    elif kind == "bool" and isinstance(value, bool) or kind == "str" and isinstance(value, str):
-        return value
-    raise FedrayError(f"{path}: option {key} must be {TYPE_NAMES[kind]}, got {value!r}")
+def did_you_mean(key: str, known: Sequence[str]) -> str:
+    """``"; did you mean KNOWN?"`` for the nearest of ``known`` to a misspelt ``key``, or ``""``."""
+    nearest = difflib.get_close_matches(key, known, n=1)
+    return f"; did you mean {nearest[0]}?" if nearest else ""
 
 
 def read_yaml_mapping(path: Path, kind: str, shape: str) -> dict:
@@ -297,9 +353,26 @@ def load_config_file(path: str | Path) -> dict:
     values = {str(key).replace("-", "_"): value for key, value in values.items()}
     unknown = sorted(set(values) - FIELDS)
     if unknown:
-        raise FedrayError(f"{path}: unknown option(s) {', '.join(unknown)}")
+        hints = "".join(_where_it_went(key, values) for key in unknown)
+        raise FedrayError(f"{path}: unknown option(s) {', '.join(unknown)}{hints}")
     return {key: options_mapping(path, value) if key == "options" else typed_value(path, key, value)
             for key, value in values.items()}
+
+
+def _where_it_went(key: str, values: dict) -> str:
+    """Where an unknown config-file ``key`` belongs: a plugin's ``options:``, the dataset spec, or the nearest run option."""
+    owners = []
+    for spec, load in ((values.get("method"), method_class), (values.get("server_optimizer"), server_optimizer_class)):
+        if isinstance(spec, str) and is_plugin(spec):
+            try:
+                owners += [spec] if key in options_of(load(spec)) else []
+            except FedrayError:  # the run names the bad plugin once it is checked
+                pass
+    if owners:
+        return f"; {key} is an option of {owners[0]}: give it under options: {{{key}: ...}}"
+    if key in DATASET_OPTIONS:
+        return f"; {key} is an option of the dataset: give it in dataset: as ?{key}=..."
+    return did_you_mean(key, sorted(RUN_OPTIONS))
 
 
 def options_mapping(path: Path, value: object) -> dict:

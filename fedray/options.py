@@ -79,11 +79,17 @@ def options_of(cls: type) -> dict[str, Option]:
             continue
         if parameter.default is parameter.empty:
             raise TypeError(f"{cls.__qualname__}: constructor argument {name!r} needs a default to be an option")
-        kind, help_text, optional = _unwrap(hints.get(name, type(parameter.default)))
-        if kind not in TYPES:
-            raise TypeError(f"{cls.__qualname__}: option {name!r} must be int, float, bool or str, got {kind!r}")
-        found[name] = Option(name, kind, parameter.default, help_text, optional)
+        found[name] = option_from_hint(f"{cls.__qualname__}: option {name!r}", name, hints.get(name, type(parameter.default)),
+                                       parameter.default)
     return found
+
+
+def option_from_hint(owner: str, name: str, hint: object, default: object, help_text: str = "") -> Option:
+    """The option ``name`` of type ``hint`` (``Annotated[X | None, "help"]`` or plain) declared by ``owner``."""
+    kind, annotated_help, optional = _unwrap(hint)
+    if kind not in TYPES:
+        raise TypeError(f"{owner} must be int, float, bool or str, got {kind!r}")
+    return Option(name, kind, default, help_text or annotated_help, optional)
 
 
 def _unwrap(hint: object) -> tuple[type, str, bool]:

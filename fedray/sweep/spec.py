@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
-from fedray.config import FIELDS, read_yaml_mapping, typed_value
+from fedray.config import FIELDS, did_you_mean, read_yaml_mapping, typed_value
 from fedray.data.registry import OPTION_TYPES, canonical_spec
 from fedray.errors import FedrayError
 from fedray.plugins import canonical
@@ -62,7 +62,10 @@ def load_sweep(path: str | Path) -> SweepSpec:
     values = read_yaml_mapping(path, "sweep file", "name, base, grid, random, ...")
     unknown = sorted(set(values) - set(SWEEP_KEYS))
     if unknown:
-        raise FedrayError(f"{path}: unknown key(s) {', '.join(unknown)}; a sweep has {', '.join(SWEEP_KEYS)}")
+        key = unknown[0]
+        where = f"; {key} is a run option: give it under base: (or grid:, random:)" if key in FIELDS \
+            else did_you_mean(key, SWEEP_KEYS)
+        raise FedrayError(f"{path}: unknown key(s) {', '.join(unknown)}; a sweep has {', '.join(SWEEP_KEYS)}{where}")
     if not isinstance(values.get("name"), str) or not values["name"].replace("-", "").replace("_", "").isalnum():
         raise FedrayError(f"{path}: name must be a word (letters, digits, - and _), got {values.get('name')!r}")
     base = {key: _typed(path, key, value) for key, value in _options(path, values, "base").items()}
@@ -138,9 +141,19 @@ def _options(path: Path, values: dict, section: str) -> dict:
                 raise FedrayError(f"{path}: {section}.{key}: unknown dataset option {key[len(DATASET_PREFIX):]!r}")
             continue
         if key not in FIELDS or key in RESOURCE_OPTIONS:
-            hint = " (set by the sweep: shards_per_trial, cpus_per_shard)" if key in RESOURCE_OPTIONS else ""
-            raise FedrayError(f"{path}: {section}.{key} is not a run option{hint}")
+            raise FedrayError(f"{path}: {section}.{key} is not a run option{_where_it_went(key, section)}")
     return options
+
+
+def _where_it_went(key: str, section: str) -> str:
+    """Where a key that is not a run option belongs in a sweep file, or the nearest run option."""
+    if key in RESOURCE_OPTIONS:
+        return " (set by the sweep: shards_per_trial, cpus_per_shard)"
+    if key in OPTION_TYPES:
+        return f" ({key} is an option of the dataset: write {section}.{DATASET_PREFIX}{key})" if section != "base" \
+            else f" ({key} is an option of the dataset: give it in base.dataset as ?{key}=...)"
+    return did_you_mean(key, sorted(set(FIELDS) - set(RESOURCE_OPTIONS))) or \
+        f" (a plugin's option is written {section}.{OPTIONS_PREFIX}{key})"
 
 
 def _distribution(path: Path, key: str, value: object) -> dict:

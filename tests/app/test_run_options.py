@@ -1,0 +1,153 @@
+"""Run options are declared once, on RunConfig: the command line, its help and its defaults come from there; files and
+sweeps go through the same typing, and an unknown key is refused with one line saying where it belongs."""
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from fedray.cli import build_parser, main
+from fedray.config import RUN_OPTIONS, RunConfig, load_config_file, typed_value
+from fedray.errors import FedrayError
+from fedray.methods import method_class
+from fedray.options import options_of
+from fedray.sweep.spec import load_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
+YOGI = f"{REPO / 'examples' / 'fedyogi.py'}:FedYogi"
+
+
+def run_help(capsys, monkeypatch) -> dict[str, str]:
+    """``fedray run --help`` on a terminal wide enough for one line per option: {flag: its line}."""
+    monkeypatch.setenv("COLUMNS", "100000")
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    entries: dict[str, str] = {}
+    flag = None
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith("  --"):
+            flag = line.split()[0]
+            entries[flag] = line.strip()
+        elif flag and line.startswith("    "):  # the help under a long flag
+            entries[flag] += " " + line.strip()
+        else:
+            flag = None
+    return entries
+
+
+def run_actions() -> dict:
+    commands = next(a for a in build_parser()._actions if a.dest == "command")
+    return {flag: action for action in commands.choices["run"]._actions for flag in action.option_strings}
+
+
+def test_every_run_option_has_a_flag_with_help():
+    actions = run_actions()
+    for spec in fields(RunConfig):
+        flag = "--option" if spec.name == "options" else "--" + spec.name.replace("_", "-")
+        assert flag in actions, flag
+        assert actions[flag].help and actions[flag].help.strip(), flag
+        assert actions[flag].default is None, f"{flag}: a config file's value must survive an absent flag"
+    assert {"--config", "--resume", "--address"} <= actions.keys()
+
+
+def test_run_help_shows_each_default_as_the_dataclass_holds_it(capsys, monkeypatch):
+    shown = run_help(capsys, monkeypatch)
+    for spec in fields(RunConfig):
+        if spec.name == "options":
+            continue
+        line = shown["--" + spec.name.replace("_", "-")]
+        if spec.default is None:
+            assert "(default: " in line, line  # what no value means, in words
+        elif spec.default is False:
+            assert "default" not in line, line  # a flag: off unless given
+        else:
+            assert line.endswith(f"(default {spec.default})"), line
+
+
+def test_run_help_defaults_written_out(capsys, monkeypatch):
+    shown = run_help(capsys, monkeypatch)
+    assert shown["--method"].endswith("(default fed3r)")
+    assert shown["--lam"].endswith("(default 0.01)")
+    assert shown["--weight-decay"].endswith("(default 4e-05)")
+    assert shown["--entk-dim"].endswith("(default 100000)")
+    assert shown["--tct-lr"].endswith("(default 5e-05)")
+    assert shown["--adam-tau"].endswith("(default 0.001)")
+    assert shown["--clients-per-round"].endswith("(default: 10)")
+    assert shown["--server-lr"].endswith("(default: the server optimizer's own: fedavg 1, fedavgm 1, fedadam 0.01)")
+    assert shown["--prox-mu"].endswith("(default: 0.01 with fedprox)")
+    assert "{constant,cosine,step}" in shown["--lr-schedule"]
+
+
+def test_method_options_take_their_defaults_from_the_method_classes():
+    config = RunConfig()
+    assert (config.lam, config.bias, config.rf_dim, config.gamma, config.means_per_class) == (0.01, False, 5000, 0.1, 1)
+    assert (config.server_momentum, config.adam_beta1, config.adam_beta2, config.adam_tau) == (0.9, 0.9, 0.99, 1e-3)
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("lam", "1e-3", 0.001),       # YAML reads 1e-3 as a string
+    ("lam", 2, 2.0),
+    ("rounds", None, None),
+    ("clients_per_round", 20, 20),
+    ("bias", True, True),
+])
+def test_file_values_are_typed(key, value, expected):
+    typed = typed_value(Path("run.yaml"), key, value)
+    assert typed == expected and type(typed) is type(expected)
+
+
+def test_run_and_plugin_options_share_one_typing_and_its_messages():
+    lam, normalize = RUN_OPTIONS["lam"], options_of(method_class(NCM))["normalize"]
+    with pytest.raises(FedrayError) as run_error:
+        lam.coerce("small", "run.yaml")
+    with pytest.raises(FedrayError) as plugin_error:
+        normalize.coerce("maybe", "--option")
+    assert str(run_error.value) == "run.yaml: option lam must be a number, got 'small'"
+    assert str(plugin_error.value) == "--option: option normalize must be true or false, got 'maybe'"
+    assert RUN_OPTIONS["quiet"].coerce("yes", "--option") is True and normalize.coerce("no", "--option") is False
+
+
+def config_error(tmp_path, text: str) -> str:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(FedrayError) as error:
+        load_config_file(path)
+    return str(error.value).replace(str(path), "run.yaml")
+
+
+def test_unknown_config_keys_name_where_they_belong(tmp_path):
+    assert config_error(tmp_path, "lamda: 0.1\n") == "run.yaml: unknown option(s) lamda; did you mean lam?"
+    assert config_error(tmp_path, "learning_rate: 0.1\n") == "run.yaml: unknown option(s) learning_rate"
+    assert config_error(tmp_path, "alpha: 0.5\n") == \
+        "run.yaml: unknown option(s) alpha; alpha is an option of the dataset: give it in dataset: as ?alpha=..."
+    assert config_error(tmp_path, f"method: {NCM}\nnormalize: false\n") == \
+        f"run.yaml: unknown option(s) normalize; normalize is an option of {NCM}: give it under options: {{normalize: ...}}"
+    assert config_error(tmp_path, f"method: fedavg\nserver_optimizer: {YOGI}\nyogi_tau: 0.01\n") == \
+        f"run.yaml: unknown option(s) yogi_tau; yogi_tau is an option of {YOGI}: give it under options: {{yogi_tau: ...}}"
+
+
+def sweep_error(tmp_path, text: str) -> str:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    with pytest.raises(FedrayError) as error:
+        load_sweep(path)
+    return str(error.value).replace(str(path), "sweep.yaml")
+
+
+def test_unknown_sweep_keys_name_where_they_belong(tmp_path):
+    assert sweep_error(tmp_path, "name: x\ngrid: {lamda: [0.1]}\n") == "sweep.yaml: grid.lamda is not a run option; did you mean lam?"
+    assert sweep_error(tmp_path, "name: x\ngrid: {alpha: [0.1]}\n") == \
+        "sweep.yaml: grid.alpha is not a run option (alpha is an option of the dataset: write grid.dataset.alpha)"
+    assert sweep_error(tmp_path, "name: x\nbase: {alpha: 0.1}\n") == \
+        "sweep.yaml: base.alpha is not a run option (alpha is an option of the dataset: give it in base.dataset as ?alpha=...)"
+    assert sweep_error(tmp_path, "name: x\ngrid: {yogi_tau: [0.1]}\n") == \
+        "sweep.yaml: grid.yogi_tau is not a run option (a plugin's option is written grid.options.yogi_tau)"
+    assert sweep_error(tmp_path, "name: x\nbase: {num_shards: 2}\n") == \
+        "sweep.yaml: base.num_shards is not a run option (set by the sweep: shards_per_trial, cpus_per_shard)"
+    assert sweep_error(tmp_path, "name: x\nmethod: fed3r\n") == \
+        "sweep.yaml: unknown key(s) method; a sweep has name, base, grid, random, num_samples, shards_per_trial, " \
+        "cpus_per_shard, driver_cpus; method is a run option: give it under base: (or grid:, random:)"
+    assert sweep_error(tmp_path, "name: x\nnum_sample: 2\n") == \
+        "sweep.yaml: unknown key(s) num_sample; a sweep has name, base, grid, random, num_samples, shards_per_trial, " \
+        "cpus_per_shard, driver_cpus; did you mean num_samples?"
