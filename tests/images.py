@@ -56,3 +56,13 @@ def write_inat_split(root: Path, users: int, images_per_user: int, classes: int,
     with open(root / "test.csv", "w", newline="") as handle:
         csv.writer(handle).writerows([("image_id", "class"), *test_rows])
     return train_csv, images
+
+
+def write_squeezenet_weights(path: Path, seed: int = 11) -> Path:
+    """A SqueezeNet 1.1 state dict of seeded random weights (NOT pre-trained: no weights are downloaded in tests)."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(seed)
+    torch.save(torchvision.models.squeezenet1_1().state_dict(), path)
+    return path

@@ -21,7 +21,7 @@ from fedray.extract.features import extract
 from fedray.extract.pool import ExtractionPool
 from fedray.images.backbones import get_backbone, load_weights
 from fedray.images.decode import ImageTransform
-from tests.images import random_image, write_image_folder, write_inat_split
+from tests.images import random_image, write_image_folder, write_inat_split, write_squeezenet_weights
 from tests.data.test_images import classic_eval_transform
 
 SIZE = 64
@@ -34,10 +34,7 @@ def private_cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def weights_file(tmp_path):
-    torch.manual_seed(11)
-    path = tmp_path / "squeezenet.pt"
-    torch.save(torchvision.models.squeezenet1_1().state_dict(), path)
-    return path
+    return write_squeezenet_weights(tmp_path / "squeezenet.pt")
 
 
 def direct_features(weights_file, paths: list[str]) -> np.ndarray:

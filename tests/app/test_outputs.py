@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-import torchvision
 import yaml
 
 import fedray.data.registry
@@ -24,6 +22,7 @@ from fedray.cli import main
 from fedray.gradient.checkpoint import CHECKPOINT
 from fedray.results import write_atomically
 from tests.app.test_cli import SMALL_RUN, SPEC, cli, expect_error, metrics, run_cli
+from tests.images import write_squeezenet_weights
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_FILES = ["classifier.npz", "config.yaml", "metrics.parquet"]
@@ -54,9 +53,7 @@ def sweep_file(tmp_path) -> Path:
 
 @pytest.fixture(scope="module")
 def weights_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("weights") / "squeezenet.pt"
-    torch.save(torchvision.models.squeezenet1_1().state_dict(), path)
-    return path
+    return write_squeezenet_weights(tmp_path_factory.mktemp("weights") / "squeezenet.pt")
 
 
 def command(kind: str, out: Path, tmp_path: Path, weights_file: Path) -> list:

@@ -108,12 +108,16 @@ def test_run_and_plugin_options_share_one_typing_and_its_messages():
     assert RUN_OPTIONS["quiet"].coerce("yes", "--option") is True and normalize.coerce("no", "--option") is False
 
 
-def config_error(tmp_path, text: str) -> str:
-    path = tmp_path / "run.yaml"
+def refusal(load, path, text: str) -> str:
+    """The one-line error of ``load(path)`` on a file holding ``text``, with the path shortened to its name."""
     path.write_text(text)
     with pytest.raises(FedrayError) as error:
-        load_config_file(path)
-    return str(error.value).replace(str(path), "run.yaml")
+        load(path)
+    return str(error.value).replace(str(path), path.name)
+
+
+def config_error(tmp_path, text: str) -> str:
+    return refusal(load_config_file, tmp_path / "run.yaml", text)
 
 
 def test_unknown_config_keys_name_where_they_belong(tmp_path):
@@ -128,11 +132,7 @@ def test_unknown_config_keys_name_where_they_belong(tmp_path):
 
 
 def sweep_error(tmp_path, text: str) -> str:
-    path = tmp_path / "sweep.yaml"
-    path.write_text(text)
-    with pytest.raises(FedrayError) as error:
-        load_sweep(path)
-    return str(error.value).replace(str(path), "sweep.yaml")
+    return refusal(load_sweep, tmp_path / "sweep.yaml", text)
 
 
 def test_unknown_sweep_keys_name_where_they_belong(tmp_path):

@@ -5,11 +5,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import torch
-import torchvision
 
 from fedray.data.registry import load_federation
-from tests.images import write_image_folder
+from tests.images import write_image_folder, write_squeezenet_weights
 from tests.local_cluster import ENV, driver_command, local_cluster
 from tests.app.test_cli import SPEC
 from tests.app.test_extract import SIZE, check_against_direct
@@ -18,9 +16,7 @@ from tests.app.test_extract import SIZE, check_against_direct
 def test_gpu_bundles_are_spread_over_the_nodes_and_fall_back_to_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDRAY_CACHE_DIR", str(tmp_path / "fedray-cache"))
     folder = write_image_folder(tmp_path / "folder", classes=2, train_per_class=6, test_per_class=2)
-    torch.manual_seed(5)
-    weights = tmp_path / "squeezenet.pt"
-    torch.save(torchvision.models.squeezenet1_1().state_dict(), weights)
+    weights = write_squeezenet_weights(tmp_path / "squeezenet.pt", seed=5)
     argv = ["extract", "--dataset", f"imagefolder:{folder}", "--backbone", "squeezenet1_1", "--weights", str(weights),
             "--image-size", str(SIZE), "--batch-size", "4", "--out", str(tmp_path / "cache"), "--quiet"]
     with local_cluster(nodes=2, cpus=1, gpus=1) as address:

@@ -5,11 +5,9 @@ that its features are not pre-trained)."""
 import re
 
 import pytest
-import torch
-import torchvision
 
 from tests.app.test_cli import fedray_subprocess
-from tests.images import write_inat_split
+from tests.images import write_inat_split, write_squeezenet_weights
 
 LOG_LINE = re.compile(r"ERROR|WARNING|\] E |\] W |constructor arguments")
 """Python logging's levels, and Ray's C++ log lines (``[time E pid tid] file:line: ...``)."""
@@ -23,10 +21,7 @@ def split(tmp_path):
 
 @pytest.fixture
 def weights_file(tmp_path):
-    torch.manual_seed(11)
-    path = tmp_path / "squeezenet.pt"
-    torch.save(torchvision.models.squeezenet1_1().state_dict(), path)
-    return path
+    return write_squeezenet_weights(tmp_path / "squeezenet.pt")
 
 
 def loud_lines(stderr: str) -> list[str]:
