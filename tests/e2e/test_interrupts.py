@@ -10,6 +10,7 @@ Ctrl-C in a terminal sends it.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -177,7 +178,11 @@ def test_no_ray_process_outlives_a_killed_run(start, tmp_path):
     processes, exit_code = signal_run(driver, signal.SIGKILL)
 
     assert exit_code == -signal.SIGKILL
-    assert sorted(path.name for path in out.iterdir()) == [CHECKPOINT]
+    left = sorted(path.name for path in out.iterdir())
+    # A kill during a later checkpoint's write leaves that write's temporary beside the whole checkpoint; the next
+    # run on the folder removes it (tests/app/test_outputs.py::test_a_later_run_removes_only_its_own_stale_temporaries).
+    assert left[-1] == CHECKPOINT and len(left) <= 2, left
+    assert all(re.fullmatch(rf"\.{re.escape(CHECKPOINT)}\.[0-9a-f]{{8}}\.tmp", name) for name in left[:-1]), left
     config = resolve({}, {**FOREVER, "out": str(out), "checkpoint_every": 2, "quiet": True})
     assert load_checkpoint(out, config.to_dict()).done >= 2, "the checkpoint, written atomically, is whole"
     assert survivors(processes) == {}
