@@ -10,7 +10,7 @@ from ray.util.placement_group import PlacementGroup
 
 from fedray.config import TCT, RunConfig
 from fedray.data.registry import load_federation, recorded_backbone_macs
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
@@ -106,11 +106,11 @@ def run(
             if config.trains:
                 from fedray.gradient.runner import train_on_features
 
-                outcome = train_on_features(config, pool, Evaluator(federation), on_point, saved)
+                outcome = train_on_features(config, pool, Evaluator(pool), on_point, saved)
                 resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards)
                 head = Classifier(outcome.params["weight"], outcome.params["bias"])
             else:
-                resolved, rows, closed_form = simulate(config, method, pool, Evaluator(federation), on_point)
+                resolved, rows, closed_form = simulate(config, method, pool, Evaluator(pool), on_point)
         finally:
             pool.shutdown()
     if config.trains:

@@ -1,38 +1,58 @@
-"""Accuracy of a classifier on the federation's test set (held by the server)."""
+"""Accuracy on the federation's test rows, counted where the rows are: each shard holds whole chunks of them.
+
+The test rows are cut into chunks of :data:`CHUNK` rows and each shard holds a
+run of whole chunks (:func:`eval_bounds`), so every layout of shards computes
+the same chunk GEMMs, bit for bit, and counts the same correct predictions;
+the driver only adds the counts (:class:`fedray.runtime.evaluator.Evaluator`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
 import torch
 
-from fedray.data.federation import TEST, Federation
-from fedray.methods.base import Classifier, ClosedFormMethod
+from fedray.methods.base import Classifier
 
 CHUNK = 8192
+"""Test rows per evaluation GEMM."""
 
 
-class Evaluator:
-    def __init__(self, federation: Federation) -> None:
-        sample_ids, labels = federation.test_arrays()
-        self.features = federation.require_features().features(TEST, sample_ids)
-        self.labels = torch.from_numpy(labels.astype("int64"))
-        self._transformed: tuple[ClosedFormMethod, torch.Tensor] | None = None
+class FeatureMap(Protocol):
+    """What a classifier is evaluated on: a method's feature map (identity for most; Fed3R's random features)."""
 
-    def _inputs(self, method: ClosedFormMethod) -> torch.Tensor:
-        """Test features through the method's feature map, computed once per method."""
-        if self._transformed is None or self._transformed[0] is not method:
-            self._transformed = (method, method.transform(self.features).to(torch.float32))
-        return self._transformed[1]
+    def transform(self, features: torch.Tensor) -> torch.Tensor: ...
 
-    def accuracy(self, method: ClosedFormMethod, classifier: Classifier) -> float:
-        if len(self.labels) == 0:
-            return float("nan")
-        inputs = self._inputs(method)
+
+def eval_bounds(num_rows: int, num_shards: int) -> np.ndarray:
+    """Test-row positions where shards start (plus ``num_rows`` at the end): whole chunks, balanced by chunk count."""
+    chunks = -(-num_rows // CHUNK)
+    cuts = np.floor(np.arange(num_shards + 1) * chunks / num_shards).astype(np.int64) * CHUNK
+    return np.minimum(cuts, num_rows)
+
+
+class EvalRows:
+    """A shard's test rows and their features through the last feature map evaluated (kept until another comes)."""
+
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        self.features, self.labels = features, labels
+        self._inputs: tuple[str, list[torch.Tensor]] | None = None
+
+    def correct(self, key: str, feature_map: Callable[[], FeatureMap], classifier: Classifier) -> int:
+        """Correct predictions of ``classifier`` on the rows through the feature map named ``key`` (fetched by
+        ``feature_map`` when it is not the one kept), one float32 GEMM a chunk."""
+        if self._inputs is None or self._inputs[0] != key:
+            self._inputs = None
+            transform = feature_map().transform
+            self._inputs = (key, [transform(chunk).to(torch.float32) for chunk in self.features.split(CHUNK)])
         weight = classifier.weight.to(torch.float32)
         bias = None if classifier.bias is None else classifier.bias.to(torch.float32)
         correct = 0
-        for start in range(0, len(inputs), CHUNK):
-            scores = inputs[start : start + CHUNK] @ weight
+        for inputs, labels in zip(self._inputs[1], self.labels.split(CHUNK)):
+            scores = inputs @ weight
             if bias is not None:
                 scores += bias
-            correct += int((scores.argmax(1) == self.labels[start : start + CHUNK]).sum())
-        return correct / len(self.labels)
+            correct += int((scores.argmax(1) == labels).sum())
+        return correct

@@ -25,7 +25,7 @@ import torch
 
 from fedray.data.federation import Federation
 from fedray.data.registry import load_federation
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.local import LocalSGD, client_rng, minibatches
 from fedray.gradient.probing import ProbeBackend
 from fedray.gradient.server import FedAvg
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     load_s = time.perf_counter() - load_s
     rounds = sampling.schedule(federation.num_clients, 10, True, seed, max_rounds=args.rounds)
     zero = Classifier(torch.zeros(args.dim, federation.num_classes), torch.zeros(federation.num_classes))
-    evaluator = Evaluator(federation)
+    evaluator = Evaluator(pool)
     backend = ProbeBackend(pool, sgd, seed, evaluator)
 
     def train_rounds(schedule: list[np.ndarray]) -> tuple[TrainingState, float]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from analysis.compare import comparison_table, print_table
 from fedray.config import RunConfig
 from fedray.data.registry import load_federation
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.results import write_run
 from fedray.methods.from_config import build_method
 from fedray.engine import simulate
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     federation = load_federation(dataset)
     init_ray()
     pool = ShardPool.start(federation)
-    evaluator = Evaluator(federation)
+    evaluator = Evaluator(pool)
     paths = []
     try:
         for name in METHODS:

@@ -20,7 +20,7 @@ import ray
 import torch
 
 from fedray.accounting import PaperCosts
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.client_sgd import ClientAlgorithm, CrossEntropy
 from fedray.gradient.heads import train_linear_heads

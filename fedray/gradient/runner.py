@@ -22,7 +22,7 @@ from ray.util.placement_group import PlacementGroup
 from fedray.config import RunConfig
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.data.memory import with_features
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.finetune.backend import FineTuneBackend
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
@@ -230,7 +230,7 @@ def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
     else:
         pool = ShardPool.start(embedded, cpus_per_shard=0, trial_group=trial_group)
     try:
-        return work(pool, Evaluator(embedded))
+        return work(pool, Evaluator(pool))
     finally:
         pool.shutdown()
 

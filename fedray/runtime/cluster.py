@@ -78,8 +78,9 @@ def check_bundles_fit(bundle: dict[str, float], count: int, what: str, hint: str
         raise FedrayError(f"cannot reserve {what}: the cluster has {describe(nodes)} and no autoscaler to add more; {hint}")
 
 
-def check_memory(footprint: Footprint, shard_samples: np.ndarray) -> None:
-    """Fail at once when the estimated memory of ``footprint`` on shards of ``shard_samples`` cannot fit the cluster.
+def check_memory(footprint: Footprint, shard_samples: np.ndarray, shard_tests: np.ndarray) -> None:
+    """Fail at once when the estimated memory of ``footprint`` on shards of ``shard_samples`` training and
+    ``shard_tests`` test rows cannot fit the cluster.
 
     The largest shard must fit the largest node, and all shards and the driver
     the cluster's total; skipped where an autoscaler may add nodes.
@@ -88,11 +89,11 @@ def check_memory(footprint: Footprint, shard_samples: np.ndarray) -> None:
         return
     nodes = alive_nodes()
     memory = [node.get("memory", 0.0) for node in nodes]
-    shards = [footprint.shard(int(samples)) for samples in shard_samples]
+    shards = [footprint.shard(int(samples), int(tests)) for samples, tests in zip(shard_samples, shard_tests)]
     total = sum(shards) + footprint.driver
     if max(shards) <= max(memory) and total <= sum(memory):
         return
-    term = footprint.largest(shard_samples)
+    term = footprint.largest(shard_samples, int(np.sum(shard_tests)))
     raise FedrayError(
         f"{footprint.stage} needs about {total / GB:.1f} GB of memory ({len(shards)} shards of up to {max(shards) / GB:.1f} GB, "
         f"{footprint.driver / GB:.1f} GB on the driver; most of it {term.what}), more than the cluster's "

@@ -10,10 +10,11 @@ when training: at most N_s, and at most the largest such set of clients):
                 (B × (4d + 8)) and their float64 design (B × 8p, plus the float32
                 output of the method's feature map); four statistics objects at
                 once (a partial received in the tree reduction, its own, their sum,
-                and the copy Ray pickles to return it);
-  the driver    the test features and their feature map's output; three statistics
-                objects (the running total, a block's, their sum); the solver's
-                workspace; one chunk of test scores (8192 × 4C).
+                and the copy Ray pickles to return it); its test rows (T_s × (4d + 8),
+                T_s its whole chunks of 8,192 test rows) and their feature map's
+                output; one chunk of test scores (8192 × 4C);
+  the driver    three statistics objects (the running total, a block's, their
+                sum); the solver's workspace.
 
 Statistics: fedncm C × d; fed3r and ffc p × p + p × C with p = d (+ 1 with
 --bias); fed3r-rf the same with p = D (plus the d × D random map everywhere);
@@ -66,6 +67,8 @@ class Term:
     per_block_sample: float = 0.0
     """In a shard, per sample of its largest block."""
     per_shard: float = 0.0
+    per_test_sample: float = 0.0
+    """In a shard, per test row it holds."""
     driver: float = 0.0
 
 
@@ -77,19 +80,21 @@ class Footprint:
     terms: tuple[Term, ...]
     block_samples: int
 
-    def shard(self, samples: int) -> float:
+    def shard(self, samples: int, test_samples: int) -> float:
+        """Bytes of a shard holding ``samples`` training rows and ``test_samples`` test rows."""
         block = min(samples, self.block_samples)
-        return sum(t.per_shard + t.per_sample * samples + t.per_block_sample * block for t in self.terms)
+        return sum(t.per_shard + t.per_sample * samples + t.per_block_sample * block + t.per_test_sample * test_samples
+                   for t in self.terms)
 
     @property
     def driver(self) -> float:
         return sum(t.driver for t in self.terms)
 
-    def largest(self, shard_samples: np.ndarray) -> Term:
-        """The term that weighs most in the whole run, over the shards holding ``shard_samples``."""
+    def largest(self, shard_samples: np.ndarray, test_samples: int) -> Term:
+        """The term that weighs most in the whole run, over the shards holding ``shard_samples`` and the test rows."""
         blocks = np.minimum(shard_samples, self.block_samples).sum()
         return max(self.terms, key=lambda t: t.per_shard * len(shard_samples) + t.per_sample * shard_samples.sum()
-                   + t.per_block_sample * blocks + t.driver)
+                   + t.per_block_sample * blocks + t.per_test_sample * test_samples + t.driver)
 
 
 def estimate(config: RunConfig, federation: Federation) -> list[Footprint]:
@@ -124,8 +129,8 @@ def _data_terms(d: int, test_samples: int) -> tuple[Term, ...]:
         Term(f"the training features (N × d float32, d = {d})",
              "use a cluster with more memory, or more shards (--num-shards) to spread them over more nodes",
              per_sample=FLOAT32 * d + INT64, per_block_sample=FLOAT32 * d + INT64),
-        Term(f"the test features ({test_samples:,} × {d} float32)", "use a cluster with more memory",
-             driver=test_samples * (FLOAT32 * d + INT64)),
+        Term(f"the test features ({test_samples:,} × {d} float32)", "use a cluster with more memory, or more shards",
+             per_test_sample=FLOAT32 * d + INT64),
     )
 
 
@@ -134,7 +139,7 @@ def _closed_form(method: str, config: RunConfig, federation: Federation, d: int)
     classes, tests = federation.num_classes, federation.test.num_rows
     fewer_classes = "lower the number of classes C (the schema's fedray.num_classes, or the labels)"
     scores = Term(f"the test scores (8192 × C float32, C = {classes:,})", fewer_classes,
-                  driver=min(tests, CHUNK) * classes * FLOAT32)
+                  per_shard=min(tests, CHUNK) * classes * FLOAT32)
     class_sums = classes * (d + 1) * FLOAT64
     sums = Term(f"the class sums (C × d float64, C = {classes:,}, d = {d})", fewer_classes,
                 per_block_sample=FLOAT64 * d, per_shard=SHARD_COPIES * class_sums, driver=DRIVER_COPIES * class_sums + 2 * classes * d * FLOAT64)
@@ -163,7 +168,8 @@ def _ridge(method: str, config: RunConfig, d: int, classes: int, tests: int) -> 
     design = FLOAT64 * p + FLOAT32 * mapped + (FLOAT64 * (p - 1) if config.bias else 0)
     terms = [
         Term(f"the p × p Gram matrix and the design (float64, p = {p})", narrower, per_block_sample=design,
-             per_shard=SHARD_COPIES * p * p * FLOAT64, driver=(DRIVER_COPIES + 2) * p * p * FLOAT64 + tests * FLOAT32 * mapped * 2),
+             per_shard=SHARD_COPIES * p * p * FLOAT64, driver=(DRIVER_COPIES + 2) * p * p * FLOAT64,
+             per_test_sample=FLOAT32 * mapped * 2),
         Term(f"the p × C targets (float64, p = {p}, C = {classes:,})",
              "lower the number of classes C (the schema's fedray.num_classes, or the labels)",
              per_shard=SHARD_COPIES * p * classes * FLOAT64, driver=(DRIVER_COPIES + 2) * p * classes * FLOAT64),
@@ -185,7 +191,7 @@ def _training_terms(config: RunConfig, federation: Federation, width: int) -> tu
              per_shard=TRAINING_COPIES * parameters, driver=TRAINING_COPIES * parameters),
         Term(f"a round's logits (samples × C float32, C = {classes:,})", "lower --clients-per-round or the number of classes C",
              per_block_sample=LOGIT_COPIES * classes * FLOAT32,
-             driver=min(federation.test.num_rows, CHUNK) * classes * FLOAT32),
+             per_shard=min(federation.test.num_rows, CHUNK) * classes * FLOAT32),
     ]
     if config.algorithm.scaffold:
         terms.append(Term("SCAFFOLD's client state on the driver", "use another --method",

@@ -7,7 +7,9 @@ text) and reads or generates only its own clients' rows. Per block of rounds
 the driver sends the numbers of the clients that upload in that block; the
 shard gathers their rows and computes the block's
 statistics in one call (for Fed3R: one GEMM), so Ray's overhead scales with
-shards × evaluation points, not with clients or rounds.
+shards × evaluation points, not with clients or rounds. Each shard also holds
+whole chunks of the test rows and counts a classifier's correct predictions on
+them (:mod:`fedray.evaluation`), so the driver never holds features.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import ray
 import torch
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from fedray.data.federation import TRAIN, Federation
+from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.errors import FedrayError
-from fedray.methods.base import ClientBatch, ClosedFormMethod
+from fedray.evaluation import EvalRows, eval_bounds
+from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
 from fedray.runtime.cluster import check_memory
 from fedray.runtime.footprint import Footprint
 from fedray.runtime.placement import reserve, start_actors
@@ -59,39 +62,53 @@ def gather_rows(offsets: np.ndarray, local_clients: np.ndarray) -> tuple[np.ndar
 class ShardRows:
     """Which rows a shard holds, small enough to travel inline with the actor's creation task.
 
-    Clients ``first_client .. end_client-1`` of the federation that ``spec``
-    rebuilds (the shard reads only these clients' features), or, for a
-    federation that exists only in memory (``spec`` None), ``held``: a
-    reference to their ``(features, labels, offsets)``. Ray warns about an
-    actor whose creation arguments live in the object store and may restart,
-    since a lost argument makes the restart fail; so only the first kind of
-    shard restarts.
+    Clients ``first_client .. end_client-1`` and test rows ``first_test ..
+    end_test-1`` (positions in the federation's test split) of the federation
+    that ``spec`` rebuilds (the shard reads only these rows' features), or, for
+    a federation that exists only in memory (``spec`` None), ``held``: a
+    reference to their :class:`Rows`. Ray warns about an actor whose creation
+    arguments live in the object store and may restart, since a lost argument
+    makes the restart fail; so only the first kind of shard restarts.
     """
 
     first_client: int
     end_client: int
+    first_test: int
+    end_test: int
     spec: str | None = None
     held: ray.ObjectRef | None = None
 
     @classmethod
-    def of(cls, federation: Federation, first_client: int, end_client: int) -> "ShardRows":
+    def of(cls, federation: Federation, clients: tuple[int, int], tests: tuple[int, int]) -> "ShardRows":
         if federation.spec is not None:
-            return cls(first_client, end_client, spec=federation.spec)
-        return cls(first_client, end_client, held=ray.put(train_rows(federation, first_client, end_client)))
+            return cls(*clients, *tests, spec=federation.spec)
+        return cls(*clients, *tests, held=ray.put(Rows.of(federation, clients, tests)))
 
-    def load(self) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """``(features, labels, offsets)`` of the clients, as :func:`train_rows` gives them."""
+    def load(self) -> "Rows":
         if self.spec is None:
             return ray.get(self.held)
         from fedray.data.registry import load_federation  # the dataset kinds' loaders, needed by this kind of shard only
 
-        return train_rows(load_federation(self.spec), self.first_client, self.end_client)
+        return Rows.of(load_federation(self.spec), (self.first_client, self.end_client), (self.first_test, self.end_test))
 
 
-def train_rows(federation: Federation, first_client: int, end_client: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-    """Features, labels and row offsets of clients ``first_client .. end_client-1``."""
-    sample_ids, labels, offsets = federation.train_arrays(first_client, end_client)
-    return federation.require_features().features(TRAIN, sample_ids), labels, offsets
+@dataclass(frozen=True)
+class Rows:
+    """A shard's rows: its clients' features, labels and row offsets, and its test rows' features and labels."""
+
+    features: torch.Tensor
+    labels: np.ndarray
+    offsets: np.ndarray
+    test_features: torch.Tensor
+    test_labels: np.ndarray
+
+    @classmethod
+    def of(cls, federation: Federation, clients: tuple[int, int], tests: tuple[int, int]) -> "Rows":
+        """Clients ``clients[0] .. clients[1]-1`` and test rows ``tests[0] .. tests[1]-1`` of ``federation``."""
+        source = federation.require_features()
+        sample_ids, labels, offsets = federation.train_arrays(*clients)
+        test_ids, test_labels = (column[slice(*tests)] for column in federation.test_arrays())
+        return cls(source.features(TRAIN, sample_ids), labels, offsets, source.features(TEST, test_ids), test_labels)
 
 
 @ray.remote(max_restarts=3, max_task_retries=3)
@@ -110,11 +127,13 @@ class ShardActor:
         self.first_client = rows.first_client
         self.error: str | None = None
         try:
-            self.features, labels, self.offsets = rows.load()
+            held = rows.load()
         except FedrayError as error:
             self.error = str(error)
             return
-        self.labels = torch.from_numpy(labels.astype(np.int64))
+        self.features, self.offsets = held.features, held.offsets
+        self.labels = torch.from_numpy(held.labels.astype(np.int64))
+        self.test = EvalRows(held.test_features, torch.from_numpy(held.test_labels.astype(np.int64)))
 
     def loaded(self) -> str | None:
         """None once the rows are held, else why they could not be."""
@@ -146,6 +165,11 @@ class ShardActor:
 
     def combine(self, method: ClosedFormMethod, a: Any, b: Any) -> Any:
         return combine_partials(a, b, method.combine)
+
+    def correct(self, feature_map: list[ray.ObjectRef], classifier: Classifier) -> int:
+        """Correct predictions of ``classifier`` on this shard's test rows through ``feature_map[0]`` (a reference,
+        in a list so that Ray passes it unresolved: it is fetched only when the shard has not transformed through it)."""
+        return self.test.correct(feature_map[0].hex(), lambda: ray.get(feature_map[0]), classifier)
 
 
 @dataclass
@@ -200,15 +224,17 @@ class ShardPool:
             first_bundle = 0
         else:
             group, first_bundle = trial_group, 1
+        tests = eval_bounds(federation.test.num_rows, shards)
         try:
             for footprint in footprints:
-                check_memory(footprint, np.diff(federation.client_offsets[bounds]))
+                check_memory(footprint, np.diff(federation.client_offsets[bounds]), np.diff(tests))
         except FedrayError:
             if trial_group is None:
                 remove_placement_group(group)
             raise
         threads = max(1, int(cpus_per_shard))
-        arguments = [(ShardRows.of(federation, int(a), int(b)), threads) for a, b in zip(bounds[:-1], bounds[1:])]
+        arguments = [(ShardRows.of(federation, (int(a), int(b)), (int(t), int(u))), threads)
+                     for a, b, t, u in zip(bounds[:-1], bounds[1:], tests[:-1], tests[1:])]
         in_memory = {} if federation.spec is not None else {"max_restarts": 0, "max_task_retries": 0}
         actors = start_actors(ShardActor, group, bundle, arguments, first_bundle, **in_memory)
         return cls(federation, actors, bounds, group, owns_group=trial_group is None,
@@ -238,6 +264,11 @@ class ShardPool:
             (actor.statistics.remote(method, clients[shard_of == s]), actor) for s, actor in enumerate(self.actors)
         ]
         return tree_reduce(method, partials)
+
+    def correct(self, feature_map: ray.ObjectRef, classifier: ray.ObjectRef) -> int:
+        """Correct predictions of ``classifier`` on every test row through ``feature_map``, counted in the shards."""
+        self.wait()
+        return sum(ray.get([actor.correct.remote([feature_map], classifier) for actor in self.actors]))
 
     def split_clients(self, clients: np.ndarray) -> list[np.ndarray]:
         """``clients`` (global numbers) by shard, each in the given order."""

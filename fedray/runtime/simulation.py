@@ -10,7 +10,7 @@ import numpy as np
 import ray
 
 from fedray.accounting import PaperTotals
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.results import EvalPoint
 from fedray.round_loop import Progress, Report, eval_rounds, run_rounds

@@ -12,7 +12,7 @@ import numpy as np
 import ray
 import torch
 
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.methods.base import Classifier
 from fedray.methods.ridge import FastFederatedCalibration
 from fedray.runtime.shards import ShardPool

@@ -18,7 +18,7 @@ import ray
 import torch
 
 from fedray.accounting import PaperCosts
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.client_sgd import ClientAlgorithm, client_batches, local_sgd
 from fedray.gradient.control_variates import ControlVariates

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.local import LocalSGD
 from fedray.gradient.probing import ProbeBackend
 from fedray.gradient.server import FedAvg
@@ -29,7 +29,7 @@ def test_the_runtime_equals_plain_fedavg(ray_session, small_inat, sgd, shards, s
                       torch.zeros(small_inat.num_classes))
     pool = ShardPool.start(small_inat, num_shards=shards, cpus_per_shard=2 / shards)
     try:
-        backend = ProbeBackend(pool, sgd, 3, Evaluator(small_inat), scaffold=scaffold)
+        backend = ProbeBackend(pool, sgd, 3, Evaluator(pool), scaffold=scaffold)
         state = TrainingState({"weight": head.weight.clone(), "bias": head.bias.clone()}, {}, backend.state_dict(),
                               Accounting(np.zeros(small_inat.num_clients, dtype=bool)))
         train(backend, FedAvg(), state, rounds, small_inat.client_sizes, 3, quiet=True)

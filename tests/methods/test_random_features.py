@@ -4,7 +4,7 @@ import pytest
 
 from fedray.config import RunConfig
 from fedray.data import synthetic
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.methods.from_config import build_method
 from fedray.engine import simulate
 from fedray.runtime.shards import ShardPool
@@ -19,7 +19,7 @@ def pool(ray_session):
 
 @pytest.mark.slow
 def test_fed3r_rf_accuracy_grows_with_d(pool):
-    evaluator = Evaluator(pool.federation)
+    evaluator = Evaluator(pool)
     accuracy = {}
     for rf_dim in (64, 256, 1024):
         config = RunConfig(method="fed3r-rf", rf_dim=rf_dim, clients_per_round=100, eval_every=10_000, quiet=True)

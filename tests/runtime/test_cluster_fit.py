@@ -38,17 +38,18 @@ def test_memory_beyond_the_cluster_fails_with_the_estimate(monkeypatch):
     federation = synthetic.build("inat-user-120k", dim=64, scale=0.05, classes=50, seed=1)
     footprint, = estimate(RunConfig(method="fed3r-rf", rf_dim=20_000).validate().resolved(), federation)
     samples = np.array([federation.train.num_rows // 2, federation.train.num_rows - federation.train.num_rows // 2])
+    tests = np.array([federation.test.num_rows, 0])  # under 8,192 test rows: one chunk, held by the first shard
     monkeypatch.setattr(cluster, "may_add_nodes", lambda: False)
     monkeypatch.setattr(cluster, "alive_nodes", lambda: NODES)
     with pytest.raises(FedrayError) as error:
-        check_memory(footprint, samples)
+        check_memory(footprint, samples, tests)
     message = str(error.value)
-    total = (footprint.shard(int(samples[0])) + footprint.shard(int(samples[1])) + footprint.driver) / 1e9
+    total = (footprint.shard(int(samples[0]), int(tests[0])) + footprint.shard(int(samples[1]), 0) + footprint.driver) / 1e9
     for needle in (f"fed3r-rf needs about {total:.1f} GB of memory", "2 shards of up to", "GB on the driver",
                    "p = 20000", "more than the cluster's 6.0 GB (largest node 4.0 GB): lower --rf-dim"):
         assert needle in message, (needle, message)
     monkeypatch.setattr(cluster, "alive_nodes", lambda: [{"CPU": 2.0, "memory": 1e12}])
-    check_memory(footprint, samples)
+    check_memory(footprint, samples, tests)
     monkeypatch.setattr(cluster, "alive_nodes", lambda: NODES)
     monkeypatch.setattr(cluster, "may_add_nodes", lambda: True)
-    check_memory(footprint, samples)  # nodes may come: not refused on the present ones
+    check_memory(footprint, samples, tests)  # nodes may come: not refused on the present ones

@@ -5,9 +5,10 @@ import pytest
 
 from fedray.config import RunConfig
 from fedray.data import synthetic
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.methods.from_config import build_method
 from fedray.engine import simulate
+from fedray.evaluation import eval_bounds
 from fedray.runtime.footprint import FLOAT32, INT64, estimate
 from fedray.runtime.shards import ShardPool
 
@@ -34,9 +35,9 @@ def test_each_stage_of_a_run_is_estimated(federation):
 def test_the_largest_term_names_what_to_lower(federation):
     samples = np.array([federation.train.num_rows])
     rf = estimate(RunConfig(method="fed3r-rf", rf_dim=20_000).validate().resolved(), federation)[0]
-    assert rf.largest(samples).remedy == "lower --rf-dim"
+    assert rf.largest(samples, federation.test.num_rows).remedy == "lower --rf-dim"
     means = estimate(RunConfig(method="fedcof", means_per_class=10_000).validate().resolved(), federation)[0]
-    assert means.largest(samples).remedy == "lower --means-per-class"
+    assert means.largest(samples, federation.test.num_rows).remedy == "lower --means-per-class"
     scaffold = estimate(RunConfig(method="scaffold").validate().resolved(), federation)[-1]
     assert scaffold.driver > federation.train.num_rows * federation.num_classes * FLOAT32
 
@@ -49,11 +50,13 @@ def test_the_estimate_bounds_the_shards_measured_growth(ray_session, federation,
         loaded = np.array(pool.peak_memory_bytes())
         config = RunConfig(method=method, quiet=True, **options).validate().resolved()
         footprint, = estimate(config, federation)
-        simulate(config, build_method(config, federation), pool, Evaluator(federation))
+        simulate(config, build_method(config, federation), pool, Evaluator(pool))
         grown = np.array(pool.peak_memory_bytes()) - loaded
         samples = np.diff(federation.client_offsets[pool.bounds])
+        tests = np.diff(eval_bounds(federation.test.num_rows, pool.num_shards))
     finally:
         pool.shutdown()
-    estimated = np.array([footprint.shard(int(n)) - n * (FLOAT32 * federation.dim + INT64) for n in samples])
+    held = FLOAT32 * federation.dim + INT64  # a row's features and label, loaded before ``loaded`` was measured
+    estimated = np.array([footprint.shard(int(n), int(t)) - (n + t) * held for n, t in zip(samples, tests)])
     assert (grown <= estimated + 0.05 * GB).all(), (grown / GB, estimated / GB)  # a few MB of BLAS buffers aside
     assert (estimated <= grown + 0.5 * GB).all(), "an estimate, not a wild upper bound"

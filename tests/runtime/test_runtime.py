@@ -9,7 +9,7 @@ import torch
 
 from fedray.config import RunConfig
 from fedray.data import synthetic
-from fedray.evaluation import Evaluator
+from fedray.runtime.evaluator import Evaluator
 from fedray.methods.from_config import build_method
 from fedray.engine import simulate
 from fedray.runtime import sampling
@@ -44,7 +44,7 @@ def pools(ray_session):
 def run_on(pool, **options):
     config = RunConfig(**{"quiet": True, "eval_every": 10_000, **options})
     method = build_method(config, pool.federation)
-    return simulate(config, method, pool, Evaluator(pool.federation))
+    return simulate(config, method, pool, Evaluator(pool))
 
 
 @pytest.fixture(scope="module")
