@@ -28,7 +28,10 @@ from fedray.errors import FedrayError
 from fedray.plugins import canonical
 from fedray.numeric_options import check_numeric_option
 
-RESOURCE_OPTIONS = ("out", "quiet", "num_shards", "cpus_per_shard")
+RESOURCE_OPTIONS = ("num_shards", "cpus_per_shard", "num_trainers", "cpus_per_trainer")
+"""Run options the sweep sets for every trial, from the trial's placement group (``shards_per_trial``, ``cpus_per_shard``)."""
+COMMAND_OPTIONS = ("out", "quiet")
+"""Run options ``fedray sweep`` sets for every trial from its own ``--out`` and ``--quiet``."""
 DATASET_PREFIX = "dataset."
 OPTIONS_PREFIX = "options."
 """``options.KEY``: option KEY of a plugin (``--option KEY=...``), typed and checked with each trial's run."""
@@ -140,19 +143,22 @@ def _options(path: Path, values: dict, section: str) -> dict:
             if key[len(DATASET_PREFIX):] not in OPTION_TYPES:
                 raise FedrayError(f"{path}: {section}.{key}: unknown dataset option {key[len(DATASET_PREFIX):]!r}")
             continue
-        if key not in FIELDS or key in RESOURCE_OPTIONS:
+        if key in RESOURCE_OPTIONS:
+            raise FedrayError(f"{path}: {section}.{key} is the sweep's to set: shards_per_trial (a trial's shards, or its "
+                              f"trainers when it fine-tunes) and cpus_per_shard (the CPUs of each)")
+        if key in COMMAND_OPTIONS:
+            raise FedrayError(f"{path}: {section}.{key} is set for every trial by fedray sweep --{key}")
+        if key not in FIELDS:
             raise FedrayError(f"{path}: {section}.{key} is not a run option{_where_it_went(key, section)}")
     return options
 
 
 def _where_it_went(key: str, section: str) -> str:
     """Where a key that is not a run option belongs in a sweep file, or the nearest run option."""
-    if key in RESOURCE_OPTIONS:
-        return " (set by the sweep: shards_per_trial, cpus_per_shard)"
     if key in OPTION_TYPES:
         return f" ({key} is an option of the dataset: write {section}.{DATASET_PREFIX}{key})" if section != "base" \
             else f" ({key} is an option of the dataset: give it in base.dataset as ?{key}=...)"
-    return did_you_mean(key, sorted(set(FIELDS) - set(RESOURCE_OPTIONS))) or \
+    return did_you_mean(key, sorted(set(FIELDS) - set(RESOURCE_OPTIONS) - set(COMMAND_OPTIONS))) or \
         f" (a plugin's option is written {section}.{OPTIONS_PREFIX}{key})"
 
 

@@ -143,8 +143,12 @@ def test_unknown_sweep_keys_name_where_they_belong(tmp_path):
         "sweep.yaml: base.alpha is not a run option (alpha is an option of the dataset: give it in base.dataset as ?alpha=...)"
     assert sweep_error(tmp_path, "name: x\ngrid: {yogi_tau: [0.1]}\n") == \
         "sweep.yaml: grid.yogi_tau is not a run option (a plugin's option is written grid.options.yogi_tau)"
-    assert sweep_error(tmp_path, "name: x\nbase: {num_shards: 2}\n") == \
-        "sweep.yaml: base.num_shards is not a run option (set by the sweep: shards_per_trial, cpus_per_shard)"
+    for key in ("num_shards", "cpus_per_shard", "num_trainers", "cpus_per_trainer"):
+        assert sweep_error(tmp_path, f"name: x\nbase: {{{key}: 2}}\n") == \
+            f"sweep.yaml: base.{key} is the sweep's to set: shards_per_trial (a trial's shards, or its trainers when it " \
+            "fine-tunes) and cpus_per_shard (the CPUs of each)"
+    assert sweep_error(tmp_path, "name: x\ngrid: {out: [a, b]}\n") == \
+        "sweep.yaml: grid.out is set for every trial by fedray sweep --out"
     assert sweep_error(tmp_path, "name: x\nmethod: fed3r\n") == \
         "sweep.yaml: unknown key(s) method; a sweep has name, base, grid, random, num_samples, shards_per_trial, " \
         "cpus_per_shard, driver_cpus; method is a run option: give it under base: (or grid:, random:)"

@@ -107,7 +107,7 @@ driver_cpus: 0.5
 @pytest.mark.parametrize("text, message", [
     ("name: x\nbase: {lam: 0.1}\ngrid: {lam: [1, 2]}\n", "lam given in more than one"),
     ("name: x\ngrid: {method: []}\n", "grid.method must be a non-empty list"),
-    ("name: x\ngrid: {num_shards: [1, 2]}\n", "grid.num_shards is not a run option"),
+    ("name: x\ngrid: {num_shards: [1, 2]}\n", "grid.num_shards is the sweep's to set: shards_per_trial"),
     ("name: x\ngrid: {colour: [1]}\n", "grid.colour is not a run option"),
     ("name: x\ngrid: {dataset.colour: [1]}\n", "unknown dataset option 'colour'"),
     ("name: x\nrandom: {lam: {normal: [0, 1]}}\n", "random.lam must be one of"),
