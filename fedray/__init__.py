@@ -6,6 +6,7 @@ The public interface, for a researcher's own methods and for notebooks::
 
     class MyMethod(fedray.ClosedFormMethod): ...        # client_statistics, combine, solve
     class MyServer(fedray.ServerOptimizer): ...          # step(params, delta) -> params
+    class MyClient(fedray.ClientAlgorithm): ...          # loss, correct, new_control: the clients' local objective
     metrics = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
     federation = fedray.load_federation("synthetic:inat-user-120k")
 
@@ -22,6 +23,7 @@ _EXPORTS = {
     "ClientBatch": "fedray.methods.base",
     "Classifier": "fedray.methods.base",
     "ServerOptimizer": "fedray.gradient.server",
+    "ClientAlgorithm": "fedray.gradient.client_sgd",
     "FedrayError": "fedray.errors",
     "load_federation": "fedray.data.registry",
     "run": "fedray.api",

@@ -13,7 +13,7 @@ from fedray.results import METRICS
 
 
 def _spec(value: str | type, what: str) -> str:
-    """A method or server optimizer given by name, ``module:Class``, ``file.py:Class`` or as the class itself."""
+    """A method, server optimizer or client algorithm given by name, ``module:Class``, ``file.py:Class`` or as the class itself."""
     if isinstance(value, str):
         return value
     if isinstance(value, type):
@@ -29,6 +29,7 @@ def run(
     out: str | Path = "results/run",
     options: dict[str, object] | None = None,
     server_optimizer: str | type | None = None,
+    client_algorithm: str | type | None = None,
     address: str | None = None,
     resume: bool = False,
     **run_options: object,
@@ -45,6 +46,8 @@ def run(
               "options": dict(options or {})}
     if server_optimizer is not None:
         values["server_optimizer"] = _spec(server_optimizer, "server optimizer")
+    if client_algorithm is not None:
+        values["client_algorithm"] = _spec(client_algorithm, "client algorithm")
     config = resolve({}, values)
     run_config(config, address=address, resume=resume)
     return pl.read_parquet(Path(config.out) / METRICS)

@@ -1,4 +1,4 @@
-"""``fedray methods``: every built-in method and server optimizer with its options, read from their definitions."""
+"""``fedray methods``: every built-in method, client algorithm and server optimizer with its options, read from their definitions."""
 
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ def catalogue() -> str:
     lines += ["", "server optimizers (--server-optimizer NAME, any gradient method; default: the method's own):"]
     for name, cls in SERVER_OPTIMIZERS.items():
         lines += _entry(name, cls)
-    lines += ["", "your own: --method / --server-optimizer module:Class or path/to/file.py:Class (see examples/);",
+    lines += ["", "your own: --method / --server-optimizer / --client-algorithm (a fedray.ClientAlgorithm subclass: the",
+              "clients' loss and gradient hooks, on every path that trains) as module:Class or path/to/file.py:Class",
+              "(see examples/);",
               "its options: --option key=value, options: {key: value} in YAML, options.KEY: [...] in a sweep grid"]
     return "\n".join(lines)

@@ -14,6 +14,7 @@ import yaml
 
 from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
 from fedray.errors import FedrayError
+from fedray.gradient.client_sgd import ClientAlgorithm
 from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, FINETUNE_MODES, INITS, Algorithm
 from fedray.gradient.schedule import SCHEDULES, LrSchedule, parse_milestones
 from fedray.gradient.server import SERVER_OPTIMIZERS, ServerOptimizer
@@ -147,6 +148,9 @@ class RunConfig:
     quiet: bool = option(False, "no progress bar", GENERAL)
     server_optimizer: str | None = option(None, "fedavg, fedavgm, fedadam, or your own as module:Class or "
                                           "path/to/file.py:Class", TRAINING, unset="the method's own", metavar="OPTIMIZER")
+    client_algorithm: str | None = option(None, "your own client objective, a fedray.ClientAlgorithm subclass, as "
+                                          "module:Class or path/to/file.py:Class", TRAINING,
+                                          unset="the method's own (FedAvg's, FedProx's, SCAFFOLD's)", metavar="ALGORITHM")
     options: dict = field(default_factory=dict)
     """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
 
@@ -165,11 +169,17 @@ class RunConfig:
         named = [(self.method, method_class)]
         if self.server_optimizer is not None:
             named.append((self.server_optimizer, server_optimizer_class))
+        if self.client_algorithm is not None:
+            named.append((self.client_algorithm, client_algorithm_class))
         return [load(spec) for spec, load in named if is_plugin(spec)]
 
     def server_optimizer_class(self) -> type[ServerOptimizer]:
         """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
         return server_optimizer_class(self.server_optimizer or self.algorithm.server)
+
+    def client_algorithm_class(self) -> type[ClientAlgorithm]:
+        """``--client-algorithm``, a researcher's :class:`ClientAlgorithm` subclass (the run names one)."""
+        return client_algorithm_class(self.client_algorithm)
 
     def validate(self) -> "RunConfig":
         check_numeric_options({f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}, command_line)
@@ -178,6 +188,8 @@ class RunConfig:
                               f"or your own closed-form method as module:Class or path/to/file.py:Class")
         if self.server_optimizer is not None and not self.trains:
             raise FedrayError(f"--server-optimizer applies to gradient methods, not {self.method}")
+        if self.client_algorithm is not None and not self.trains:
+            raise FedrayError(f"--client-algorithm applies to gradient methods, not {self.method}")
         self._validate_options()
         if self.sampling not in (None, *SAMPLINGS):
             raise FedrayError(f"--sampling must be 'without' or 'with', got {self.sampling!r}")
@@ -285,6 +297,8 @@ class RunConfig:
             algorithm = self.algorithm
             values["server_optimizer"] = canonical(self.server_optimizer or algorithm.server)
             values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
+            if self.client_algorithm is not None:
+                values["client_algorithm"] = canonical(self.client_algorithm)
             if algorithm.proximal:
                 values["prox_mu"] = DEFAULT_PROX_MU if self.prox_mu is None else self.prox_mu
         defaults = {name: option.default for cls in self.plugins() for name, option in options_of(cls).items()
@@ -304,6 +318,15 @@ class RunConfig:
 
 def server_optimizer_class(spec: str) -> type[ServerOptimizer]:
     return load_class(spec, ServerOptimizer, SERVER_OPTIMIZERS, "server optimizer")
+
+
+def client_algorithm_class(spec: str) -> type[ClientAlgorithm]:
+    """A researcher's :class:`ClientAlgorithm` subclass; the built-in ones are the methods' (``--method``)."""
+    if not is_plugin(spec):
+        raise FedrayError(f"--client-algorithm takes your own fedray.ClientAlgorithm subclass as module:Class or "
+                          f"path/to/file.py:Class, got {spec!r}; the built-in ones come with --method "
+                          f"({', '.join(ALGORITHMS)})")
+    return load_class(spec, ClientAlgorithm, {}, "client algorithm")
 
 
 FIELDS = {f.name for f in fields(RunConfig)}
@@ -362,7 +385,8 @@ def load_config_file(path: str | Path) -> dict:
 def _where_it_went(key: str, values: dict) -> str:
     """Where an unknown config-file ``key`` belongs: a plugin's ``options:``, the dataset spec, or the nearest run option."""
     owners = []
-    for spec, load in ((values.get("method"), method_class), (values.get("server_optimizer"), server_optimizer_class)):
+    for spec, load in ((values.get("method"), method_class), (values.get("server_optimizer"), server_optimizer_class),
+                       (values.get("client_algorithm"), client_algorithm_class)):
         if isinstance(spec, str) and is_plugin(spec):
             try:
                 owners += [spec] if key in options_of(load(spec)) else []

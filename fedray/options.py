@@ -7,8 +7,9 @@ its options once, in its ``__init__``::
 
 Each keyword argument with a default is an option: its type (``int``,
 ``float``, ``bool`` or ``str``, optionally ``| None``), its default and, with
-``typing.Annotated``, its help text. Arguments the engine supplies (``dim``,
-``num_classes``, ``seed``) are not options. ``fedray methods`` lists these, the
+``typing.Annotated``, its help text; a client algorithm, a dataclass, declares
+them as fields with defaults. Arguments the engine supplies (:data:`SUPPLIED`)
+are not options. ``fedray methods`` lists these, the
 command line and YAML files set them, and :func:`build` checks and coerces the
 values before anything runs.
 """
@@ -18,13 +19,14 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 
 from fedray.errors import FedrayError
 from fedray.numeric_options import check_numeric_option
 
-SUPPLIED = ("dim", "num_classes", "seed")
-"""Constructor arguments the engine fills in: the feature dimension, the class count, the run's seed."""
+SUPPLIED = ("dim", "num_classes", "seed", "loss", "prox_mu")
+"""Constructor arguments the engine fills in: the feature dimension, the class count, the run's seed; a client
+algorithm's loss and FedProx's μ (``--prox-mu``)."""
 
 TYPES = (int, float, bool, str)
 TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -72,7 +74,8 @@ def _parse(text: str, kind: type) -> object:
 def options_of(cls: type) -> dict[str, Option]:
     """The options ``cls`` declares (see the module docstring), in constructor order."""
     signature = inspect.signature(cls.__init__)
-    hints = typing.get_type_hints(cls.__init__, include_extras=True)
+    # a dataclass's fields are resolved each in its own class's module (a subclass's file need not import the base's types)
+    hints = typing.get_type_hints(cls if is_dataclass(cls) else cls.__init__, include_extras=True)
     found: dict[str, Option] = {}
     for name, parameter in list(signature.parameters.items())[1:]:
         if name in SUPPLIED or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):

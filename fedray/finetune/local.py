@@ -20,7 +20,7 @@ from torch.nn.functional import cross_entropy
 from fedray.finetune.images import ImageReader
 from fedray.finetune.model import FineTuneModel, Mode, sent_names, trained_names
 from fedray.gradient.backend import Params
-from fedray.gradient.client_sgd import ClientAlgorithm, client_batches, local_sgd
+from fedray.gradient.client_sgd import client_algorithm, client_batches, local_sgd
 from fedray.gradient.local import LocalSGD
 from fedray.spherefed.classifier import sphere_loss
 from fedray.tct.entk import EntkSpec, entk_features, reinitialize_last_layer
@@ -85,7 +85,7 @@ class ClientTrainer:
     def __init__(self, model: FineTuneModel, training: LocalTraining, device: torch.device) -> None:
         self.model, self.mode, self.sgd, self.seed, self.device = model, training.mode, training.sgd, training.seed, device
         self.training = training
-        self.algorithm = ClientAlgorithm(training.loss, training.sgd.prox_mu)
+        self.algorithm = client_algorithm(training.sgd, training.loss)
         model.temperature = training.sgd.temperature
         model.sphere = training.sphere_loss is not None
         for name, parameter in model.named_parameters():

@@ -37,16 +37,23 @@ class CrossEntropy:
 class ClientAlgorithm:
     """What a client's local objective adds to plain SGD on its loss, as the hooks :func:`local_sgd` calls.
 
-    ``loss`` is a batch's mean loss; ``prox_mu`` > 0 adds FedProx's
-    (μ/2)‖θ − θ₀‖² (θ₀ the round's global model); with control variates every
+    ``loss`` is the path's batch mean loss (:meth:`batch_loss` returns it);
+    ``prox_mu`` > 0 adds FedProx's (μ/2)‖θ − θ₀‖² (θ₀ the round's global
+    model); with control variates every
     gradient also gets SCAFFOLD's c − c_i (Karimireddy et al.). Subclass and
-    override a hook to change a client's objective; a subclass trains by
-    autograd (the dual form supports this class only, see
-    :func:`fedray.gradient.heads.dual_form_supports`).
+    override a hook to change a client's objective (``--client-algorithm``,
+    see ``examples/proximal_client.py``): a subclass is a frozen dataclass whose
+    extra fields, with defaults, are its options, while ``loss`` and
+    ``prox_mu`` come from the run. A subclass trains by autograd (the dual form
+    supports this class only, see :func:`fedray.gradient.heads.dual_form_supports`).
     """
 
     loss: Loss
     prox_mu: float = 0.0
+
+    def batch_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss a step differentiates: the path's ``loss`` (override to change or add to it)."""
+        return self.loss(output, labels)
 
     def corrections(self, control: Params, own: Params | None) -> Params:
         """SCAFFOLD's c − c_i per parameter (c_i is zero before the client's first participation: ``own`` None)."""
@@ -67,6 +74,11 @@ class ClientAlgorithm:
         """SCAFFOLD option II: c_i⁺ = c_i − c + (θ₀ − θ) / (K η), ``step_length`` = K η (local steps × the round's lr)."""
         scale = 1.0 / step_length
         return {name: (0 if own is None else own[name]) - control[name] + scale * (start[name] - trained[name]) for name in trained}
+
+
+def client_algorithm(sgd: LocalSGD, loss: Loss) -> ClientAlgorithm:
+    """The clients' algorithm on a path's ``loss``: ``sgd``'s plugin with its options, else the built-in hooks, at ``sgd``'s μ."""
+    return (sgd.client_algorithm or ClientAlgorithm)(loss=loss, prox_mu=sgd.prox_mu, **dict(sgd.client_options))
 
 
 def client_batches(size: int, sgd: LocalSGD, seed: int, round_number: int, client: int) -> list[np.ndarray]:
@@ -100,7 +112,7 @@ def local_sgd(
     corrections = None if control is None else algorithm.corrections(control, own)
     for batch in batches:
         optimizer.zero_grad(set_to_none=True)
-        algorithm.loss(forward(batch), labels[batch]).backward()
+        algorithm.batch_loss(forward(batch), labels[batch]).backward()
         for name, value in params.items():
             algorithm.correct(value.grad, value.detach(), start[name], None if corrections is None else corrections[name])
         optimizer.step()

@@ -81,7 +81,7 @@ def train_heads_by_autograd(
         rows = slice(offsets[k], offsets[k + 1])
         x, y = features[rows], labels[rows]
         logits = torch.addmm(bias, x, weight).requires_grad_()
-        loss = algorithm.loss(logits, y)
+        loss = algorithm.batch_loss(logits, y)
         loss.backward()
         start_loss += len(y) * float(loss.detach())
         gradient_rows[rows] = logits.grad

@@ -55,6 +55,8 @@ class LocalSGD:
     temperature: float = 1.0
     momentum: float = 0.0
     schedule: LrSchedule = LrSchedule()
+    client_algorithm: type | None = None
+    client_options: tuple[tuple[str, object], ...] = ()
 
     def for_round(self, round_number: int) -> "LocalSGD":
         """This optimizer at training round ``round_number``'s learning rate (itself when the rate is constant)."""

@@ -22,7 +22,7 @@ import torch
 from fedray.accounting import PaperCosts
 from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
-from fedray.gradient.client_sgd import ClientAlgorithm, CrossEntropy
+from fedray.gradient.client_sgd import ClientAlgorithm, CrossEntropy, client_algorithm
 from fedray.gradient.heads import train_linear_heads
 from fedray.gradient.local import Control, LocalSGD
 from fedray.methods.base import Classifier, ClientBatch
@@ -61,11 +61,10 @@ class LocalTrainer:
 
     sgd: LocalSGD
     seed: int
-    algorithm: ClientAlgorithm | None = None
-    """The clients' objective; None: the cross-entropy at ``sgd``'s temperature with ``sgd``'s μ (FedAvg, FedProx, SCAFFOLD)."""
 
     def client_algorithm(self) -> ClientAlgorithm:
-        return self.algorithm if self.algorithm is not None else ClientAlgorithm(CrossEntropy(self.sgd.temperature), self.sgd.prox_mu)
+        """The clients' objective on the cross-entropy at ``sgd``'s temperature (``sgd``'s plugin, else FedAvg's, FedProx's, SCAFFOLD's)."""
+        return client_algorithm(self.sgd, CrossEntropy(self.sgd.temperature))
 
     def train(self, batch: ClientBatch, head: tuple, round_number: int, control_rows: np.ndarray | None) -> ShardUpdate:
         """``head`` is (W, b), or (W, b, c_W, c_b) for SCAFFOLD with ``control_rows`` the clients' G rows (arrays).

@@ -26,13 +26,12 @@ from fedray.runtime.evaluator import Evaluator
 from fedray.finetune.backend import FineTuneBackend
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
-from fedray.gradient.local import LocalSGD, random_head
+from fedray.gradient.local import random_head
 from fedray.gradient.probing import ProbeBackend
-from fedray.gradient.server import ServerOptimizer
+from fedray.gradient.settings import local_sgd, server_optimizer
 from fedray.gradient.training import Accounting, Checkpointing, TrainingState, train
 from fedray.methods.base import FLOAT_BYTES, Classifier
-from fedray.methods.from_config import build_method, option_values
-from fedray.options import build
+from fedray.methods.from_config import build_method
 from fedray.results import EvalPoint
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
@@ -51,15 +50,6 @@ class TrainingOutcome:
     ridge_probe_accuracy: float | None = None
     arrays: dict[str, np.ndarray] | None = None
     """What classifier.npz holds, when it is not the trained softmax head."""
-
-
-def local_sgd(config: RunConfig) -> LocalSGD:
-    return LocalSGD(config.client_lr, config.weight_decay, config.batch_size, config.local_epochs,
-                    config.prox_mu or 0.0, config.temperature, config.client_momentum, config.lr_schedule_of_run())
-
-
-def server_optimizer(config: RunConfig) -> ServerOptimizer:
-    return build(config.server_optimizer_class(), option_values(config), f"--server-optimizer {config.server_optimizer}")
 
 
 def closed_form_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator,

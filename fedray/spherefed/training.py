@@ -20,7 +20,7 @@ import torch
 from fedray.accounting import PaperCosts
 from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
-from fedray.gradient.client_sgd import ClientAlgorithm, client_batches, local_sgd
+from fedray.gradient.client_sgd import ClientAlgorithm, client_algorithm, client_batches, local_sgd
 from fedray.gradient.control_variates import ControlVariates
 from fedray.gradient.local import LocalSGD, random_head
 from fedray.gradient.probing import LocalTrainer, ProbeBackend, ShardUpdate, as_arrays, as_tensors
@@ -45,9 +45,7 @@ class SphereTrainer(LocalTrainer):
     loss: str = "mse"
 
     def client_algorithm(self) -> ClientAlgorithm:
-        if self.algorithm is not None:
-            return self.algorithm
-        return ClientAlgorithm(partial(sphere_loss, loss=self.loss, temperature=self.sgd.temperature), self.sgd.prox_mu)
+        return client_algorithm(self.sgd, partial(sphere_loss, loss=self.loss, temperature=self.sgd.temperature))
 
     def train(self, batch: ClientBatch, head: tuple, round_number: int,
               control_rows: dict[int, tuple[np.ndarray, np.ndarray] | None] | None) -> ShardUpdate:
@@ -62,7 +60,7 @@ class SphereTrainer(LocalTrainer):
             rows = slice(batch.offsets[k], batch.offsets[k + 1])
             x, y = batch.features[rows], batch.labels[rows]
             with torch.no_grad():
-                loss_sum += len(y) * float(algorithm.loss(sphere_logits(x, weight, bias, self.classifier), y))
+                loss_sum += len(y) * float(algorithm.batch_loss(sphere_logits(x, weight, bias, self.classifier), y))
             trained = {name: value.clone().requires_grad_() for name, value in start.items()}
             own = None
             if control is not None and control_rows[client] is not None:

@@ -81,7 +81,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
     overlap = sorted((set(base) & set(grid)) | (set(base) & set(random)) | (set(grid) & set(random)))
     if overlap:
         raise FedrayError(f"{path}: option(s) {', '.join(overlap)} given in more than one of base, grid, random")
-    for key, canonical_form in (("dataset", canonical_spec), ("method", canonical), ("server_optimizer", canonical)):
+    for key, canonical_form in (("dataset", canonical_spec), ("method", canonical), ("server_optimizer", canonical),
+                                 ("client_algorithm", canonical)):
         if base.get(key) is not None:
             base[key] = canonical_form(base[key])
         if key in grid:

@@ -1,7 +1,8 @@
-"""A researcher's own method and server optimizer, each one file outside the package, run everywhere a built-in runs.
+"""A researcher's own method, server optimizer and client algorithm, each one file outside the package, run everywhere
+a built-in runs.
 
 The examples in ``examples/`` are the plugins: ``nearest_class_mean.py`` re-implements FedNCM,
-``fedyogi.py`` is FedYogi. A plain-averaging server optimizer is written below into a file of its own.
+``fedyogi.py`` is FedYogi, ``proximal_client.py`` FedProx's proximal term. A plain-averaging server optimizer is written below into a file of its own.
 """
 
 import json
@@ -24,6 +25,7 @@ from fedray.sweep.tuning import sweep
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
 YOGI = f"{REPO / 'examples' / 'fedyogi.py'}:FedYogi"
+PROXIMAL = f"{REPO / 'examples' / 'proximal_client.py'}:Proximal"
 SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
 SMALL_RUN = ["--num-shards", "2", "--cpus-per-shard", "0.5", "--quiet"]
 PLAIN_AVERAGE = '''
@@ -147,7 +149,7 @@ def test_fedyogi_follows_its_update_rule():
 
 
 @pytest.mark.slow
-def test_fedyogi_trains_through_the_shards_and_in_a_sweep(ray_session, tmp_path, capsys):
+def test_fedyogi_trains_through_the_shards_and_in_a_sweep_with_a_client_algorithm(ray_session, tmp_path, capsys):
     rc, _, err = cli(capsys, "run", "--method", "scaffold", "--server-optimizer", YOGI, "--dataset", SPEC, "--rounds", "6",
                      "--eval-every", "3", "--client-lr", "0.01", "--option", "yogi_tau=0.01", "--out", tmp_path / "run", *SMALL_RUN)
     assert rc == 0, err
@@ -157,11 +159,35 @@ def test_fedyogi_trains_through_the_shards_and_in_a_sweep(ray_session, tmp_path,
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({
         "name": "yogi", "base": {"dataset": SPEC, "method": "fedavg", "server_optimizer": YOGI, "rounds": 4, "eval_every": 2,
-                                 "client_lr": 0.01},
+                                 "client_lr": 0.01, "client_algorithm": PROXIMAL, "options.mu": 0.05},
         "grid": {"options.yogi_beta2": [0.9, 0.99]}, "cpus_per_shard": 0.5, "driver_cpus": 0.5,
     }))
     table = sweep(load_sweep(path), tmp_path / "sweeps", quiet=True)
     assert sorted(table["yogi_beta2"].unique().to_list()) == [0.9, 0.99] and table["trial_id"].n_unique() == 2
+    assert set(table["client_algorithm"]) == {PROXIMAL} and set(table["mu"]) == {0.05}
+
+
+def test_a_client_algorithm_plugin_of_the_proximal_term_trains_as_fedprox_bit_for_bit(ray_session, tmp_path, capsys):
+    """SphereFed's projection trains by autograd on both sides: the plugin's hook adds μ(θ − θ₀) as the built-in's does."""
+    common = ["--head", "sphere", "--sphere-dim", "8", "--dataset", SPEC, "--rounds", "4", "--eval-every", "2",
+              "--client-lr", "0.05", *SMALL_RUN]
+    assert cli(capsys, "run", *common, "--method", "fedprox", "--prox-mu", "0.1", "--out", tmp_path / "builtin")[0] == 0
+    rc, _, err = cli(capsys, "run", *common, "--method", "fedavg", "--client-algorithm", PROXIMAL, "--option", "mu=0.1",
+                     "--out", tmp_path / "plugin")
+    assert rc == 0, err
+    plugin, builtin = rows(tmp_path / "plugin"), rows(tmp_path / "builtin")
+    assert {(r["method"], r["prox_mu"], r["client_algorithm"], r["mu"]) for r in plugin} == {("fedavg", None, PROXIMAL, 0.1)}
+    assert {(r["method"], r["prox_mu"], r["client_algorithm"]) for r in builtin} == {("fedprox", 0.1, None)}
+    settings = ("method", "prox_mu", "client_algorithm", "mu")
+    assert [{k: v for k, v in r.items() if k not in settings} for r in plugin] == \
+        [{k: v for k, v in r.items() if k not in settings} for r in builtin]
+    with np.load(tmp_path / "plugin" / "classifier.npz") as ours, np.load(tmp_path / "builtin" / "classifier.npz") as theirs:
+        assert sorted(ours) == sorted(theirs) and all(np.array_equal(ours[key], theirs[key]) for key in ours)
+
+
+def test_a_client_algorithm_plugin_declares_its_fields_as_options():
+    proximal = load_class(PROXIMAL, fedray.ClientAlgorithm, {}, "client algorithm")
+    assert [o.describe() for o in options_of(proximal).values()] == ["mu: float = 0.01  (proximal weight μ)"]
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -175,6 +201,10 @@ def test_fedyogi_trains_through_the_shards_and_in_a_sweep(ray_session, tmp_path,
     (["--method", NCM, "--option", "lam=1"], ["lam is a run option: use --lam"]),
     (["--method", "fed3r", "--server-optimizer", YOGI], ["--server-optimizer applies to gradient methods"]),
     (["--method", "fedavg", "--server-optimizer", NCM], ["not a subclass of fedray.ServerOptimizer"]),
+    (["--method", "fed3r", "--client-algorithm", PROXIMAL], ["--client-algorithm applies to gradient methods"]),
+    (["--method", "fedavg", "--client-algorithm", YOGI], ["not a subclass of fedray.ClientAlgorithm"]),
+    (["--method", "fedavg", "--client-algorithm", "fedprox"], ["--client-algorithm takes your own", "--method"]),
+    (["--method", "fedavg", "--client-algorithm", PROXIMAL, "--option", "mu=strong"], ["option mu must be a number"]),
 ])
 def test_bad_plugins_and_options_are_one_line_errors_before_any_work(capsys, tmp_path, args, needles):
     rc, out, err = cli(capsys, "run", "--dataset", SPEC, "--out", tmp_path / "out", *SMALL_RUN, *args)

@@ -1,6 +1,6 @@
 """One autograd local SGD with the client algorithm as hooks; the dual form of linear heads agrees with it where it applies."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -74,11 +74,19 @@ def test_the_dual_form_declares_the_algorithms_it_supports():
     assert chosen == [TrainedHeads, DenseHeads]
 
 
+@dataclass(frozen=True)
+class Smoothed(ClientAlgorithm):
+    """The cross-entropy with label smoothing 0.2: a client algorithm's own batch loss."""
+
+    def batch_loss(self, output, labels):
+        return torch.nn.functional.cross_entropy(output, labels, label_smoothing=0.2)
+
+
 def test_a_loss_the_dual_form_does_not_support_trains_by_autograd_like_plain_torch():
     smoothed = partial(torch.nn.functional.cross_entropy, label_smoothing=0.2)
     sgd = LocalSGD(lr=0.1, weight_decay=1e-3, batch_size=5, epochs=2, momentum=0.5, prox_mu=0.25)
     features, labels, weight, bias, _ = problem(False)
-    trainer = LocalTrainer(sgd, seed=3, algorithm=ClientAlgorithm(smoothed, prox_mu=0.25))
+    trainer = LocalTrainer(replace(sgd, client_algorithm=Smoothed), seed=3)
     update = trainer.train(ClientBatch(features, labels, OFFSETS, CLIENTS), as_arrays((weight, bias)), 4, None)
 
     expected_w, expected_b, expected_loss = torch.zeros_like(weight), torch.zeros_like(bias), 0.0
