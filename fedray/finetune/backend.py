@@ -135,6 +135,17 @@ class FineTuneBackend:
             weight, bias = head_init(dim, num_classes, head_seed)
         return {**{name: value.clone() for name, value in self.initial_backbone.items()}, "head.weight": weight, "head.bias": bias}
 
+    def with_head(self, params: Params, head: Params) -> Params:
+        """The head is an ``nn.Linear`` (C × d weight): a closed-form stage's d × C weight goes in transposed."""
+        return {**params, "head.weight": head["weight"].T.contiguous(), "head.bias": head["bias"]}
+
+    def calibration_map(self, params: Params) -> tuple[None, None]:
+        """The backbone itself is fine-tuned under the fixed classifier: FFC calibrates on its normalized embeddings."""
+        return None, None
+
+    def sphere_arrays(self, params: Params) -> dict[str, np.ndarray]:
+        return {"fixed_classifier": params["head.weight"].numpy()}
+
     def _put(self, params: Params) -> ray.ObjectRef:
         if set(params) != set(self.state_shapes):
             differing = sorted(set(self.state_shapes) ^ set(params))

@@ -66,3 +66,19 @@ class TrainingBackend(Protocol):
 
     def load_state_dict(self, state: dict) -> None:
         ...
+
+    def initial_params(self, seed: int) -> Params:
+        """The parameters training starts from without a closed-form stage (random head from ``seed``)."""
+        ...
+
+    def with_head(self, params: Params, head: Params) -> Params:
+        """``params`` with the softmax head set from a closed-form stage's ``{"weight": d × C, "bias": C}``."""
+        ...
+
+    def calibration_map(self, params: Params) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """SphereFed: the projection (P, q) its FFC calibrates on normalize(P x + q); (None, None): on normalize(x)."""
+        ...
+
+    def sphere_arrays(self, params: Params) -> dict[str, np.ndarray]:
+        """SphereFed: what ``classifier.npz`` holds besides the calibrated classifier."""
+        ...

@@ -24,7 +24,7 @@ from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.client_sgd import ClientAlgorithm, CrossEntropy, client_algorithm
 from fedray.gradient.heads import train_linear_heads
-from fedray.gradient.local import Control, LocalSGD
+from fedray.gradient.local import Control, LocalSGD, random_head
 from fedray.methods.base import Classifier, ClientBatch
 from fedray.runtime.shards import ShardPool, gather_rows
 
@@ -141,6 +141,12 @@ class ProbeBackend:
         self.control["bias"] += control_bias / total
         rows, _ = gather_rows(self.offsets, update.clients)
         self.control["rows"][torch.from_numpy(rows)] = gradient_rows
+
+    def initial_params(self, seed: int) -> Params:
+        return random_head(self.dim, self.num_classes, seed)
+
+    def with_head(self, params: Params, head: Params) -> Params:
+        return {**params, **head}
 
     def accuracy(self, params: Params) -> float:
         return self.evaluator.accuracy(self.trainer, Classifier(params["weight"], params["bias"]))

@@ -1,16 +1,22 @@
-"""One gradient-method run: optional closed-form stage, federated training (on features or images), ridge probe.
+"""One gradient-method run as a pipeline of stages, written once for features and images (:func:`train_in_stages`).
 
-Stage 1 (``--init fedncm|fed3r|fedcof``) runs the closed-form method through
-the shards until every client was seen (or ``--init-rounds``); its classifier
-becomes the softmax head that stage 2 trains. Both stages' rows go to one
-metrics table (``stage`` column), their traffic and FLOPs accumulate, and
-stage 2's rounds are numbered after stage 1's.
+The closed-form stage (``--init fedncm|fed3r|fedcof``) runs the method
+through the shards until every client was seen (or ``--init-rounds``); its
+classifier becomes the softmax head that training starts from. Then training,
+SphereFed's calibration (``--head sphere``) and the ridge probe
+(``--probe-ridge``). The closed-form stages run on an
+:data:`Embeddings`: the shards' own features, or the images embedded by the
+backbone at that moment. Every stage's rows go to one metrics table (``stage``
+column), their traffic and FLOPs accumulate, and training's rounds are
+numbered after the closed-form stage's. TCT (:mod:`fedray.tct.runner`) runs
+fine-tuning, then its eNTK and stage-2 stages.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -26,7 +32,6 @@ from fedray.runtime.evaluator import Evaluator
 from fedray.finetune.backend import FineTuneBackend
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
-from fedray.gradient.local import random_head
 from fedray.gradient.probing import ProbeBackend
 from fedray.gradient.settings import local_sgd, server_optimizer
 from fedray.gradient.training import Accounting, Checkpointing, TrainingState, train
@@ -79,6 +84,38 @@ def ridge_probe(pool: ShardPool, config: RunConfig, evaluator: Evaluator) -> flo
     return evaluator.accuracy(method, method.solve(statistics))
 
 
+Embeddings = Callable[[Params, Callable[[ShardPool, Evaluator], T]], T]
+"""Where the closed-form stages run: ``embeddings(params, work)`` runs ``work(pool, evaluator)`` on shards holding the
+features at ``params``: the pool's own features (linear probing, SphereFed), or the images embedded by the backbone of
+``params`` (fine-tuning, :func:`on_embeddings`)."""
+
+
+def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Embeddings, sizes: np.ndarray,
+                    on_point: Callable[[EvalPoint], None] | None = None, saved: TrainingState | None = None,
+                    backbone_macs: float | None = None) -> TrainingOutcome:
+    """A training run's stages, the same on features and on images: the ``--init`` closed form (unless resuming
+    ``saved``), training, SphereFed's calibration (``--head sphere``), the ridge probe (``--probe-ridge``).
+
+    ``backbone_macs``: F_φ where the backend measures it (fine-tuning), else ``config.backbone_macs``.
+    """
+    if saved is None:
+        params, accounting, points = backend.initial_params(config.seed), None, []
+        if config.init != "random":
+            stage = config if backbone_macs is None else replace(config, backbone_macs=backbone_macs)
+            head, accounting, points = embeddings(
+                params, lambda pool, evaluator: closed_form_stage(stage, pool, evaluator, on_point))
+            params = backend.with_head(params, head)
+        saved = _fresh_state(params, accounting, points, backend, len(sizes))
+    outcome = _train(config, backend, saved, sizes, on_point, backbone_macs)
+    if config.head == "sphere" and not outcome.points[-1].diverged:
+        classifier = embeddings(outcome.params, lambda pool, evaluator: calibration_stage(
+            config, pool, evaluator, outcome, on_point, *backend.calibration_map(outcome.params)))
+        outcome.arrays = {**classifier.arrays(), **backend.sphere_arrays(outcome.params)}
+    if config.probe_ridge:
+        outcome.ridge_probe_accuracy = embeddings(outcome.params, lambda pool, evaluator: ridge_probe(pool, config, evaluator))
+    return outcome
+
+
 def train_on_features(
     config: RunConfig,
     pool: ShardPool,
@@ -86,37 +123,16 @@ def train_on_features(
     on_point: Callable[[EvalPoint], None] | None = None,
     saved: TrainingState | None = None,
 ) -> TrainingOutcome:
-    """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued."""
-    federation = pool.federation
+    """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued;
+    SphereFed (``--head sphere``) trains the projection before the fixed classifier, then calibrates with FFC."""
+    federation, sgd = pool.federation, local_sgd(config)
     if config.head == "sphere":
-        return _spherefed(config, pool, evaluator, on_point, saved)
-    backend = ProbeBackend(pool, local_sgd(config), config.seed, evaluator, scaffold=config.algorithm.scaffold)
-    if saved is None:
-        if config.init == "random":
-            params, accounting, points = random_head(federation.dim, federation.num_classes, config.seed), None, []
-        else:
-            params, accounting, points = closed_form_stage(config, pool, evaluator, on_point)
-        saved = _fresh_state(params, accounting, points, backend, federation.num_clients)
-    outcome = _train(config, backend, saved, federation.client_sizes, on_point)
-    if config.probe_ridge:
-        outcome.ridge_probe_accuracy = ridge_probe(pool, config, evaluator)
-    return outcome
-
-
-def _spherefed(config: RunConfig, pool: ShardPool, evaluator: Evaluator, on_point: Callable[[EvalPoint], None] | None,
-               saved: TrainingState | None) -> TrainingOutcome:
-    """SphereFed: train the projection before the fixed classifier, then calibrate with FFC (a ``calibrated`` row)."""
-    federation = pool.federation
-    backend = SphereBackend(pool, local_sgd(config), config.seed, evaluator, config.sphere_dim or federation.dim, config.sphere_loss,
-                            scaffold=config.algorithm.scaffold)
-    state = saved or _fresh_state(backend.initial_params(config.seed), None, [], backend, federation.num_clients)
-    outcome = _train(config, backend, state, federation.client_sizes, on_point)
-    if state.points[-1].diverged:
-        return outcome
-    classifier = calibration_stage(config, pool, evaluator, outcome, on_point, outcome.params["weight"], outcome.params["bias"])
-    outcome.arrays = {**classifier.arrays(), "proj_weight": outcome.params["weight"].numpy(),
-                      "proj_bias": outcome.params["bias"].numpy(), "fixed_classifier": backend.classifier.numpy()}
-    return outcome
+        backend = SphereBackend(pool, sgd, config.seed, evaluator, config.sphere_dim or federation.dim, config.sphere_loss,
+                                scaffold=config.algorithm.scaffold)
+    else:
+        backend = ProbeBackend(pool, sgd, config.seed, evaluator, scaffold=config.algorithm.scaffold)
+    return train_in_stages(config, backend, lambda params, work: work(pool, evaluator), federation.client_sizes,
+                           on_point, saved)
 
 
 def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, outcome: TrainingOutcome,
@@ -172,36 +188,16 @@ def finetune(
     on_point: Callable[[EvalPoint], None] | None = None,
     saved: TrainingState | None = None,
 ) -> TrainingOutcome:
-    """Fine-tuning with ``backend``, from a closed-form head when ``--init`` asks, then the ridge probe when asked.
+    """Fine-tuning with ``backend`` in :func:`train_in_stages`: SphereFed (``--head sphere``) fine-tunes the backbone
+    under the fixed classifier, then calibrates with FFC on the normalized embeddings.
 
-    SphereFed (``--head sphere``) fine-tunes the backbone under the fixed
-    classifier, then calibrates with FFC on the normalized embeddings (a
-    ``calibrated`` row; classifier.npz holds the calibrated classifier).
-
-    A closed-form initialization and the ridge probe run on the images
-    embedded by the backbone at that moment, in shards of their own
+    A closed-form initialization, the calibration and the ridge probe run on
+    the images embedded by the backbone at that moment, in shards of their own
     (``--num-shards``, default 1, next to the trainers).
     """
-    federation = backend.pool.federation
     backbone_macs = backend.flops_per_image / 2 if config.backbone_macs is None else config.backbone_macs
-    if saved is None:
-        params = backend.initial_params(config.seed)
-        accounting, points = None, []
-        if config.init != "random":
-            stage_config = replace(config, backbone_macs=backbone_macs)
-            head, accounting, points = on_embeddings(
-                config, backend, params, lambda pool, evaluator: closed_form_stage(stage_config, pool, evaluator, on_point))
-            params["head.weight"], params["head.bias"] = head["weight"].T.contiguous(), head["bias"]
-        saved = _fresh_state(params, accounting, points, backend, federation.num_clients)
-    outcome = _train(config, backend, saved, federation.client_sizes, on_point, backbone_macs)
-    if config.head == "sphere" and not outcome.points[-1].diverged:
-        classifier = on_embeddings(config, backend, outcome.params,
-                                   lambda pool, evaluator: calibration_stage(config, pool, evaluator, outcome, on_point))
-        outcome.arrays = {**classifier.arrays(), "fixed_classifier": outcome.params["head.weight"].numpy()}
-    if config.probe_ridge:
-        outcome.ridge_probe_accuracy = on_embeddings(
-            config, backend, outcome.params, lambda pool, evaluator: ridge_probe(pool, config, evaluator))
-    return outcome
+    return train_in_stages(config, backend, partial(on_embeddings, config, backend), backend.pool.federation.client_sizes,
+                           on_point, saved, backbone_macs)
 
 
 def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
@@ -234,7 +230,7 @@ def _fresh_state(params: Params, accounting: Accounting | None, points: list[Eva
 
 def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
            on_point: Callable[[EvalPoint], None] | None, backbone_macs: float | None = None) -> TrainingOutcome:
-    """Stage 2 from ``state``: the schedule, checkpoints to ``config.out``, the loop; ``backbone_macs``: F_φ
+    """Training from ``state``: the schedule, checkpoints to ``config.out``, the loop; ``backbone_macs``: F_φ
     (default ``config.backbone_macs``; fine-tuning measures it on its own backbone)."""
     out = Path(config.out)
     first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)

@@ -130,6 +130,13 @@ class SphereBackend(ProbeBackend):
         projection = random_head(self.dim, self.sphere_dim, seed)
         return {"weight": projection["weight"].T.contiguous(), "bias": projection["bias"]}
 
+    def calibration_map(self, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        return params["weight"], params["bias"]
+
+    def sphere_arrays(self, params: Params) -> dict[str, np.ndarray]:
+        return {"proj_weight": params["weight"].numpy(), "proj_bias": params["bias"].numpy(),
+                "fixed_classifier": self.classifier.numpy()}
+
     def accuracy(self, params: Params) -> float:
         return self.evaluator.accuracy(SphereMap(params["weight"], params["bias"]), Classifier(self.classifier.T.contiguous()))
 
