@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow.compute as pc
 import ray
 import torch
-from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.placement_group import PlacementGroup
 
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.errors import FedrayError
@@ -26,8 +26,8 @@ from fedray.gradient.backend import Params
 from fedray.images.backbones import Backbone, get_backbone
 from fedray.images.decode import ImageTransform
 from fedray.runtime.held import Held
-from fedray.runtime.placement import reserve, start_actors, trial_bundles
-from fedray.runtime.shards import balanced_bounds, tree_reduce
+from fedray.runtime.actor_group import ActorGroup, balanced_bounds, tree_reduce
+from fedray.runtime.placement import trial_bundles
 from fedray.tct.entk import EntkSpec
 
 
@@ -54,20 +54,14 @@ def check_images(federation: Federation) -> None:
         )
 
 
-@dataclass
-class TrainerPool:
-    """The trainers, their placement group and each trainer's rows (sent with every call: a restarted trainer needs them again)."""
+@dataclass(kw_only=True)
+class TrainerPool(ActorGroup):
+    """The trainers and each trainer's rows (sent with every call: a restarted trainer needs them again)."""
 
     federation: Federation
     backbone: Backbone
     image_size: int
-    actors: list
-    bounds: np.ndarray
-    group: PlacementGroup
     rows: list[Held]
-    bundle: dict[str, float]
-    trial_group: PlacementGroup | None = None
-    """The Tune trial's placement group the trainers run in (``group`` then), else None (a group of their own)."""
 
     @classmethod
     def start(
@@ -107,21 +101,14 @@ class TrainerPool:
         trainers = len(bounds) - 1
         if trial_group is None:
             bundle = {"CPU": cpus_per_trainer, **({"GPU": 1} if gpus else {})}
-            group = reserve(bundle, trainers, "SPREAD", f"{trainers} trainers × {bundle}", "lower num_trainers or cpus_per_trainer")
-        else:
-            group = trial_group
         test_bounds = np.linspace(0, federation.test.num_rows, trainers + 1).astype(np.int64)
         rows = [Held.put(TrainerRows.of(federation, (int(bounds[t]), int(bounds[t + 1])), (int(test_bounds[t]), int(test_bounds[t + 1]))))
                 for t in range(trainers)]
         arguments = [(backbone, federation.num_classes, transform, eval_batch_size, max(1, int(cpus_per_trainer)))] * trainers
-        try:
-            actors = start_actors(Trainer, group, bundle, arguments, first_bundle=0 if trial_group is None else 1)
-            fetch([actor.describe.remote() for actor in actors])
-        except BaseException:
-            if trial_group is None:
-                remove_placement_group(group)
-            raise
-        return cls(federation, backbone, image_size, actors, bounds, group, rows, bundle, trial_group)
+        return cls.launch(Trainer, bundle, arguments, bounds, what=f"{trainers} trainers × {bundle}",
+                          hint="lower num_trainers or cpus_per_trainer", trial_group=trial_group,
+                          ready=lambda actors: fetch([actor.describe.remote() for actor in actors]),
+                          federation=federation, backbone=backbone, image_size=image_size, rows=rows)
 
     @property
     def num_trainers(self) -> int:
@@ -131,10 +118,8 @@ class TrainerPool:
         self, training: ray.ObjectRef, params: ray.ObjectRef, control: ray.ObjectRef, clients: np.ndarray, client_controls: dict[int, Params | None], round_number: int
     ) -> Partial:
         """One round of local training of ``clients`` on their trainers, the trainers' sums tree-reduced."""
-        trainer_of = np.searchsorted(self.bounds, clients, side="right") - 1
         partials = []
-        for index, actor in enumerate(self.actors):
-            mine = clients[trainer_of == index]
+        for index, (actor, mine) in enumerate(zip(self.actors, self.split_clients(clients))):
             own = {int(client): client_controls[int(client)] for client in mine} if client_controls else {}
             partials.append((actor.train.remote(self.rows[index], training, params, control, mine, own, round_number), actor))
         return fetch(tree_reduce(None, partials))
@@ -160,9 +145,3 @@ class TrainerPool:
             raise FedrayError(f"unknown split {split!r}; use {TRAIN} or {TEST}")
         calls = [actor.entk.remote(held, params, spec, split) for actor, held in zip(self.actors, self.rows)]
         return [features for features, _ in calls], fetch([labels for _, labels in calls])
-
-    def shutdown(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
-        if self.trial_group is None:
-            remove_placement_group(self.group)

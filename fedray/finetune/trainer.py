@@ -35,7 +35,7 @@ from fedray.gradient.backend import Params
 from fedray.images.backbones import Backbone
 from fedray.images.decode import ImageTransform
 from fedray.runtime.held import Held
-from fedray.runtime.shards import combine_partials
+from fedray.runtime.actor_group import combine_partials
 from fedray.tct.entk import EntkSpec
 
 
@@ -107,7 +107,7 @@ class Trainer:
         )
 
     def combine(self, _method: Any, a: Partial | None, b: Partial | None) -> Partial | None:
-        """The pairwise step of :func:`~fedray.runtime.shards.tree_reduce` (which passes a method this sum does not need)."""
+        """The pairwise step of :func:`~fedray.runtime.actor_group.tree_reduce` (which passes a method this sum does not need)."""
         return combine_partials(a, b, add_partials)
 
     def correct(self, held: Held, params: Params) -> tuple[int, int]:

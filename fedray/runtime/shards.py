@@ -14,16 +14,15 @@ them (:mod:`fedray.evaluation`), so the driver never holds features.
 
 from __future__ import annotations
 
-import operator
 import resource
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import ray
 import torch
-from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.placement_group import PlacementGroup
 
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.errors import FedrayError
@@ -31,22 +30,12 @@ from fedray.evaluation import EvalRows, eval_bounds
 from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
 from fedray.runtime.cluster import check_memory
 from fedray.runtime.footprint import Footprint
-from fedray.runtime.placement import reserve, start_actors
+from fedray.runtime.actor_group import ActorGroup, balanced_bounds, combine_partials, tree_reduce
 
 
 def peak_memory_bytes() -> int:
     """Peak resident memory of the calling process (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def balanced_bounds(client_offsets: np.ndarray, num_shards: int) -> np.ndarray:
-    """Client numbers where shards start (plus K at the end), cutting at equal sample counts."""
-    num_clients = len(client_offsets) - 1
-    num_shards = max(1, min(num_shards, num_clients))
-    targets = client_offsets[-1] * np.arange(1, num_shards) / num_shards
-    inner = np.searchsorted(client_offsets, targets, side="left")
-    bounds = np.unique(np.clip(np.concatenate([[0], inner, [num_clients]]), 0, num_clients))
-    return bounds
 
 
 def gather_rows(offsets: np.ndarray, local_clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -172,8 +161,8 @@ class ShardActor:
         return self.test.correct(feature_map[0].hex(), lambda: ray.get(feature_map[0]), classifier)
 
 
-@dataclass
-class ShardPool:
+@dataclass(kw_only=True)
+class ShardPool(ActorGroup):
     """The shard actors of one federation, reusable across runs of different methods.
 
     The shards' CPUs are reserved at once in a placement group (one bundle per
@@ -184,10 +173,6 @@ class ShardPool:
     """
 
     federation: Federation
-    actors: list
-    bounds: np.ndarray
-    group: PlacementGroup
-    owns_group: bool = True
     loading: list | None = None
 
     @classmethod
@@ -217,28 +202,22 @@ class ShardPool:
         bounds = balanced_bounds(federation.client_offsets, num_shards)
         shards = len(bounds) - 1
         bundle = {"CPU": cpus_per_shard}
-        if trial_group is None:
-            cut = f" (--num-shards {num_shards} cut at equal sample counts over {federation.num_clients} clients)" if shards < num_shards else ""
-            group = reserve(bundle, shards, "SPREAD", f"{shards} shard{'s' if shards > 1 else ''}{cut} × {cpus_per_shard:g} CPU",
-                            "lower --num-shards or --cpus-per-shard")
-            first_bundle = 0
-        else:
-            group, first_bundle = trial_group, 1
+        cut = f" (--num-shards {num_shards} cut at equal sample counts over {federation.num_clients} clients)" if shards < num_shards else ""
         tests = eval_bounds(federation.test.num_rows, shards)
-        try:
+
+        def check_fit() -> None:
             for footprint in footprints:
                 check_memory(footprint, np.diff(federation.client_offsets[bounds]), np.diff(tests))
-        except FedrayError:
-            if trial_group is None:
-                remove_placement_group(group)
-            raise
+
         threads = max(1, int(cpus_per_shard))
         arguments = [(ShardRows.of(federation, (int(a), int(b)), (int(t), int(u))), threads)
                      for a, b, t, u in zip(bounds[:-1], bounds[1:], tests[:-1], tests[1:])]
         in_memory = {} if federation.spec is not None else {"max_restarts": 0, "max_task_retries": 0}
-        actors = start_actors(ShardActor, group, bundle, arguments, first_bundle, **in_memory)
-        return cls(federation, actors, bounds, group, owns_group=trial_group is None,
-                   loading=[actor.loaded.remote() for actor in actors])
+        pool = cls.launch(ShardActor, bundle, arguments, bounds, what=f"{shards} shard{'s' if shards > 1 else ''}{cut} × "
+                          f"{cpus_per_shard:g} CPU", hint="lower --num-shards or --cpus-per-shard", trial_group=trial_group,
+                          before_start=check_fit, actor_options=in_memory, federation=federation)
+        pool.loading = [actor.loaded.remote() for actor in pool.actors]
+        return pool
 
     def wait(self) -> "ShardPool":
         """Wait until every shard holds its rows; a shard's bad row is raised here as one :class:`FedrayError`."""
@@ -259,21 +238,13 @@ class ShardPool:
         ``method`` is the method put in the object store once per run.
         """
         self.wait()
-        shard_of = np.searchsorted(self.bounds, clients, side="right") - 1
-        partials = [
-            (actor.statistics.remote(method, clients[shard_of == s]), actor) for s, actor in enumerate(self.actors)
-        ]
+        partials = [(actor.statistics.remote(method, local), actor) for actor, local in zip(self.actors, self.split_clients(clients))]
         return tree_reduce(method, partials)
 
     def correct(self, feature_map: ray.ObjectRef, classifier: ray.ObjectRef) -> int:
         """Correct predictions of ``classifier`` on every test row through ``feature_map``, counted in the shards."""
         self.wait()
         return sum(ray.get([actor.correct.remote([feature_map], classifier) for actor in self.actors]))
-
-    def split_clients(self, clients: np.ndarray) -> list[np.ndarray]:
-        """``clients`` (global numbers) by shard, each in the given order."""
-        shard_of = np.searchsorted(self.bounds, clients, side="right") - 1
-        return [clients[shard_of == s] for s in range(self.num_shards)]
 
     def local_train(
         self, trainer: ray.ObjectRef, head: ray.ObjectRef, clients: np.ndarray, round_number: int,
@@ -295,30 +266,3 @@ class ShardPool:
         self.wait()
         return ray.get([actor.peak_memory_bytes.remote() for actor in self.actors])
 
-    def shutdown(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
-        if self.owns_group:
-            remove_placement_group(self.group)
-
-
-def combine_partials(a: Any, b: Any, add: Callable[[Any, Any], Any] = operator.add) -> Any:
-    """``add(a, b)``, where None stands for an actor with nothing to add this time (no sampled clients)."""
-    if a is None or b is None:
-        return b if a is None else a
-    return add(a, b)
-
-
-def tree_reduce(method: ray.ObjectRef, partials: list[tuple[ray.ObjectRef, Any]]) -> ray.ObjectRef:
-    """Pairwise sums through object refs, in a fixed order, O(log shards) deep.
-
-    Each pair is combined by the actor that produced its left operand, so the
-    reduction needs no resources beyond the shards' own.
-    """
-    level = partials
-    while len(level) > 1:
-        paired = [
-            (left[1].combine.remote(method, left[0], right[0]), left[1]) for left, right in zip(level[::2], level[1::2])
-        ]
-        level = paired + ([level[-1]] if len(level) % 2 else [])
-    return level[0][0]

@@ -25,11 +25,10 @@ from functools import reduce
 import numpy as np
 import ray
 import torch
-from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.placement_group import PlacementGroup
 
 from fedray.finetune.local import training_device
-from fedray.runtime.placement import reserve, start_actors
-from fedray.runtime.shards import combine_partials, tree_reduce
+from fedray.runtime.actor_group import ActorGroup, combine_partials, tree_reduce
 from fedray.tct.stage2 import (
     STD_FLOOR,
     Moments,
@@ -166,7 +165,7 @@ class Stage2Shard:
         return RoundSums(delta.cpu(), float(weights.sum()), change.cpu() if solver.correction else None, loss)
 
     def combine(self, _method: object, a, b):
-        """The pairwise step of :func:`~fedray.runtime.shards.tree_reduce`."""
+        """The pairwise step of :func:`~fedray.runtime.actor_group.tree_reduce`."""
         return combine_partials(a, b)
 
     def correct(self, normalization: Normalization, model: torch.Tensor) -> tuple[int, int]:
@@ -180,14 +179,9 @@ class Stage2Shard:
         return correct, len(features)
 
 
-@dataclass
-class Stage2Pool:
+@dataclass(kw_only=True)
+class Stage2Pool(ActorGroup):
     """The driver's handle on the stage-2 shards (in a placement group of their own): their client ranges and calls."""
-
-    shards: list
-    bounds: np.ndarray
-    group: PlacementGroup
-    owns_group: bool = True
 
     @classmethod
     def start(cls, train: list[ray.ObjectRef], train_labels: list[np.ndarray], test: list[ray.ObjectRef],
@@ -197,34 +191,24 @@ class Stage2Pool:
 
         Inside a Tune trial the shards take the stage-1 trainers' bundles (1..) of ``trial_group``.
         """
-        if trial_group is None:
-            group = reserve(bundle, len(train), "SPREAD", f"{len(train)} stage-2 shards × {bundle}",
-                            "lower num_trainers or cpus_per_trainer")
-        else:
-            group = trial_group
         arguments = [
             (train[s], train_labels[s], test[s], test_labels[s],
              client_offsets[bounds[s] : bounds[s + 1] + 1] - client_offsets[bounds[s]], int(bounds[s]), num_classes,
              projection, max(1, int(bundle.get("CPU", 1))))
             for s in range(len(train))
         ]
-        try:
-            shards = start_actors(Stage2Shard, group, bundle, arguments, first_bundle=0 if trial_group is None else 1)
-            ray.get([shard.__ray_ready__.remote() for shard in shards])
-        except BaseException:
-            if trial_group is None:
-                remove_placement_group(group)
-            raise
-        return cls(shards, bounds, group, owns_group=trial_group is None)
+        return cls.launch(Stage2Shard, bundle, arguments, bounds, what=f"{len(train)} stage-2 shards × {bundle}",
+                          hint="lower num_trainers or cpus_per_trainer", trial_group=trial_group,
+                          ready=lambda shards: ray.get([shard.__ray_ready__.remote() for shard in shards]))
 
     def normalization(self, eps: float = STD_FLOOR) -> Normalization:
         """The normalization round: μ and σ from every client's moments (see :func:`~fedray.tct.stage2.normalization`)."""
-        moments = reduce(operator.add, ray.get([shard.moments.remote() for shard in self.shards]))
+        moments = reduce(operator.add, ray.get([shard.moments.remote() for shard in self.actors]))
         return Normalization(*moments.normalization(eps))
 
     def statistics(self, normalization: ray.ObjectRef) -> Statistics:
         """Every client's closed-form upload, summed in the shards and tree-reduced."""
-        return ray.get(tree_reduce(None, [(shard.statistics.remote(normalization), shard) for shard in self.shards]))
+        return ray.get(tree_reduce(None, [(shard.statistics.remote(normalization), shard) for shard in self.actors]))
 
     def train(self, solver: ray.ObjectRef, normalization: ray.ObjectRef, model: ray.ObjectRef, control: ray.ObjectRef,
               clients: np.ndarray, weights: np.ndarray) -> RoundSums:
@@ -232,16 +216,10 @@ class Stage2Pool:
         shard_of = np.searchsorted(self.bounds, clients, side="right") - 1
         partials = [
             (shard.train.remote(solver, normalization, model, control, clients[shard_of == s], weights[shard_of == s]), shard)
-            for s, shard in enumerate(self.shards)
+            for s, shard in enumerate(self.actors)
         ]
         return ray.get(tree_reduce(None, partials))
 
     def accuracy(self, normalization: ray.ObjectRef, model: ray.ObjectRef) -> float:
-        counts = ray.get([shard.correct.remote(normalization, model) for shard in self.shards])
+        counts = ray.get([shard.correct.remote(normalization, model) for shard in self.actors])
         return sum(c for c, _ in counts) / max(sum(t for _, t in counts), 1)
-
-    def shutdown(self) -> None:
-        for shard in self.shards:
-            ray.kill(shard)
-        if self.owns_group:
-            remove_placement_group(self.group)

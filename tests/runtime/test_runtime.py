@@ -13,7 +13,8 @@ from fedray.runtime.evaluator import Evaluator
 from fedray.methods.from_config import build_method
 from fedray.engine import simulate
 from fedray.runtime import sampling
-from fedray.runtime.shards import ShardPool, balanced_bounds
+from fedray.runtime.actor_group import balanced_bounds
+from fedray.runtime.shards import ShardPool
 from tests.reference import class_means, fedcof_algorithm1, features_and_labels, max_relative_difference, normalized, ridge
 
 SPLITS = ["inat-user-120k", "inat-geo-100", "inat-geo-3k"]

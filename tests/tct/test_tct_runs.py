@@ -23,7 +23,7 @@ from fedray.finetune.local import images_entk
 from fedray.finetune.model import build_model
 from fedray.images.backbones import get_backbone
 from fedray.images.decode import ImageTransform
-from fedray.runtime.shards import balanced_bounds
+from fedray.runtime.actor_group import balanced_bounds
 from fedray.tct.entk import EntkSpec, coordinate_index
 from fedray.tct.stage2 import ClientData, closed_form_stage2, normalization, normalize
 from tests.images import write_image_folder

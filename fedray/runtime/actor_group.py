@@ -1,0 +1,114 @@
+"""Actors that each hold a range of clients, reserved together: what every pool of a run is built on.
+
+The shards (closed form, linear probing, SphereFed), the fine-tuning trainers
+and TCT's stage-2 shards are each an :class:`ActorGroup` with the data their
+path needs: one bundle per actor reserved at once (a placement group of their
+own, or bundles 1.. of a Tune trial's, whose bundle 0 is the trial's driver),
+clients handed out by range, the actors' sums tree-reduced in a fixed order,
+and shut down with the group they own.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import ray
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from fedray.runtime.placement import reserve, start_actors
+
+
+def balanced_bounds(client_offsets: np.ndarray, num_actors: int) -> np.ndarray:
+    """Client numbers where actors' ranges start (plus K at the end), cutting at equal sample counts."""
+    num_clients = len(client_offsets) - 1
+    num_actors = max(1, min(num_actors, num_clients))
+    targets = client_offsets[-1] * np.arange(1, num_actors) / num_actors
+    inner = np.searchsorted(client_offsets, targets, side="left")
+    return np.unique(np.clip(np.concatenate([[0], inner, [num_clients]]), 0, num_clients))
+
+
+@dataclass(kw_only=True)
+class ActorGroup:
+    """``actors[i]`` holds the clients ``bounds[i] .. bounds[i + 1]`` (global numbers) in bundle ``i`` of the group's own
+    placement group, or in bundle ``i + 1`` of ``trial_group``."""
+
+    actors: list
+    bounds: np.ndarray
+    group: PlacementGroup
+    bundle: dict[str, float]
+    trial_group: PlacementGroup | None = None
+
+    @classmethod
+    def launch(
+        cls,
+        actor_class: type,
+        bundle: dict[str, float],
+        arguments: list[tuple],
+        bounds: np.ndarray,
+        *,
+        what: str,
+        hint: str,
+        trial_group: PlacementGroup | None = None,
+        before_start: Callable[[], None] | None = None,
+        ready: Callable[[list], None] | None = None,
+        actor_options: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> Any:
+        """Actor ``i`` is ``actor_class(*arguments[i])``; ``fields`` are the subclass's own.
+
+        Outside a trial the bundles are reserved all or nothing (``what`` and
+        ``hint`` name them in the error, see :func:`reserve`). ``before_start``
+        checks what must hold before any actor starts (e.g. memory),
+        ``ready`` waits for the started actors; if either fails, the group
+        reserved here is released.
+        """
+        group = reserve(bundle, len(arguments), "SPREAD", what, hint) if trial_group is None else trial_group
+        try:
+            if before_start is not None:
+                before_start()
+            actors = start_actors(actor_class, group, bundle, arguments, first_bundle=0 if trial_group is None else 1,
+                                  **(actor_options or {}))
+            if ready is not None:
+                ready(actors)
+        except BaseException:
+            if trial_group is None:
+                remove_placement_group(group)
+            raise
+        return cls(actors=actors, bounds=bounds, group=group, bundle=bundle, trial_group=trial_group, **fields)
+
+    def split_clients(self, clients: np.ndarray) -> list[np.ndarray]:
+        """``clients`` (global numbers) by actor, each in the given order."""
+        owner = np.searchsorted(self.bounds, clients, side="right") - 1
+        return [clients[owner == index] for index in range(len(self.actors))]
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        if self.trial_group is None:
+            remove_placement_group(self.group)
+
+
+def combine_partials(a: Any, b: Any, add: Callable[[Any, Any], Any] = operator.add) -> Any:
+    """``add(a, b)``, where None stands for an actor with nothing to add this time (no sampled clients)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return add(a, b)
+
+
+def tree_reduce(method: ray.ObjectRef | None, partials: list[tuple[ray.ObjectRef, Any]]) -> ray.ObjectRef:
+    """Pairwise sums through object refs, in a fixed order, O(log actors) deep.
+
+    Each pair is combined by the actor that produced its left operand
+    (``actor.combine(method, a, b)``), so the reduction needs no resources
+    beyond the actors' own.
+    """
+    level = partials
+    while len(level) > 1:
+        paired = [
+            (left[1].combine.remote(method, left[0], right[0]), left[1]) for left, right in zip(level[::2], level[1::2])
+        ]
+        level = paired + ([level[-1]] if len(level) % 2 else [])
+    return level[0][0]
