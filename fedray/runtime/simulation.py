@@ -90,7 +90,7 @@ class ClosedFormRounds:
     def point(self, number: int, diverged: bool = False) -> EvalPoint:
         block, outcome, method = self.blocks[number], self.outcome, self.method
         if block.total is not None:
-            partial = ray.get(block.total)
+            partial, block.total = ray.get(block.total), None  # its sums go into the state: the store may free them
             solve_start = time.perf_counter()
             self.state = partial if self.state is None else method.combine(self.state, partial)
             outcome.classifier = method.solve(self.state)
