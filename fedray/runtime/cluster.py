@@ -78,6 +78,16 @@ def check_bundles_fit(bundle: dict[str, float], count: int, what: str, hint: str
         raise FedrayError(f"cannot reserve {what}: the cluster has {describe(nodes)} and no autoscaler to add more; {hint}")
 
 
+def check_group_fits(bundles: list[dict[str, float]], what: str, hint: str) -> None:
+    """Fail at once when a placement group of ``bundles`` can never be placed (more than the cluster's totals, or a
+    bundle no node holds) and no autoscaler may add nodes."""
+    nodes = alive_nodes()
+    needed = {name: sum(bundle.get(name, 0.0) for bundle in bundles) for bundle in bundles for name in bundle}
+    beyond = any(amount > sum(node.get(name, 0.0) for node in nodes) + 1e-9 for name, amount in needed.items())
+    if (beyond or any(bundles_that_fit(bundle, nodes) < 1 for bundle in bundles)) and not may_add_nodes():
+        raise FedrayError(f"cannot reserve {what}: the cluster has {describe(nodes)} and no autoscaler to add more; {hint}")
+
+
 def check_memory(footprint: Footprint, shard_samples: np.ndarray, shard_tests: np.ndarray) -> None:
     """Fail at once when the estimated memory of ``footprint`` on shards of ``shard_samples`` training and
     ``shard_tests`` test rows cannot fit the cluster.

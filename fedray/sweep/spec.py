@@ -13,6 +13,7 @@
     num_samples: 1                 # repeats of the grid, each with its own random draws
     shards_per_trial: 1            # shard actors (fine-tuning: trainers) of each trial ...
     cpus_per_shard: 1              # ... and their CPUs; the trial's driver gets driver_cpus
+    gpus_per_shard: 0              # ... and their GPUs (fine-tuning's trainers and TCT's stage 2 use them)
     driver_cpus: 1
 """
 
@@ -36,7 +37,8 @@ DATASET_PREFIX = "dataset."
 OPTIONS_PREFIX = "options."
 """``options.KEY``: option KEY of a plugin (``--option KEY=...``), typed and checked with each trial's run."""
 DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
-SWEEP_KEYS = ("name", "base", "grid", "random", "num_samples", "shards_per_trial", "cpus_per_shard", "driver_cpus")
+SWEEP_KEYS = ("name", "base", "grid", "random", "num_samples", "shards_per_trial", "cpus_per_shard", "gpus_per_shard",
+              "driver_cpus")
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,18 @@ class SweepSpec:
     num_samples: int = 1
     shards_per_trial: int = 1
     cpus_per_shard: float = 1.0
+    gpus_per_shard: float = 0.0
     driver_cpus: float = 1.0
+
+    @property
+    def shard_bundle(self) -> dict[str, float]:
+        """What each shard (or fine-tuning trainer) of a trial holds."""
+        return {"CPU": self.cpus_per_shard, **({"GPU": self.gpus_per_shard} if self.gpus_per_shard else {})}
 
     @property
     def bundles(self) -> list[dict[str, float]]:
         """One trial's placement group: its driver, then one bundle per shard (or fine-tuning trainer)."""
-        return [{"CPU": self.driver_cpus}] + [{"CPU": self.cpus_per_shard}] * self.shards_per_trial
+        return [{"CPU": self.driver_cpus}] + [self.shard_bundle] * self.shards_per_trial
 
     @property
     def swept(self) -> list[str]:
@@ -95,6 +103,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
         if not isinstance(value, (int, float)) or value <= 0:
             raise FedrayError(f"{path}: {key} must be a number > 0, got {value!r}")
         check_numeric_option(f"{path}: {key}", key, value)
+    if not isinstance(spec.gpus_per_shard, (int, float)) or isinstance(spec.gpus_per_shard, bool) or spec.gpus_per_shard < 0:
+        raise FedrayError(f"{path}: gpus_per_shard must be a number ≥ 0, got {spec.gpus_per_shard!r}")
+    check_numeric_option(f"{path}: gpus_per_shard", "gpus_per_shard", spec.gpus_per_shard)
     return spec
 
 

@@ -151,7 +151,7 @@ def test_unknown_sweep_keys_name_where_they_belong(tmp_path):
         "sweep.yaml: grid.out is set for every trial by fedray sweep --out"
     assert sweep_error(tmp_path, "name: x\nmethod: fed3r\n") == \
         "sweep.yaml: unknown key(s) method; a sweep has name, base, grid, random, num_samples, shards_per_trial, " \
-        "cpus_per_shard, driver_cpus; method is a run option: give it under base: (or grid:, random:)"
+        "cpus_per_shard, gpus_per_shard, driver_cpus; method is a run option: give it under base: (or grid:, random:)"
     assert sweep_error(tmp_path, "name: x\nnum_sample: 2\n") == \
         "sweep.yaml: unknown key(s) num_sample; a sweep has name, base, grid, random, num_samples, shards_per_trial, " \
-        "cpus_per_shard, driver_cpus; did you mean num_samples?"
+        "cpus_per_shard, gpus_per_shard, driver_cpus; did you mean num_samples?"

@@ -10,7 +10,7 @@ from fedray.cli import main
 from fedray.data.export import export_parquet
 from fedray.data.registry import load_federation
 from fedray.errors import FedrayError
-from fedray.sweep.spec import load_sweep, with_dataset_options
+from fedray.sweep.spec import SweepSpec, load_sweep, with_dataset_options
 from fedray.sweep.tuning import RESULTS, failure_line, sweep
 
 SWEEPS = Path(__file__).resolve().parents[2] / "jobs" / "sweeps"
@@ -124,6 +124,8 @@ driver_cpus: 0.5
     ("name: x\ngrid: {dataset.alpha: [0.1, .nan]}\n", "dataset.alpha must be a finite number"),
     ("name: x\ngrid: {dataset.split_seed: [-3]}\n", "dataset.split_seed must be an integer from 0"),
     ("name: x\ncpus_per_shard: .nan\n", "cpus_per_shard must be a finite number"),
+    ("name: x\ngpus_per_shard: -1\n", "gpus_per_shard must be a number ≥ 0"),
+    ("name: x\ngpus_per_shard: yes\n", "gpus_per_shard must be a number ≥ 0"),
     ("- name\n- x\n", "a sweep file is a mapping"),
     ("name: [x\n", "not valid YAML"),
 ])
@@ -187,6 +189,25 @@ driver_cpus: 0.5
     assert str(failure.value).startswith(f"all 2 trials failed (first: {missing}: no such file), so no {RESULTS}; ")
     assert "\x1b" not in str(failure.value)
     assert not (tmp_path / "out" / "hopeless" / RESULTS).exists()
+
+
+def test_a_trial_holds_its_shards_gpus(tmp_path):
+    spec = load_sweep(write(tmp_path, "name: x\nshards_per_trial: 2\ncpus_per_shard: 2\ngpus_per_shard: 0.5\n"))
+    assert spec.bundles == [{"CPU": 1.0}, {"CPU": 2, "GPU": 0.5}, {"CPU": 2, "GPU": 0.5}]
+    assert load_sweep(write(tmp_path, "name: x\n")).bundles == [{"CPU": 1.0}, {"CPU": 1.0}]
+
+
+@pytest.mark.parametrize("resources, asked", [
+    ({"gpus_per_shard": 1}, r"driver \(1 CPU\) and 1 shards × \{'CPU': 1.0, 'GPU': 1\}"),
+    ({"shards_per_trial": 2, "driver_cpus": 0.5}, r"driver \(0.5 CPU\) and 2 shards × \{'CPU': 1.0\}"),  # 2.5 CPUs
+])
+def test_a_trial_the_cluster_can_never_hold_is_refused_before_tune_starts(ray_session, tmp_path, resources, asked):
+    """The test session's Ray has 2 CPUs, no GPU and no autoscaler: Tune would wait for these trials forever."""
+    spec = SweepSpec("big", base={"dataset": TINY, "method": "fed3r"}, **resources)
+    with pytest.raises(FedrayError, match=rf"cannot reserve one trial's {asked}: the cluster has 2 CPU, 0 GPU, .* "
+                                          r"lower driver_cpus, shards_per_trial, cpus_per_shard or gpus_per_shard"):
+        sweep(spec, tmp_path / "out", quiet=True)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_failed_trial_is_named_by_its_own_error():
