@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import numpy as np
 import ray
@@ -71,20 +72,16 @@ def describe(nodes: list[dict[str, float]]) -> str:
             f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}")
 
 
-def check_bundles_fit(bundle: dict[str, float], count: int, what: str, hint: str) -> None:
-    """Fail at once when ``count`` copies of ``bundle`` can never be placed and no autoscaler may add nodes."""
+def check_bundles_fit(bundles: list[dict[str, float]], what: str, hint: str) -> None:
+    """Fail at once when a placement group of ``bundles`` can never be placed and no autoscaler may add nodes: more
+    copies of a bundle than the nodes hold (exact for equal bundles), or more of a resource than the cluster has."""
     nodes = alive_nodes()
-    if bundles_that_fit(bundle, nodes) < count and not may_add_nodes():
-        raise FedrayError(f"cannot reserve {what}: the cluster has {describe(nodes)} and no autoscaler to add more; {hint}")
-
-
-def check_group_fits(bundles: list[dict[str, float]], what: str, hint: str) -> None:
-    """Fail at once when a placement group of ``bundles`` can never be placed (more than the cluster's totals, or a
-    bundle no node holds) and no autoscaler may add nodes."""
-    nodes = alive_nodes()
-    needed = {name: sum(bundle.get(name, 0.0) for bundle in bundles) for bundle in bundles for name in bundle}
-    beyond = any(amount > sum(node.get(name, 0.0) for node in nodes) + 1e-9 for name, amount in needed.items())
-    if (beyond or any(bundles_that_fit(bundle, nodes) < 1 for bundle in bundles)) and not may_add_nodes():
+    copies = Counter(tuple(sorted(bundle.items())) for bundle in bundles)
+    too_many = any(bundles_that_fit(dict(bundle), nodes) < count for bundle, count in copies.items())
+    names = {name for bundle in bundles for name in bundle}
+    beyond = any(sum(bundle.get(name, 0.0) for bundle in bundles) > sum(node.get(name, 0.0) for node in nodes) + 1e-9
+                 for name in names)
+    if (too_many or beyond) and not may_add_nodes():
         raise FedrayError(f"cannot reserve {what}: the cluster has {describe(nodes)} and no autoscaler to add more; {hint}")
 
 

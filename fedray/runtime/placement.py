@@ -22,7 +22,7 @@ def reserve(bundle: dict[str, float], count: int, strategy: str, what: str, hint
     after ``wait_s`` seconds (other jobs may free resources, an autoscaler add
     nodes).
     """
-    check_bundles_fit(bundle, count, what, hint)
+    check_bundles_fit([bundle] * count, what, hint)
     group = placement_group([bundle] * count, strategy=strategy)
     if not group.wait(timeout_seconds=wait_s):
         remove_placement_group(group)

@@ -21,7 +21,7 @@ from ray.util import get_current_placement_group
 from fedray.errors import FedrayError
 from fedray.results import METRICS, remove_stale_temporaries, write_atomically
 from fedray.engine import run
-from fedray.runtime.cluster import check_group_fits
+from fedray.runtime.cluster import check_bundles_fit
 from fedray.runtime.session import init_ray
 from fedray.sweep.spec import OPTIONS_PREFIX, SweepSpec
 from fedray.sweep.trials import check_trials, fixed_params, trial_config
@@ -67,8 +67,8 @@ def sweep(
         raise FedrayError(f"{folder}: a sweep named {spec.name!r} is already there; use --resume or another --out")
     remove_stale_temporaries(folder, [RESULTS])
     init_ray(address)
-    check_group_fits(spec.bundles, f"one trial's driver ({spec.driver_cpus:g} CPU) and {spec.shards_per_trial} shards × "
-                     f"{spec.shard_bundle}", "lower driver_cpus, shards_per_trial, cpus_per_shard or gpus_per_shard")
+    check_bundles_fit(spec.bundles, f"one trial's driver ({spec.driver_cpus:g} CPU) and {spec.shards_per_trial} shards × "
+                      f"{spec.shard_bundle}", "lower driver_cpus, shards_per_trial, cpus_per_shard or gpus_per_shard")
     if resume:
         tuner = tune.Tuner.restore(str(folder), trainable, resume_unfinished=True, resume_errored=True)
     else:

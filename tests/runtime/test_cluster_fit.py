@@ -26,12 +26,12 @@ def test_the_embedded_ray_cannot_grow(ray_session):
 
 
 def test_bundles_beyond_the_cluster_fail_at_once_without_autoscaler(ray_session, monkeypatch):
-    check_bundles_fit({"CPU": 1}, 2, "2 things", "lower them")
+    check_bundles_fit([{"CPU": 1}] * 2, "2 things", "lower them")
     with pytest.raises(FedrayError, match=r"cannot reserve 3 things: the cluster has 2 CPU, 0 GPU, [\d.]+ GB memory on 1 node "
                                           r"and no autoscaler to add more; lower them"):
-        check_bundles_fit({"CPU": 1}, 3, "3 things", "lower them")
+        check_bundles_fit([{"CPU": 1}] * 3, "3 things", "lower them")
     monkeypatch.setattr(cluster, "may_add_nodes", lambda: True)
-    check_bundles_fit({"CPU": 1}, 3, "3 things", "lower them")  # left to the placement group's wait
+    check_bundles_fit([{"CPU": 1}] * 3, "3 things", "lower them")  # left to the placement group's wait
 
 
 def test_memory_beyond_the_cluster_fails_with_the_estimate(monkeypatch):
