@@ -79,9 +79,13 @@ class ActorGroup:
             raise
         return cls(actors=actors, bounds=bounds, group=group, bundle=bundle, trial_group=trial_group, **fields)
 
+    def owners(self, clients: np.ndarray) -> np.ndarray:
+        """The index of the actor holding each of ``clients`` (global numbers)."""
+        return np.searchsorted(self.bounds, clients, side="right") - 1
+
     def split_clients(self, clients: np.ndarray) -> list[np.ndarray]:
         """``clients`` (global numbers) by actor, each in the given order."""
-        owner = np.searchsorted(self.bounds, clients, side="right") - 1
+        owner = self.owners(clients)
         return [clients[owner == index] for index in range(len(self.actors))]
 
     def shutdown(self) -> None:

@@ -213,7 +213,7 @@ class Stage2Pool(ActorGroup):
     def train(self, solver: ray.ObjectRef, normalization: ray.ObjectRef, model: ray.ObjectRef, control: ray.ObjectRef,
               clients: np.ndarray, weights: np.ndarray) -> RoundSums:
         """One round of ``clients`` (sorted) with aggregation weights ``weights``, the shards' sums tree-reduced."""
-        shard_of = np.searchsorted(self.bounds, clients, side="right") - 1
+        shard_of = self.owners(clients)
         partials = [
             (shard.train.remote(solver, normalization, model, control, clients[shard_of == s], weights[shard_of == s]), shard)
             for s, shard in enumerate(self.actors)
