@@ -44,7 +44,7 @@ class EvalRows:
         """Correct predictions of ``classifier`` on the rows through the feature map named ``key`` (fetched by
         ``feature_map`` when it is not the one kept), one float32 GEMM a chunk."""
         if self._inputs is None or self._inputs[0] != key:
-            self._inputs = None
+            self._inputs = None  # free the last map's output before the new one is computed: one at a time in memory
             transform = feature_map().transform
             self._inputs = (key, [transform(chunk).to(torch.float32) for chunk in self.features.split(CHUNK)])
         weight = classifier.weight.to(torch.float32)
