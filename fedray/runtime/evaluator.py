@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import ray
 
 from fedray.evaluation import FeatureMap
@@ -22,8 +24,24 @@ class Evaluator:
         self._feature_map: tuple[FeatureMap, ray.ObjectRef] | None = None
 
     def accuracy(self, feature_map: FeatureMap, classifier: Classifier) -> float:
+        return self.submit(feature_map, classifier).result()
+
+    def submit(self, feature_map: FeatureMap, classifier: Classifier) -> "PendingAccuracy":
+        """Queue the evaluation in the shards and return at once, so the driver can go on (e.g. solve the next block)."""
         if self.num_rows == 0:
-            return float("nan")
+            return PendingAccuracy([], 0)
         if self._feature_map is None or self._feature_map[0] is not feature_map:
             self._feature_map = (feature_map, ray.put(feature_map))
-        return self.pool.correct(self._feature_map[1], ray.put(classifier)) / self.num_rows
+        return PendingAccuracy(self.pool.correct(self._feature_map[1], ray.put(classifier)), self.num_rows)
+
+
+@dataclass(frozen=True)
+class PendingAccuracy:
+    """An evaluation the shards are computing: their counts of correct predictions, out of ``num_rows``."""
+
+    counts: list[ray.ObjectRef]
+    num_rows: int
+
+    def result(self) -> float:
+        """The accuracy (NaN without test rows), waiting for the shards' counts."""
+        return sum(ray.get(self.counts)) / self.num_rows if self.num_rows else float("nan")

@@ -241,10 +241,11 @@ class ShardPool(ActorGroup):
         partials = [(actor.statistics.remote(method, local), actor) for actor, local in zip(self.actors, self.split_clients(clients))]
         return tree_reduce(method, partials)
 
-    def correct(self, feature_map: ray.ObjectRef, classifier: ray.ObjectRef) -> int:
-        """Correct predictions of ``classifier`` on every test row through ``feature_map``, counted in the shards."""
+    def correct(self, feature_map: ray.ObjectRef, classifier: ray.ObjectRef) -> list[ray.ObjectRef]:
+        """Each shard's count of the correct predictions of ``classifier`` on its test rows through ``feature_map``,
+        submitted (their sum is the count over every test row)."""
         self.wait()
-        return sum(ray.get([actor.correct.remote([feature_map], classifier) for actor in self.actors]))
+        return [actor.correct.remote([feature_map], classifier) for actor in self.actors]
 
     def local_train(
         self, trainer: ray.ObjectRef, head: ray.ObjectRef, clients: np.ndarray, round_number: int,

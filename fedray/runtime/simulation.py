@@ -10,7 +10,7 @@ import numpy as np
 import ray
 
 from fedray.accounting import PaperTotals
-from fedray.runtime.evaluator import Evaluator
+from fedray.runtime.evaluator import Evaluator, PendingAccuracy
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.results import EvalPoint
 from fedray.round_loop import Progress, Report, eval_rounds, run_rounds
@@ -35,6 +35,7 @@ class _Block:
     flops_client_avg: float
     paper: dict[str, float | None]
     total: ray.ObjectRef | None
+    accuracy: PendingAccuracy | None = None
 
 
 class ClosedFormRounds:
@@ -44,7 +45,9 @@ class ClosedFormRounds:
     again (the clients of one round are distinct). The uploads of all rounds
     are submitted to the shards when the path starts, one reduction per
     evaluation block, so shards compute later blocks while the driver solves
-    and evaluates earlier ones; a round itself has nothing left to do.
+    and evaluates earlier ones; a round itself has nothing left to do. The
+    driver solves one block ahead: it queues the next block's evaluation
+    before it waits for this one's, so the shards never wait for a solve.
     """
 
     def __init__(self, pool: ShardPool, method: ClosedFormMethod, rounds: list[np.ndarray], evaluate_at: set[int],
@@ -52,6 +55,7 @@ class ClosedFormRounds:
         self.method, self.evaluator, self.outcome, self.backbone_macs = method, evaluator, outcome, backbone_macs
         self.start = time.perf_counter()
         self.blocks = self._submit(pool, ray.put(method), rounds, evaluate_at)
+        self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
         self.state: Any = None
         self.accuracy = float("nan")
 
@@ -84,20 +88,29 @@ class ClosedFormRounds:
                                         paper.columns(federation.num_clients), total)
         return blocks
 
+    def _solve(self, block: _Block) -> None:
+        """Add ``block``'s sums to the state, solve, and queue the classifier's evaluation (once per block with uploads)."""
+        if block.total is None:
+            return
+        partial, block.total = ray.get(block.total), None  # its sums go into the state: the store may free them
+        solve_start = time.perf_counter()
+        self.state = partial if self.state is None else self.method.combine(self.state, partial)
+        self.outcome.classifier = self.method.solve(self.state)
+        self.outcome.solve_s += time.perf_counter() - solve_start
+        block.accuracy = self.evaluator.submit(self.method, self.outcome.classifier)
+
     def run_round(self, number: int, clients: np.ndarray) -> bool:
         return True
 
     def point(self, number: int, diverged: bool = False) -> EvalPoint:
-        block, outcome, method = self.blocks[number], self.outcome, self.method
-        if block.total is not None:
-            partial, block.total = ray.get(block.total), None  # its sums go into the state: the store may free them
-            solve_start = time.perf_counter()
-            self.state = partial if self.state is None else method.combine(self.state, partial)
-            outcome.classifier = method.solve(self.state)
+        block = self.blocks[number]
+        self._solve(block)
+        if number in self.following:
+            self._solve(self.blocks[self.following[number]])
+        if block.accuracy is not None:
             eval_start = time.perf_counter()
-            self.accuracy = self.evaluator.accuracy(method, outcome.classifier)
-            outcome.solve_s += eval_start - solve_start
-            outcome.eval_s += time.perf_counter() - eval_start
+            self.accuracy = block.accuracy.result()
+            self.outcome.eval_s += time.perf_counter() - eval_start
         return EvalPoint(block.round, block.clients_seen, block.samples_seen, self.accuracy, block.bytes_up, 0.0,
                          block.flops_client_avg, time.perf_counter() - self.start, **block.paper)
 
