@@ -19,7 +19,9 @@ statistics, so ``statistics_s`` (the driver's wait for the reduced sums) and
 ``evaluations_s`` share the shards' time between them: their sum is the
 comparable figure. ``goal_s`` is the issue's target: floor + one read +
 statistics and evaluation GEMMs + 3 s. Driver peak memory is taken before the
-bare GEMMs load the features into the driver. Prints one JSON line.
+bare GEMMs load the features into the driver, and broken down by kind at the
+same moment (its own memory, mapped libraries, the object store's pages it
+touched: on Linux). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -88,6 +90,15 @@ def bare_gemms(federation, method, eval_points: int) -> dict:
     return {"torch": torch_s, "numpy": numpy_s, "eval": eval_s, "weight": classifier.weight}
 
 
+def resident_mb() -> dict[str, int]:
+    """This process's resident memory now, by kind: its own (anonymous), mapped files (torch's and Ray's libraries,
+    shared with every process that loads them) and the object store's shared pages it has touched."""
+    kinds = {"RssAnon": "own", "RssFile": "files", "RssShmem": "object_store"}
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":", 1) for line in status if line.split(":", 1)[0] in kinds)
+    return {kinds[key]: round(int(value.split()[0]) / 1024) for key, value in fields.items()}
+
+
 def read_file_s(path: str) -> float:
     """One read of the whole file into memory (what any reader of every row pays at least)."""
     import pyarrow.parquet as pq
@@ -142,7 +153,7 @@ def one_run(dataset: str) -> dict:
     shard_peaks = pool.peak_memory_bytes()
     pool.shutdown()
     whole_s = time.perf_counter() - STARTED
-    driver_peak = peak_memory_bytes()
+    driver_peak, driver_now = peak_memory_bytes(), resident_mb()
 
     file_s = read_file_s(federation.source.paths[0]) if dataset.startswith("parquet:") else 0.0
     bare = bare_gemms(federation, method, len(rows))
@@ -172,6 +183,7 @@ def one_run(dataset: str) -> dict:
         "ratio_statistics_only_vs_faster_gemm": round(statistics_s / faster, 2),
         "ratio_statistics_and_evaluations_vs_bare_gemms": round((statistics_s + outcome.eval_s) / (faster + bare["eval"]), 2),
         "peak_rss_driver_mb": round(driver_peak / MB),
+        "rss_driver_at_end_mb": driver_now,
         "file_mb": round(Path(federation.source.paths[0]).stat().st_size / MB) if dataset.startswith("parquet:") else None,
         "peak_rss_shards_mb": [round(p / MB) for p in shard_peaks],
         "max_rel_diff_vs_bare_gemm": float((outcome.classifier.weight - bare["weight"]).abs().max()
