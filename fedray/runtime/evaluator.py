@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import ray
+import torch
 
 from fedray.evaluation import FeatureMap
 from fedray.methods.base import Classifier
@@ -32,7 +33,14 @@ class Evaluator:
             return PendingAccuracy([], 0)
         if self._feature_map is None or self._feature_map[0] is not feature_map:
             self._feature_map = (feature_map, ray.put(feature_map))
-        return PendingAccuracy(self.pool.correct(self._feature_map[1], ray.put(classifier)), self.num_rows)
+        return PendingAccuracy(self.pool.correct(self._feature_map[1], ray.put(_as_scored(classifier))), self.num_rows)
+
+
+def _as_scored(classifier: Classifier) -> Classifier:
+    """``classifier`` in float32, as the shards score with it (:mod:`fedray.evaluation`): half the bytes of a float64
+    classifier through the object store, and the same scores."""
+    bias = None if classifier.bias is None else classifier.bias.to(torch.float32)
+    return Classifier(classifier.weight.to(torch.float32), bias)
 
 
 @dataclass(frozen=True)
