@@ -56,6 +56,7 @@ class FedCOF(ClosedFormMethod[MeanRows]):
     """Class covariances estimated from the spread of the clients' class means; W = Ĝ⁻¹[N_c μ_c], columns normalized."""
 
     name = "fedcof"
+    features_dtype = torch.float64
 
     def __init__(self, dim: int, num_classes: int, gamma: Annotated[float, "covariance shrinkage γ (≥ 0)"] = 0.1,
                  means_per_class: Annotated[int, "means per class per client (Appendix E)"] = 1, seed: int = 0) -> None:

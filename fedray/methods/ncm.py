@@ -22,6 +22,7 @@ class FedNCM(ClosedFormMethod[ClassSums]):
     """Clients send per-class sums and counts; classifier rows are the normalized global means."""
 
     name = "fedncm"
+    features_dtype = torch.float64
 
     def client_statistics(self, batch: ClientBatch) -> ClassSums:
         return ClassSums(*class_sums(batch.features, batch.labels, self.num_classes))

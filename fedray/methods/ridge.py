@@ -31,6 +31,7 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
 
     name = "fed3r"
     normalize = True
+    features_dtype = torch.float64
 
     def __init__(self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01,
                  bias: Annotated[bool, "fit a bias: a ones column, regularized by λ too"] = False) -> None:
@@ -130,6 +131,7 @@ class Fed3RRandomFeatures(Fed3R):
     """
 
     name = "fed3r-rf"
+    features_dtype = torch.float32  # the random-feature map is computed in float32
 
     def __init__(
         self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01,
@@ -175,6 +177,7 @@ class FastFederatedCalibration(Fed3R):
 
     name = "ffc"
     normalize = False
+    features_dtype = torch.float32  # the features are normalized in float32
 
     def __init__(self, dim: int, num_classes: int,
                  lam: Annotated[float, "ridge λ (≥ 0; 0: SphereFed's exact least squares)"] = 0.01,

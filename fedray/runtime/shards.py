@@ -38,6 +38,18 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def gather_features(features: torch.Tensor, offsets: np.ndarray, local_clients: np.ndarray,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """The features of the given clients, concatenated, in ``dtype``: each client's rows copied (and converted) once."""
+    starts, stops = offsets[local_clients], offsets[local_clients + 1]
+    out = torch.empty(int((stops - starts).sum()), features.shape[1], dtype=dtype)
+    position = 0
+    for start, stop in zip(starts.tolist(), stops.tolist()):
+        out[position:position + stop - start].copy_(features[start:stop])
+        position += stop - start
+    return out
+
+
 def gather_rows(offsets: np.ndarray, local_clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Row indices of the given clients' samples, concatenated, and their new offsets."""
     starts, stops = offsets[local_clients], offsets[local_clients + 1]
@@ -132,15 +144,16 @@ class ShardActor:
         """Peak resident memory of this actor's process."""
         return peak_memory_bytes()
 
-    def _batch(self, clients: np.ndarray) -> ClientBatch:
-        """The samples of ``clients`` (global numbers), client after client in the given order."""
-        rows, offsets = gather_rows(self.offsets, clients - self.first_client)
-        index = torch.from_numpy(rows)
-        return ClientBatch(self.features[index], self.labels[index], offsets, clients)
+    def _batch(self, clients: np.ndarray, dtype: torch.dtype = torch.float32) -> ClientBatch:
+        """The samples of ``clients`` (global numbers), client after client in the given order, features in ``dtype``."""
+        local = clients - self.first_client
+        rows, offsets = gather_rows(self.offsets, local)
+        features = gather_features(self.features, self.offsets, local, dtype)
+        return ClientBatch(features, self.labels[torch.from_numpy(rows)], offsets, clients)
 
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray) -> Any:
         """Statistics summed over ``clients`` (global numbers, in upload order); None if there are none."""
-        return method.client_statistics(self._batch(clients)) if len(clients) else None
+        return method.client_statistics(self._batch(clients, method.features_dtype)) if len(clients) else None
 
     def local_train(self, trainer: Any, head: Any, clients: np.ndarray, round_number: int, client_state: Any = None) -> Any:
         """Local training of ``clients`` from ``head``, summed as ``trainer.train`` defines; None if there are none.

@@ -125,3 +125,22 @@ def test_rows_are_read_and_checked_one_row_group_at_a_time(tmp_path, parquet_pat
         source.features("train", np.array([150, 5]))
     with pytest.raises(FedrayError, match="row 5"):
         source.check()
+
+
+class Rows64(Rows):
+    """The same, asking for float64 features as Fed3R, FedNCM and FedCOF do."""
+
+    features_dtype = torch.float64
+
+
+def test_a_method_asking_for_float64_gets_its_clients_rows_exactly_in_upload_order(ray_session, parquet_path):
+    federation = load_parquet(parquet_path)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
+    try:
+        clients = np.random.default_rng(0).permutation(np.arange(pool.bounds[1]))  # shard 0's clients, shuffled
+        held = ray.get(pool.statistics(ray.put(Rows64(federation.dim, federation.num_classes)), clients))
+        expected = file_rows(parquet_path, [federation.client_ids[c] for c in clients])
+        assert held.dtype == torch.float64
+        assert torch.equal(held, expected.to(torch.float64))
+    finally:
+        pool.shutdown()
