@@ -69,8 +69,8 @@ class ClosedFormMethod(ABC, Generic[Stats]):
 
     name: ClassVar[str] = ""
     """The built-in's name for ``--method``; a plugin is named by its ``module:Class`` or ``file.py:Class``."""
-    features_dtype: ClassVar[torch.dtype] = torch.float32
-    """The dtype of ``batch.features`` in :meth:`client_statistics`: the stored float32 by default. A method whose
+    features_dtype: ClassVar[torch.dtype | None] = None
+    """The dtype of ``batch.features`` in :meth:`client_statistics`; None: as stored (float32). A method whose
     statistics are float64 sums of the raw features (FedNCM, Fed3R, FedCOF) asks for float64, and the shard copies
     the clients' rows straight into it, in one pass instead of a gather and then a conversion (exact either way)."""
 

@@ -131,7 +131,7 @@ class Fed3RRandomFeatures(Fed3R):
     """
 
     name = "fed3r-rf"
-    features_dtype = torch.float32  # the random-feature map is computed in float32
+    features_dtype = None  # the random-feature map is computed on the stored features
 
     def __init__(
         self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01,
@@ -177,7 +177,7 @@ class FastFederatedCalibration(Fed3R):
 
     name = "ffc"
     normalize = False
-    features_dtype = torch.float32  # the features are normalized in float32
+    features_dtype = None  # the features are normalized as stored
 
     def __init__(self, dim: int, num_classes: int,
                  lam: Annotated[float, "ridge λ (≥ 0; 0: SphereFed's exact least squares)"] = 0.01,
