@@ -104,8 +104,9 @@ def resident_mb() -> dict[str, int]:
 
 
 def statistics_path_s(pool, method, clients, blocks: int) -> float:
-    """The run's statistics alone: ``clients`` in ``blocks`` blocks (as many as the run's evaluation points), through
-    the shards and the tree reduction as a run sends them, with no evaluation queued between them."""
+    """The run's statistics alone: ``clients`` (in the run's upload order) in ``blocks`` blocks (as many as the run's
+    evaluation points), through the shards and the tree reduction as a run sends them, with no evaluation queued
+    between them."""
     import numpy as np
     import ray
 
@@ -144,7 +145,7 @@ def one_run(dataset: str) -> dict:
     from fedray.runtime.evaluator import Evaluator
     from fedray.methods.from_config import build_method
     from fedray.results import write_run
-    from fedray.runtime import footprint
+    from fedray.runtime import footprint, sampling
     from fedray.runtime.shards import ShardPool, peak_memory_bytes
 
     lap("imports_s")
@@ -170,7 +171,8 @@ def one_run(dataset: str) -> dict:
     whole_s = time.perf_counter() - STARTED
     shard_peaks = pool.peak_memory_bytes()
     driver_peak, driver_now = peak_memory_bytes(), resident_mb()
-    statistics_alone_s = statistics_path_s(pool, method, np.arange(federation.num_clients), len(rows))
+    uploads = np.concatenate(sampling.schedule(federation.num_clients, 10, False, config.seed, None))  # the run's order
+    statistics_alone_s = statistics_path_s(pool, method, uploads, len(rows))
     pool.shutdown()
 
     file_s = read_file_s(federation.source.paths[0]) if dataset.startswith("parquet:") else 0.0

@@ -36,6 +36,7 @@ from fedray.images.backbones import Backbone
 from fedray.images.decode import ImageTransform
 from fedray.runtime.held import Held
 from fedray.runtime.actor_group import combine_partials
+from fedray.runtime import tensor_transfer
 from fedray.tct.entk import EntkSpec
 
 
@@ -66,6 +67,7 @@ class Trainer:
 
     def __init__(self, backbone: Backbone, num_classes: int, transform: ImageTransform, eval_batch_size: int, threads: int) -> None:
         torch.set_num_threads(threads)
+        tensor_transfer.register()
         self.device = training_device()
         self.transform, self.threads = transform, threads
         self.model = build_model(backbone, num_classes).to(self.device)

@@ -11,7 +11,7 @@ import ray
 
 from fedray.errors import FedrayError
 from fedray.interrupts import keeping_sigterm_handler
-from fedray.runtime import watchdog
+from fedray.runtime import tensor_transfer, watchdog
 from fedray.runtime.address import check_reachable
 
 
@@ -63,6 +63,7 @@ def init_ray(address: str | None = None) -> None:
     The caller's SIGTERM handler stays (``ray.init`` would replace it).
     """
     if ray.is_initialized():
+        tensor_transfer.register()
         return
     given = _cluster_address(address)
     options = {"log_to_driver": False, "logging_level": logging.WARNING}
@@ -70,6 +71,7 @@ def init_ray(address: str | None = None) -> None:
         with _without_token_auth_notice(), keeping_sigterm_handler():
             ray.init(include_dashboard=False, **options)
         watchdog.start()
+        tensor_transfer.register()
         return
     check_reachable(*given)
     try:
@@ -77,3 +79,4 @@ def init_ray(address: str | None = None) -> None:
             ray.init(address=given[0], **options)
     except ConnectionError as error:  # e.g. "auto" on a machine without a cluster
         raise FedrayError(f"{given[1]} {given[0]}: {str(error).splitlines()[0]}") from None
+    tensor_transfer.register()

@@ -26,6 +26,7 @@ from ray.util.placement_group import PlacementGroup
 
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.errors import FedrayError
+from fedray.runtime import tensor_transfer
 from fedray.evaluation import EvalRows, eval_bounds
 from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
 from fedray.runtime.cluster import check_memory
@@ -131,6 +132,7 @@ class ShardActor:
 
     def __init__(self, rows: ShardRows, threads: int) -> None:
         torch.set_num_threads(threads)
+        tensor_transfer.register()
         self.first_client = rows.first_client
         self.error: str | None = None
         try:

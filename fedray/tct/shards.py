@@ -28,6 +28,7 @@ import torch
 from ray.util.placement_group import PlacementGroup
 
 from fedray.finetune.local import training_device
+from fedray.runtime import tensor_transfer
 from fedray.runtime.actor_group import ActorGroup, combine_partials, tree_reduce
 from fedray.tct.stage2 import (
     STD_FLOOR,
@@ -108,6 +109,7 @@ class Stage2Shard:
     def __init__(self, train: torch.Tensor, train_labels: np.ndarray, test: torch.Tensor, test_labels: np.ndarray,
                  offsets: np.ndarray, first_client: int, num_classes: int, projection: Projection | None, threads: int) -> None:
         torch.set_num_threads(threads)
+        tensor_transfer.register()
         self.device = training_device()
         self.features = {"train": train.to(self.device), "test": test.to(self.device)}
         if projection is not None:
