@@ -9,23 +9,22 @@ the same federation exported to a Parquet file (written once with
 ``fedray data export``: 0.8 GB at scale 1, kept for later runs; ``--scale``
 makes a smaller one for a quick run). Each process times its stages from its
 own start (imports, driver load, Ray start, shard start (the shards load their
-training and test rows), the rounds (and within them the driver's solves
-and its waits for evaluations), writing) and, in the same process, Ray's floor (``ray.init`` plus
-one round trip to a new actor), one read of the whole file, the bare float64
-GEMM ZᵀZ over all training features (torch and numpy; the statistics path is
-compared with the faster) and the bare float32 evaluation GEMMs (in the
-driver, one thread pool). The shards queue each evaluation behind the
-statistics already submitted, so a run's rounds interleave the two: the
-statistics path is timed once more on its own after the run (every client
-once, in as many blocks as the run, through the shards and the tree reduction)
-and compared with the faster bare GEMM, and the rounds as a whole (statistics,
-solves overlapped with evaluations, evaluations) with the bare GEMMs together.
-``goal_s`` is the issue's target: floor + one read +
+training and test rows), the rounds (and within them the driver's solves and
+its waits for evaluations), writing) and, in the same process, Ray's floor
+(``ray.init`` plus one round trip to a new actor), one read of the whole file,
+the bare float64 GEMM ZᵀZ over all training features (torch and numpy; the
+statistics path is compared with the faster) and the bare float32 evaluation
+GEMMs (in the driver, one thread pool). The shards queue each evaluation
+behind the statistics already submitted, so a run's rounds interleave the two:
+the statistics path is timed once more on its own after the run (every client
+once, in the run's upload order and number of blocks, through the shards and
+the tree reduction) and compared with the faster bare GEMM, and the rounds as
+a whole (statistics, solves overlapped with evaluations, evaluations) with the
+bare GEMMs together. ``goal_s`` is the issue's target: floor + one read +
 statistics and evaluation GEMMs + 3 s. Driver peak memory is taken before the
 statistics path is timed again and the bare GEMMs load the features into the
-driver, and broken down by kind at the
-same moment (its own memory, mapped libraries, the object store's pages it
-touched: on Linux). Prints one JSON line.
+driver, and broken down by kind at the same moment (its own memory, mapped
+libraries, the object store's pages it touched: on Linux). Prints one JSON line.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from fedray.images.backbones import Backbone, feature_model
 from fedray.images.decode import ImageTransform, load_image
 from fedray.runtime.held import Held
 from fedray.runtime.placement import reserve, start_actors
-from fedray.runtime import tensor_transfer
 
 AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -46,7 +45,6 @@ class Extractor:
 
     def __init__(self, backbone: Backbone, transform: ImageTransform, precision: str, batch_size: int, threads: int) -> None:
         torch.set_num_threads(threads)
-        tensor_transfer.register()
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.backbone, self.weights, self.model = backbone, None, None
         self.dim = backbone.dim

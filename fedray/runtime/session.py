@@ -60,18 +60,21 @@ class _DropMessage(logging.Filter):
 def init_ray(address: str | None = None) -> None:
     """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray, which ends with this process.
 
-    The caller's SIGTERM handler stays (``ray.init`` would replace it).
+    The caller's SIGTERM handler stays (``ray.init`` would replace it). Either way, this process then sends its
+    tensors through the object store as numpy buffers (:mod:`fedray.runtime.tensor_transfer`).
     """
-    if ray.is_initialized():
-        tensor_transfer.register()
-        return
+    if not ray.is_initialized():
+        _start_or_join(address)
+    tensor_transfer.register()
+
+
+def _start_or_join(address: str | None) -> None:
     given = _cluster_address(address)
     options = {"log_to_driver": False, "logging_level": logging.WARNING}
     if given is None:
         with _without_token_auth_notice(), keeping_sigterm_handler():
             ray.init(include_dashboard=False, **options)
         watchdog.start()
-        tensor_transfer.register()
         return
     check_reachable(*given)
     try:
@@ -79,4 +82,3 @@ def init_ray(address: str | None = None) -> None:
             ray.init(address=given[0], **options)
     except ConnectionError as error:  # e.g. "auto" on a machine without a cluster
         raise FedrayError(f"{given[1]} {given[0]}: {str(error).splitlines()[0]}") from None
-    tensor_transfer.register()

@@ -26,12 +26,12 @@ from ray.util.placement_group import PlacementGroup
 
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.errors import FedrayError
-from fedray.runtime import tensor_transfer
 from fedray.evaluation import EvalRows, eval_bounds
 from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
 from fedray.runtime.cluster import check_memory
 from fedray.runtime.footprint import Footprint
 from fedray.runtime.actor_group import ActorGroup, balanced_bounds, combine_partials, tree_reduce
+from fedray.runtime import tensor_transfer
 
 
 def peak_memory_bytes() -> int:

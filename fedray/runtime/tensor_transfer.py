@@ -13,7 +13,8 @@ and writable, with the sender's values, dtype, shape and strides.
 
 Ray applies a registered serializer in the registering process only: the
 driver registers in :func:`fedray.runtime.session.init_ray`, each actor that
-returns tensors in its constructor. A receiver needs nothing registered.
+returns tensors (shards, fine-tuning trainers, TCT's stage-2 shards) in its
+constructor. A receiver needs nothing registered.
 """
 
 from __future__ import annotations
