@@ -111,7 +111,8 @@ def statistics_path_s(pool, method, clients, blocks: int) -> float:
 
     method_ref = ray.put(method)
     start = time.perf_counter()
-    ray.get([pool.statistics(method_ref, block) for block in np.array_split(clients, blocks)])
+    for reduction in [pool.statistics(method, block, method_ref) for block in np.array_split(clients, blocks)]:
+        reduction.result()
     return time.perf_counter() - start
 
 

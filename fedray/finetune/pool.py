@@ -20,7 +20,7 @@ from ray.util.placement_group import PlacementGroup
 
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.errors import FedrayError
-from fedray.finetune.local import Partial
+from fedray.finetune.local import Partial, add_partials
 from fedray.finetune.trainer import Trainer, TrainerRows
 from fedray.gradient.backend import Params
 from fedray.images.backbones import Backbone, get_backbone
@@ -122,7 +122,7 @@ class TrainerPool(ActorGroup):
         for index, (actor, mine) in enumerate(zip(self.actors, self.split_clients(clients))):
             own = {int(client): client_controls[int(client)] for client in mine} if client_controls else {}
             partials.append((actor.train.remote(self.rows[index], training, params, control, mine, own, round_number), actor))
-        return fetch(tree_reduce(None, partials))
+        return tree_reduce(None, partials, add_partials).result(fetch)
 
     def accuracy(self, params: ray.ObjectRef) -> float:
         if self.federation.test.num_rows == 0:

@@ -126,8 +126,8 @@ class ProbeBackend:
             head += (self.control["weight"], self.control["bias"])
             states = [self.control["rows"][torch.from_numpy(gather_rows(self.offsets, local)[0])].numpy()
                       for local in self.pool.split_clients(clients)]
-        reduced = self.pool.local_train(self.trainer_ref, ray.put(as_arrays(head)), clients, round_number, states)
-        update: ShardUpdate = ray.get(reduced)
+        reduced = self.pool.local_train(self.trainer, self.trainer_ref, ray.put(as_arrays(head)), clients, round_number, states)
+        update: ShardUpdate = reduced.result()
         if self.scaffold:
             self._update_control(update)
         delta_weight, delta_bias = as_tensors((update.delta_weight, update.delta_bias))

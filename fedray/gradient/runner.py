@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import numpy as np
-import ray
 import torch
 from ray.util.placement_group import PlacementGroup
 
@@ -80,7 +79,7 @@ def closed_form_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator,
 def ridge_probe(pool: ShardPool, config: RunConfig, evaluator: Evaluator) -> float:
     """Fed3R on the features the head was trained on, from every client (Fed3R Section 5.4's feature-quality probe)."""
     method = build_method(replace(config, method="fed3r"), pool.federation)
-    statistics = ray.get(pool.statistics(ray.put(method), np.arange(pool.federation.num_clients)))
+    statistics = pool.statistics(method, np.arange(pool.federation.num_clients)).result()
     return evaluator.accuracy(method, method.solve(statistics))
 
 

@@ -30,7 +30,7 @@ from fedray.evaluation import EvalRows, eval_bounds
 from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
 from fedray.runtime.cluster import check_memory
 from fedray.runtime.footprint import Footprint
-from fedray.runtime.actor_group import ActorGroup, balanced_bounds, combine_partials, tree_reduce
+from fedray.runtime.actor_group import ActorGroup, Reduction, balanced_bounds, combine_partials, tree_reduce
 from fedray.runtime import tensor_transfer
 
 
@@ -254,14 +254,15 @@ class ShardPool(ActorGroup):
     def num_shards(self) -> int:
         return len(self.actors)
 
-    def statistics(self, method: ray.ObjectRef, clients: np.ndarray) -> ray.ObjectRef:
-        """Submit the statistics of ``clients`` to their shards and tree-reduce the partial sums.
+    def statistics(self, method: ClosedFormMethod, clients: np.ndarray, method_ref: ray.ObjectRef | None = None) -> Reduction:
+        """Submit the statistics of ``clients`` to their shards and tree-reduce the partial sums (``.result()``: the sum).
 
-        ``method`` is the method put in the object store once per run.
+        ``method_ref`` is ``method`` put in the object store (once per run, by a caller that submits many blocks).
         """
         self.wait()
-        partials = [(actor.statistics.remote(method, local), actor) for actor, local in zip(self.actors, self.split_clients(clients))]
-        return tree_reduce(method, partials)
+        method_ref = ray.put(method) if method_ref is None else method_ref
+        partials = [(actor.statistics.remote(method_ref, local), actor) for actor, local in zip(self.actors, self.split_clients(clients))]
+        return tree_reduce(method_ref, partials, method.combine)
 
     def correct(self, feature_map: ray.ObjectRef, classifier: ray.ObjectRef) -> list[ray.ObjectRef]:
         """Each shard's count of the correct predictions of ``classifier`` on its test rows through ``feature_map``,
@@ -270,20 +271,21 @@ class ShardPool(ActorGroup):
         return [actor.correct.remote([feature_map], classifier) for actor in self.actors]
 
     def local_train(
-        self, trainer: ray.ObjectRef, head: ray.ObjectRef, clients: np.ndarray, round_number: int,
+        self, trainer: Any, trainer_ref: ray.ObjectRef, head: ray.ObjectRef, clients: np.ndarray, round_number: int,
         client_states: list | None = None,
-    ) -> ray.ObjectRef:
+    ) -> Reduction:
         """Submit one round of local training of ``clients`` to their shards and tree-reduce the shards' sums.
 
-        ``client_states[s]`` goes with shard ``s``'s clients (see :meth:`split_clients`).
+        ``trainer_ref`` is ``trainer`` put in the object store; ``client_states[s]`` goes with shard ``s``'s clients
+        (see :meth:`split_clients`).
         """
         self.wait()
         states = client_states or [None] * self.num_shards
         partials = [
-            (actor.local_train.remote(trainer, head, local, round_number, state), actor)
+            (actor.local_train.remote(trainer_ref, head, local, round_number, state), actor)
             for actor, local, state in zip(self.actors, self.split_clients(clients), states)
         ]
-        return tree_reduce(trainer, partials)
+        return tree_reduce(trainer_ref, partials, trainer.combine)
 
     def peak_memory_bytes(self) -> list[int]:
         self.wait()

@@ -14,6 +14,7 @@ from fedray.runtime.evaluator import Evaluator, PendingAccuracy
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.results import EvalPoint
 from fedray.round_loop import Progress, Report, eval_rounds, run_rounds
+from fedray.runtime.actor_group import Reduction
 from fedray.runtime.shards import ShardPool
 
 
@@ -34,7 +35,7 @@ class _Block:
     bytes_up: float
     flops_client_avg: float
     paper: dict[str, float | None]
-    total: ray.ObjectRef | None
+    total: Reduction | None
     accuracy: PendingAccuracy | None = None
 
 
@@ -83,7 +84,7 @@ class ClosedFormRounds:
             if number in evaluate_at:
                 uploaded = np.concatenate(uploads)
                 uploads = []
-                total = pool.statistics(method_ref, uploaded) if len(uploaded) else None
+                total = pool.statistics(method, uploaded, method_ref) if len(uploaded) else None
                 blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
                                         paper.columns(federation.num_clients), total)
         return blocks
@@ -92,7 +93,7 @@ class ClosedFormRounds:
         """Add ``block``'s sums to the state, solve, and queue the classifier's evaluation (once per block with uploads)."""
         if block.total is None:
             return
-        partial, block.total = ray.get(block.total), None  # its sums go into the state: the store may free them
+        partial, block.total = block.total.result(), None  # its sums go into the state: the store may free them
         solve_start = time.perf_counter()
         self.state = partial if self.state is None else self.method.combine(self.state, partial)
         self.outcome.classifier = self.method.solve(self.state)

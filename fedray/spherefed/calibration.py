@@ -9,7 +9,6 @@ one round with every client.
 from __future__ import annotations
 
 import numpy as np
-import ray
 import torch
 
 from fedray.runtime.evaluator import Evaluator
@@ -49,6 +48,6 @@ def calibrate(pool: ShardPool, evaluator: Evaluator, lam: float, weight: torch.T
         method = FastFederatedCalibration(federation.dim, federation.num_classes, lam=lam)
     else:
         method = ProjectedCalibration(federation.dim, federation.num_classes, lam, weight, bias)
-    statistics = ray.get(pool.statistics(ray.put(method), np.arange(federation.num_clients)))
+    statistics = pool.statistics(method, np.arange(federation.num_clients)).result()
     classifier = method.solve(statistics)
     return classifier, evaluator.accuracy(method, classifier), method

@@ -114,7 +114,7 @@ class SphereBackend(ProbeBackend):
         control = self.controls.control
         head = as_arrays((params["weight"], params["bias"], control["weight"], control["bias"]))
         states = [{client: self._own(client) for client in local.tolist()} for local in self.pool.split_clients(clients)]
-        update: ShardUpdate = ray.get(self.pool.local_train(self.trainer_ref, ray.put(head), clients, round_number, states))
+        update: ShardUpdate = self.pool.local_train(self.trainer, self.trainer_ref, ray.put(head), clients, round_number, states).result()
         sizes = self.pool.federation.client_sizes
         new = {client: dict(zip(("weight", "bias"), as_tensors(arrays))) for client, arrays in update.client_controls.items()}
         self.controls.update(new, {client: int(sizes[client]) for client in new})

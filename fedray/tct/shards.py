@@ -210,7 +210,7 @@ class Stage2Pool(ActorGroup):
 
     def statistics(self, normalization: ray.ObjectRef) -> Statistics:
         """Every client's closed-form upload, summed in the shards and tree-reduced."""
-        return ray.get(tree_reduce(None, [(shard.statistics.remote(normalization), shard) for shard in self.actors]))
+        return tree_reduce(None, [(shard.statistics.remote(normalization), shard) for shard in self.actors]).result()
 
     def train(self, solver: ray.ObjectRef, normalization: ray.ObjectRef, model: ray.ObjectRef, control: ray.ObjectRef,
               clients: np.ndarray, weights: np.ndarray) -> RoundSums:
@@ -220,7 +220,7 @@ class Stage2Pool(ActorGroup):
             (shard.train.remote(solver, normalization, model, control, clients[shard_of == s], weights[shard_of == s]), shard)
             for s, shard in enumerate(self.actors)
         ]
-        return ray.get(tree_reduce(None, partials))
+        return tree_reduce(None, partials).result()
 
     def accuracy(self, normalization: ray.ObjectRef, model: ray.ObjectRef) -> float:
         counts = ray.get([shard.correct.remote(normalization, model) for shard in self.actors])

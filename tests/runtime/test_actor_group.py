@@ -43,7 +43,9 @@ def test_clients_go_to_their_range_and_sums_reduce_in_client_order(ray_session):
         chosen = np.array([7, 0, 4, 2, 8])
         assert [part.tolist() for part in group.split_clients(chosen)] == [[0, 2], [4], [7, 8]]
         partials = [(actor.clients.remote(part), actor) for actor, part in zip(group.actors, group.split_clients(chosen))]
-        assert ray.get(tree_reduce(None, partials)) == [0, 2, 4, 7, 8]
+        reduction = tree_reduce(None, partials)
+        assert len(reduction.partials) == 2  # holder 0 adds holders 0 and 1's; the caller adds that and holder 2's
+        assert reduction.result() == [0, 2, 4, 7, 8]
     finally:
         group.shutdown()
 

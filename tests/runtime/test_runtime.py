@@ -91,12 +91,12 @@ def test_same_configuration_gives_bitwise_the_same_results(pools):
 
 def test_a_restarted_shard_gives_bitwise_the_same_statistics(pools):
     pool = pools("inat-user-120k", 3)
-    method = ray.put(build_method(RunConfig(method="fed3r"), pool.federation))
+    method = build_method(RunConfig(method="fed3r"), pool.federation)
     blocks = np.array_split(np.random.default_rng(0).permutation(pool.federation.num_clients), 4)
-    clean = [ray.get(pool.statistics(method, block)) for block in blocks]
+    clean = [pool.statistics(method, block).result() for block in blocks]
     pending = [pool.statistics(method, block) for block in blocks]
     ray.kill(pool.actors[0], no_restart=False)
-    for before, after in zip(clean, ray.get(pending)):
+    for before, after in zip(clean, [reduction.result() for reduction in pending]):
         assert torch.equal(before.gram, after.gram) and torch.equal(before.targets, after.targets)
 
 

@@ -71,10 +71,10 @@ def test_each_shard_holds_exactly_its_clients_rows_from_the_file(ray_session, pa
     federation = load_parquet(parquet_path)
     pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
     try:
-        method = ray.put(Rows(federation.dim, federation.num_classes))
+        method = Rows(federation.dim, federation.num_classes)
         for first, end in zip(pool.bounds[:-1], pool.bounds[1:]):
             clients = np.arange(first, end)
-            held = ray.get(pool.statistics(method, clients))
+            held = pool.statistics(method, clients).result()
             assert torch.equal(held, file_rows(parquet_path, [federation.client_ids[c] for c in clients]))
     finally:
         pool.shutdown()
@@ -85,11 +85,11 @@ def test_a_restarted_parquet_shard_reloads_the_same_rows(ray_session, parquet_pa
     federation = load_parquet(parquet_path)
     pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
     try:
-        method = ray.put(Rows(federation.dim, federation.num_classes))
+        method = Rows(federation.dim, federation.num_classes)
         clients = np.arange(pool.bounds[1])
-        before = ray.get(pool.statistics(method, clients))
+        before = pool.statistics(method, clients).result()
         ray.kill(pool.actors[0], no_restart=False)
-        assert torch.equal(ray.get(pool.statistics(method, clients)), before)
+        assert torch.equal(pool.statistics(method, clients).result(), before)
     finally:
         pool.shutdown()
 
@@ -103,7 +103,7 @@ def test_a_federation_held_in_memory_gives_the_same_rows(ray_session):
     for name, which in (("spec", federation), ("memory", replace(federation, spec=None))):
         pool = ShardPool.start(which, num_shards=2, cpus_per_shard=1)
         try:
-            held[name] = ray.get(pool.statistics(ray.put(Rows(federation.dim, federation.num_classes)), clients))
+            held[name] = pool.statistics(Rows(federation.dim, federation.num_classes), clients).result()
         finally:
             pool.shutdown()
     assert torch.equal(held["spec"], held["memory"])
@@ -138,7 +138,7 @@ def test_a_method_asking_for_float64_gets_its_clients_rows_exactly_in_upload_ord
     pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
     try:
         clients = np.random.default_rng(0).permutation(np.arange(pool.bounds[1]))  # shard 0's clients, shuffled
-        held = ray.get(pool.statistics(ray.put(Rows64(federation.dim, federation.num_classes)), clients))
+        held = pool.statistics(Rows64(federation.dim, federation.num_classes), clients).result()
         expected = file_rows(parquet_path, [federation.client_ids[c] for c in clients])
         assert held.dtype == torch.float64
         assert torch.equal(held, expected.to(torch.float64))
