@@ -14,7 +14,8 @@ its waits for evaluations), writing) and, in the same process, Ray's floor
 (``ray.init`` plus one round trip to a new actor), one read of the whole file,
 the bare float64 GEMM ZᵀZ over all training features (torch and numpy; the
 statistics path is compared with the faster) and the bare float32 evaluation
-GEMMs (in the driver, one thread pool). The shards queue each evaluation
+GEMMs (all test rows times the classifier, once per evaluation point, into one
+output; in the driver, one thread pool). The shards queue each evaluation
 behind the statistics already submitted, so a run's rounds interleave the two:
 the statistics path is timed once more on its own after the run (every client
 once, in the run's upload order and number of blocks, through the shards and
@@ -68,13 +69,12 @@ def ray_floor() -> float:
 
 
 def bare_gemms(federation, method, eval_points: int) -> dict:
-    """The bare float64 ZᵀZ over all training features (torch and numpy's BLAS), the float32 evaluation GEMMs on all
-    test rows in the driver, and the largest relative difference between the run's classifier and the one solved from
-    torch's ZᵀZ."""
+    """The bare float64 ZᵀZ over all training features (torch and numpy's BLAS), the bare float32 evaluation GEMMs (all
+    test rows times the classifier, into one output, once per evaluation point; in the driver), and the largest
+    relative difference between the run's classifier and the one solved from torch's ZᵀZ."""
     import numpy as np
     import torch
 
-    from fedray.evaluation import EvalRows
     from fedray.methods.base import ClientBatch
 
     source = federation.require_features()
@@ -87,9 +87,10 @@ def bare_gemms(federation, method, eval_points: int) -> dict:
     stats.gram = gram
     classifier = method.solve(stats)
     del z, batch, stats
-    test_ids, test_labels = federation.test_arrays()
-    test = EvalRows(source.features("test", test_ids), torch.from_numpy(test_labels.astype(np.int64)))
-    eval_s, _ = timed(lambda: [test.correct("method", lambda: method, classifier) for _ in range(eval_points)])
+    test = source.features("test", federation.test_arrays()[0])
+    weight = classifier.weight.to(torch.float32)
+    scores = torch.empty(len(test), weight.shape[1])
+    eval_s, _ = timed(lambda: [torch.matmul(test, weight, out=scores) for _ in range(eval_points)])
     return {"torch": torch_s, "numpy": numpy_s, "eval": eval_s, "weight": classifier.weight}
 
 
