@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fedray.evaluation import CHUNK, EvalRows, eval_bounds
+from fedray.evaluation import CHUNK, EvalRows, eval_bounds, predictions
 from fedray.methods.base import Classifier
 
 
@@ -49,3 +49,25 @@ def test_the_count_is_the_plain_argmax_count_and_the_map_is_fetched_once_per_key
     assert held.correct("b", fetch, Classifier(weight)) == no_bias
     assert len(fetches) == 2
     assert EvalRows(features[:0], labels[:0]).correct("a", fetch, Classifier(weight, bias)) == 0
+
+
+def test_predictions_are_each_rows_first_maximum():
+    scores = torch.tensor([[0.0, 2.0, 2.0], [5.0, -1.0, 5.0], [-3.0, -2.0, -4.0], [1.0, 1.0, 1.0]])
+    assert predictions(scores).tolist() == [1, 0, 1, 0]
+
+
+def test_a_classifier_with_other_classes_after_another_is_counted_on_its_own_scores():
+    """The kept chunk of scores is C columns wide: a classifier with fewer, then more classes gets scores of its own."""
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(CHUNK + 10, 4, generator=generator)
+    labels = torch.randint(0, 3, (CHUNK + 10,), generator=generator)
+    held = EvalRows(features, labels)
+    for classes in (7, 3, 9):
+        weight = torch.randn(4, classes, generator=generator)
+        expected = int((features @ weight).argmax(1).eq(labels).sum())
+        assert held.correct("identity", lambda: Identity(), Classifier(weight)) == expected
+
+
+class Identity:
+    def transform(self, features):
+        return features
