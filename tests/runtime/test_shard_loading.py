@@ -138,9 +138,12 @@ def test_a_method_asking_for_float64_gets_its_clients_rows_exactly_in_upload_ord
     pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
     try:
         clients = np.random.default_rng(0).permutation(np.arange(pool.bounds[1]))  # shard 0's clients, shuffled
-        held = pool.statistics(Rows64(federation.dim, federation.num_classes), clients).result()
-        expected = file_rows(parquet_path, [federation.client_ids[c] for c in clients])
-        assert held.dtype == torch.float64
-        assert torch.equal(held, expected.to(torch.float64))
+        method = Rows64(federation.dim, federation.num_classes)
+        # All of them, then fewer, then more: the shard converts into the buffer it keeps, and each call gets its rows.
+        for block in (clients, clients[:3], clients[5:], clients[1:2]):
+            held = pool.statistics(method, block).result()
+            expected = file_rows(parquet_path, [federation.client_ids[c] for c in block])
+            assert held.dtype == torch.float64
+            assert torch.equal(held, expected.to(torch.float64))
     finally:
         pool.shutdown()
