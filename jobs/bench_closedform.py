@@ -25,7 +25,10 @@ bare GEMMs together. ``goal_s`` is the issue's target: floor + one read +
 statistics and evaluation GEMMs + 3 s. Driver peak memory is taken before the
 statistics path is timed again and the bare GEMMs load the features into the
 driver, and broken down by kind at the same moment (its own memory, mapped
-libraries, the object store's pages it touched: on Linux). Prints one JSON line.
+libraries, the object store's pages it touched: on Linux), beside the same
+breakdown once the driver has imported its modules, read the federation's
+client and label columns and started Ray, before any shard starts. Prints one
+JSON line.
 """
 
 from __future__ import annotations
@@ -159,6 +162,7 @@ def one_run(dataset: str) -> dict:
     lap("ray_start_s")
     floor_actor_s = ray_floor()
     lap("floor_actor_s")
+    driver_started = resident_mb()  # imports, the federation's index and Ray, before any shard
     pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard,
                            footprints=footprint.estimate(config, federation))
     lap("shard_submit_s")
@@ -202,6 +206,7 @@ def one_run(dataset: str) -> dict:
         "ratio_statistics_path_vs_faster_gemm": round(statistics_alone_s / faster, 2),
         "ratio_rounds_vs_bare_gemms": round(times["rounds_s"] / (faster + bare["eval"]), 2),
         "peak_rss_driver_mb": round(driver_peak / MB),
+        "rss_driver_started_mb": driver_started,
         "rss_driver_at_end_mb": driver_now,
         "file_mb": round(Path(federation.source.paths[0]).stat().st_size / MB) if dataset.startswith("parquet:") else None,
         "peak_rss_shards_mb": [round(p / MB) for p in shard_peaks],
