@@ -6,7 +6,7 @@ The public interface, for a researcher's own methods and for notebooks::
 
     class MyMethod(fedray.ClosedFormMethod): ...        # client_statistics, combine, solve
     class MyServer(fedray.ServerOptimizer): ...          # step(params, delta) -> params
-    class MyClient(fedray.ClientAlgorithm): ...          # loss, correct, new_control: the clients' local objective
+    class MyAlgorithm(fedray.FederatedAlgorithm): ...   # a training algorithm: client half, server half, client state
     metrics = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
     federation = fedray.load_federation("synthetic:inat-user-120k")
 
@@ -24,6 +24,12 @@ _EXPORTS = {
     "Classifier": "fedray.methods.base",
     "ServerOptimizer": "fedray.gradient.server",
     "ClientAlgorithm": "fedray.gradient.client_sgd",
+    "FederatedAlgorithm": "fedray.methods.algorithm",
+    "ClientRound": "fedray.methods.algorithm",
+    "Upload": "fedray.methods.algorithm",
+    "Aggregate": "fedray.methods.algorithm",
+    "Population": "fedray.methods.algorithm",
+    "Params": "fedray.methods.algorithm",
     "FedrayError": "fedray.errors",
     "load_federation": "fedray.data.registry",
     "run": "fedray.api",

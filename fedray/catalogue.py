@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fedray.config import RUN_OPTIONS, TCT
-from fedray.gradient.algorithms import ALGORITHMS
+from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, algorithm_class
 from fedray.gradient.server import SERVER_OPTIMIZERS
 from fedray.methods import METHODS
 from fedray.options import options_of
@@ -21,27 +21,29 @@ def _entry(name: str, cls: type) -> list[str]:
     return [f"  {name:<14} {_summary(cls)}", *(f"      {option.describe()}" for option in options_of(cls).values())]
 
 
-def _gradient_method(name: str) -> str:
-    algorithm = ALGORITHMS[name]
-    client = "SGD" + (" + (μ/2)‖θ − θ_global‖² (--prox-mu, default 0.01)" if algorithm.proximal else "") + \
-        (" with SCAFFOLD control variates" if algorithm.scaffold else "")
-    return f"  {name:<14} client {client}; server {algorithm.server}"
+def _training_algorithm(name: str) -> list[str]:
+    cls = algorithm_class(name)
+    options = [f"      {option.describe()}" for option in options_of(cls).values()]
+    if name == "fedprox":
+        options.append(f"      {RUN_OPTIONS['prox_mu'].describe()}")
+    return [f"  {name:<14} {_summary(cls)} (server optimizer: {cls.server_optimizer})", *options]
 
 
 def catalogue() -> str:
     lines = ["closed-form methods (--method NAME; options as --lam, --gamma, ...):"]
     for name, cls in METHODS.items():
         lines += _entry(name, cls)
-    lines += ["", "gradient methods (--method NAME), training a softmax head (or the backbone with --finetune):"]
-    lines += [_gradient_method(name) for name in ALGORITHMS]
+    lines += ["", "training algorithms (--method NAME; their own options as --option key=value), training a softmax head "
+              "(or the backbone with --finetune):"]
+    lines += [line for name in ALGORITHMS for line in _training_algorithm(name)]
     lines += ["    local SGD of every gradient method:"]
     lines += [f"      {RUN_OPTIONS[name].describe()}" for name in CLIENT_OPTIONS]
     lines += [f"  {TCT:<14} TCT: fine-tune (--base), eNTK features, stage 2 by SCAFFOLD and/or in closed form (see --help)"]
     lines += ["", "server optimizers (--server-optimizer NAME, any gradient method; default: the method's own):"]
     for name, cls in SERVER_OPTIMIZERS.items():
         lines += _entry(name, cls)
-    lines += ["", "your own: --method / --server-optimizer / --client-algorithm (a fedray.ClientAlgorithm subclass: the",
-              "clients' loss and gradient hooks, on every path that trains) as module:Class or path/to/file.py:Class",
-              "(see examples/);",
+    lines += ["", "your own: --method (a fedray.ClosedFormMethod or fedray.FederatedAlgorithm subclass), --server-optimizer",
+              "(a fedray.ServerOptimizer), --client-algorithm (a fedray.ClientAlgorithm: the clients' loss and gradient",
+              "hooks beside a built-in) as module:Class or path/to/file.py:Class (see examples/);",
               "its options: --option key=value, options: {key: value} in YAML, options.KEY: [...] in a sweep grid"]
     return "\n".join(lines)

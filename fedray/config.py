@@ -15,10 +15,12 @@ import yaml
 from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
 from fedray.errors import FedrayError
 from fedray.gradient.client_sgd import ClientAlgorithm
-from fedray.gradient.algorithms import ALGORITHMS, DEFAULT_PROX_MU, FINETUNE_MODES, INITS, Algorithm
+from fedray.gradient.algorithms import FINETUNE_MODES, INITS
 from fedray.gradient.schedule import SCHEDULES, LrSchedule, parse_milestones
 from fedray.gradient.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods import METHODS, method_class
+from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, FedProx, algorithm_class
 from fedray.numeric_options import check_numeric_options, command_line
 from fedray.options import Option, option_from_hint, options_of
 from fedray.plugins import canonical, is_plugin, load_class
@@ -69,7 +71,8 @@ def declared(cls: type, name: str, help: str, group: str | None, *, unset: str |
 @dataclass
 class RunConfig:
     method: str = option("fed3r", f"{', '.join(sorted([*METHODS, *ALGORITHMS, TCT]))}, or your own closed-form "
-                         "method as module:Class or path/to/file.py:Class (see fedray methods)", GENERAL, metavar="METHOD")
+                         "method or training algorithm as module:Class or path/to/file.py:Class (see fedray methods)",
+                         GENERAL, metavar="METHOD")
     dataset: str = option("synthetic:inat-user-120k",
                           "synthetic:NAME, parquet:PATH, features:CACHE, hsu:CSV or imagefolder:ROOT, with ?options", GENERAL)
     out: str = option("results/run", "output folder", GENERAL)
@@ -156,26 +159,33 @@ class RunConfig:
 
     @property
     def trains(self) -> bool:
-        """A gradient-based method (or TCT, whose stage 1 is one) rather than a closed-form one."""
-        return self.method in ALGORITHMS or self.method == TCT
+        """A training algorithm (or TCT, whose stage 1 is one) rather than a closed-form method."""
+        return self.method in ALGORITHMS or self.method == TCT or (is_plugin(self.method) and _is_algorithm(self.method))
 
     @property
-    def algorithm(self) -> Algorithm:
-        """The gradient algorithm that trains: ``--method``, or TCT's stage-1 ``--base``."""
-        return ALGORITHMS[self.base if self.method == TCT else self.method]
+    def training_algorithm(self) -> str:
+        """The training algorithm that trains: ``--method``, or TCT's stage-1 ``--base``."""
+        return self.base if self.method == TCT else self.method
+
+    def algorithm_class(self) -> type[FederatedAlgorithm]:
+        return algorithm_class(self.training_algorithm)
 
     def plugins(self) -> list[type]:
-        """The run's classes named by ``module:Class`` or ``file.py:Class``: their options go in ``options``."""
-        named = [(self.method, method_class)]
+        """The run's classes named by ``module:Class`` or ``file.py:Class`` (and the built-in training algorithms
+        written as plugins): their options go in ``options``."""
+        named = [(self.method, algorithm_class if self.trains and self.method != TCT else method_class)]
         if self.server_optimizer is not None:
             named.append((self.server_optimizer, server_optimizer_class))
         if self.client_algorithm is not None:
             named.append((self.client_algorithm, client_algorithm_class))
-        return [load(spec) for spec, load in named if is_plugin(spec)]
+        plugins = [load(spec) for spec, load in named if is_plugin(spec)]
+        if isinstance(ALGORITHMS.get(self.training_algorithm), str) and self.trains:
+            plugins.append(self.algorithm_class())
+        return plugins
 
     def server_optimizer_class(self) -> type[ServerOptimizer]:
         """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
-        return server_optimizer_class(self.server_optimizer or self.algorithm.server)
+        return server_optimizer_class(self.server_optimizer or self.algorithm_class().server_optimizer)
 
     def client_algorithm_class(self) -> type[ClientAlgorithm]:
         """``--client-algorithm``, a researcher's :class:`ClientAlgorithm` subclass (the run names one)."""
@@ -225,7 +235,7 @@ class RunConfig:
         if self.sphere_loss not in SPHERE_LOSSES:
             raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
         self._validate_client_optimizer()
-        if self.prox_mu is not None and not self.algorithm.proximal:
+        if self.prox_mu is not None and not issubclass(self.algorithm_class(), FedProx):
             raise FedrayError(f"--prox-mu applies to fedprox only, not {self.method}")
         if self.method == TCT:
             self._validate_tct()
@@ -269,14 +279,15 @@ class RunConfig:
         self.options = {key: declared[key].coerce(value, "--option") for key, value in self.options.items()}
 
     def _validate_sphere(self) -> None:
-        if self.method not in ALGORITHMS or self.init != "random":
+        if not self.trains or self.method == TCT or self.init != "random":
             raise FedrayError("--head sphere (SphereFed) trains with a gradient method from --init random")
         if self.finetune not in (None, "ftfeat"):
             raise FedrayError("SphereFed's classifier is fixed: on images it fine-tunes the backbone only (--finetune ftfeat)")
 
     def _validate_tct(self) -> None:
-        if self.base not in ALGORITHMS:
-            raise FedrayError(f"--base (TCT's stage 1) must be one of {', '.join(ALGORITHMS)}, got {self.base!r}")
+        if self.base not in ALGORITHMS and not (is_plugin(self.base) and _is_algorithm(self.base)):
+            raise FedrayError(f"--base (TCT's stage 1) must be a training algorithm ({', '.join(ALGORITHMS)} or your own "
+                              f"as module:Class or path/to/file.py:Class), got {self.base!r}")
         if self.head != "linear":
             raise FedrayError("TCT fine-tunes a linear head on images (stage 1); --head sphere does not apply")
         if self.tct_solver not in TCT_SOLVERS:
@@ -294,12 +305,11 @@ class RunConfig:
         if self.method == TCT:
             values["finetune"] = self.finetune or "ft"
         if self.trains:
-            algorithm = self.algorithm
-            values["server_optimizer"] = canonical(self.server_optimizer or algorithm.server)
+            values["server_optimizer"] = canonical(self.server_optimizer or self.algorithm_class().server_optimizer)
             values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
             if self.client_algorithm is not None:
                 values["client_algorithm"] = canonical(self.client_algorithm)
-            if algorithm.proximal:
+            if issubclass(self.algorithm_class(), FedProx):
                 values["prox_mu"] = DEFAULT_PROX_MU if self.prox_mu is None else self.prox_mu
         defaults = {name: option.default for cls in self.plugins() for name, option in options_of(cls).items()
                     if name not in FIELDS}
@@ -314,6 +324,14 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _is_algorithm(spec: str) -> bool:
+    """Whether the plugin ``spec`` names a training algorithm (else it must be a closed-form method)."""
+    try:
+        return issubclass(algorithm_class(spec), FederatedAlgorithm)
+    except FedrayError:
+        return False
 
 
 def server_optimizer_class(spec: str) -> type[ServerOptimizer]:

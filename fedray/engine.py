@@ -11,7 +11,7 @@ from ray.util.placement_group import PlacementGroup
 from fedray.config import TCT, RunConfig
 from fedray.data.registry import load_federation, recorded_backbone_macs
 from fedray.runtime.evaluator import Evaluator
-from fedray.gradient.settings import local_sgd, server_optimizer
+from fedray.gradient.settings import server_optimizer, training_algorithm
 from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
@@ -80,9 +80,9 @@ def run(
     check_address(address)
     out = Path(config.out)
     check_folder(out)
-    if config.trains:  # the server optimizer's and client algorithm's own checks, before any work
+    if config.trains:  # the training algorithm's and the server optimizer's own checks, before any work
         server_optimizer(config)
-        local_sgd(config)
+        training_algorithm(config)
     federation = load_federation(config.dataset)
     federation.require_test_rows()
     if config.backbone_macs is None:

@@ -69,6 +69,7 @@ LAYER_OF = {
     "fedray.catalogue": "application",
     "fedray.sweep": "application",
     "fedray.extract": "application",
+    "fedray.algorithms": "application",  # training algorithms shipped as plugins: they import the public API
     "jobs": "application",
     "analysis": "application",
     "examples": "application",

@@ -6,10 +6,12 @@ trainer of the pool trains its sampled clients one after another and returns
 partial sums are tree-reduced. The whole state is put each round (frozen
 parts included) because every replica needs it to run the model; what a
 client would exchange in a real deployment, the trained part, is what
-:meth:`FineTuneBackend.traffic_floats` counts.
+:meth:`FineTuneBackend.model_floats` counts.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -31,9 +33,10 @@ from fedray.finetune.model import (
     trained_names,
 )
 from fedray.finetune.pool import TrainerPool
-from fedray.gradient.control_variates import ControlVariates
 from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.local import LocalSGD
+from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.training_algorithms import FedAvg, paper_family
 from fedray.images.backbones import feature_model, load_weights
 from fedray.spherefed.classifier import fixed_classifier
 from fedray.tct.entk import entk_num_parameters
@@ -47,7 +50,7 @@ def check_sgd(sgd: LocalSGD) -> None:
 
 
 class FineTuneBackend:
-    """A run's settings, initial weights and SCAFFOLD control variates (when on), on a :class:`TrainerPool`.
+    """A run's settings and initial weights on a :class:`TrainerPool` (whose trainers keep their clients' states).
 
     Modes: ``ft`` trains backbone and head, ``ftlp`` the head only (linear
     probing on images), ``ftfeat`` the backbone only (the head stays as
@@ -56,13 +59,13 @@ class FineTuneBackend:
     """
 
     def __init__(
-        self, pool: TrainerPool, weights_spec: str, mode: str, sgd: LocalSGD, seed: int, *, scaffold: bool = False,
-        sphere_loss: str | None = None, owns_pool: bool = False
+        self, pool: TrainerPool, weights_spec: str, mode: str, sgd: LocalSGD, seed: int, *,
+        algorithm: FederatedAlgorithm = FedAvg(), sphere_loss: str | None = None, owns_pool: bool = False
     ) -> None:
-        self.pool, self.owns_pool = pool, owns_pool
+        self.pool, self.owns_pool, self.algorithm = pool, owns_pool, algorithm
         if sphere_loss is not None and get_mode(mode).trains_head:
             raise FedrayError(f"SphereFed's classifier is fixed: fine-tune the backbone only (ftfeat), not {mode}")
-        self.training = LocalTraining(get_mode(mode), sgd, seed, sphere_loss)
+        self.training = LocalTraining(get_mode(mode), sgd, seed, algorithm, sphere_loss)
         check_sgd(sgd)
         federation, backbone = pool.federation, pool.backbone
         weights = load_weights(backbone, weights_spec, seed)
@@ -75,8 +78,6 @@ class FineTuneBackend:
         self.state_shapes = {name: value.shape for name, value in state.items()}
         self.trained = trained_names(model, self.mode)
         self.sent = sent_names(model, self.mode)
-        shapes = {name: self.state_shapes[name] for name in self.trained}
-        self.controls = ControlVariates(shapes, int(federation.client_offsets[-1])) if scaffold else None
         self.training_ref = ray.put(self.training)
 
     @classmethod
@@ -92,7 +93,7 @@ class FineTuneBackend:
         image_size: int = 224,
         num_trainers: int | None = None,
         cpus_per_trainer: float = 1.0,
-        scaffold: bool = False,
+        algorithm: FederatedAlgorithm = FedAvg(),
         sphere_loss: str | None = None,
         eval_batch_size: int = 64,
         trial_group: PlacementGroup | None = None,
@@ -103,7 +104,7 @@ class FineTuneBackend:
         pool = TrainerPool.start(federation, backbone_name, image_size=image_size, num_trainers=num_trainers,
                                  cpus_per_trainer=cpus_per_trainer, eval_batch_size=eval_batch_size, trial_group=trial_group)
         try:
-            return cls(pool, weights_spec, mode, sgd, seed, scaffold=scaffold, sphere_loss=sphere_loss, owns_pool=True)
+            return cls(pool, weights_spec, mode, sgd, seed, algorithm=algorithm, sphere_loss=sphere_loss, owns_pool=True)
         except BaseException:
             pool.shutdown()
             raise
@@ -113,14 +114,10 @@ class FineTuneBackend:
         return self.training.mode
 
     @property
-    def statistics_names(self) -> frozenset[str]:
-        """Entries of ``RoundUpdate.delta`` that are BN running statistics, not parameters.
-
-        Plain FedAvg averages them like everything else; a loop with a
-        momentum or adaptive server optimizer should still just average them
-        (θ ← θ + Δ), or a running variance could turn negative.
-        """
-        return frozenset(self.sent) - frozenset(self.trained)
+    def trained_names(self) -> frozenset[str]:
+        """What the clients train and the algorithm sees. The BN running statistics they also send are averaged as
+        they are (θ ← θ + Δ, never stepped by momentum or Adam, or a running variance could turn negative)."""
+        return frozenset(self.trained)
 
     def initial_params(self, head_seed: int) -> Params:
         """The loaded backbone weights and a head initialized like ``nn.Linear`` from ``head_seed``.
@@ -146,26 +143,30 @@ class FineTuneBackend:
     def sphere_arrays(self, params: Params) -> dict[str, np.ndarray]:
         return {"fixed_classifier": params["head.weight"].numpy()}
 
-    def _put(self, params: Params) -> ray.ObjectRef:
+    def _check(self, params: Params) -> None:
         if set(params) != set(self.state_shapes):
             differing = sorted(set(self.state_shapes) ^ set(params))
             raise FedrayError(f"parameters do not match the {self.pool.backbone.name} model (first differing name: {differing[0]})")
+
+    def _put(self, params: Params) -> ray.ObjectRef:
+        self._check(params)
         return ray.put(params)
 
-    def train_round(self, params: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
-        params_ref = self._put(params)
+    def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
         clients = np.asarray(clients, dtype=np.int64)
         num_clients = self.pool.federation.num_clients
         if not len(clients) or len(np.unique(clients)) != len(clients) or clients.min() < 0 or clients.max() >= num_clients:
             raise FedrayError(f"a round needs distinct client numbers in 0..{num_clients - 1}, got {clients.tolist()[:10]}")
-        controls = self.controls
-        control_ref = ray.put(controls.control if controls is not None else None)
-        own = {int(client): controls.of(int(client)) for client in clients} if controls is not None else {}
-        result = self.pool.train(self.training_ref, params_ref, control_ref, clients, own, round_number)
-        if controls is not None:
-            sizes = self.pool.federation.client_sizes
-            controls.update(result.controls, {client: int(sizes[client]) for client in result.controls})
-        return RoundUpdate(result.delta, result.weight, result.loss_sum, result.samples)
+        self._check(params)
+        received = ray.put({"params": params, "broadcast": broadcast})
+        return self.pool.train(self.training_ref, received, clients, round_number)
+
+    def save_client_states(self, folder: Path, tag: str) -> list[str]:
+        return self.pool.save_client_states(folder, tag) if self.algorithm.stateful else []
+
+    def restore_client_states(self, paths: list[Path]) -> None:
+        if self.algorithm.stateful:
+            self.pool.restore_client_states(paths)
 
     def accuracy(self, params: Params) -> float:
         """Top-1 accuracy on the test split, each trainer classifying its share of the test images (eval mode)."""
@@ -175,15 +176,9 @@ class FineTuneBackend:
         """Backbone features (N, d) float32 and labels of every sample of ``split`` ("train" in federation train order, or "test")."""
         return self.pool.embed(self._put(params), split)
 
-    def traffic_floats(self) -> tuple[int, int]:
-        """Floats of what a client trains (plus BN statistics when the backbone is trained), each way.
-
-        With SCAFFOLD a client also downloads c and uploads Δc_i, both the size
-        of the trained parameters.
-        """
-        model = sum(self.state_shapes[name].numel() for name in self.sent)
-        controls = sum(self.state_shapes[name].numel() for name in self.trained) if self.controls is not None else 0
-        return model + controls, model + controls
+    def model_floats(self) -> int:
+        """Floats of what a client trains, plus BN statistics when the backbone is trained."""
+        return sum(self.state_shapes[name].numel() for name in self.sent)
 
     def client_flops(self, sizes: np.ndarray) -> np.ndarray:
         """Training FLOPs of one participation: n · epochs samples, each
@@ -213,7 +208,10 @@ class FineTuneBackend:
         sent = (float(self.backbone_parameters) if mode.trains_backbone else 0.0) + (head if mode.trains_head else 0.0)
         passes = self.training.sgd.epochs * sizes
         per_client = np.ones_like(passes)
-        scaffold = self.controls is not None
+        family = paper_family(self.algorithm)
+        if family is None:
+            return PaperCosts()
+        scaffold = family == "scaffold"
         return PaperCosts(
             fedcof_floats=None if scaffold or not mode.trains_head else 2 * sent * per_client,
             fed3r_floats=(4 if scaffold else 2) * sent * per_client,
@@ -221,19 +219,6 @@ class FineTuneBackend:
             forward_passes=passes,
             backbone_factor=3.0 if mode.trains_backbone else 1.0,
         )
-
-    def state_dict(self) -> dict:
-        """SCAFFOLD's c and every c_i seen so far (``{}`` without SCAFFOLD)."""
-        return {"scaffold": self.controls.state_dict()} if self.controls is not None else {}
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.controls is None:
-            if state:
-                raise FedrayError("a SCAFFOLD checkpoint cannot resume a run without SCAFFOLD")
-            return
-        if "scaffold" not in state:
-            raise FedrayError("the checkpoint has no SCAFFOLD control variates to resume from")
-        self.controls.load_state_dict(state["scaffold"])
 
     def shutdown(self) -> None:
         """Shut the pool down if this backend started it (a shared pool is its owner's to shut down)."""

@@ -1,8 +1,8 @@
 """One trainer's local work: clients' SGD from the global model, evaluation and embedding.
 
-A client's training (:func:`~fedray.gradient.client_sgd.local_sgd`) is a
-pure function of the global state, its samples, its mini-batches and (for
-SCAFFOLD) the control variates: the model is reloaded
+A client's training (:func:`~fedray.gradient.client_sgd.train_client`) is a
+pure function of the global state, its samples, its mini-batches and its own
+state (SCAFFOLD's c_i, ...; kept by its trainer): the model is reloaded
 from the global state before every client, and the mini-batches are
 ``minibatches(n, batch_size, epochs, client_rng(seed, round, client))`` — the
 linear-probing path's — so a run does not depend on how clients are spread
@@ -11,7 +11,7 @@ over trainers (beyond the float round-off of summing them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,9 +19,11 @@ from torch.nn.functional import cross_entropy
 
 from fedray.finetune.images import ImageReader
 from fedray.finetune.model import FineTuneModel, Mode, sent_names, trained_names
-from fedray.gradient.backend import Params
-from fedray.gradient.client_sgd import client_algorithm, client_batches, local_sgd
+from fedray.gradient.backend import RoundUpdate
+from fedray.gradient.client_sgd import add_upload, client_batches, start_client, train_client
+from fedray.gradient.heads import States
 from fedray.gradient.local import LocalSGD
+from fedray.methods.algorithm import FederatedAlgorithm, Params
 from fedray.spherefed.classifier import sphere_loss
 from fedray.tct.entk import EntkSpec, entk_features, reinitialize_last_layer
 
@@ -39,6 +41,7 @@ class LocalTraining:
     mode: Mode
     sgd: LocalSGD
     seed: int
+    algorithm: FederatedAlgorithm
     sphere_loss: str | None = None
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, total: bool = False) -> torch.Tensor:
@@ -47,23 +50,6 @@ class LocalTraining:
             return cross_entropy(logits, labels, reduction="sum" if total else "mean")
         mean = sphere_loss(logits, labels, self.sphere_loss, self.sgd.temperature)
         return mean * len(labels) if total else mean
-
-
-@dataclass
-class Partial:
-    """A trainer's sums over its clients of a round, plus SCAFFOLD's new control variate of each of them."""
-
-    delta: Params
-    weight: float
-    loss_sum: float
-    samples: int
-    controls: dict[int, Params] = field(default_factory=dict)
-
-
-def add_partials(a: Partial, b: Partial) -> Partial:
-    """The sum of two trainers' partials."""
-    delta = {name: a.delta[name] + b.delta[name] for name in a.delta}
-    return Partial(delta, a.weight + b.weight, a.loss_sum + b.loss_sum, a.samples + b.samples, {**a.controls, **b.controls})
 
 
 def training_device() -> torch.device:
@@ -84,14 +70,13 @@ class ClientTrainer:
 
     def __init__(self, model: FineTuneModel, training: LocalTraining, device: torch.device) -> None:
         self.model, self.mode, self.sgd, self.seed, self.device = model, training.mode, training.sgd, training.seed, device
-        self.training = training
-        self.algorithm = client_algorithm(training.sgd, training.loss)
+        self.training, self.algorithm = training, training.algorithm
         model.temperature = training.sgd.temperature
         model.sphere = training.sphere_loss is not None
         for name, parameter in model.named_parameters():
             parameter.requires_grad_(self.mode.trains(name))
         self.trained = trained_names(model, self.mode)
-        self.sent = sent_names(model, self.mode)
+        self.statistics = [name for name in sent_names(model, self.mode) if name not in self.trained]
 
     def _on_device(self, tensors: Params) -> Params:
         return {name: tensor.to(self.device) for name, tensor in tensors.items()}
@@ -99,50 +84,48 @@ class ClientTrainer:
     def train_clients(
         self,
         params: Params,
-        control: Params | None,
+        broadcast: Params,
         clients: list[int],
         rows: list[np.ndarray],
         labels: torch.Tensor,
         reader: ImageReader,
         round_number: int,
-        client_controls: dict[int, Params | None],
-    ) -> Partial:
-        """Train each client (``rows[k]``: its rows in ``reader``/``labels``) from ``params``, one after another.
-
-        ``control`` is SCAFFOLD's server control variate (``None`` without
-        SCAFFOLD) and ``client_controls`` the clients' own (``None`` before a
-        client's first participation: zeros).
-        """
+        states: States,
+    ) -> RoundUpdate:
+        """Train each client (``rows[k]``: its rows in ``reader``/``labels``) from ``params``, one after another, with
+        its state from ``states`` (its new state goes back there); the sums of their uploads, on the CPU."""
         start = self._on_device(params)
-        control = self._on_device(control) if control is not None else None
-        delta = {name: torch.zeros_like(start[name]) for name in self.sent}
-        loss_sum, samples, controls = 0.0, 0, {}
+        broadcast = self._on_device(broadcast)
+        sums, statistics, weight, loss_sum, samples = None, {}, 0.0, 0.0, 0
         for client, client_rows in zip(clients, rows):
-            own = client_controls.get(client)
-            own = self._on_device(own) if own is not None else None
-            client_loss, new = self._train_client(start, control, own, client_rows, labels, reader, round_number, client)
+            own = states.get(client)
+            client_loss, upload, state = self._train_client(start, broadcast, None if own is None else self._on_device(own),
+                                                            client_rows, labels, reader, round_number, client)
             size = len(client_rows)
-            state = self.model.state_dict()
-            for name in self.sent:
-                delta[name] += size * (state[name] - start[name])
-            if new is not None:
-                controls[client] = new
+            model_state = self.model.state_dict()
+            for name in self.statistics:
+                change = size * (model_state[name] - start[name])
+                statistics[name] = change if name not in statistics else statistics[name] + change
+            sums = add_upload(sums, upload)
+            weight += upload.weight
+            states.put(client, None if state is None else {name: value.cpu() for name, value in state.items()})
             loss_sum += client_loss
             samples += size
-        return Partial({name: value.cpu() for name, value in delta.items()}, float(samples), loss_sum, samples, controls)
+        return RoundUpdate({name: value.cpu() for name, value in sums.items()}, weight, len(clients), loss_sum, samples,
+                           {name: value.cpu() for name, value in statistics.items()})
 
     def _train_client(
         self,
         start: Params,
-        control: Params | None,
+        broadcast: Params,
         own: Params | None,
         rows: np.ndarray,
         labels: torch.Tensor,
         reader: ImageReader,
         round_number: int,
         client: int,
-    ) -> tuple[float, Params | None]:
-        """Local SGD of one client from ``start``; returns the starting model's summed loss and its new control (SCAFFOLD) or None."""
+    ) -> tuple[float, object, Params | None]:
+        """Local SGD of one client from ``start``: the starting model's summed loss, its upload and its next state."""
         sgd, size = self.sgd.for_round(round_number), len(rows)
         plan = client_batches(size, sgd, self.seed, round_number, client)
         evaluation = chunks(size, sgd.batch_size)
@@ -158,9 +141,12 @@ class ClientTrainer:
         self.model.load_state_dict(start)
         parameters = dict(self.model.named_parameters())
         trained = {name: parameters[name] for name in self.trained}
-        new = local_sgd(trained, lambda _: self.model(next(stream).to(self.device)), labels[rows], plan, sgd, self.algorithm,
-                        {name: start[name] for name in self.trained}, control, own)
-        return loss_sum, None if new is None else {name: value.cpu() for name, value in new.items()}
+        received = {name: start[name] for name in self.trained}
+        round_ = start_client(self.algorithm, client, round_number, size, plan, sgd, received, broadcast, own,
+                              self.training.loss)
+        upload, state = train_client(self.algorithm, round_, trained, lambda _, __: self.model(next(stream).to(self.device)),
+                                     labels[rows], plan, sgd)
+        return loss_sum, upload, state
 
 
 @torch.inference_mode()

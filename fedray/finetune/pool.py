@@ -20,9 +20,8 @@ from ray.util.placement_group import PlacementGroup
 
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.errors import FedrayError
-from fedray.finetune.local import Partial, add_partials
+from fedray.gradient.backend import RoundUpdate
 from fedray.finetune.trainer import Trainer, TrainerRows
-from fedray.gradient.backend import Params
 from fedray.images.backbones import Backbone, get_backbone
 from fedray.images.decode import ImageTransform
 from fedray.runtime.held import Held
@@ -114,15 +113,11 @@ class TrainerPool(ActorGroup):
     def num_trainers(self) -> int:
         return len(self.actors)
 
-    def train(
-        self, training: ray.ObjectRef, params: ray.ObjectRef, control: ray.ObjectRef, clients: np.ndarray, client_controls: dict[int, Params | None], round_number: int
-    ) -> Partial:
+    def train(self, training: ray.ObjectRef, received: ray.ObjectRef, clients: np.ndarray, round_number: int) -> RoundUpdate:
         """One round of local training of ``clients`` on their trainers, the trainers' sums tree-reduced."""
-        partials = []
-        for index, (actor, mine) in enumerate(zip(self.actors, self.split_clients(clients))):
-            own = {int(client): client_controls[int(client)] for client in mine} if client_controls else {}
-            partials.append((actor.train.remote(self.rows[index], training, params, control, mine, own, round_number), actor))
-        return tree_reduce(None, partials, add_partials).result(fetch)
+        partials = [(actor.train.remote(held, training, received, mine, round_number), actor)
+                    for actor, held, mine in zip(self.actors, self.rows, self.split_clients(clients))]
+        return tree_reduce(None, partials).result(fetch)
 
     def accuracy(self, params: ray.ObjectRef) -> float:
         if self.federation.test.num_rows == 0:

@@ -12,6 +12,7 @@ of any mode and settings.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,19 +24,18 @@ from fedray.finetune.images import ImageReader
 from fedray.finetune.local import (
     ClientTrainer,
     LocalTraining,
-    Partial,
-    add_partials,
     backbone_features,
     count_correct,
     images_entk,
     training_device,
 )
 from fedray.finetune.model import build_model
-from fedray.gradient.backend import Params
+from fedray.gradient.backend import Params, RoundUpdate
 from fedray.images.backbones import Backbone
 from fedray.images.decode import ImageTransform
 from fedray.runtime.held import Held
 from fedray.runtime.actor_group import combine_partials
+from fedray.runtime.client_states import ClientStates
 from fedray.runtime import tensor_transfer
 from fedray.tct.entk import EntkSpec
 
@@ -73,6 +73,7 @@ class Trainer:
         self.model = build_model(backbone, num_classes).to(self.device)
         self.eval_batch_size = eval_batch_size
         self.held: Held | None = None
+        self.client_states = ClientStates(lost=ray.get_runtime_context().was_current_actor_reconstructed)
 
     def _load(self, held: Held) -> None:
         """Fetch the rows on the first call (after a start or a restart)."""
@@ -88,29 +89,30 @@ class Trainer:
         context = ray.get_runtime_context()
         return {"node_id": context.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device)}
 
-    def train(
-        self,
-        held: Held,
-        training: LocalTraining,
-        params: Params,
-        control: Params | None,
-        clients: np.ndarray,
-        client_controls: dict[int, Params | None],
-        round_number: int,
-    ) -> Partial | None:
-        """One round's local training of ``clients`` (global numbers, trained in the given order); None if there are none."""
+    def train(self, held: Held, training: LocalTraining, received: dict[str, Params], clients: np.ndarray,
+              round_number: int) -> RoundUpdate | None:
+        """One round's local training of ``clients`` (global numbers, trained in the given order) from what the server
+        sent (``received``: the model's ``params`` and the algorithm's ``broadcast``); their states stay here. None if
+        there are none."""
+        if training.algorithm.stateful:
+            self.client_states.begin_round(round_number)
         if not len(clients):
             return None
         self._load(held)
         rows = [np.arange(self.offsets[k], self.offsets[k + 1]) for k in clients - self.first_client]
         trainer = ClientTrainer(self.model, training, self.device)
-        return trainer.train_clients(
-            params, control, clients.tolist(), rows, self.labels[TRAIN], self.readers[TRAIN], round_number, client_controls
-        )
+        return trainer.train_clients(received["params"], received["broadcast"], clients.tolist(), rows, self.labels[TRAIN],
+                                     self.readers[TRAIN], round_number, self.client_states)
 
-    def combine(self, _method: Any, a: Partial | None, b: Partial | None) -> Partial | None:
+    def combine(self, _method: Any, a: RoundUpdate | None, b: RoundUpdate | None) -> RoundUpdate | None:
         """The pairwise step of :func:`~fedray.runtime.actor_group.tree_reduce` (which passes a method this sum does not need)."""
-        return combine_partials(a, b, add_partials)
+        return combine_partials(a, b)
+
+    def save_client_states(self, path: str) -> None:
+        self.client_states.save(Path(path))
+
+    def restore_client_states(self, paths: list[str], first: int, end: int) -> None:
+        self.client_states.restore(map(Path, paths), lambda client: first <= client < end)
 
     def correct(self, held: Held, params: Params) -> tuple[int, int]:
         """(correctly classified, total) over this trainer's test rows."""

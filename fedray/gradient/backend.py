@@ -9,47 +9,67 @@ clients' data and their local training. Linear probing on features
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
 from fedray.accounting import PaperCosts
-
-Params = dict[str, torch.Tensor]
+from fedray.methods.algorithm import Aggregate, FederatedAlgorithm, Params
 
 
 @dataclass
 class RoundUpdate:
-    """The sums a round's clients send, already reduced over shards.
+    """A round's uploads summed over the clients (inside each shard or trainer, then over them), and their loss.
 
-    ``delta`` holds Σ_k n_k (θ_k − θ) per parameter, ``weight`` Σ_k n_k, so the
-    sample-weighted mean update is ``delta / weight``. ``loss_sum`` is the
-    cross-entropy of the round's starting model summed over the ``samples``
+    ``sums[name]`` = Σ_k w_k · upload_k[name] with w_k the uploads' weights,
+    ``weight`` = Σ_k w_k, over ``clients`` participants; ``loss_sum`` is the
+    path's loss of the round's starting model summed over the ``samples``
     training samples of the round's clients (the loss FL papers plot).
+    ``statistics`` are what a path averages besides the algorithm's uploads
+    (a network's BatchNorm running statistics): Σ_k n_k (s_k − s), averaged
+    with the clients' samples as plain FedAvg does, never stepped.
     """
 
-    delta: Params
+    sums: Params
     weight: float
+    clients: int
     loss_sum: float
     samples: int
+    statistics: Params = field(default_factory=dict)
+
+    def __add__(self, other: RoundUpdate) -> RoundUpdate:
+        return RoundUpdate(_added(self.sums, other.sums), self.weight + other.weight, self.clients + other.clients,
+                           self.loss_sum + other.loss_sum, self.samples + other.samples,
+                           _added(self.statistics, other.statistics))
+
+    def aggregate(self) -> Aggregate:
+        return Aggregate(self.sums, self.weight, self.clients)
+
+
+def _added(a: Params, b: Params) -> Params:
+    return {name: value + b[name] for name, value in a.items()}
 
 
 class TrainingBackend(Protocol):
-    statistics_names: frozenset[str]
-    """Entries of the update that are statistics (BatchNorm running means), averaged as they are, not stepped."""
+    algorithm: FederatedAlgorithm
+    """The training algorithm its clients run."""
+    trained_names: frozenset[str] | None
+    """The parameters the clients train and the algorithm sees (None: all of them)."""
 
-    def train_round(self, params: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
-        """Local training of ``clients`` (distinct global numbers) from ``params``; ``params`` is not modified."""
+    def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
+        """Local training of ``clients`` (distinct global numbers) from ``params`` with the algorithm's ``broadcast``;
+        neither is modified."""
+        ...
+
+    def model_floats(self) -> int:
+        """Floats of the model a participating client receives (what it trains and sends back, buffers included)."""
         ...
 
     def accuracy(self, params: Params) -> float:
         """Top-1 accuracy of ``params`` on the federation's test split."""
-        ...
-
-    def traffic_floats(self) -> tuple[int, int]:
-        """Floats one participating client downloads and uploads in a round."""
         ...
 
     def client_flops(self, sizes: np.ndarray) -> np.ndarray:
@@ -60,11 +80,12 @@ class TrainingBackend(Protocol):
         """One participation of clients with ``sizes`` samples as the papers count it (:mod:`fedray.accounting`); ``PaperCosts()`` where undefined."""
         ...
 
-    def state_dict(self) -> dict:
-        """Backend state a checkpoint must hold to resume bitwise (e.g. SCAFFOLD's control variates)."""
+    def save_client_states(self, folder: Path, tag: str) -> list[str]:
+        """Each actor writes its clients' states to ``folder`` (files named after ``tag``); their names."""
         ...
 
-    def load_state_dict(self, state: dict) -> None:
+    def restore_client_states(self, paths: list[Path]) -> None:
+        """Every actor's clients' states from ``paths`` (none: no states, as at the start of a run)."""
         ...
 
     def initial_params(self, seed: int) -> Params:

@@ -20,7 +20,7 @@ from fedray.accounting import PaperTotals
 from fedray.config import RunConfig
 from fedray.data.registry import canonical_spec
 from fedray.errors import FedrayError
-from fedray.gradient.training import Accounting, TrainingState
+from fedray.gradient.training import CLIENT_STATES, Accounting, TrainingState
 from fedray.results import EvalPoint, write_atomically
 
 CHECKPOINT = "checkpoint.pt"
@@ -62,10 +62,15 @@ def load_checkpoint(out: Path, config: dict) -> TrainingState:
         raise FedrayError(f"{path}: not a complete fedray checkpoint (its state lacks {error}); {START_OVER}") from None
     except (TypeError, AttributeError) as error:
         raise FedrayError(f"{path}: not a fedray checkpoint (its state is malformed: {error}); {START_OVER}") from None
+    except FedrayError as error:
+        raise FedrayError(f"{path}: {error}; {START_OVER}") from None
 
 
 def remove_checkpoint(out: Path) -> None:
+    """The checkpoint and the files of its clients' states."""
     (out / CHECKPOINT).unlink(missing_ok=True)
+    for path in out.glob(f"{CLIENT_STATES}-r*.pt"):
+        path.unlink(missing_ok=True)
 
 
 def checkpoint_stamp(out: Path) -> tuple[int, int] | None:
@@ -123,7 +128,8 @@ def _plain_state(state: TrainingState) -> dict:
     return {
         "params": state.params,
         "server": state.server,
-        "backend": state.backend,
+        "algorithm": state.algorithm,
+        "client_states": list(state.client_states),
         "accounting": {"seen": torch.from_numpy(accounting.seen), "samples_seen": int(accounting.samples_seen),
                        "bytes_up": float(accounting.bytes_up), "bytes_down": float(accounting.bytes_down),
                        "flops": float(accounting.flops), "paper": accounting.paper.to_dict()},
@@ -148,13 +154,25 @@ def _paper_totals(accounting: dict) -> PaperTotals:
     return PaperTotals(**accounting["paper"])
 
 
+def _algorithm_state(plain: dict) -> tuple[dict, list[str]]:
+    """The algorithm's server state and the client-state files; a checkpoint of an earlier fedray has instead the
+    backend's state, empty unless it was SCAFFOLD's (whose clients' states the driver kept then)."""
+    if "algorithm" in plain:
+        return plain["algorithm"], plain["client_states"]
+    if plain["backend"]:
+        raise FedrayError("written by an earlier fedray whose driver kept SCAFFOLD's control variates; "
+                          "this fedray keeps them with the clients and cannot continue it")
+    return {}, []
+
+
 def _training_state(plain: dict) -> TrainingState:
     accounting = plain["accounting"]
+    algorithm, client_states = _algorithm_state(plain)
     names = [field.name for field in fields(EvalPoint)]
     return TrainingState(
         params=plain["params"],
         server=plain["server"],
-        backend=plain["backend"],
+        algorithm=algorithm,
         accounting=Accounting(accounting["seen"].numpy(), accounting["samples_seen"], accounting["bytes_up"],
                               accounting["bytes_down"], accounting["flops"], _paper_totals(accounting)),
         points=[EvalPoint(**{name: point[name] for name in names if name in point}) for point in plain["points"]],
@@ -163,4 +181,5 @@ def _training_state(plain: dict) -> TrainingState:
         loss_samples=plain["loss_samples"],
         wall_s=plain["wall_s"],
         eval_s=plain["eval_s"],
+        client_states=client_states,
     )

@@ -1,106 +1,96 @@
-"""Linear heads on features: the dual form when it supports the client algorithm, autograd otherwise.
+"""A shard's clients trained on its features: linear heads by the dual form when the algorithm takes it, else by autograd.
 
 The dual form (:func:`~fedray.gradient.local.train_heads`) trains many
-clients' heads at once but only for the built-in objective: cross-entropy at
-a temperature, FedProx's pull and SCAFFOLD's correction
-(:func:`dual_form_supports`). Any other :class:`ClientAlgorithm` (another
-loss, an overridden hook) trains each client by autograd with
-:func:`~fedray.gradient.client_sgd.local_sgd`, with the same mini-batches and
-the same result interface, so the shards and the driver do not see which
-path ran. SCAFFOLD's control variates are option I on both paths (the rows
-G of :class:`~fedray.gradient.local.Control`: c_i⁺ is the gradient of the
-client's loss at the round's starting head).
+clients' heads at once for the algorithms whose client half it knows
+(:meth:`~fedray.methods.algorithm.FederatedAlgorithm.dual_form`: FedAvg's,
+FedProx's, SCAFFOLD's with option I) and sums their updates in one GEMM. Any
+other algorithm, and every model that is not a linear head (SphereFed's
+projection), trains each client by autograd with
+:func:`~fedray.gradient.client_sgd.train_client`, on the same mini-batches;
+the two agree to float64 round-off (``tests/gradient/test_client_sgd.py``).
+Either way the shard returns the sums of its clients' uploads, and their
+states stay in the shard (``states``, see :mod:`fedray.runtime.client_states`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from fedray.gradient.client_sgd import ClientAlgorithm, CrossEntropy, client_batches, local_sgd
-from fedray.gradient.local import Control, LocalSGD, TrainedHeads, control_change, train_heads
+from fedray.gradient.backend import RoundUpdate
+from fedray.gradient.client_sgd import CrossEntropy, add_upload, client_batches, start_client, train_client
+from fedray.gradient.local import Control, LocalSGD, train_heads
+from fedray.methods.algorithm import CONTROL, FederatedAlgorithm, Loss, Params
+from fedray.methods.base import ClientBatch
+
+ROWS = CONTROL + "rows"
+"""The dual form's SCAFFOLD state of a client: the gradient rows G of its samples, c_i = XᵀG (n_i × C floats)."""
 
 
-def dual_form_supports(algorithm: ClientAlgorithm) -> bool:
-    """Whether the dual form trains ``algorithm``: the built-in hooks (FedAvg, FedProx, SCAFFOLD) on :class:`CrossEntropy`.
+class States(Protocol):
+    """Where the clients' states are (the shard's :class:`~fedray.runtime.client_states.ClientStates`)."""
 
-    Weight decay, momentum and the learning-rate schedule are the optimizer's
-    and supported whatever they are.
-    """
-    return type(algorithm) is ClientAlgorithm and type(algorithm.loss) is CrossEntropy
+    def get(self, client: int) -> Params | None: ...
 
-
-@dataclass
-class DenseHeads:
-    """Every client's trained head by autograd, with :class:`~fedray.gradient.local.TrainedHeads`' interface.
-
-    ``heads`` (clients, d, C) and ``bias`` (clients, C) in the order the
-    clients were given; the other fields as in ``TrainedHeads``.
-    """
-
-    weight: torch.Tensor
-    heads: torch.Tensor
-    bias: torch.Tensor
-    features: torch.Tensor
-    offsets: np.ndarray
-    start_loss: float
-    gradient_rows: torch.Tensor
-    control: Control | None
-
-    def _sizes(self) -> torch.Tensor:
-        return torch.from_numpy(np.diff(self.offsets)).to(self.weight.dtype)
-
-    def weights(self) -> torch.Tensor:
-        return self.heads
-
-    def weighted_update(self, global_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(Σ n_k (W_k − W₀), Σ n_k (c_k − b₀), Σ n_k), as ``TrainedHeads.weighted_update``."""
-        n = self._sizes()
-        delta_w = torch.einsum("k,kdc->dc", n, self.heads - self.weight)
-        return delta_w, (n[:, None] * (self.bias - global_bias)).sum(dim=0), n.sum()
-
-    def control_update(self) -> tuple[torch.Tensor, torch.Tensor]:
-        sizes = self._sizes()
-        return control_change(self.features, torch.repeat_interleave(sizes, sizes.long())[:, None], self.gradient_rows,
-                              self.control.rows)
+    def put(self, client: int, state: Params | None) -> None: ...
 
 
-def train_heads_by_autograd(
-    features: torch.Tensor, labels: torch.Tensor, offsets: np.ndarray, clients: np.ndarray, weight: torch.Tensor,
-    bias: torch.Tensor, sgd: LocalSGD, algorithm: ClientAlgorithm, seed: int, round_number: int, control: Control | None = None,
-) -> DenseHeads:
-    """Train each client's head (x ↦ x W + b) from (``weight``, ``bias``) alone with :func:`local_sgd`; arguments as :func:`train_heads`."""
+Forward = Callable[[Params, torch.Tensor], torch.Tensor]
+"""A model's output on some features, from its parameters."""
+
+
+def linear(params: Params, features: torch.Tensor) -> torch.Tensor:
+    return torch.addmm(params["bias"], features, params["weight"])
+
+
+def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: LocalSGD, algorithm: FederatedAlgorithm,
+                   seed: int, round_number: int, states: States, forward: Forward, path_loss: Loss) -> RoundUpdate:
+    """Every client of ``batch`` trained by autograd from ``params``, one after another; their uploads summed."""
     sgd = sgd.for_round(round_number)
-    start = {"weight": weight, "bias": bias}
-    server = None if control is None else {"weight": control.weight, "bias": control.bias}
-    heads, biases, start_loss = [], [], 0.0
-    gradient_rows = torch.zeros(len(labels), weight.shape[1], dtype=weight.dtype)
-    for k, client in enumerate(clients.tolist()):
-        rows = slice(offsets[k], offsets[k + 1])
-        x, y = features[rows], labels[rows]
-        logits = torch.addmm(bias, x, weight).requires_grad_()
-        loss = algorithm.batch_loss(logits, y)
-        loss.backward()
-        start_loss += len(y) * float(loss.detach())
-        gradient_rows[rows] = logits.grad
-        own = None if control is None else {"weight": x.T @ control.rows[rows], "bias": control.rows[rows].sum(dim=0)}
-        trained = {name: value.clone().requires_grad_() for name, value in start.items()}
-        # local_sgd's option-II c_i⁺ is not used: on features c_i⁺ is the gradient at the start (the rows above)
-        local_sgd(trained, lambda batch: torch.addmm(trained["bias"], x[batch], trained["weight"]), y,
-                  client_batches(len(y), sgd, seed, round_number, client), sgd, algorithm, start, server, own)
-        heads.append(trained["weight"].detach())
-        biases.append(trained["bias"].detach())
-    return DenseHeads(weight, torch.stack(heads), torch.stack(biases), features, offsets, start_loss, gradient_rows, control)
+    sums, weight, loss_sum = None, 0.0, 0.0
+    for k, client in enumerate(batch.clients.tolist()):
+        rows = slice(batch.offsets[k], batch.offsets[k + 1])
+        x, y = batch.features[rows], batch.labels[rows]
+        with torch.no_grad():
+            loss_sum += len(y) * float(path_loss(forward(params, x), y))
+        batches = client_batches(len(y), sgd, seed, round_number, client)
+        round_ = start_client(algorithm, client, round_number, len(y), batches, sgd, params, broadcast, states.get(client),
+                              path_loss)
+        trained = {name: value.clone().requires_grad_() for name, value in params.items()}
+        upload, state = train_client(algorithm, round_, trained, lambda p, step: forward(p, x[step]), y, batches, sgd)
+        sums = add_upload(sums, upload)
+        weight += upload.weight
+        states.put(client, state)
+    return RoundUpdate(sums, weight, len(batch.clients), loss_sum, len(batch.labels))
 
 
-def train_linear_heads(
-    features: torch.Tensor, labels: torch.Tensor, offsets: np.ndarray, clients: np.ndarray, weight: torch.Tensor,
-    bias: torch.Tensor, sgd: LocalSGD, algorithm: ClientAlgorithm, seed: int, round_number: int, control: Control | None = None,
-) -> TrainedHeads | DenseHeads:
-    """Every client's head, by the dual form when it supports ``algorithm`` (its loss's temperature and μ replace ``sgd``'s)."""
-    if dual_form_supports(algorithm):
-        sgd = replace(sgd, prox_mu=algorithm.prox_mu, temperature=algorithm.loss.temperature)
-        return train_heads(features, labels, offsets, clients, weight, bias, sgd, seed, round_number, control)
-    return train_heads_by_autograd(features, labels, offsets, clients, weight, bias, sgd, algorithm, seed, round_number, control)
+def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sgd: LocalSGD,
+                       algorithm: FederatedAlgorithm, seed: int, round_number: int, states: States) -> RoundUpdate:
+    """Every client's softmax head (x ↦ x W + b at ``sgd``'s temperature), by the dual form when the algorithm takes
+    it, else by autograd."""
+    dual = algorithm.dual_form()
+    if dual is None:
+        return train_features(batch, params, broadcast, sgd, algorithm, seed, round_number, states, linear,
+                              CrossEntropy(sgd.temperature))
+    weight, bias = params["weight"], params["bias"]
+    control = None
+    if dual.control:
+        num_classes = weight.shape[1]
+        own = [states.get(client) for client in batch.clients.tolist()]
+        rows = [torch.zeros(int(n), num_classes) if state is None else state[ROWS]
+                for state, n in zip(own, np.diff(batch.offsets))]
+        control = Control(broadcast[CONTROL + "weight"], broadcast[CONTROL + "bias"], torch.cat(rows))
+    sgd = replace(sgd, prox_mu=dual.prox_mu)
+    heads = train_heads(batch.features, batch.labels, batch.offsets, batch.clients, weight, bias, sgd, seed, round_number,
+                        control)
+    delta_weight, delta_bias, count = heads.weighted_update(bias)
+    sums = {"weight": delta_weight, "bias": delta_bias}
+    if control is not None:
+        sums[CONTROL + "weight"], sums[CONTROL + "bias"] = heads.control_update()
+        for k, client in enumerate(batch.clients.tolist()):
+            states.put(client, {ROWS: heads.gradient_rows[batch.offsets[k]:batch.offsets[k + 1]].clone()})
+    return RoundUpdate(sums, float(count), len(batch.clients), heads.start_loss, len(batch.labels))

@@ -37,8 +37,8 @@ from fedray.gradient.schedule import LrSchedule
 class LocalSGD:
     """Client optimizer; defaults are Fed3R Appendix C's (lr 0.1, weight decay 4e-5, batch 50, 5 epochs, no momentum).
 
-    ``prox_mu`` > 0 adds FedProx's (μ/2)‖θ − θ_global‖² (weights and bias);
-    logits are divided by ``temperature`` (a closed-form initialization wants 0.1).
+    ``prox_mu`` > 0 adds FedProx's (μ/2)‖θ − θ_global‖² (weights and bias) in the dual form
+    (:class:`~fedray.methods.training_algorithms.FedProx` sets it; autograd takes it from the algorithm); logits are divided by ``temperature`` (a closed-form initialization wants 0.1).
     ``momentum`` is ``torch.optim.SGD``'s (heavy ball, no dampening); every
     client starts every round with a zero momentum buffer, as a client that
     creates its optimizer when the round's model arrives (SphereFed trains
@@ -55,8 +55,6 @@ class LocalSGD:
     temperature: float = 1.0
     momentum: float = 0.0
     schedule: LrSchedule = LrSchedule()
-    client_algorithm: type | None = None
-    client_options: tuple[tuple[str, object], ...] = ()
 
     def for_round(self, round_number: int) -> "LocalSGD":
         """This optimizer at training round ``round_number``'s learning rate (itself when the rate is constant)."""

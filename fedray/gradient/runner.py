@@ -32,7 +32,7 @@ from fedray.finetune.backend import FineTuneBackend
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.checkpoint import save_checkpoint
 from fedray.gradient.probing import ProbeBackend
-from fedray.gradient.settings import local_sgd, server_optimizer
+from fedray.gradient.settings import local_sgd, server_optimizer, training_algorithm
 from fedray.gradient.training import Accounting, Checkpointing, TrainingState, train
 from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.from_config import build_method
@@ -104,7 +104,8 @@ def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Emb
             head, accounting, points = embeddings(
                 params, lambda pool, evaluator: closed_form_stage(stage, pool, evaluator, on_point))
             params = backend.with_head(params, head)
-        saved = _fresh_state(params, accounting, points, backend, len(sizes))
+        model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
+        saved = _fresh_state(params, accounting, points, backend.algorithm.init_server_state(model), len(sizes))
     outcome = _train(config, backend, saved, sizes, on_point, backbone_macs)
     if config.head == "sphere" and not outcome.points[-1].diverged:
         classifier = embeddings(outcome.params, lambda pool, evaluator: calibration_stage(
@@ -124,12 +125,12 @@ def train_on_features(
 ) -> TrainingOutcome:
     """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued;
     SphereFed (``--head sphere``) trains the projection before the fixed classifier, then calibrates with FFC."""
-    federation, sgd = pool.federation, local_sgd(config)
+    federation, sgd, algorithm = pool.federation, local_sgd(config), training_algorithm(config)
     if config.head == "sphere":
-        backend = SphereBackend(pool, sgd, config.seed, evaluator, config.sphere_dim or federation.dim, config.sphere_loss,
-                                scaffold=config.algorithm.scaffold)
+        backend = SphereBackend(pool, sgd, config.seed, evaluator, algorithm, config.sphere_dim or federation.dim,
+                                config.sphere_loss)
     else:
-        backend = ProbeBackend(pool, sgd, config.seed, evaluator, scaffold=config.algorithm.scaffold)
+        backend = ProbeBackend(pool, sgd, config.seed, evaluator, algorithm)
     return train_in_stages(config, backend, lambda params, work: work(pool, evaluator), federation.client_sizes,
                            on_point, saved)
 
@@ -176,7 +177,7 @@ def start_finetuning(config: RunConfig, federation: Federation, trial_group: Pla
     return FineTuneBackend.start(
         federation, config.backbone, config.weights, config.finetune, local_sgd(config), config.seed,
         image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
-        scaffold=config.algorithm.scaffold, sphere_loss=config.sphere_loss if config.head == "sphere" else None,
+        algorithm=training_algorithm(config), sphere_loss=config.sphere_loss if config.head == "sphere" else None,
         trial_group=trial_group,
     )
 
@@ -220,11 +221,11 @@ def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
         pool.shutdown()
 
 
-def _fresh_state(params: Params, accounting: Accounting | None, points: list[EvalPoint], backend: TrainingBackend,
+def _fresh_state(params: Params, accounting: Accounting | None, points: list[EvalPoint], algorithm_state: Params,
                  num_clients: int) -> TrainingState:
     """The state training starts from: after a closed-form stage (its accounting and rows), or from nothing."""
     accounting = accounting or Accounting(np.zeros(num_clients, dtype=bool))
-    return TrainingState(params, {}, backend.state_dict(), accounting, list(points))
+    return TrainingState(params, {}, algorithm_state, accounting, list(points))
 
 
 def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
@@ -235,7 +236,7 @@ def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, si
     first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)
     rounds = sampling.schedule(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed,
                                config.rounds, past_coverage=True)
-    checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s))
-    train(backend, server_optimizer(config), state, rounds, sizes, config.eval_every, first_round, checkpointing,
-          on_point, config.quiet, config.backbone_macs if backbone_macs is None else backbone_macs)
+    checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s), out)
+    train(backend, backend.algorithm, server_optimizer(config), state, rounds, sizes, config.eval_every, first_round,
+          checkpointing, on_point, config.quiet, config.backbone_macs if backbone_macs is None else backbone_macs)
     return TrainingOutcome(state.points, state.params, state.accounting)

@@ -9,7 +9,10 @@ the schedule and every client's mini-batches depend only on the seed.
 
 from __future__ import annotations
 
+import copy
+import sys
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,8 +22,10 @@ import torch
 from fedray.accounting import PaperCosts, PaperTotals
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.server import ServerOptimizer
+from fedray.methods.algorithm import FederatedAlgorithm, Population
 from fedray.methods.base import FLOAT_BYTES
 from fedray.results import EvalPoint
+from fedray.runtime.client_states import ClientStatesLost
 from fedray.round_loop import Callback, Checkpoints, Progress, Report, eval_rounds, run_rounds
 
 
@@ -55,11 +60,17 @@ class Accounting:
 
 @dataclass
 class TrainingState:
-    """All a run needs to continue after ``done`` training rounds."""
+    """All the driver needs to continue after ``done`` training rounds (the clients' states are with the clients).
+
+    ``server`` is the server optimizer's state, ``algorithm`` the training
+    algorithm's server state (SCAFFOLD's c, FedDyn's h), ``client_states`` the
+    files where the actors wrote their clients' states at this point (none before
+    the first checkpoint).
+    """
 
     params: Params
     server: dict
-    backend: dict
+    algorithm: Params
     accounting: Accounting
     points: list[EvalPoint] = field(default_factory=list)
     done: int = 0
@@ -67,12 +78,21 @@ class TrainingState:
     loss_samples: int = 0
     wall_s: float = 0.0
     eval_s: float = 0.0
+    client_states: list[str] = field(default_factory=list)
+
+
+CLIENT_STATES = "checkpoint-clients"
+"""The files of the clients' states beside a checkpoint: ``checkpoint-clients-rROUND-ACTOR.pt``."""
 
 
 @dataclass
 class Checkpointing:
+    """Write the run's state every ``every`` rounds: ``save(state)`` writes the driver's part, once the backend's actors
+    have written their clients' states to ``folder`` (their files named in ``state.client_states``)."""
+
     every: int | None
     save: Callable[[TrainingState], None]
+    folder: Path
 
 
 def _finite(tensors: dict[str, torch.Tensor]) -> bool:
@@ -87,37 +107,48 @@ class TrainingRounds:
     round; the parameters stay the last finite ones.
     """
 
-    def __init__(self, backend: TrainingBackend, server: ServerOptimizer, state: TrainingState, sizes: np.ndarray,
-                 first_round: int, backbone_macs: float | None = None) -> None:
-        self.backend, self.server, self.state, self.sizes, self.first_round = backend, server, state, sizes, first_round
-        self.backbone_macs = backbone_macs
+    def __init__(self, backend: TrainingBackend, algorithm: FederatedAlgorithm, server: ServerOptimizer,
+                 state: TrainingState, sizes: np.ndarray, first_round: int, backbone_macs: float | None = None) -> None:
+        self.backend, self.algorithm, self.server, self.state, self.sizes = backend, algorithm, server, state, sizes
+        self.first_round, self.backbone_macs = first_round, backbone_macs
+        self.population = Population(len(sizes), int(sizes.sum()))
         server.state = state.server
-        backend.load_state_dict(state.backend)
         self.started = time.perf_counter() - state.wall_s
-        self.down_floats, self.up_floats = backend.traffic_floats()
         self.client_flops = backend.client_flops(sizes.astype(np.float64))
         self.paper_costs = backend.paper_costs(sizes.astype(np.float64))
 
     def run_round(self, number: int, clients: np.ndarray) -> bool:
+        """Local training, the algorithm's server update and the server optimizer's step; the parameters and the
+        algorithm's server state stay the last finite ones when any of it is not finite."""
         state, params = self.state, self.state.params
-        update = self.backend.train_round(params, clients, number)
+        model = self._model()
+        broadcast = self.algorithm.broadcast(model, state.algorithm)
+        update = self.backend.train_round(params, broadcast, clients, number)
         state.loss_sum += update.loss_sum
         state.loss_samples += update.samples
         participations = len(clients)
-        state.accounting.add(clients, self.sizes, participations * self.up_floats * FLOAT_BYTES,
-                             participations * self.down_floats * FLOAT_BYTES, float(self.client_flops[clients].sum()),
-                             self.paper_costs, self.backbone_macs)
-        mean = {name: delta / update.weight for name, delta in update.delta.items()}
+        # A client receives the model and the broadcast and sends one of each entry of the summed uploads.
+        down = self.backend.model_floats() + sum(tensor.numel() for tensor in broadcast.values())
+        up = sum(tensor.numel() for tensor in (*update.sums.values(), *update.statistics.values()))
+        state.accounting.add(clients, self.sizes, participations * up * FLOAT_BYTES, participations * down * FLOAT_BYTES,
+                             float(self.client_flops[clients].sum()), self.paper_costs, self.backbone_macs)
         previous = {name: tensor.clone() for name, tensor in params.items()}
-        if bool(np.isfinite(update.loss_sum)) and _finite(mean):
-            for name in self.backend.statistics_names & mean.keys():
-                params[name] += mean.pop(name)
-            params.update(self.server.step(params, mean))
-            if _finite(params):
-                state.done = number
+        if bool(np.isfinite(update.loss_sum)) and _finite(update.sums) and _finite(update.statistics):
+            delta, algorithm_state = self.algorithm.server_update(model, update.aggregate(), state.algorithm,
+                                                                  self.population)
+            for name, change in update.statistics.items():
+                params[name] += change / float(update.samples)
+            params.update(self.server.step(params, delta))
+            if _finite(params) and _finite(algorithm_state):
+                state.algorithm, state.done = algorithm_state, number
                 return True
         params.update(previous)
         return False
+
+    def _model(self) -> Params:
+        """The parameters the clients train: what the algorithm sees."""
+        names = self.backend.trained_names
+        return self.state.params if names is None else {name: self.state.params[name] for name in names}
 
     def point(self, number: int, diverged: bool = False) -> EvalPoint:
         state = self.state
@@ -134,15 +165,16 @@ class TrainingRounds:
         return accuracy
 
     def snapshot(self) -> TrainingState:
-        """The state with the server's and backend's state and the wall clock brought up to date, for a checkpoint."""
+        """The state with the server optimizer's state and the wall clock brought up to date, for a checkpoint."""
         state = self.state
-        state.server, state.backend = self.server.state, self.backend.state_dict()
+        state.server = self.server.state
         state.wall_s = time.perf_counter() - self.started
         return state
 
 
 def train(
     backend: TrainingBackend,
+    algorithm: FederatedAlgorithm,
     server: ServerOptimizer,
     state: TrainingState,
     rounds: list[np.ndarray],
@@ -157,10 +189,34 @@ def train(
     """Run ``rounds[state.done:]``, updating ``state`` in place; whether training diverged.
 
     A row at the start evaluates the initial model; see :class:`TrainingRounds`.
-    ``backbone_macs`` (F_φ, when known) enters ``macs_client_avg_fed3r``.
+    ``backbone_macs`` (F_φ, when known) enters ``macs_client_avg_fed3r``. When
+    an actor restarted and lost its clients' states, the run goes back to its
+    last checkpoint (or its start) and replays the rounds since: the same rows
+    and model as a run without the failure.
     """
-    path = TrainingRounds(backend, server, state, sizes, first_round, backbone_macs)
-    callbacks: list[Callback] = [Report(state.points, on_point), Progress(len(rounds), state.done, "train", quiet)]
-    if checkpointing is not None:
-        callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: checkpointing.save(path.snapshot())))
-    return run_rounds(path, rounds, eval_rounds(len(rounds), eval_every, initial=True), callbacks, state.done)
+    recovery = copy.deepcopy(state)
+    backend.restore_client_states([checkpointing.folder / name for name in state.client_states] if checkpointing else [])
+
+    def save(path: TrainingRounds) -> None:
+        nonlocal recovery
+        snapshot = path.snapshot()
+        previous = snapshot.client_states
+        snapshot.client_states = backend.save_client_states(checkpointing.folder, f"{CLIENT_STATES}-r{snapshot.done}")
+        checkpointing.save(snapshot)
+        for name in set(previous) - set(snapshot.client_states):
+            (checkpointing.folder / name).unlink(missing_ok=True)
+        recovery = copy.deepcopy(snapshot)
+
+    while True:
+        path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs)
+        callbacks: list[Callback] = [Report(state.points, on_point), Progress(len(rounds), state.done, "train", quiet)]
+        if checkpointing is not None:
+            callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: save(path)))
+        try:
+            return run_rounds(path, rounds, eval_rounds(len(rounds), eval_every, initial=True), callbacks, state.done)
+        except ClientStatesLost:
+            vars(state).update(vars(copy.deepcopy(recovery)))
+            folder = checkpointing.folder if checkpointing else Path()
+            backend.restore_client_states([folder / name for name in state.client_states])
+            print(f"fedray: an actor restarted and lost its clients' states: replaying from training round {state.done}",
+                  file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -87,6 +88,19 @@ class ActorGroup:
         """``clients`` (global numbers) by actor, each in the given order."""
         owner = self.owners(clients)
         return [clients[owner == index] for index in range(len(self.actors))]
+
+    def save_client_states(self, folder: Path, tag: str) -> list[str]:
+        """Each actor writes its clients' states (:mod:`fedray.runtime.client_states`) to ``folder/TAG-INDEX.pt``;
+        the files' names."""
+        names = [f"{tag}-{index}.pt" for index in range(len(self.actors))]
+        ray.get([actor.save_client_states.remote(str(folder / name)) for actor, name in zip(self.actors, names)])
+        return names
+
+    def restore_client_states(self, paths: list[Path]) -> None:
+        """Every actor takes its clients' states from ``paths`` (none: no states, as at the start of a run)."""
+        names = [str(path) for path in paths]
+        ray.get([actor.restore_client_states.remote(names, int(first), int(end))
+                 for actor, first, end in zip(self.actors, self.bounds[:-1], self.bounds[1:])])
 
     def shutdown(self) -> None:
         for actor in self.actors:

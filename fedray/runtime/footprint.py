@@ -44,6 +44,7 @@ import numpy as np
 from fedray.config import RunConfig
 from fedray.data.federation import Federation
 from fedray.evaluation import CHUNK
+from fedray.methods.training_algorithms import Scaffold
 
 FLOAT32, FLOAT64, INT64 = 4, 8, 8
 SHARD_COPIES = 4
@@ -193,8 +194,7 @@ def _training_terms(config: RunConfig, federation: Federation, width: int) -> tu
              per_block_sample=LOGIT_COPIES * classes * FLOAT32,
              per_shard=min(federation.test.num_rows, CHUNK) * classes * FLOAT32),
     ]
-    if config.algorithm.scaffold:
-        terms.append(Term("SCAFFOLD's client state on the driver", "use another --method",
-                          per_block_sample=0 if sphere else 2 * classes * FLOAT32,
-                          driver=federation.num_clients * parameters if sphere else federation.train.num_rows * classes * FLOAT32))
+    if issubclass(config.algorithm_class(), Scaffold) and not sphere:
+        terms.append(Term("SCAFFOLD's client states in the shards (the gradient rows G: samples × C float32)",
+                          "use another --method", per_sample=classes * FLOAT32, per_block_sample=2 * classes * FLOAT32))
     return tuple(terms)

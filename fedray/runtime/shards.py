@@ -15,6 +15,7 @@ them (:mod:`fedray.evaluation`), so the driver never holds features.
 from __future__ import annotations
 
 import resource
+from pathlib import Path
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from fedray.errors import FedrayError
 from fedray.evaluation import EvalRows, eval_bounds
 from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
 from fedray.runtime.cluster import check_memory
+from fedray.runtime.client_states import ClientStates
 from fedray.runtime.footprint import Footprint
 from fedray.runtime.actor_group import ActorGroup, Reduction, balanced_bounds, combine_partials, tree_reduce
 from fedray.runtime import tensor_transfer
@@ -130,7 +132,9 @@ class ShardActor:
 
     Its state is a pure function of its constructor arguments and its calls are
     pure functions of their arguments, so Ray can restart a failed shard and
-    retry its calls with bitwise the same results. A bad row in its part of
+    retry its calls with bitwise the same results; the one exception, its
+    clients' states of a stateful training algorithm, is restored by the driver
+    (see :mod:`fedray.runtime.client_states`). A bad row in its part of
     the data (e.g. NaN in a Parquet file) is kept as the shard's error, for
     :meth:`ShardPool.wait` to raise in the driver as one line.
     """
@@ -139,6 +143,7 @@ class ShardActor:
         torch.set_num_threads(threads)
         tensor_transfer.register()
         self.first_client = rows.first_client
+        self.client_states = ClientStates(lost=ray.get_runtime_context().was_current_actor_reconstructed)
         self.error: str | None = None
         self._staging = torch.empty(0)
         try:
@@ -184,15 +189,20 @@ class ShardActor:
         """Statistics summed over ``clients`` (global numbers, in upload order); None if there are none."""
         return method.client_statistics(self._batch(clients, method.features_dtype)) if len(clients) else None
 
-    def local_train(self, trainer: Any, head: Any, clients: np.ndarray, round_number: int, client_state: Any = None) -> Any:
-        """Local training of ``clients`` from ``head``, summed as ``trainer.train`` defines; None if there are none.
-
-        ``client_state`` is what the driver keeps for these clients between
-        rounds (SCAFFOLD's control variates), so the shard itself stays stateless.
-        """
+    def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int) -> Any:
+        """Local training of ``clients`` from what the server sent (``received``), summed as ``trainer.train`` defines;
+        their states stay here (``trainer.stateful``). None if there are none."""
+        if trainer.stateful:
+            self.client_states.begin_round(round_number)
         if not len(clients):
             return None
-        return trainer.train(self._batch(clients), head, round_number, client_state)
+        return trainer.train(self._batch(clients), received, round_number, self.client_states)
+
+    def save_client_states(self, path: str) -> None:
+        self.client_states.save(Path(path))
+
+    def restore_client_states(self, paths: list[str], first: int, end: int) -> None:
+        self.client_states.restore(map(Path, paths), lambda client: first <= client < end)
 
     def combine(self, method: ClosedFormMethod, a: Any, b: Any) -> Any:
         return combine_partials(a, b, method.combine)
@@ -290,21 +300,15 @@ class ShardPool(ActorGroup):
         self.wait()
         return [actor.correct.remote([feature_map], classifier) for actor in self.actors]
 
-    def local_train(
-        self, trainer: Any, trainer_ref: ray.ObjectRef, head: ray.ObjectRef, clients: np.ndarray, round_number: int,
-        client_states: list | None = None,
-    ) -> Reduction:
+    def local_train(self, trainer: Any, trainer_ref: ray.ObjectRef, received: ray.ObjectRef, clients: np.ndarray,
+                    round_number: int) -> Reduction:
         """Submit one round of local training of ``clients`` to their shards and tree-reduce the shards' sums.
 
-        ``trainer_ref`` is ``trainer`` put in the object store; ``client_states[s]`` goes with shard ``s``'s clients
-        (see :meth:`split_clients`).
+        ``trainer_ref`` is ``trainer`` put in the object store, ``received`` what the server sends the clients.
         """
         self.wait()
-        states = client_states or [None] * self.num_shards
-        partials = [
-            (actor.local_train.remote(trainer_ref, head, local, round_number, state), actor)
-            for actor, local, state in zip(self.actors, self.split_clients(clients), states)
-        ]
+        partials = [(actor.local_train.remote(trainer_ref, received, local, round_number), actor)
+                    for actor, local in zip(self.actors, self.split_clients(clients))]
         return tree_reduce(trainer_ref, partials, trainer.combine)
 
     def peak_memory_bytes(self) -> list[int]:

@@ -20,7 +20,7 @@ from itertools import product
 from fedray.config import RunConfig, resolve
 from fedray.data.registry import check_spec
 from fedray.errors import FedrayError
-from fedray.gradient.settings import local_sgd, server_optimizer
+from fedray.gradient.settings import server_optimizer, training_algorithm
 from fedray.methods import METHODS, method_class
 from fedray.methods.from_config import option_values
 from fedray.options import build
@@ -78,7 +78,7 @@ def check_trial(config: RunConfig) -> None:
               dim=1, num_classes=1, seed=config.seed)
     if config.trains:
         server_optimizer(config)
-        local_sgd(config)
+        training_algorithm(config)
 
 
 def check_trials(spec: SweepSpec) -> None:

@@ -9,8 +9,8 @@ references therefore run on the trainers' single thread and decoded inputs,
 where the backend must match them to summation round-off.
 """
 
-import io
 from contextlib import contextmanager
+from types import SimpleNamespace
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +30,8 @@ from fedray.finetune.pool import TrainerPool
 from fedray.gradient.local import LocalSGD, client_rng, minibatches, train_heads
 from fedray.gradient.schedule import LrSchedule
 from fedray.images.backbones import get_backbone, load_weights
+from fedray.methods.algorithm import Population
+from fedray.methods.training_algorithms import FedAvg, FedProx, Scaffold
 from fedray.images.decode import ImageTransform, load_image
 from fedray.runtime.shards import gather_rows
 from tests.images import write_inat_split
@@ -89,8 +91,18 @@ def pools(images, bad_images, ray_session):
             pool.shutdown()
 
 
-def backend(pools, mode="ft", sgd=SGD, backbone=BACKBONE, trainers=1, **options):
-    return FineTuneBackend(pools[backbone, trainers], "random", mode, sgd, SEED, **options)
+def backend(pools, mode="ft", sgd=SGD, backbone=BACKBONE, trainers=1, algorithm=None, **options):
+    """A backend whose clients run ``algorithm``: by default FedProx at ``sgd.prox_mu`` (FedAvg when it is 0)."""
+    algorithm = algorithm or (FedProx(prox_mu=sgd.prox_mu) if sgd.prox_mu else FedAvg())
+    return FineTuneBackend(pools[backbone, trainers], "random", mode, replace(sgd, prox_mu=0.0), SEED, algorithm=algorithm,
+                           **options)
+
+
+def train_round(ft, params, clients, number, broadcast=None):
+    """One round; ``delta`` holds the summed updates and BN statistics together, as Σ n_k (θ_k − θ)."""
+    update = ft.train_round(params, broadcast or {}, clients, number)
+    return SimpleNamespace(delta={**update.sums, **update.statistics}, weight=update.weight, samples=update.samples,
+                           loss_sum=update.loss_sum, sums=update.sums, statistics=update.statistics)
 
 
 def fedavg(params, update):
@@ -217,9 +229,9 @@ def ft_runs(images, pools):
         ft = backend(pools, trainers=trainers)
         params = ft.initial_params(HEAD_SEED)
         runs[trainers] = {
-            "trainers": ft.pool.num_trainers, "params": params, "update": ft.train_round(params, CLIENTS, ROUND),
+            "trainers": ft.pool.num_trainers, "params": params, "update": train_round(ft, params, CLIENTS, ROUND),
             "accuracy": ft.accuracy(params), "test": ft.embed(params, "test"), "train": ft.embed(params, "train"),
-            "traffic": ft.traffic_floats(), "flops": ft.client_flops(images.client_sizes), "state": ft.state_dict(),
+            "traffic": ft.model_floats(), "flops": ft.client_flops(images.client_sizes),
         }
     return runs
 
@@ -281,36 +293,35 @@ def test_full_fine_tuning_sends_every_parameter_and_counts_its_flops(images, ft_
     sent = sum(value.numel() for value in run["update"].delta.values())
     net, _ = reference_net(BACKBONE, images.num_classes)
     assert sent == sum(p.numel() for p in net.parameters())
-    assert run["traffic"] == (sent, sent)
+    assert run["traffic"] == sent
     per_sample = 3 * backbone_forward_flops(BACKBONE, images.num_classes) + 6 * DIM * images.num_classes
     np.testing.assert_allclose(run["flops"], images.client_sizes * SGD.epochs * per_sample)
-    assert run["state"] == {}
 
 
 def test_batchnorm_trains_and_averages_its_statistics_like_weights(pools, images):
     ft = backend(pools, backbone="mobilenet_v2")
     params = ft.initial_params(HEAD_SEED)
-    update = ft.train_round(params, CLIENTS, ROUND)
+    update = train_round(ft, params, CLIENTS, ROUND)
     expected_delta, expected_loss = plain_round("mobilenet_v2", images, params, CLIENTS, SGD, SEED, ROUND)
     close(update.delta, expected_delta, rtol=1e-4, atol=1e-6)
     assert update.loss_sum == pytest.approx(expected_loss, rel=1e-5)
     statistics = {name for name in update.delta if "running_" in name}
     assert statistics and all(update.delta[name].abs().max() > 0 for name in statistics)
-    assert ft.statistics_names == statistics
+    assert set(update.statistics) == statistics and ft.trained_names == set(update.sums)
     assert not any("num_batches_tracked" in name for name in update.delta)
-    assert ft.traffic_floats()[0] == sum(value.numel() for value in update.delta.values())
+    assert ft.model_floats() == sum(value.numel() for value in update.delta.values())
 
 
 def test_linear_probing_on_images_trains_the_head_only_exactly_like_probing_on_features(pools, images):
     ftlp = backend(pools, "ftlp", backbone="mobilenet_v2")
     params = ftlp.initial_params(HEAD_SEED)
-    update = ftlp.train_round(params, CLIENTS, ROUND)
+    update = train_round(ftlp, params, CLIENTS, ROUND)
     assert set(update.delta) == {"head.weight", "head.bias"}
     trained = fedavg(params, update)
     assert all(torch.equal(trained[name], params[name]) for name in params if not name.startswith("head."))
     assert not torch.equal(trained["head.weight"], params["head.weight"])
     classes = images.num_classes
-    assert ftlp.traffic_floats() == (classes * 1280 + classes,) * 2
+    assert ftlp.model_floats() == classes * 1280 + classes
 
     # eval-mode BN: the head trains on exactly the features embed() gives, as linear probing on a feature cache does
     features, labels = ftlp.embed(params, "train")
@@ -330,13 +341,13 @@ def test_linear_probing_on_images_trains_the_head_only_exactly_like_probing_on_f
 def test_ftfeat_trains_the_backbone_and_leaves_the_head_alone(pools):
     ftfeat = backend(pools, "ftfeat")
     params = ftfeat.initial_params(HEAD_SEED)
-    update = ftfeat.train_round(params, CLIENTS, ROUND)
+    update = train_round(ftfeat, params, CLIENTS, ROUND)
     assert not any(name.startswith("head.") for name in update.delta)
     trained = fedavg(params, update)
     assert torch.equal(trained["head.weight"], params["head.weight"]) and torch.equal(trained["head.bias"], params["head.bias"])
     assert all(update.delta[name].abs().max() > 0 for name in update.delta)
     backbone_floats = sum(value.numel() for name, value in params.items() if not name.startswith("head."))
-    assert ftfeat.traffic_floats() == (backbone_floats, backbone_floats)
+    assert ftfeat.model_floats() == backbone_floats
     assert sum(value.numel() for value in update.delta.values()) == backbone_floats
 
 
@@ -346,7 +357,7 @@ def test_spherefed_fine_tunes_the_backbone_under_the_fixed_classifier_like_plain
     classifier = params["head.weight"]
     assert torch.allclose(classifier @ classifier.T, torch.eye(images.num_classes), atol=1e-6)
     assert not params["head.bias"].any()
-    update = sphere.train_round(params, CLIENTS, ROUND)
+    update = train_round(sphere, params, CLIENTS, ROUND)
     assert not any(name.startswith("head.") for name in update.delta)
     expected_delta, expected_loss = plain_round(BACKBONE, images, params, CLIENTS, SGD, SEED, ROUND, sphere=True)
     close(update.delta, expected_delta, rtol=1e-4, atol=1e-6)
@@ -359,7 +370,7 @@ def test_client_momentum_and_a_scheduled_learning_rate_train_like_plain_torch(po
     scheduled = replace(SGD, lr=0.1, momentum=0.9, schedule=LrSchedule("cosine", rounds=4))
     fl = backend(pools, sgd=scheduled)
     params = fl.initial_params(HEAD_SEED)
-    update = fl.train_round(params, CLIENTS, ROUND)
+    update = train_round(fl, params, CLIENTS, ROUND)
     # round 3 of a cosine over 4 rounds: 0.1 · (1 + cos(π · 2/4)) / 2 = 0.05
     expected_delta, _ = plain_round(BACKBONE, images, params, CLIENTS, replace(SGD, lr=0.05, momentum=0.9), SEED, ROUND)
     close(update.delta, expected_delta, rtol=1e-4, atol=1e-6)
@@ -369,51 +380,60 @@ def test_a_huge_prox_term_keeps_clients_near_the_global_model(pools):
     steps = {}
     for mu in (0.0, 90.0):  # lr·μ = 0.9: each step pulls 90 % of the way back to the global model
         fedprox = backend(pools, sgd=LocalSGD(lr=0.01, weight_decay=0.0, batch_size=2, epochs=2, prox_mu=mu))
-        update = fedprox.train_round(fedprox.initial_params(HEAD_SEED), CLIENTS, ROUND)
+        update = train_round(fedprox, fedprox.initial_params(HEAD_SEED), CLIENTS, ROUND)
         steps[mu] = torch.sqrt(sum((value / update.weight).square().sum() for value in update.delta.values()))
     assert steps[90.0] < 0.4 * steps[0.0]
 
 
-def run_rounds(fl, params, rounds):
-    losses = []
+def run_rounds(fl, params, server, rounds):
+    """SCAFFOLD's rounds with plain averaging: the model and the server's c after them, and each round's loss."""
+    losses, population = [], Population(len(fl.pool.federation.client_sizes), int(fl.pool.federation.client_sizes.sum()))
     for number, clients in rounds:
-        update = fl.train_round(params, np.array(clients), number)
-        params = fedavg(params, update)
+        model = {name: params[name] for name in fl.trained_names}
+        update = fl.train_round(params, Scaffold().broadcast(model, server), np.array(clients), number)
+        delta, server = Scaffold().server_update(model, update.aggregate(), server, population)
+        params = {name: value + (delta[name] if name in delta else update.statistics[name] / update.samples
+                                 if name in update.statistics else 0) for name, value in params.items()}
         losses.append(update.loss_sum)
-    return params, losses
+    return params, server, losses
 
 
-def test_scaffold_keeps_option_ii_control_variates_and_resumes_bitwise_from_its_state_dict(pools, images):
+def test_scaffold_keeps_option_ii_control_variates_in_the_trainers_and_resumes_bitwise_from_their_files(pools, images,
+                                                                                                        tmp_path):
     sgd = LocalSGD(lr=0.05, batch_size=2, epochs=1)
     rounds = [(1, [2]), (2, [0, 1, 3]), (3, [2, 4, 0])]
-    first = backend(pools, sgd=sgd, trainers=2, scaffold=True)
+    first = backend(pools, sgd=sgd, trainers=2, algorithm=Scaffold())
+    first.restore_client_states([])
     initial = first.initial_params(HEAD_SEED)
-    assert first.traffic_floats()[0] == 2 * sum(value.numel() for value in initial.values())
+    model = {name: initial[name] for name in first.trained_names}
+    server = Scaffold().init_server_state(model)
 
-    update = first.train_round(initial, np.array([2]), 1)
-    state = first.state_dict()["scaffold"]
+    update = first.train_round(initial, Scaffold().broadcast(model, server), np.array([2]), 1)
     size, steps = int(images.client_sizes[2]), 3  # 5 samples in batches of 2
-    assert set(state["clients"]) == {2} and set(state["control"]) == set(initial)
-    for name, control in state["clients"][2].items():
-        torch.testing.assert_close(control, -update.delta[name] / size / (steps * sgd.lr), rtol=1e-4, atol=1e-6)
-        torch.testing.assert_close(state["control"][name], size / images.train.num_rows * control)
+    files = first.save_client_states(tmp_path, "first")
+    held = [torch.load(tmp_path / name, weights_only=True) for name in files]
+    assert [sorted(states) for states in held] == [[2], []]  # client 2 is the first trainer's
+    own = held[0][2]
+    assert set(own) == {f"control.{name}" for name in model}
+    for name in model:  # c_i⁺ = c_i − c + (θ⁰ − θ)/(τη) with c_i = c = 0
+        torch.testing.assert_close(own[f"control.{name}"], -update.sums[name] / size / (steps * sgd.lr), rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(update.sums[f"control.{name}"], size * own[f"control.{name}"])
 
-    after_two, _ = run_rounds(first, fedavg(initial, update), rounds[1:2])
-    checkpoint = io.BytesIO()
-    torch.save({"params": after_two, "backend": first.state_dict()}, checkpoint)
-    expected, expected_losses = run_rounds(first, after_two, rounds[2:])
-    expected_state = first.state_dict()["scaffold"]
-    assert set(expected_state["clients"]) == {0, 1, 2, 3, 4}
+    after_one = {name: initial[name] + (update.sums[name] / update.weight if name in update.sums else
+                                        update.statistics[name] / update.samples if name in update.statistics else 0)
+                 for name in initial}
+    server = Scaffold().server_update(model, update.aggregate(), server, Population(0, images.train.num_rows))[1]
+    after_two, server_two, _ = run_rounds(first, after_one, server, rounds[1:2])
+    files = first.save_client_states(tmp_path, "second")
+    expected, expected_server, expected_losses = run_rounds(first, after_two, server_two, rounds[2:])
 
-    checkpoint.seek(0)
-    saved = torch.load(checkpoint, weights_only=True)
-    resumed_backend = backend(pools, sgd=sgd, trainers=2, scaffold=True)  # trainers keep nothing between calls
-    resumed_backend.load_state_dict(saved["backend"])
-    resumed, losses = run_rounds(resumed_backend, saved["params"], rounds[2:])
+    resumed_backend = backend(pools, sgd=sgd, trainers=2, algorithm=Scaffold())
+    resumed_backend.restore_client_states([])  # the trainers forget every state ...
+    resumed_backend.restore_client_states([tmp_path / name for name in files])  # ... and take the saved ones back
+    resumed, resumed_server, losses = run_rounds(resumed_backend, after_two, server_two, rounds[2:])
     assert losses == expected_losses
     assert all(torch.equal(resumed[name], expected[name]) for name in expected)
-    resumed_state = resumed_backend.state_dict()["scaffold"]
-    assert all(torch.equal(resumed_state["control"][name], expected_state["control"][name]) for name in initial)
+    assert all(torch.equal(resumed_server[key], expected_server[key]) for key in expected_server)
 
 
 def test_bad_inputs_get_clear_errors(pools, images, bad_images):
@@ -431,14 +451,12 @@ def test_bad_inputs_get_clear_errors(pools, images, bad_images):
     ft = pools["unreadable"]
     params = ft.initial_params(HEAD_SEED)
     with pytest.raises(FedrayError, match=f"^{path}: unreadable image"):
-        ft.train_round(params, np.array([0]), 1)
+        train_round(ft, params, np.array([0]), 1)
     with pytest.raises(FedrayError, match="distinct client numbers"):
-        ft.train_round(params, np.array([1, 1]), 1)
+        train_round(ft, params, np.array([1, 1]), 1)
     with pytest.raises(FedrayError, match="do not match the squeezenet1_1 model"):
-        ft.train_round({"head.weight": params["head.weight"]}, np.array([1]), 1)
-    with pytest.raises(FedrayError, match="SCAFFOLD checkpoint cannot resume a run without SCAFFOLD"):
-        ft.load_state_dict({"scaffold": {}})
-    assert ft.train_round(params, np.array([1]), 1).samples == 2
+        train_round(ft, {"head.weight": params["head.weight"]}, np.array([1]), 1)
+    assert train_round(ft, params, np.array([1]), 1).samples == 2
 
 
 @pytest.mark.slow  # a restarted actor imports torch and builds its model again

@@ -9,6 +9,7 @@ import pytest
 from fedray.accounting import PaperTotals
 from fedray.finetune.backend import FineTuneBackend
 from fedray.finetune.model import MODES
+from fedray.methods.training_algorithms import FedAvg, Scaffold
 
 SIZES = np.array([3.0, 5.0])
 
@@ -16,7 +17,7 @@ SIZES = np.array([3.0, 5.0])
 def backend(mode: str, scaffold: bool = False, sphere: bool = False) -> SimpleNamespace:
     """The attributes paper_costs reads, without starting a trainer pool."""
     return SimpleNamespace(
-        mode=MODES[mode], backbone_parameters=1000, controls=object() if scaffold else None,
+        mode=MODES[mode], backbone_parameters=1000, algorithm=Scaffold() if scaffold else FedAvg(),
         training=SimpleNamespace(sphere_loss="mse" if sphere else None, sgd=SimpleNamespace(epochs=2)),
         pool=SimpleNamespace(backbone=SimpleNamespace(dim=4), federation=SimpleNamespace(num_classes=5)),
     )

@@ -14,7 +14,6 @@ from fedray.accounting import PaperTotals
 from fedray.config import RunConfig
 from fedray.errors import FedrayError
 from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
-from fedray.gradient.control_variates import ControlVariates
 from fedray.gradient.server import FedAdam
 from fedray.gradient.training import Accounting, TrainingState
 from fedray.results import EvalPoint
@@ -32,19 +31,19 @@ def run_config(out: Path) -> dict:
 
 
 def state_as_every_backend_keeps_it() -> TrainingState:
-    """Parameters, FedAdam's moments, SCAFFOLD's control variates (int client keys), accounting and rows."""
+    """Parameters, FedAdam's moments, SCAFFOLD's server control variate, the files of the clients' states, accounting
+    and rows."""
     params = {"weight": torch.randn(24, 60, generator=torch.Generator().manual_seed(0)), "bias": torch.zeros(60)}
     server = FedAdam(server_lr=0.01)
     server.step(params, {name: torch.full_like(value, 0.5) for name, value in params.items()})
-    controls = ControlVariates({name: value.shape for name, value in params.items()}, total_samples=100)
-    controls.update({3: {name: torch.ones_like(value) for name, value in params.items()}}, {3: 7})
+    control = {f"control.{name}": torch.full_like(value, 0.07) for name, value in params.items()}
     seen = np.zeros(371, dtype=bool)
     seen[[3, 10]] = True
     accounting = Accounting(seen, 42, 1e6, 2e6, 3.5e9, PaperTotals(800.0, None, 7e9, 84.0))
     points = [EvalPoint(0, 0, 0, 0.01, 0.0, 0.0, 0.0, 0.1, "train"),
               EvalPoint(4, 2, 42, 0.25, 1e6, 2e6, 1.75e9, 2.5, "train", 3.2, False)]
-    return TrainingState(params, server.state, {"scaffold": controls.state_dict()}, accounting, points, done=4,
-                         loss_sum=12.5, loss_samples=40, wall_s=2.5, eval_s=0.5)
+    return TrainingState(params, server.state, control, accounting, points, done=4, loss_sum=12.5, loss_samples=40,
+                         wall_s=2.5, eval_s=0.5, client_states=["checkpoint-clients-r4-0.pt", "checkpoint-clients-r4-1.pt"])
 
 
 def assert_same(a, b) -> None:
@@ -63,10 +62,11 @@ def test_a_checkpoint_is_plain_data_and_gives_the_state_back(tmp_path):
     save_checkpoint(tmp_path, run_config(tmp_path), state)
     plain = torch.load(tmp_path / CHECKPOINT, weights_only=True)  # tensors and plain values only
     assert sorted(plain) == ["config", "format", "state"]
-    assert sorted(plain["state"]["backend"]["scaffold"]["clients"]) == [3]
+    assert plain["state"]["client_states"] == ["checkpoint-clients-r4-0.pt", "checkpoint-clients-r4-1.pt"]
     loaded = load_checkpoint(tmp_path, run_config(tmp_path))
-    for field in ("params", "server", "backend"):
+    for field in ("params", "server", "algorithm"):
         assert_same(getattr(loaded, field), getattr(state, field))
+    assert loaded.client_states == state.client_states
     assert np.array_equal(loaded.accounting.seen, state.accounting.seen) and loaded.accounting.seen.dtype == bool
     counters = [f.name for f in fields(Accounting) if f.name != "seen"]
     assert [getattr(loaded.accounting, name) for name in counters] == [42, 1e6, 2e6, 3.5e9, PaperTotals(800.0, None, 7e9, 84.0)]
@@ -93,6 +93,24 @@ def test_a_checkpoint_from_before_an_option_existed_resumes_only_at_its_default(
     assert load_checkpoint(tmp_path, {**config, "client_momentum": 0.0}).done == 4
     with pytest.raises(FedrayError, match=r"saved by a run with other options \(client_momentum\)"):
         load_checkpoint(tmp_path, {**config, "client_momentum": 0.9})
+
+
+def test_a_checkpoint_from_before_the_training_algorithms_resumes_without_client_states(tmp_path):
+    """Before the training algorithms kept the clients' states with the clients, the state had the backend's instead:
+    empty for every method but SCAFFOLD, whose driver-side control variates cannot be carried over."""
+    config = run_config(tmp_path)
+    save_checkpoint(tmp_path, config, state_as_every_backend_keeps_it())
+    contents = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    del contents["state"]["algorithm"], contents["state"]["client_states"]
+    contents["state"]["backend"] = {}
+    torch.save(contents, tmp_path / CHECKPOINT)
+    loaded = load_checkpoint(tmp_path, config)
+    assert (loaded.algorithm, loaded.client_states, loaded.done) == ({}, [], 4)
+    contents["state"]["backend"] = {"weight": torch.zeros(24, 60), "bias": torch.zeros(60), "rows": torch.zeros(9, 60)}
+    torch.save(contents, tmp_path / CHECKPOINT)
+    with pytest.raises(FedrayError, match="driver kept SCAFFOLD's control variates") as error:
+        load_checkpoint(tmp_path, config)
+    assert START_OVER in str(error.value) and "\n" not in str(error.value)
 
 
 class RunsCode:

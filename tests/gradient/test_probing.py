@@ -1,5 +1,7 @@
 """Federated linear probing through the shard runtime equals FedAvg / SCAFFOLD written plainly in one process."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +10,7 @@ from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.local import LocalSGD
 from fedray.gradient.probing import ProbeBackend
 from fedray.gradient.server import FedAvg
+from fedray.methods.training_algorithms import FedAvg as FedAvgAlgorithm, FedProx, Scaffold
 from fedray.gradient.training import Accounting, TrainingState, train
 from fedray.methods.base import Classifier
 from fedray.runtime import sampling
@@ -29,10 +32,11 @@ def test_the_runtime_equals_plain_fedavg(ray_session, small_inat, sgd, shards, s
                       torch.zeros(small_inat.num_classes))
     pool = ShardPool.start(small_inat, num_shards=shards, cpus_per_shard=2 / shards)
     try:
-        backend = ProbeBackend(pool, sgd, 3, Evaluator(pool), scaffold=scaffold)
-        state = TrainingState({"weight": head.weight.clone(), "bias": head.bias.clone()}, {}, backend.state_dict(),
-                              Accounting(np.zeros(small_inat.num_clients, dtype=bool)))
-        train(backend, FedAvg(), state, rounds, small_inat.client_sizes, 3, quiet=True)
+        algorithm = Scaffold() if scaffold else FedProx(prox_mu=sgd.prox_mu) if sgd.prox_mu else FedAvgAlgorithm()
+        backend = ProbeBackend(pool, replace(sgd, prox_mu=0.0), 3, Evaluator(pool), algorithm)
+        params = {"weight": head.weight.clone(), "bias": head.bias.clone()}
+        state = TrainingState(params, {}, algorithm.init_server_state(params), Accounting(np.zeros(small_inat.num_clients, dtype=bool)))
+        train(backend, algorithm, FedAvg(), state, rounds, small_inat.client_sizes, 3, quiet=True)
     finally:
         pool.shutdown()
     expected = plain_fedavg(small_inat, rounds, sgd, 3, head, server_lr=1.0, scaffold=scaffold)

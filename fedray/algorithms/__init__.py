@@ -1,0 +1,1 @@
+"""Training algorithms shipped with fedray but written as plugins, against the public interface (``import fedray``) only."""

@@ -1,0 +1,138 @@
+"""The built-in training algorithms: FedAvg and its server-optimizer variants, FedProx, SCAFFOLD.
+
+FedDyn and FedNova are built in too, but written as plugins against the public
+interface only (``fedray/algorithms/``): they are named here by ``module:Class``
+and loaded on first use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import torch
+
+from fedray.methods.algorithm import (
+    CONTROL,
+    Aggregate,
+    ClientRound,
+    DualForm,
+    FederatedAlgorithm,
+    Params,
+    Population,
+    Upload,
+)
+from fedray.plugins import load_class
+
+DEFAULT_PROX_MU = 0.01
+"""Li et al.'s usual μ (Fed3R's was not at hand)."""
+
+
+@dataclass(frozen=True)
+class FedAvg(FederatedAlgorithm):
+    """FedAvg (McMahan et al., 2017): local SGD, updates averaged with the clients' samples; server θ + ηΔ."""
+
+    name = "fedavg"
+
+
+@dataclass(frozen=True)
+class FedAvgM(FederatedAlgorithm):
+    """FedAvg with server momentum (Hsu et al., 2019): m ← βm + Δ, θ ← θ + ηm."""
+
+    name = "fedavgm"
+    server_optimizer = "fedavgm"
+
+
+@dataclass(frozen=True)
+class FedAdam(FederatedAlgorithm):
+    """FedAvg's clients with Adam on the server (Reddi et al., ICLR 2021)."""
+
+    name = "fedadam"
+    server_optimizer = "fedadam"
+
+
+@dataclass(frozen=True)
+class FedProx(FederatedAlgorithm):
+    """FedProx (Li et al., MLSys 2020): local SGD on the loss + (μ/2)‖θ − θ⁰‖², θ⁰ the model received."""
+
+    name = "fedprox"
+    prox_mu: Annotated[float, "proximal weight μ"] = DEFAULT_PROX_MU
+
+    def correct_gradient(self, name: str, gradient: torch.Tensor, value: torch.Tensor, client: ClientRound) -> None:
+        """+ μ(θ − θ⁰), rounded before it is added, as autograd adds the gradient of the term written in the loss."""
+        gradient.add_(self.prox_mu * (value - client.start[name]))
+
+    def dual_form(self) -> DualForm:
+        return DualForm(prox_mu=self.prox_mu)
+
+
+@dataclass(frozen=True)
+class Scaffold(FederatedAlgorithm):
+    """SCAFFOLD (Karimireddy et al., ICML 2020): every local gradient corrected by c − c_i.
+
+    The server keeps c, the sample-weighted mean of all clients' c_i
+    (c = Σ_i n_i c_i / N over the federation, c_i zero before a client's first
+    participation), and sends it with the model; a client uploads its update
+    and Δc_i = c_i⁺ − c_i, both weighted by its samples, and c moves by
+    Σ n_i Δc_i / N. Option II: c_i⁺ = c_i − c + (θ⁰ − θ_i) / (τ_i η). Linear
+    heads on features train in the dual form with option I instead, c_i⁺ the
+    gradient of the client's loss at the model it received, free there and
+    stored compactly (:mod:`fedray.gradient.local`).
+    """
+
+    name = "scaffold"
+
+    def init_server_state(self, params: Params) -> Params:
+        return {CONTROL + name: torch.zeros_like(value) for name, value in params.items()}
+
+    def broadcast(self, params: Params, state: Params) -> Params:
+        return state
+
+    def init_client_state(self, start: Params) -> Params:
+        return {CONTROL + name: torch.zeros_like(value) for name, value in start.items()}
+
+    def correct_gradient(self, name: str, gradient: torch.Tensor, value: torch.Tensor, client: ClientRound) -> None:
+        gradient.add_(client.broadcast[CONTROL + name] - client.state[CONTROL + name])
+
+    def upload(self, client: ClientRound, trained: Params) -> tuple[Upload, Params]:
+        update, _ = super().upload(client, trained)
+        scale = 1.0 / (client.local_steps * client.lr)
+        new = {key: own - client.broadcast[key] + scale * (client.start[key[len(CONTROL):]] - trained[key[len(CONTROL):]])
+               for key, own in client.state.items()}
+        changes = {key: new[key] - own for key, own in client.state.items()}
+        return Upload({**update.tensors, **changes}, update.weight), new
+
+    def server_update(self, params: Params, total: Aggregate, state: Params,
+                      population: Population) -> tuple[Params, Params]:
+        delta, _ = super().server_update(params, total, state, population)
+        return delta, {key: control + total.sums[key] / float(population.samples) for key, control in state.items()}
+
+    def dual_form(self) -> DualForm:
+        return DualForm(control=True)
+
+
+BUILT_IN: dict[str, type[FederatedAlgorithm] | str] = {
+    **{cls.name: cls for cls in (FedAvg, FedAvgM, FedAdam, FedProx, Scaffold)},
+    "feddyn": "fedray.algorithms.feddyn:FedDyn",
+    "fednova": "fedray.algorithms.fednova:FedNova",
+}
+"""Every built-in training algorithm by ``--method`` name (FedDyn and FedNova: plugins shipped with fedray)."""
+
+
+def algorithm_class(spec: str) -> type[FederatedAlgorithm]:
+    """The training algorithm ``spec`` names: a built-in, ``module:Class`` or ``path/to/file.py:Class``."""
+    builtin = BUILT_IN.get(spec)
+    if isinstance(builtin, str):
+        return load_class(builtin, FederatedAlgorithm, {}, "training algorithm")
+    return load_class(spec, FederatedAlgorithm, {name: cls for name, cls in BUILT_IN.items() if isinstance(cls, type)},
+                      "training algorithm")
+
+
+def paper_family(algorithm: FederatedAlgorithm) -> str | None:
+    """How the papers count an algorithm's training costs: ``fedavg`` (FedAvg, FedAvgM, FedAdam, FedProx: the head each
+    way), ``scaffold`` (twice that), None for the algorithms they do not count (a run's own clients' hooks on a
+    built-in count as the built-in)."""
+    algorithm = getattr(algorithm, "base", algorithm)
+    if type(algorithm) is Scaffold:
+        return "scaffold"
+    return "fedavg" if type(algorithm) in (FedAvg, FedAvgM, FedAdam, FedProx) else None
