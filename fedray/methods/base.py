@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
 
@@ -173,13 +175,35 @@ def normalize_columns(weight: torch.Tensor) -> torch.Tensor:
     return weight / column_norms(weight)
 
 
+@contextmanager
+def single_threaded() -> Iterator[None]:
+    """Torch's CPU work inside on one intra-op thread, the caller's thread count restored after.
+
+    MKL's LAPACK and GEMMs and torch's reductions over more than 32,768
+    elements split their work, and with it the order of their additions, by
+    the number of threads: the same 51 × 51 system solved on 1 and on 2
+    threads differs in the last bits, and a residual summed to ~1e-17 changes
+    sign. The driver's thread count is its machine's (or its Tune trial's
+    CPUs), not the run's configuration, so what it computes for a result row
+    runs here; one thread gives one order, wherever it runs.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def spd_solve(matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """Solve ``matrix @ X = rhs`` for a symmetric positive (semi)definite float64 matrix.
 
     Cholesky when the matrix is positive definite; a least-squares solve when it
-    is singular (e.g. FedCOF before any class has two samples).
+    is singular (e.g. FedCOF before any class has two samples). On one thread
+    (``single_threaded``): the same bits whatever the caller's threads.
     """
-    factor, info = torch.linalg.cholesky_ex(matrix)
-    if int(info) == 0:
-        return torch.cholesky_solve(rhs, factor)
-    return torch.linalg.lstsq(matrix, rhs, driver="gelsd").solution
+    with single_threaded():
+        factor, info = torch.linalg.cholesky_ex(matrix)
+        if int(info) == 0:
+            return torch.cholesky_solve(rhs, factor)
+        return torch.linalg.lstsq(matrix, rhs, driver="gelsd").solution

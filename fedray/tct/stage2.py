@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from fedray.errors import FedrayError
-from fedray.methods.base import gram, spd_solve
+from fedray.methods.base import gram, single_threaded, spd_solve
 
 STD_FLOOR = 1e-8
 """Smallest standard deviation a coordinate is divided by (see ``normalization``)."""
@@ -186,8 +186,10 @@ def _gradient(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor)
 
 
 def client_loss(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor) -> float:
-    """F_k(ψ) = ‖X_k ψ − Y_k‖²_F / (2 n_k) (``features`` = X_k = [Z_k, 1])."""
-    return float((features @ model - target).square().sum()) / (2 * len(target))
+    """F_k(ψ) = ‖X_k ψ − Y_k‖²_F / (2 n_k) (``features`` = X_k = [Z_k, 1]), on one thread (``single_threaded``): the
+    loss a row reports has the same bits whatever the threads of the process computing it."""
+    with single_threaded():
+        return float((features @ model - target).square().sum()) / (2 * len(target))
 
 
 def local_delta(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor, correction: torch.Tensor,
@@ -416,9 +418,14 @@ def stage2_statistics(features: torch.Tensor, labels: torch.Tensor, num_classes:
 
 def objective_from_statistics(matrix: torch.Tensor, rhs: torch.Tensor, count: int, num_classes: int, model: torch.Tensor) -> float:
     """F(ψ) = ‖X ψ − Y‖²_F / (2N) from XᵀX, XᵀY and N alone: (tr ψᵀXᵀXψ − 2 tr ψᵀXᵀY + ‖Y‖²) / (2N),
-    with ‖Y‖² = N (1 − 1/C) for the targets onehot − 1/C (X = [Z, 1], see ``stage2_statistics``)."""
+    with ‖Y‖² = N (1 − 1/C) for the targets onehot − 1/C (X = [Z, 1], see ``stage2_statistics``).
+
+    At the minimizer F is a difference of nearly equal terms (~1e-17 when the
+    features fit the targets): computed on one thread (``single_threaded``), so
+    its rounding does not depend on the threads of the driver computing it."""
     model = model.to(torch.float64)
-    quadratic = float((model * (matrix @ model)).sum()) - 2.0 * float((model * rhs).sum())
+    with single_threaded():
+        quadratic = float((model * (matrix @ model)).sum()) - 2.0 * float((model * rhs).sum())
     return (quadratic + count * (1.0 - 1.0 / num_classes)) / (2 * count)
 
 

@@ -23,6 +23,7 @@ from fedray.tct.stage2 import (
     standardize_clients,
     targets,
 )
+from tests.threads import on_threads
 
 NUM_CLASSES = 4
 
@@ -246,3 +247,33 @@ def test_moments_accumulate_blocks_of_rows(monkeypatch):
     assert len(stage2.row_blocks(60)) == 9
     blocked = normalization(clients)
     assert all(torch.allclose(a, b, rtol=1e-13, atol=0) for a, b in zip(whole, blocked))
+
+
+def test_closed_form_loss_has_the_same_bits_on_one_and_two_threads():
+    """The e2e sweep's closed form: 12 samples, p = 50, C = 3. The features fit the targets, so F at the minimizer is
+    ~1e-17 of round-off, whose sign flipped with the driver's threads (1 in a Tune trial, the machine's otherwise)."""
+    generator = torch.Generator().manual_seed(6)
+    features = torch.randn(12, 50, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 3, (12,), generator=generator)
+    [client], _, _ = standardize_clients([ClientData(features, labels)])
+    matrix, rhs = stage2.stage2_statistics(client.features, client.labels, 3)
+
+    def model_and_loss() -> tuple[torch.Tensor, float]:
+        model = stage2.solve_stage2(matrix, rhs, 12)
+        return model, stage2.objective_from_statistics(matrix, rhs, 12, 3, model)
+
+    (model_one, loss_one), (model_two, loss_two) = (on_threads(count, model_and_loss) for count in (1, 2))
+    assert loss_one.hex() == loss_two.hex()
+    assert abs(loss_one) < 1e-15
+    assert torch.equal(model_one, model_two)
+
+
+def test_client_loss_has_the_same_bits_on_one_and_two_threads():
+    """A residual of 20,000 × 4 elements: torch sums more than 32,768 in per-thread chunks."""
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(20_000, 21, generator=generator)
+    labels = torch.randint(0, NUM_CLASSES, (20_000,), generator=generator)
+    model = torch.randn(21, NUM_CLASSES, generator=generator)
+    target = targets(labels, NUM_CLASSES, torch.float32)
+    one, two = (on_threads(count, lambda: stage2.client_loss(features, target, model)) for count in (1, 2))
+    assert one.hex() == two.hex()
