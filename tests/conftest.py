@@ -20,8 +20,9 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One embedded Ray for the whole test session (2 CPUs, no dashboard)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    """One embedded Ray for the whole test session (2 CPUs, no dashboard), a new one even where ``ray start`` left a
+    cluster on the machine (a bare ``ray.init()`` would join it)."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -31,6 +31,7 @@ LAYER_OF = {
     "fedray.plugins": "core",
     "fedray.results": "core",
     "fedray.writable": "core",
+    "fedray.full_disk": "core",
     "fedray.interrupts": "core",
     "fedray.accounting": "core",
     "fedray.data.federation": "core",

@@ -21,7 +21,7 @@ from fedray.config import RunConfig
 from fedray.data.registry import canonical_spec
 from fedray.errors import FedrayError
 from fedray.gradient.training import CLIENT_STATES, Accounting, TrainingState
-from fedray.results import EvalPoint, write_atomically
+from fedray.results import EvalPoint, payload_bytes, write_atomically
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = 2
@@ -39,8 +39,14 @@ def _identity(config: dict) -> dict:
 
 
 def save_checkpoint(out: Path, config: dict, state: TrainingState) -> None:
+    """A new checkpoint in place of the previous one, which stays as it was when this one cannot be written in full."""
     contents = {"format": FORMAT, "config": _identity(config), "state": _plain_state(state)}
-    write_atomically(out / CHECKPOINT, lambda path: torch.save(contents, path))
+    write_atomically(out / CHECKPOINT, lambda path: _save(path, contents), payload_bytes(contents))
+
+
+def _save(path: Path, contents: dict) -> None:
+    with open(path, "wb") as handle:  # through a Python file, so a full disk raises its OSError (a path: a bare RuntimeError)
+        torch.save(contents, handle)
 
 
 def load_checkpoint(out: Path, config: dict) -> TrainingState:

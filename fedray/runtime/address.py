@@ -1,42 +1,82 @@
-"""A Ray address checked before joining it: Ray retries an address where nothing answers forever."""
+"""A Ray address parsed and checked before Ray sees it: Ray retries an address where nothing answers (or a port out of
+range) forever, and refuses other malformed ones with a traceback."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
+import shlex
 import socket
-from urllib.parse import urlsplit
 
 from fedray.errors import FedrayError
 
 CONNECT_TIMEOUT_S = 10.0
 RAY_CLIENT_PORT = 10001
-RESOLVED_BY_RAY = ("auto", "local")
-"""``auto`` (the cluster this machine last started) and ``local`` (a new one) are Ray's to find."""
+AUTO, LOCAL = "auto", "local"
+"""``auto``: the cluster ``ray start`` left on this machine, which Ray finds; ``local``: a new embedded one."""
+FORMS = "HOST:PORT, ray://HOST[:PORT], auto or local"
+LOCATION = re.compile(r"(\[(?P<ipv6>[^]]*)\]|(?P<host>[^:/?#\[\]@]*))(:(?P<port>[^/?#@]*))?(?P<rest>.*)", re.DOTALL)
+"""``HOST[:PORT]`` or ``[IPv6][:PORT]``, and whatever follows."""
+HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 
 
-def endpoint(address: str) -> tuple[str, int] | None:
-    """The host and port that joining ``address`` connects to first (the GCS, or the Ray Client server of ``ray://``).
+def endpoint(address: str, source: str = "--address") -> tuple[str, int] | None:
+    """The host and port that joining ``address`` connects to first (the GCS, or the Ray Client server of ``ray://``);
+    None for ``auto`` and ``local``, which Ray resolves.
 
-    None where Ray resolves the address itself, or where it is not ``HOST:PORT`` /
-    ``ray://HOST[:PORT]`` (Ray then refuses it with its own message).
+    Anything else is refused in one line naming the address (``source`` says
+    where it came from: ``--address`` or ``RAY_ADDRESS``) and what is wrong.
     """
-    if address in RESOLVED_BY_RAY:
+    if address in (AUTO, LOCAL):
         return None
-    parts = urlsplit(address if "://" in address else f"//{address}")
-    try:
-        port = parts.port or (RAY_CLIENT_PORT if parts.scheme == "ray" else None)
-    except ValueError:
-        return None
-    if parts.scheme not in ("", "ray") or not parts.hostname or port is None:
-        return None
-    return parts.hostname, port
+
+    def wrong(what: str) -> FedrayError:
+        shown = shlex.quote(address) if address.isprintable() else repr(address)  # as typed; a newline shown as \n: one line
+        return FedrayError(f"{source} {shown}: {what}")
+
+    if not address or not address.isprintable() or any(character.isspace() for character in address):
+        raise wrong(f"not an address ({FORMS})")
+    scheme, separator, location = address.partition("://")
+    if not separator:
+        scheme, location = "", address
+    elif scheme in ("http", "https"):
+        raise wrong("a dashboard's address, which `ray job submit` takes; fedray joins a cluster at HOST:6379 "
+                    f"(the head's GCS) or ray://HOST:{RAY_CLIENT_PORT} (Ray Client)")
+    elif scheme != "ray":
+        raise wrong(f"unknown scheme {scheme + '://'!r} ({FORMS})")
+    parts = LOCATION.fullmatch(location)
+    host, port = parts["host"], parts["port"]
+    if parts["ipv6"] is not None:
+        try:
+            host = str(ipaddress.IPv6Address(parts["ipv6"]))
+        except ValueError:
+            raise wrong(f"{parts['ipv6']!r} is not an IPv6 address") from None
+    elif port is not None and ":" in port:
+        raise wrong("an IPv6 host goes in brackets: [HOST]:PORT")
+    elif not host:
+        raise wrong(f"no host ({FORMS})")
+    elif not HOST_NAME.fullmatch(host):
+        raise wrong(f"{host!r} is not a host name or IP address")
+    if parts["rest"]:
+        raise wrong(f"{parts['rest']!r} after the host{'' if port is None else ' and port'} ({FORMS})")
+    if not port:
+        if scheme == "ray":
+            return host, RAY_CLIENT_PORT
+        raise wrong("no port (HOST:PORT; a head's GCS listens on 6379 unless `ray start --port` says otherwise)")
+    if not (port.isascii() and port.isdigit()):
+        raise wrong(f"port {port!r} is not a number")
+    if not 1 <= int(port) <= 65535:
+        raise wrong(f"port {int(port)} is out of range (1 to 65535)")
+    return host, int(port)
 
 
 def check_reachable(address: str, source: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """A one-line error within ``timeout_s`` when nothing accepts a connection at ``address``.
+    """``address`` parsed (:func:`endpoint`), then a one-line error within ``timeout_s`` when nothing accepts a
+    connection there.
 
     ``source`` says where the address came from (``--address`` or ``RAY_ADDRESS``).
     """
-    target = endpoint(address)
+    target = endpoint(address, source)
     if target is None:
         return
     try:

@@ -23,7 +23,12 @@ import torch
 
 from fedray.errors import FedrayError
 from fedray.methods.algorithm import Params
-from fedray.results import write_atomically
+from fedray.results import payload_bytes, write_atomically
+
+
+def _save(path: Path, states: dict[int, Params]) -> None:
+    with open(path, "wb") as handle:  # through a Python file, so that a full disk raises its OSError
+        torch.save(states, handle)
 
 
 class ClientStatesLost(FedrayError):
@@ -65,7 +70,7 @@ class ClientStates:
     def save(self, path: Path) -> None:
         """Write every state, the last round's included (the driver checkpoints only after a round is complete)."""
         self._commit()
-        write_atomically(path, lambda temporary: torch.save(self.committed, temporary))
+        write_atomically(path, lambda temporary: _save(temporary, self.committed), payload_bytes(self.committed))
 
     def restore(self, paths: Iterable[Path], holds: Callable[[int], bool]) -> None:
         """Replace every state by those of ``paths`` for the clients this actor ``holds`` (no paths: no states)."""

@@ -28,8 +28,8 @@ def alive_nodes() -> list[dict[str, float]]:
 def may_add_nodes() -> bool:
     """Whether an autoscaler may add nodes to this cluster.
 
-    No for the Ray this process started itself (``ray.init()`` without an
-    address); no for a cluster whose autoscaler says it cannot grow: a cluster
+    No for the Ray this process started itself (the embedded one,
+    ``ray.init(address="local")``); no for a cluster whose autoscaler says it cannot grow: a cluster
     config (autoscaler v2, KubeRay) where no node group may scale up, or Ray's
     read-only autoscaler, the one a cluster started by hand with ``ray start``
     runs (it names every node's type after the node). Yes otherwise, to be safe.

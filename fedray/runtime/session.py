@@ -1,4 +1,8 @@
-"""Joining a Ray cluster (``--address`` or $RAY_ADDRESS), or starting an embedded one that ends with this process."""
+"""Joining a Ray cluster (``--address`` or $RAY_ADDRESS), or starting an embedded one that ends with this process.
+
+The embedded Ray is started with ``address="local"``: a bare ``ray.init()``
+would join a cluster that ``ray start`` left running on the machine instead.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +16,15 @@ import ray
 from fedray.errors import FedrayError
 from fedray.interrupts import keeping_sigterm_handler
 from fedray.runtime import tensor_transfer, watchdog
-from fedray.runtime.address import check_reachable
+from fedray.runtime.address import LOCAL, check_reachable
 
 
 def _cluster_address(address: str | None) -> tuple[str, str] | None:
-    """The address to join and where it came from (``--address``, else $RAY_ADDRESS); None for an embedded Ray."""
-    if address:
-        return address, "--address"
-    if os.environ.get("RAY_ADDRESS"):
-        return os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    """The address to join and where it came from (``--address``, else $RAY_ADDRESS); None for an embedded Ray
+    (neither set, or set to ``local``)."""
+    for given, source in ((address, "--address"), (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS")):
+        if given:
+            return None if given == LOCAL else (given, source)
     return None
 
 
@@ -58,7 +62,8 @@ class _DropMessage(logging.Filter):
 
 
 def init_ray(address: str | None = None) -> None:
-    """Join ``address`` (or $RAY_ADDRESS); with neither, start an embedded local Ray, which ends with this process.
+    """Join ``address`` (or $RAY_ADDRESS); with neither (or ``local``), start an embedded Ray, which ends with this
+    process: a new one, never a cluster that ``ray start`` left on the machine.
 
     The caller's SIGTERM handler stays (``ray.init`` would replace it). Either way, this process then sends its
     tensors through the object store as numpy buffers (:mod:`fedray.runtime.tensor_transfer`).
@@ -73,7 +78,7 @@ def _start_or_join(address: str | None) -> None:
     options = {"log_to_driver": False, "logging_level": logging.WARNING}
     if given is None:
         with _without_token_auth_notice(), keeping_sigterm_handler():
-            ray.init(include_dashboard=False, **options)
+            ray.init(address=LOCAL, include_dashboard=False, **options)
         watchdog.start()
         return
     check_reachable(*given)

@@ -1,8 +1,10 @@
 """Nothing lost at the end: unusable output locations refused before any work, a run's files completed as a whole,
-stale temporaries cleaned, other files (a training run's checkpoint) left alone, files created with the user's umask."""
+a full disk refused in one line with the previous files kept, stale temporaries cleaned, other files (a training run's
+checkpoint) left alone, files created with the user's umask."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -22,6 +24,7 @@ from fedray.cli import main
 from fedray.gradient.checkpoint import CHECKPOINT
 from fedray.results import write_atomically
 from tests.app.test_cli import SMALL_RUN, SPEC, cli, expect_error, metrics, run_cli
+from tests.full_disk import fill, hashes, small_disk  # noqa: F401 (a fixture)
 from tests.images import write_squeezenet_weights
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,24 +171,20 @@ def test_an_out_in_a_read_only_folder_is_refused_before_any_work(weights_file, t
 
 KILLING_DRIVER = '''
 import os, signal, sys
-import fedray.results as results
 
-name, when, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
-write_atomically = results.write_atomically
+killed_at, argv = int(sys.argv[1]), sys.argv[2:]
+out = os.path.abspath(argv[argv.index("--out") + 1])
+replace, renames = os.replace, []
 
-def die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+def dying(source, target):
+    """Every rename as it is, but the process is killed instead of the KILLED_AT-th rename into --out."""
+    if os.path.dirname(os.path.abspath(target)) == out:
+        renames.append(target)
+        if len(renames) == killed_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    replace(source, target)
 
-def interrupted(path, write):
-    """The real write of every file; the process is killed on NAME, after its rename or before it."""
-    if path.name != name:
-        return write_atomically(path, write)
-    if when == "before-rename":
-        return write_atomically(path, lambda temporary: (write(temporary), die()))
-    write_atomically(path, write)
-    die()
-
-results.write_atomically = interrupted
+os.replace = dying
 from fedray.cli import main
 sys.exit(main(argv))
 '''
@@ -211,17 +210,21 @@ def previous_run(ray_session, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, when, stale", [("config.yaml", "after-rename", []),
-                                               ("metrics.parquet", "before-rename", [".metrics.parquet."])],
-                         ids=["killed-between-renames", "killed-before-the-last-rename"])
-def test_a_run_killed_while_writing_never_leaves_a_mix_that_looks_complete(previous_run, tmp_path, capsys, name, when,
-                                                                          stale):
+@pytest.mark.parametrize("killed_at, left, temporaries", [
+    (1, "previous", [".classifier.npz.", ".config.yaml.", ".metrics.parquet.", ".metrics.parquet."]),
+    (6, ["classifier.npz", "config.yaml"], [".classifier.npz.", ".config.yaml.", ".metrics.parquet.", ".metrics.parquet."]),
+], ids=["killed-once-every-file-is-written", "killed-before-the-last-rename"])
+def test_a_run_killed_while_writing_never_leaves_a_mix_that_looks_complete(previous_run, tmp_path, capsys, killed_at, left,
+                                                                          temporaries):
+    """The swap renames the previous run's three files aside (metrics.parquet first), then the new run's three in
+    (metrics.parquet last): killed before the first, the previous run is as it was; killed before the sixth, the folder
+    holds the new classifier and config without metrics.parquet, which analysis does not take for a run."""
     out = tmp_path / "reused"
     shutil.copytree(previous_run, out)
     previous = files_under(out)
     new_run = ["--clients-per-round", "40", "--seed", "5", "--lam", "0.5", "--eval-every", "100"]
     args = ["run", "--method", "fed3r", "--dataset", SPEC, "--out", out, *SMALL_RUN, *new_run]
-    process = subprocess.Popen([sys.executable, "-c", KILLING_DRIVER, name, when, *map(str, args)], cwd=REPO,
+    process = subprocess.Popen([sys.executable, "-c", KILLING_DRIVER, str(killed_at), *map(str, args)], cwd=REPO,
                                env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -229,18 +232,20 @@ def test_a_run_killed_while_writing_never_leaves_a_mix_that_looks_complete(previ
     finally:
         end_session(process.pid)
 
-    left = sorted(os.listdir(out))
-    temporaries = [n for n in left if n.endswith(".tmp")]
-    assert [n for n in left if not n.endswith(".tmp")] == ["classifier.npz", "config.yaml"], left
-    assert [t[: -len("XXXXXXXX.tmp")] for t in temporaries] == stale
-    assert yaml.safe_load((out / "config.yaml").read_text())["seed"] == 5, "the new run's config"
-    assert (out / "classifier.npz").read_bytes() != previous["classifier.npz"]
-    with pytest.raises(SystemExit, match="no results.parquet or metrics.parquet"):
-        result_files([out])  # analysis sees no complete run there
+    names = sorted(os.listdir(out))
+    assert sorted(n[: -len("XXXXXXXX.tmp")] for n in names if n.endswith(".tmp")) == temporaries
+    if left == "previous":
+        assert {name: data for name, data in files_under(out).items() if not name.endswith(".tmp")} == previous
+        assert result_files([out]) == [out / "metrics.parquet"]
+    else:
+        assert [n for n in names if not n.endswith(".tmp")] == left
+        assert yaml.safe_load((out / "config.yaml").read_text())["seed"] == 5, "the new run's config"
+        with pytest.raises(SystemExit, match="no results.parquet or metrics.parquet"):
+            result_files([out])  # analysis sees no complete run there
 
     rc, _, err = run_cli(capsys, SPEC, out, *new_run)
     assert rc == 0, err
-    assert sorted(os.listdir(out)) == RUN_FILES, "the next run completes the folder and removes the stale temporary"
+    assert sorted(os.listdir(out)) == RUN_FILES, "the next run completes the folder and removes the stale temporaries"
     assert [(row["seed"], row["clients_per_round"], row["lam"]) for row in metrics(out)] == [(5, 40, 0.5)]
 
 
@@ -286,6 +291,32 @@ def test_a_run_into_a_fine_tuning_folder_does_not_leave_the_old_model_beside_its
     rc, _, err = run_cli(capsys, SPEC, out, "--eval-every", "100")
     assert rc == 0, err
     assert sorted(os.listdir(out)) == RUN_FILES
+
+
+# --- a full disk: one line, the previous files as they were, no temporaries ---------------------------------------
+
+
+def test_a_run_onto_a_full_disk_keeps_the_previous_run(previous_run, small_disk, capsys):
+    out = small_disk / "run"
+    shutil.copytree(previous_run, out)
+    fill(small_disk)
+    previous = hashes(small_disk)
+    rc, _, err = run_cli(capsys, SPEC, out, "--seed", "5", "--eval-every", "100")
+    assert rc == 2
+    assert re.fullmatch(rf"fedray: error: disk full: writing {re.escape(str(out))} needed 0\.0[0-9]+ MB, 0 MB free\n", err), err
+    assert hashes(small_disk) == previous
+
+
+def test_data_export_onto_a_full_disk_keeps_the_previous_file(small_disk, capsys):
+    """The estimate: 2,099 rows of 8 float32 features and a label, 4 × 9 bytes each."""
+    out = small_disk / "federation.parquet"
+    rc, _, err = cli(capsys, "data", "export", SPEC, "--out", out)
+    assert rc == 0, err
+    fill(small_disk)
+    previous = hashes(small_disk)
+    err = expect_error(capsys, ["data", "export", SPEC, "--out", out])
+    assert err == f"fedray: error: disk full: writing {out} needed 0.076 MB, 0 MB free\n"
+    assert hashes(small_disk) == previous
 
 
 # --- file modes: the umask, like any other tool ---------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Checkpoint files: plain data loaded without running code from the file, bad files refused in one line, dataset
-specs compared canonically."""
+specs compared canonically, a checkpoint that does not fit on the disk refused in one line with the previous one kept."""
 
 import os
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from fedray.gradient.server import FedAdam
 from fedray.gradient.training import Accounting, TrainingState
 from fedray.results import EvalPoint
 from tests.app.test_cli import expect_error
+from tests.full_disk import disk_full, fill, hashes, small_disk  # noqa: F401 (a fixture)
 
 SMALL = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
 RUN = ["run", "--method", "fedavg", "--dataset", SMALL, "--num-shards", "2", "--cpus-per-shard", "0.5", "--quiet"]
@@ -173,3 +175,53 @@ def test_a_bad_checkpoint_is_refused_in_one_line(monkeypatch, tmp_path, capsys, 
     expect_error(capsys, [*RUN, "--out", out, "--resume"], f"{checkpoint}: ", *needles, START_OVER)
     assert os.listdir(out) == [CHECKPOINT] and checkpoint.read_bytes() == written, "the file is left as it was"
     assert not (out / "code-ran").exists()
+
+
+# --- a full disk: the previous checkpoint as it was, one line, no temporary --------------------------------------
+
+
+def checkpoint_error(path: Path, free: str = "[0-9.]+") -> str:
+    """The error's pattern: the state above takes some 0.0x MB."""
+    return rf"disk full: writing {re.escape(str(path))} needed 0\.0[0-9]+ MB, {free} MB free"
+
+
+@pytest.mark.parametrize("failing", ["torch.save", "os.replace"])
+def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one(monkeypatch, tmp_path, failing):
+    config = run_config(tmp_path)
+    save_checkpoint(tmp_path, config, state_as_every_backend_keeps_it())
+    previous = hashes(tmp_path)
+
+    def half_written(contents, handle):
+        handle.write(b"PK\x03\x04" + bytes(1000))
+        raise disk_full()
+
+    if failing == "torch.save":
+        monkeypatch.setattr(torch, "save", half_written)
+    else:
+        monkeypatch.setattr(os, "replace", lambda source, target: (_ for _ in ()).throw(disk_full()))
+    with pytest.raises(FedrayError) as error:
+        save_checkpoint(tmp_path, config, state_as_every_backend_keeps_it())
+    assert re.fullmatch(checkpoint_error(tmp_path / CHECKPOINT), str(error.value)), error.value
+    assert hashes(tmp_path) == previous
+
+
+def test_a_checkpoint_onto_a_full_disk_leaves_the_previous_one(small_disk):
+    config = run_config(small_disk)
+    save_checkpoint(small_disk, config, state_as_every_backend_keeps_it())
+    fill(small_disk)
+    previous = hashes(small_disk)
+    with pytest.raises(FedrayError, match=f"^{checkpoint_error(small_disk / CHECKPOINT, free='0')}$"):
+        save_checkpoint(small_disk, config, state_as_every_backend_keeps_it())
+    assert hashes(small_disk) == previous
+
+
+def test_a_training_run_onto_a_full_disk_stops_in_one_line(ray_session, small_disk, capsys):
+    """Its first checkpoint does not fit: the run stops there, the checkpoint it found is left as it was."""
+    out = small_disk / "training"
+    out.mkdir()
+    (out / CHECKPOINT).write_bytes(b"another training run's checkpoint")
+    fill(small_disk)
+    previous = hashes(small_disk)
+    err = expect_error(capsys, [*RUN, "--out", out, "--rounds", "2", "--checkpoint-every", "1"])
+    assert re.fullmatch(f"fedray: error: {checkpoint_error(out / CHECKPOINT, free='0')}\n", err), err
+    assert hashes(small_disk) == previous

@@ -1,4 +1,5 @@
-"""A Ray address is checked before joining it: refused or silent addresses fail in one line within the timeout."""
+"""A Ray address is parsed and checked before joining it: malformed addresses are refused in one line saying what is
+wrong, refused or silent ones fail in one line within the timeout."""
 
 import socket
 import time
@@ -16,13 +17,47 @@ from tests.local_cluster import free_port
     ("ray://head.example", ("head.example", 10001)),
     ("ray://10.0.0.5:10002", ("10.0.0.5", 10002)),
     ("[::1]:6379", ("::1", 6379)),
+    ("ray://[0:0::1]", ("::1", 10001)),
+    ("head_1.example:1", ("head_1.example", 1)),
+    ("10.0.0.5:65535", ("10.0.0.5", 65535)),
     ("auto", None),
     ("local", None),
-    ("http://head.example:8265", None),  # not an address ray.init takes: Ray says so itself
-    ("head.example", None),
 ])
 def test_endpoint(address, expected):
     assert endpoint(address) == expected
+
+
+FORMS = "(HOST:PORT, ray://HOST[:PORT], auto or local)"
+
+
+@pytest.mark.parametrize("address, error", [
+    ("127.0.0.1:99999", "127.0.0.1:99999: port 99999 is out of range (1 to 65535)"),
+    ("127.0.0.1:0", "127.0.0.1:0: port 0 is out of range (1 to 65535)"),
+    ("head:http", "head:http: port 'http' is not a number"),
+    ("head:６３７９", "'head:６３７９': port '６３７９' is not a number"),  # full-width digits: str.isdigit says yes
+    ("not an address", f"'not an address': not an address {FORMS}"),
+    ("", f"'': not an address {FORMS}"),
+    ("head\n:6379", f"'head\\n:6379': not an address {FORMS}"),
+    ("garbage", "garbage: no port (HOST:PORT; a head's GCS listens on 6379 unless `ray start --port` says otherwise)"),
+    ("head:", "head:: no port (HOST:PORT; a head's GCS listens on 6379 unless `ray start --port` says otherwise)"),
+    (":6379", f":6379: no host {FORMS}"),
+    ("ray://", f"ray://: no host {FORMS}"),
+    ("http://head:8265", "http://head:8265: a dashboard's address, which `ray job submit` takes; fedray joins a cluster "
+                         "at HOST:6379 (the head's GCS) or ray://HOST:10001 (Ray Client)"),
+    ("https://head", "https://head: a dashboard's address, which `ray job submit` takes; fedray joins a cluster "
+                     "at HOST:6379 (the head's GCS) or ray://HOST:10001 (Ray Client)"),
+    ("grpc://head:6379", f"grpc://head:6379: unknown scheme 'grpc://' {FORMS}"),
+    ("::1:6379", "::1:6379: an IPv6 host goes in brackets: [HOST]:PORT"),
+    ("[::g]:6379", "'[::g]:6379': '::g' is not an IPv6 address"),
+    ("-head:6379", "-head:6379: '-head' is not a host name or IP address"),
+    ("head:6379/jobs", f"head:6379/jobs: '/jobs' after the host and port {FORMS}"),
+    ("user@head:6379", f"user@head:6379: '@head:6379' after the host {FORMS}"),
+])
+@pytest.mark.parametrize("source", ["--address", "RAY_ADDRESS"])
+def test_a_malformed_address_is_refused_in_one_line(address, error, source):
+    with pytest.raises(FedrayError) as refused:
+        check_reachable(address, source)
+    assert str(refused.value) == f"{source} {error}"
 
 
 def test_nothing_listening_fails_at_once():
