@@ -9,6 +9,8 @@ The public interface, for a researcher's own methods and for notebooks::
     class MyAlgorithm(fedray.FederatedAlgorithm): ...   # a training algorithm: client half, server half, client state
     metrics = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
     federation = fedray.load_federation("synthetic:inat-user-120k")
+    mine = fedray.Federation.from_arrays(features, labels, clients, split)   # or .from_table(a polars/pyarrow table)
+    metrics = fedray.run(method="fed3r", dataset=fedray.resplit(mine, split="dirichlet", alpha=0.1, clients=100))
 
 Names are imported on first use, so ``import fedray`` (and the command line)
 stays light until one of them is needed.
@@ -31,7 +33,9 @@ _EXPORTS = {
     "Population": "fedray.methods.algorithm",
     "Params": "fedray.methods.algorithm",
     "FedrayError": "fedray.errors",
+    "Federation": "fedray.data.federation",
     "load_federation": "fedray.data.registry",
+    "resplit": "fedray.data.registry",
     "run": "fedray.api",
 }
 

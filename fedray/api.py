@@ -7,6 +7,8 @@ from pathlib import Path
 import polars as pl
 
 from fedray.config import resolve
+from fedray.data.federation import Federation
+from fedray.data.memory import memory_label
 from fedray.errors import FedrayError
 from fedray.plugins import spec_of
 from fedray.results import METRICS
@@ -25,7 +27,7 @@ def _spec(value: str | type, what: str) -> str:
 
 def run(
     method: str | type = "fed3r",
-    dataset: str = "synthetic:inat-user-120k",
+    dataset: str | Federation = "synthetic:inat-user-120k",
     out: str | Path = "results/run",
     options: dict[str, object] | None = None,
     server_optimizer: str | type | None = None,
@@ -36,12 +38,22 @@ def run(
 ) -> pl.DataFrame:
     """Run ``method`` on ``dataset``; writes ``out`` as ``fedray run`` does and returns its metrics table.
 
+    ``dataset`` is a dataset spec or a :class:`Federation` (e.g. from
+    :meth:`Federation.from_arrays`); one without a spec is recorded as
+    ``memory:NAME@HASH`` (:func:`fedray.data.memory.memory_label`) and its
+    shards get their rows through Ray's object store.
     ``run_options`` are the command line's run options with underscores
     (``clients_per_round=10``, ``rounds=500``, ``lam=0.1``, ``quiet=True``);
     ``options`` sets a plugin's own options by name (``--option key=value``).
     """
     from fedray.engine import run as run_config  # the engine imports Ray and torch: only when a run starts
 
+    federation = dataset if isinstance(dataset, Federation) else None
+    if federation is not None:
+        dataset = federation.spec or memory_label(federation)
+    elif not isinstance(dataset, str):
+        raise FedrayError(f"dataset must be a spec ('synthetic:…', 'parquet:PATH', 'file.py:function', ...) or a "
+                          f"fedray.Federation, got {type(dataset).__name__}")
     values = {**run_options, "method": _spec(method, "method"), "dataset": dataset, "out": str(out),
               "options": dict(options or {})}
     if server_optimizer is not None:
@@ -49,5 +61,5 @@ def run(
     if client_algorithm is not None:
         values["client_algorithm"] = _spec(client_algorithm, "client algorithm")
     config = resolve({}, values)
-    run_config(config, address=address, resume=resume)
+    run_config(config, address=address, resume=resume, federation=federation)
     return pl.read_parquet(Path(config.out) / METRICS)

@@ -74,7 +74,8 @@ class RunConfig:
                          "method or training algorithm as module:Class or path/to/file.py:Class (see fedray methods)",
                          GENERAL, metavar="METHOD")
     dataset: str = option("synthetic:inat-user-120k",
-                          "synthetic:NAME, parquet:PATH, features:CACHE, hsu:CSV or imagefolder:ROOT, with ?options", GENERAL)
+                          "synthetic:NAME, parquet:PATH, features:CACHE, hsu:CSV, imagefolder:ROOT or your own "
+                          "FILE.py:FUNCTION, with ?options", GENERAL)
     out: str = option("results/run", "output folder", GENERAL)
     clients_per_round: int | None = option(None, "κ clients per round", SAMPLING, unset=str(DEFAULT_PER_ROUND))
     participation: float | None = option(None, "fraction of clients per round, instead of κ", SAMPLING,

@@ -9,6 +9,7 @@ from typing import Callable
 from ray.util.placement_group import PlacementGroup
 
 from fedray.config import TCT, RunConfig
+from fedray.data.federation import Federation
 from fedray.data.registry import load_federation, recorded_backbone_macs
 from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.settings import server_optimizer, training_algorithm
@@ -66,12 +67,15 @@ def run(
     trial_group: PlacementGroup | None = None,
     on_point: Callable[[EvalPoint], None] | None = None,
     resume: bool = False,
+    federation: Federation | None = None,
 ) -> list[dict]:
     """Load, simulate and write ``config.out``; nothing but checkpoints is written unless the run completes.
 
     Inside a Tune trial, ``trial_group`` is the trial's placement group (see
     :meth:`ShardPool.start`) and ``on_point`` reports each evaluation point.
     ``resume`` continues a training run from its checkpoint in ``config.out``.
+    ``federation``, when given, is the data (``config.dataset`` names it),
+    e.g. one built in Python: it is not loaded from the spec.
     A diverged training run is written too; its last row says so. Every input,
     the output folder included, is checked before the work starts; the run
     removes the checkpoint at the end only if it resumed from it or wrote it.
@@ -83,7 +87,7 @@ def run(
     if config.trains:  # the training algorithm's and the server optimizer's own checks, before any work
         server_optimizer(config)
         training_algorithm(config)
-    federation = load_federation(config.dataset)
+    federation = load_federation(config.dataset) if federation is None else federation
     federation.require_test_rows()
     if config.backbone_macs is None:
         config = replace(config, backbone_macs=recorded_backbone_macs(config.dataset))

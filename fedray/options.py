@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import types
 import typing
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, is_dataclass
 
 from fedray.errors import FedrayError
@@ -73,16 +74,27 @@ def _parse(text: str, kind: type) -> object:
 
 def options_of(cls: type) -> dict[str, Option]:
     """The options ``cls`` declares (see the module docstring), in constructor order."""
-    signature = inspect.signature(cls.__init__)
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
     # a dataclass's fields are resolved each in its own class's module (a subclass's file need not import the base's types)
     hints = typing.get_type_hints(cls if is_dataclass(cls) else cls.__init__, include_extras=True)
+    return _declared(cls.__qualname__, "constructor argument", parameters, hints, SUPPLIED)
+
+
+def function_options(function: Callable) -> dict[str, Option]:
+    """The options of a function (a dataset plugin's): its keyword arguments with defaults, typed as a class's are."""
+    parameters = inspect.signature(function).parameters.values()
+    return _declared(function.__qualname__, "argument", parameters, typing.get_type_hints(function, include_extras=True), ())
+
+
+def _declared(owner: str, what: str, parameters: Iterable[inspect.Parameter], hints: dict, supplied: Sequence[str]) -> dict[str, Option]:
     found: dict[str, Option] = {}
-    for name, parameter in list(signature.parameters.items())[1:]:
-        if name in SUPPLIED or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+    for parameter in parameters:
+        name = parameter.name
+        if name in supplied or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         if parameter.default is parameter.empty:
-            raise TypeError(f"{cls.__qualname__}: constructor argument {name!r} needs a default to be an option")
-        found[name] = option_from_hint(f"{cls.__qualname__}: option {name!r}", name, hints.get(name, type(parameter.default)),
+            raise TypeError(f"{owner}: {what} {name!r} needs a default to be an option")
+        found[name] = option_from_hint(f"{owner}: option {name!r}", name, hints.get(name, type(parameter.default)),
                                        parameter.default)
     return found
 

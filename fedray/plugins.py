@@ -1,4 +1,5 @@
-"""Built-in classes by name, a researcher's own as ``module:Class`` or ``path/to/file.py:Class``.
+"""Built-in classes by name, a researcher's own as ``module:Class`` or ``path/to/file.py:Class``; a dataset function as
+``module:function`` or ``path/to/file.py:function``.
 
 A plugin's module is registered with Ray's cloudpickle to travel by value, so
 shard actors, Tune trials and other nodes use the same class without having
@@ -10,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -42,17 +45,33 @@ def load_class(spec: str, base: type, builtins: dict[str, type], what: str) -> t
             raise FedrayError(f"unknown {what} {spec!r}; built-in: {', '.join(builtins)}; "
                               f"or your own as module:Class or path/to/file.py:Class")
         return builtins[spec]
-    target, _, name = spec.rpartition(":")
-    module = _module_from_file(Path(target)) if target.endswith(".py") else _imported(target, spec)
-    cls = module
-    for part in name.split("."):
-        cls = getattr(cls, part, None)
-        if cls is None:
-            raise FedrayError(f"{spec}: no class {name!r} in {target}")
+    module, cls = _attribute(spec, "class")
     if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise FedrayError(f"{spec}: {name} is not a subclass of fedray.{base.__name__}")
+        raise FedrayError(f"{spec}: {spec.rpartition(':')[2]} is not a subclass of fedray.{base.__name__}")
     _travel_by_value(module)
     return cls
+
+
+def load_function(spec: str) -> Callable:
+    """The function ``spec`` names, as ``module:function`` or ``file.py:function`` (a dataset plugin's)."""
+    module, function = _attribute(spec, "function")
+    if not inspect.isfunction(function):
+        raise FedrayError(f"{spec}: {spec.rpartition(':')[2]} is not a function")
+    _travel_by_value(module)
+    return function
+
+
+def _attribute(spec: str, kind: str) -> tuple[ModuleType, object]:
+    """The module of ``spec`` (``module:name`` or ``file.py:name``) and the object ``name`` in it (dotted: an attribute
+    of an attribute); ``kind`` names what was looked for in the error."""
+    target, _, name = spec.rpartition(":")
+    module = _module_from_file(Path(target)) if target.endswith(".py") else _imported(target, spec)
+    found = module
+    for part in name.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            raise FedrayError(f"{spec}: no {kind} {name!r} in {target}")
+    return module, found
 
 
 def _imported(name: str, spec: str) -> ModuleType:

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedray.data.federation import TEST, TRAIN, Federation
-from fedray.data.parquet import NUM_CLASSES_KEY
+from fedray.data.schema import NUM_CLASSES_KEY
 from fedray.results import remove_stale_temporaries, write_atomically
 
 ROWS_PER_BATCH = 16_384

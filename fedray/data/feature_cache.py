@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from fedray.data.parquet import feature_matrix, read_files
+from fedray.data.parquet import read_files
+from fedray.data.schema import feature_matrix
 from fedray.errors import FedrayError
 from fedray.results import remove_stale_temporaries, write_atomically
 

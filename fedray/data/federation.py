@@ -75,6 +75,29 @@ class Federation:
                 f"{self.name}: label {pc.max(labels).as_py()} out of range for {self.num_classes} classes"
             )
 
+    @classmethod
+    def from_arrays(cls, features: object, labels: object, clients: object, split: object, num_classes: int | None = None,
+                    name: str = "from_arrays") -> "Federation":
+        """One row per sample: ``features`` (samples × d floats), ``labels`` (integers ≥ 0), ``clients`` (int or string
+        client ids; a test row's is ignored), ``split`` ('train' or 'test'); numpy arrays, torch tensors or lists.
+
+        The rows are checked as a Parquet file's are and give the federation that file would (see
+        :mod:`fedray.data.schema`); C is ``num_classes``, else the largest label + 1. ``name`` names it in errors
+        and, with a hash of its content, in a run's ``dataset`` column. The features are copied, held in memory.
+        """
+        from fedray.data.schema import arrays_federation  # the schema imports this module
+
+        return arrays_federation(features, labels, clients, split, num_classes, name)
+
+    @classmethod
+    def from_table(cls, table: object, num_classes: int | None = None, name: str = "from_table") -> "Federation":
+        """The rows of a pyarrow Table or polars DataFrame with the Parquet schema's columns (client_id, split, label,
+        features), as :meth:`from_arrays` takes them; the schema metadata ``fedray.num_classes`` fixes C unless
+        ``num_classes`` is given."""
+        from fedray.data.schema import table_federation  # the schema imports this module
+
+        return table_federation(table, name, num_classes)
+
     def require_features(self) -> FeatureSource:
         """The feature source; a split table without one cannot be run or exported."""
         if self.source is None:

@@ -7,8 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import fedray
 from fedray.cli import main
-from fedray.data.registry import load_federation
+from fedray.data.registry import canonical_spec, load_federation
 from fedray.errors import FedrayError
 
 
@@ -85,3 +86,134 @@ def test_dirichlet_per_class_gives_more_pairs_than_the_papers_protocol():
 def test_bad_specs_are_named(spec, message):
     with pytest.raises(FedrayError, match=message):
         load_federation(spec)
+
+
+# --- a federation re-split in Python; dataset functions; names of federations built in Python ---------------------
+
+
+def small_parquet(path):
+    """200 train rows of 4 classes, one client, and 20 test rows."""
+    rng = np.random.default_rng(0)
+    labels = np.concatenate([np.repeat(np.arange(4), 50), rng.integers(4, size=20)])
+    pq.write_table(pa.table({
+        "client_id": pa.array([0] * 200 + [None] * 20, pa.int64()),
+        "split": ["train"] * 200 + ["test"] * 20,
+        "label": labels,
+        "features": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(880), pa.float32()), 4),
+    }), path)
+    return path
+
+
+def test_resplit_in_python_is_the_specs_resplit(tmp_path):
+    path = small_parquet(tmp_path / "f.parquet")
+    by_spec = load_federation(f"parquet:{path}?split=dirichlet&alpha=0.1&clients=8&split_seed=1")
+    federation = fedray.resplit(load_federation(f"parquet:{path}"), split="dirichlet", alpha=0.1, clients=8, split_seed=1)
+    assert federation.table.equals(by_spec.table) and federation.spec is None
+    assert federation.name == f"parquet:{path}?alpha=0.1&clients=8&split=dirichlet&split_seed=1"
+    assert federation.client_sizes.sum() == 200 and federation.num_clients == 8
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"split": "dirichlet", "clients": 8}, "split=dirichlet needs alpha=A"),
+    ({"split": "dirichlet", "alpha": 0.1, "clients": 8, "colour": "red"}, "unknown option(s) colour; a re-split takes split, clients"),
+    ({"split": "dirichlet", "alpha": "0.1", "clients": 8}, "option alpha must be a number, got '0.1'"),
+    ({"split": "classes", "classes_per_client": 1, "clients": 2.5}, "option clients must be an integer, got 2.5"),
+    ({"split": "dirichlet", "alpha": float("nan"), "clients": 8}, "option alpha must be a finite number"),
+])
+def test_bad_resplit_options_are_named(tmp_path, options, message):
+    federation = load_federation(f"parquet:{small_parquet(tmp_path / 'f.parquet')}")
+    with pytest.raises(FedrayError) as error:
+        fedray.resplit(federation, **options)
+    assert message in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+DATASET_FUNCTION = '''
+from typing import Annotated
+
+import numpy as np
+import fedray
+
+
+def blobs(users: int = 3, per_client: Annotated[int, "train rows per client"] = 4, shift: float = 0.0,
+          named: bool = False, name: str = "blobs"):
+    """``users`` clients of ``per_client`` rows of 2 features, then 2 test rows."""
+    n = users * per_client
+    features = np.arange(2 * (n + 2), dtype=np.float32).reshape(n + 2, 2) + shift
+    labels = np.arange(n + 2) % 3
+    ids = [f"client-{k}" if named else k for k in range(users) for _ in range(per_client)] + [None, None]
+    return fedray.Federation.from_arrays(features, labels, ids, ["train"] * n + ["test"] * 2, name=name)
+
+
+def seeded(split_seed: int = 0):
+    return blobs(per_client=2 + split_seed)
+
+
+def not_a_federation(size: int = 3):
+    return list(range(size))
+
+
+def refuses(size: int = 3):
+    raise ValueError(f"size {size} is too small")
+
+
+def required(size):
+    return None
+'''
+
+
+@pytest.fixture
+def dataset_file(tmp_path):
+    path = tmp_path / "my_data.py"
+    path.write_text(DATASET_FUNCTION)
+    return path
+
+
+def test_a_dataset_function_gets_its_typed_options(dataset_file):
+    federation = load_federation(f"{dataset_file}:blobs?users=4&per_client=2&shift=0.5&named=true&name=mine")
+    assert federation.name == "mine" and federation.spec is None  # its rows go to the shards through the object store
+    assert federation.client_ids == ["client-0", "client-1", "client-2", "client-3"]
+    assert federation.client_sizes.tolist() == [2, 2, 2, 2] and federation.test.num_rows == 2
+    assert federation.source.features("train", np.array([1])).tolist() == [[2.5, 3.5]]
+    assert load_federation(f"{dataset_file}:blobs").client_ids == ["0", "1", "2"]  # the defaults
+
+
+def test_a_dataset_function_by_module_and_re_split(dataset_file, monkeypatch):
+    monkeypatch.syspath_prepend(str(dataset_file.parent))
+    federation = load_federation("my_data:blobs?users=2&per_client=6&split=classes&classes_per_client=1&clients=3")
+    assert federation.num_clients == 3 and federation.client_num_classes.tolist() == [1, 1, 1]
+    assert federation.client_sizes.sum() == 12 and federation.test.num_rows == 2
+    # a key both could take goes to the function (alone, split_seed would ask for split=)
+    assert load_federation("my_data:seeded?split_seed=3").client_sizes.tolist() == [5, 5, 5]
+
+
+def test_a_dataset_functions_spec_is_canonical(dataset_file, monkeypatch):
+    monkeypatch.chdir(dataset_file.parent)
+    assert canonical_spec("my_data.py:blobs?shift=1&users=2") == f"{dataset_file}:blobs?shift=1&users=2"
+    assert canonical_spec("my_data:blobs?users=2&shift=1") == "my_data:blobs?shift=1&users=2"
+
+
+@pytest.mark.parametrize("target, message", [
+    ("{file}:blobs?users=many", "option users must be an integer, got 'many'"),
+    ("{file}:blobs?named=maybe", "option named must be true or false, got 'maybe'"),
+    ("{file}:blobs?colour=red", "unknown option(s) colour; blobs takes users, per_client, shift, named, name, and a re-split split"),
+    ("{file}:blobs?alpha=0.1", "option(s) alpha need split="),
+    ("{file}:not_a_federation", "not_a_federation returned list, not a fedray.Federation"),
+    ("{file}:refuses?size=2", "size 2 is too small"),
+    ("{file}:required", "argument 'size' needs a default to be an option"),
+    ("{file}:missing", "no function 'missing' in"),
+    ("{file}:np", "np is not a function"),
+    ("{dir}/absent.py:blobs", "absent.py: no such plugin file"),
+    ("no_such_module_here:blobs", "unknown dataset 'no_such_module_here:blobs' (no_such_module_here:blobs: cannot import"),
+])
+def test_bad_dataset_functions_are_one_line_errors(dataset_file, target, message):
+    spec = target.format(file=dataset_file, dir=dataset_file.parent)
+    with pytest.raises(FedrayError) as error:
+        load_federation(spec)
+    assert message in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+def test_the_name_of_a_federation_built_in_python_cannot_be_loaded():
+    with pytest.raises(FedrayError, match=r"^dataset 'memory:toy@0123456789ab' is a federation built in Python .*"
+                                          r"run it from Python with fedray.run\(dataset=federation\)$"):
+        load_federation("memory:toy@0123456789ab")
+    assert canonical_spec("memory:toy?split=classes@0123456789ab") == "memory:toy?split=classes@0123456789ab"
