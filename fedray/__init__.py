@@ -32,6 +32,8 @@ _EXPORTS = {
     "Aggregate": "fedray.methods.algorithm",
     "Population": "fedray.methods.algorithm",
     "Params": "fedray.methods.algorithm",
+    "Postprocessor": "fedray.methods.postprocessor",
+    "UploadContext": "fedray.methods.postprocessor",
     "FedrayError": "fedray.errors",
     "Federation": "fedray.data.federation",
     "load_federation": "fedray.data.registry",

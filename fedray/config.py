@@ -20,6 +20,7 @@ from fedray.gradient.schedule import SCHEDULES, LrSchedule, parse_milestones
 from fedray.gradient.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods import METHODS, method_class
 from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.postprocessor import Postprocessor
 from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, FedProx, algorithm_class
 from fedray.numeric_options import check_numeric_options, command_line
 from fedray.options import Option, option_from_hint, options_of
@@ -155,6 +156,9 @@ class RunConfig:
     client_algorithm: str | None = option(None, "your own client objective, a fedray.ClientAlgorithm subclass, as "
                                           "module:Class or path/to/file.py:Class", TRAINING,
                                           unset="the method's own (FedAvg's, FedProx's, SCAFFOLD's)", metavar="ALGORITHM")
+    postprocessor: str | None = option(None, "your own fedray.Postprocessor subclasses, each upload through them in "
+                                       "order (clipping, noise, quantization...): FILE.py:Class or module:Class, several "
+                                       "separated by commas", GENERAL, unset="none", metavar="CLASS[,CLASS...]")
     options: dict = field(default_factory=dict)
     """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
 
@@ -180,9 +184,14 @@ class RunConfig:
         if self.client_algorithm is not None:
             named.append((self.client_algorithm, client_algorithm_class))
         plugins = [load(spec) for spec, load in named if is_plugin(spec)]
+        plugins += [postprocessor_class(spec) for spec in self.postprocessor_specs()]
         if isinstance(ALGORITHMS.get(self.training_algorithm), str) and self.trains:
             plugins.append(self.algorithm_class())
         return plugins
+
+    def postprocessor_specs(self) -> list[str]:
+        """``--postprocessor``'s classes, in order."""
+        return [] if self.postprocessor is None else [spec.strip() for spec in self.postprocessor.split(",") if spec.strip()]
 
     def server_optimizer_class(self) -> type[ServerOptimizer]:
         """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
@@ -303,6 +312,8 @@ class RunConfig:
     def resolved(self) -> "RunConfig":
         """Method-dependent defaults filled in: sampling (with replacement for training), server lr, FedProx μ."""
         values = {"sampling": self.sampling or ("with" if self.trains else "without"), "method": canonical(self.method)}
+        if self.postprocessor is not None:
+            values["postprocessor"] = ",".join(canonical(spec) for spec in self.postprocessor_specs())
         if self.method == TCT:
             values["finetune"] = self.finetune or "ft"
         if self.trains:
@@ -333,6 +344,14 @@ def _is_algorithm(spec: str) -> bool:
         return issubclass(algorithm_class(spec), FederatedAlgorithm)
     except FedrayError:
         return False
+
+
+def postprocessor_class(spec: str) -> type[Postprocessor]:
+    """A researcher's :class:`~fedray.methods.postprocessor.Postprocessor` subclass (none is built in)."""
+    if not is_plugin(spec):
+        raise FedrayError(f"--postprocessor takes your own fedray.Postprocessor subclasses as module:Class or "
+                          f"path/to/file.py:Class, got {spec!r}")
+    return load_class(spec, Postprocessor, {}, "postprocessor")
 
 
 def server_optimizer_class(spec: str) -> type[ServerOptimizer]:

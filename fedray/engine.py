@@ -15,7 +15,7 @@ from fedray.runtime.evaluator import Evaluator
 from fedray.gradient.settings import server_optimizer, training_algorithm
 from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.methods.base import Classifier, ClosedFormMethod
-from fedray.methods.from_config import build_method
+from fedray.methods.from_config import build_method, postprocessing
 from fedray.results import RUN_FILES, EvalPoint, config_columns, remove_stale_temporaries, write_run
 from fedray.runtime import footprint, sampling
 from fedray.runtime.session import check_address, init_ray
@@ -42,7 +42,7 @@ def simulate(
     per_round = config.per_round(federation.num_clients)
     rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
-                              backbone_macs=config.backbone_macs)
+                              backbone_macs=config.backbone_macs, postprocessing=postprocessing(config))
     resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, rf_sigma=getattr(method, "rf_sigma", None))
     return resolved, metrics_rows(resolved, per_round, outcome.points), outcome
 
@@ -84,7 +84,8 @@ def run(
     check_address(address)
     out = Path(config.out)
     check_folder(out)
-    if config.trains:  # the training algorithm's and the server optimizer's own checks, before any work
+    postprocessing(config)  # the plugins' own checks, before any work
+    if config.trains:
         server_optimizer(config)
         training_algorithm(config)
     federation = load_federation(config.dataset) if federation is None else federation

@@ -36,6 +36,7 @@ from fedray.finetune.pool import TrainerPool
 from fedray.gradient.backend import Params, RoundUpdate
 from fedray.gradient.local import LocalSGD
 from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.training_algorithms import FedAvg, paper_family
 from fedray.images.backbones import feature_model, load_weights
 from fedray.spherefed.classifier import fixed_classifier
@@ -60,12 +61,13 @@ class FineTuneBackend:
 
     def __init__(
         self, pool: TrainerPool, weights_spec: str, mode: str, sgd: LocalSGD, seed: int, *,
-        algorithm: FederatedAlgorithm = FedAvg(), sphere_loss: str | None = None, owns_pool: bool = False
+        algorithm: FederatedAlgorithm = FedAvg(), sphere_loss: str | None = None, owns_pool: bool = False,
+        postprocessing: Postprocessing = Postprocessing(),
     ) -> None:
         self.pool, self.owns_pool, self.algorithm = pool, owns_pool, algorithm
         if sphere_loss is not None and get_mode(mode).trains_head:
             raise FedrayError(f"SphereFed's classifier is fixed: fine-tune the backbone only (ftfeat), not {mode}")
-        self.training = LocalTraining(get_mode(mode), sgd, seed, algorithm, sphere_loss)
+        self.training = LocalTraining(get_mode(mode), sgd, seed, algorithm, sphere_loss, postprocessing)
         check_sgd(sgd)
         federation, backbone = pool.federation, pool.backbone
         weights = load_weights(backbone, weights_spec, seed)
@@ -95,6 +97,7 @@ class FineTuneBackend:
         cpus_per_trainer: float = 1.0,
         algorithm: FederatedAlgorithm = FedAvg(),
         sphere_loss: str | None = None,
+        postprocessing: Postprocessing = Postprocessing(),
         eval_batch_size: int = 64,
         trial_group: PlacementGroup | None = None,
     ) -> FineTuneBackend:
@@ -104,7 +107,8 @@ class FineTuneBackend:
         pool = TrainerPool.start(federation, backbone_name, image_size=image_size, num_trainers=num_trainers,
                                  cpus_per_trainer=cpus_per_trainer, eval_batch_size=eval_batch_size, trial_group=trial_group)
         try:
-            return cls(pool, weights_spec, mode, sgd, seed, algorithm=algorithm, sphere_loss=sphere_loss, owns_pool=True)
+            return cls(pool, weights_spec, mode, sgd, seed, algorithm=algorithm, sphere_loss=sphere_loss, owns_pool=True,
+                       postprocessing=postprocessing)
         except BaseException:
             pool.shutdown()
             raise

@@ -23,7 +23,8 @@ from fedray.gradient.backend import RoundUpdate
 from fedray.gradient.client_sgd import add_upload, client_batches, start_client, train_client
 from fedray.gradient.heads import States
 from fedray.gradient.local import LocalSGD
-from fedray.methods.algorithm import FederatedAlgorithm, Params
+from fedray.methods.algorithm import FederatedAlgorithm, Params, Upload
+from fedray.methods.postprocessor import Postprocessing
 from fedray.spherefed.classifier import sphere_loss
 from fedray.tct.entk import EntkSpec, entk_features, reinitialize_last_layer
 
@@ -43,6 +44,7 @@ class LocalTraining:
     seed: int
     algorithm: FederatedAlgorithm
     sphere_loss: str | None = None
+    postprocessing: Postprocessing = Postprocessing()
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, total: bool = False) -> torch.Tensor:
         """The mean loss of a batch, or its sum over the batch with ``total``."""
@@ -106,6 +108,7 @@ class ClientTrainer:
             for name in self.statistics:
                 change = size * (model_state[name] - start[name])
                 statistics[name] = change if name not in statistics else statistics[name] + change
+            upload = Upload(self.training.postprocessing.client(upload.tensors, client, round_number), upload.weight)
             sums = add_upload(sums, upload)
             weight += upload.weight
             states.put(client, None if state is None else {name: value.cpu() for name, value in state.items()})

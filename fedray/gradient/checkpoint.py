@@ -136,6 +136,7 @@ def _plain_state(state: TrainingState) -> dict:
         "server": state.server,
         "algorithm": state.algorithm,
         "client_states": list(state.client_states),
+        "postprocessors": list(state.postprocessors),
         "accounting": {"seen": torch.from_numpy(accounting.seen), "samples_seen": int(accounting.samples_seen),
                        "bytes_up": float(accounting.bytes_up), "bytes_down": float(accounting.bytes_down),
                        "flops": float(accounting.flops), "paper": accounting.paper.to_dict()},
@@ -188,4 +189,5 @@ def _training_state(plain: dict) -> TrainingState:
         wall_s=plain["wall_s"],
         eval_s=plain["eval_s"],
         client_states=client_states,
+        postprocessors=plain.get("postprocessors", []),
     )

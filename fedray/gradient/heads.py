@@ -24,8 +24,9 @@ import torch
 from fedray.gradient.backend import RoundUpdate
 from fedray.gradient.client_sgd import CrossEntropy, add_upload, client_batches, start_client, train_client
 from fedray.gradient.local import Control, LocalSGD, train_heads
-from fedray.methods.algorithm import CONTROL, FederatedAlgorithm, Loss, Params
+from fedray.methods.algorithm import CONTROL, FederatedAlgorithm, Loss, Params, Upload
 from fedray.methods.base import ClientBatch
+from fedray.methods.postprocessor import Postprocessing
 
 ROWS = CONTROL + "rows"
 """The dual form's SCAFFOLD state of a client: the gradient rows G of its samples, c_i = XᵀG (n_i × C floats)."""
@@ -48,8 +49,10 @@ def linear(params: Params, features: torch.Tensor) -> torch.Tensor:
 
 
 def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: LocalSGD, algorithm: FederatedAlgorithm,
-                   seed: int, round_number: int, states: States, forward: Forward, path_loss: Loss) -> RoundUpdate:
-    """Every client of ``batch`` trained by autograd from ``params``, one after another; their uploads summed."""
+                   seed: int, round_number: int, states: States, forward: Forward, path_loss: Loss,
+                   postprocessing: Postprocessing = Postprocessing()) -> RoundUpdate:
+    """Every client of ``batch`` trained by autograd from ``params``, one after another; their uploads, each through
+    the postprocessors' client hooks, summed."""
     sgd = sgd.for_round(round_number)
     sums, weight, loss_sum = None, 0.0, 0.0
     for k, client in enumerate(batch.clients.tolist()):
@@ -62,6 +65,7 @@ def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: L
                               path_loss)
         trained = {name: value.clone().requires_grad_() for name, value in params.items()}
         upload, state = train_client(algorithm, round_, trained, lambda p, step: forward(p, x[step]), y, batches, sgd)
+        upload = Upload(postprocessing.client(upload.tensors, client, round_number), upload.weight)
         sums = add_upload(sums, upload)
         weight += upload.weight
         states.put(client, state)
@@ -69,13 +73,14 @@ def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: L
 
 
 def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sgd: LocalSGD,
-                       algorithm: FederatedAlgorithm, seed: int, round_number: int, states: States) -> RoundUpdate:
+                       algorithm: FederatedAlgorithm, seed: int, round_number: int, states: States,
+                       postprocessing: Postprocessing = Postprocessing()) -> RoundUpdate:
     """Every client's softmax head (x ↦ x W + b at ``sgd``'s temperature), by the dual form when the algorithm takes
-    it, else by autograd."""
-    dual = algorithm.dual_form()
+    it and no postprocessor needs each client's upload on its own, else by autograd."""
+    dual = None if postprocessing.per_client else algorithm.dual_form()
     if dual is None:
         return train_features(batch, params, broadcast, sgd, algorithm, seed, round_number, states, linear,
-                              CrossEntropy(sgd.temperature))
+                              CrossEntropy(sgd.temperature), postprocessing)
     weight, bias = params["weight"], params["bias"]
     control = None
     if dual.control:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import ray
+import torch
 
 from fedray.accounting import PaperCosts
 from fedray.gradient.backend import RoundUpdate
@@ -22,6 +23,7 @@ from fedray.gradient.heads import States, train_linear_heads
 from fedray.gradient.local import LocalSGD, random_head
 from fedray.methods.algorithm import FederatedAlgorithm, Params
 from fedray.methods.base import Classifier, ClientBatch
+from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.training_algorithms import paper_family
 from fedray.runtime.evaluator import Evaluator
 from fedray.runtime.shards import ShardPool
@@ -34,6 +36,7 @@ class LocalTrainer:
     sgd: LocalSGD
     seed: int
     algorithm: FederatedAlgorithm
+    postprocessing: Postprocessing = Postprocessing()
 
     @property
     def stateful(self) -> bool:
@@ -42,12 +45,12 @@ class LocalTrainer:
     def train(self, batch: ClientBatch, received: dict[str, Params], round_number: int, states: States) -> RoundUpdate:
         """``received`` holds the model (``params``) and the algorithm's ``broadcast``."""
         return train_linear_heads(batch, received["params"], received["broadcast"], self.sgd, self.algorithm, self.seed,
-                                  round_number, states)
+                                  round_number, states, self.postprocessing)
 
     def combine(self, a: RoundUpdate, b: RoundUpdate) -> RoundUpdate:
         return a + b
 
-    def transform(self, features):
+    def transform(self, features: torch.Tensor) -> torch.Tensor:
         return features
 
 
@@ -57,10 +60,10 @@ class ProbeBackend:
     trained_names: frozenset[str] | None = None
 
     def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, algorithm: FederatedAlgorithm,
-                 trainer: LocalTrainer | None = None) -> None:
+                 trainer: LocalTrainer | None = None, postprocessing: Postprocessing = Postprocessing()) -> None:
         """``trainer`` replaces the softmax head's local training (SphereFed's projection)."""
         self.pool, self.sgd, self.evaluator, self.algorithm = pool, sgd, evaluator, algorithm
-        self.trainer = trainer or LocalTrainer(sgd, seed, algorithm)
+        self.trainer = trainer or LocalTrainer(sgd, seed, algorithm, postprocessing)
         self.trainer_ref = ray.put(self.trainer)
         federation = pool.federation
         self.dim, self.num_classes = federation.dim, federation.num_classes

@@ -35,7 +35,7 @@ from fedray.gradient.probing import ProbeBackend
 from fedray.gradient.settings import local_sgd, server_optimizer, training_algorithm
 from fedray.gradient.training import Accounting, Checkpointing, TrainingState, train
 from fedray.methods.base import FLOAT_BYTES, Classifier
-from fedray.methods.from_config import build_method
+from fedray.methods.from_config import build_method, postprocessing
 from fedray.results import EvalPoint
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
@@ -64,7 +64,7 @@ def closed_form_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator,
     rounds = sampling.schedule(federation.num_clients, config.per_round(federation.num_clients),
                                config.sampling == "with", config.seed, config.init_rounds)
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
-                              backbone_macs=config.backbone_macs)
+                              backbone_macs=config.backbone_macs, postprocessing=postprocessing(config))
     classifier: Classifier = outcome.classifier
     weight = classifier.weight.to(torch.float32)
     bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
@@ -126,11 +126,12 @@ def train_on_features(
     """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued;
     SphereFed (``--head sphere``) trains the projection before the fixed classifier, then calibrates with FFC."""
     federation, sgd, algorithm = pool.federation, local_sgd(config), training_algorithm(config)
+    uploads = postprocessing(config)
     if config.head == "sphere":
         backend = SphereBackend(pool, sgd, config.seed, evaluator, algorithm, config.sphere_dim or federation.dim,
-                                config.sphere_loss)
+                                config.sphere_loss, uploads)
     else:
-        backend = ProbeBackend(pool, sgd, config.seed, evaluator, algorithm)
+        backend = ProbeBackend(pool, sgd, config.seed, evaluator, algorithm, postprocessing=uploads)
     return train_in_stages(config, backend, lambda params, work: work(pool, evaluator), federation.client_sizes,
                            on_point, saved)
 
@@ -178,6 +179,7 @@ def start_finetuning(config: RunConfig, federation: Federation, trial_group: Pla
         federation, config.backbone, config.weights, config.finetune, local_sgd(config), config.seed,
         image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
         algorithm=training_algorithm(config), sphere_loss=config.sphere_loss if config.head == "sphere" else None,
+        postprocessing=postprocessing(config),
         trial_group=trial_group,
     )
 
@@ -238,5 +240,6 @@ def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, si
                                config.rounds, past_coverage=True)
     checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s), out)
     train(backend, backend.algorithm, server_optimizer(config), state, rounds, sizes, config.eval_every, first_round,
-          checkpointing, on_point, config.quiet, config.backbone_macs if backbone_macs is None else backbone_macs)
+          checkpointing, on_point, config.quiet, config.backbone_macs if backbone_macs is None else backbone_macs,
+          postprocessing(config))
     return TrainingOutcome(state.points, state.params, state.accounting)

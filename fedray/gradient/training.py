@@ -22,7 +22,8 @@ import torch
 from fedray.accounting import PaperCosts, PaperTotals
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.server import ServerOptimizer
-from fedray.methods.algorithm import FederatedAlgorithm, Population
+from fedray.methods.algorithm import Aggregate, FederatedAlgorithm, Population
+from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.base import FLOAT_BYTES
 from fedray.results import EvalPoint
 from fedray.runtime.client_states import ClientStatesLost
@@ -65,7 +66,7 @@ class TrainingState:
     ``server`` is the server optimizer's state, ``algorithm`` the training
     algorithm's server state (SCAFFOLD's c, FedDyn's h), ``client_states`` the
     files where the actors wrote their clients' states at this point (none before
-    the first checkpoint).
+    the first checkpoint), ``postprocessors`` each postprocessor's state.
     """
 
     params: Params
@@ -79,6 +80,7 @@ class TrainingState:
     wall_s: float = 0.0
     eval_s: float = 0.0
     client_states: list[str] = field(default_factory=list)
+    postprocessors: list[Params] = field(default_factory=list)
 
 
 CLIENT_STATES = "checkpoint-clients"
@@ -108,11 +110,13 @@ class TrainingRounds:
     """
 
     def __init__(self, backend: TrainingBackend, algorithm: FederatedAlgorithm, server: ServerOptimizer,
-                 state: TrainingState, sizes: np.ndarray, first_round: int, backbone_macs: float | None = None) -> None:
+                 state: TrainingState, sizes: np.ndarray, first_round: int, backbone_macs: float | None = None,
+                 postprocessing: Postprocessing = Postprocessing()) -> None:
         self.backend, self.algorithm, self.server, self.state, self.sizes = backend, algorithm, server, state, sizes
-        self.first_round, self.backbone_macs = first_round, backbone_macs
+        self.first_round, self.backbone_macs, self.postprocessing = first_round, backbone_macs, postprocessing
         self.population = Population(len(sizes), int(sizes.sum()))
         server.state = state.server
+        postprocessing.load_state_dict(state.postprocessors)
         self.started = time.perf_counter() - state.wall_s
         self.client_flops = backend.client_flops(sizes.astype(np.float64))
         self.paper_costs = backend.paper_costs(sizes.astype(np.float64))
@@ -133,9 +137,10 @@ class TrainingRounds:
         state.accounting.add(clients, self.sizes, participations * up * FLOAT_BYTES, participations * down * FLOAT_BYTES,
                              float(self.client_flops[clients].sum()), self.paper_costs, self.backbone_macs)
         previous = {name: tensor.clone() for name, tensor in params.items()}
-        if bool(np.isfinite(update.loss_sum)) and _finite(update.sums) and _finite(update.statistics):
-            delta, algorithm_state = self.algorithm.server_update(model, update.aggregate(), state.algorithm,
-                                                                  self.population)
+        sums = self.postprocessing.aggregate(update.sums, number, update.clients)
+        if bool(np.isfinite(update.loss_sum)) and _finite(sums) and _finite(update.statistics):
+            delta, algorithm_state = self.algorithm.server_update(model, Aggregate(sums, update.weight, update.clients),
+                                                                  state.algorithm, self.population)
             for name, change in update.statistics.items():
                 params[name] += change / float(update.samples)
             params.update(self.server.step(params, delta))
@@ -167,7 +172,7 @@ class TrainingRounds:
     def snapshot(self) -> TrainingState:
         """The state with the server optimizer's state and the wall clock brought up to date, for a checkpoint."""
         state = self.state
-        state.server = self.server.state
+        state.server, state.postprocessors = self.server.state, self.postprocessing.state_dict()
         state.wall_s = time.perf_counter() - self.started
         return state
 
@@ -185,6 +190,7 @@ def train(
     on_point: Callable[[EvalPoint], None] | None = None,
     quiet: bool = False,
     backbone_macs: float | None = None,
+    postprocessing: Postprocessing = Postprocessing(),
 ) -> bool:
     """Run ``rounds[state.done:]``, updating ``state`` in place; whether training diverged.
 
@@ -208,7 +214,7 @@ def train(
         recovery = copy.deepcopy(snapshot)
 
     while True:
-        path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs)
+        path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing)
         callbacks: list[Callback] = [Report(state.points, on_point), Progress(len(rounds), state.done, "train", quiet)]
         if checkpointing is not None:
             callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: save(path)))

@@ -29,6 +29,7 @@ from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.errors import FedrayError
 from fedray.evaluation import EvalRows, eval_bounds
 from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
+from fedray.methods.postprocessor import Postprocessing
 from fedray.runtime.cluster import check_memory
 from fedray.runtime.client_states import ClientStates
 from fedray.runtime.footprint import Footprint
@@ -185,9 +186,20 @@ class ShardActor:
             self._staging = torch.empty(min(rows * 5 // 4, STAGING_BYTES // (width * dtype.itemsize)), width, dtype=dtype)
         return self._staging[:rows]
 
-    def statistics(self, method: ClosedFormMethod, clients: np.ndarray) -> Any:
-        """Statistics summed over ``clients`` (global numbers, in upload order); None if there are none."""
-        return method.client_statistics(self._batch(clients, method.features_dtype)) if len(clients) else None
+    def statistics(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None = None,
+                   rounds: np.ndarray | None = None) -> Any:
+        """Statistics summed over ``clients`` (global numbers, in upload order; ``rounds``: when each uploads); None if
+        there are none. With a postprocessor that changes each client's upload, client by client through it."""
+        if not len(clients):
+            return None
+        if postprocessing is None or not postprocessing.per_client:
+            return method.client_statistics(self._batch(clients, method.features_dtype))
+        total = None
+        for client, number in zip(clients.tolist(), rounds.tolist()):
+            upload = method.client_statistics(self._batch(np.array([client]), method.features_dtype))
+            upload = postprocessing.client(upload, client, number)
+            total = upload if total is None else method.combine(total, upload)
+        return total
 
     def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int) -> Any:
         """Local training of ``clients`` from what the server sent (``received``), summed as ``trainer.train`` defines;
@@ -284,14 +296,20 @@ class ShardPool(ActorGroup):
     def num_shards(self) -> int:
         return len(self.actors)
 
-    def statistics(self, method: ClosedFormMethod, clients: np.ndarray, method_ref: ray.ObjectRef | None = None) -> Reduction:
+    def statistics(self, method: ClosedFormMethod, clients: np.ndarray, method_ref: ray.ObjectRef | None = None,
+                   postprocessing: Postprocessing | None = None, rounds: np.ndarray | None = None) -> Reduction:
         """Submit the statistics of ``clients`` to their shards and tree-reduce the partial sums (``.result()``: the sum).
 
-        ``method_ref`` is ``method`` put in the object store (once per run, by a caller that submits many blocks).
+        ``method_ref`` is ``method`` put in the object store (once per run, by a caller that submits many blocks);
+        ``postprocessing``'s client hooks see each upload, made in round ``rounds[i]`` by ``clients[i]``.
         """
         self.wait()
         method_ref = ray.put(method) if method_ref is None else method_ref
-        partials = [(actor.statistics.remote(method_ref, local), actor) for actor, local in zip(self.actors, self.split_clients(clients))]
+        owners = self.owners(clients)
+        per_client = postprocessing is not None and postprocessing.per_client
+        partials = [(actor.statistics.remote(method_ref, clients[owners == index], postprocessing if per_client else None,
+                                             rounds[owners == index] if per_client else None), actor)
+                    for index, actor in enumerate(self.actors)]
         return tree_reduce(method_ref, partials, method.combine)
 
     def correct(self, feature_map: ray.ObjectRef, classifier: ray.ObjectRef) -> list[ray.ObjectRef]:

@@ -12,6 +12,7 @@ import ray
 from fedray.accounting import PaperTotals
 from fedray.runtime.evaluator import Evaluator, PendingAccuracy
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
+from fedray.methods.postprocessor import Postprocessing
 from fedray.results import EvalPoint
 from fedray.round_loop import Progress, Report, eval_rounds, run_rounds
 from fedray.runtime.actor_group import Reduction
@@ -36,6 +37,7 @@ class _Block:
     flops_client_avg: float
     paper: dict[str, float | None]
     total: Reduction | None
+    uploads: int = 0
     accuracy: PendingAccuracy | None = None
 
 
@@ -52,8 +54,10 @@ class ClosedFormRounds:
     """
 
     def __init__(self, pool: ShardPool, method: ClosedFormMethod, rounds: list[np.ndarray], evaluate_at: set[int],
-                 evaluator: Evaluator, outcome: RunOutcome, backbone_macs: float | None = None) -> None:
+                 evaluator: Evaluator, outcome: RunOutcome, backbone_macs: float | None = None,
+                 postprocessing: Postprocessing = Postprocessing()) -> None:
         self.method, self.evaluator, self.outcome, self.backbone_macs = method, evaluator, outcome, backbone_macs
+        self.postprocessing = postprocessing
         self.start = time.perf_counter()
         self.blocks = self._submit(pool, ray.put(method), rounds, evaluate_at)
         self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
@@ -70,23 +74,25 @@ class ClosedFormRounds:
         seen = np.zeros(federation.num_clients, dtype=bool)
         blocks: dict[int, _Block] = {}
         uploads: list[np.ndarray] = []
+        upload_rounds: list[np.ndarray] = []
         bytes_up = flops = 0.0
         samples = clients_seen = 0
         for number, clients in enumerate(rounds, start=1):
             new = clients[~seen[clients]]
             seen[new] = True
             uploads.append(new)
+            upload_rounds.append(np.full(len(new), number))
             bytes_up += float(upload_bytes[new].sum())
             flops += float(client_flops[new].sum())
             paper.add(paper_costs, new, self.backbone_macs)
             samples += int(sizes[new].sum())
             clients_seen += len(new)
             if number in evaluate_at:
-                uploaded = np.concatenate(uploads)
-                uploads = []
-                total = pool.statistics(method, uploaded, method_ref) if len(uploaded) else None
+                uploaded, when = np.concatenate(uploads), np.concatenate(upload_rounds)
+                uploads, upload_rounds = [], []
+                total = pool.statistics(method, uploaded, method_ref, self.postprocessing, when) if len(uploaded) else None
                 blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
-                                        paper.columns(federation.num_clients), total)
+                                        paper.columns(federation.num_clients), total, len(uploaded))
         return blocks
 
     def _solve(self, block: _Block) -> None:
@@ -94,6 +100,7 @@ class ClosedFormRounds:
         if block.total is None:
             return
         partial, block.total = block.total.result(), None  # its sums go into the state: the store may free them
+        partial = self.postprocessing.aggregate(partial, block.round, block.uploads)
         solve_start = time.perf_counter()
         self.state = partial if self.state is None else self.method.combine(self.state, partial)
         self.outcome.classifier = self.method.solve(self.state)
@@ -125,6 +132,7 @@ def run_closed_form(
     quiet: bool = False,
     on_point: Callable[[EvalPoint], None] | None = None,
     backbone_macs: float | None = None,
+    postprocessing: Postprocessing = Postprocessing(),
 ) -> RunOutcome:
     """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation, also passed to ``on_point``.
 
@@ -133,7 +141,7 @@ def run_closed_form(
     """
     outcome = RunOutcome()
     evaluate_at = eval_rounds(len(rounds), eval_every)
-    path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs)
+    path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs, postprocessing)
     name = method.name or type(method).__name__
     run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point), Progress(len(rounds), 0, name, quiet)])
     return outcome

@@ -24,6 +24,7 @@ from fedray.gradient.local import LocalSGD, random_head
 from fedray.gradient.probing import LocalTrainer, ProbeBackend
 from fedray.methods.algorithm import FederatedAlgorithm, Params
 from fedray.methods.base import ClientBatch, Classifier
+from fedray.methods.postprocessor import Postprocessing
 from fedray.runtime.evaluator import Evaluator
 from fedray.runtime.shards import ShardPool
 from fedray.spherefed.classifier import fixed_classifier, sphere_logits, sphere_loss
@@ -42,7 +43,7 @@ class SphereTrainer(LocalTrainer):
         path_loss = partial(sphere_loss, loss=self.loss, temperature=self.sgd.temperature)
         forward = partial(_sphere_forward, classifier=self.classifier)
         return train_features(batch, received["params"], received["broadcast"], self.sgd, self.algorithm, self.seed,
-                              round_number, states, forward, path_loss)
+                              round_number, states, forward, path_loss, self.postprocessing)
 
 
 def _sphere_forward(params: Params, features: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:
@@ -64,11 +65,11 @@ class SphereBackend(ProbeBackend):
     """SphereFed's training on the features of a :class:`ShardPool`; the fixed classifier never travels."""
 
     def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, algorithm: FederatedAlgorithm,
-                 sphere_dim: int, loss: str) -> None:
+                 sphere_dim: int, loss: str, postprocessing: Postprocessing = Postprocessing()) -> None:
         self.sphere_dim = sphere_dim
         self.classifier = fixed_classifier(pool.federation.num_classes, sphere_dim, seed).to(torch.float32)
         super().__init__(pool, sgd, seed, evaluator, algorithm,
-                         trainer=SphereTrainer(sgd, seed, algorithm, classifier=self.classifier, loss=loss))
+                         trainer=SphereTrainer(sgd, seed, algorithm, postprocessing, classifier=self.classifier, loss=loss))
 
     def initial_params(self, seed: int) -> Params:
         """The projection d → l, initialized like every random head of a run (:func:`random_head`, transposed)."""

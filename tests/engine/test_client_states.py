@@ -5,7 +5,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-import pytest
 import ray
 import torch
 

@@ -1,0 +1,141 @@
+"""Postprocessors see every upload: each client's on its way out and the server's sum, for closed-form methods and
+training algorithms alike; examples/gaussian_noise.py at σ = 0 is the plain run bit for bit, at σ > 0 its noise has
+the variance σ²."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import scipy.stats
+import torch
+
+import fedray
+from fedray.config import resolve
+from fedray.engine import run
+from fedray.methods.postprocessor import AGGREGATE, Postprocessing, UploadContext, flatten, unflatten
+
+REPO = Path(__file__).resolve().parents[2]
+NOISE = f"{REPO / 'examples' / 'gaussian_noise.py'}:GaussianNoise"
+DATASET = "synthetic:inat-geo-100?dim=24&scale=0.3&classes=20"
+
+
+@dataclass
+class Sums:
+    counts: torch.Tensor
+    sums: torch.Tensor
+
+
+class ClassSums(fedray.ClosedFormMethod):
+    """Per-class feature sums, whose 'classifier' is the sums themselves: the aggregate the server received."""
+
+    features_dtype = torch.float64
+
+    def client_statistics(self, batch):
+        sums = torch.zeros(self.num_classes, self.dim, dtype=torch.float64).index_add_(0, batch.labels, batch.features.double())
+        return Sums(torch.bincount(batch.labels, minlength=self.num_classes).double(), sums)
+
+    def combine(self, a, b):
+        return Sums(a.counts + b.counts, a.sums + b.sums)
+
+    def solve(self, stats):
+        return fedray.Classifier(stats.sums.T.contiguous())
+
+
+def test_uploads_of_any_shape_reach_a_postprocessor_as_named_tensors_and_go_back_as_they_were():
+    stats = (Sums(torch.ones(2), torch.zeros(2, 3)), {"rows": torch.arange(4.0)})
+    tensors = flatten(stats)
+    assert list(tensors) == ["0.counts", "0.sums", "1.rows"]
+    rebuilt = unflatten(stats, {name: tensor + 1 for name, tensor in tensors.items()})
+    assert isinstance(rebuilt, tuple) and isinstance(rebuilt[0], Sums)
+    assert torch.equal(rebuilt[0].sums, torch.ones(2, 3)) and torch.equal(rebuilt[1]["rows"], torch.arange(1.0, 5.0))
+
+
+class Marks(fedray.Postprocessor):
+    """Records the seed of each draw: what the generators of the uploads were."""
+
+    def client(self, upload, context):
+        return {name: tensor + torch.rand((), generator=context.generator) for name, tensor in upload.items()}
+
+
+def test_the_random_draws_depend_on_the_seed_round_client_and_place_only():
+    upload = {"w": torch.zeros(())}
+    draws = {(seed, number, client, index): float(Postprocessing((Marks(),) * (index + 1), seed).client(upload, client, number)["w"])
+             for seed in (0, 1) for number in (1, 2) for client in (3, 4) for index in (0, 1)}
+    assert len(set(draws.values())) == len(draws)
+    again = Postprocessing((Marks(),), 0).client(upload, 3, 1)["w"]
+    assert float(again) == draws[0, 1, 3, 0]
+    assert Postprocessing((Marks(),), 0).aggregate(upload, 1, 5) is not upload  # the aggregate goes through too
+    assert Postprocessing((), 0).client(upload, 3, 1) is upload and Postprocessing((), 0).aggregate(upload, 1, 5) is upload
+
+
+def runs(tmp_path: Path, method: str, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
+    config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / name), "client_lr": 0.01,
+                          "clients_per_round": 8, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+    run(config)
+    rows = pq.read_table(tmp_path / name / "metrics.parquet").drop(["wall_s"]).to_pylist()
+    keep = ("round", "accuracy", "bytes_up", "bytes_down", "train_loss", "clients_seen", "samples_seen")
+    return [{key: row[key] for key in keep} for row in rows], dict(np.load(tmp_path / name / "classifier.npz"))
+
+
+@pytest.mark.parametrize("method, values", [("fed3r", {"rounds": 6, "eval_every": 3}),
+                                            ("fedavg", {"rounds": 4, "eval_every": 2})])
+def test_noise_at_sigma_zero_is_the_plain_run_bit_for_bit(ray_session, tmp_path, method, values):
+    plain = runs(tmp_path, method, "plain", **values)
+    noiseless = runs(tmp_path, method, "noiseless", postprocessor=NOISE, options={"noise_std": 0.0}, **values)
+    assert noiseless[0] == plain[0]
+    assert noiseless[1].keys() == plain[1].keys()
+    assert all(np.array_equal(noiseless[1][key], plain[1][key]) for key in plain[1])
+
+
+def assert_gaussian(noise: np.ndarray, sigma: float) -> None:
+    """Σ noise² / σ² is χ² with as many degrees of freedom as coordinates: inside its central 99.9%."""
+    statistic = float(np.sum(noise.astype(np.float64) ** 2)) / sigma**2
+    assert scipy.stats.chi2.ppf(0.0005, noise.size) < statistic < scipy.stats.chi2.ppf(0.9995, noise.size)
+    assert abs(float(noise.mean())) < 4 * sigma / np.sqrt(noise.size)
+
+
+def test_the_noise_on_a_closed_form_aggregate_has_variance_sigma_squared(ray_session, tmp_path):
+    method = f"{__name__}:ClassSums"
+    values = {"rounds": 5, "eval_every": 5}
+    _, plain = runs(tmp_path, method, "plain", **values)
+    _, noisy = runs(tmp_path, method, "noisy", postprocessor=NOISE, options={"noise_std": 2.0}, **values)
+    assert_gaussian(noisy["W"] - plain["W"], 2.0)   # one evaluation block: one aggregate, W = its sums
+
+
+def test_the_noise_on_a_training_round_has_variance_sigma_squared(ray_session, tmp_path):
+    """One FedAvg round at η = 1: the head moves by the noisy sum over Σ n_k, so the difference is noise / Σ n_k."""
+    values = {"rounds": 1, "eval_every": 1}
+    rows, plain = runs(tmp_path, "fedavg", "plain", **values)
+    _, noisy = runs(tmp_path, "fedavg", "noisy", postprocessor=NOISE, options={"noise_std": 3.0}, **values)
+    samples = rows[-1]["samples_seen"]
+    noise = np.concatenate([(noisy[key] - plain[key]).ravel() for key in ("W", "bias")]) * samples
+    assert_gaussian(noise, 3.0)
+
+
+def test_clipping_bounds_each_clients_upload_in_training_and_closed_form(ray_session, tmp_path):
+    clip = 1e-3
+    rows, start = runs(tmp_path, "fedavg", "start", rounds=1, eval_every=1, client_lr=1e-9)
+    _, clipped = runs(tmp_path, "fedavg", "clipped", rounds=1, eval_every=1, client_lr=0.5, postprocessor=NOISE,
+                      options={"clip": clip})
+    _, unclipped = runs(tmp_path, "fedavg", "unclipped", rounds=1, eval_every=1, client_lr=0.5)
+    moved = np.sqrt(sum(np.sum((clipped[key] - start[key]) ** 2) for key in ("W", "bias")))
+    free = np.sqrt(sum(np.sum((unclipped[key] - start[key]) ** 2) for key in ("W", "bias")))
+    assert moved <= clip * (1 + 1e-4) < free / 100   # a sample-weighted mean of updates of norm ≤ R has norm ≤ R
+    method = f"{__name__}:ClassSums"
+    _, sums = runs(tmp_path, method, "sums", rounds=2, eval_every=2, postprocessor=NOISE, options={"clip": clip})
+    clients = 16
+    # each client's (counts, sums) was clipped to norm R, so the sums of the 16 clients are within 16 R
+    assert np.linalg.norm(sums["W"]) <= clients * clip * (1 + 1e-9)
+
+
+def test_a_postprocessor_is_checked_before_any_work():
+    from fedray.errors import FedrayError
+    from fedray.methods.from_config import postprocessing
+
+    with pytest.raises(FedrayError, match="option noise_std must be ≥ 0"):
+        postprocessing(resolve({}, {"method": "fed3r", "postprocessor": NOISE, "options": {"noise_std": "-1"}}))
+    with pytest.raises(FedrayError, match="--postprocessor takes your own fedray.Postprocessor"):
+        resolve({}, {"method": "fed3r", "postprocessor": "gaussian"})
+    assert isinstance(UploadContext(AGGREGATE, 1, 2, torch.Generator()).generator, torch.Generator)
