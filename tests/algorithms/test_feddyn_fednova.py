@@ -2,6 +2,7 @@
 mini-batches the reference rebuilds exactly (the same permutations from the same seeds)."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,12 +20,13 @@ SEED, LR, ROUNDS, PER_ROUND = 4, 0.05, 4, 6
 
 
 def engine_head(tmp_path, method: str, batch_size: int, epochs: int, **options) -> dict[str, np.ndarray]:
-    config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / method), "seed": SEED,
+    out = tmp_path / method.rpartition(":")[2]
+    config = resolve({}, {"method": method, "dataset": DATASET, "out": str(out), "seed": SEED,
                           "client_lr": LR, "weight_decay": 0.0, "batch_size": batch_size, "local_epochs": epochs,
                           "rounds": ROUNDS, "clients_per_round": PER_ROUND, "eval_every": ROUNDS, "num_shards": 2,
                           "cpus_per_shard": 1.0, "quiet": True, "options": options})
     run(config)
-    saved = np.load(tmp_path / method / "classifier.npz")
+    saved = np.load(out / "classifier.npz")
     return {"weight": saved["W"], "bias": saved["bias"]}
 
 
@@ -124,3 +126,12 @@ def test_feddyn_takes_its_option_from_the_command_line_and_refuses_a_non_positiv
     assert training_algorithm(resolve({}, {"method": "feddyn", "options": {"alpha": "0.5"}})).alpha == 0.5
     with pytest.raises(FedrayError, match="--method feddyn: option alpha must be > 0, got 0.0"):
         training_algorithm(resolve({}, {"method": "feddyn", "options": {"alpha": "0"}}))
+
+
+def test_the_readme_s_feddyn_in_one_file_trains_as_the_shipped_one(ray_session, tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = readme.split("# my_feddyn.py\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_feddyn.py").write_text(code)
+    shipped = engine_head(tmp_path, "feddyn", 4, 2, alpha=0.1)
+    mine = engine_head(tmp_path, f"{tmp_path / 'my_feddyn.py'}:MyFedDyn", 4, 2, alpha=0.1)
+    assert all(np.array_equal(mine[name], shipped[name]) for name in shipped)
