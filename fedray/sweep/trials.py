@@ -22,7 +22,7 @@ from fedray.data.registry import check_spec
 from fedray.errors import FedrayError
 from fedray.gradient.settings import server_optimizer, training_algorithm
 from fedray.methods import METHODS, method_class
-from fedray.methods.from_config import option_values
+from fedray.methods.from_config import option_values, postprocessing
 from fedray.options import build
 from fedray.sweep.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
 
@@ -76,6 +76,7 @@ def check_trial(config: RunConfig) -> None:
     for name in _closed_form_methods(config):
         build(method_class(name), option_values(replace(config, method=name)), f"--method {name}",
               dim=1, num_classes=1, seed=config.seed)
+    postprocessing(config)
     if config.trains:
         server_optimizer(config)
         training_algorithm(config)
