@@ -9,7 +9,6 @@ references therefore run on the trainers' single thread and decoded inputs,
 where the backend must match them to summation round-off.
 """
 
-from contextlib import contextmanager
 from types import SimpleNamespace
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from fedray.gradient.local import LocalSGD, client_rng, minibatches, train_heads
 from fedray.gradient.schedule import LrSchedule
 from fedray.images.backbones import get_backbone, load_weights
 from fedray.methods.algorithm import Population
+from fedray.methods.base import single_threaded
 from fedray.methods.training_algorithms import FedAvg, FedProx, Scaffold
 from fedray.images.decode import ImageTransform, load_image
 from fedray.runtime.shards import gather_rows
@@ -143,17 +143,6 @@ def decode(paths: list[str]) -> torch.Tensor:
     return torch.stack([load_image(path, transform, pipeline) for path in paths])
 
 
-@contextmanager
-def one_thread():
-    """The trainers' thread count (a quarter CPU each): see the module docstring."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere=False):
     """FedAvg's client side written plainly: each client trains a copy of the whole network with torch.optim.SGD.
 
@@ -161,7 +150,7 @@ def plain_round(backbone, federation, params, clients, sgd, seed, round_number, 
     the starting model's loss summed over the client's samples in batch_size chunks, in train mode.
     ``sphere``: SphereFed, the head fixed after an L2 normalization and SphereFed's MSE (1/C)‖Wz − onehot(y)‖².
     """
-    with one_thread():
+    with single_threaded():
         return _plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere)
 
 
