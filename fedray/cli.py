@@ -12,6 +12,7 @@ from fedray import interrupts
 from fedray.config import GENERAL, GROUPS, RESOURCES, RUN_OPTIONS, TRAINING, RunConfig, load_config_file, resolve
 from fedray.errors import FedrayError
 from fedray.numeric_options import check_numeric_options, command_line
+from fedray.plugins import display_name
 
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
@@ -66,8 +67,18 @@ def _cmd_run(args: argparse.Namespace) -> None:
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
                           f"rows up to there are in {config.out}")
-    print(f"{config.method} on {config.dataset}: accuracy {last['accuracy']:.4f} ({last['stage']}) after {last['round']} rounds, "
+    print(f"{what_ran(config)} on {config.dataset}: accuracy {last['accuracy']:.4f} ({last['stage']}) after {last['round']} rounds, "
           f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
+
+
+def what_ran(config: RunConfig) -> str:
+    """The method, and the server optimizer or client algorithm that replaced its own (``fedavg with server optimizer FedYogi``)."""
+    parts = [display_name(config.method)]
+    if config.trains and config.server_optimizer != config.algorithm.server:
+        parts.append(f"server optimizer {display_name(config.server_optimizer)}")
+    if config.client_algorithm is not None:
+        parts.append(f"client algorithm {display_name(config.client_algorithm)}")
+    return parts[0] + (" with " + " and ".join(parts[1:]) if parts[1:] else "")
 
 
 def _left_by_run(config: RunConfig) -> str:

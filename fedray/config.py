@@ -47,6 +47,8 @@ GROUPS = {
 SAMPLINGS = ("without", "with")
 HEADS = ("linear", "sphere")
 SPHERE_LOSSES = ("mse", "ce")
+PLAIN_AVERAGING = "fedavg"
+"""The server optimizer of fedavg, fedprox and scaffold: the one ``--server-optimizer`` may replace."""
 DEFAULT_PER_ROUND = 10
 """κ when neither --clients-per-round nor --participation is given."""
 
@@ -190,6 +192,7 @@ class RunConfig:
             raise FedrayError(f"--server-optimizer applies to gradient methods, not {self.method}")
         if self.client_algorithm is not None and not self.trains:
             raise FedrayError(f"--client-algorithm applies to gradient methods, not {self.method}")
+        self._validate_server_optimizer()
         self._validate_options()
         if self.sampling not in (None, *SAMPLINGS):
             raise FedrayError(f"--sampling must be 'without' or 'with', got {self.sampling!r}")
@@ -230,6 +233,20 @@ class RunConfig:
         if self.method == TCT:
             self._validate_tct()
         return self
+
+    def _validate_server_optimizer(self) -> None:
+        """A method whose server is not plain averaging (fedavgm, fedadam) is its server: another one contradicts it.
+
+        fedavg, fedprox and scaffold average on the server, so ``--server-optimizer`` replaces their averaging.
+        """
+        if self.server_optimizer is None or not self.trains:
+            return
+        own = self.algorithm.server
+        if own != PLAIN_AVERAGING and canonical(self.server_optimizer) != own:
+            flag = f"--base {self.base}" if self.method == TCT else f"--method {self.method}"
+            raise FedrayError(f"{flag} is its own server optimizer ({own}): --server-optimizer {self.server_optimizer} "
+                              f"contradicts it; give --method fedavg (or fedprox, scaffold) with --server-optimizer "
+                              f"{self.server_optimizer}")
 
     def _validate_client_optimizer(self) -> None:
         if not 0 <= self.client_momentum < 1:

@@ -22,6 +22,11 @@ def is_plugin(spec: str) -> bool:
     return ":" in spec
 
 
+def display_name(spec: str) -> str:
+    """What a table or a summary calls ``spec``: a plugin's class name (``MyNCM`` for ``my_ncm.py:MyNCM``), a built-in's name."""
+    return spec.rpartition(":")[2] if is_plugin(spec) else spec
+
+
 def canonical(spec: str) -> str:
     """``spec`` with a file path made absolute, so a Tune trial (run in another folder) finds the same file."""
     target, colon, name = spec.rpartition(":")

@@ -124,9 +124,10 @@ def test_a_server_optimizer_plugin_of_theta_plus_delta_is_fedavg_bit_for_bit(ray
     (tmp_path / "plain_average.py").write_text(PLAIN_AVERAGE)
     common = ["--method", "fedavg", "--dataset", SPEC, "--rounds", "12", "--eval-every", "4", "--client-lr", "0.01", *SMALL_RUN]
     assert cli(capsys, "run", *common, "--out", tmp_path / "builtin")[0] == 0
-    rc, _, err = cli(capsys, "run", *common, "--out", tmp_path / "plugin", "--server-optimizer",
-                     f"{tmp_path / 'plain_average.py'}:PlainAverage")
+    rc, out, err = cli(capsys, "run", *common, "--out", tmp_path / "plugin", "--server-optimizer",
+                       f"{tmp_path / 'plain_average.py'}:PlainAverage")
     assert rc == 0, err
+    assert out.startswith(f"fedavg with server optimizer PlainAverage on {SPEC}: accuracy "), out  # what ran
     drop = ("server_optimizer",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "plugin")] == \
         [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "builtin")]
@@ -202,6 +203,11 @@ def test_a_client_algorithm_plugin_declares_its_fields_as_options():
     (["--method", "fed3r", "--server-optimizer", YOGI], ["--server-optimizer applies to gradient methods"]),
     (["--method", "fedavg", "--server-optimizer", NCM], ["not a subclass of fedray.ServerOptimizer"]),
     (["--method", "fed3r", "--client-algorithm", PROXIMAL], ["--client-algorithm applies to gradient methods"]),
+    (["--method", "fedadam", "--server-optimizer", YOGI],
+     [f"--method fedadam is its own server optimizer (fedadam): --server-optimizer {YOGI} contradicts it"]),
+    (["--method", "fedavgm", "--server-optimizer", "fedavg"],
+     ["--method fedavgm is its own server optimizer (fedavgm): --server-optimizer fedavg contradicts it"]),
+    (["--method", "tct", "--base", "fedadam", "--server-optimizer", YOGI], ["--base fedadam is its own server optimizer"]),
     (["--method", "fedavg", "--client-algorithm", YOGI], ["not a subclass of fedray.ClientAlgorithm"]),
     (["--method", "fedavg", "--client-algorithm", "fedprox"], ["--client-algorithm takes your own", "--method"]),
     (["--method", "fedavg", "--client-algorithm", PROXIMAL, "--option", "mu=strong"], ["option mu must be a number"]),
