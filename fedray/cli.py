@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from dataclasses import Field, fields
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from fedray import interrupts
 from fedray.config import GENERAL, GROUPS, RESOURCES, RUN_OPTIONS, TRAINING, RunConfig, load_config_file, resolve
 from fedray.errors import FedrayError
 from fedray.numeric_options import check_numeric_options, command_line
-from fedray.plugins import display_name
+from fedray.plugins import display_name, plugin_failure
 
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
@@ -257,7 +258,7 @@ def _ray_is_up() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``fedray ARGV``; the exit code: 0, 2 for bad input, 130 after Ctrl-C and 143 after SIGTERM."""
+    """``fedray ARGV``; the exit code: 0, 2 for bad input, 1 when a plugin raised, 130 after Ctrl-C and 143 after SIGTERM."""
     args = build_parser().parse_args(argv)
     ray_was_up = _ray_is_up()
     with interrupts.raising_on_sigterm():
@@ -266,6 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         except FedrayError as error:
             print(f"fedray: error: {error}", file=sys.stderr)
             return 2
+        except Exception as error:  # a researcher's plugin raised: name it and the call, then its traceback
+            failure = plugin_failure(error)
+            if failure is None:
+                raise
+            print(f"fedray: error: {failure}; its traceback:", file=sys.stderr)
+            traceback.print_exception(error, file=sys.stderr)
+            return 1
         except (*interrupts.INTERRUPTS, interrupts.Stopped) as interrupt:
             stop = interrupts.stopped(interrupt)
             with interrupts.ignoring_interrupts():

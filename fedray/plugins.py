@@ -10,11 +10,18 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import re
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 
 from fedray.errors import FedrayError
+
+_SPECS_OF_FILE: dict[str, set[str]] = {}
+"""The loaded plugins' files (absolute paths) and the specs of the classes loaded from each: a traceback frame in one
+of these files is the researcher's code."""
+_FRAME = re.compile(r'File "([^"]+)", line \d+, in (\S+)')
 
 
 def is_plugin(spec: str) -> bool:
@@ -57,7 +64,30 @@ def load_class(spec: str, base: type, builtins: dict[str, type], what: str) -> t
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise FedrayError(f"{spec}: {name} is not a subclass of fedray.{base.__name__}")
     _travel_by_value(module)
+    if getattr(module, "__file__", None):
+        _SPECS_OF_FILE.setdefault(str(Path(module.__file__).resolve()), set()).add(canonical(spec))
     return cls
+
+
+def plugin_failure(error: BaseException) -> str | None:
+    """One line naming the plugin whose code raised ``error`` and the call into it (``MyNCM.solve``'s file:Class and
+    ``solve``), or None when no loaded plugin's code is in its traceback.
+
+    The traceback is read as text, so an error raised in a shard actor (a Ray task error, whose text holds the
+    actor's traceback) is found as one raised on the driver. The call is the outermost frame in the plugin's file:
+    the method fedray called, not the line deep inside it that failed.
+    """
+    text = "".join(traceback.format_exception(error))
+    for path, function in _FRAME.findall(text):
+        specs = _SPECS_OF_FILE.get(path)
+        if specs:
+            cause = getattr(error, "cause", None)  # a Ray task error carries the actor's exception
+            raised = cause if isinstance(cause, BaseException) else error
+            message = str(raised).strip().splitlines()
+            what = f"{type(raised).__name__}: {message[0]}" if message else type(raised).__name__
+            plugin = next(iter(specs)) if len(specs) == 1 else path
+            return f"the plugin {plugin} failed in {function} ({what})"
+    return None
 
 
 def _imported(name: str, spec: str) -> ModuleType:

@@ -19,6 +19,7 @@ from ray import tune
 from ray.util import get_current_placement_group
 
 from fedray.errors import FedrayError
+from fedray.plugins import plugin_failure
 from fedray.results import METRICS, remove_stale_temporaries, write_atomically
 from fedray.engine import run
 from fedray.runtime.cluster import check_bundles_fit
@@ -100,12 +101,16 @@ def _finished(result: tune.Result) -> bool:
 
 
 def failure_line(error: BaseException) -> str:
-    """A failed trial's error in one line: fedray's own message, else the exception's type and message, never Ray's
-    actor wrapper (its first line is ``ray::ImplicitFunc.train() (pid=...)`` in colour)."""
+    """A failed trial's error in one line: fedray's own message, the plugin that raised and the call into it, else the
+    exception's type and message, never Ray's actor wrapper (its first line is ``ray::ImplicitFunc.train() (pid=...)``
+    in colour)."""
+    failure = plugin_failure(error)  # from the whole error: a RayTaskError's text holds the trial's traceback
     cause = getattr(error, "cause", None)  # a RayTaskError carries the trial's own exception
     error = cause if isinstance(cause, BaseException) else error
     if isinstance(error, FedrayError):
         return str(error)
+    if failure is not None:
+        return failure
     message = ANSI_CODES.sub("", str(error)).strip().splitlines()
     return f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
 

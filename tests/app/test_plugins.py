@@ -18,7 +18,7 @@ import yaml
 import fedray
 from fedray.cli import main
 from fedray.options import options_of
-from fedray.plugins import load_class
+from fedray.plugins import load_class, plugin_failure
 from fedray.sweep.spec import load_sweep
 from fedray.sweep.tuning import sweep
 
@@ -133,6 +133,67 @@ def test_a_server_optimizer_plugin_of_theta_plus_delta_is_fedavg_bit_for_bit(ray
         [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "builtin")]
     with np.load(tmp_path / "plugin" / "classifier.npz") as plugin, np.load(tmp_path / "builtin" / "classifier.npz") as builtin:
         assert np.array_equal(plugin["W"], builtin["W"]) and np.array_equal(plugin["bias"], builtin["bias"])
+
+
+FLOAT64_NCM = '''
+import torch
+import fedray
+
+
+class Float64NCM(fedray.ClosedFormMethod):
+    """FedNCM on float64 features, summed as handed over (no conversion): the shards and the upload count's probe
+    both give float64."""
+
+    features_dtype = torch.float64
+
+    def client_statistics(self, batch):
+        counts = torch.bincount(batch.labels, minlength=self.num_classes).double()
+        sums = torch.zeros(self.num_classes, self.dim, dtype=torch.float64).index_add_(0, batch.labels, batch.features)
+        return counts, sums
+
+    def combine(self, a, b):
+        return a[0] + b[0], a[1] + b[1]
+
+    def solve(self, stats):
+        means = (stats[1] / stats[0].clamp(min=1)[:, None]).T
+        return fedray.Classifier(torch.nn.functional.normalize(means, dim=0))
+'''
+
+
+def test_a_float64_plugin_runs_with_the_default_upload_count(fedncm_run, tmp_path, capsys):
+    (tmp_path / "float64_ncm.py").write_text(FLOAT64_NCM)
+    rc, _, err = cli(capsys, "run", "--method", f"{tmp_path / 'float64_ncm.py'}:Float64NCM", "--dataset", SPEC,
+                     "--out", tmp_path / "out", "--eval-every", "3", *SMALL_RUN)
+    assert rc == 0, err
+    assert max_relative_difference(weight(tmp_path / "out"), weight(fedncm_run)) <= 1e-12
+    dim, classes = 8, 20  # the default count: one client's statistics, C counts and C × d sums, as float32
+    assert rows(tmp_path / "out")[-1]["bytes_up"] == rows(tmp_path / "out")[-1]["clients_seen"] * (classes + classes * dim) * 4
+
+
+def test_a_plugins_own_error_is_named_above_its_traceback(tmp_path, capsys):
+    broken = FLOAT64_NCM.replace("    def combine(self, a, b):", "    def combine(self, a, b):\n        raise ZeroDivisionError('my bug')")
+    (tmp_path / "broken.py").write_text(broken)
+    plugin = load_class(f"{tmp_path / 'broken.py'}:Float64NCM", fedray.ClosedFormMethod, {}, "method")
+    with pytest.raises(ZeroDivisionError) as raised:
+        plugin(2, 2).combine(None, None)
+    assert plugin_failure(raised.value) == \
+        f"the plugin {tmp_path / 'broken.py'}:Float64NCM failed in combine (ZeroDivisionError: my bug)"
+    assert plugin_failure(ZeroDivisionError("fedray's own")) is None
+
+
+def test_a_plugins_error_in_a_shard_is_named_above_its_traceback(ray_session, tmp_path, capsys):
+    broken = FLOAT64_NCM.replace("    def client_statistics(self, batch):",
+                                 "    def client_statistics(self, batch):\n        if len(batch.labels) > 1:\n"
+                                 "            raise KeyError('a bug in a shard')")
+    (tmp_path / "broken.py").write_text(broken)
+    rc, _, err = cli(capsys, "run", "--method", f"{tmp_path / 'broken.py'}:Float64NCM", "--dataset", SPEC,
+                     "--out", tmp_path / "out", *SMALL_RUN)
+    first, *traceback = err.splitlines()
+    assert rc == 1 and first == f"fedray: error: the plugin {tmp_path / 'broken.py'}:Float64NCM failed in " \
+        "client_statistics (KeyError: 'a bug in a shard'); its traceback:", err
+    assert traceback[0] == "Traceback (most recent call last):"
+    assert f'File "{tmp_path / "broken.py"}", line 14, in client_statistics' in err and "KeyError: 'a bug in a shard'" in err
+    assert not (tmp_path / "out" / "metrics.parquet").exists()
 
 
 def test_fedyogi_follows_its_update_rule():
