@@ -93,8 +93,12 @@ def plugin_failure(error: BaseException) -> str | None:
 def _imported(name: str, spec: str) -> ModuleType:
     try:
         return importlib.import_module(name)
-    except ImportError as error:
-        raise FedrayError(f"{spec}: cannot import {name} ({error})") from None
+    except Exception as error:
+        shadowed = shadowing_fedray()
+        if not (isinstance(error, ImportError) or shadowed):
+            raise
+        raise FedrayError(f"{spec}: cannot import {name} ({type(error).__name__}: {error})"
+                          + (f": {shadowed}" if shadowed else "")) from None
 
 
 def _module_from_file(path: Path) -> ModuleType:
@@ -112,8 +116,31 @@ def _module_from_file(path: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as error:
         del sys.modules[name]
-        raise FedrayError(f"{path}: the plugin failed to load ({type(error).__name__}: {error})") from None
+        shadowed = shadowing_fedray()
+        raise FedrayError(f"{path}: the plugin failed to load ({type(error).__name__}: {error})"
+                          + (f": {shadowed}" if shadowed else "")) from None
     return module
+
+
+def shadowing_fedray() -> str | None:
+    """What ``import fedray`` gives when it is not this package, or None.
+
+    A folder named ``fedray/`` in the working directory (Ray's workers put the
+    driver's on ``sys.path``) is imported as a namespace package ahead of an
+    editable install, while ``fedray.plugins`` and the other submodules still
+    come from the install: a plugin's ``fedray.ClosedFormMethod`` then fails
+    with a bare "module 'fedray' has no attribute".
+    """
+    ours = Path(__file__).resolve().parent
+    imported = sys.modules.get("fedray")
+    file = getattr(imported, "__file__", None)
+    if imported is None or (file is not None and Path(file).resolve().parent == ours):
+        return None
+    folders = dict.fromkeys(str(Path(folder).resolve()) for folder in getattr(imported, "__path__", []))
+    where = file or " and ".join(folders) or repr(imported)
+    kind = "" if file else " (a folder without __init__.py, imported as a namespace package)"
+    return (f"'import fedray' gave {where}{kind}, not fedray's package {ours}: a folder named fedray in the working "
+            f"directory or on sys.path hides it; rename or move that folder")
 
 
 def _travel_by_value(module: ModuleType) -> None:

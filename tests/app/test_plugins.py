@@ -6,6 +6,7 @@ The examples in ``examples/`` are the plugins: ``nearest_class_mean.py`` re-impl
 """
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import yaml
 
 import fedray
 from fedray.cli import main
+from fedray.errors import FedrayError
 from fedray.options import options_of
 from fedray.plugins import load_class, plugin_failure
 from fedray.sweep.spec import load_sweep
@@ -194,6 +196,23 @@ def test_a_plugins_error_in_a_shard_is_named_above_its_traceback(ray_session, tm
     assert traceback[0] == "Traceback (most recent call last):"
     assert f'File "{tmp_path / "broken.py"}", line 14, in client_statistics' in err and "KeyError: 'a bug in a shard'" in err
     assert not (tmp_path / "out" / "metrics.parquet").exists()
+
+
+@pytest.mark.parametrize("form", ["file", "module"])
+def test_a_folder_named_fedray_that_hides_the_package_is_named(tmp_path, monkeypatch, form):
+    """As in a Ray worker started in a folder holding a ``fedray/`` folder: ``import fedray`` gives that folder (a
+    namespace package, ahead of an editable install) while fedray's submodules still load."""
+    (tmp_path / "fedray").mkdir()
+    (tmp_path / "shadowed_plugin.py").write_text("import fedray\n\n\nclass Mine(fedray.ClosedFormMethod):\n    pass\n")
+    monkeypatch.delitem(sys.modules, "fedray")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    spec = f"{tmp_path / 'shadowed_plugin.py'}:Mine" if form == "file" else "shadowed_plugin:Mine"
+    with pytest.raises(FedrayError) as error:
+        load_class(spec, fedray.ClosedFormMethod, {}, "method")
+    assert str(error.value).endswith(
+        f"(AttributeError: module 'fedray' has no attribute 'ClosedFormMethod'): 'import fedray' gave {tmp_path / 'fedray'} "
+        f"(a folder without __init__.py, imported as a namespace package), not fedray's package {REPO / 'fedray'}: a folder "
+        "named fedray in the working directory or on sys.path hides it; rename or move that folder"), error.value
 
 
 def test_fedyogi_follows_its_update_rule():
