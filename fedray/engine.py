@@ -15,7 +15,7 @@ from fedray.gradient.settings import local_sgd, server_optimizer
 from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method
-from fedray.results import RUN_FILES, EvalPoint, config_columns, remove_stale_temporaries, write_run
+from fedray.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
 from fedray.runtime import footprint, sampling
 from fedray.runtime.session import check_address, init_ray
 from fedray.runtime.shards import ShardPool
@@ -53,8 +53,9 @@ def _resolved(config: RunConfig, num_clients: int, **values: object) -> RunConfi
 
 
 def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], **last: object) -> list[dict]:
-    """One row per point: the configuration's columns, then the point's; ``last`` adds columns to the final row."""
-    columns = {**config_columns(resolved.to_dict()), "clients_per_round": per_round}
+    """One row per point: the configuration's columns (those that apply to the run), then the point's; ``last`` adds
+    columns to the final row."""
+    columns = {**resolved.metrics_columns(), "clients_per_round": per_round}
     rows = [{**columns, **asdict(point), **{key: None for key in last}} for point in points]
     rows[-1].update(last)
     return rows

@@ -89,12 +89,6 @@ def remove_stale_temporaries(folder: Path, names: Iterable[str]) -> None:
             entry.unlink(missing_ok=True)
 
 
-def config_columns(config: dict) -> dict:
-    """Config values as table columns (None becomes a typed null via Arrow's inference); a plugin's options each a column."""
-    columns = {key: value for key, value in config.items() if key not in ("out", "quiet", "options")}
-    return {**columns, **config.get("options", {})}
-
-
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as handle:
         np.savez(handle, **arrays)

@@ -24,7 +24,7 @@ from fedray.results import METRICS, remove_stale_temporaries, write_atomically
 from fedray.engine import run
 from fedray.runtime.cluster import check_bundles_fit
 from fedray.runtime.session import init_ray
-from fedray.sweep.spec import OPTIONS_PREFIX, SweepSpec
+from fedray.sweep.spec import DATASET_PREFIX, SweepSpec
 from fedray.sweep.trials import check_trials, fixed_params, trial_config
 from fedray.writable import check_folder
 
@@ -116,13 +116,17 @@ def failure_line(error: BaseException) -> str:
 
 
 def combine(spec: SweepSpec, grid: tune.ResultGrid) -> pl.DataFrame:
-    """All finished trials' metrics rows (there is at least one), with the trial id and every swept parameter as
-    columns, in trial order."""
+    """All finished trials' metrics rows (there is at least one), with the trial id and each swept dataset option as
+    columns, in trial order.
+
+    Trials of different methods have different columns (each row holds the options that apply to its run): a column
+    a trial lacks is null in its rows.
+    """
     frames = []
     for result in filter(_finished, grid):
         frame = pl.read_parquet(Path(result.path) / METRICS)
         trial_id = result.metrics.get("trial_id", Path(result.path).name)
-        swept = {key: result.config[key] for key in spec.swept if key not in frame.columns and not key.startswith(OPTIONS_PREFIX)}
+        swept = {key: result.config[key] for key in spec.swept if key.startswith(DATASET_PREFIX)}
         frames.append(frame.with_columns(pl.lit(trial_id).alias("trial_id"), *(pl.lit(v).alias(k) for k, v in swept.items())))
     table = pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit(spec.name).alias("sweep"))
     return table.sort(["trial_id", "round"])

@@ -76,7 +76,8 @@ def test_a_closed_form_plugin_on_the_command_line_gives_the_builtin_classifier(f
     plugin, builtin = rows(tmp_path), rows(fedncm_run)
     assert [r["accuracy"] for r in plugin] == [r["accuracy"] for r in builtin]
     assert [r["bytes_up"] for r in plugin] == [r["bytes_up"] for r in builtin]  # its upload_floats: FedNCM's M·d
-    assert {r["method"] for r in plugin} == {NCM} and {r["normalize"] for r in plugin} == {True}
+    assert {(r["method"], r["method_spec"], r["normalize"]) for r in plugin} == {("NearestClassMean", NCM, True)}
+    assert "lam" not in plugin[0] and "method_spec" not in builtin[0]  # fed3r's options are not a plugin's
 
 
 def test_a_plugin_option_from_the_command_line_and_a_config_file(fedncm_run, tmp_path, capsys):
@@ -130,7 +131,10 @@ def test_a_server_optimizer_plugin_of_theta_plus_delta_is_fedavg_bit_for_bit(ray
                        f"{tmp_path / 'plain_average.py'}:PlainAverage")
     assert rc == 0, err
     assert out.startswith(f"fedavg with server optimizer PlainAverage on {SPEC}: accuracy "), out  # what ran
-    drop = ("server_optimizer",)
+    plugin_rows = rows(tmp_path / "plugin")
+    assert {(r["server_optimizer"], r["server_optimizer_spec"]) for r in plugin_rows} == \
+        {("PlainAverage", f"{tmp_path / 'plain_average.py'}:PlainAverage")}
+    drop = ("server_optimizer", "server_optimizer_spec")
     assert [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "plugin")] == \
         [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "builtin")]
     with np.load(tmp_path / "plugin" / "classifier.npz") as plugin, np.load(tmp_path / "builtin" / "classifier.npz") as builtin:
@@ -236,7 +240,7 @@ def test_fedyogi_trains_through_the_shards_and_in_a_sweep_with_a_client_algorith
     assert rc == 0, err
     run_rows = rows(tmp_path / "run")
     assert [r["round"] for r in run_rows] == [0, 3, 6] and {r["yogi_tau"] for r in run_rows} == {0.01}
-    assert {r["server_optimizer"] for r in run_rows} == {YOGI} and {r["server_lr"] for r in run_rows} == {0.01}
+    assert {(r["server_optimizer"], r["server_optimizer_spec"], r["server_lr"]) for r in run_rows} == {("FedYogi", YOGI, 0.01)}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({
         "name": "yogi", "base": {"dataset": SPEC, "method": "fedavg", "server_optimizer": YOGI, "rounds": 4, "eval_every": 2,
@@ -245,7 +249,8 @@ def test_fedyogi_trains_through_the_shards_and_in_a_sweep_with_a_client_algorith
     }))
     table = sweep(load_sweep(path), tmp_path / "sweeps", quiet=True)
     assert sorted(table["yogi_beta2"].unique().to_list()) == [0.9, 0.99] and table["trial_id"].n_unique() == 2
-    assert set(table["client_algorithm"]) == {PROXIMAL} and set(table["mu"]) == {0.05}
+    assert set(table["client_algorithm"]) == {"Proximal"} and set(table["client_algorithm_spec"]) == {PROXIMAL}
+    assert set(table["mu"]) == {0.05}
 
 
 def test_a_client_algorithm_plugin_of_the_proximal_term_trains_as_fedprox_bit_for_bit(ray_session, tmp_path, capsys):
@@ -257,9 +262,10 @@ def test_a_client_algorithm_plugin_of_the_proximal_term_trains_as_fedprox_bit_fo
                      "--out", tmp_path / "plugin")
     assert rc == 0, err
     plugin, builtin = rows(tmp_path / "plugin"), rows(tmp_path / "builtin")
-    assert {(r["method"], r["prox_mu"], r["client_algorithm"], r["mu"]) for r in plugin} == {("fedavg", None, PROXIMAL, 0.1)}
+    assert {(r["method"], r["prox_mu"], r["client_algorithm"], r["client_algorithm_spec"], r["mu"]) for r in plugin} == \
+        {("fedavg", None, "Proximal", PROXIMAL, 0.1)}
     assert {(r["method"], r["prox_mu"], r["client_algorithm"]) for r in builtin} == {("fedprox", 0.1, None)}
-    settings = ("method", "prox_mu", "client_algorithm", "mu")
+    settings = ("method", "prox_mu", "client_algorithm", "client_algorithm_spec", "mu")
     assert [{k: v for k, v in r.items() if k not in settings} for r in plugin] == \
         [{k: v for k, v in r.items() if k not in settings} for r in builtin]
     with np.load(tmp_path / "plugin" / "classifier.npz") as ours, np.load(tmp_path / "builtin" / "classifier.npz") as theirs:
