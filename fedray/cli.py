@@ -175,8 +175,8 @@ def _sweep_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
-    from fedray.sweep.spec import load_sweep
-    from fedray.sweep.tuning import RESULTS, sweep
+    from fedray.sweeps.spec import load_sweep
+    from fedray.sweeps.tuning import RESULTS, sweep
 
     spec = load_sweep(args.config)
     folder = Path(args.out) / spec.name

@@ -67,7 +67,7 @@ LAYER_OF = {
     "fedray.cli": "application",
     "fedray.api": "application",
     "fedray.catalogue": "application",
-    "fedray.sweep": "application",
+    "fedray.sweeps": "application",
     "fedray.extract": "application",
     "jobs": "application",
     "analysis": "application",

@@ -16,7 +16,7 @@ import yaml
 import fedray.data.registry
 import fedray.extract.features
 import fedray.engine
-import fedray.sweep.tuning
+import fedray.sweeps.tuning
 from analysis.results import result_files
 from fedray.cli import main
 from fedray.config import resolve
@@ -41,7 +41,7 @@ def no_work(*args, **kwargs):
 def work_forbidden(monkeypatch):
     """Every command's first step of work fails the test: what is refused must be refused before it."""
     monkeypatch.setattr(fedray.engine, "load_federation", no_work)
-    monkeypatch.setattr(fedray.sweep.tuning, "init_ray", no_work)
+    monkeypatch.setattr(fedray.sweeps.tuning, "init_ray", no_work)
     monkeypatch.setattr(fedray.extract.features, "load_federation", no_work)
     monkeypatch.setattr(fedray.data.registry, "load_federation", no_work)
 
@@ -111,12 +111,12 @@ def unprivileged() -> list[str]:
 
 UNPRIVILEGED_CLI = """
 import contextlib, io, json, sys
-import fedray.data.registry, fedray.extract.features, fedray.engine, fedray.sweep.tuning
+import fedray.data.registry, fedray.extract.features, fedray.engine, fedray.sweeps.tuning
 
 def no_work(*args, **kwargs):
     raise SystemExit("work started: the output check should have refused before it")
 
-for module, name in ((fedray.engine, "load_federation"), (fedray.sweep.tuning, "init_ray"),
+for module, name in ((fedray.engine, "load_federation"), (fedray.sweeps.tuning, "init_ray"),
                      (fedray.extract.features, "load_federation"), (fedray.data.registry, "load_federation")):
     setattr(module, name, no_work)
 from fedray.cli import main

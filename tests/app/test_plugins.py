@@ -21,8 +21,8 @@ from fedray.cli import main
 from fedray.errors import FedrayError
 from fedray.options import options_of
 from fedray.plugins import load_class, plugin_failure
-from fedray.sweep.spec import load_sweep
-from fedray.sweep.tuning import sweep
+from fedray.sweeps.spec import load_sweep
+from fedray.sweeps.tuning import sweep
 
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"

@@ -11,7 +11,7 @@ from fedray.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typ
 from fedray.errors import FedrayError
 from fedray.methods import method_class
 from fedray.options import options_of
-from fedray.sweep.spec import load_sweep
+from fedray.sweeps.spec import load_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"

@@ -24,8 +24,8 @@ from fedray.results import METRICS, remove_stale_temporaries, write_atomically
 from fedray.engine import run
 from fedray.runtime.cluster import check_bundles_fit
 from fedray.runtime.session import init_ray
-from fedray.sweep.spec import DATASET_PREFIX, SweepSpec
-from fedray.sweep.trials import check_trials, fixed_params, trial_config
+from fedray.sweeps.spec import DATASET_PREFIX, SweepSpec
+from fedray.sweeps.trials import check_trials, fixed_params, trial_config
 from fedray.writable import check_folder
 
 RESULTS = "results.parquet"

@@ -24,7 +24,7 @@ from fedray.gradient.settings import local_sgd, server_optimizer
 from fedray.methods import METHODS, method_class
 from fedray.methods.from_config import option_values
 from fedray.options import build
-from fedray.sweep.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
+from fedray.sweeps.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
 
 
 def trial_config(params: dict, out: str) -> RunConfig:
