@@ -7,7 +7,9 @@ The public interface, for a researcher's own methods and for notebooks::
     class MyMethod(fedray.ClosedFormMethod): ...        # client_statistics, combine, solve
     class MyServer(fedray.ServerOptimizer): ...          # step(params, delta) -> params
     class MyClient(fedray.ClientAlgorithm): ...          # loss, correct, new_control: the clients' local objective
-    metrics = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
+    result = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
+    result.metrics, result.classifier                    # a polars DataFrame, the final fedray.Classifier
+    table = fedray.sweep("jobs/sweeps/participation.yaml", out="results/sweeps")
     federation = fedray.load_federation("synthetic:inat-user-120k")
 
 Names are imported on first use, so ``import fedray`` (and the command line)
@@ -27,6 +29,8 @@ _EXPORTS = {
     "FedrayError": "fedray.errors",
     "load_federation": "fedray.data.registry",
     "run": "fedray.api",
+    "RunResult": "fedray.api",
+    "sweep": "fedray.api",
 }
 
 __all__ = sorted(_EXPORTS)

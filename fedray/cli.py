@@ -63,7 +63,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
     cli_values["options"] = parse_options(args.option or [])
     config = resolve(file_values, cli_values)
     with interrupts.reporting(lambda: _left_by_run(config)):
-        rows = run(config, address=args.address, resume=args.resume)
+        rows = run(config, address=args.address, resume=args.resume).rows
     last = rows[-1]
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "

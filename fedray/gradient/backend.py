@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fedray.accounting import PaperCosts
+from fedray.methods.base import Classifier
 
 Params = dict[str, torch.Tensor]
 
@@ -69,6 +70,10 @@ class TrainingBackend(Protocol):
 
     def initial_params(self, seed: int) -> Params:
         """The parameters training starts from without a closed-form stage (random head from ``seed``)."""
+        ...
+
+    def head(self, params: Params) -> Classifier:
+        """The classifier ``params`` evaluate on the features, copied: the softmax head (SphereFed: its fixed classifier)."""
         ...
 
     def with_head(self, params: Params, head: Params) -> Params:

@@ -19,9 +19,9 @@ import torch
 from fedray.accounting import PaperCosts, PaperTotals
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.server import ServerOptimizer
-from fedray.methods.base import FLOAT_BYTES
+from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.results import EvalPoint
-from fedray.round_loop import Callback, Checkpoints, Progress, Report, eval_rounds, run_rounds
+from fedray.round_loop import Callback, Checkpoints, Listener, Progress, Report, eval_rounds, run_rounds
 
 
 @dataclass
@@ -133,6 +133,10 @@ class TrainingRounds:
         self.state.eval_s += time.perf_counter() - evaluation_start
         return accuracy
 
+    def classifier(self) -> Classifier:
+        """The head at the last row (the last finite one after a diverged round), copied."""
+        return self.backend.head(self.state.params)
+
     def snapshot(self) -> TrainingState:
         """The state with the server's and backend's state and the wall clock brought up to date, for a checkpoint."""
         state = self.state
@@ -150,7 +154,7 @@ def train(
     eval_every: int,
     first_round: int = 0,
     checkpointing: Checkpointing | None = None,
-    on_point: Callable[[EvalPoint], None] | None = None,
+    on_point: Listener | None = None,
     quiet: bool = False,
     backbone_macs: float | None = None,
 ) -> bool:
@@ -160,7 +164,8 @@ def train(
     ``backbone_macs`` (F_φ, when known) enters ``macs_client_avg_fed3r``.
     """
     path = TrainingRounds(backend, server, state, sizes, first_round, backbone_macs)
-    callbacks: list[Callback] = [Report(state.points, on_point), Progress(len(rounds), state.done, "train", quiet)]
+    callbacks: list[Callback] = [Report(state.points, on_point, path.classifier),
+                                 Progress(len(rounds), state.done, "train", quiet)]
     if checkpointing is not None:
         callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: checkpointing.save(path.snapshot())))
     return run_rounds(path, rounds, eval_rounds(len(rounds), eval_every, initial=True), callbacks, state.done)

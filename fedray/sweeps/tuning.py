@@ -36,7 +36,7 @@ SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": t
 def run_trial(params: dict) -> None:
     """One trial: a ``fedray run`` with ``params``, its shards in this trial's placement group."""
     config = trial_config(params, out=tune.get_context().get_trial_dir())
-    run(config, trial_group=get_current_placement_group(), on_point=lambda point: tune.report(asdict(point)))
+    run(config, trial_group=get_current_placement_group(), on_point=lambda point, _: tune.report(asdict(point)))
 
 
 def param_space(spec: SweepSpec) -> dict:

@@ -104,7 +104,8 @@ def test_a_plugin_option_from_the_command_line_and_a_config_file(fedncm_run, tmp
 
 def test_a_closed_form_plugin_from_python(fedncm_run, tmp_path):
     plugin = load_class(NCM, fedray.ClosedFormMethod, {}, "method")
-    table = fedray.run(method=plugin, dataset=SPEC, out=tmp_path, eval_every=3, num_shards=2, cpus_per_shard=0.5, quiet=True)
+    table = fedray.run(method=plugin, dataset=SPEC, out=tmp_path, eval_every=3, num_shards=2, cpus_per_shard=0.5,
+                       quiet=True).metrics
     assert isinstance(table, pl.DataFrame) and table["accuracy"].to_list() == [r["accuracy"] for r in rows(fedncm_run)]
     assert max_relative_difference(weight(tmp_path), weight(fedncm_run)) <= 1e-12
 
@@ -321,6 +322,6 @@ def test_the_readme_example_method_runs_and_is_fedncm(fedncm_run, tmp_path):
     code = readme.split("```python\n# my_ncm.py\n", 1)[1].split("```", 1)[0]
     (tmp_path / "my_ncm.py").write_text(code)
     table = fedray.run(method=f"{tmp_path / 'my_ncm.py'}:MyNCM", dataset=SPEC, out=tmp_path / "out", eval_every=3,
-                       num_shards=2, cpus_per_shard=0.5, quiet=True)
+                       num_shards=2, cpus_per_shard=0.5, quiet=True).metrics
     assert table["accuracy"].to_list() == [r["accuracy"] for r in rows(fedncm_run)]
     assert max_relative_difference(weight(tmp_path / "out"), weight(fedncm_run)) <= 1e-12
