@@ -42,9 +42,18 @@ def read_results(paths: list[str | Path]) -> pl.DataFrame:
 
 
 def varying_parameters(results: pl.DataFrame) -> list[str]:
-    """The configuration columns that take more than one value across runs: the sweep's axes."""
+    """The configuration columns that vary across runs: the sweep's axes.
+
+    A run's row holds only the options that apply to its method (a null elsewhere, e.g. ``lam`` on a FedAvg row
+    beside Fed3R's), so a column varies when it takes two values among one method's runs (null counted), or two
+    values that are not null across methods; a null beside a value of another method is not a difference.
+    """
     candidates = [c for c in results.columns if c not in NOT_PARAMETERS]
-    return [c for c in candidates if results.select(pl.col(c).n_unique()).item() > 1]
+    if not candidates:
+        return []
+    per_method = results.group_by("method").agg(pl.col(candidates).n_unique()).select(pl.col(candidates).max())
+    across = results.select(pl.col(candidates).drop_nulls().n_unique())
+    return [c for c in candidates if per_method[c].item() > 1 or across[c].item() > 1]
 
 
 def final_rows(results: pl.DataFrame) -> pl.DataFrame:

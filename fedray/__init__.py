@@ -7,10 +7,13 @@ The public interface, for a researcher's own methods and for notebooks::
     class MyMethod(fedray.ClosedFormMethod): ...        # client_statistics, combine, solve
     class MyServer(fedray.ServerOptimizer): ...          # step(params, delta) -> params
     class MyAlgorithm(fedray.FederatedAlgorithm): ...   # a training algorithm: client half, server half, client state
-    metrics = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
+    class MyNoise(fedray.Postprocessor): ...             # client(upload, context), aggregate(total, context)
+    result = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
+    result.metrics, result.classifier                    # a polars DataFrame, the final fedray.Classifier
+    table = fedray.sweep("jobs/sweeps/participation.yaml", out="results/sweeps")
     federation = fedray.load_federation("synthetic:inat-user-120k")
     mine = fedray.Federation.from_arrays(features, labels, clients, split)   # or .from_table(a polars/pyarrow table)
-    metrics = fedray.run(method="fed3r", dataset=fedray.resplit(mine, split="dirichlet", alpha=0.1, clients=100))
+    result = fedray.run(method="fed3r", dataset=fedray.resplit(mine, split="dirichlet", alpha=0.1, clients=100))
 
 Names are imported on first use, so ``import fedray`` (and the command line)
 stays light until one of them is needed.
@@ -39,6 +42,8 @@ _EXPORTS = {
     "load_federation": "fedray.data.registry",
     "resplit": "fedray.data.registry",
     "run": "fedray.api",
+    "RunResult": "fedray.api",
+    "sweep": "fedray.api",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,17 +1,44 @@
-"""``fedray.run``: one run from Python, as ``fedray run`` does it from the command line."""
+"""``fedray.run`` and ``fedray.sweep``: a run and a sweep from Python, as ``fedray run`` and ``fedray sweep`` do them
+from the command line."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import polars as pl
+import torch
 
 from fedray.config import resolve
 from fedray.data.federation import Federation
 from fedray.data.memory import memory_label
 from fedray.errors import FedrayError
+from fedray.methods.base import Classifier
 from fedray.plugins import spec_of
 from fedray.results import METRICS
+
+
+@dataclass
+class RunResult:
+    """What ``fedray.run`` returns: the run's files as Python objects, and the clients of its rounds."""
+
+    metrics: pl.DataFrame
+    """metrics.parquet: one row per evaluation point."""
+    classifier: Classifier
+    """The final classifier (classifier.npz's ``W`` and ``bias``): scores = features @ W + bias, on the features the
+    method classifies (Fed3R-RF's random features, SphereFed's normalized projection, TCT's eNTK features)."""
+    arrays: dict[str, np.ndarray]
+    """classifier.npz's other arrays: what that map needs (``rf_omega``, ``proj_weight``, ``entk_index``, ...)."""
+    rounds: list[np.ndarray]
+    """The clients of each round, numbered as the metrics' ``round``: round r's are ``rounds[r - 1]``."""
+    out: Path
+    """The run's folder."""
+
+
+Evaluation = Callable[[dict, "Classifier | None"], None]
+"""``on_evaluation(row, classifier)``: each evaluation point's columns and the classifier evaluated there."""
 
 
 def _spec(value: str | type, what: str) -> str:
@@ -34,9 +61,11 @@ def run(
     client_algorithm: str | type | None = None,
     address: str | None = None,
     resume: bool = False,
+    on_evaluation: Evaluation | None = None,
     **run_options: object,
-) -> pl.DataFrame:
-    """Run ``method`` on ``dataset``; writes ``out`` as ``fedray run`` does and returns its metrics table.
+) -> RunResult:
+    """Run ``method`` on ``dataset``; writes ``out`` as ``fedray run`` does and returns a :class:`RunResult`
+    (``.metrics``: its metrics table).
 
     ``dataset`` is a dataset spec or a :class:`Federation` (e.g. from
     :meth:`Federation.from_arrays`); one without a spec is recorded as
@@ -45,6 +74,10 @@ def run(
     ``run_options`` are the command line's run options with underscores
     (``clients_per_round=10``, ``rounds=500``, ``lam=0.1``, ``quiet=True``);
     ``options`` sets a plugin's own options by name (``--option key=value``).
+    ``on_evaluation(row, classifier)`` is called at each evaluation point with
+    its evaluation columns (``round``, ``accuracy``, ``bytes_up``, ...) and the
+    classifier evaluated there: a closed form's solve, a training run's head
+    (SphereFed: the fixed classifier; TCT's stage 2: its model), yours to keep.
     """
     from fedray.engine import run as run_config  # the engine imports Ray and torch: only when a run starts
 
@@ -61,5 +94,27 @@ def run(
     if client_algorithm is not None:
         values["client_algorithm"] = _spec(client_algorithm, "client algorithm")
     config = resolve({}, values)
-    run_config(config, address=address, resume=resume, federation=federation)
-    return pl.read_parquet(Path(config.out) / METRICS)
+    listener = None if on_evaluation is None else lambda point, classifier: on_evaluation(asdict(point), classifier)
+    completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation)
+    arrays = dict(completed.arrays)
+    weight, bias = arrays.pop("W"), arrays.pop("bias", None)
+    classifier = Classifier(torch.from_numpy(weight), None if bias is None else torch.from_numpy(bias))
+    return RunResult(pl.read_parquet(Path(config.out) / METRICS), classifier, arrays, completed.rounds, Path(config.out))
+
+
+def sweep(
+    config: str | Path | dict,
+    out: str | Path = "results/sweeps",
+    resume: bool = False,
+    address: str | None = None,
+    quiet: bool = False,
+) -> pl.DataFrame:
+    """Run (or ``resume``) a sweep, as ``fedray sweep`` does: its results table, also written to ``out/NAME/results.parquet``.
+
+    ``config`` is a sweep file (YAML) or its content as a mapping (``{"name": ..., "base": {...}, "grid": {...}}``).
+    """
+    from fedray.sweeps.spec import load_sweep, sweep_spec
+    from fedray.sweeps.tuning import sweep as run_sweep  # Ray Tune: only when a sweep starts
+
+    spec = sweep_spec(config, Path("sweep")) if isinstance(config, dict) else load_sweep(config)
+    return run_sweep(spec, out, resume=resume, address=address, quiet=quiet)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from dataclasses import Field, fields
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from fedray import interrupts
 from fedray.config import GENERAL, GROUPS, RESOURCES, RUN_OPTIONS, TRAINING, RunConfig, load_config_file, resolve
 from fedray.errors import FedrayError
 from fedray.numeric_options import check_numeric_options, command_line
+from fedray.plugins import display_name, plugin_failure
 
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
@@ -61,13 +63,23 @@ def _cmd_run(args: argparse.Namespace) -> None:
     cli_values["options"] = parse_options(args.option or [])
     config = resolve(file_values, cli_values)
     with interrupts.reporting(lambda: _left_by_run(config)):
-        rows = run(config, address=args.address, resume=args.resume)
+        rows = run(config, address=args.address, resume=args.resume).rows
     last = rows[-1]
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
                           f"rows up to there are in {config.out}")
-    print(f"{config.method} on {config.dataset}: accuracy {last['accuracy']:.4f} ({last['stage']}) after {last['round']} rounds, "
+    print(f"{what_ran(config)} on {config.dataset}: accuracy {last['accuracy']:.4f} ({last['stage']}) after {last['round']} rounds, "
           f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
+
+
+def what_ran(config: RunConfig) -> str:
+    """The method, and the server optimizer or client algorithm that replaced its own (``fedavg with server optimizer FedYogi``)."""
+    parts = [display_name(config.method)]
+    if config.trains and config.server_optimizer != config.algorithm_class().server_optimizer:
+        parts.append(f"server optimizer {display_name(config.server_optimizer)}")
+    if config.client_algorithm is not None:
+        parts.append(f"client algorithm {display_name(config.client_algorithm)}")
+    return parts[0] + (" with " + " and ".join(parts[1:]) if parts[1:] else "")
 
 
 def _left_by_run(config: RunConfig) -> str:
@@ -163,8 +175,8 @@ def _sweep_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
-    from fedray.sweep.spec import load_sweep
-    from fedray.sweep.tuning import RESULTS, sweep
+    from fedray.sweeps.spec import load_sweep
+    from fedray.sweeps.tuning import RESULTS, sweep
 
     spec = load_sweep(args.config)
     folder = Path(args.out) / spec.name
@@ -246,7 +258,7 @@ def _ray_is_up() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``fedray ARGV``; the exit code: 0, 2 for bad input, 130 after Ctrl-C and 143 after SIGTERM."""
+    """``fedray ARGV``; the exit code: 0, 2 for bad input, 1 when a plugin raised, 130 after Ctrl-C and 143 after SIGTERM."""
     args = build_parser().parse_args(argv)
     ray_was_up = _ray_is_up()
     with interrupts.raising_on_sigterm():
@@ -255,6 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         except FedrayError as error:
             print(f"fedray: error: {error}", file=sys.stderr)
             return 2
+        except Exception as error:  # a researcher's plugin raised: name it and the call, then its traceback
+            failure = plugin_failure(error)
+            if failure is None:
+                raise
+            print(f"fedray: error: {failure}; its traceback:", file=sys.stderr)
+            traceback.print_exception(error, file=sys.stderr)
+            return 1
         except (*interrupts.INTERRUPTS, interrupts.Stopped) as interrupt:
             stop = interrupts.stopped(interrupt)
             with interrupts.ignoring_interrupts():

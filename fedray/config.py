@@ -24,7 +24,7 @@ from fedray.methods.postprocessor import Postprocessor
 from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, FedProx, algorithm_class
 from fedray.numeric_options import check_numeric_options, command_line
 from fedray.options import Option, option_from_hint, options_of
-from fedray.plugins import canonical, is_plugin, load_class
+from fedray.plugins import canonical, display_name, is_plugin, load_class
 from fedray.results import EvalPoint
 
 
@@ -50,6 +50,8 @@ GROUPS = {
 SAMPLINGS = ("without", "with")
 HEADS = ("linear", "sphere")
 SPHERE_LOSSES = ("mse", "ce")
+PLAIN_AVERAGING = "fedavg"
+"""The server optimizer of fedavg, fedprox and scaffold: the one ``--server-optimizer`` may replace."""
 DEFAULT_PER_ROUND = 10
 """κ when neither --clients-per-round nor --participation is given."""
 
@@ -122,7 +124,8 @@ class RunConfig:
                                      unset="until every client was seen")
     probe_ridge: bool = option(False, "after training, report Fed3R's accuracy on the features", TRAINING)
     checkpoint_every: int | None = option(500, "write OUT/checkpoint.pt every N rounds", TRAINING)
-    head: str = option("linear", "what the gradient methods train on the features", SPHERE, choices=HEADS)
+    head: str = option("linear", "what the gradient methods train on the features: a softmax head, or SphereFed's "
+                       "projection before a fixed classifier", TRAINING, choices=HEADS)
     sphere_dim: int | None = option(None, "dimension l of the sphere", SPHERE, unset="the feature dim")
     sphere_loss: str = option("mse", "mse (SphereFed's) or ce at --temperature", SPHERE, choices=SPHERE_LOSSES)
     finetune: str | None = option(None, "ft: backbone and head, ftlp: head only, ftfeat: backbone only", IMAGES,
@@ -210,6 +213,7 @@ class RunConfig:
             raise FedrayError(f"--server-optimizer applies to gradient methods, not {self.method}")
         if self.client_algorithm is not None and not self.trains:
             raise FedrayError(f"--client-algorithm applies to gradient methods, not {self.method}")
+        self._validate_server_optimizer()
         self._validate_options()
         if self.sampling not in (None, *SAMPLINGS):
             raise FedrayError(f"--sampling must be 'without' or 'with', got {self.sampling!r}")
@@ -250,6 +254,20 @@ class RunConfig:
         if self.method == TCT:
             self._validate_tct()
         return self
+
+    def _validate_server_optimizer(self) -> None:
+        """A method whose server is not plain averaging (fedavgm, fedadam) is its server: another one contradicts it.
+
+        fedavg, fedprox and scaffold average on the server, so ``--server-optimizer`` replaces their averaging.
+        """
+        if self.server_optimizer is None or not self.trains:
+            return
+        own = self.algorithm_class().server_optimizer
+        if own != PLAIN_AVERAGING and canonical(self.server_optimizer) != own:
+            flag = f"--base {self.base}" if self.method == TCT else f"--method {self.method}"
+            raise FedrayError(f"{flag} is its own server optimizer ({own}): --server-optimizer {self.server_optimizer} "
+                              f"contradicts it; give --method fedavg (or fedprox, scaffold) with --server-optimizer "
+                              f"{self.server_optimizer}")
 
     def _validate_client_optimizer(self) -> None:
         if not 0 <= self.client_momentum < 1:
@@ -337,6 +355,64 @@ class RunConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def closed_form_methods(self) -> list[str]:
+        """The closed-form methods the run solves: its method, or a training run's ``--init`` stage, the ridge probe's
+        fed3r (``--probe-ridge``) and SphereFed's FFC calibration (``--head sphere``)."""
+        if not self.trains:
+            return [self.method]
+        names = [] if self.init == "random" else [self.init]
+        if self.probe_ridge:
+            names.append("fed3r")
+        if self.head == "sphere":
+            names.append("ffc")
+        return names
+
+    def applicable_groups(self) -> set[str | None]:
+        """The option groups (the fields' ``group``) that apply to this run.
+
+        Every run's options, its sampling and its resources always; the closed-form options when the run solves a
+        closed form (:meth:`closed_form_methods`); the training options when it trains; SphereFed's with ``--head
+        sphere``; the image options when it fine-tunes (``--finetune``, TCT); TCT's with ``--method tct``.
+        """
+        groups = {GENERAL, SAMPLING, RESOURCES}
+        if self.closed_form_methods():
+            groups.add(CLOSED_FORM)
+        if self.trains:
+            groups.add(TRAINING)
+        if self.head == "sphere":
+            groups.add(SPHERE)
+        if self.finetune is not None or self.method == TCT:
+            groups.add(IMAGES)
+        if self.method == TCT:
+            groups.add(TCT_GROUP)
+        return groups
+
+    def metrics_columns(self) -> dict[str, object]:
+        """The configuration's columns in metrics.parquet: the options that apply to the run, then the plugins' own.
+
+        An option applies when its group does (:meth:`applicable_groups`); an option of the built-in closed-form
+        methods or server optimizers (``lam``, ``gamma``, ``server_momentum``, ``adam_beta1``, ...) only when one of
+        the run's closed-form methods, or its server optimizer, takes it. A plugin is named by its class name
+        (``method``: ``MyNCM``) with its spec beside it (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise
+        ``server_optimizer`` and ``client_algorithm``. config.yaml keeps every option, to re-run the run.
+        """
+        groups = self.applicable_groups()
+        classes = [method_class(name) for name in self.closed_form_methods()]
+        if self.trains:
+            classes.append(self.server_optimizer_class())
+        taken = {name for cls in classes for name in options_of(cls)}
+        columns: dict[str, object] = {}
+        for spec in fields(self):
+            if spec.name in NOT_COLUMNS or spec.metadata["group"] not in groups or \
+                    (spec.name in BUILTIN_CLASS_OPTIONS and spec.name not in taken):
+                continue
+            value = getattr(self, spec.name)
+            if spec.name in PLUGIN_FIELDS and isinstance(value, str) and is_plugin(value):
+                columns[spec.name], columns[f"{spec.name}_spec"] = display_name(value), value
+            else:
+                columns[spec.name] = value
+        return {**columns, **self.options}
+
 
 def _is_algorithm(spec: str) -> bool:
     """Whether the plugin ``spec`` names a training algorithm (else it must be a closed-form method)."""
@@ -367,8 +443,14 @@ def client_algorithm_class(spec: str) -> type[ClientAlgorithm]:
     return load_class(spec, ClientAlgorithm, {}, "client algorithm")
 
 
+BUILTIN_CLASS_OPTIONS = {name for cls in [*METHODS.values(), *SERVER_OPTIMIZERS.values()] for name in options_of(cls)}
+"""Run options that are options of a built-in closed-form method or server optimizer (``lam``, ``server_momentum``, ...)."""
+PLUGIN_FIELDS = ("method", "server_optimizer", "client_algorithm")
+"""The options that may name a plugin: its column holds the class name, ``NAME_spec`` the spec."""
+NOT_COLUMNS = ("out", "quiet", "options")
 FIELDS = {f.name for f in fields(RunConfig)}
-RESERVED = {f.name for f in fields(EvalPoint)} | {"ridge_probe_accuracy", "trial_id", "sweep"}
+RESERVED = {f.name for f in fields(EvalPoint)} | {f"{name}_spec" for name in PLUGIN_FIELDS} | \
+    {"ridge_probe_accuracy", "trial_id", "sweep"}
 """Metrics columns: no option may take their names, since options become columns too."""
 PER_ROUND = ("clients_per_round", "participation")
 

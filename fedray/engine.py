@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
 
+import numpy as np
 from ray.util.placement_group import PlacementGroup
 
 from fedray.config import TCT, RunConfig
@@ -16,7 +16,8 @@ from fedray.gradient.settings import server_optimizer, training_algorithm
 from fedray.gradient.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.from_config import build_method, postprocessing
-from fedray.results import RUN_FILES, EvalPoint, config_columns, remove_stale_temporaries, write_run
+from fedray.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
+from fedray.round_loop import Listener
 from fedray.runtime import footprint, sampling
 from fedray.runtime.session import check_address, init_ray
 from fedray.runtime.shards import ShardPool
@@ -24,12 +25,24 @@ from fedray.runtime.simulation import RunOutcome, run_closed_form
 from fedray.writable import check_folder
 
 
+@dataclass
+class CompletedRun:
+    """What a completed run wrote and which clients its rounds sampled."""
+
+    rows: list[dict]
+    """metrics.parquet's rows."""
+    arrays: dict[str, np.ndarray]
+    """classifier.npz's arrays: ``W`` and ``bias`` (when there is one), and what else the classifier needs."""
+    rounds: list[np.ndarray]
+    """The clients of each round, numbered as the rows are: round r's are ``rounds[r - 1]``."""
+
+
 def simulate(
     config: RunConfig,
     method: ClosedFormMethod,
     pool: ShardPool,
     evaluator: Evaluator,
-    on_point: Callable[[EvalPoint], None] | None = None,
+    on_point: Listener | None = None,
 ) -> tuple[RunConfig, list[dict], RunOutcome]:
     """Run a closed-form ``method`` on an already started shard pool.
 
@@ -54,8 +67,9 @@ def _resolved(config: RunConfig, num_clients: int, **values: object) -> RunConfi
 
 
 def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], **last: object) -> list[dict]:
-    """One row per point: the configuration's columns, then the point's; ``last`` adds columns to the final row."""
-    columns = {**config_columns(resolved.to_dict()), "clients_per_round": per_round}
+    """One row per point: the configuration's columns (those that apply to the run), then the point's; ``last`` adds
+    columns to the final row."""
+    columns = {**resolved.metrics_columns(), "clients_per_round": per_round}
     rows = [{**columns, **asdict(point), **{key: None for key in last}} for point in points]
     rows[-1].update(last)
     return rows
@@ -65,14 +79,15 @@ def run(
     config: RunConfig,
     address: str | None = None,
     trial_group: PlacementGroup | None = None,
-    on_point: Callable[[EvalPoint], None] | None = None,
+    on_point: Listener | None = None,
     resume: bool = False,
     federation: Federation | None = None,
-) -> list[dict]:
+) -> CompletedRun:
     """Load, simulate and write ``config.out``; nothing but checkpoints is written unless the run completes.
 
     Inside a Tune trial, ``trial_group`` is the trial's placement group (see
-    :meth:`ShardPool.start`) and ``on_point`` reports each evaluation point.
+    :meth:`ShardPool.start`). ``on_point`` hears each evaluation point with
+    the classifier evaluated there (a closed form's solve, a training run's head).
     ``resume`` continues a training run from its checkpoint in ``config.out``.
     ``federation``, when given, is the data (``config.dataset`` names it),
     e.g. one built in Python: it is not loaded from the spec.
@@ -125,10 +140,10 @@ def run(
     if config.trains:
         extra = {} if outcome.ridge_probe_accuracy is None else {"ridge_probe_accuracy": outcome.ridge_probe_accuracy}
         rows = metrics_rows(resolved, per_round, outcome.points, **extra)
-        arrays = outcome.arrays or head.arrays()
+        arrays, rounds = outcome.arrays or head.arrays(), outcome.rounds
     else:
-        arrays = {**closed_form.classifier.arrays(), **method.arrays()}
+        arrays, rounds = {**closed_form.classifier.arrays(), **method.arrays()}, closed_form.rounds
     write_run(out, rows, resolved.to_dict(), arrays, model)
     if resume or checkpoint_stamp(out) != found_checkpoint:
         remove_checkpoint(out)
-    return rows
+    return CompletedRun(rows, arrays, rounds)

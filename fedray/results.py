@@ -139,12 +139,6 @@ def remove_stale_temporaries(folder: Path, names: Iterable[str]) -> None:
             entry.unlink(missing_ok=True)
 
 
-def config_columns(config: dict) -> dict:
-    """Config values as table columns (None becomes a typed null via Arrow's inference); a plugin's options each a column."""
-    columns = {key: value for key, value in config.items() if key not in ("out", "quiet", "options")}
-    return {**columns, **config.get("options", {})}
-
-
 def payload_bytes(value: object) -> int:
     """The bytes of the arrays and tensors in ``value`` and its nested dicts, lists and tuples: about what a file of them takes."""
     if isinstance(value, dict):

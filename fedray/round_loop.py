@@ -16,7 +16,12 @@ from typing import Callable, Protocol
 import numpy as np
 from tqdm import tqdm
 
+from fedray.methods.base import Classifier
 from fedray.results import EvalPoint
+
+Listener = Callable[[EvalPoint, "Classifier | None"], None]
+"""Hears every evaluation row with the classifier evaluated there: a closed form's solve, a training run's head
+(None where a row has none)."""
 
 
 class Rounds(Protocol):
@@ -27,6 +32,9 @@ class Rounds(Protocol):
 
     def point(self, number: int, diverged: bool = False) -> EvalPoint:
         """The evaluation row after round ``number`` (0: the initial model); accuracy NaN when ``diverged``."""
+
+    def classifier(self) -> Classifier | None:
+        """The classifier the last row evaluated, the caller's to keep (asked only when a :class:`Report` has a listener)."""
 
 
 class Callback:
@@ -74,15 +82,17 @@ def run_rounds(path: Rounds, rounds: list[np.ndarray], evaluate_at: set[int], ca
 
 @dataclass
 class Report(Callback):
-    """Keeps every row in ``points`` and passes it to ``listener`` (a Tune trial's report, when in one)."""
+    """Keeps every row in ``points`` and passes it to ``listener`` (a Tune trial's report, ``fedray.run``'s
+    ``on_evaluation``) with the path's ``classifier()`` at that row."""
 
     points: list[EvalPoint]
-    listener: Callable[[EvalPoint], None] | None = None
+    listener: Listener | None = None
+    classifier: Callable[[], Classifier | None] = field(default=lambda: None, repr=False)
 
     def on_point(self, point: EvalPoint) -> None:
         self.points.append(point)
         if self.listener is not None:
-            self.listener(point)
+            self.listener(point, self.classifier())
 
 
 class Progress(Callback):

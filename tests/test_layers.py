@@ -69,7 +69,7 @@ LAYER_OF = {
     "fedray.cli": "application",
     "fedray.api": "application",
     "fedray.catalogue": "application",
-    "fedray.sweep": "application",
+    "fedray.sweeps": "application",
     "fedray.extract": "application",
     "fedray.algorithms": "application",  # training algorithms shipped as plugins: they import the public API
     "jobs": "application",

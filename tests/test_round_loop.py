@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
+import torch
 
+from fedray.methods.base import Classifier
 from fedray.results import EvalPoint
 from fedray.round_loop import Callback, Checkpoints, Report, eval_rounds, run_rounds
 
@@ -77,10 +79,12 @@ def test_checkpoints_every_kth_round_but_not_after_the_last():
     assert saved == [1]
 
 
-def test_report_forwards_every_row_to_its_listener():
-    heard, points = [], []
-    run_rounds(RecordingPath(), ROUNDS, {2, 7}, [Report(points, heard.append)])
-    assert heard == points and [p.round for p in heard] == [2, 7]
+def test_report_forwards_every_row_to_its_listener_with_the_classifier_evaluated_there():
+    heard, points, path = [], [], RecordingPath()
+    classifier = lambda: Classifier(torch.tensor([[float(len(path.calls))]]))  # noqa: E731: the calls so far, as a weight
+    run_rounds(path, ROUNDS, {2, 7}, [Report(points, lambda point, head: heard.append((point, head)), classifier)])
+    assert [point for point, _ in heard] == points and [p.round for p in points] == [2, 7]
+    assert [head.weight.item() for _, head in heard] == [3.0, 9.0]  # asked right after "point 2" (call 3), "point 7" (call 9)
 
 
 class Closing(Callback):

@@ -39,6 +39,7 @@ from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.training_algorithms import FedAvg, paper_family
 from fedray.images.backbones import feature_model, load_weights
+from fedray.methods.base import Classifier
 from fedray.spherefed.classifier import fixed_classifier
 from fedray.tct.entk import entk_num_parameters
 
@@ -139,6 +140,10 @@ class FineTuneBackend:
     def with_head(self, params: Params, head: Params) -> Params:
         """The head is an ``nn.Linear`` (C × d weight): a closed-form stage's d × C weight goes in transposed."""
         return {**params, "head.weight": head["weight"].T.contiguous(), "head.bias": head["bias"]}
+
+    def head(self, params: Params) -> Classifier:
+        """The ``nn.Linear`` head (C × d) as a d × C classifier of the backbone's features."""
+        return Classifier(params["head.weight"].T.clone(), params["head.bias"].clone())
 
     def calibration_map(self, params: Params) -> tuple[None, None]:
         """The backbone itself is fine-tuned under the fixed classifier: FFC calibrates on its normalized embeddings."""

@@ -18,6 +18,7 @@ import torch
 
 from fedray.accounting import PaperCosts
 from fedray.methods.algorithm import Aggregate, FederatedAlgorithm, Params
+from fedray.methods.base import Classifier
 
 
 @dataclass
@@ -90,6 +91,10 @@ class TrainingBackend(Protocol):
 
     def initial_params(self, seed: int) -> Params:
         """The parameters training starts from without a closed-form stage (random head from ``seed``)."""
+        ...
+
+    def head(self, params: Params) -> Classifier:
+        """The classifier ``params`` evaluate on the features, copied: the softmax head (SphereFed: its fixed classifier)."""
         ...
 
     def with_head(self, params: Params, head: Params) -> Params:

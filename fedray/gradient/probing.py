@@ -85,6 +85,9 @@ class ProbeBackend:
     def with_head(self, params: Params, head: Params) -> Params:
         return {**params, **head}
 
+    def head(self, params: Params) -> Classifier:
+        return Classifier(params["weight"].clone(), params["bias"].clone())
+
     def accuracy(self, params: Params) -> float:
         return self.evaluator.accuracy(self.trainer, Classifier(params["weight"], params["bias"]))
 

@@ -15,7 +15,7 @@ fine-tuning, then its eNTK and stage-2 stages.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -37,6 +37,7 @@ from fedray.gradient.training import Accounting, Checkpointing, TrainingState, t
 from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.from_config import build_method, postprocessing
 from fedray.results import EvalPoint
+from fedray.round_loop import Listener
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
 from fedray.runtime.simulation import run_closed_form
@@ -54,15 +55,22 @@ class TrainingOutcome:
     ridge_probe_accuracy: float | None = None
     arrays: dict[str, np.ndarray] | None = None
     """What classifier.npz holds, when it is not the trained softmax head."""
+    rounds: list[np.ndarray] = field(default_factory=list)
+    """The clients of each round, numbered as the rows are: round r's are ``rounds[r - 1]`` (the closed-form stage's,
+    training's, then SphereFed's calibration round of every client)."""
 
 
-def closed_form_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator,
-                      on_point: Callable[[EvalPoint], None] | None) -> tuple[Params, Accounting, list[EvalPoint]]:
-    """Stage 1: the ``--init`` method's classifier as the head, with its rows and accounting."""
+def init_schedule(config: RunConfig, num_clients: int) -> list[np.ndarray]:
+    """The clients of the ``--init`` closed-form stage's rounds."""
+    return sampling.schedule(num_clients, config.per_round(num_clients), config.sampling == "with", config.seed,
+                             config.init_rounds)
+
+
+def closed_form_stage(config: RunConfig, rounds: list[np.ndarray], pool: ShardPool, evaluator: Evaluator,
+                      on_point: Listener | None) -> tuple[Params, Accounting, list[EvalPoint]]:
+    """Stage 1: the ``--init`` method's classifier over ``rounds`` as the head, with its rows and accounting."""
     federation = pool.federation
     method = build_method(replace(config, method=config.init), federation)
-    rounds = sampling.schedule(federation.num_clients, config.per_round(federation.num_clients),
-                               config.sampling == "with", config.seed, config.init_rounds)
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
                               backbone_macs=config.backbone_macs, postprocessing=postprocessing(config))
     classifier: Classifier = outcome.classifier
@@ -90,27 +98,30 @@ features at ``params``: the pool's own features (linear probing, SphereFed), or 
 
 
 def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Embeddings, sizes: np.ndarray,
-                    on_point: Callable[[EvalPoint], None] | None = None, saved: TrainingState | None = None,
+                    on_point: Listener | None = None, saved: TrainingState | None = None,
                     backbone_macs: float | None = None) -> TrainingOutcome:
     """A training run's stages, the same on features and on images: the ``--init`` closed form (unless resuming
     ``saved``), training, SphereFed's calibration (``--head sphere``), the ridge probe (``--probe-ridge``).
 
     ``backbone_macs``: F_φ where the backend measures it (fine-tuning), else ``config.backbone_macs``.
     """
+    init_rounds = [] if config.init == "random" else init_schedule(config, len(sizes))
     if saved is None:
         params, accounting, points = backend.initial_params(config.seed), None, []
-        if config.init != "random":
+        if init_rounds:
             stage = config if backbone_macs is None else replace(config, backbone_macs=backbone_macs)
             head, accounting, points = embeddings(
-                params, lambda pool, evaluator: closed_form_stage(stage, pool, evaluator, on_point))
+                params, lambda pool, evaluator: closed_form_stage(stage, init_rounds, pool, evaluator, on_point))
             params = backend.with_head(params, head)
         model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
         saved = _fresh_state(params, accounting, points, backend.algorithm.init_server_state(model), len(sizes))
     outcome = _train(config, backend, saved, sizes, on_point, backbone_macs)
+    outcome.rounds = init_rounds + outcome.rounds
     if config.head == "sphere" and not outcome.points[-1].diverged:
         classifier = embeddings(outcome.params, lambda pool, evaluator: calibration_stage(
             config, pool, evaluator, outcome, on_point, *backend.calibration_map(outcome.params)))
         outcome.arrays = {**classifier.arrays(), **backend.sphere_arrays(outcome.params)}
+        outcome.rounds.append(np.arange(len(sizes)))
     if config.probe_ridge:
         outcome.ridge_probe_accuracy = embeddings(outcome.params, lambda pool, evaluator: ridge_probe(pool, config, evaluator))
     return outcome
@@ -120,7 +131,7 @@ def train_on_features(
     config: RunConfig,
     pool: ShardPool,
     evaluator: Evaluator,
-    on_point: Callable[[EvalPoint], None] | None = None,
+    on_point: Listener | None = None,
     saved: TrainingState | None = None,
 ) -> TrainingOutcome:
     """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued;
@@ -137,7 +148,7 @@ def train_on_features(
 
 
 def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, outcome: TrainingOutcome,
-                      on_point: Callable[[EvalPoint], None] | None, weight: torch.Tensor | None = None,
+                      on_point: Listener | None, weight: torch.Tensor | None = None,
                       bias: torch.Tensor | None = None) -> Classifier:
     """SphereFed's FFC on normalize(P x + q) (on normalize(x) without a projection), one round with every client:
     a ``calibrated`` row; returns the calibrated classifier."""
@@ -152,14 +163,14 @@ def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, 
     point = outcome.accounting.point(last.round + 1, accuracy, last.wall_s + time.perf_counter() - start, "calibrated")
     outcome.points.append(point)
     if on_point is not None:
-        on_point(point)
+        on_point(point, classifier)
     return classifier
 
 
 def finetune_on_images(
     config: RunConfig,
     federation: Federation,
-    on_point: Callable[[EvalPoint], None] | None = None,
+    on_point: Listener | None = None,
     saved: TrainingState | None = None,
     trial_group: PlacementGroup | None = None,
 ) -> TrainingOutcome:
@@ -187,7 +198,7 @@ def start_finetuning(config: RunConfig, federation: Federation, trial_group: Pla
 def finetune(
     config: RunConfig,
     backend: FineTuneBackend,
-    on_point: Callable[[EvalPoint], None] | None = None,
+    on_point: Listener | None = None,
     saved: TrainingState | None = None,
 ) -> TrainingOutcome:
     """Fine-tuning with ``backend`` in :func:`train_in_stages`: SphereFed (``--head sphere``) fine-tunes the backbone
@@ -231,7 +242,7 @@ def _fresh_state(params: Params, accounting: Accounting | None, points: list[Eva
 
 
 def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
-           on_point: Callable[[EvalPoint], None] | None, backbone_macs: float | None = None) -> TrainingOutcome:
+           on_point: Listener | None, backbone_macs: float | None = None) -> TrainingOutcome:
     """Training from ``state``: the schedule, checkpoints to ``config.out``, the loop; ``backbone_macs``: F_φ
     (default ``config.backbone_macs``; fine-tuning measures it on its own backbone)."""
     out = Path(config.out)
@@ -239,7 +250,8 @@ def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, si
     rounds = sampling.schedule(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed,
                                config.rounds, past_coverage=True)
     checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s), out)
-    train(backend, backend.algorithm, server_optimizer(config), state, rounds, sizes, config.eval_every, first_round,
-          checkpointing, on_point, config.quiet, config.backbone_macs if backbone_macs is None else backbone_macs,
-          postprocessing(config))
-    return TrainingOutcome(state.points, state.params, state.accounting)
+    diverged = train(backend, backend.algorithm, server_optimizer(config), state, rounds, sizes, config.eval_every,
+                     first_round, checkpointing, on_point, config.quiet,
+                     config.backbone_macs if backbone_macs is None else backbone_macs, postprocessing(config))
+    ran = state.points[-1].round - first_round if diverged else len(rounds)  # a diverged run stops at its last row
+    return TrainingOutcome(state.points, state.params, state.accounting, rounds=rounds[:ran])

@@ -23,11 +23,11 @@ from fedray.accounting import PaperCosts, PaperTotals
 from fedray.gradient.backend import Params, TrainingBackend
 from fedray.gradient.server import ServerOptimizer
 from fedray.methods.algorithm import Aggregate, FederatedAlgorithm, Population
+from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.postprocessor import Postprocessing
-from fedray.methods.base import FLOAT_BYTES
 from fedray.results import EvalPoint
+from fedray.round_loop import Callback, Checkpoints, Listener, Progress, Report, eval_rounds, run_rounds
 from fedray.runtime.client_states import ClientStatesLost
-from fedray.round_loop import Callback, Checkpoints, Progress, Report, eval_rounds, run_rounds
 
 
 @dataclass
@@ -169,6 +169,10 @@ class TrainingRounds:
         self.state.eval_s += time.perf_counter() - evaluation_start
         return accuracy
 
+    def classifier(self) -> Classifier:
+        """The head at the last row (the last finite one after a diverged round), copied."""
+        return self.backend.head(self.state.params)
+
     def snapshot(self) -> TrainingState:
         """The state with the server optimizer's state and the wall clock brought up to date, for a checkpoint."""
         state = self.state
@@ -187,7 +191,7 @@ def train(
     eval_every: int,
     first_round: int = 0,
     checkpointing: Checkpointing | None = None,
-    on_point: Callable[[EvalPoint], None] | None = None,
+    on_point: Listener | None = None,
     quiet: bool = False,
     backbone_macs: float | None = None,
     postprocessing: Postprocessing = Postprocessing(),
@@ -215,7 +219,8 @@ def train(
 
     while True:
         path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing)
-        callbacks: list[Callback] = [Report(state.points, on_point), Progress(len(rounds), state.done, "train", quiet)]
+        callbacks: list[Callback] = [Report(state.points, on_point, path.classifier),
+                                     Progress(len(rounds), state.done, "train", quiet)]
         if checkpointing is not None:
             callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: save(path)))
         try:

@@ -103,7 +103,8 @@ class ClosedFormMethod(ABC, Generic[Stats]):
         class a client holds). ``federation`` has ``client_sizes``,
         ``client_num_classes`` and ``num_clients``.
         """
-        probe = ClientBatch(torch.zeros(1, self.dim), torch.zeros(1, dtype=torch.int64), np.array([0, 1]), np.array([0]))
+        features = torch.zeros(1, self.dim, dtype=self.features_dtype or torch.float32)  # as the shards hand them over
+        probe = ClientBatch(features, torch.zeros(1, dtype=torch.int64), np.array([0, 1]), np.array([0]))
         return np.full(federation.num_clients, float(floats_in(self.client_statistics(probe))))
 
     def statistics_flops(self, sizes: np.ndarray) -> np.ndarray:

@@ -56,7 +56,7 @@ def start_actors(
 def trial_bundles(trial_group: PlacementGroup) -> tuple[int, dict[str, float]]:
     """A Tune trial's actor bundles: how many (bundle 0, the trial's driver, aside) and the resources of each.
 
-    A trial's placement group (see :attr:`~fedray.sweep.spec.SweepSpec.bundles`) has one bundle for its driver,
+    A trial's placement group (see :attr:`~fedray.sweeps.spec.SweepSpec.bundles`) has one bundle for its driver,
     then identical bundles for the actors of its run.
     """
     specs = trial_group.bundle_specs

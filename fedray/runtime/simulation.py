@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import ray
@@ -14,7 +14,7 @@ from fedray.runtime.evaluator import Evaluator, PendingAccuracy
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.methods.postprocessor import Postprocessing
 from fedray.results import EvalPoint
-from fedray.round_loop import Progress, Report, eval_rounds, run_rounds
+from fedray.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
 from fedray.runtime.actor_group import Reduction
 from fedray.runtime.shards import ShardPool
 
@@ -23,6 +23,8 @@ from fedray.runtime.shards import ShardPool
 class RunOutcome:
     points: list[EvalPoint] = field(default_factory=list)
     classifier: Classifier | None = None
+    rounds: list[np.ndarray] = field(default_factory=list)
+    """The clients of each round: round r's are ``rounds[r - 1]``."""
     solve_s: float = 0.0
     eval_s: float = 0.0
     paper: PaperTotals = field(default_factory=PaperTotals)
@@ -39,6 +41,7 @@ class _Block:
     total: Reduction | None
     uploads: int = 0
     accuracy: PendingAccuracy | None = None
+    classifier: Classifier | None = None
 
 
 class ClosedFormRounds:
@@ -63,6 +66,7 @@ class ClosedFormRounds:
         self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
         self.state: Any = None
         self.accuracy = float("nan")
+        self.evaluated: Classifier | None = None
 
     def _submit(self, pool: ShardPool, method_ref: ray.ObjectRef, rounds: list[np.ndarray],
                 evaluate_at: set[int]) -> dict[int, _Block]:
@@ -103,12 +107,16 @@ class ClosedFormRounds:
         partial = self.postprocessing.aggregate(partial, block.round, block.uploads)
         solve_start = time.perf_counter()
         self.state = partial if self.state is None else self.method.combine(self.state, partial)
-        self.outcome.classifier = self.method.solve(self.state)
+        self.outcome.classifier = block.classifier = self.method.solve(self.state)
         self.outcome.solve_s += time.perf_counter() - solve_start
         block.accuracy = self.evaluator.submit(self.method, self.outcome.classifier)
 
     def run_round(self, number: int, clients: np.ndarray) -> bool:
         return True
+
+    def classifier(self) -> Classifier | None:
+        """The classifier solved for the last row (a block without uploads keeps the one before; None before any)."""
+        return self.evaluated
 
     def point(self, number: int, diverged: bool = False) -> EvalPoint:
         block = self.blocks[number]
@@ -119,6 +127,7 @@ class ClosedFormRounds:
             eval_start = time.perf_counter()
             self.accuracy = block.accuracy.result()
             self.outcome.eval_s += time.perf_counter() - eval_start
+            self.evaluated, block.classifier = block.classifier, None
         return EvalPoint(block.round, block.clients_seen, block.samples_seen, self.accuracy, block.bytes_up, 0.0,
                          block.flops_client_avg, time.perf_counter() - self.start, **block.paper)
 
@@ -130,18 +139,20 @@ def run_closed_form(
     eval_every: int,
     evaluator: Evaluator,
     quiet: bool = False,
-    on_point: Callable[[EvalPoint], None] | None = None,
+    on_point: Listener | None = None,
     backbone_macs: float | None = None,
     postprocessing: Postprocessing = Postprocessing(),
 ) -> RunOutcome:
-    """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation, also passed to ``on_point``.
+    """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation, also passed to ``on_point`` with the
+    classifier solved there.
 
     ``backbone_macs`` is the backbone's forward multiply-adds per sample (F_φ),
     when known, for ``macs_client_avg_fed3r``.
     """
-    outcome = RunOutcome()
+    outcome = RunOutcome(rounds=rounds)
     evaluate_at = eval_rounds(len(rounds), eval_every)
     path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs, postprocessing)
     name = method.name or type(method).__name__
-    run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point), Progress(len(rounds), 0, name, quiet)])
+    run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point, path.classifier),
+                                           Progress(len(rounds), 0, name, quiet)])
     return outcome

@@ -76,6 +76,10 @@ class SphereBackend(ProbeBackend):
         projection = random_head(self.dim, self.sphere_dim, seed)
         return {"weight": projection["weight"].T.contiguous(), "bias": projection["bias"]}
 
+    def head(self, params: Params) -> Classifier:
+        """The fixed classifier (l × C), on normalize(P x + q): training moves the projection (P, q) under it."""
+        return Classifier(self.classifier.T.clone())
+
     def calibration_map(self, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         return params["weight"], params["bias"]
 

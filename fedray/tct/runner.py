@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Callable
 
 import numpy as np
 import ray
@@ -43,9 +42,9 @@ from fedray.config import RunConfig
 from fedray.data.federation import TEST, TRAIN, Federation
 from fedray.gradient.runner import TrainingOutcome, finetune, start_finetuning
 from fedray.gradient.training import Accounting, TrainingState
-from fedray.methods.base import FLOAT_BYTES
+from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.results import EvalPoint
-from fedray.round_loop import Progress, Report, eval_rounds, run_rounds
+from fedray.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
 from fedray.runtime import sampling
 from fedray.tct.entk import EntkSpec, coordinate_index
 from fedray.tct.shards import LocalSolver, Normalization, Projection, Stage2Pool
@@ -56,19 +55,21 @@ class Stage2Run:
     """Stage 2's rows and accounting after stage 1, on a started :class:`Stage2Pool`."""
 
     def __init__(self, config: RunConfig, pool: Stage2Pool, sizes: np.ndarray, num_classes: int, width: int,
-                 points: list[EvalPoint], accounting: Accounting, on_point: Callable[[EvalPoint], None] | None = None) -> None:
+                 points: list[EvalPoint], accounting: Accounting, on_point: Listener | None = None) -> None:
         self.config, self.pool, self.sizes, self.num_classes, self.width = config, pool, sizes, num_classes, width
         self.points, self.accounting, self.on_point = points, accounting, on_point
         self.first_round = points[-1].round
         self.started = time.perf_counter() - points[-1].wall_s
         self.normalization: Normalization | None = None
+        self.scaffold_rounds: list[np.ndarray] = []
 
-    def record(self, accounting: Accounting, round_number: int, accuracy: float, stage: str, loss: float | None = None,
-               diverged: bool = False) -> None:
-        point = accounting.point(round_number, accuracy, time.perf_counter() - self.started, stage, loss, diverged)
+    def record(self, accounting: Accounting, round_number: int, accuracy: float, stage: str, model: torch.Tensor,
+               loss: float | None = None) -> None:
+        """A row of stage 2's ``model`` ψ (its classifier: W and b on the standardized eNTK features)."""
+        point = accounting.point(round_number, accuracy, time.perf_counter() - self.started, stage, loss)
         self.points.append(point)
         if self.on_point is not None:
-            self.on_point(point)
+            self.on_point(point, stage2_classifier(model))
 
     def normalize(self) -> ray.ObjectRef:
         """The normalization round (2p + 1 floats up, 2p down per client); the broadcast (μ, σ) as a ref."""
@@ -91,7 +92,8 @@ class Stage2Run:
         accounting.add(np.arange(len(self.sizes)), self.sizes, len(self.sizes) * (p * p + p * self.num_classes) * FLOAT_BYTES,
                        0.0, 2.0 * count * p * (p + self.num_classes))
         loss = objective_from_statistics(statistics.matrix, statistics.rhs, count, self.num_classes, model)
-        self.record(accounting, self.first_round + 2, self.pool.accuracy(normalization, ray.put(model)), "tct_closed_form", loss)
+        self.record(accounting, self.first_round + 2, self.pool.accuracy(normalization, ray.put(model)), "tct_closed_form",
+                    model, loss)
         return model
 
     def scaffold(self, normalization: ray.ObjectRef) -> torch.Tensor:
@@ -100,8 +102,9 @@ class Stage2Run:
         rounds = sampling.schedule(num_clients, config.per_round(num_clients), True, config.seed, config.tct_rounds,
                                    past_coverage=True)
         path = ScaffoldRounds(self, normalization, config.per_round(num_clients) == num_clients)
-        callbacks = [Report(self.points, self.on_point), Progress(len(rounds), 0, "tct stage 2", config.quiet)]
-        run_rounds(path, rounds, eval_rounds(len(rounds), config.eval_every), callbacks)
+        callbacks = [Report(self.points, self.on_point, path.classifier), Progress(len(rounds), 0, "tct stage 2", config.quiet)]
+        diverged = run_rounds(path, rounds, eval_rounds(len(rounds), config.eval_every), callbacks)
+        self.scaffold_rounds = rounds[:self.points[-1].round - self.first_round - 1] if diverged else rounds
         return path.model
 
 
@@ -141,8 +144,17 @@ class ScaffoldRounds:
         return run.accounting.point(run.first_round + 1 + number, accuracy, time.perf_counter() - run.started,
                                     "tct_scaffold", loss, diverged)
 
+    def classifier(self) -> Classifier:
+        return stage2_classifier(self.model)
 
-def run_tct(config: RunConfig, federation: Federation, on_point: Callable[[EvalPoint], None] | None = None,
+
+def stage2_classifier(model: torch.Tensor) -> Classifier:
+    """A stage-2 model ψ = [W; bᵀ] as the classifier of the standardized (projected) eNTK features, copied."""
+    weights, bias = split_model(model)
+    return Classifier(weights.clone(), bias.clone())
+
+
+def run_tct(config: RunConfig, federation: Federation, on_point: Listener | None = None,
             saved: TrainingState | None = None, trial_group: PlacementGroup | None = None) -> TrainingOutcome:
     """Stage 1 (from ``saved`` when resuming), the eNTK features, stage 2; the outcome's arrays hold stage 2's models.
 
@@ -187,4 +199,6 @@ def run_tct(config: RunConfig, federation: Federation, on_point: Callable[[EvalP
         arrays[f"W{suffix}"], arrays[f"bias{suffix}"] = weights.numpy(), bias.numpy()
     outcome.arrays = {**arrays, "entk_index": index.numpy(), "entk_mean": stage2.normalization.mean.numpy(),
                       "entk_std": stage2.normalization.std.numpy()}
+    everyone = np.arange(federation.num_clients)  # the normalization round, then SCAFFOLD's (or the closed form's)
+    outcome.rounds += [everyone, *(stage2.scaffold_rounds if scaffold is not None else [everyone])]
     return outcome

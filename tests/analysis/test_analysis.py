@@ -38,6 +38,29 @@ def test_the_swept_axes_are_the_columns_that_vary(results):
     assert varying_parameters(table) == ["clients_per_round"]
 
 
+def test_a_column_of_one_method_only_varies_only_when_its_values_do(tmp_path):
+    """Rows hold the options that apply to their method: Fed3R's ``lam`` is null on FedAvg's rows, FedAvg's
+    ``client_lr`` on Fed3R's; FedAvg's runs differ by ``client_lr``, FedNCM and Fed3R by nothing of their own."""
+    rows = [{"trial_id": trial, "method": method, "round": 10, "accuracy": 0.5, "lam": lam, "client_lr": lr}
+            for trial, method, lam, lr in [("a", "fed3r", 0.01, None), ("b", "fedavg", None, 0.1),
+                                           ("c", "fedavg", None, 0.01), ("d", "fedncm", None, None)]]
+    path = tmp_path / "results.parquet"
+    pl.DataFrame(rows).write_parquet(path)
+    assert varying_parameters(read_results([path])) == ["client_lr"]
+    ridge = [{"trial_id": "e", "method": "ffc", "round": 10, "accuracy": 0.5, "lam": 0.0, "client_lr": None}]
+    pl.DataFrame(rows + ridge).write_parquet(path)
+    assert varying_parameters(read_results([path])) == ["lam", "client_lr"]  # two values of lam, across methods
+
+
+def test_tables_of_runs_with_and_without_a_column_read_as_one(tmp_path):
+    """A closed-form run's metrics.parquet and a training run's: the columns one lacks are null in its rows."""
+    for name, extra in (("fed3r", {"lam": 0.01}), ("fedavg", {"client_lr": 0.1})):
+        (tmp_path / name).mkdir()
+        pl.DataFrame([{"method": name, "round": 1, "accuracy": 0.5, **extra}]).write_parquet(tmp_path / name / "metrics.parquet")
+    table = read_results([tmp_path])
+    assert table.select("method", "lam", "client_lr").rows() == [("fed3r", 0.01, None), ("fedavg", None, 0.1)]
+
+
 def test_summary_numbers(results):
     table, target = summarize.summarize(read_results([results]), target=0.6)
     rows = {(r["method"], r["clients_per_round"]): r for r in table.iter_rows(named=True)}

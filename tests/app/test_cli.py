@@ -27,8 +27,14 @@ SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
 SMALL_RUN = ["--num-shards", "2", "--cpus-per-shard", "0.5", "--quiet"]
 METRIC_COLUMNS = {"method", "dataset", "seed", "round", "clients_seen", "samples_seen", "accuracy", "bytes_up",
                   "bytes_down", "wall_s"}
-CONFIG_COLUMNS = {"clients_per_round", "participation", "sampling", "rounds", "eval_every", "lam", "bias", "rf_dim",
-                  "rf_sigma", "gamma", "means_per_class", "num_shards", "cpus_per_shard"}
+EVALUATION_COLUMNS = ["round", "clients_seen", "samples_seen", "accuracy", "bytes_up", "bytes_down", "flops_client_avg",
+                      "wall_s", "stage", "train_loss", "diverged", "comm_floats_fedcof", "comm_floats_fed3r",
+                      "macs_client_avg_fed3r", "forward_passes"]
+FED3R_COLUMNS = ["method", "dataset", "clients_per_round", "participation", "sampling", "rounds", "eval_every", "seed",
+                 "lam", "bias", "backbone_macs", "num_trainers", "cpus_per_trainer", "num_shards", "cpus_per_shard",
+                 *EVALUATION_COLUMNS]
+"""A fed3r run's columns: its options (every run's, sampling, resources, and fed3r's own λ and bias: not the other
+methods', training's, SphereFed's, fine-tuning's or TCT's), then the evaluation point's."""
 
 
 def cli(capsys, *args):
@@ -140,8 +146,10 @@ def synthetic_run(ray_session, tmp_path_factory):
 def test_run_outputs(synthetic_run):
     assert sorted(p.name for p in synthetic_run.iterdir()) == ["classifier.npz", "config.yaml", "metrics.parquet"]
     table = pq.read_table(synthetic_run / "metrics.parquet")
-    assert METRIC_COLUMNS | CONFIG_COLUMNS <= set(table.column_names)
-    assert not {"out", "quiet"} & set(table.column_names)
+    assert METRIC_COLUMNS <= set(table.column_names)
+    assert table.column_names == FED3R_COLUMNS
+    config = yaml.safe_load((synthetic_run / "config.yaml").read_text())  # every option, to run it again
+    assert (config["gamma"], config["client_lr"], config["entk_dim"], config["out"]) == (0.1, 0.1, 100_000, str(synthetic_run))
     rows = table.to_pylist()
     federation = load_federation(SPEC)
     assert federation.num_clients == 186

@@ -18,9 +18,10 @@ import yaml
 import fedray.data.registry
 import fedray.extract.features
 import fedray.engine
-import fedray.sweep.tuning
+import fedray.sweeps.tuning
 from analysis.results import result_files
 from fedray.cli import main
+from fedray.config import resolve
 from fedray.gradient.checkpoint import CHECKPOINT
 from fedray.results import write_atomically
 from tests.app.test_cli import SMALL_RUN, SPEC, cli, expect_error, metrics, run_cli
@@ -43,7 +44,7 @@ def no_work(*args, **kwargs):
 def work_forbidden(monkeypatch):
     """Every command's first step of work fails the test: what is refused must be refused before it."""
     monkeypatch.setattr(fedray.engine, "load_federation", no_work)
-    monkeypatch.setattr(fedray.sweep.tuning, "init_ray", no_work)
+    monkeypatch.setattr(fedray.sweeps.tuning, "init_ray", no_work)
     monkeypatch.setattr(fedray.extract.features, "load_federation", no_work)
     monkeypatch.setattr(fedray.data.registry, "load_federation", no_work)
 
@@ -113,15 +114,16 @@ def unprivileged() -> list[str]:
 
 UNPRIVILEGED_CLI = """
 import contextlib, io, json, sys
-import fedray.data.registry, fedray.extract.features, fedray.engine, fedray.sweep.tuning
+import fedray.data.registry, fedray.extract.features, fedray.engine, fedray.sweeps.tuning
 
 def no_work(*args, **kwargs):
     raise SystemExit("work started: the output check should have refused before it")
 
-for module, name in ((fedray.engine, "load_federation"), (fedray.sweep.tuning, "init_ray"),
+for module, name in ((fedray.engine, "load_federation"), (fedray.sweeps.tuning, "init_ray"),
                      (fedray.extract.features, "load_federation"), (fedray.data.registry, "load_federation")):
     setattr(module, name, no_work)
 from fedray.cli import main
+from fedray.config import resolve
 
 results = []
 for argv in json.loads(sys.argv[1]):
@@ -186,6 +188,7 @@ def dying(source, target):
 
 os.replace = dying
 from fedray.cli import main
+from fedray.config import resolve
 sys.exit(main(argv))
 '''
 
@@ -340,3 +343,47 @@ def test_a_runs_files_follow_the_umask(ray_session, umask_027, tmp_path, capsys)
     assert rc == 0, err
     assert {name: stat.S_IMODE((tmp_path / "run" / name).stat().st_mode) for name in RUN_FILES} == \
         dict.fromkeys(RUN_FILES, umask_027)
+
+
+# --- a row's configuration columns: the options that apply to its run ---------------------------------------------
+
+CLOSED_FORM_OPTIONS = {"lam", "bias", "rf_dim", "rf_sigma", "gamma", "means_per_class"}
+TRAINING_OPTIONS = {"client_lr", "weight_decay", "batch_size", "local_epochs", "client_momentum", "lr_schedule",
+                    "lr_milestones", "lr_gamma", "server_lr", "prox_mu", "temperature", "init", "init_rounds",
+                    "probe_ridge", "checkpoint_every", "head", "server_optimizer", "client_algorithm"}
+SERVER_OPTIONS = {"server_momentum", "adam_beta1", "adam_beta2", "adam_tau"}
+SPHERE_OPTIONS = {"sphere_dim", "sphere_loss"}
+IMAGE_OPTIONS = {"finetune", "backbone", "weights", "image_size"}
+TCT_OPTIONS = {"base", "entk_dim", "entk_fp16", "entk_chunk", "tct_rounds", "tct_local_steps", "tct_lr", "tct_solver",
+               "tct_projection", "tct_lam"}
+EVERY_RUNS = {"method", "dataset", "clients_per_round", "participation", "sampling", "rounds", "eval_every", "seed",
+              "backbone_macs", "num_trainers", "cpus_per_trainer", "num_shards", "cpus_per_shard"}
+
+
+@pytest.mark.parametrize("values, columns", [
+    ({"method": "fedncm"}, EVERY_RUNS),
+    ({"method": "fed3r-rf"}, EVERY_RUNS | {"lam", "bias", "rf_dim", "rf_sigma"}),
+    ({"method": "fedcof"}, EVERY_RUNS | {"gamma", "means_per_class"}),
+    ({"method": "fedavg"}, EVERY_RUNS | TRAINING_OPTIONS),
+    ({"method": "fedadam", "init": "fed3r"}, EVERY_RUNS | TRAINING_OPTIONS | {"lam", "bias", "adam_beta1", "adam_beta2", "adam_tau"}),
+    ({"method": "fedavgm", "probe_ridge": True}, EVERY_RUNS | TRAINING_OPTIONS | {"lam", "bias", "server_momentum"}),
+    ({"method": "fedprox", "head": "sphere"}, EVERY_RUNS | TRAINING_OPTIONS | SPHERE_OPTIONS | {"lam", "bias"}),
+    ({"method": "fedavg", "finetune": "ftlp"}, EVERY_RUNS | TRAINING_OPTIONS | IMAGE_OPTIONS),
+    ({"method": "tct"}, EVERY_RUNS | TRAINING_OPTIONS | IMAGE_OPTIONS | TCT_OPTIONS),
+])
+def test_a_rows_configuration_columns_are_the_options_that_apply_to_its_run(values, columns):
+    assert set(resolve({}, values).metrics_columns()) == columns
+    assert columns <= CLOSED_FORM_OPTIONS | TRAINING_OPTIONS | SERVER_OPTIONS | SPHERE_OPTIONS | IMAGE_OPTIONS | \
+        TCT_OPTIONS | EVERY_RUNS
+
+
+def test_a_plugin_is_named_by_its_class_with_its_spec_beside_it():
+    ncm = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
+    columns = resolve({}, {"method": ncm, "options": {"normalize": "false"}}).metrics_columns()
+    assert (columns["method"], columns["method_spec"], columns["normalize"]) == ("NearestClassMean", ncm, False)
+    assert set(columns) == EVERY_RUNS | {"method_spec", "normalize"}
+    yogi, proximal = (f"{REPO / 'examples' / name}" for name in ("fedyogi.py:FedYogi", "proximal_client.py:Proximal"))
+    columns = resolve({}, {"method": "fedavg", "server_optimizer": yogi, "client_algorithm": proximal}).metrics_columns()
+    assert (columns["server_optimizer"], columns["server_optimizer_spec"], columns["client_algorithm"],
+            columns["client_algorithm_spec"]) == ("FedYogi", yogi, "Proximal", proximal)
+    assert {"yogi_beta1", "mu"} <= set(columns) and not SERVER_OPTIONS & set(columns)

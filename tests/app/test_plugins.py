@@ -6,6 +6,7 @@ The examples in ``examples/`` are the plugins: ``nearest_class_mean.py`` re-impl
 """
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,11 @@ import yaml
 
 import fedray
 from fedray.cli import main
+from fedray.errors import FedrayError
 from fedray.options import options_of
-from fedray.plugins import load_class
-from fedray.sweep.spec import load_sweep
-from fedray.sweep.tuning import sweep
+from fedray.plugins import load_class, plugin_failure
+from fedray.sweeps.spec import load_sweep
+from fedray.sweeps.tuning import sweep
 
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
@@ -74,7 +76,8 @@ def test_a_closed_form_plugin_on_the_command_line_gives_the_builtin_classifier(f
     plugin, builtin = rows(tmp_path), rows(fedncm_run)
     assert [r["accuracy"] for r in plugin] == [r["accuracy"] for r in builtin]
     assert [r["bytes_up"] for r in plugin] == [r["bytes_up"] for r in builtin]  # its upload_floats: FedNCM's M·d
-    assert {r["method"] for r in plugin} == {NCM} and {r["normalize"] for r in plugin} == {True}
+    assert {(r["method"], r["method_spec"], r["normalize"]) for r in plugin} == {("NearestClassMean", NCM, True)}
+    assert "lam" not in plugin[0] and "method_spec" not in builtin[0]  # fed3r's options are not a plugin's
 
 
 def test_a_plugin_option_from_the_command_line_and_a_config_file(fedncm_run, tmp_path, capsys):
@@ -101,7 +104,8 @@ def test_a_plugin_option_from_the_command_line_and_a_config_file(fedncm_run, tmp
 
 def test_a_closed_form_plugin_from_python(fedncm_run, tmp_path):
     plugin = load_class(NCM, fedray.ClosedFormMethod, {}, "method")
-    table = fedray.run(method=plugin, dataset=SPEC, out=tmp_path, eval_every=3, num_shards=2, cpus_per_shard=0.5, quiet=True)
+    table = fedray.run(method=plugin, dataset=SPEC, out=tmp_path, eval_every=3, num_shards=2, cpus_per_shard=0.5,
+                       quiet=True).metrics
     assert isinstance(table, pl.DataFrame) and table["accuracy"].to_list() == [r["accuracy"] for r in rows(fedncm_run)]
     assert max_relative_difference(weight(tmp_path), weight(fedncm_run)) <= 1e-12
 
@@ -124,14 +128,96 @@ def test_a_server_optimizer_plugin_of_theta_plus_delta_is_fedavg_bit_for_bit(ray
     (tmp_path / "plain_average.py").write_text(PLAIN_AVERAGE)
     common = ["--method", "fedavg", "--dataset", SPEC, "--rounds", "12", "--eval-every", "4", "--client-lr", "0.01", *SMALL_RUN]
     assert cli(capsys, "run", *common, "--out", tmp_path / "builtin")[0] == 0
-    rc, _, err = cli(capsys, "run", *common, "--out", tmp_path / "plugin", "--server-optimizer",
-                     f"{tmp_path / 'plain_average.py'}:PlainAverage")
+    rc, out, err = cli(capsys, "run", *common, "--out", tmp_path / "plugin", "--server-optimizer",
+                       f"{tmp_path / 'plain_average.py'}:PlainAverage")
     assert rc == 0, err
-    drop = ("server_optimizer",)
+    assert out.startswith(f"fedavg with server optimizer PlainAverage on {SPEC}: accuracy "), out  # what ran
+    plugin_rows = rows(tmp_path / "plugin")
+    assert {(r["server_optimizer"], r["server_optimizer_spec"]) for r in plugin_rows} == \
+        {("PlainAverage", f"{tmp_path / 'plain_average.py'}:PlainAverage")}
+    drop = ("server_optimizer", "server_optimizer_spec")
     assert [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "plugin")] == \
         [{k: v for k, v in r.items() if k not in drop} for r in rows(tmp_path / "builtin")]
     with np.load(tmp_path / "plugin" / "classifier.npz") as plugin, np.load(tmp_path / "builtin" / "classifier.npz") as builtin:
         assert np.array_equal(plugin["W"], builtin["W"]) and np.array_equal(plugin["bias"], builtin["bias"])
+
+
+FLOAT64_NCM = '''
+import torch
+import fedray
+
+
+class Float64NCM(fedray.ClosedFormMethod):
+    """FedNCM on float64 features, summed as handed over (no conversion): the shards and the upload count's probe
+    both give float64."""
+
+    features_dtype = torch.float64
+
+    def client_statistics(self, batch):
+        counts = torch.bincount(batch.labels, minlength=self.num_classes).double()
+        sums = torch.zeros(self.num_classes, self.dim, dtype=torch.float64).index_add_(0, batch.labels, batch.features)
+        return counts, sums
+
+    def combine(self, a, b):
+        return a[0] + b[0], a[1] + b[1]
+
+    def solve(self, stats):
+        means = (stats[1] / stats[0].clamp(min=1)[:, None]).T
+        return fedray.Classifier(torch.nn.functional.normalize(means, dim=0))
+'''
+
+
+def test_a_float64_plugin_runs_with_the_default_upload_count(fedncm_run, tmp_path, capsys):
+    (tmp_path / "float64_ncm.py").write_text(FLOAT64_NCM)
+    rc, _, err = cli(capsys, "run", "--method", f"{tmp_path / 'float64_ncm.py'}:Float64NCM", "--dataset", SPEC,
+                     "--out", tmp_path / "out", "--eval-every", "3", *SMALL_RUN)
+    assert rc == 0, err
+    assert max_relative_difference(weight(tmp_path / "out"), weight(fedncm_run)) <= 1e-12
+    dim, classes = 8, 20  # the default count: one client's statistics, C counts and C × d sums, as float32
+    assert rows(tmp_path / "out")[-1]["bytes_up"] == rows(tmp_path / "out")[-1]["clients_seen"] * (classes + classes * dim) * 4
+
+
+def test_a_plugins_own_error_is_named_above_its_traceback(tmp_path, capsys):
+    broken = FLOAT64_NCM.replace("    def combine(self, a, b):", "    def combine(self, a, b):\n        raise ZeroDivisionError('my bug')")
+    (tmp_path / "broken.py").write_text(broken)
+    plugin = load_class(f"{tmp_path / 'broken.py'}:Float64NCM", fedray.ClosedFormMethod, {}, "method")
+    with pytest.raises(ZeroDivisionError) as raised:
+        plugin(2, 2).combine(None, None)
+    assert plugin_failure(raised.value) == \
+        f"the plugin {tmp_path / 'broken.py'}:Float64NCM failed in combine (ZeroDivisionError: my bug)"
+    assert plugin_failure(ZeroDivisionError("fedray's own")) is None
+
+
+def test_a_plugins_error_in_a_shard_is_named_above_its_traceback(ray_session, tmp_path, capsys):
+    broken = FLOAT64_NCM.replace("    def client_statistics(self, batch):",
+                                 "    def client_statistics(self, batch):\n        if len(batch.labels) > 1:\n"
+                                 "            raise KeyError('a bug in a shard')")
+    (tmp_path / "broken.py").write_text(broken)
+    rc, _, err = cli(capsys, "run", "--method", f"{tmp_path / 'broken.py'}:Float64NCM", "--dataset", SPEC,
+                     "--out", tmp_path / "out", *SMALL_RUN)
+    first, *traceback = err.splitlines()
+    assert rc == 1 and first == f"fedray: error: the plugin {tmp_path / 'broken.py'}:Float64NCM failed in " \
+        "client_statistics (KeyError: 'a bug in a shard'); its traceback:", err
+    assert traceback[0] == "Traceback (most recent call last):"
+    assert f'File "{tmp_path / "broken.py"}", line 14, in client_statistics' in err and "KeyError: 'a bug in a shard'" in err
+    assert not (tmp_path / "out" / "metrics.parquet").exists()
+
+
+@pytest.mark.parametrize("form", ["file", "module"])
+def test_a_folder_named_fedray_that_hides_the_package_is_named(tmp_path, monkeypatch, form):
+    """As in a Ray worker started in a folder holding a ``fedray/`` folder: ``import fedray`` gives that folder (a
+    namespace package, ahead of an editable install) while fedray's submodules still load."""
+    (tmp_path / "fedray").mkdir()
+    (tmp_path / "shadowed_plugin.py").write_text("import fedray\n\n\nclass Mine(fedray.ClosedFormMethod):\n    pass\n")
+    monkeypatch.delitem(sys.modules, "fedray")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    spec = f"{tmp_path / 'shadowed_plugin.py'}:Mine" if form == "file" else "shadowed_plugin:Mine"
+    with pytest.raises(FedrayError) as error:
+        load_class(spec, fedray.ClosedFormMethod, {}, "method")
+    assert str(error.value).endswith(
+        f"(AttributeError: module 'fedray' has no attribute 'ClosedFormMethod'): 'import fedray' gave {tmp_path / 'fedray'} "
+        f"(a folder without __init__.py, imported as a namespace package), not fedray's package {REPO / 'fedray'}: a folder "
+        "named fedray in the working directory or on sys.path hides it; rename or move that folder"), error.value
 
 
 def test_fedyogi_follows_its_update_rule():
@@ -155,7 +241,7 @@ def test_fedyogi_trains_through_the_shards_and_in_a_sweep_with_a_client_algorith
     assert rc == 0, err
     run_rows = rows(tmp_path / "run")
     assert [r["round"] for r in run_rows] == [0, 3, 6] and {r["yogi_tau"] for r in run_rows} == {0.01}
-    assert {r["server_optimizer"] for r in run_rows} == {YOGI} and {r["server_lr"] for r in run_rows} == {0.01}
+    assert {(r["server_optimizer"], r["server_optimizer_spec"], r["server_lr"]) for r in run_rows} == {("FedYogi", YOGI, 0.01)}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({
         "name": "yogi", "base": {"dataset": SPEC, "method": "fedavg", "server_optimizer": YOGI, "rounds": 4, "eval_every": 2,
@@ -164,7 +250,8 @@ def test_fedyogi_trains_through_the_shards_and_in_a_sweep_with_a_client_algorith
     }))
     table = sweep(load_sweep(path), tmp_path / "sweeps", quiet=True)
     assert sorted(table["yogi_beta2"].unique().to_list()) == [0.9, 0.99] and table["trial_id"].n_unique() == 2
-    assert set(table["client_algorithm"]) == {PROXIMAL} and set(table["mu"]) == {0.05}
+    assert set(table["client_algorithm"]) == {"Proximal"} and set(table["client_algorithm_spec"]) == {PROXIMAL}
+    assert set(table["mu"]) == {0.05}
 
 
 def test_a_client_algorithm_plugin_of_the_proximal_term_trains_as_fedprox_bit_for_bit(ray_session, tmp_path, capsys):
@@ -176,9 +263,10 @@ def test_a_client_algorithm_plugin_of_the_proximal_term_trains_as_fedprox_bit_fo
                      "--out", tmp_path / "plugin")
     assert rc == 0, err
     plugin, builtin = rows(tmp_path / "plugin"), rows(tmp_path / "builtin")
-    assert {(r["method"], r["prox_mu"], r["client_algorithm"], r["mu"]) for r in plugin} == {("fedavg", None, PROXIMAL, 0.1)}
+    assert {(r["method"], r["prox_mu"], r["client_algorithm"], r["client_algorithm_spec"], r["mu"]) for r in plugin} == \
+        {("fedavg", None, "Proximal", PROXIMAL, 0.1)}
     assert {(r["method"], r["prox_mu"], r["client_algorithm"]) for r in builtin} == {("fedprox", 0.1, None)}
-    settings = ("method", "prox_mu", "client_algorithm", "mu")
+    settings = ("method", "prox_mu", "client_algorithm", "client_algorithm_spec", "mu")
     assert [{k: v for k, v in r.items() if k not in settings} for r in plugin] == \
         [{k: v for k, v in r.items() if k not in settings} for r in builtin]
     with np.load(tmp_path / "plugin" / "classifier.npz") as ours, np.load(tmp_path / "builtin" / "classifier.npz") as theirs:
@@ -202,6 +290,11 @@ def test_a_client_algorithm_plugin_declares_its_fields_as_options():
     (["--method", "fed3r", "--server-optimizer", YOGI], ["--server-optimizer applies to gradient methods"]),
     (["--method", "fedavg", "--server-optimizer", NCM], ["not a subclass of fedray.ServerOptimizer"]),
     (["--method", "fed3r", "--client-algorithm", PROXIMAL], ["--client-algorithm applies to gradient methods"]),
+    (["--method", "fedadam", "--server-optimizer", YOGI],
+     [f"--method fedadam is its own server optimizer (fedadam): --server-optimizer {YOGI} contradicts it"]),
+    (["--method", "fedavgm", "--server-optimizer", "fedavg"],
+     ["--method fedavgm is its own server optimizer (fedavgm): --server-optimizer fedavg contradicts it"]),
+    (["--method", "tct", "--base", "fedadam", "--server-optimizer", YOGI], ["--base fedadam is its own server optimizer"]),
     (["--method", "fedavg", "--client-algorithm", YOGI], ["not a subclass of fedray.ClientAlgorithm"]),
     (["--method", "fedavg", "--client-algorithm", "fedprox"], ["--client-algorithm takes your own", "--method"]),
     (["--method", "fedavg", "--client-algorithm", PROXIMAL, "--option", "mu=strong"], ["option mu must be a number"]),
@@ -229,6 +322,6 @@ def test_the_readme_example_method_runs_and_is_fedncm(fedncm_run, tmp_path):
     code = readme.split("```python\n# my_ncm.py\n", 1)[1].split("```", 1)[0]
     (tmp_path / "my_ncm.py").write_text(code)
     table = fedray.run(method=f"{tmp_path / 'my_ncm.py'}:MyNCM", dataset=SPEC, out=tmp_path / "out", eval_every=3,
-                       num_shards=2, cpus_per_shard=0.5, quiet=True)
+                       num_shards=2, cpus_per_shard=0.5, quiet=True).metrics
     assert table["accuracy"].to_list() == [r["accuracy"] for r in rows(fedncm_run)]
     assert max_relative_difference(weight(tmp_path / "out"), weight(fedncm_run)) <= 1e-12

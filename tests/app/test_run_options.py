@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from fedray.cli import build_parser, main
-from fedray.config import RUN_OPTIONS, RunConfig, load_config_file, typed_value
+from fedray.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typed_value
 from fedray.errors import FedrayError
 from fedray.methods import method_class
 from fedray.options import options_of
-from fedray.sweep.spec import load_sweep
+from fedray.sweeps.spec import load_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
@@ -155,3 +155,12 @@ def test_unknown_sweep_keys_name_where_they_belong(tmp_path):
     assert sweep_error(tmp_path, "name: x\nnum_sample: 2\n") == \
         "sweep.yaml: unknown key(s) num_sample; a sweep has name, base, grid, random, num_samples, shards_per_trial, " \
         "cpus_per_shard, gpus_per_shard, driver_cpus; did you mean num_samples?"
+
+
+@pytest.mark.parametrize(("method", "server_optimizer"), [
+    ("fedavg", YOGI), ("fedprox", "fedadam"), ("scaffold", "fedavgm"),  # plain averaging on the server: replaced
+    ("fedadam", "fedadam"), ("fedavgm", "fedavgm"),                     # a method's own server optimizer, named
+])
+def test_a_server_optimizer_replaces_plain_averaging_only(method, server_optimizer):
+    config = resolve({}, {"method": method, "server_optimizer": server_optimizer})
+    assert config.server_optimizer == server_optimizer

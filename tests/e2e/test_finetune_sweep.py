@@ -5,8 +5,8 @@ import polars as pl
 import pytest
 
 from fedray.cli import main
-from fedray.sweep.spec import SweepSpec
-from fedray.sweep.tuning import sweep
+from fedray.sweeps.spec import SweepSpec
+from fedray.sweeps.tuning import sweep
 from tests.images import write_inat_split
 
 TRAIN = {"backbone": "squeezenet1_1", "weights": "random", "image_size": 64, "clients_per_round": 2, "rounds": 2,

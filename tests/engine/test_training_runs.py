@@ -51,7 +51,7 @@ def centralized_logistic_regression(spec: str, weight_decay: float) -> float:
 @pytest.mark.slow
 def test_fedavg_on_an_iid_split_approaches_centralized_logistic_regression(ray_session, tmp_path):
     config = RunConfig(method="fedavg", dataset=IID, out=str(tmp_path / "iid"), rounds=300, eval_every=150, **COMMON)
-    rows = run(config)
+    rows = run(config).rows
     centralized = centralized_logistic_regression(IID, config.weight_decay)
     accuracies = [row["accuracy"] for row in rows]
     assert [row["round"] for row in rows] == [0, 150, 300]
@@ -64,9 +64,17 @@ def test_fed3r_initialized_training_starts_at_fed3r_and_does_not_drop_below_it(r
     # The stand-in's features are larger than MobileNetV2's, so lr 0.1 at temperature 0.1 overshoots here.
     config = RunConfig(method="fedavg", dataset=SMALL, out=str(tmp_path / "two-stage"), init="fed3r", temperature=0.1,
                        client_lr=0.001, rounds=50, eval_every=10, **COMMON)
-    rows = run(config)
+    completed = run(config)
+    rows = completed.rows
     closed_form = [row for row in rows if row["stage"] == "closed_form"]
     training = [row for row in rows if row["stage"] == "train"]
+    # the rounds' clients, numbered as the rows: the closed form's rounds (with replacement, as training samples) until
+    # every client was seen, then 50 rounds; 10 distinct clients each
+    stage_rounds = closed_form[-1]["round"]
+    assert len(completed.rounds) == training[-1]["round"] == stage_rounds + 50
+    assert np.array_equal(np.unique(np.concatenate(completed.rounds[:stage_rounds])), np.arange(371))
+    assert len(np.unique(np.concatenate(completed.rounds[:stage_rounds - 1]))) < 371
+    assert [len(np.unique(clients)) for clients in completed.rounds] == [10] * (stage_rounds + 50)
     start = training[0]
     assert start["round"] == closed_form[-1]["round"] and start["accuracy"] == closed_form[-1]["accuracy"]
     assert start["clients_seen"] == closed_form[-1]["clients_seen"] == 371
@@ -89,19 +97,21 @@ def test_a_resumed_run_equals_an_uninterrupted_one(ray_session, tmp_path, method
     config = RunConfig(method=method, dataset=SMALL, init=init, init_rounds=15, rounds=12, eval_every=4,
                        checkpoint_every=4, temperature=0.5, client_lr=0.01, **COMMON)
     whole = tmp_path / "whole"
-    run(replace(config, out=str(whole)))
+    whole_run = run(replace(config, out=str(whole)))
     assert not (whole / CHECKPOINT).exists(), "a finished run leaves no checkpoint"
 
     parts = tmp_path / "parts"
 
-    def stop_at_round_eight(point):
+    def stop_at_round_eight(point, classifier):
         if point.stage == "train" and point.round - (15 if init != "random" else 0) == 8:
             raise Interrupted
 
     with pytest.raises(Interrupted):
         run(replace(config, out=str(parts)), on_point=stop_at_round_eight)
     assert (parts / CHECKPOINT).is_file() and not (parts / "metrics.parquet").exists()
-    run(replace(config, out=str(parts), quiet=True), resume=True)
+    resumed = run(replace(config, out=str(parts), quiet=True), resume=True)
+    assert len(resumed.rounds) == (15 if init != "random" else 0) + 12  # the closed form's too, though not rerun
+    assert all(np.array_equal(a, b) for a, b in zip(resumed.rounds, whole_run.rounds, strict=True))
 
     def without_wall(rows):
         return [{k: v for k, v in row.items() if k != "wall_s"} for row in rows]

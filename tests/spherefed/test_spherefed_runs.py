@@ -22,7 +22,7 @@ def test_spherefed_trains_the_projection_then_calibrates_to_the_least_squares_so
     out = tmp_path / "sphere"
     config = RunConfig(method="fedavg", head="sphere", sphere_dim=16, client_lr=0.5, dataset=SKEWED, out=str(out),
                        rounds=60, eval_every=30, num_shards=2, cpus_per_shard=0.5, quiet=True)
-    rows = run(config)
+    rows = run(config).rows
     assert [(row["round"], row["stage"]) for row in rows] == [(0, "train"), (30, "train"), (60, "train"), (61, "calibrated")]
     assert rows[-1]["accuracy"] >= rows[-2]["accuracy"], "calibration does not reduce accuracy on a label-skewed split"
 
@@ -94,7 +94,7 @@ def test_spherefed_with_scaffold_on_features_equals_plain_scaffold(ray_session, 
     config = RunConfig(method="scaffold", head="sphere", sphere_dim=6, client_lr=0.2, batch_size=4, local_epochs=2,
                        clients_per_round=4, dataset=SMALL, out=str(out), rounds=5, eval_every=5, num_shards=2,
                        cpus_per_shard=0.5, quiet=True).resolved()
-    rows = run(config)
+    rows = run(config).rows
     federation = load_federation(SMALL)
     assert rows[-2]["bytes_up"] == 5 * 4 * 2 * (12 + 1) * 6 * 4, "the projection and Δc_i go up; the classifier never"
     rounds = sampling.schedule(federation.num_clients, 4, True, config.seed, 5, past_coverage=True)
@@ -112,7 +112,7 @@ def test_spherefed_with_momentum_and_a_cosine_schedule_equals_plain_torch(ray_se
     config = RunConfig(method="scaffold", head="sphere", sphere_dim=6, client_lr=0.2, batch_size=4, local_epochs=2,
                        client_momentum=0.9, lr_schedule="cosine", weight_decay=1e-5, clients_per_round=4, dataset=SMALL,
                        out=str(out), rounds=5, eval_every=5, num_shards=2, cpus_per_shard=0.5, quiet=True).resolved()
-    rows = run(config)
+    rows = run(config).rows
     assert rows[-1]["client_momentum"] == 0.9 and rows[-1]["lr_schedule"] == "cosine", "the settings are config columns"
     federation = load_federation(SMALL)
     rounds = sampling.schedule(federation.num_clients, 4, True, config.seed, 5, past_coverage=True)

@@ -69,8 +69,15 @@ class SweepSpec:
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
+    """The sweep in the YAML file ``path``."""
     path = Path(path)
-    values = read_yaml_mapping(path, "sweep file", "name, base, grid, random, ...")
+    return sweep_spec(read_yaml_mapping(path, "sweep file", "name, base, grid, random, ..."), path)
+
+
+def sweep_spec(values: dict, path: Path) -> SweepSpec:
+    """The sweep a mapping describes (a sweep file's content), checked; errors begin with ``path``."""
+    if not isinstance(values, dict):
+        raise FedrayError(f"{path}: a sweep is a mapping of name, base, grid, random, ...")
     unknown = sorted(set(values) - set(SWEEP_KEYS))
     if unknown:
         key = unknown[0]

@@ -19,12 +19,13 @@ from ray import tune
 from ray.util import get_current_placement_group
 
 from fedray.errors import FedrayError
+from fedray.plugins import plugin_failure
 from fedray.results import METRICS, remove_stale_temporaries, write_atomically
 from fedray.engine import run
 from fedray.runtime.cluster import check_bundles_fit
 from fedray.runtime.session import init_ray
-from fedray.sweep.spec import OPTIONS_PREFIX, SweepSpec
-from fedray.sweep.trials import check_trials, fixed_params, trial_config
+from fedray.sweeps.spec import DATASET_PREFIX, SweepSpec
+from fedray.sweeps.trials import check_trials, fixed_params, trial_config
 from fedray.writable import check_folder
 
 RESULTS = "results.parquet"
@@ -35,7 +36,7 @@ SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": t
 def run_trial(params: dict) -> None:
     """One trial: a ``fedray run`` with ``params``, its shards in this trial's placement group."""
     config = trial_config(params, out=tune.get_context().get_trial_dir())
-    run(config, trial_group=get_current_placement_group(), on_point=lambda point: tune.report(asdict(point)))
+    run(config, trial_group=get_current_placement_group(), on_point=lambda point, _: tune.report(asdict(point)))
 
 
 def param_space(spec: SweepSpec) -> dict:
@@ -100,24 +101,32 @@ def _finished(result: tune.Result) -> bool:
 
 
 def failure_line(error: BaseException) -> str:
-    """A failed trial's error in one line: fedray's own message, else the exception's type and message, never Ray's
-    actor wrapper (its first line is ``ray::ImplicitFunc.train() (pid=...)`` in colour)."""
+    """A failed trial's error in one line: fedray's own message, the plugin that raised and the call into it, else the
+    exception's type and message, never Ray's actor wrapper (its first line is ``ray::ImplicitFunc.train() (pid=...)``
+    in colour)."""
+    failure = plugin_failure(error)  # from the whole error: a RayTaskError's text holds the trial's traceback
     cause = getattr(error, "cause", None)  # a RayTaskError carries the trial's own exception
     error = cause if isinstance(cause, BaseException) else error
     if isinstance(error, FedrayError):
         return str(error)
+    if failure is not None:
+        return failure
     message = ANSI_CODES.sub("", str(error)).strip().splitlines()
     return f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
 
 
 def combine(spec: SweepSpec, grid: tune.ResultGrid) -> pl.DataFrame:
-    """All finished trials' metrics rows (there is at least one), with the trial id and every swept parameter as
-    columns, in trial order."""
+    """All finished trials' metrics rows (there is at least one), with the trial id and each swept dataset option as
+    columns, in trial order.
+
+    Trials of different methods have different columns (each row holds the options that apply to its run): a column
+    a trial lacks is null in its rows.
+    """
     frames = []
     for result in filter(_finished, grid):
         frame = pl.read_parquet(Path(result.path) / METRICS)
         trial_id = result.metrics.get("trial_id", Path(result.path).name)
-        swept = {key: result.config[key] for key in spec.swept if key not in frame.columns and not key.startswith(OPTIONS_PREFIX)}
+        swept = {key: result.config[key] for key in spec.swept if key.startswith(DATASET_PREFIX)}
         frames.append(frame.with_columns(pl.lit(trial_id).alias("trial_id"), *(pl.lit(v).alias(k) for k, v in swept.items())))
     table = pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit(spec.name).alias("sweep"))
     return table.sort(["trial_id", "round"])

@@ -24,7 +24,7 @@ from fedray.gradient.settings import server_optimizer, training_algorithm
 from fedray.methods import METHODS, method_class
 from fedray.methods.from_config import option_values, postprocessing
 from fedray.options import build
-from fedray.sweep.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
+from fedray.sweeps.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
 
 
 def trial_config(params: dict, out: str) -> RunConfig:
@@ -55,16 +55,6 @@ def checked_params(spec: SweepSpec) -> Iterator[dict]:
         yield {**fixed_params(spec), **dict(zip(swept, values))}
 
 
-def _closed_form_methods(config: RunConfig) -> list[str]:
-    """The built-in closed-form methods the run builds: its method, its --init stage, the ridge probe, SphereFed's FFC."""
-    names = [config.init if config.trains else config.method]
-    if config.trains and config.probe_ridge:
-        names.append("fed3r")
-    if config.head == "sphere":
-        names.append("ffc")
-    return [name for name in names if name in METHODS]
-
-
 def check_trial(config: RunConfig) -> None:
     """The checks of a trial's run that need no data.
 
@@ -73,7 +63,7 @@ def check_trial(config: RunConfig) -> None:
     (its constructor may depend on the shape); the trial checks it.
     """
     check_spec(config.dataset)
-    for name in _closed_form_methods(config):
+    for name in (name for name in config.closed_form_methods() if name in METHODS):  # a plugin is built by the trial
         build(method_class(name), option_values(replace(config, method=name)), f"--method {name}",
               dim=1, num_classes=1, seed=config.seed)
     postprocessing(config)
