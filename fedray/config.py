@@ -34,10 +34,11 @@ CLOSED_FORM_MAX_DIM = 10_000
 """Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
 
 
-GENERAL, SAMPLING, CLOSED_FORM, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES = (
-    None, "sampling", "closed form", "training", "spherefed", "fine-tuning", "tct", "resources")
+GENERAL, SAMPLING, UPLOADS, CLOSED_FORM, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES = (
+    None, "sampling", "uploads", "closed form", "training", "spherefed", "fine-tuning", "tct", "resources")
 GROUPS = {
     SAMPLING: "client sampling",
+    UPLOADS: "every client's upload, on its way to the server",
     CLOSED_FORM: "closed-form methods (fedncm, fed3r, fed3r-rf, fedcof, ffc)",
     TRAINING: f"gradient methods ({', '.join(ALGORITHMS)})",
     SPHERE: "SphereFed (--head sphere): a projection onto the sphere before a fixed classifier, FFC after",
@@ -161,7 +162,7 @@ class RunConfig:
                                           unset="the method's own (FedAvg's, FedProx's, SCAFFOLD's)", metavar="ALGORITHM")
     postprocessor: str | None = option(None, "your own fedray.Postprocessor subclasses, each upload through them in "
                                        "order (clipping, noise, quantization...): FILE.py:Class or module:Class, several "
-                                       "separated by commas", GENERAL, unset="none", metavar="CLASS[,CLASS...]")
+                                       "separated by commas", UPLOADS, unset="none", metavar="CLASS[,CLASS...]")
     options: dict = field(default_factory=dict)
     """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
 
@@ -370,11 +371,14 @@ class RunConfig:
     def applicable_groups(self) -> set[str | None]:
         """The option groups (the fields' ``group``) that apply to this run.
 
-        Every run's options, its sampling and its resources always; the closed-form options when the run solves a
-        closed form (:meth:`closed_form_methods`); the training options when it trains; SphereFed's with ``--head
-        sphere``; the image options when it fine-tunes (``--finetune``, TCT); TCT's with ``--method tct``.
+        Every run's options, its sampling and its resources always; ``--postprocessor`` when given; the closed-form
+        options when the run solves a closed form (:meth:`closed_form_methods`); the training options when it trains;
+        SphereFed's with ``--head sphere``; the image options when it fine-tunes (``--finetune``, TCT); TCT's with
+        ``--method tct``.
         """
         groups = {GENERAL, SAMPLING, RESOURCES}
+        if self.postprocessor is not None:
+            groups.add(UPLOADS)
         if self.closed_form_methods():
             groups.add(CLOSED_FORM)
         if self.trains:

@@ -98,7 +98,7 @@ def assert_same_run(out: Path, reference: Path) -> None:
 def test_a_federation_from_arrays_runs_as_its_parquet_file(parquet_runs, toy_module, tmp_path, method):
     federation = fedray.Federation.from_arrays(*toy_module[1]["toy_rows"](30, 0), name="toy")
     assert federation.num_clients > 25
-    metrics = fedray.run(method=method, dataset=federation, out=tmp_path, **SMALL, **RUNS[method])
+    metrics = fedray.run(method=method, dataset=federation, out=tmp_path, **SMALL, **RUNS[method]).metrics
     assert_same_run(tmp_path, parquet_runs[method])
     assert len(metrics) >= 2 and metrics["accuracy"][-1] > 0.3  # chance is 1/6
     label = metrics["dataset"][0]

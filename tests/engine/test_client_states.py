@@ -40,7 +40,7 @@ def test_a_shard_killed_mid_run_gives_bitwise_the_uninterrupted_run(ray_session,
     monkeypatch.setattr(ShardPool, "start", classmethod(keep))
     killed = []
 
-    def kill_after_round_4(point):
+    def kill_after_round_4(point, classifier):
         if point.round == 4 and not killed:  # after the checkpoint of round 3: the states of rounds 4.. are lost with it
             ray.kill(pools[0].actors[1], no_restart=False)
             killed.append(point.round)
