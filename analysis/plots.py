@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from analysis.results import read_results, varying_parameters
-from fedray.results import write_atomically
+from fedray.core.results import write_atomically
 
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "x")

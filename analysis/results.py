@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 
-from fedray.results import EvalPoint
+from fedray.core.results import EvalPoint
 
 RESULTS, METRICS = "results.parquet", "metrics.parquet"
 METRIC_COLUMNS = tuple(f.name for f in fields(EvalPoint))

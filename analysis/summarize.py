@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis.results import final_rows, read_results, varying_parameters
-from fedray.results import write_atomically
+from fedray.core.results import write_atomically
 
 TARGET_SHARE = 0.9
 

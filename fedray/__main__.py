@@ -1,5 +1,5 @@
 import sys
 
-from fedray.cli import main
+from fedray.app.cli import main
 
 sys.exit(main())

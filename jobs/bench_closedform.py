@@ -130,7 +130,7 @@ def read_file_s(path: str) -> float:
 
 
 def one_run(dataset: str) -> dict:
-    """One run as ``fedray run`` composes it (see :func:`fedray.engine.run`), timed stage by stage from process start."""
+    """One run as ``fedray run`` composes it (see :func:`fedray.engine.run_config.run`), timed stage by stage from process start."""
     times: dict[str, float] = {}
     mark = [STARTED]
 
@@ -142,13 +142,13 @@ def one_run(dataset: str) -> dict:
     import numpy as np
     import torch
 
-    from fedray.config import RunConfig
+    from fedray.methods.config import RunConfig
     from fedray.data.registry import load_federation
-    from fedray.engine import simulate
+    from fedray.engine.run_config import simulate
     from fedray.runtime.session import init_ray
     from fedray.runtime.evaluator import Evaluator
-    from fedray.methods.from_config import build_method
-    from fedray.results import write_run
+    from fedray.engine.from_config import build_method
+    from fedray.core.results import write_run
     from fedray.runtime import footprint, sampling
     from fedray.runtime.shards import ShardPool, peak_memory_bytes
 

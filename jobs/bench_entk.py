@@ -35,7 +35,7 @@ import torchvision
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedray.tct.entk import (
+from fedray.methods.entk import (
     coordinate_index,
     entk_features,
     entk_features_loop,

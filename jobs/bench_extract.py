@@ -29,10 +29,10 @@ from PIL import Image
 
 from fedray.data.feature_cache import CacheEntry
 from fedray.data.registry import load_federation
-from fedray.extract.config import ExtractConfig
-from fedray.extract.features import extract
-from fedray.images.backbones import feature_model, get_backbone, load_weights
-from fedray.images.decode import ImageTransform, load_image
+from fedray.app.extract.config import ExtractConfig
+from fedray.app.extract.features import extract
+from fedray.data.images.backbones import feature_model, get_backbone, load_weights
+from fedray.data.images.decode import ImageTransform, load_image
 from fedray.runtime.session import init_ray
 from fedray.runtime.shards import peak_memory_bytes
 

@@ -23,13 +23,13 @@ import time
 import numpy as np
 import torch
 
-from fedray.data.federation import Federation
+from fedray.core.federation import Federation
 from fedray.data.registry import load_federation
 from fedray.runtime.evaluator import Evaluator
-from fedray.gradient.local import LocalSGD, client_rng, minibatches
-from fedray.gradient.probing import ProbeBackend
-from fedray.gradient.server import FedAvg
-from fedray.gradient.training import Accounting, TrainingState, train
+from fedray.methods.training.local import LocalSGD, client_rng, minibatches
+from fedray.runtime.probing import ProbeBackend
+from fedray.methods.training.server import FedAvg
+from fedray.engine.training import Accounting, TrainingState, train
 from fedray.methods.base import Classifier
 from fedray.methods.training_algorithms import FedAvg as FedAvgAlgorithm
 from fedray.runtime import sampling

@@ -13,12 +13,12 @@ import argparse
 from pathlib import Path
 
 from analysis.compare import comparison_table, print_table
-from fedray.config import RunConfig
+from fedray.methods.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.runtime.evaluator import Evaluator
-from fedray.results import write_run
-from fedray.methods.from_config import build_method
-from fedray.engine import simulate
+from fedray.core.results import write_run
+from fedray.engine.from_config import build_method
+from fedray.engine.run_config import simulate
 from fedray.runtime.session import init_ray
 from fedray.runtime.shards import ShardPool
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from analysis.plots import plot_all
 from analysis.summarize import write_summary
-from fedray.sweeps.spec import load_sweep
-from fedray.sweeps.tuning import sweep
+from fedray.app.sweeps.spec import load_sweep
+from fedray.app.sweeps.tuning import sweep
 
 SWEEPS = Path(__file__).resolve().parent / "sweeps"
 

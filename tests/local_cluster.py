@@ -101,7 +101,7 @@ def driver_command(address: str, argv: list[str]) -> list[str]:
     script = (
         "import ray, sys\n"
         f"ray.init(address='{address}', _node_ip_address='127.0.0.2', logging_level='ERROR')\n"
-        "from fedray.cli import main\n"
+        "from fedray.app.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     return [sys.executable, "-c", script, *argv]

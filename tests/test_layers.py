@@ -1,15 +1,19 @@
-"""The package's layers: no module imports one of a higher layer.
+"""The package's layers: no module imports one of a higher layer, and every package is one layer.
 
-From the ground up: core types (errors, options, result rows, atomic writes,
-the federation) → data (loaders, splits, images, the feature cache) → methods
-(the maths: closed-form methods, the gradient algorithms, SphereFed's and TCT's
-maths, a run's configuration) → runtime (Ray: shards, pools, placement, the
-cluster, joining it) → engine (the round loops and the runners that compose a
-run's stages) → application (command line, sweeps, extraction, the Python API,
-jobs and analysis). Every import counts, also one inside a function or under
-``TYPE_CHECKING``, and importing ``a.b.c`` runs the ``__init__`` of ``a.b`` too (an empty one runs nothing).
-A module takes the layer of the longest name in ``LAYER_OF`` that it starts
-with; a new module that matches none fails here until it is placed.
+From the ground up: ``fedray.core`` (errors, options, plugins, the federation
+and its rows' schema, result rows, atomic writes) → ``fedray.data`` (loaders,
+splits, synthetic stand-ins, images, the feature cache) → ``fedray.methods``
+(the maths on one process: closed-form methods, training algorithms, local SGD
+and its dual form, server optimizers, postprocessors, SphereFed's and TCT's
+maths, a run's configuration) → ``fedray.runtime`` (Ray: shards, trainers,
+pools, placement, the cluster, the clients' states) → ``fedray.engine`` (one
+run, its stages, the round loop, checkpoints) → application (``fedray.app``:
+command line, Python API, sweeps, extraction; ``fedray.algorithms``, the
+training algorithms written as plugins; fedray's own top-level modules, the
+public interface; jobs, analysis and examples). Every import counts, also one
+inside a function or under ``TYPE_CHECKING``, and importing ``a.b.c`` runs the
+``__init__`` of ``a.b`` too (one without imports runs nothing of any layer).
+Packages only: a module takes the layer of its package.
 """
 
 from __future__ import annotations
@@ -24,59 +28,19 @@ PACKAGES = ("fedray", "jobs", "analysis", "examples")
 LAYERS = ("core", "data", "methods", "runtime", "engine", "application")
 
 LAYER_OF = {
-    # core: the types and helpers every layer uses
-    "fedray.errors": "core",
-    "fedray.options": "core",
-    "fedray.numeric_options": "core",
-    "fedray.plugins": "core",
-    "fedray.results": "core",
-    "fedray.writable": "core",
-    "fedray.full_disk": "core",
-    "fedray.interrupts": "core",
-    "fedray.accounting": "core",
-    "fedray.data.federation": "core",
-    "fedray.data.schema": "core",
-    # data: federations from files, splits and synthetic stand-ins; images and the feature cache
+    "fedray.core": "core",
     "fedray.data": "data",
-    "fedray.images": "data",
-    # methods: what is computed, on one process
     "fedray.methods": "methods",
-    "fedray.evaluation": "methods",
-    "fedray.config": "methods",
-    "fedray.gradient": "methods",
-    "fedray.spherefed": "methods",
-    "fedray.tct": "methods",
-    "fedray.finetune": "methods",
-    # runtime: Ray actors, pools and placement, and the backends that run the maths on them
     "fedray.runtime": "runtime",
-    "fedray.round_loop": "runtime",
-    "fedray.gradient.probing": "runtime",
-    "fedray.spherefed.calibration": "runtime",
-    "fedray.spherefed.training": "runtime",
-    "fedray.finetune.backend": "runtime",
-    "fedray.finetune.pool": "runtime",
-    "fedray.finetune.trainer": "runtime",
-    "fedray.tct.shards": "runtime",
-    # engine: the round loops and the runners that compose a run's stages
     "fedray.engine": "engine",
-    "fedray.gradient.training": "engine",
-    "fedray.gradient.checkpoint": "engine",
-    "fedray.gradient.runner": "engine",
-    "fedray.tct.runner": "engine",
-    # application: what a user runs
+    "fedray.app": "application",
+    "fedray.algorithms": "application",
     "fedray": "application",
-    "fedray.__main__": "application",
-    "fedray.cli": "application",
-    "fedray.api": "application",
-    "fedray.catalogue": "application",
-    "fedray.sweeps": "application",
-    "fedray.extract": "application",
-    "fedray.algorithms": "application",  # training algorithms shipped as plugins: they import the public API
     "jobs": "application",
     "analysis": "application",
     "examples": "application",
 }
-"""Exact for a top-level module of ``fedray``, a default for every module under a package's name."""
+"""Each package's layer; ``fedray`` itself for its own top-level modules only (``__init__``, ``__main__``)."""
 
 
 def module_files() -> dict[str, Path]:
@@ -92,11 +56,12 @@ MODULES = module_files()
 
 
 def layer_of(module: str) -> str | None:
-    """The layer of the longest key that is ``module`` or a package above it (``fedray`` itself is no default)."""
+    """The layer of the package ``module`` is in: the longest key that is a package above it or itself; ``fedray``
+    only for the modules directly in it."""
     parts = module.split(".")
     for end in range(len(parts), 0, -1):
         key = ".".join(parts[:end])
-        if key in LAYER_OF and (key != "fedray" or module == "fedray"):
+        if key in LAYER_OF and (key != "fedray" or len(parts) <= 2):
             return LAYER_OF[key]
     return None
 
@@ -124,9 +89,12 @@ def imported(module: str, path: Path) -> set[str]:
 
 
 def runs_nothing(module: str) -> bool:
-    """An empty package ``__init__`` (``fedray.data``'s): importing the package runs no code of any layer."""
+    """A package ``__init__`` without imports (``fedray.data``'s, a docstring): importing the package runs no code of
+    any layer."""
     path = MODULES[module]
-    return path.name == "__init__.py" and not path.read_text().strip()
+    if path.name != "__init__.py":
+        return False
+    return not any(isinstance(node, (ast.Import, ast.ImportFrom)) for node in ast.walk(ast.parse(path.read_text())))
 
 
 def test_every_module_has_a_layer():
@@ -151,7 +119,36 @@ def test_no_import_goes_up_a_layer(package):
 
 
 def test_walker_sees_imports_inside_functions_and_relative_ones(tmp_path):
-    source = "from . import sibling\n\ndef f():\n    from fedray.engine import run\n    import fedray.cli\n"
+    source = "from . import sibling\n\ndef f():\n    from fedray.engine.run_config import run\n    import fedray.app.cli\n"
     path = tmp_path / "probe.py"
     path.write_text(source)
-    assert imported("fedray.runtime.probe", path) >= {"fedray.runtime", "fedray.engine", "fedray.cli"}
+    assert imported("fedray.runtime.probe", path) >= {"fedray.runtime", "fedray.engine.run_config", "fedray.app.cli"}
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to in the layer map: ``fedray.methods`` for ``fedray.methods.training.local``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "fedray" and len(parts) > 2 or ".".join(parts[:2]) in LAYER_OF else parts[0]
+
+
+def test_no_import_cycle_between_packages():
+    edges: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        for target in imported(module, path):
+            if package_of(target) != package_of(module) and not runs_nothing(target):
+                edges.setdefault(package_of(module), set()).add(package_of(target))
+    done: set[str] = set()
+
+    def cycle_from(package: str, trail: tuple[str, ...]) -> tuple[str, ...] | None:
+        if package in trail:
+            return (*trail[trail.index(package):], package)
+        if package in done:
+            return None
+        for target in sorted(edges.get(package, ())):
+            found = cycle_from(target, (*trail, package))
+            if found:
+                return found
+        done.add(package)
+        return None
+
+    assert [cycle for package in sorted(edges) if (cycle := cycle_from(package, ()))] == []

@@ -7,9 +7,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fedray.data.federation import TEST, TRAIN, Federation
-from fedray.data.schema import NUM_CLASSES_KEY
-from fedray.results import remove_stale_temporaries, write_atomically
+from fedray.core.federation import TEST, TRAIN, Federation
+from fedray.core.schema import NUM_CLASSES_KEY
+from fedray.core.results import remove_stale_temporaries, write_atomically
 
 ROWS_PER_BATCH = 16_384
 

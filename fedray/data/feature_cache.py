@@ -28,9 +28,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from fedray.data.parquet import read_files
-from fedray.data.schema import feature_matrix
-from fedray.errors import FedrayError
-from fedray.results import remove_stale_temporaries, write_atomically
+from fedray.core.schema import feature_matrix
+from fedray.core.errors import FedrayError
+from fedray.core.results import remove_stale_temporaries, write_atomically
 
 PART_ROWS = 256
 KEY, MANIFEST, PARTS = "key.json", "manifest.json", "parts"

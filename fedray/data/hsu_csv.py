@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from fedray.data.federation import TEST, TRAIN, Federation, split_table
-from fedray.errors import FedrayError
+from fedray.core.federation import TEST, TRAIN, Federation, split_table
+from fedray.core.errors import FedrayError
 
 TRAIN_COLUMNS = ("user_id", "image_id", "class")
 TEST_COLUMNS = ("image_id", "class")

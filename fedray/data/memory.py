@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from fedray.data.federation import TEST, TRAIN, Federation
+from fedray.core.federation import TEST, TRAIN, Federation
 
 MEMORY = "memory"
 """The kind of :func:`memory_label`'s names (a dataset spec of that kind is refused: nothing to load it from)."""

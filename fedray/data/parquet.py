@@ -1,6 +1,6 @@
 """Bring-your-own features: Parquet file(s) of (client_id, split, label, features) rows.
 
-The schema and its checks are :mod:`fedray.data.schema`'s (the same as for rows given from Python).
+The schema and its checks are :mod:`fedray.core.schema`'s (the same as for rows given from Python).
 Several files (a feature cache's parts) are read as one table, in the order given.
 Loading reads the client, split and label columns only; features are read, and
 checked, by whoever needs some rows (:class:`ParquetFeatures`).
@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from fedray.data.federation import Federation
-from fedray.data.schema import check_columns, checked_features, feature_dim, split_rows
-from fedray.errors import FedrayError
+from fedray.core.federation import Federation
+from fedray.core.schema import check_columns, checked_features, feature_dim, split_rows
+from fedray.core.errors import FedrayError
 
 SPLIT_COLUMNS = ["client_id", "split", "label"]
 """What :func:`load_parquet` reads: the features stay in the file until a process needs some rows."""

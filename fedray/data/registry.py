@@ -32,17 +32,17 @@ import pyarrow.compute as pc
 
 from fedray.data import splitters, synthetic
 from fedray.data.feature_cache import find_entry
-from fedray.data.federation import TRAIN, Federation
+from fedray.core.federation import TRAIN, Federation
 from fedray.data.hsu_csv import hsu_test_csv_beside, load_hsu_split
 from fedray.data.memory import MEMORY
 from fedray.data.parquet import load_parquet
 from fedray.data.splitters import classes_per_client_split, dirichlet_split, hsu_dirichlet_split
-from fedray.errors import FedrayError
-from fedray.images.folder import load_image_folder
-from fedray.images.index import resolve_paths
-from fedray.numeric_options import check_numeric_option
-from fedray.options import TYPE_NAMES, Option, function_options
-from fedray.plugins import canonical, load_function
+from fedray.core.errors import FedrayError
+from fedray.data.images.folder import load_image_folder
+from fedray.data.images.index import resolve_paths
+from fedray.core.numeric_options import check_numeric_option
+from fedray.core.options import TYPE_NAMES, Option, function_options
+from fedray.core.plugins import canonical, load_function
 
 KINDS = ("synthetic", "parquet", "features", "hsu", "imagefolder")
 OPTION_TYPES: dict[str, type] = {

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fedray.data.federation import TRAIN, Federation
-from fedray.errors import FedrayError
+from fedray.core.federation import TRAIN, Federation
+from fedray.core.errors import FedrayError
 
 MAX_DIRICHLET_ATTEMPTS = 1000
 DIRICHLET_TIME_LIMIT_S = 60.0

@@ -33,8 +33,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import torch
 
-from fedray.data.federation import TEST, TRAIN, Federation, split_table
-from fedray.errors import FedrayError
+from fedray.core.federation import TEST, TRAIN, Federation, split_table
+from fedray.core.errors import FedrayError
 
 BLOCK = 4096
 LOW_RANK = 16

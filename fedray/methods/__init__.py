@@ -4,7 +4,7 @@ from fedray.methods.base import ClosedFormMethod
 from fedray.methods.fedcof import FedCOF, FedCOFOracle
 from fedray.methods.ncm import FedNCM
 from fedray.methods.ridge import Fed3R, Fed3RRandomFeatures, FastFederatedCalibration
-from fedray.plugins import load_class
+from fedray.core.plugins import load_class
 
 METHODS: dict[str, type[ClosedFormMethod]] = {
     cls.name: cls for cls in (FedNCM, Fed3R, Fed3RRandomFeatures, FedCOF, FedCOFOracle, FastFederatedCalibration)

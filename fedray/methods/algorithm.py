@@ -105,7 +105,7 @@ class Population:
 
 @dataclass(frozen=True)
 class DualForm:
-    """What the dual form of linear heads on features trains (:mod:`fedray.gradient.local`): local SGD on the path's
+    """What the dual form of linear heads on features trains (:mod:`fedray.methods.training.local`): local SGD on the path's
     cross-entropy with FedProx's pull ``prox_mu`` and, with ``control``, SCAFFOLD's option-I correction; uploads the
     update weighted by the clients' samples (and, with ``control``, the change of c_i, as ``control.NAME``)."""
 

@@ -8,7 +8,7 @@ combining the clients' individual statistics, and it is one GEMM instead of many
 
 This is the public interface (``fedray.ClosedFormMethod``): a researcher's own
 method is one subclass in a file of their own, its options the typed keyword
-arguments of its constructor (see :mod:`fedray.options`), used as
+arguments of its constructor (see :mod:`fedray.core.options`), used as
 ``--method path/to/file.py:Class``. The engine does everything else: sampling,
 shards, tree reduction, evaluation, traffic and FLOPs, metrics, sweeps.
 """
@@ -25,8 +25,8 @@ from typing import ClassVar, Generic, TypeVar
 import numpy as np
 import torch
 
-from fedray.accounting import PaperCosts
-from fedray.data.federation import Federation
+from fedray.core.accounting import PaperCosts
+from fedray.core.federation import Federation
 
 FLOAT_BYTES = 4
 """Uploads are counted as float32 values, the papers' convention."""
@@ -115,7 +115,7 @@ class ClosedFormMethod(ABC, Generic[Stats]):
         return np.full(len(sizes), np.nan)
 
     def paper_costs(self, federation: Federation) -> PaperCosts:
-        """Each client's one upload as the papers count it (:mod:`fedray.accounting`).
+        """Each client's one upload as the papers count it (:mod:`fedray.core.accounting`).
 
         Default: one backbone forward pass per sample (FedNCM's count, true of
         any method computing statistics of the cached features); the papers'

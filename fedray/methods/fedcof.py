@@ -19,9 +19,9 @@ from typing import Annotated
 import numpy as np
 import torch
 
-from fedray.accounting import PaperCosts
-from fedray.data.federation import Federation
-from fedray.errors import FedrayError
+from fedray.core.accounting import PaperCosts
+from fedray.core.federation import Federation
+from fedray.core.errors import FedrayError
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, gram, normalize_columns, spd_solve
 
 

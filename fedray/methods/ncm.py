@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedray.accounting import PaperCosts
-from fedray.data.federation import Federation
+from fedray.core.accounting import PaperCosts
+from fedray.core.federation import Federation
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, normalize_columns
 
 

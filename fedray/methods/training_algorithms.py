@@ -22,7 +22,7 @@ from fedray.methods.algorithm import (
     Population,
     Upload,
 )
-from fedray.plugins import load_class
+from fedray.core.plugins import load_class
 
 DEFAULT_PROX_MU = 0.01
 """Li et al.'s usual μ (Fed3R's was not at hand)."""
@@ -77,7 +77,7 @@ class Scaffold(FederatedAlgorithm):
     Σ n_i Δc_i / N. Option II: c_i⁺ = c_i − c + (θ⁰ − θ_i) / (τ_i η). Linear
     heads on features train in the dual form with option I instead, c_i⁺ the
     gradient of the client's loss at the model it received, free there and
-    stored compactly (:mod:`fedray.gradient.local`).
+    stored compactly (:mod:`fedray.methods.training.local`).
     """
 
     name = "scaffold"

@@ -8,7 +8,7 @@ import re
 import shlex
 import socket
 
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 
 CONNECT_TIMEOUT_S = 10.0
 RAY_CLIENT_PORT = 10001

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 from fedray.methods.algorithm import Params
-from fedray.results import payload_bytes, write_atomically
+from fedray.core.results import payload_bytes, write_atomically
 
 
 def _save(path: Path, states: dict[int, Params]) -> None:

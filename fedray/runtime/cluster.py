@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 import ray
 
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 from fedray.runtime.footprint import Footprint
 
 GB = 1e9

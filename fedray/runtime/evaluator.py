@@ -1,4 +1,4 @@
-"""The accuracy of a classifier on the federation's test rows, which the shards hold (see :mod:`fedray.evaluation`)."""
+"""The accuracy of a classifier on the federation's test rows, which the shards hold (see :mod:`fedray.methods.evaluation`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import ray
 import torch
 
-from fedray.evaluation import FeatureMap
+from fedray.methods.evaluation import FeatureMap
 from fedray.methods.base import Classifier
 from fedray.runtime.shards import ShardPool
 
@@ -37,7 +37,7 @@ class Evaluator:
 
 
 def _as_scored(classifier: Classifier) -> Classifier:
-    """``classifier`` in float32, as the shards score with it (:mod:`fedray.evaluation`): half the bytes of a float64
+    """``classifier`` in float32, as the shards score with it (:mod:`fedray.methods.evaluation`): half the bytes of a float64
     classifier through the object store, and the same scores."""
     bias = None if classifier.bias is None else classifier.bias.to(torch.float32)
     return Classifier(classifier.weight.to(torch.float32), bias)

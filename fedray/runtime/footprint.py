@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedray.config import RunConfig
-from fedray.data.federation import Federation
-from fedray.evaluation import CHUNK
+from fedray.methods.config import RunConfig
+from fedray.core.federation import Federation
+from fedray.methods.evaluation import CHUNK
 from fedray.methods.training_algorithms import Scaffold
 
 FLOAT32, FLOAT64, INT64 = 4, 8, 8

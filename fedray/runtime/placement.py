@@ -6,7 +6,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 from fedray.runtime.cluster import check_bundles_fit
 
 WAIT_S = 60.0
@@ -56,7 +56,7 @@ def start_actors(
 def trial_bundles(trial_group: PlacementGroup) -> tuple[int, dict[str, float]]:
     """A Tune trial's actor bundles: how many (bundle 0, the trial's driver, aside) and the resources of each.
 
-    A trial's placement group (see :attr:`~fedray.sweeps.spec.SweepSpec.bundles`) has one bundle for its driver,
+    A trial's placement group (see :attr:`~fedray.app.sweeps.spec.SweepSpec.bundles`) has one bundle for its driver,
     then identical bundles for the actors of its run.
     """
     specs = trial_group.bundle_specs

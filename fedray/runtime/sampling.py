@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 
 CHUNK_ROUNDS = 1024
 

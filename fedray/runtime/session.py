@@ -13,8 +13,8 @@ from contextlib import contextmanager
 
 import ray
 
-from fedray.errors import FedrayError
-from fedray.interrupts import keeping_sigterm_handler
+from fedray.core.errors import FedrayError
+from fedray.core.interrupts import keeping_sigterm_handler
 from fedray.runtime import tensor_transfer, watchdog
 from fedray.runtime.address import LOCAL, check_reachable
 

@@ -9,7 +9,7 @@ shard gathers their rows and computes the block's
 statistics in one call (for Fed3R: one GEMM), so Ray's overhead scales with
 shards × evaluation points, not with clients or rounds. Each shard also holds
 whole chunks of the test rows and counts a classifier's correct predictions on
-them (:mod:`fedray.evaluation`), so the driver never holds features.
+them (:mod:`fedray.methods.evaluation`), so the driver never holds features.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import ray
 import torch
 from ray.util.placement_group import PlacementGroup
 
-from fedray.data.federation import TEST, TRAIN, Federation
-from fedray.errors import FedrayError
-from fedray.evaluation import EvalRows, eval_bounds
+from fedray.core.federation import TEST, TRAIN, Federation
+from fedray.core.errors import FedrayError
+from fedray.methods.evaluation import EvalRows, eval_bounds
 from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
 from fedray.methods.postprocessor import Postprocessing
 from fedray.runtime.cluster import check_memory

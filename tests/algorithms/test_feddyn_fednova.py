@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.config import resolve
+from fedray.methods.config import resolve
 from fedray.data.registry import load_federation
-from fedray.engine import run
-from fedray.errors import FedrayError
-from fedray.gradient.settings import training_algorithm
+from fedray.engine.run_config import run
+from fedray.core.errors import FedrayError
+from fedray.engine.settings import training_algorithm
 from fedray.runtime import sampling
 
 DATASET = "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fedray
-from fedray.results import EvalPoint
+from fedray.core.results import EvalPoint
 
 SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
 SMALL_RUN = {"num_shards": 2, "cpus_per_shard": 0.5, "quiet": True}

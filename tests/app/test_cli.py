@@ -17,8 +17,8 @@ import pytest
 import torch
 import yaml
 
-from fedray.cli import main
-from fedray.config import load_config_file, resolve
+from fedray.app.cli import main
+from fedray.methods.config import load_config_file, resolve
 from fedray.data.registry import load_federation
 from tests.local_cluster import free_port
 

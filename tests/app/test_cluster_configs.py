@@ -9,7 +9,7 @@ import pytest
 import ray
 import yaml
 
-from fedray.sweeps.spec import load_sweep
+from fedray.app.sweeps.spec import load_sweep
 
 CLUSTER = Path(__file__).resolve().parents[2] / "cluster"
 JOBS = Path(__file__).resolve().parents[2] / "jobs"

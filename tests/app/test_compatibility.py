@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from fedray.cli import main
+from fedray.app.cli import main
 
 OLD_CONFIG = Path(__file__).parent / "data" / "config_45680fe.yaml"
 

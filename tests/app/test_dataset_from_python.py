@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 import fedray
-from fedray.cli import main
-from fedray.errors import FedrayError
+from fedray.app.cli import main
+from fedray.core.errors import FedrayError
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {"num_shards": 2, "cpus_per_shard": 0.5, "quiet": True, "clients_per_round": 5, "eval_every": 2}

@@ -12,15 +12,15 @@ import torch
 import torchvision
 from PIL import Image
 
-from fedray.cli import main
+from fedray.app.cli import main
 from fedray.data import feature_cache as cache
 from fedray.data.registry import load_federation
-from fedray.errors import FedrayError
-from fedray.extract.config import ExtractConfig
-from fedray.extract.features import extract
-from fedray.extract.pool import ExtractionPool
-from fedray.images.backbones import get_backbone, load_weights
-from fedray.images.decode import ImageTransform
+from fedray.core.errors import FedrayError
+from fedray.app.extract.config import ExtractConfig
+from fedray.app.extract.features import extract
+from fedray.app.extract.pool import ExtractionPool
+from fedray.data.images.backbones import get_backbone, load_weights
+from fedray.data.images.decode import ImageTransform
 from tests.images import random_image, write_image_folder, write_inat_split, write_squeezenet_weights
 from tests.data.test_images import classic_eval_transform
 

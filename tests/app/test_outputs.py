@@ -16,14 +16,14 @@ import pytest
 import yaml
 
 import fedray.data.registry
-import fedray.extract.features
-import fedray.engine
-import fedray.sweeps.tuning
+import fedray.app.extract.features
+import fedray.engine.run_config
+import fedray.app.sweeps.tuning
 from analysis.results import result_files
-from fedray.cli import main
-from fedray.config import resolve
-from fedray.gradient.checkpoint import CHECKPOINT
-from fedray.results import write_atomically
+from fedray.app.cli import main
+from fedray.methods.config import resolve
+from fedray.engine.checkpoint import CHECKPOINT
+from fedray.core.results import write_atomically
 from tests.app.test_cli import SMALL_RUN, SPEC, cli, expect_error, metrics, run_cli
 from tests.full_disk import fill, hashes, small_disk  # noqa: F401 (a fixture)
 from tests.images import write_squeezenet_weights
@@ -43,9 +43,9 @@ def no_work(*args, **kwargs):
 @pytest.fixture
 def work_forbidden(monkeypatch):
     """Every command's first step of work fails the test: what is refused must be refused before it."""
-    monkeypatch.setattr(fedray.engine, "load_federation", no_work)
-    monkeypatch.setattr(fedray.sweeps.tuning, "init_ray", no_work)
-    monkeypatch.setattr(fedray.extract.features, "load_federation", no_work)
+    monkeypatch.setattr(fedray.engine.run_config, "load_federation", no_work)
+    monkeypatch.setattr(fedray.app.sweeps.tuning, "init_ray", no_work)
+    monkeypatch.setattr(fedray.app.extract.features, "load_federation", no_work)
     monkeypatch.setattr(fedray.data.registry, "load_federation", no_work)
 
 
@@ -114,16 +114,16 @@ def unprivileged() -> list[str]:
 
 UNPRIVILEGED_CLI = """
 import contextlib, io, json, sys
-import fedray.data.registry, fedray.extract.features, fedray.engine, fedray.sweeps.tuning
+import fedray.data.registry, fedray.app.extract.features, fedray.engine.run_config, fedray.app.sweeps.tuning
 
 def no_work(*args, **kwargs):
     raise SystemExit("work started: the output check should have refused before it")
 
-for module, name in ((fedray.engine, "load_federation"), (fedray.sweeps.tuning, "init_ray"),
-                     (fedray.extract.features, "load_federation"), (fedray.data.registry, "load_federation")):
+for module, name in ((fedray.engine.run_config, "load_federation"), (fedray.app.sweeps.tuning, "init_ray"),
+                     (fedray.app.extract.features, "load_federation"), (fedray.data.registry, "load_federation")):
     setattr(module, name, no_work)
-from fedray.cli import main
-from fedray.config import resolve
+from fedray.app.cli import main
+from fedray.methods.config import resolve
 
 results = []
 for argv in json.loads(sys.argv[1]):
@@ -187,8 +187,8 @@ def dying(source, target):
     replace(source, target)
 
 os.replace = dying
-from fedray.cli import main
-from fedray.config import resolve
+from fedray.app.cli import main
+from fedray.methods.config import resolve
 sys.exit(main(argv))
 '''
 

@@ -17,12 +17,12 @@ import torch
 import yaml
 
 import fedray
-from fedray.cli import main
-from fedray.errors import FedrayError
-from fedray.options import options_of
-from fedray.plugins import load_class, plugin_failure
-from fedray.sweeps.spec import load_sweep
-from fedray.sweeps.tuning import sweep
+from fedray.app.cli import main
+from fedray.core.errors import FedrayError
+from fedray.core.options import options_of
+from fedray.core.plugins import load_class, plugin_failure
+from fedray.app.sweeps.spec import load_sweep
+from fedray.app.sweeps.tuning import sweep
 
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
@@ -280,7 +280,7 @@ def test_a_client_algorithm_plugin_declares_its_fields_as_options():
 
 @pytest.mark.parametrize("args, needles", [
     (["--method", "nowhere.py:Thing"], ["nowhere.py: no such plugin file"]),
-    (["--method", "fedray.gradient.server:FedAvg"], ["not a subclass of fedray.ClosedFormMethod"]),
+    (["--method", "fedray.methods.training.server:FedAvg"], ["not a subclass of fedray.ClosedFormMethod"]),
     (["--method", f"{REPO / 'examples' / 'nearest_class_mean.py'}:Missing"], ["no class 'Missing'"]),
     (["--method", "no_such_module_here:Thing"], ["cannot import no_such_module_here"]),
     (["--method", NCM, "--option", "normalise=false"], ["unknown option(s) normalise", "normalize"]),

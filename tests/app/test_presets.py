@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedray.config import load_config_file, resolve
-from fedray.engine import run
+from fedray.methods.config import load_config_file, resolve
+from fedray.engine.run_config import run
 from tests.images import write_image_folder
 
 ROOT = Path(__file__).resolve().parents[2]

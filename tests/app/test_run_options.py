@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from fedray.cli import build_parser, main
-from fedray.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typed_value
-from fedray.errors import FedrayError
+from fedray.app.cli import build_parser, main
+from fedray.methods.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typed_value
+from fedray.core.errors import FedrayError
 from fedray.methods import method_class
-from fedray.options import options_of
-from fedray.sweeps.spec import load_sweep
+from fedray.core.options import options_of
+from fedray.app.sweeps.spec import load_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"

@@ -6,12 +6,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fedray.cli import main
+from fedray.app.cli import main
 from fedray.data.export import export_parquet
 from fedray.data.registry import load_federation
-from fedray.errors import FedrayError
-from fedray.sweeps.spec import SweepSpec, load_sweep, with_dataset_options
-from fedray.sweeps.tuning import RESULTS, failure_line, sweep
+from fedray.core.errors import FedrayError
+from fedray.app.sweeps.spec import SweepSpec, load_sweep, with_dataset_options
+from fedray.app.sweeps.tuning import RESULTS, failure_line, sweep
 
 SWEEPS = Path(__file__).resolve().parents[2] / "jobs" / "sweeps"
 SMALL = {"dim": 16, "scale": 0.04, "classes": 40}

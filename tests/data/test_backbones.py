@@ -6,8 +6,8 @@ import pytest
 import torch
 import torchvision
 
-from fedray.errors import FedrayError
-from fedray.images.backbones import BACKBONES, feature_model, get_backbone, load_weights
+from fedray.core.errors import FedrayError
+from fedray.data.images.backbones import BACKBONES, feature_model, get_backbone, load_weights
 
 
 def penultimate(name: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -3,9 +3,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedray.data.federation import TEST, TRAIN
+from fedray.core.federation import TEST, TRAIN
 from fedray.data.hsu_csv import hsu_test_csv_beside, load_hsu_split
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 
 TRAIN_CSV = """user_id,image_id,class
 u2,img1,7

@@ -7,9 +7,9 @@ from PIL import Image
 from torchvision import transforms
 
 from fedray.data.registry import canonical_spec, load_federation
-from fedray.errors import FedrayError
-from fedray.images.decode import GRAYSCALE, MISSING, UNREADABLE, ImageTransform, load_image
-from fedray.images.index import resolve_paths, walked_index
+from fedray.core.errors import FedrayError
+from fedray.data.images.decode import GRAYSCALE, MISSING, UNREADABLE, ImageTransform, load_image
+from fedray.data.images.index import resolve_paths, walked_index
 from tests.images import random_image, write_image_folder, write_inat_split
 
 

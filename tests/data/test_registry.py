@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import fedray
-from fedray.cli import main
+from fedray.app.cli import main
 from fedray.data.registry import canonical_spec, load_federation
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 
 
 def test_hsu_spec_finds_the_test_csv_beside_the_train_file(tmp_path, capsys):

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import fedray
-from fedray.data.federation import TEST, TRAIN, Federation
+from fedray.core.federation import TEST, TRAIN, Federation
 from fedray.data.parquet import load_parquet
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 
 DIM, CLASSES, CLIENTS = 6, 5, 9
 

@@ -6,9 +6,9 @@ import pyarrow.compute as pc
 import pytest
 
 from fedray.data import splitters
-from fedray.data.federation import TEST, TRAIN, Federation, split_table
+from fedray.core.federation import TEST, TRAIN, Federation, split_table
 from fedray.data.splitters import PROBE_DRAWS, UNASSIGNED, classes_per_client_split, dirichlet_split, hsu_dirichlet_split, resplit
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 from scipy import stats
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedray.data import synthetic
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 
 INAT = ["inat-user-120k", "inat-geo-100", "inat-geo-1k", "inat-geo-3k"]
 

@@ -33,7 +33,7 @@ driver_cpus: 1
     script = (
         "import ray, sys\n"
         f"ray.init(address='127.0.0.1:{port}', logging_level='ERROR')\n"
-        "from fedray.cli import main\n"
+        "from fedray.app.cli import main\n"
         "from fedray.runtime.cluster import may_add_nodes\n"
         "print('GROWS', may_add_nodes())\n"
         f"code = main(['sweep', '--config', '{sweep}', '--out', '{tmp_path / 'out'}', '--quiet'])\n"

@@ -4,9 +4,9 @@ placement group, and each trial writes the rows a plain ``fedray run`` of its co
 import polars as pl
 import pytest
 
-from fedray.cli import main
-from fedray.sweeps.spec import SweepSpec
-from fedray.sweeps.tuning import sweep
+from fedray.app.cli import main
+from fedray.app.sweeps.spec import SweepSpec
+from fedray.app.sweeps.tuning import sweep
 from tests.images import write_inat_split
 
 TRAIN = {"backbone": "squeezenet1_1", "weights": "random", "image_size": 64, "clients_per_round": 2, "rounds": 2,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from fedray.config import resolve
-from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint
+from fedray.methods.config import resolve
+from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import ray
 import torch
 
-import fedray.engine
-from fedray.config import resolve
+import fedray.engine.run_config
+from fedray.methods.config import resolve
 from fedray.runtime.shards import ShardPool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def outputs(out: Path) -> tuple[list[dict], dict[str, np.ndarray]]:
 
 
 def test_a_shard_killed_mid_run_gives_bitwise_the_uninterrupted_run(ray_session, tmp_path, monkeypatch, capsys):
-    fedray.engine.run(config(tmp_path / "plain"))
+    fedray.engine.run_config.run(config(tmp_path / "plain"))
     pools = []
     start = ShardPool.start.__func__
 
@@ -45,7 +45,7 @@ def test_a_shard_killed_mid_run_gives_bitwise_the_uninterrupted_run(ray_session,
             ray.kill(pools[0].actors[1], no_restart=False)
             killed.append(point.round)
 
-    fedray.engine.run(config(tmp_path / "killed"), on_point=kill_after_round_4)
+    fedray.engine.run_config.run(config(tmp_path / "killed"), on_point=kill_after_round_4)
     assert killed == [4]
     assert "an actor restarted and lost its clients' states: replaying from training round 3" in capsys.readouterr().err
     plain_rows, plain_arrays = outputs(tmp_path / "plain")
@@ -70,7 +70,7 @@ def test_the_clients_states_never_reach_the_driver(ray_session, tmp_path, monkey
         return (values, *rest)
 
     monkeypatch.setattr(type(worker), "get_objects", recording)
-    fedray.engine.run(config(tmp_path / "run", checkpoint_every=None))
+    fedray.engine.run_config.run(config(tmp_path / "run", checkpoint_every=None))
     monkeypatch.undo()
     saved = np.load(tmp_path / "run" / "classifier.npz")
     model = saved["W"].size + saved["bias"].size

@@ -8,13 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from fedray.cli import main
-from fedray.config import RunConfig
+from fedray.app.cli import main
+from fedray.methods.config import RunConfig
 from fedray.data.registry import load_federation
-from fedray.errors import FedrayError
-from fedray.gradient.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
-from fedray.gradient.training import Accounting, TrainingState
-from fedray.engine import run
+from fedray.core.errors import FedrayError
+from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
+from fedray.engine.training import Accounting, TrainingState
+from fedray.engine.run_config import run
 
 SMALL = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
 IID = SMALL + "&seed=3&split=dirichlet_per_class&alpha=1000&clients=100"  # each class spread evenly: near IID

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 from fedray.methods import METHODS, FedCOF, FedCOFOracle, Fed3R, Fed3RRandomFeatures, FedNCM, FastFederatedCalibration
 from fedray.methods.base import ClientBatch
 from tests.conftest import all_clients_batch

@@ -12,8 +12,8 @@ import scipy.stats
 import torch
 
 import fedray
-from fedray.config import resolve
-from fedray.engine import run
+from fedray.methods.config import resolve
+from fedray.engine.run_config import run
 from fedray.methods.postprocessor import AGGREGATE, Postprocessing, UploadContext, flatten, unflatten
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,8 +131,8 @@ def test_clipping_bounds_each_clients_upload_in_training_and_closed_form(ray_ses
 
 
 def test_a_postprocessor_is_checked_before_any_work():
-    from fedray.errors import FedrayError
-    from fedray.methods.from_config import postprocessing
+    from fedray.core.errors import FedrayError
+    from fedray.engine.from_config import postprocessing
 
     with pytest.raises(FedrayError, match="option noise_std must be ≥ 0"):
         postprocessing(resolve({}, {"method": "fed3r", "postprocessor": NOISE, "options": {"noise_std": "-1"}}))

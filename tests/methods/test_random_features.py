@@ -2,11 +2,11 @@
 
 import pytest
 
-from fedray.config import RunConfig
+from fedray.methods.config import RunConfig
 from fedray.data import synthetic
 from fedray.runtime.evaluator import Evaluator
-from fedray.methods.from_config import build_method
-from fedray.engine import simulate
+from fedray.engine.from_config import build_method
+from fedray.engine.run_config import simulate
 from fedray.runtime.shards import ShardPool
 
 

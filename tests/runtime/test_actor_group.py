@@ -5,7 +5,7 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 from fedray.runtime.actor_group import ActorGroup, balanced_bounds, tree_reduce
 
 

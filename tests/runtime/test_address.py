@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 from fedray.runtime.address import check_reachable, endpoint
 from tests.local_cluster import free_port
 

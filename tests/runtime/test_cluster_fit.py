@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fedray.config import RunConfig
+from fedray.methods.config import RunConfig
 from fedray.data import synthetic
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 from fedray.runtime import cluster
 from fedray.runtime.cluster import bundles_that_fit, check_bundles_fit, check_memory, may_add_nodes
 from fedray.runtime.footprint import estimate

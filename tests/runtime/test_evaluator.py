@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedray.data import synthetic
-from fedray.evaluation import CHUNK
+from fedray.methods.evaluation import CHUNK
 from fedray.methods.base import Classifier
 from fedray.runtime.evaluator import Evaluator
 from fedray.runtime.shards import ShardPool

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from fedray.config import RunConfig
+from fedray.methods.config import RunConfig
 from fedray.data import synthetic
 from fedray.runtime.evaluator import Evaluator
-from fedray.methods.from_config import build_method
-from fedray.engine import simulate
-from fedray.evaluation import eval_bounds
+from fedray.engine.from_config import build_method
+from fedray.engine.run_config import simulate
+from fedray.methods.evaluation import eval_bounds
 from fedray.runtime.footprint import FLOAT32, INT64, estimate
 from fedray.runtime.shards import ShardPool
 

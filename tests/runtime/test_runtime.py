@@ -7,11 +7,11 @@ import pytest
 import ray
 import torch
 
-from fedray.config import RunConfig
+from fedray.methods.config import RunConfig
 from fedray.data import synthetic
 from fedray.runtime.evaluator import Evaluator
-from fedray.methods.from_config import build_method
-from fedray.engine import simulate
+from fedray.engine.from_config import build_method
+from fedray.engine.run_config import simulate
 from fedray.runtime import sampling
 from fedray.runtime.actor_group import balanced_bounds
 from fedray.runtime.shards import ShardPool

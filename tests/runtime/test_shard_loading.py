@@ -14,7 +14,7 @@ import torch
 from fedray.data import synthetic
 from fedray.data.export import export_parquet
 from fedray.data.parquet import load_parquet
-from fedray.errors import FedrayError
+from fedray.core.errors import FedrayError
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod
 from fedray.runtime.shards import ShardPool
 from tests.app.test_cli import SMALL_RUN, SPEC, fedray_subprocess

@@ -1,0 +1,120 @@
+"""``fedray.run`` and ``fedray.sweep``: a run and a sweep from Python, as ``fedray run`` and ``fedray sweep`` do them
+from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import polars as pl
+import torch
+
+from fedray.methods.config import resolve
+from fedray.core.federation import Federation
+from fedray.data.memory import memory_label
+from fedray.core.errors import FedrayError
+from fedray.methods.base import Classifier
+from fedray.core.plugins import spec_of
+from fedray.core.results import METRICS
+
+
+@dataclass
+class RunResult:
+    """What ``fedray.run`` returns: the run's files as Python objects, and the clients of its rounds."""
+
+    metrics: pl.DataFrame
+    """metrics.parquet: one row per evaluation point."""
+    classifier: Classifier
+    """The final classifier (classifier.npz's ``W`` and ``bias``): scores = features @ W + bias, on the features the
+    method classifies (Fed3R-RF's random features, SphereFed's normalized projection, TCT's eNTK features)."""
+    arrays: dict[str, np.ndarray]
+    """classifier.npz's other arrays: what that map needs (``rf_omega``, ``proj_weight``, ``entk_index``, ...)."""
+    rounds: list[np.ndarray]
+    """The clients of each round, numbered as the metrics' ``round``: round r's are ``rounds[r - 1]``."""
+    out: Path
+    """The run's folder."""
+
+
+Evaluation = Callable[[dict, "Classifier | None"], None]
+"""``on_evaluation(row, classifier)``: each evaluation point's columns and the classifier evaluated there."""
+
+
+def _spec(value: str | type, what: str) -> str:
+    """A method, server optimizer or client algorithm given by name, ``module:Class``, ``file.py:Class`` or as the class itself."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, type):
+        if "<locals>" in value.__qualname__:
+            raise FedrayError(f"{what} {value.__qualname__}: define the class at the top level of a module or notebook cell")
+        return spec_of(value)
+    raise FedrayError(f"{what} must be a name, 'module:Class', 'file.py:Class' or a class, got {value!r}")
+
+
+def run(
+    method: str | type = "fed3r",
+    dataset: str | Federation = "synthetic:inat-user-120k",
+    out: str | Path = "results/run",
+    options: dict[str, object] | None = None,
+    server_optimizer: str | type | None = None,
+    client_algorithm: str | type | None = None,
+    address: str | None = None,
+    resume: bool = False,
+    on_evaluation: Evaluation | None = None,
+    **run_options: object,
+) -> RunResult:
+    """Run ``method`` on ``dataset``; writes ``out`` as ``fedray run`` does and returns a :class:`RunResult`
+    (``.metrics``: its metrics table).
+
+    ``dataset`` is a dataset spec or a :class:`Federation` (e.g. from
+    :meth:`Federation.from_arrays`); one without a spec is recorded as
+    ``memory:NAME@HASH`` (:func:`fedray.data.memory.memory_label`) and its
+    shards get their rows through Ray's object store.
+    ``run_options`` are the command line's run options with underscores
+    (``clients_per_round=10``, ``rounds=500``, ``lam=0.1``, ``quiet=True``);
+    ``options`` sets a plugin's own options by name (``--option key=value``).
+    ``on_evaluation(row, classifier)`` is called at each evaluation point with
+    its evaluation columns (``round``, ``accuracy``, ``bytes_up``, ...) and the
+    classifier evaluated there: a closed form's solve, a training run's head
+    (SphereFed: the fixed classifier; TCT's stage 2: its model), yours to keep.
+    """
+    from fedray.engine.run_config import run as run_config  # the engine imports Ray and torch: only when a run starts
+
+    federation = dataset if isinstance(dataset, Federation) else None
+    if federation is not None:
+        dataset = federation.spec or memory_label(federation)
+    elif not isinstance(dataset, str):
+        raise FedrayError(f"dataset must be a spec ('synthetic:…', 'parquet:PATH', 'file.py:function', ...) or a "
+                          f"fedray.Federation, got {type(dataset).__name__}")
+    values = {**run_options, "method": _spec(method, "method"), "dataset": dataset, "out": str(out),
+              "options": dict(options or {})}
+    if server_optimizer is not None:
+        values["server_optimizer"] = _spec(server_optimizer, "server optimizer")
+    if client_algorithm is not None:
+        values["client_algorithm"] = _spec(client_algorithm, "client algorithm")
+    config = resolve({}, values)
+    listener = None if on_evaluation is None else lambda point, classifier: on_evaluation(asdict(point), classifier)
+    completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation)
+    arrays = dict(completed.arrays)
+    weight, bias = arrays.pop("W"), arrays.pop("bias", None)
+    classifier = Classifier(torch.from_numpy(weight), None if bias is None else torch.from_numpy(bias))
+    return RunResult(pl.read_parquet(Path(config.out) / METRICS), classifier, arrays, completed.rounds, Path(config.out))
+
+
+def sweep(
+    config: str | Path | dict,
+    out: str | Path = "results/sweeps",
+    resume: bool = False,
+    address: str | None = None,
+    quiet: bool = False,
+) -> pl.DataFrame:
+    """Run (or ``resume``) a sweep, as ``fedray sweep`` does: its results table, also written to ``out/NAME/results.parquet``.
+
+    ``config`` is a sweep file (YAML) or its content as a mapping (``{"name": ..., "base": {...}, "grid": {...}}``).
+    """
+    from fedray.app.sweeps.spec import load_sweep, sweep_spec
+    from fedray.app.sweeps.tuning import sweep as run_sweep  # Ray Tune: only when a sweep starts
+
+    spec = sweep_spec(config, Path("sweep")) if isinstance(config, dict) else load_sweep(config)
+    return run_sweep(spec, out, resume=resume, address=address, quiet=quiet)

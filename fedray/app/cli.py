@@ -1,0 +1,284 @@
+"""The ``fedray`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from dataclasses import Field, fields
+from pathlib import Path
+
+from fedray.core import interrupts
+from fedray.methods.config import GENERAL, GROUPS, RESOURCES, RUN_OPTIONS, TRAINING, RunConfig, load_config_file, resolve
+from fedray.core.errors import FedrayError
+from fedray.core.numeric_options import check_numeric_options, command_line
+from fedray.core.plugins import display_name, plugin_failure
+
+
+def _run_parser(commands: argparse._SubParsersAction) -> None:
+    """``fedray run``'s options, generated from :class:`~fedray.methods.config.RunConfig`: flag, type, choices, help and default."""
+    parser = commands.add_parser("run", help="run one closed-form or gradient-based method on a federation",
+                                 description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
+                                 "Gradient methods train a softmax head on the features (linear probing).")
+    parser.add_argument("--config", help="YAML file with any of the options below (command line wins)")
+    groups = {GENERAL: parser, **{name: parser.add_argument_group(title) for name, title in GROUPS.items()}}
+    for spec in fields(RunConfig):
+        if spec.name == "options":
+            parser.add_argument("--option", action="append", metavar="KEY=VALUE",
+                                help="an option of a plugin method or server optimizer (repeatable; see fedray methods)")
+        else:
+            _add_run_option(groups[spec.metadata["group"]], spec)
+    groups[TRAINING].add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
+    groups[RESOURCES].add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
+    parser.set_defaults(handler=_cmd_run)
+
+
+def _add_run_option(group: argparse._ActionsContainer, spec: Field) -> None:
+    """``--name`` for the run option ``spec``; its argparse default stays None so a config file's value is kept."""
+    option = RUN_OPTIONS[spec.name]
+    help_text = spec.metadata["help"].replace("%", "%%") + default_note(spec)
+    if option.type is bool:
+        group.add_argument(command_line(spec.name), action="store_const", const=True, help=help_text)
+        return
+    choices = spec.metadata["choices"]
+    group.add_argument(command_line(spec.name), type=None if option.type is str else option.type,
+                       choices=list(choices) if choices else None, metavar=spec.metadata["metavar"], help=help_text)
+
+
+def default_note(spec: Field) -> str:
+    """`` (default VALUE)`` as the dataclass holds it; for a ``None`` default, what it means; flags are off by default."""
+    if spec.default is False:
+        return ""
+    if spec.default is None:
+        return f" (default: {spec.metadata['unset']})"
+    return f" (default {spec.default})"
+
+
+def _cmd_run(args: argparse.Namespace) -> None:
+    from fedray.engine.run_config import run
+
+    file_values = load_config_file(args.config) if args.config else {}
+    cli_values = {k: v for k, v in vars(args).items() if k not in ("config", "address", "handler", "command", "resume", "option")}
+    cli_values["options"] = parse_options(args.option or [])
+    config = resolve(file_values, cli_values)
+    with interrupts.reporting(lambda: _left_by_run(config)):
+        rows = run(config, address=args.address, resume=args.resume).rows
+    last = rows[-1]
+    if last["diverged"]:
+        raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
+                          f"rows up to there are in {config.out}")
+    print(f"{what_ran(config)} on {config.dataset}: accuracy {last['accuracy']:.4f} ({last['stage']}) after {last['round']} rounds, "
+          f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
+
+
+def what_ran(config: RunConfig) -> str:
+    """The method, and the server optimizer or client algorithm that replaced its own (``fedavg with server optimizer FedYogi``)."""
+    parts = [display_name(config.method)]
+    if config.trains and config.server_optimizer != config.algorithm_class().server_optimizer:
+        parts.append(f"server optimizer {display_name(config.server_optimizer)}")
+    if config.client_algorithm is not None:
+        parts.append(f"client algorithm {display_name(config.client_algorithm)}")
+    return parts[0] + (" with " + " and ".join(parts[1:]) if parts[1:] else "")
+
+
+def _left_by_run(config: RunConfig) -> str:
+    """What a stopped run leaves in --out: the checkpoint to continue from, or nothing."""
+    from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint
+
+    out = Path(config.out)
+    if not config.trains:
+        return f"nothing written to {out}"
+    try:
+        done = load_checkpoint(out, config.to_dict()).done
+    except FedrayError:  # none yet, or another run's
+        return f"nothing written to {out} (no checkpoint yet)"
+    return f"the last checkpoint is {out / CHECKPOINT}, after training round {done}; continue with --resume"
+
+
+def parse_options(pairs: list[str]) -> dict[str, str]:
+    """``--option key=value`` pairs as a mapping (values are typed by the option they set, when the run is checked)."""
+    options = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise FedrayError(f"--option takes key=value, got {pair!r}")
+        options[key.strip().replace("-", "_")] = value
+    return options
+
+
+def _cmd_methods(args: argparse.Namespace) -> None:
+    from fedray.app.catalogue import catalogue
+
+    print(catalogue())
+
+
+def _extract_parser(commands: argparse._SubParsersAction) -> None:
+    from fedray.app.extract.config import ExtractConfig as Defaults
+
+    parser = commands.add_parser(
+        "extract", help="turn a dataset's images into a feature cache (once) on a pool of model replicas",
+        description="Extract pooled penultimate features of every image into CACHE_DIR/<dataset>--<backbone>--<hash>/; "
+        "use it with --dataset features:THAT_FOLDER. Re-running with the same configuration reuses the cache; "
+        "an interrupted run resumes.",
+    )
+    parser.add_argument("--dataset", required=True, help="hsu:TRAIN_CSV?images=ROOT[&layout=walk|gldv2] or imagefolder:ROOT (+ ?split options)")
+    parser.add_argument("--backbone", default=Defaults.backbone, help="mobilenet_v2, squeezenet1_1, resnet18, vit_b_16, resnet18_cifar, resnet18_cifar_gn or tct_cnn (default %(default)s)")
+    parser.add_argument("--weights", default=Defaults.weights, help="a state-dict file, 'imagenet' (torchvision enum, torch hub cache) or 'random' (seeded; NOT pre-trained) (default %(default)s)")
+    parser.add_argument("--out", default=Defaults.out, help="cache folder (default %(default)s)")
+    parser.add_argument("--image-size", type=int, default=Defaults.image_size, help="center-crop size (default %(default)s; the Fed3R code used 299 on iNat)")
+    parser.add_argument("--resize", type=int, help="short side before the crop (default image size × 256/224)")
+    parser.add_argument("--grayscale", choices=["convert", "skip"], default=Defaults.grayscale, help="grayscale images: replicate to RGB, or skip as the Fed3R code does (default %(default)s)")
+    parser.add_argument("--on-bad-image", choices=["skip", "fail"], default=Defaults.on_bad_image, help="missing or unreadable images: count and skip, or stop (default %(default)s)")
+    parser.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=Defaults.precision, help="autocast precision of the model (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=Defaults.batch_size, help="images per forward pass (default %(default)s)")
+    parser.add_argument("--pool-size", type=int, help="model replicas (default: one per GPU, else one per --cpus-per-worker CPUs)")
+    parser.add_argument("--cpus-per-worker", type=float, default=Defaults.cpus_per_worker, help="CPUs (decoding threads) per replica (default %(default)s)")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default=Defaults.device, help="GPU bundles when the cluster has GPUs (auto), always, or never (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=Defaults.seed, help="seed of --weights random (default %(default)s)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
+    parser.set_defaults(handler=_cmd_extract)
+
+
+def _cmd_extract(args: argparse.Namespace) -> None:
+    from fedray.app.extract.config import ExtractConfig
+    from fedray.app.extract.features import extract
+
+    options = {k: v for k, v in vars(args).items() if k not in ("address", "handler", "command")}
+    if args.weights == "random":
+        print(f"fedray: WARNING: --weights random (seed {args.seed}): these features are NOT pre-trained", file=sys.stderr)
+    report = extract(ExtractConfig(**options), address=args.address)
+    if report.cache_hit:
+        print(f"cache hit: {report.entry} (no model work)")
+    else:
+        rate = f", {report.images_per_s:.1f} images/s" if report.images_per_s else ""
+        print(f"extracted {report.images_computed} images in {report.parts_computed} parts "
+              f"({report.parts_reused} reused){rate} → {report.entry}")
+    if report.skipped:
+        print("skipped: " + ", ".join(f"{count} {reason}" for reason, count in report.skipped.items()))
+    print(f"use it with: fedray run --dataset features:{report.entry}")
+
+
+def _sweep_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "sweep", help="run a Ray Tune sweep over run options (grid and random draws)",
+        description="Run every trial of a sweep file (see jobs/sweeps/); writes OUT/NAME/<trial>/metrics.parquet "
+        "and the combined OUT/NAME/results.parquet.",
+    )
+    parser.add_argument("--config", required=True, help="sweep YAML file (name, base, grid, random, ...)")
+    parser.add_argument("--out", default="results/sweeps", help="sweeps folder (default %(default)s)")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted sweep without redoing finished trials")
+    parser.add_argument("--quiet", action="store_true", help="no Tune progress table")
+    parser.add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
+    parser.set_defaults(handler=_cmd_sweep)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> None:
+    from fedray.app.sweeps.spec import load_sweep
+    from fedray.app.sweeps.tuning import RESULTS, sweep
+
+    spec = load_sweep(args.config)
+    folder = Path(args.out) / spec.name
+    with interrupts.reporting(lambda: f"the sweep's state is kept in {folder}; continue with --resume" if folder.exists()
+                              else f"nothing written to {folder}"):
+        table = sweep(spec, args.out, resume=args.resume, address=args.address, quiet=args.quiet)
+    trials = table["trial_id"].n_unique() if table.height else 0
+    print(f"sweep {spec.name}: {trials} trials, {table.height} evaluation rows → {Path(args.out) / spec.name / RESULTS}")
+
+
+def _cmd_info(args: argparse.Namespace) -> None:
+    from fedray.data.parquet import ParquetFeatures
+    from fedray.data.registry import load_federation
+
+    federation = load_federation(args.spec)
+    if isinstance(federation.source, ParquetFeatures):
+        federation.source.check()  # a run checks the rows it reads; inspecting a file checks them all
+    print(json.dumps(federation.summary(), indent=2))
+
+
+def _cmd_export(args: argparse.Namespace) -> None:
+    from fedray.data.export import export_parquet
+    from fedray.data.registry import load_federation
+    from fedray.core.writable import check_file
+
+    check_file(Path(args.out))
+    export_parquet(load_federation(args.spec), Path(args.out))
+    print(f"wrote {args.out}")
+
+
+def _cmd_coverage(args: argparse.Namespace) -> None:
+    from fedray.runtime.sampling import check_per_round, coverage
+
+    check_numeric_options({key: getattr(args, key) for key in ("clients", "per_round", "trials", "seed")}, command_line)
+    if args.clients < 1:
+        raise FedrayError(f"--clients must be ≥ 1, got {args.clients}")
+    check_per_round(args.clients, args.per_round, option="--per-round")
+    result = coverage(args.clients, args.per_round, args.replacement, args.trials, args.seed)
+    print(f"K={args.clients} κ={args.per_round} {'with' if args.replacement else 'without'} replacement, {args.trials} trials")
+    for fraction, (mean, std) in result.items():
+        print(f"  {fraction:>4.0%} of clients seen: {mean:9.1f} ± {std:.1f} rounds")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedray", description="Simulate very large federations on Ray.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _run_parser(commands)
+    _extract_parser(commands)
+    _sweep_parser(commands)
+    methods = commands.add_parser("methods", help="list the built-in methods and server optimizers with their options",
+                                  description="Every built-in closed-form method, gradient method and server optimizer, "
+                                  "with its options (type = default). Your own: --method / --server-optimizer "
+                                  "module:Class or path/to/file.py:Class, options with --option key=value.")
+    methods.set_defaults(handler=_cmd_methods)
+
+    data = commands.add_parser("data", help="inspect or export federations").add_subparsers(dest="data_command", required=True)
+    info = data.add_parser("info", help="print K, C, N, N_test, M and client-size quantiles")
+    info.add_argument("spec", help="dataset spec, e.g. synthetic:inat-user-120k")
+    info.set_defaults(handler=_cmd_info)
+    export = data.add_parser("export", help="write a federation (with features) in the bring-your-own Parquet schema")
+    export.add_argument("spec", help="dataset spec")
+    export.add_argument("--out", required=True, help="output .parquet file")
+    export.set_defaults(handler=_cmd_export)
+
+    sampling = commands.add_parser("sampling", help="client sampling tools").add_subparsers(dest="sampling_command", required=True)
+    cov = sampling.add_parser("coverage", help="rounds needed to see 25/50/75/100%% of the clients")
+    cov.add_argument("--clients", type=int, required=True, help="number of clients K")
+    cov.add_argument("--per-round", type=int, required=True, help="clients per round κ")
+    cov.add_argument("--replacement", action="store_true", help="sample with replacement across rounds")
+    cov.add_argument("--trials", type=int, default=100, help="number of simulated runs (default %(default)s)")
+    cov.add_argument("--seed", type=int, default=0)
+    cov.set_defaults(handler=_cmd_coverage)
+    return parser
+
+
+def _ray_is_up() -> bool:
+    """Whether this process is connected to Ray (without importing it: ``fedray --help`` stays quick)."""
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``fedray ARGV``; the exit code: 0, 2 for bad input, 1 when a plugin raised, 130 after Ctrl-C and 143 after SIGTERM."""
+    args = build_parser().parse_args(argv)
+    ray_was_up = _ray_is_up()
+    with interrupts.raising_on_sigterm():
+        try:
+            args.handler(args)
+        except FedrayError as error:
+            print(f"fedray: error: {error}", file=sys.stderr)
+            return 2
+        except Exception as error:  # a researcher's plugin raised: name it and the call, then its traceback
+            failure = plugin_failure(error)
+            if failure is None:
+                raise
+            print(f"fedray: error: {failure}; its traceback:", file=sys.stderr)
+            traceback.print_exception(error, file=sys.stderr)
+            return 1
+        except (*interrupts.INTERRUPTS, interrupts.Stopped) as interrupt:
+            stop = interrupts.stopped(interrupt)
+            with interrupts.ignoring_interrupts():
+                if _ray_is_up() and not ray_was_up:
+                    sys.modules["ray"].shutdown()
+            print(f"fedray: {stop}", file=sys.stderr)
+            return stop.exit_code
+    return 0

@@ -1,0 +1,132 @@
+"""``fedray sweep``: a Ray Tune grid (and random draws) over ``fedray run`` options.
+
+Each trial is one simulation with shard actors of its own, all inside the
+trial's placement group (driver bundle + one bundle per shard), so trials
+never oversubscribe the cluster and Tune runs as many at once as the
+resources allow. Trials report every evaluation point (metric ``accuracy``).
+The sweep ends by combining every trial's ``metrics.parquet`` into
+``OUT/NAME/results.parquet``; a resumed sweep rebuilds it from all trials.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+import polars as pl
+from ray import tune
+from ray.util import get_current_placement_group
+
+from fedray.core.errors import FedrayError
+from fedray.core.plugins import plugin_failure
+from fedray.core.results import METRICS, remove_stale_temporaries, write_atomically
+from fedray.engine.run_config import run
+from fedray.runtime.cluster import check_bundles_fit
+from fedray.runtime.session import init_ray
+from fedray.app.sweeps.spec import DATASET_PREFIX, SweepSpec
+from fedray.app.sweeps.trials import check_trials, fixed_params, trial_config
+from fedray.core.writable import check_folder
+
+RESULTS = "results.parquet"
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
+SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
+
+
+def run_trial(params: dict) -> None:
+    """One trial: a ``fedray run`` with ``params``, its shards in this trial's placement group."""
+    config = trial_config(params, out=tune.get_context().get_trial_dir())
+    run(config, trial_group=get_current_placement_group(), on_point=lambda point, _: tune.report(asdict(point)))
+
+
+def param_space(spec: SweepSpec) -> dict:
+    space: dict = fixed_params(spec)
+    space.update({key: tune.grid_search(choices) for key, choices in spec.grid.items()})
+    for key, distribution in spec.random.items():
+        kind, arguments = next(iter(distribution.items()))
+        space[key] = tune.choice(arguments) if kind == "choice" else SAMPLERS[kind](*arguments)
+    return space
+
+
+def sweep(
+    spec: SweepSpec, out: str | Path, resume: bool = False, address: str | None = None, quiet: bool = False
+) -> pl.DataFrame:
+    """Run (or resume) the sweep; returns and writes the combined results table.
+
+    Every trial's options are checked before Tune starts (:func:`check_trials`).
+    When every trial fails, nothing is written and the error says so. Ctrl-C
+    stops the trials and raises KeyboardInterrupt once Tune has saved the
+    sweep's state (``resume`` continues it); results.parquet is not written.
+    """
+    check_trials(spec)
+    check_folder(Path(out))
+    folder = Path(out).resolve() / spec.name
+    trainable = tune.with_resources(run_trial, tune.PlacementGroupFactory(spec.bundles, strategy="PACK"))
+    if resume and not tune.Tuner.can_restore(str(folder)):
+        raise FedrayError(f"{folder}: no sweep to resume")
+    if not resume and folder.exists():
+        raise FedrayError(f"{folder}: a sweep named {spec.name!r} is already there; use --resume or another --out")
+    remove_stale_temporaries(folder, [RESULTS])
+    init_ray(address)
+    check_bundles_fit(spec.bundles, f"one trial's driver ({spec.driver_cpus:g} CPU) and {spec.shards_per_trial} shards × "
+                      f"{spec.shard_bundle}", "lower driver_cpus, shards_per_trial, cpus_per_shard or gpus_per_shard")
+    if resume:
+        tuner = tune.Tuner.restore(str(folder), trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space(spec),
+            tune_config=tune.TuneConfig(metric="accuracy", mode="max", num_samples=spec.num_samples),
+            run_config=tune.RunConfig(name=spec.name, storage_path=str(folder.parent), verbose=0 if quiet else 1),
+        )
+    grid = tuner.fit()
+    failed = [result for result in grid if result.error is not None]
+    if len(failed) + sum(map(_finished, grid)) < len(grid):
+        # Tune catches Ctrl-C itself: it stops the trials (as if they had ended), saves its state and returns.
+        raise KeyboardInterrupt(f"sweep {spec.name} interrupted; its state is saved in {folder}")
+    if failed and len(failed) == len(grid):
+        raise FedrayError(f"all {len(grid)} trials failed (first: {failure_line(failed[0].error)}), so no {RESULTS}; "
+                          f"fix and rerun with --resume (each trial's error is in {folder})")
+    table = combine(spec, grid)
+    write_atomically(folder / RESULTS, table.write_parquet)
+    if failed:
+        raise FedrayError(f"{len(failed)} of {len(grid)} trials failed (first: {failure_line(failed[0].error)}); "
+                          f"finished trials are in {folder / RESULTS}; fix and rerun with --resume")
+    return table
+
+
+def _finished(result: tune.Result) -> bool:
+    """Whether the trial's run completed: its metrics.parquet, written last, is there."""
+    return result.error is None and result.path is not None and (Path(result.path) / METRICS).is_file()
+
+
+def failure_line(error: BaseException) -> str:
+    """A failed trial's error in one line: fedray's own message, the plugin that raised and the call into it, else the
+    exception's type and message, never Ray's actor wrapper (its first line is ``ray::ImplicitFunc.train() (pid=...)``
+    in colour)."""
+    failure = plugin_failure(error)  # from the whole error: a RayTaskError's text holds the trial's traceback
+    cause = getattr(error, "cause", None)  # a RayTaskError carries the trial's own exception
+    error = cause if isinstance(cause, BaseException) else error
+    if isinstance(error, FedrayError):
+        return str(error)
+    if failure is not None:
+        return failure
+    message = ANSI_CODES.sub("", str(error)).strip().splitlines()
+    return f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
+
+
+def combine(spec: SweepSpec, grid: tune.ResultGrid) -> pl.DataFrame:
+    """All finished trials' metrics rows (there is at least one), with the trial id and each swept dataset option as
+    columns, in trial order.
+
+    Trials of different methods have different columns (each row holds the options that apply to its run): a column
+    a trial lacks is null in its rows.
+    """
+    frames = []
+    for result in filter(_finished, grid):
+        frame = pl.read_parquet(Path(result.path) / METRICS)
+        trial_id = result.metrics.get("trial_id", Path(result.path).name)
+        swept = {key: result.config[key] for key in spec.swept if key.startswith(DATASET_PREFIX)}
+        frames.append(frame.with_columns(pl.lit(trial_id).alias("trial_id"), *(pl.lit(v).alias(k) for k, v in swept.items())))
+    table = pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit(spec.name).alias("sweep"))
+    return table.sort(["trial_id", "round"])

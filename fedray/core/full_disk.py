@@ -1,0 +1,47 @@
+"""A write that ran out of space, told in one line: what was being written, how much it needed, how much is free."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from fedray.core.errors import FedrayError
+
+FULL = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded"}
+
+
+def full_disk_code(error: BaseException | None) -> int | None:
+    """ENOSPC or EDQUOT when ``error``, or an error it was raised from or while handling, is that failure; else None.
+
+    Libraries wrap the OSError: ``torch.save`` raises a RuntimeError with it as
+    the context, polars a ComputeError that names it only in its message.
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in FULL:
+            return error.errno
+        for code in FULL:
+            if os.strerror(code) in str(error):
+                return code
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def full_disk_error(code: int, written: Path, folder: Path, needed: int, at_least: bool = False) -> FedrayError:
+    """``disk full: writing WRITTEN needed N MB, M MB free`` (free in ``folder``; a quota's free space is not known).
+
+    ``needed`` is the bytes the write was to take (an estimate), or with
+    ``at_least`` only what it had written when the space ran out.
+    """
+    message = f"{FULL[code]}: writing {written} needed {'more than ' if at_least else ''}{megabytes(needed)} MB"
+    if code == errno.ENOSPC:
+        space = os.statvfs(folder)
+        message += f", {megabytes(space.f_bavail * space.f_frsize)} MB free"
+    return FedrayError(message)
+
+
+def megabytes(size: int) -> str:
+    """``size`` bytes in MB, one decimal from 0.1 MB on, two significant digits below (a config file is not "0.0 MB")."""
+    return f"{size / 1e6:.1f}" if size >= 100_000 else f"{size / 1e6:.2g}"

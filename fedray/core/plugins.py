@@ -1,0 +1,171 @@
+"""Built-in classes by name, a researcher's own as ``module:Class`` or ``path/to/file.py:Class``; a dataset function as
+``module:function`` or ``path/to/file.py:function``.
+
+A plugin's module is registered with Ray's cloudpickle to travel by value, so
+shard actors, Tune trials and other nodes use the same class without having
+its file or being able to import its module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+from fedray.core.errors import FedrayError
+
+_SPECS_OF_FILE: dict[str, set[str]] = {}
+"""The loaded plugins' files (absolute paths) and the specs of the classes loaded from each: a traceback frame in one
+of these files is the researcher's code."""
+_FRAME = re.compile(r'File "([^"]+)", line \d+, in (\S+)')
+
+
+def is_plugin(spec: str) -> bool:
+    """Whether ``spec`` names a class by module or file rather than a built-in by name."""
+    return ":" in spec
+
+
+def display_name(spec: str) -> str:
+    """What a table or a summary calls ``spec``: a plugin's class name (``MyNCM`` for ``my_ncm.py:MyNCM``), a built-in's name."""
+    return spec.rpartition(":")[2] if is_plugin(spec) else spec
+
+
+def canonical(spec: str) -> str:
+    """``spec`` with a file path made absolute, so a Tune trial (run in another folder) finds the same file."""
+    target, colon, name = spec.rpartition(":")
+    if colon and target.endswith(".py"):
+        return f"{Path(target).expanduser().resolve()}:{name}"
+    return spec
+
+
+def spec_of(cls: type) -> str:
+    """The ``module:Class`` text naming ``cls`` (a class defined in a notebook is ``__main__:Class``)."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def load_class(spec: str, base: type, builtins: dict[str, type], what: str) -> type:
+    """The class ``spec`` names: a key of ``builtins``, ``module:Class`` or ``file.py:Class``; it must subclass ``base``."""
+    if not is_plugin(spec):
+        if spec not in builtins:
+            raise FedrayError(f"unknown {what} {spec!r}; built-in: {', '.join(builtins)}; "
+                              f"or your own as module:Class or path/to/file.py:Class")
+        return builtins[spec]
+    module, cls = _attribute(spec, "class")
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise FedrayError(f"{spec}: {spec.rpartition(':')[2]} is not a subclass of fedray.{base.__name__}")
+    _travel_by_value(module)
+    if getattr(module, "__file__", None):
+        _SPECS_OF_FILE.setdefault(str(Path(module.__file__).resolve()), set()).add(canonical(spec))
+    return cls
+
+
+def load_function(spec: str) -> Callable:
+    """The function ``spec`` names, as ``module:function`` or ``file.py:function`` (a dataset plugin's)."""
+    module, function = _attribute(spec, "function")
+    if not inspect.isfunction(function):
+        raise FedrayError(f"{spec}: {spec.rpartition(':')[2]} is not a function")
+    _travel_by_value(module)
+    return function
+
+
+def _attribute(spec: str, kind: str) -> tuple[ModuleType, object]:
+    """The module of ``spec`` (``module:name`` or ``file.py:name``) and the object ``name`` in it (dotted: an attribute
+    of an attribute); ``kind`` names what was looked for in the error."""
+    target, _, name = spec.rpartition(":")
+    module = _module_from_file(Path(target)) if target.endswith(".py") else _imported(target, spec)
+    found = module
+    for part in name.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            raise FedrayError(f"{spec}: no {kind} {name!r} in {target}")
+    return module, found
+
+
+def plugin_failure(error: BaseException) -> str | None:
+    """One line naming the plugin whose code raised ``error`` and the call into it (``MyNCM.solve``'s file:Class and
+    ``solve``), or None when no loaded plugin's code is in its traceback.
+
+    The traceback is read as text, so an error raised in a shard actor (a Ray task error, whose text holds the
+    actor's traceback) is found as one raised on the driver. The call is the outermost frame in the plugin's file:
+    the method fedray called, not the line deep inside it that failed.
+    """
+    text = "".join(traceback.format_exception(error))
+    for path, function in _FRAME.findall(text):
+        specs = _SPECS_OF_FILE.get(path)
+        if specs:
+            cause = getattr(error, "cause", None)  # a Ray task error carries the actor's exception
+            raised = cause if isinstance(cause, BaseException) else error
+            message = str(raised).strip().splitlines()
+            what = f"{type(raised).__name__}: {message[0]}" if message else type(raised).__name__
+            plugin = next(iter(specs)) if len(specs) == 1 else path
+            return f"the plugin {plugin} failed in {function} ({what})"
+    return None
+
+
+def _imported(name: str, spec: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except Exception as error:
+        shadowed = shadowing_fedray()
+        if not (isinstance(error, ImportError) or shadowed):
+            raise
+        raise FedrayError(f"{spec}: cannot import {name} ({type(error).__name__}: {error})"
+                          + (f": {shadowed}" if shadowed else "")) from None
+
+
+def _module_from_file(path: Path) -> ModuleType:
+    """The module in ``path``, loaded once per process under a name derived from its absolute path."""
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        raise FedrayError(f"{path}: no such plugin file")
+    name = "fedray_plugin_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        shadowed = shadowing_fedray()
+        raise FedrayError(f"{path}: the plugin failed to load ({type(error).__name__}: {error})"
+                          + (f": {shadowed}" if shadowed else "")) from None
+    return module
+
+
+def shadowing_fedray() -> str | None:
+    """What ``import fedray`` gives when it is not this package, or None.
+
+    A folder named ``fedray/`` in the working directory (Ray's workers put the
+    driver's on ``sys.path``) is imported as a namespace package ahead of an
+    editable install, while ``fedray.core.plugins`` and the other submodules still
+    come from the install: a plugin's ``fedray.ClosedFormMethod`` then fails
+    with a bare "module 'fedray' has no attribute".
+    """
+    ours = Path(__file__).resolve().parent
+    imported = sys.modules.get("fedray")
+    file = getattr(imported, "__file__", None)
+    if imported is None or (file is not None and Path(file).resolve().parent == ours):
+        return None
+    folders = dict.fromkeys(str(Path(folder).resolve()) for folder in getattr(imported, "__path__", []))
+    where = file or " and ".join(folders) or repr(imported)
+    kind = "" if file else " (a folder without __init__.py, imported as a namespace package)"
+    return (f"'import fedray' gave {where}{kind}, not fedray's package {ours}: a folder named fedray in the working "
+            f"directory or on sys.path hides it; rename or move that folder")
+
+
+def _travel_by_value(module: ModuleType) -> None:
+    """Pickle the plugin's classes by value (not by reference to a module the receiving process may lack)."""
+    if module.__name__ == "__main__" or module.__name__.split(".")[0] == "fedray":
+        return
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)

@@ -1,0 +1,158 @@
+"""A closed-form method's rounds: upload (accounted), reduce in the shards, solve, evaluate."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+
+from fedray.core.accounting import PaperTotals
+from fedray.runtime.evaluator import Evaluator, PendingAccuracy
+from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
+from fedray.methods.postprocessor import Postprocessing
+from fedray.core.results import EvalPoint
+from fedray.engine.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
+from fedray.runtime.actor_group import Reduction
+from fedray.runtime.shards import ShardPool
+
+
+@dataclass
+class RunOutcome:
+    points: list[EvalPoint] = field(default_factory=list)
+    classifier: Classifier | None = None
+    rounds: list[np.ndarray] = field(default_factory=list)
+    """The clients of each round: round r's are ``rounds[r - 1]``."""
+    solve_s: float = 0.0
+    eval_s: float = 0.0
+    paper: PaperTotals = field(default_factory=PaperTotals)
+
+
+@dataclass
+class _Block:
+    round: int
+    clients_seen: int
+    samples_seen: int
+    bytes_up: float
+    flops_client_avg: float
+    paper: dict[str, float | None]
+    total: Reduction | None
+    uploads: int = 0
+    accuracy: PendingAccuracy | None = None
+    classifier: Classifier | None = None
+
+
+class ClosedFormRounds:
+    """A closed-form method's rounds for :func:`~fedray.engine.round_loop.run_rounds`.
+
+    A client uploads its statistics the first time it is sampled and never
+    again (the clients of one round are distinct). The uploads of all rounds
+    are submitted to the shards when the path starts, one reduction per
+    evaluation block, so shards compute later blocks while the driver solves
+    and evaluates earlier ones; a round itself has nothing left to do. The
+    driver solves one block ahead: it queues the next block's evaluation
+    before it waits for this one's, so the shards never wait for a solve.
+    """
+
+    def __init__(self, pool: ShardPool, method: ClosedFormMethod, rounds: list[np.ndarray], evaluate_at: set[int],
+                 evaluator: Evaluator, outcome: RunOutcome, backbone_macs: float | None = None,
+                 postprocessing: Postprocessing = Postprocessing()) -> None:
+        self.method, self.evaluator, self.outcome, self.backbone_macs = method, evaluator, outcome, backbone_macs
+        self.postprocessing = postprocessing
+        self.start = time.perf_counter()
+        self.blocks = self._submit(pool, ray.put(method), rounds, evaluate_at)
+        self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
+        self.state: Any = None
+        self.accuracy = float("nan")
+        self.evaluated: Classifier | None = None
+
+    def _submit(self, pool: ShardPool, method_ref: ray.ObjectRef, rounds: list[np.ndarray],
+                evaluate_at: set[int]) -> dict[int, _Block]:
+        federation, method = pool.federation, self.method
+        sizes = federation.client_sizes
+        upload_bytes = method.upload_floats(federation) * FLOAT_BYTES
+        client_flops = method.statistics_flops(sizes.astype(np.float64))
+        paper_costs, paper = method.paper_costs(federation), self.outcome.paper
+        seen = np.zeros(federation.num_clients, dtype=bool)
+        blocks: dict[int, _Block] = {}
+        uploads: list[np.ndarray] = []
+        upload_rounds: list[np.ndarray] = []
+        bytes_up = flops = 0.0
+        samples = clients_seen = 0
+        for number, clients in enumerate(rounds, start=1):
+            new = clients[~seen[clients]]
+            seen[new] = True
+            uploads.append(new)
+            upload_rounds.append(np.full(len(new), number))
+            bytes_up += float(upload_bytes[new].sum())
+            flops += float(client_flops[new].sum())
+            paper.add(paper_costs, new, self.backbone_macs)
+            samples += int(sizes[new].sum())
+            clients_seen += len(new)
+            if number in evaluate_at:
+                uploaded, when = np.concatenate(uploads), np.concatenate(upload_rounds)
+                uploads, upload_rounds = [], []
+                total = pool.statistics(method, uploaded, method_ref, self.postprocessing, when) if len(uploaded) else None
+                blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
+                                        paper.columns(federation.num_clients), total, len(uploaded))
+        return blocks
+
+    def _solve(self, block: _Block) -> None:
+        """Add ``block``'s sums to the state, solve, and queue the classifier's evaluation (once per block with uploads)."""
+        if block.total is None:
+            return
+        partial, block.total = block.total.result(), None  # its sums go into the state: the store may free them
+        partial = self.postprocessing.aggregate(partial, block.round, block.uploads)
+        solve_start = time.perf_counter()
+        self.state = partial if self.state is None else self.method.combine(self.state, partial)
+        self.outcome.classifier = block.classifier = self.method.solve(self.state)
+        self.outcome.solve_s += time.perf_counter() - solve_start
+        block.accuracy = self.evaluator.submit(self.method, self.outcome.classifier)
+
+    def run_round(self, number: int, clients: np.ndarray) -> bool:
+        return True
+
+    def classifier(self) -> Classifier | None:
+        """The classifier solved for the last row (a block without uploads keeps the one before; None before any)."""
+        return self.evaluated
+
+    def point(self, number: int, diverged: bool = False) -> EvalPoint:
+        block = self.blocks[number]
+        self._solve(block)
+        if number in self.following:
+            self._solve(self.blocks[self.following[number]])
+        if block.accuracy is not None:
+            eval_start = time.perf_counter()
+            self.accuracy = block.accuracy.result()
+            self.outcome.eval_s += time.perf_counter() - eval_start
+            self.evaluated, block.classifier = block.classifier, None
+        return EvalPoint(block.round, block.clients_seen, block.samples_seen, self.accuracy, block.bytes_up, 0.0,
+                         block.flops_client_avg, time.perf_counter() - self.start, **block.paper)
+
+
+def run_closed_form(
+    pool: ShardPool,
+    method: ClosedFormMethod,
+    rounds: list[np.ndarray],
+    eval_every: int,
+    evaluator: Evaluator,
+    quiet: bool = False,
+    on_point: Listener | None = None,
+    backbone_macs: float | None = None,
+    postprocessing: Postprocessing = Postprocessing(),
+) -> RunOutcome:
+    """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation, also passed to ``on_point`` with the
+    classifier solved there.
+
+    ``backbone_macs`` is the backbone's forward multiply-adds per sample (F_φ),
+    when known, for ``macs_client_avg_fed3r``.
+    """
+    outcome = RunOutcome(rounds=rounds)
+    evaluate_at = eval_rounds(len(rounds), eval_every)
+    path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs, postprocessing)
+    name = method.name or type(method).__name__
+    run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point, path.classifier),
+                                           Progress(len(rounds), 0, name, quiet)])
+    return outcome

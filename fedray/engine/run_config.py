@@ -1,0 +1,149 @@
+"""One run from a configuration: federation → shards → rounds (closed-form or training) → results on disk."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from ray.util.placement_group import PlacementGroup
+
+from fedray.methods.config import TCT, RunConfig
+from fedray.core.federation import Federation
+from fedray.data.registry import load_federation, recorded_backbone_macs
+from fedray.runtime.evaluator import Evaluator
+from fedray.engine.settings import server_optimizer, training_algorithm
+from fedray.engine.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
+from fedray.methods.base import Classifier, ClosedFormMethod
+from fedray.engine.from_config import build_method, postprocessing
+from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
+from fedray.engine.round_loop import Listener
+from fedray.runtime import footprint, sampling
+from fedray.runtime.session import check_address, init_ray
+from fedray.runtime.shards import ShardPool
+from fedray.engine.closed_form import RunOutcome, run_closed_form
+from fedray.core.writable import check_folder
+
+
+@dataclass
+class CompletedRun:
+    """What a completed run wrote and which clients its rounds sampled."""
+
+    rows: list[dict]
+    """metrics.parquet's rows."""
+    arrays: dict[str, np.ndarray]
+    """classifier.npz's arrays: ``W`` and ``bias`` (when there is one), and what else the classifier needs."""
+    rounds: list[np.ndarray]
+    """The clients of each round, numbered as the rows are: round r's are ``rounds[r - 1]``."""
+
+
+def simulate(
+    config: RunConfig,
+    method: ClosedFormMethod,
+    pool: ShardPool,
+    evaluator: Evaluator,
+    on_point: Listener | None = None,
+) -> tuple[RunConfig, list[dict], RunOutcome]:
+    """Run a closed-form ``method`` on an already started shard pool.
+
+    Returns the configuration with every default resolved (κ unless a rate was
+    given, shard count, σ), valid as a ``--config`` file; one metrics row per
+    evaluation point (κ always resolved); and the outcome.
+    """
+    config = config.resolved()
+    federation = pool.federation
+    per_round = config.per_round(federation.num_clients)
+    rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
+    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
+                              backbone_macs=config.backbone_macs, postprocessing=postprocessing(config))
+    resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, rf_sigma=getattr(method, "rf_sigma", None))
+    return resolved, metrics_rows(resolved, per_round, outcome.points), outcome
+
+
+def _resolved(config: RunConfig, num_clients: int, **values: object) -> RunConfig:
+    """``config`` with κ resolved (unless a rate was given) and ``values`` filled in."""
+    per_round = config.per_round(num_clients)
+    return replace(config, clients_per_round=per_round if config.participation is None else None, **values)
+
+
+def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], **last: object) -> list[dict]:
+    """One row per point: the configuration's columns (those that apply to the run), then the point's; ``last`` adds
+    columns to the final row."""
+    columns = {**resolved.metrics_columns(), "clients_per_round": per_round}
+    rows = [{**columns, **asdict(point), **{key: None for key in last}} for point in points]
+    rows[-1].update(last)
+    return rows
+
+
+def run(
+    config: RunConfig,
+    address: str | None = None,
+    trial_group: PlacementGroup | None = None,
+    on_point: Listener | None = None,
+    resume: bool = False,
+    federation: Federation | None = None,
+) -> CompletedRun:
+    """Load, simulate and write ``config.out``; nothing but checkpoints is written unless the run completes.
+
+    Inside a Tune trial, ``trial_group`` is the trial's placement group (see
+    :meth:`ShardPool.start`). ``on_point`` hears each evaluation point with
+    the classifier evaluated there (a closed form's solve, a training run's head).
+    ``resume`` continues a training run from its checkpoint in ``config.out``.
+    ``federation``, when given, is the data (``config.dataset`` names it),
+    e.g. one built in Python: it is not loaded from the spec.
+    A diverged training run is written too; its last row says so. Every input,
+    the output folder included, is checked before the work starts; the run
+    removes the checkpoint at the end only if it resumed from it or wrote it.
+    """
+    config = config.validate().resolved()
+    check_address(address)
+    out = Path(config.out)
+    check_folder(out)
+    postprocessing(config)  # the plugins' own checks, before any work
+    if config.trains:
+        server_optimizer(config)
+        training_algorithm(config)
+    federation = load_federation(config.dataset) if federation is None else federation
+    federation.require_test_rows()
+    if config.backbone_macs is None:
+        config = replace(config, backbone_macs=recorded_backbone_macs(config.dataset))
+    method = None if config.trains else build_method(config, federation)
+    per_round = config.per_round(federation.num_clients)
+    sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
+    saved = load_checkpoint(out, config.to_dict()) if resume else None
+    found_checkpoint = checkpoint_stamp(out)
+    remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
+    init_ray(address)
+    model = None
+    if config.finetune:
+        from fedray.engine.stages import finetune_on_images  # these paths' modules (torchvision among them) load only when used
+        from fedray.engine.tct import run_tct
+
+        outcome = (run_tct if config.method == TCT else finetune_on_images)(config, federation, on_point, saved, trial_group)
+        resolved = _resolved(config, federation.num_clients)
+        model = outcome.params
+        head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
+    else:
+        pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group,
+                               footprints=footprint.estimate(config, federation))
+        try:
+            if config.trains:
+                from fedray.engine.stages import train_on_features
+
+                outcome = train_on_features(config, pool, Evaluator(pool), on_point, saved)
+                resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards)
+                head = Classifier(outcome.params["weight"], outcome.params["bias"])
+            else:
+                resolved, rows, closed_form = simulate(config, method, pool, Evaluator(pool), on_point)
+        finally:
+            pool.shutdown()
+    if config.trains:
+        extra = {} if outcome.ridge_probe_accuracy is None else {"ridge_probe_accuracy": outcome.ridge_probe_accuracy}
+        rows = metrics_rows(resolved, per_round, outcome.points, **extra)
+        arrays, rounds = outcome.arrays or head.arrays(), outcome.rounds
+    else:
+        arrays, rounds = {**closed_form.classifier.arrays(), **method.arrays()}, closed_form.rounds
+    write_run(out, rows, resolved.to_dict(), arrays, model)
+    if resume or checkpoint_stamp(out) != found_checkpoint:
+        remove_checkpoint(out)
+    return CompletedRun(rows, arrays, rounds)

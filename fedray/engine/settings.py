@@ -1,0 +1,41 @@
+"""A run configuration's gradient settings: the training algorithm, the clients' local SGD, the server optimizer.
+
+Built once before any work (by the engine, and per trial by a sweep's checks),
+so a plugin's bad option is a one-line error, and again where each path trains.
+"""
+
+from __future__ import annotations
+
+from fedray.methods.config import RunConfig
+from fedray.methods.training.client_sgd import CrossEntropy, WithClientAlgorithm
+from fedray.methods.training.local import LocalSGD
+from fedray.methods.training.server import ServerOptimizer
+from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.engine.from_config import option_values
+from fedray.core.options import build, options_of
+
+
+def local_sgd(config: RunConfig) -> LocalSGD:
+    """The clients' optimizer: learning rate and its schedule, weight decay, batch size, epochs, momentum, temperature."""
+    return LocalSGD(config.client_lr, config.weight_decay, config.batch_size, config.local_epochs, 0.0,
+                    config.temperature, config.client_momentum, config.lr_schedule_of_run())
+
+
+def training_algorithm(config: RunConfig) -> FederatedAlgorithm:
+    """``--method`` (TCT: ``--base``) with its options; with ``--client-algorithm``, its clients' loss and gradient are
+    that plugin's (built here with a stand-in loss first, to check its options)."""
+    name = config.training_algorithm
+    algorithm = build(config.algorithm_class(), option_values(config), f"--method {name}", seed=config.seed,
+                      prox_mu=config.prox_mu)
+    if config.client_algorithm is None:
+        return algorithm
+    hooks = config.client_algorithm_class()
+    where = f"--client-algorithm {config.client_algorithm}"
+    built = build(hooks, option_values(config), where, loss=CrossEntropy(), prox_mu=0.0)
+    options = tuple((option, getattr(built, option)) for option in options_of(hooks))
+    return WithClientAlgorithm(base=algorithm, hooks=hooks, options=options, prox_mu=config.prox_mu or 0.0)
+
+
+def server_optimizer(config: RunConfig) -> ServerOptimizer:
+    """``--server-optimizer`` (or the method's own) with its options, fresh: no state."""
+    return build(config.server_optimizer_class(), option_values(config), f"--server-optimizer {config.server_optimizer}")

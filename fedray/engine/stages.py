@@ -1,0 +1,257 @@
+"""One gradient-method run as a pipeline of stages, written once for features and images (:func:`train_in_stages`).
+
+The closed-form stage (``--init fedncm|fed3r|fedcof``) runs the method
+through the shards until every client was seen (or ``--init-rounds``); its
+classifier becomes the softmax head that training starts from. Then training,
+SphereFed's calibration (``--head sphere``) and the ridge probe
+(``--probe-ridge``). The closed-form stages run on an
+:data:`Embeddings`: the shards' own features, or the images embedded by the
+backbone at that moment. Every stage's rows go to one metrics table (``stage``
+column), their traffic and FLOPs accumulate, and training's rounds are
+numbered after the closed-form stage's. TCT (:mod:`fedray.engine.tct`) runs
+fine-tuning, then its eNTK and stage-2 stages.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import numpy as np
+import torch
+from ray.util.placement_group import PlacementGroup
+
+from fedray.methods.config import RunConfig
+from fedray.core.federation import TEST, TRAIN, Federation
+from fedray.data.memory import with_features
+from fedray.runtime.evaluator import Evaluator
+from fedray.runtime.finetune.backend import FineTuneBackend
+from fedray.methods.training.backend import Params, TrainingBackend
+from fedray.engine.checkpoint import save_checkpoint
+from fedray.runtime.probing import ProbeBackend
+from fedray.engine.settings import local_sgd, server_optimizer, training_algorithm
+from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
+from fedray.methods.base import FLOAT_BYTES, Classifier
+from fedray.engine.from_config import build_method, postprocessing
+from fedray.core.results import EvalPoint
+from fedray.engine.round_loop import Listener
+from fedray.runtime import sampling
+from fedray.runtime.shards import ShardPool
+from fedray.engine.closed_form import run_closed_form
+from fedray.engine.calibration import calibrate
+from fedray.runtime.sphere import SphereBackend
+
+T = TypeVar("T")
+
+
+@dataclass
+class TrainingOutcome:
+    points: list[EvalPoint]
+    params: Params
+    accounting: Accounting
+    ridge_probe_accuracy: float | None = None
+    arrays: dict[str, np.ndarray] | None = None
+    """What classifier.npz holds, when it is not the trained softmax head."""
+    rounds: list[np.ndarray] = field(default_factory=list)
+    """The clients of each round, numbered as the rows are: round r's are ``rounds[r - 1]`` (the closed-form stage's,
+    training's, then SphereFed's calibration round of every client)."""
+
+
+def init_schedule(config: RunConfig, num_clients: int) -> list[np.ndarray]:
+    """The clients of the ``--init`` closed-form stage's rounds."""
+    return sampling.schedule(num_clients, config.per_round(num_clients), config.sampling == "with", config.seed,
+                             config.init_rounds)
+
+
+def closed_form_stage(config: RunConfig, rounds: list[np.ndarray], pool: ShardPool, evaluator: Evaluator,
+                      on_point: Listener | None) -> tuple[Params, Accounting, list[EvalPoint]]:
+    """Stage 1: the ``--init`` method's classifier over ``rounds`` as the head, with its rows and accounting."""
+    federation = pool.federation
+    method = build_method(replace(config, method=config.init), federation)
+    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
+                              backbone_macs=config.backbone_macs, postprocessing=postprocessing(config))
+    classifier: Classifier = outcome.classifier
+    weight = classifier.weight.to(torch.float32)
+    bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
+    last = outcome.points[-1]
+    seen = np.zeros(federation.num_clients, dtype=bool)
+    seen[np.concatenate(rounds)] = True
+    accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down, last.flops_client_avg * last.clients_seen,
+                            outcome.paper)
+    return {"weight": weight, "bias": bias}, accounting, outcome.points
+
+
+def ridge_probe(pool: ShardPool, config: RunConfig, evaluator: Evaluator) -> float:
+    """Fed3R on the features the head was trained on, from every client (Fed3R Section 5.4's feature-quality probe)."""
+    method = build_method(replace(config, method="fed3r"), pool.federation)
+    statistics = pool.statistics(method, np.arange(pool.federation.num_clients)).result()
+    return evaluator.accuracy(method, method.solve(statistics))
+
+
+Embeddings = Callable[[Params, Callable[[ShardPool, Evaluator], T]], T]
+"""Where the closed-form stages run: ``embeddings(params, work)`` runs ``work(pool, evaluator)`` on shards holding the
+features at ``params``: the pool's own features (linear probing, SphereFed), or the images embedded by the backbone of
+``params`` (fine-tuning, :func:`on_embeddings`)."""
+
+
+def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Embeddings, sizes: np.ndarray,
+                    on_point: Listener | None = None, saved: TrainingState | None = None,
+                    backbone_macs: float | None = None) -> TrainingOutcome:
+    """A training run's stages, the same on features and on images: the ``--init`` closed form (unless resuming
+    ``saved``), training, SphereFed's calibration (``--head sphere``), the ridge probe (``--probe-ridge``).
+
+    ``backbone_macs``: F_φ where the backend measures it (fine-tuning), else ``config.backbone_macs``.
+    """
+    init_rounds = [] if config.init == "random" else init_schedule(config, len(sizes))
+    if saved is None:
+        params, accounting, points = backend.initial_params(config.seed), None, []
+        if init_rounds:
+            stage = config if backbone_macs is None else replace(config, backbone_macs=backbone_macs)
+            head, accounting, points = embeddings(
+                params, lambda pool, evaluator: closed_form_stage(stage, init_rounds, pool, evaluator, on_point))
+            params = backend.with_head(params, head)
+        model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
+        saved = _fresh_state(params, accounting, points, backend.algorithm.init_server_state(model), len(sizes))
+    outcome = _train(config, backend, saved, sizes, on_point, backbone_macs)
+    outcome.rounds = init_rounds + outcome.rounds
+    if config.head == "sphere" and not outcome.points[-1].diverged:
+        classifier = embeddings(outcome.params, lambda pool, evaluator: calibration_stage(
+            config, pool, evaluator, outcome, on_point, *backend.calibration_map(outcome.params)))
+        outcome.arrays = {**classifier.arrays(), **backend.sphere_arrays(outcome.params)}
+        outcome.rounds.append(np.arange(len(sizes)))
+    if config.probe_ridge:
+        outcome.ridge_probe_accuracy = embeddings(outcome.params, lambda pool, evaluator: ridge_probe(pool, config, evaluator))
+    return outcome
+
+
+def train_on_features(
+    config: RunConfig,
+    pool: ShardPool,
+    evaluator: Evaluator,
+    on_point: Listener | None = None,
+    saved: TrainingState | None = None,
+) -> TrainingOutcome:
+    """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued;
+    SphereFed (``--head sphere``) trains the projection before the fixed classifier, then calibrates with FFC."""
+    federation, sgd, algorithm = pool.federation, local_sgd(config), training_algorithm(config)
+    uploads = postprocessing(config)
+    if config.head == "sphere":
+        backend = SphereBackend(pool, sgd, config.seed, evaluator, algorithm, config.sphere_dim or federation.dim,
+                                config.sphere_loss, uploads)
+    else:
+        backend = ProbeBackend(pool, sgd, config.seed, evaluator, algorithm, postprocessing=uploads)
+    return train_in_stages(config, backend, lambda params, work: work(pool, evaluator), federation.client_sizes,
+                           on_point, saved)
+
+
+def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, outcome: TrainingOutcome,
+                      on_point: Listener | None, weight: torch.Tensor | None = None,
+                      bias: torch.Tensor | None = None) -> Classifier:
+    """SphereFed's FFC on normalize(P x + q) (on normalize(x) without a projection), one round with every client:
+    a ``calibrated`` row; returns the calibrated classifier."""
+    start = time.perf_counter()
+    classifier, accuracy, method = calibrate(pool, evaluator, config.lam, weight, bias)
+    federation = pool.federation
+    everyone = np.arange(federation.num_clients)
+    sizes = federation.client_sizes.astype(np.float64)
+    outcome.accounting.add(everyone, federation.client_sizes, float(method.upload_floats(federation).sum()) * FLOAT_BYTES, 0.0,
+                           float(method.statistics_flops(sizes).sum()))
+    last = outcome.points[-1]
+    point = outcome.accounting.point(last.round + 1, accuracy, last.wall_s + time.perf_counter() - start, "calibrated")
+    outcome.points.append(point)
+    if on_point is not None:
+        on_point(point, classifier)
+    return classifier
+
+
+def finetune_on_images(
+    config: RunConfig,
+    federation: Federation,
+    on_point: Listener | None = None,
+    saved: TrainingState | None = None,
+    trial_group: PlacementGroup | None = None,
+) -> TrainingOutcome:
+    """Fine-tuning (``config.finetune``) of a backbone and head on the federation's images, on a trainer pool of its own
+    (in ``trial_group``'s bundles inside a Tune trial)."""
+    backend = start_finetuning(config, federation, trial_group)
+    try:
+        return finetune(config, backend, on_point, saved)
+    finally:
+        backend.shutdown()
+
+
+def start_finetuning(config: RunConfig, federation: Federation, trial_group: PlacementGroup | None = None) -> FineTuneBackend:
+    """The run's fine-tuning backend on a trainer pool of its own, or in ``trial_group``'s bundles inside a Tune trial
+    (shut down with ``backend.shutdown()``)."""
+    return FineTuneBackend.start(
+        federation, config.backbone, config.weights, config.finetune, local_sgd(config), config.seed,
+        image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
+        algorithm=training_algorithm(config), sphere_loss=config.sphere_loss if config.head == "sphere" else None,
+        postprocessing=postprocessing(config),
+        trial_group=trial_group,
+    )
+
+
+def finetune(
+    config: RunConfig,
+    backend: FineTuneBackend,
+    on_point: Listener | None = None,
+    saved: TrainingState | None = None,
+) -> TrainingOutcome:
+    """Fine-tuning with ``backend`` in :func:`train_in_stages`: SphereFed (``--head sphere``) fine-tunes the backbone
+    under the fixed classifier, then calibrates with FFC on the normalized embeddings.
+
+    A closed-form initialization, the calibration and the ridge probe run on
+    the images embedded by the backbone at that moment, in shards of their own
+    (``--num-shards``, default 1, next to the trainers).
+    """
+    backbone_macs = backend.flops_per_image / 2 if config.backbone_macs is None else config.backbone_macs
+    return train_in_stages(config, backend, partial(on_embeddings, config, backend), backend.pool.federation.client_sizes,
+                           on_point, saved, backbone_macs)
+
+
+def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
+                  work: Callable[[ShardPool, Evaluator], T]) -> T:
+    """``work`` on shards holding the federation's images embedded by the backbone of ``params``.
+
+    Inside a Tune trial the shards share the trainers' bundles, claiming no CPU:
+    trainers and shards take turns (the trainers wait while the shards work).
+    """
+    train_features, _ = backend.embed(params, TRAIN)
+    test_features, _ = backend.embed(params, TEST)
+    embedded = with_features(backend.pool.federation, train_features, test_features)
+    trial_group = backend.pool.trial_group
+    if trial_group is None:
+        pool = ShardPool.start(embedded, config.num_shards or 1, config.cpus_per_shard)
+    else:
+        pool = ShardPool.start(embedded, cpus_per_shard=0, trial_group=trial_group)
+    try:
+        return work(pool, Evaluator(pool))
+    finally:
+        pool.shutdown()
+
+
+def _fresh_state(params: Params, accounting: Accounting | None, points: list[EvalPoint], algorithm_state: Params,
+                 num_clients: int) -> TrainingState:
+    """The state training starts from: after a closed-form stage (its accounting and rows), or from nothing."""
+    accounting = accounting or Accounting(np.zeros(num_clients, dtype=bool))
+    return TrainingState(params, {}, algorithm_state, accounting, list(points))
+
+
+def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
+           on_point: Listener | None, backbone_macs: float | None = None) -> TrainingOutcome:
+    """Training from ``state``: the schedule, checkpoints to ``config.out``, the loop; ``backbone_macs``: F_φ
+    (default ``config.backbone_macs``; fine-tuning measures it on its own backbone)."""
+    out = Path(config.out)
+    first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)
+    rounds = sampling.schedule(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed,
+                               config.rounds, past_coverage=True)
+    checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s), out)
+    diverged = train(backend, backend.algorithm, server_optimizer(config), state, rounds, sizes, config.eval_every,
+                     first_round, checkpointing, on_point, config.quiet,
+                     config.backbone_macs if backbone_macs is None else backbone_macs, postprocessing(config))
+    ran = state.points[-1].round - first_round if diverged else len(rounds)  # a diverged run stops at its last row
+    return TrainingOutcome(state.points, state.params, state.accounting, rounds=rounds[:ran])

@@ -1,0 +1,204 @@
+"""TCT end to end (Yu et al., NeurIPS 2022): train, convexify, train.
+
+1. Stage 1: ``--base`` (FedAvg by default) fine-tunes the network on images
+   (``--finetune``, ``ft`` by default) for ``--rounds`` rounds: the usual
+   ``train`` rows.
+2. The trainers compute every sample's eNTK features at the stage-1 weights
+   (last layer replaced by a one-output head initialized from the run's seed,
+   ``--entk-dim`` coordinates drawn from the run's seed; see
+   :mod:`fedray.methods.entk`) and leave them in the object store; the
+   trainers stop and stage-2 shards start on the same client ranges with the
+   features handed over (and projected to ``--tct-projection`` coordinates
+   when given): they never reach the driver.
+3. One normalization round (every client uploads n_k, Σ z, Σ z²).
+4. Stage 2 on the standardized features with a bias (the paper's Algorithm 2:
+   ψ = (W, b), scores Z̃W + 1bᵀ; a constant-1 coordinate appended to the
+   features, see :mod:`fedray.methods.tct_stage2`), by ``--tct-solver``:
+   ``scaffold`` (TCT's communication-efficient SCAFFOLD, ``--tct-rounds`` of
+   ``--tct-local-steps`` full-batch steps at ``--tct-lr``: ``tct_scaffold``
+   rows, whose ``train_loss`` is the stage-2 objective F at each round's
+   start over its clients), ``closed_form`` (one upload of XᵀX and XᵀY, the
+   exact minimizer: one ``tct_closed_form`` row, ``train_loss`` = F at the
+   minimizer, the floor SCAFFOLD's approaches) or ``both``, each branching from the
+   normalization round: the closed form's row counts stage 1, the eNTK and
+   normalization costs and its own upload, not SCAFFOLD's rounds.
+
+The outcome's arrays (``classifier.npz``) hold each solver's weights and bias
+separately: ``W`` (p × C) and ``bias`` (C), SCAFFOLD's when it ran, and with
+``both`` the closed form's as ``W_closed_form`` and ``bias_closed_form``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup
+
+from fedray.methods.config import RunConfig
+from fedray.core.federation import TEST, TRAIN, Federation
+from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning
+from fedray.engine.training import Accounting, TrainingState
+from fedray.methods.base import FLOAT_BYTES, Classifier
+from fedray.core.results import EvalPoint
+from fedray.engine.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
+from fedray.runtime import sampling
+from fedray.methods.entk import EntkSpec, coordinate_index
+from fedray.runtime.tct_shards import LocalSolver, Normalization, Projection, Stage2Pool
+from fedray.methods.tct_stage2 import objective_from_statistics, solve_stage2, split_model
+
+
+class Stage2Run:
+    """Stage 2's rows and accounting after stage 1, on a started :class:`Stage2Pool`."""
+
+    def __init__(self, config: RunConfig, pool: Stage2Pool, sizes: np.ndarray, num_classes: int, width: int,
+                 points: list[EvalPoint], accounting: Accounting, on_point: Listener | None = None) -> None:
+        self.config, self.pool, self.sizes, self.num_classes, self.width = config, pool, sizes, num_classes, width
+        self.points, self.accounting, self.on_point = points, accounting, on_point
+        self.first_round = points[-1].round
+        self.started = time.perf_counter() - points[-1].wall_s
+        self.normalization: Normalization | None = None
+        self.scaffold_rounds: list[np.ndarray] = []
+
+    def record(self, accounting: Accounting, round_number: int, accuracy: float, stage: str, model: torch.Tensor,
+               loss: float | None = None) -> None:
+        """A row of stage 2's ``model`` ψ (its classifier: W and b on the standardized eNTK features)."""
+        point = accounting.point(round_number, accuracy, time.perf_counter() - self.started, stage, loss)
+        self.points.append(point)
+        if self.on_point is not None:
+            self.on_point(point, stage2_classifier(model))
+
+    def normalize(self) -> ray.ObjectRef:
+        """The normalization round (2p + 1 floats up, 2p down per client); the broadcast (μ, σ) as a ref."""
+        normalization = self.pool.normalization()
+        everyone = np.arange(len(self.sizes))
+        clients = len(self.sizes)
+        samples = float(self.sizes.sum())
+        self.accounting.add(everyone, self.sizes, clients * (2 * self.width + 1) * FLOAT_BYTES,
+                            clients * 2 * self.width * FLOAT_BYTES, 3.0 * samples * self.width)
+        self.normalization = normalization
+        return ray.put(normalization)
+
+    def closed_form(self, normalization: ray.ObjectRef) -> torch.Tensor:
+        """The exact stage-2 minimizer ψ from every client's XᵀX and XᵀY ((p + 1)² + (p + 1)C floats up each), one round."""
+        accounting = copy.deepcopy(self.accounting)
+        statistics = self.pool.statistics(normalization)
+        count = int(self.sizes.sum())
+        model = solve_stage2(statistics.matrix, statistics.rhs, count, self.config.tct_lam)
+        p = self.width + 1  # the features and the intercept
+        accounting.add(np.arange(len(self.sizes)), self.sizes, len(self.sizes) * (p * p + p * self.num_classes) * FLOAT_BYTES,
+                       0.0, 2.0 * count * p * (p + self.num_classes))
+        loss = objective_from_statistics(statistics.matrix, statistics.rhs, count, self.num_classes, model)
+        self.record(accounting, self.first_round + 2, self.pool.accuracy(normalization, ray.put(model)), "tct_closed_form",
+                    model, loss)
+        return model
+
+    def scaffold(self, normalization: ray.ObjectRef) -> torch.Tensor:
+        """TCT's SCAFFOLD from ψ = 0 ((p + 1) × C, float64 on the driver), ``tct_scaffold`` rows every ``--eval-every`` rounds."""
+        config, num_clients = self.config, len(self.sizes)
+        rounds = sampling.schedule(num_clients, config.per_round(num_clients), True, config.seed, config.tct_rounds,
+                                   past_coverage=True)
+        path = ScaffoldRounds(self, normalization, config.per_round(num_clients) == num_clients)
+        callbacks = [Report(self.points, self.on_point, path.classifier), Progress(len(rounds), 0, "tct stage 2", config.quiet)]
+        diverged = run_rounds(path, rounds, eval_rounds(len(rounds), config.eval_every), callbacks)
+        self.scaffold_rounds = rounds[:self.points[-1].round - self.first_round - 1] if diverged else rounds
+        return path.model
+
+
+class ScaffoldRounds:
+    """Stage 2's SCAFFOLD rounds for :func:`~fedray.engine.round_loop.run_rounds`; ``model`` is the last finite ψ."""
+
+    def __init__(self, run: Stage2Run, normalization: ray.ObjectRef, full_participation: bool) -> None:
+        self.run, self.normalization = run, normalization
+        self.solver = ray.put(LocalSolver(run.config.tct_local_steps, run.config.tct_lr))
+        self.weights = run.sizes / run.sizes.sum()
+        self.model = torch.zeros(run.width + 1, run.num_classes, dtype=torch.float64)
+        self.control = torch.zeros_like(self.model)
+        self.down = self.model.numel() * (1 if full_participation else 2)
+        self.loss, self.loss_weight = 0.0, 0.0
+
+    def run_round(self, number: int, clients: np.ndarray) -> bool:
+        run, floats = self.run, self.model.numel()
+        clients = np.sort(clients)
+        sums = run.pool.train(self.solver, self.normalization, ray.put(self.model), ray.put(self.control), clients,
+                              self.weights[clients])
+        self.loss, self.loss_weight = self.loss + sums.loss, self.loss_weight + sums.weight
+        updated = self.model + sums.delta.to(torch.float64) / sums.weight
+        flops = 4.0 * run.config.tct_local_steps * float(run.sizes[clients].sum()) * floats
+        run.accounting.add(clients, run.sizes, len(clients) * floats * FLOAT_BYTES, len(clients) * self.down * FLOAT_BYTES,
+                           flops)
+        if not bool(torch.isfinite(updated).all()):
+            return False
+        self.model = updated
+        self.control += sums.control_change.to(torch.float64)
+        return True
+
+    def point(self, number: int, diverged: bool = False) -> EvalPoint:
+        run = self.run
+        accuracy = float("nan") if diverged else run.pool.accuracy(self.normalization, ray.put(self.model))
+        loss = None if diverged else self.loss / self.loss_weight
+        self.loss, self.loss_weight = 0.0, 0.0
+        return run.accounting.point(run.first_round + 1 + number, accuracy, time.perf_counter() - run.started,
+                                    "tct_scaffold", loss, diverged)
+
+    def classifier(self) -> Classifier:
+        return stage2_classifier(self.model)
+
+
+def stage2_classifier(model: torch.Tensor) -> Classifier:
+    """A stage-2 model ψ = [W; bᵀ] as the classifier of the standardized (projected) eNTK features, copied."""
+    weights, bias = split_model(model)
+    return Classifier(weights.clone(), bias.clone())
+
+
+def run_tct(config: RunConfig, federation: Federation, on_point: Listener | None = None,
+            saved: TrainingState | None = None, trial_group: PlacementGroup | None = None) -> TrainingOutcome:
+    """Stage 1 (from ``saved`` when resuming), the eNTK features, stage 2; the outcome's arrays hold stage 2's models.
+
+    Inside a Tune trial, stage 1's trainers and then stage 2's shards run in ``trial_group``'s bundles.
+    """
+    backend = start_finetuning(config, federation, trial_group)
+    try:
+        outcome = finetune(config, backend, on_point, saved)
+        if outcome.points[-1].diverged:
+            return outcome
+        index = coordinate_index(backend.entk_num_parameters, config.entk_dim, config.seed)
+        spec = EntkSpec(config.seed, index, config.entk_chunk, torch.float16 if config.entk_fp16 else torch.float32)
+        params = ray.put(outcome.params)
+        train, train_labels = backend.pool.entk(params, spec, TRAIN)
+        test, test_labels = backend.pool.entk(params, spec, TEST)
+        # Each client computes its samples' eNTK features: a forward and a backward pass, ~3 forward FLOPs.
+        outcome.accounting.flops += 3.0 * backend.flops_per_image * float(federation.client_sizes.sum())
+        bounds, bundle = backend.pool.bounds, backend.pool.bundle
+    finally:
+        backend.shutdown()
+    projection = None if config.tct_projection is None else Projection(config.tct_projection, config.seed)
+    width = len(index) if projection is None else projection.dim
+    pool = Stage2Pool.start(train, train_labels, test, test_labels, bounds, federation.client_offsets,
+                            federation.num_classes, bundle, projection, trial_group)
+    try:
+        stage2 = Stage2Run(config, pool, federation.client_sizes, federation.num_classes, width, outcome.points,
+                           outcome.accounting, on_point)
+        if projection is not None:
+            stage2.accounting.flops += 2.0 * float(federation.client_sizes.sum()) * len(index) * width
+        normalization = stage2.normalize()
+        closed_form = stage2.closed_form(normalization) if config.tct_solver in ("closed_form", "both") else None
+        scaffold = stage2.scaffold(normalization) if config.tct_solver in ("scaffold", "both") else None
+    finally:
+        pool.shutdown()
+    # W and bias are SCAFFOLD's when it ran, else the closed form's; with both, the closed form's are suffixed.
+    solved = {"": scaffold if scaffold is not None else closed_form}
+    if scaffold is not None and closed_form is not None:
+        solved["_closed_form"] = closed_form
+    arrays: dict[str, np.ndarray] = {}
+    for suffix, model in solved.items():
+        weights, bias = split_model(model)
+        arrays[f"W{suffix}"], arrays[f"bias{suffix}"] = weights.numpy(), bias.numpy()
+    outcome.arrays = {**arrays, "entk_index": index.numpy(), "entk_mean": stage2.normalization.mean.numpy(),
+                      "entk_std": stage2.normalization.std.numpy()}
+    everyone = np.arange(federation.num_clients)  # the normalization round, then SCAFFOLD's (or the closed form's)
+    outcome.rounds += [everyone, *(stage2.scaffold_rounds if scaffold is not None else [everyone])]
+    return outcome

@@ -1,0 +1,233 @@
+"""The federated training loop: rounds of local training, server steps, evaluation points, checkpoints.
+
+Everything a run needs to continue lives in :class:`TrainingState` (the
+global parameters, the server optimizer's and the backend's state, the
+counters behind the metrics), so a checkpoint written after round r and
+resumed gives bitwise the rows and weights of a run that never stopped:
+the schedule and every client's mini-batches depend only on the seed.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from fedray.core.accounting import PaperCosts, PaperTotals
+from fedray.methods.training.backend import Params, TrainingBackend
+from fedray.methods.training.server import ServerOptimizer
+from fedray.methods.algorithm import Aggregate, FederatedAlgorithm, Population
+from fedray.methods.base import FLOAT_BYTES, Classifier
+from fedray.methods.postprocessor import Postprocessing
+from fedray.core.results import EvalPoint
+from fedray.engine.round_loop import Callback, Checkpoints, Listener, Progress, Report, eval_rounds, run_rounds
+from fedray.runtime.client_states import ClientStatesLost
+
+
+@dataclass
+class Accounting:
+    """Cumulative traffic, compute and coverage behind the metrics columns (both stages of a run)."""
+
+    seen: np.ndarray
+    samples_seen: int = 0
+    bytes_up: float = 0.0
+    bytes_down: float = 0.0
+    flops: float = 0.0
+    paper: PaperTotals = field(default_factory=PaperTotals)
+
+    def add(self, clients: np.ndarray, sizes: np.ndarray, up: float, down: float, flops: float,
+            paper: PaperCosts | None = None, backbone_macs: float | None = None) -> None:
+        """One computation of each of ``clients``; ``paper`` its papers' costs (None: undefined, those columns go null)."""
+        new = clients[~self.seen[clients]]
+        self.seen[new] = True
+        self.samples_seen += int(sizes[new].sum())
+        self.bytes_up += up
+        self.bytes_down += down
+        self.flops += flops
+        self.paper.add(paper, clients, backbone_macs)
+
+    def point(self, round_number: int, accuracy: float, wall_s: float, stage: str, loss: float | None = None,
+              diverged: bool = False) -> EvalPoint:
+        clients = int(self.seen.sum())
+        return EvalPoint(round_number, clients, self.samples_seen, accuracy, self.bytes_up, self.bytes_down,
+                         self.flops / max(clients, 1), wall_s, stage, loss, diverged, **self.paper.columns(len(self.seen)))
+
+
+@dataclass
+class TrainingState:
+    """All the driver needs to continue after ``done`` training rounds (the clients' states are with the clients).
+
+    ``server`` is the server optimizer's state, ``algorithm`` the training
+    algorithm's server state (SCAFFOLD's c, FedDyn's h), ``client_states`` the
+    files where the actors wrote their clients' states at this point (none before
+    the first checkpoint), ``postprocessors`` each postprocessor's state.
+    """
+
+    params: Params
+    server: dict
+    algorithm: Params
+    accounting: Accounting
+    points: list[EvalPoint] = field(default_factory=list)
+    done: int = 0
+    loss_sum: float = 0.0
+    loss_samples: int = 0
+    wall_s: float = 0.0
+    eval_s: float = 0.0
+    client_states: list[str] = field(default_factory=list)
+    postprocessors: list[Params] = field(default_factory=list)
+
+
+CLIENT_STATES = "checkpoint-clients"
+"""The files of the clients' states beside a checkpoint: ``checkpoint-clients-rROUND-ACTOR.pt``."""
+
+
+@dataclass
+class Checkpointing:
+    """Write the run's state every ``every`` rounds: ``save(state)`` writes the driver's part, once the backend's actors
+    have written their clients' states to ``folder`` (their files named in ``state.client_states``)."""
+
+    every: int | None
+    save: Callable[[TrainingState], None]
+    folder: Path
+
+
+def _finite(tensors: dict[str, torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors.values())
+
+
+class TrainingRounds:
+    """Training's rounds for :func:`~fedray.engine.round_loop.run_rounds`: local training, server step, evaluation rows.
+
+    Rows are numbered ``first_round + r`` (after a closed-form stage, its
+    rounds come first). A non-finite loss, update or model is a diverged
+    round; the parameters stay the last finite ones.
+    """
+
+    def __init__(self, backend: TrainingBackend, algorithm: FederatedAlgorithm, server: ServerOptimizer,
+                 state: TrainingState, sizes: np.ndarray, first_round: int, backbone_macs: float | None = None,
+                 postprocessing: Postprocessing = Postprocessing()) -> None:
+        self.backend, self.algorithm, self.server, self.state, self.sizes = backend, algorithm, server, state, sizes
+        self.first_round, self.backbone_macs, self.postprocessing = first_round, backbone_macs, postprocessing
+        self.population = Population(len(sizes), int(sizes.sum()))
+        server.state = state.server
+        postprocessing.load_state_dict(state.postprocessors)
+        self.started = time.perf_counter() - state.wall_s
+        self.client_flops = backend.client_flops(sizes.astype(np.float64))
+        self.paper_costs = backend.paper_costs(sizes.astype(np.float64))
+
+    def run_round(self, number: int, clients: np.ndarray) -> bool:
+        """Local training, the algorithm's server update and the server optimizer's step; the parameters and the
+        algorithm's server state stay the last finite ones when any of it is not finite."""
+        state, params = self.state, self.state.params
+        model = self._model()
+        broadcast = self.algorithm.broadcast(model, state.algorithm)
+        update = self.backend.train_round(params, broadcast, clients, number)
+        state.loss_sum += update.loss_sum
+        state.loss_samples += update.samples
+        participations = len(clients)
+        # A client receives the model and the broadcast and sends one of each entry of the summed uploads.
+        down = self.backend.model_floats() + sum(tensor.numel() for tensor in broadcast.values())
+        up = sum(tensor.numel() for tensor in (*update.sums.values(), *update.statistics.values()))
+        state.accounting.add(clients, self.sizes, participations * up * FLOAT_BYTES, participations * down * FLOAT_BYTES,
+                             float(self.client_flops[clients].sum()), self.paper_costs, self.backbone_macs)
+        previous = {name: tensor.clone() for name, tensor in params.items()}
+        sums = self.postprocessing.aggregate(update.sums, number, update.clients)
+        if bool(np.isfinite(update.loss_sum)) and _finite(sums) and _finite(update.statistics):
+            delta, algorithm_state = self.algorithm.server_update(model, Aggregate(sums, update.weight, update.clients),
+                                                                  state.algorithm, self.population)
+            for name, change in update.statistics.items():
+                params[name] += change / float(update.samples)
+            params.update(self.server.step(params, delta))
+            if _finite(params) and _finite(algorithm_state):
+                state.algorithm, state.done = algorithm_state, number
+                return True
+        params.update(previous)
+        return False
+
+    def _model(self) -> Params:
+        """The parameters the clients train: what the algorithm sees."""
+        names = self.backend.trained_names
+        return self.state.params if names is None else {name: self.state.params[name] for name in names}
+
+    def point(self, number: int, diverged: bool = False) -> EvalPoint:
+        state = self.state
+        accuracy = float("nan") if diverged else self._accuracy()
+        loss = state.loss_sum / state.loss_samples if state.loss_samples else None
+        state.loss_sum, state.loss_samples = 0.0, 0
+        return state.accounting.point(self.first_round + number, accuracy, time.perf_counter() - self.started,
+                                      "train", loss, diverged)
+
+    def _accuracy(self) -> float:
+        evaluation_start = time.perf_counter()
+        accuracy = self.backend.accuracy(self.state.params)
+        self.state.eval_s += time.perf_counter() - evaluation_start
+        return accuracy
+
+    def classifier(self) -> Classifier:
+        """The head at the last row (the last finite one after a diverged round), copied."""
+        return self.backend.head(self.state.params)
+
+    def snapshot(self) -> TrainingState:
+        """The state with the server optimizer's state and the wall clock brought up to date, for a checkpoint."""
+        state = self.state
+        state.server, state.postprocessors = self.server.state, self.postprocessing.state_dict()
+        state.wall_s = time.perf_counter() - self.started
+        return state
+
+
+def train(
+    backend: TrainingBackend,
+    algorithm: FederatedAlgorithm,
+    server: ServerOptimizer,
+    state: TrainingState,
+    rounds: list[np.ndarray],
+    sizes: np.ndarray,
+    eval_every: int,
+    first_round: int = 0,
+    checkpointing: Checkpointing | None = None,
+    on_point: Listener | None = None,
+    quiet: bool = False,
+    backbone_macs: float | None = None,
+    postprocessing: Postprocessing = Postprocessing(),
+) -> bool:
+    """Run ``rounds[state.done:]``, updating ``state`` in place; whether training diverged.
+
+    A row at the start evaluates the initial model; see :class:`TrainingRounds`.
+    ``backbone_macs`` (F_φ, when known) enters ``macs_client_avg_fed3r``. When
+    an actor restarted and lost its clients' states, the run goes back to its
+    last checkpoint (or its start) and replays the rounds since: the same rows
+    and model as a run without the failure.
+    """
+    recovery = copy.deepcopy(state)
+    backend.restore_client_states([checkpointing.folder / name for name in state.client_states] if checkpointing else [])
+
+    def save(path: TrainingRounds) -> None:
+        nonlocal recovery
+        snapshot = path.snapshot()
+        previous = snapshot.client_states
+        snapshot.client_states = backend.save_client_states(checkpointing.folder, f"{CLIENT_STATES}-r{snapshot.done}")
+        checkpointing.save(snapshot)
+        for name in set(previous) - set(snapshot.client_states):
+            (checkpointing.folder / name).unlink(missing_ok=True)
+        recovery = copy.deepcopy(snapshot)
+
+    while True:
+        path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing)
+        callbacks: list[Callback] = [Report(state.points, on_point, path.classifier),
+                                     Progress(len(rounds), state.done, "train", quiet)]
+        if checkpointing is not None:
+            callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: save(path)))
+        try:
+            return run_rounds(path, rounds, eval_rounds(len(rounds), eval_every, initial=True), callbacks, state.done)
+        except ClientStatesLost:
+            vars(state).update(vars(copy.deepcopy(recovery)))
+            folder = checkpointing.folder if checkpointing else Path()
+            backend.restore_client_states([folder / name for name in state.client_states])
+            print(f"fedray: an actor restarted and lost its clients' states: replaying from training round {state.done}",
+                  file=sys.stderr)

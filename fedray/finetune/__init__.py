@@ -1,1 +1,0 @@
-"""Federated fine-tuning of torchvision backbones on images: a training backend for the FedAvg-family loop."""

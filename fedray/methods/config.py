@@ -1,0 +1,547 @@
+"""A run's configuration: defaults ← YAML file ← command line, validated in one place."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import typing
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
+from fedray.core.errors import FedrayError
+from fedray.methods.training.client_sgd import ClientAlgorithm
+from fedray.methods.training.modes import FINETUNE_MODES, INITS
+from fedray.methods.training.schedule import SCHEDULES, LrSchedule, parse_milestones
+from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
+from fedray.methods import METHODS, method_class
+from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.postprocessor import Postprocessor
+from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, FedProx, algorithm_class
+from fedray.core.numeric_options import check_numeric_options, command_line
+from fedray.core.options import Option, option_from_hint, options_of
+from fedray.core.plugins import canonical, display_name, is_plugin, load_class
+from fedray.core.results import EvalPoint
+
+
+TCT = "tct"
+TCT_SOLVERS = ("scaffold", "closed_form", "both")
+CLOSED_FORM_MAX_DIM = 10_000
+"""Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
+
+
+GENERAL, SAMPLING, UPLOADS, CLOSED_FORM, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES = (
+    None, "sampling", "uploads", "closed form", "training", "spherefed", "fine-tuning", "tct", "resources")
+GROUPS = {
+    SAMPLING: "client sampling",
+    UPLOADS: "every client's upload, on its way to the server",
+    CLOSED_FORM: "closed-form methods (fedncm, fed3r, fed3r-rf, fedcof, ffc)",
+    TRAINING: f"gradient methods ({', '.join(ALGORITHMS)})",
+    SPHERE: "SphereFed (--head sphere): a projection onto the sphere before a fixed classifier, FFC after",
+    IMAGES: "fine-tuning on images (a dataset with images: hsu:CSV?images=ROOT, imagefolder:ROOT)",
+    TCT_GROUP: "TCT (--method tct): fine-tune on images, then a linear model on eNTK features",
+    RESOURCES: "resources (Ray)",
+}
+"""The run options' groups in ``fedray run --help``, by the method or stage they belong to (``None``: every run's)."""
+
+SAMPLINGS = ("without", "with")
+HEADS = ("linear", "sphere")
+SPHERE_LOSSES = ("mse", "ce")
+PLAIN_AVERAGING = "fedavg"
+"""The server optimizer of fedavg, fedprox and scaffold: the one ``--server-optimizer`` may replace."""
+DEFAULT_PER_ROUND = 10
+"""κ when neither --clients-per-round nor --participation is given."""
+
+
+def option(default: object, help: str, group: str | None, *, unset: str | None = None,
+           choices: Sequence[str] | None = None, metavar: str | None = None) -> Any:
+    """A run option: its default, its help and group in ``fedray run --help`` (``unset``: what a ``None`` default means).
+
+    The command line is generated from these (:mod:`fedray.app.cli`), so each default is written here only.
+    """
+    return field(default=default, metadata={"help": help, "group": group, "unset": unset, "choices": choices,
+                                            "metavar": metavar})
+
+
+def declared(cls: type, name: str, help: str, group: str | None, *, unset: str | None = None) -> Any:
+    """A run option that is the option ``name`` of ``cls``'s constructor: its default is the one ``cls`` declares."""
+    return option(options_of(cls)[name].default, help, group, unset=unset)
+
+
+@dataclass
+class RunConfig:
+    method: str = option("fed3r", f"{', '.join(sorted([*METHODS, *ALGORITHMS, TCT]))}, or your own closed-form "
+                         "method or training algorithm as module:Class or path/to/file.py:Class (see fedray methods)",
+                         GENERAL, metavar="METHOD")
+    dataset: str = option("synthetic:inat-user-120k",
+                          "synthetic:NAME, parquet:PATH, features:CACHE, hsu:CSV, imagefolder:ROOT or your own "
+                          "FILE.py:FUNCTION, with ?options", GENERAL)
+    out: str = option("results/run", "output folder", GENERAL)
+    clients_per_round: int | None = option(None, "κ clients per round", SAMPLING, unset=str(DEFAULT_PER_ROUND))
+    participation: float | None = option(None, "fraction of clients per round, instead of κ", SAMPLING,
+                                         unset="κ clients per round")
+    sampling: str | None = option(None, "client sampling across rounds", SAMPLING, choices=SAMPLINGS,
+                                  unset="without for closed-form, with for gradient methods")
+    rounds: int | None = option(None, "stop after this many rounds; gradient methods run exactly this many", SAMPLING,
+                                unset="until every client was seen")
+    eval_every: int = option(100, "evaluate every R rounds and at the end", GENERAL)
+    seed: int = option(0, "seed of every random choice of the run", GENERAL)
+    lam: float = declared(METHODS["fed3r"], "lam", "ridge λ for fed3r, fed3r-rf, ffc and SphereFed's calibration "
+                          "(ffc and --head sphere take 0: the exact least squares)", CLOSED_FORM)
+    bias: bool = declared(METHODS["fed3r"], "bias", "fit a bias (ones column) in the ridge methods", CLOSED_FORM)
+    rf_dim: int = declared(METHODS["fed3r-rf"], "rf_dim", "random features D for fed3r-rf", CLOSED_FORM)
+    rf_sigma: float | None = declared(METHODS["fed3r-rf"], "rf_sigma", "RBF bandwidth σ for fed3r-rf", CLOSED_FORM,
+                                      unset="√d, about the distance between samples of unit-spread features; "
+                                      "the Fed3R paper used 1000 on MobileNetV2 features")
+    gamma: float = declared(METHODS["fedcof"], "gamma", "FedCOF covariance shrinkage γ", CLOSED_FORM)
+    means_per_class: int = declared(METHODS["fedcof"], "means_per_class", "FedCOF means per class per client", CLOSED_FORM)
+    client_lr: float = option(0.1, "client SGD learning rate", TRAINING)
+    weight_decay: float = option(4e-5, "client SGD weight decay", TRAINING)
+    batch_size: int = option(50, "client mini-batch size", TRAINING)
+    local_epochs: int = option(5, "local epochs per round", TRAINING)
+    client_momentum: float = option(0.0, "client SGD momentum, torch's heavy ball; the buffer starts at zero for every "
+                                    "client every round", TRAINING)
+    lr_schedule: str = option("constant", "client learning rate over the training rounds: constant, cosine (annealed to 0 "
+                              "over --rounds) or step (× --lr-gamma after each of --lr-milestones)", TRAINING,
+                              choices=SCHEDULES)
+    lr_milestones: str | None = option(None, "step schedule: comma-separated training rounds after which the rate "
+                                       "decays (\"50,75\")", TRAINING, unset="none; constant and cosine take none",
+                                       metavar="R1,R2,...")
+    lr_gamma: float = option(0.1, "step schedule: the decay factor", TRAINING)
+    server_lr: float | None = option(None, "server learning rate", TRAINING, unset="the server optimizer's own: " +
+                                     ", ".join(f"{name} {cls.default_lr:g}" for name, cls in SERVER_OPTIMIZERS.items()))
+    server_momentum: float = declared(SERVER_OPTIMIZERS["fedavgm"], "server_momentum", "fedavgm server momentum", TRAINING)
+    adam_beta1: float = declared(SERVER_OPTIMIZERS["fedadam"], "adam_beta1", "fedadam β₁", TRAINING)
+    adam_beta2: float = declared(SERVER_OPTIMIZERS["fedadam"], "adam_beta2", "fedadam β₂", TRAINING)
+    adam_tau: float = declared(SERVER_OPTIMIZERS["fedadam"], "adam_tau", "fedadam τ", TRAINING)
+    prox_mu: float | None = option(None, "fedprox proximal μ", TRAINING, unset=f"{DEFAULT_PROX_MU} with fedprox")
+    temperature: float = option(1.0, "softmax temperature: logits / T (0.1 suits a closed-form init)", TRAINING)
+    init: str = option("random", "head initialization: random, or a closed-form stage first", TRAINING, choices=INITS)
+    init_rounds: int | None = option(None, "round budget of the closed-form stage", TRAINING,
+                                     unset="until every client was seen")
+    probe_ridge: bool = option(False, "after training, report Fed3R's accuracy on the features", TRAINING)
+    checkpoint_every: int | None = option(500, "write OUT/checkpoint.pt every N rounds", TRAINING)
+    head: str = option("linear", "what the gradient methods train on the features: a softmax head, or SphereFed's "
+                       "projection before a fixed classifier", TRAINING, choices=HEADS)
+    sphere_dim: int | None = option(None, "dimension l of the sphere", SPHERE, unset="the feature dim")
+    sphere_loss: str = option("mse", "mse (SphereFed's) or ce at --temperature", SPHERE, choices=SPHERE_LOSSES)
+    finetune: str | None = option(None, "ft: backbone and head, ftlp: head only, ftfeat: backbone only", IMAGES,
+                                  choices=FINETUNE_MODES, unset="linear probing on features (ft with --method tct)")
+    base: str = option("fedavg", "stage-1 algorithm, run for --rounds rounds", TCT_GROUP, choices=tuple(sorted(ALGORITHMS)))
+    entk_dim: int = option(100_000, "eNTK coordinates p drawn from the parameters", TCT_GROUP)
+    entk_fp16: bool = option(False, "store the eNTK features as float16 (half the memory)", TCT_GROUP)
+    entk_chunk: int = option(32, "samples per batched per-sample-gradient call", TCT_GROUP)
+    tct_rounds: int = option(100, "stage-2 SCAFFOLD rounds", TCT_GROUP)
+    tct_local_steps: int = option(500, "stage-2 full-batch local steps M", TCT_GROUP)
+    tct_lr: float = option(5e-5, "stage-2 learning rate η", TCT_GROUP)
+    tct_solver: str = option("scaffold", "stage 2: scaffold (TCT's), closed_form (exact, one round) or both", TCT_GROUP,
+                             choices=TCT_SOLVERS)
+    tct_projection: int | None = option(None, "stage 2 on a seeded random projection of the eNTK features to D "
+                                        "coordinates", TCT_GROUP, unset="no projection")
+    tct_lam: float = option(0.0, "ridge λ of the closed-form stage 2 (0: the least-squares solution)", TCT_GROUP)
+    backbone: str = option("mobilenet_v2", "mobilenet_v2, squeezenet1_1, resnet18, vit_b_16, or TCT's networks trained "
+                           "from scratch: resnet18_cifar, resnet18_cifar_gn, tct_cnn (28-pixel images)", IMAGES)
+    weights: str = option("imagenet", "imagenet, random (seeded, NOT pre-trained) or a state-dict file", IMAGES)
+    image_size: int = option(224, "center-crop size", IMAGES)
+    backbone_macs: float | None = option(None, "the backbone's forward multiply-adds per sample, F_φ, for "
+                                         "macs_client_avg_fed3r (the papers' accounting)", GENERAL,
+                                         unset="from the feature cache's manifest; MobileNetV2: 332.9e6 in Fed3R's Table 5")
+    num_trainers: int | None = option(None, "trainer actors", RESOURCES, unset="one per GPU, else CPUs / --cpus-per-trainer")
+    cpus_per_trainer: float = option(1.0, "CPUs each trainer requests", RESOURCES)
+    num_shards: int | None = option(None, "shard actors", RESOURCES, unset="cluster CPUs / --cpus-per-shard")
+    cpus_per_shard: float = option(1.0, "CPUs each shard actor requests", RESOURCES)
+    quiet: bool = option(False, "no progress bar", GENERAL)
+    server_optimizer: str | None = option(None, "fedavg, fedavgm, fedadam, or your own as module:Class or "
+                                          "path/to/file.py:Class", TRAINING, unset="the method's own", metavar="OPTIMIZER")
+    client_algorithm: str | None = option(None, "your own client objective, a fedray.ClientAlgorithm subclass, as "
+                                          "module:Class or path/to/file.py:Class", TRAINING,
+                                          unset="the method's own (FedAvg's, FedProx's, SCAFFOLD's)", metavar="ALGORITHM")
+    postprocessor: str | None = option(None, "your own fedray.Postprocessor subclasses, each upload through them in "
+                                       "order (clipping, noise, quantization...): FILE.py:Class or module:Class, several "
+                                       "separated by commas", UPLOADS, unset="none", metavar="CLASS[,CLASS...]")
+    options: dict = field(default_factory=dict)
+    """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
+
+    @property
+    def trains(self) -> bool:
+        """A training algorithm (or TCT, whose stage 1 is one) rather than a closed-form method."""
+        return self.method in ALGORITHMS or self.method == TCT or (is_plugin(self.method) and _is_algorithm(self.method))
+
+    @property
+    def training_algorithm(self) -> str:
+        """The training algorithm that trains: ``--method``, or TCT's stage-1 ``--base``."""
+        return self.base if self.method == TCT else self.method
+
+    def algorithm_class(self) -> type[FederatedAlgorithm]:
+        return algorithm_class(self.training_algorithm)
+
+    def plugins(self) -> list[type]:
+        """The run's classes named by ``module:Class`` or ``file.py:Class`` (and the built-in training algorithms
+        written as plugins): their options go in ``options``."""
+        named = [(self.method, algorithm_class if self.trains and self.method != TCT else method_class)]
+        if self.server_optimizer is not None:
+            named.append((self.server_optimizer, server_optimizer_class))
+        if self.client_algorithm is not None:
+            named.append((self.client_algorithm, client_algorithm_class))
+        plugins = [load(spec) for spec, load in named if is_plugin(spec)]
+        plugins += [postprocessor_class(spec) for spec in self.postprocessor_specs()]
+        if isinstance(ALGORITHMS.get(self.training_algorithm), str) and self.trains:
+            plugins.append(self.algorithm_class())
+        return plugins
+
+    def postprocessor_specs(self) -> list[str]:
+        """``--postprocessor``'s classes, in order."""
+        return [] if self.postprocessor is None else [spec.strip() for spec in self.postprocessor.split(",") if spec.strip()]
+
+    def server_optimizer_class(self) -> type[ServerOptimizer]:
+        """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
+        return server_optimizer_class(self.server_optimizer or self.algorithm_class().server_optimizer)
+
+    def client_algorithm_class(self) -> type[ClientAlgorithm]:
+        """``--client-algorithm``, a researcher's :class:`ClientAlgorithm` subclass (the run names one)."""
+        return client_algorithm_class(self.client_algorithm)
+
+    def validate(self) -> "RunConfig":
+        check_numeric_options({f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}, command_line)
+        if not is_plugin(self.method) and self.method not in METHODS and not self.trains:
+            raise FedrayError(f"unknown method {self.method!r}; known: {', '.join([*METHODS, *ALGORITHMS, TCT])}, "
+                              f"or your own closed-form method as module:Class or path/to/file.py:Class")
+        if self.server_optimizer is not None and not self.trains:
+            raise FedrayError(f"--server-optimizer applies to gradient methods, not {self.method}")
+        if self.client_algorithm is not None and not self.trains:
+            raise FedrayError(f"--client-algorithm applies to gradient methods, not {self.method}")
+        self._validate_server_optimizer()
+        self._validate_options()
+        if self.sampling not in (None, *SAMPLINGS):
+            raise FedrayError(f"--sampling must be 'without' or 'with', got {self.sampling!r}")
+        if self.clients_per_round is not None and self.participation is not None:
+            raise FedrayError("give --clients-per-round or --participation, not both")
+        if self.participation is not None and not 0 < self.participation <= 1:
+            raise FedrayError(f"--participation must be in (0, 1], got {self.participation}")
+        if self.eval_every < 1:
+            raise FedrayError(f"--eval-every must be ≥ 1, got {self.eval_every}")
+        if self.rounds is not None and self.rounds < 1:
+            raise FedrayError(f"--rounds must be ≥ 1, got {self.rounds}")
+        if self.cpus_per_shard <= 0:
+            raise FedrayError(f"--cpus-per-shard must be > 0, got {self.cpus_per_shard}")
+        if self.init not in INITS:
+            raise FedrayError(f"--init must be one of {', '.join(INITS)}, got {self.init!r}")
+        positive = {"client_lr": self.client_lr, "batch_size": self.batch_size, "local_epochs": self.local_epochs,
+                    "temperature": self.temperature, "server_lr": self.server_lr, "init_rounds": self.init_rounds,
+                    "checkpoint_every": self.checkpoint_every, "image_size": self.image_size,
+                    "num_trainers": self.num_trainers, "cpus_per_trainer": self.cpus_per_trainer,
+                    "sphere_dim": self.sphere_dim, "entk_dim": self.entk_dim, "entk_chunk": self.entk_chunk,
+                    "tct_rounds": self.tct_rounds, "tct_local_steps": self.tct_local_steps, "tct_lr": self.tct_lr,
+                    "tct_projection": self.tct_projection, "rf_sigma": self.rf_sigma,
+                    "backbone_macs": self.backbone_macs, "lr_gamma": self.lr_gamma}
+        for name, value in positive.items():
+            if value is not None and value <= 0:
+                raise FedrayError(f"{command_line(name)} must be > 0, got {value}")
+        if self.finetune is not None and (self.finetune not in FINETUNE_MODES or not self.trains):
+            raise FedrayError(f"--finetune takes {', '.join(FINETUNE_MODES)} with a gradient method, got {self.finetune!r} with {self.method}")
+        if self.head not in HEADS:
+            raise FedrayError(f"--head must be linear or sphere, got {self.head!r}")
+        if self.head == "sphere":
+            self._validate_sphere()
+        if self.sphere_loss not in SPHERE_LOSSES:
+            raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
+        self._validate_client_optimizer()
+        if self.prox_mu is not None and not issubclass(self.algorithm_class(), FedProx):
+            raise FedrayError(f"--prox-mu applies to fedprox only, not {self.method}")
+        if self.method == TCT:
+            self._validate_tct()
+        return self
+
+    def _validate_server_optimizer(self) -> None:
+        """A method whose server is not plain averaging (fedavgm, fedadam) is its server: another one contradicts it.
+
+        fedavg, fedprox and scaffold average on the server, so ``--server-optimizer`` replaces their averaging.
+        """
+        if self.server_optimizer is None or not self.trains:
+            return
+        own = self.algorithm_class().server_optimizer
+        if own != PLAIN_AVERAGING and canonical(self.server_optimizer) != own:
+            flag = f"--base {self.base}" if self.method == TCT else f"--method {self.method}"
+            raise FedrayError(f"{flag} is its own server optimizer ({own}): --server-optimizer {self.server_optimizer} "
+                              f"contradicts it; give --method fedavg (or fedprox, scaffold) with --server-optimizer "
+                              f"{self.server_optimizer}")
+
+    def _validate_client_optimizer(self) -> None:
+        if not 0 <= self.client_momentum < 1:
+            raise FedrayError(f"--client-momentum must be in [0, 1), got {self.client_momentum}")
+        if self.lr_schedule not in SCHEDULES:
+            raise FedrayError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
+        if self.lr_schedule == "cosine" and self.rounds is None:
+            raise FedrayError("--lr-schedule cosine anneals over the run's training rounds: give --rounds")
+        if (self.lr_milestones is not None) != (self.lr_schedule == "step"):
+            raise FedrayError("--lr-schedule step needs --lr-milestones, and --lr-milestones applies to step only")
+        try:
+            milestones = parse_milestones(self.lr_milestones)
+        except ValueError:
+            milestones = (0,)
+        if self.lr_schedule == "step" and (not milestones or min(milestones) < 1):
+            raise FedrayError(f"--lr-milestones takes comma-separated training rounds ≥ 1, got {self.lr_milestones!r}")
+
+    def lr_schedule_of_run(self) -> LrSchedule:
+        """The client learning-rate schedule (cosine over ``--rounds``); the configuration is validated."""
+        return LrSchedule(self.lr_schedule, self.rounds or 1, parse_milestones(self.lr_milestones), self.lr_gamma)
+
+    def _validate_options(self) -> None:
+        """Every ``options`` key is an option of one of the run's plugins, and of its type."""
+        if not isinstance(self.options, dict):
+            raise FedrayError(f"options must be a mapping of option: value, got {self.options!r}")
+        clashing = sorted(set(self.options) & (FIELDS | RESERVED))
+        if clashing:
+            key = clashing[0]
+            raise FedrayError(f"--option {key}: {key} is a run option: use {command_line(key)}" if key in FIELDS
+                              else f"--option {key}: {key} is a metrics column, not an option name")
+        plugins = self.plugins()
+        declared = {name: option for cls in plugins for name, option in options_of(cls).items()}
+        unknown = sorted(set(self.options) - set(declared))
+        if unknown:
+            known = ", ".join(declared) or "none"
+            raise FedrayError(f"unknown option(s) {', '.join(unknown)} (--option); this run's plugins take: {known}")
+        self.options = {key: declared[key].coerce(value, "--option") for key, value in self.options.items()}
+
+    def _validate_sphere(self) -> None:
+        if not self.trains or self.method == TCT or self.init != "random":
+            raise FedrayError("--head sphere (SphereFed) trains with a gradient method from --init random")
+        if self.finetune not in (None, "ftfeat"):
+            raise FedrayError("SphereFed's classifier is fixed: on images it fine-tunes the backbone only (--finetune ftfeat)")
+
+    def _validate_tct(self) -> None:
+        if self.base not in ALGORITHMS and not (is_plugin(self.base) and _is_algorithm(self.base)):
+            raise FedrayError(f"--base (TCT's stage 1) must be a training algorithm ({', '.join(ALGORITHMS)} or your own "
+                              f"as module:Class or path/to/file.py:Class), got {self.base!r}")
+        if self.head != "linear":
+            raise FedrayError("TCT fine-tunes a linear head on images (stage 1); --head sphere does not apply")
+        if self.tct_solver not in TCT_SOLVERS:
+            raise FedrayError(f"--tct-solver must be one of {', '.join(TCT_SOLVERS)}, got {self.tct_solver!r}")
+        if self.tct_lam < 0:
+            raise FedrayError(f"--tct-lam must be ≥ 0, got {self.tct_lam}")
+        width = self.tct_projection or self.entk_dim
+        if self.tct_solver != "scaffold" and width > CLOSED_FORM_MAX_DIM:
+            raise FedrayError(f"the closed-form stage 2 solves a {width} × {width} system: give --tct-projection D "
+                              f"≤ {CLOSED_FORM_MAX_DIM} (or --entk-dim ≤ {CLOSED_FORM_MAX_DIM})")
+
+    def resolved(self) -> "RunConfig":
+        """Method-dependent defaults filled in: sampling (with replacement for training), server lr, FedProx μ."""
+        values = {"sampling": self.sampling or ("with" if self.trains else "without"), "method": canonical(self.method)}
+        if self.postprocessor is not None:
+            values["postprocessor"] = ",".join(canonical(spec) for spec in self.postprocessor_specs())
+        if self.method == TCT:
+            values["finetune"] = self.finetune or "ft"
+        if self.trains:
+            values["server_optimizer"] = canonical(self.server_optimizer or self.algorithm_class().server_optimizer)
+            values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
+            if self.client_algorithm is not None:
+                values["client_algorithm"] = canonical(self.client_algorithm)
+            if issubclass(self.algorithm_class(), FedProx):
+                values["prox_mu"] = DEFAULT_PROX_MU if self.prox_mu is None else self.prox_mu
+        defaults = {name: option.default for cls in self.plugins() for name, option in options_of(cls).items()
+                    if name not in FIELDS}
+        values["options"] = {**defaults, **self.options}
+        return replace(self, **values)
+
+    def per_round(self, num_clients: int) -> int:
+        """κ from --clients-per-round, --participation, or :data:`DEFAULT_PER_ROUND` by default."""
+        if self.participation is not None:
+            return max(1, math.ceil(self.participation * num_clients))
+        return DEFAULT_PER_ROUND if self.clients_per_round is None else self.clients_per_round
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def closed_form_methods(self) -> list[str]:
+        """The closed-form methods the run solves: its method, or a training run's ``--init`` stage, the ridge probe's
+        fed3r (``--probe-ridge``) and SphereFed's FFC calibration (``--head sphere``)."""
+        if not self.trains:
+            return [self.method]
+        names = [] if self.init == "random" else [self.init]
+        if self.probe_ridge:
+            names.append("fed3r")
+        if self.head == "sphere":
+            names.append("ffc")
+        return names
+
+    def applicable_groups(self) -> set[str | None]:
+        """The option groups (the fields' ``group``) that apply to this run.
+
+        Every run's options, its sampling and its resources always; ``--postprocessor`` when given; the closed-form
+        options when the run solves a closed form (:meth:`closed_form_methods`); the training options when it trains;
+        SphereFed's with ``--head sphere``; the image options when it fine-tunes (``--finetune``, TCT); TCT's with
+        ``--method tct``.
+        """
+        groups = {GENERAL, SAMPLING, RESOURCES}
+        if self.postprocessor is not None:
+            groups.add(UPLOADS)
+        if self.closed_form_methods():
+            groups.add(CLOSED_FORM)
+        if self.trains:
+            groups.add(TRAINING)
+        if self.head == "sphere":
+            groups.add(SPHERE)
+        if self.finetune is not None or self.method == TCT:
+            groups.add(IMAGES)
+        if self.method == TCT:
+            groups.add(TCT_GROUP)
+        return groups
+
+    def metrics_columns(self) -> dict[str, object]:
+        """The configuration's columns in metrics.parquet: the options that apply to the run, then the plugins' own.
+
+        An option applies when its group does (:meth:`applicable_groups`); an option of the built-in closed-form
+        methods or server optimizers (``lam``, ``gamma``, ``server_momentum``, ``adam_beta1``, ...) only when one of
+        the run's closed-form methods, or its server optimizer, takes it. A plugin is named by its class name
+        (``method``: ``MyNCM``) with its spec beside it (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise
+        ``server_optimizer`` and ``client_algorithm``. config.yaml keeps every option, to re-run the run.
+        """
+        groups = self.applicable_groups()
+        classes = [method_class(name) for name in self.closed_form_methods()]
+        if self.trains:
+            classes.append(self.server_optimizer_class())
+        taken = {name for cls in classes for name in options_of(cls)}
+        columns: dict[str, object] = {}
+        for spec in fields(self):
+            if spec.name in NOT_COLUMNS or spec.metadata["group"] not in groups or \
+                    (spec.name in BUILTIN_CLASS_OPTIONS and spec.name not in taken):
+                continue
+            value = getattr(self, spec.name)
+            if spec.name in PLUGIN_FIELDS and isinstance(value, str) and is_plugin(value):
+                columns[spec.name], columns[f"{spec.name}_spec"] = display_name(value), value
+            else:
+                columns[spec.name] = value
+        return {**columns, **self.options}
+
+
+def _is_algorithm(spec: str) -> bool:
+    """Whether the plugin ``spec`` names a training algorithm (else it must be a closed-form method)."""
+    try:
+        return issubclass(algorithm_class(spec), FederatedAlgorithm)
+    except FedrayError:
+        return False
+
+
+def postprocessor_class(spec: str) -> type[Postprocessor]:
+    """A researcher's :class:`~fedray.methods.postprocessor.Postprocessor` subclass (none is built in)."""
+    if not is_plugin(spec):
+        raise FedrayError(f"--postprocessor takes your own fedray.Postprocessor subclasses as module:Class or "
+                          f"path/to/file.py:Class, got {spec!r}")
+    return load_class(spec, Postprocessor, {}, "postprocessor")
+
+
+def server_optimizer_class(spec: str) -> type[ServerOptimizer]:
+    return load_class(spec, ServerOptimizer, SERVER_OPTIMIZERS, "server optimizer")
+
+
+def client_algorithm_class(spec: str) -> type[ClientAlgorithm]:
+    """A researcher's :class:`ClientAlgorithm` subclass; the built-in ones are the methods' (``--method``)."""
+    if not is_plugin(spec):
+        raise FedrayError(f"--client-algorithm takes your own fedray.ClientAlgorithm subclass as module:Class or "
+                          f"path/to/file.py:Class, got {spec!r}; the built-in ones come with --method "
+                          f"({', '.join(ALGORITHMS)})")
+    return load_class(spec, ClientAlgorithm, {}, "client algorithm")
+
+
+BUILTIN_CLASS_OPTIONS = {name for cls in [*METHODS.values(), *SERVER_OPTIMIZERS.values()] for name in options_of(cls)}
+"""Run options that are options of a built-in closed-form method or server optimizer (``lam``, ``server_momentum``, ...)."""
+PLUGIN_FIELDS = ("method", "server_optimizer", "client_algorithm")
+"""The options that may name a plugin: its column holds the class name, ``NAME_spec`` the spec."""
+NOT_COLUMNS = ("out", "quiet", "options")
+FIELDS = {f.name for f in fields(RunConfig)}
+RESERVED = {f.name for f in fields(EvalPoint)} | {f"{name}_spec" for name in PLUGIN_FIELDS} | \
+    {"ridge_probe_accuracy", "trial_id", "sweep"}
+"""Metrics columns: no option may take their names, since options become columns too."""
+PER_ROUND = ("clients_per_round", "participation")
+
+
+def _run_options() -> dict[str, Option]:
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: option_from_hint(f"RunConfig.{f.name}", f.name, hints[f.name], f.default, f.metadata["help"])
+            for f in fields(RunConfig) if f.name != "options"}
+
+
+RUN_OPTIONS = _run_options()
+"""Every run option (the fields of :class:`RunConfig` but ``options``) as an :class:`~fedray.core.options.Option`:
+file, sweep and plugin values are all typed and checked by :meth:`~fedray.core.options.Option.coerce`."""
+
+
+def typed_value(path: Path, key: str, value: object) -> object:
+    """A file value as its option's type (YAML reads ``1e-3`` as a string), finite, a seed ≥ 0; null only where the option allows it."""
+    return RUN_OPTIONS[key].coerce(value, str(path))
+
+
+def did_you_mean(key: str, known: Sequence[str]) -> str:
+    """``"; did you mean KNOWN?"`` for the nearest of ``known`` to a misspelt ``key``, or ``""``."""
+    nearest = difflib.get_close_matches(key, known, n=1)
+    return f"; did you mean {nearest[0]}?" if nearest else ""
+
+
+def read_yaml_mapping(path: Path, kind: str, shape: str) -> dict:
+    """The mapping in the YAML file ``path``, or a one-line error naming the file (``kind``: what it should be)."""
+    if not path.is_file():
+        raise FedrayError(f"{path}: no such {kind}")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise FedrayError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(values, dict):
+        raise FedrayError(f"{path}: a {kind} is a mapping of {shape}")
+    return values
+
+
+def load_config_file(path: str | Path) -> dict:
+    path = Path(path)
+    values = read_yaml_mapping(path, "config file", "option: value")
+    values = {str(key).replace("-", "_"): value for key, value in values.items()}
+    unknown = sorted(set(values) - FIELDS)
+    if unknown:
+        hints = "".join(_where_it_went(key, values) for key in unknown)
+        raise FedrayError(f"{path}: unknown option(s) {', '.join(unknown)}{hints}")
+    return {key: options_mapping(path, value) if key == "options" else typed_value(path, key, value)
+            for key, value in values.items()}
+
+
+def _where_it_went(key: str, values: dict) -> str:
+    """Where an unknown config-file ``key`` belongs: a plugin's ``options:``, the dataset spec, or the nearest run option."""
+    owners = []
+    for spec, load in ((values.get("method"), method_class), (values.get("server_optimizer"), server_optimizer_class),
+                       (values.get("client_algorithm"), client_algorithm_class)):
+        if isinstance(spec, str) and is_plugin(spec):
+            try:
+                owners += [spec] if key in options_of(load(spec)) else []
+            except FedrayError:  # the run names the bad plugin once it is checked
+                pass
+    if owners:
+        return f"; {key} is an option of {owners[0]}: give it under options: {{{key}: ...}}"
+    if key in DATASET_OPTIONS:
+        return f"; {key} is an option of the dataset: give it in dataset: as ?{key}=..."
+    return did_you_mean(key, sorted(RUN_OPTIONS))
+
+
+def options_mapping(path: Path, value: object) -> dict:
+    """A file's ``options:`` (a plugin's options), a mapping of names to values; their types are checked with the run."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise FedrayError(f"{path}: options must be a mapping of option: value, got {value!r}")
+    return dict(value)
+
+
+def resolve(file_values: dict, cli_values: dict) -> RunConfig:
+    """Defaults, overridden by the file, overridden by options given on the command line.
+
+    κ and the participation rate are one choice: either on the command line replaces both from the file.
+    """
+    given = {k: v for k, v in cli_values.items() if v is not None}
+    if given.keys() & set(PER_ROUND):
+        file_values = {k: v for k, v in file_values.items() if k not in PER_ROUND}
+    merged = {**file_values, **given, "options": {**file_values.get("options", {}), **given.get("options", {})}}
+    try:
+        return RunConfig(**merged).validate().resolved()
+    except TypeError as error:
+        raise FedrayError(str(error)) from None

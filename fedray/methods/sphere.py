@@ -1,0 +1,58 @@
+"""SphereFed's fixed classifier: C unit-norm rows in R^d, built once from the run's seed and never trained; its scores and loss.
+
+With C ≤ d the rows are orthonormal: the Q factor of a seeded Gaussian d × C
+matrix, transposed. With C > d no C rows can be orthogonal; the best one can
+do for all pairs at once is an equal-norm tight frame (unit rows, WᵀW = (C/d) I),
+which minimizes Σ_{i≠j} ⟨w_i, w_j⟩² (the frame potential, whose lower bound
+C²/d − C is the Welch bound). It is reached by alternating projections from
+the same seeded start: scale the columns to a tight frame (the polar factor of
+W, times √(C/d)), then the rows to unit norm, until both hold.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedray.core.errors import FedrayError
+
+TIGHT_FRAME_TOLERANCE = 1e-10
+MAX_ITERATIONS = 10_000
+
+
+def fixed_classifier(num_classes: int, dim: int, seed: int) -> torch.Tensor:
+    """The (C, d) float64 classifier: orthonormal rows if C ≤ d, else a unit-norm tight frame."""
+    if num_classes < 1 or dim < 1:
+        raise FedrayError(f"a fixed classifier needs C ≥ 1 and d ≥ 1, got C={num_classes}, d={dim}")
+    generator = torch.Generator().manual_seed(seed)
+    start = torch.randn(dim, num_classes, generator=generator, dtype=torch.float64)
+    if num_classes <= dim:
+        q, r = torch.linalg.qr(start)
+        return (q * torch.sign(torch.diagonal(r))).T.contiguous()
+    rows = start.T
+    scale = math.sqrt(num_classes / dim)
+    for _ in range(MAX_ITERATIONS):
+        u, _, vh = torch.linalg.svd(rows, full_matrices=False)
+        rows = torch.nn.functional.normalize(scale * u @ vh, dim=1)
+        if torch.linalg.matrix_norm(rows.T @ rows - scale**2 * torch.eye(dim, dtype=torch.float64)) < TIGHT_FRAME_TOLERANCE * num_classes:
+            break
+    return rows.contiguous()
+
+
+def frame_potential(rows: torch.Tensor) -> float:
+    """Σ_{i≠j} ⟨w_i, w_j⟩²: 0 for orthonormal rows, ≥ C²/d − C (Welch) for C > d unit rows."""
+    gram = rows @ rows.T
+    return float((gram**2).sum() - (torch.diagonal(gram) ** 2).sum())
+
+
+def sphere_logits(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(features @ weight.T + bias, dim=1) @ classifier.T
+
+
+def sphere_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str, temperature: float) -> torch.Tensor:
+    """Mean over the batch of SphereFed's (1/C)‖Wz − onehot(y)‖², or of the cross-entropy of Wz / T."""
+    if loss == "ce":
+        return torch.nn.functional.cross_entropy(logits / temperature, labels)
+    one_hot = torch.nn.functional.one_hot(labels, logits.shape[1]).to(logits.dtype)
+    return ((logits - one_hot) ** 2).mean(dim=1).mean()

@@ -1,0 +1,193 @@
+"""TCT stage 2 (Yu et al., NeurIPS 2022): the convexified problem and its federated solvers.
+
+Every client k holds eNTK features Z_k (n_k × p) and labels y_k. Stage 2 is the
+linear regression with a bias of the paper's Algorithm 2 (ψ = (φ, b),
+ŷ = φᵀ z̃ + b)
+
+    min_{W,b}  F(W, b) = Σ_k w_k F_k(W, b),   F_k(W, b) = ‖Z_k W + 1 bᵀ − Y_k‖²_F / (2 n_k),
+
+with targets Y_k = onehot(y_k) − 1/C and aggregation weights w_k = n_k / N
+(``weighted=True``: F is the pooled (1/2N) ‖Z W + 1 bᵀ − Y‖²_F) or 1/K. Before
+it, the features are standardized across clients with one round of
+communication (``normalization``), and ``random_projection`` shrinks p when it
+is too large.
+
+The bias is a constant-1 coordinate appended to the standardized features
+(``with_intercept``): the model is one (p + 1) × C matrix ψ = [W; bᵀ] acting on
+X_k = [Z_k, 1], so F_k(ψ) = ‖X_k ψ − Y_k‖²_F / (2 n_k) and every formula below
+(gradients, control variates, XᵀX and XᵀY, the closed form, F from statistics)
+is plain least squares in p + 1 coordinates. The paper has the bias; the
+authors' code (``mnist/utils.py``: ``scaffold_update``) has none. With features
+centered over all clients it carries the class prior (see
+``closed_form_stage2``), which a model without it cannot represent.
+
+Two solvers of the same problem: the paper's communication-efficient SCAFFOLD
+(full-batch local gradient steps with a drift correction, one model up and down
+per round: ``local_delta``, ``control_after``, run by the stage-2 shards of
+:mod:`fedray.runtime.tct_shards`), and the exact minimizer from summed XᵀX and
+XᵀY (``stage2_statistics``, ``solve_stage2``), what a Fed3R-style upload of
+(p + 1)² + (p + 1)·C floats per client gives in one round. Everything here works
+on in-memory tensors; the sharded Ray runtime wraps it (the tests hold the same
+solvers written for a list of clients in one process).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fedray.core.errors import FedrayError
+from fedray.methods.base import gram, single_threaded, spd_solve
+
+STD_FLOOR = 1e-8
+"""Smallest standard deviation a coordinate is divided by (see ``Moments.normalization``)."""
+
+ROW_BLOCK = 4096
+"""Rows widened to float64 at a time: 50,000 eNTK features of p = 100,000 are 40 GB in float64 at once."""
+
+
+def row_blocks(count: int) -> list[slice]:
+    return [slice(first, min(first + ROW_BLOCK, count)) for first in range(0, count, ROW_BLOCK)]
+
+
+@dataclass
+class Moments:
+    """Normalization uploads summed over clients: sample count, Σ z and Σ z² (float64)."""
+
+    count: int
+    sums: torch.Tensor
+    squares: torch.Tensor
+
+    @classmethod
+    def of(cls, features: torch.Tensor) -> Moments:
+        """The moments of ``features``' rows, accumulated in float64 a block of rows at a time."""
+        sums = torch.zeros(features.shape[1], dtype=torch.float64, device=features.device)
+        squares = torch.zeros_like(sums)
+        for rows in row_blocks(len(features)):
+            block = features[rows].to(torch.float64)
+            sums += block.sum(dim=0)
+            squares += block.square().sum(dim=0)
+        return cls(len(features), sums, squares)
+
+    def __add__(self, other: Moments) -> Moments:
+        return Moments(self.count + other.count, self.sums + other.sums, self.squares + other.squares)
+
+    def normalization(self, eps: float = STD_FLOOR) -> tuple[torch.Tensor, torch.Tensor]:
+        """(μ, σ) with σ² the population variance, floored at ``eps`` (see ``Moments.normalization``)."""
+        mean = self.sums / self.count
+        variance = (self.squares / self.count - mean.square()).clamp_min(0.0)
+        return mean, variance.sqrt().clamp_min(eps)
+
+
+def normalize(features: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """(z − μ) / σ per coordinate, computed in float64 and returned in ``dtype`` (default: the features')."""
+    return ((features.to(torch.float64) - mean) / std).to(dtype or features.dtype)
+
+
+def targets(labels: torch.Tensor, num_classes: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The regression targets onehot(labels) − 1/C (n × C), TCT's centered one-hot encoding."""
+    return torch.nn.functional.one_hot(labels.long(), num_classes).to(dtype) - 1.0 / num_classes
+
+
+PROJECTION_BLOCK = 4096
+"""Rows of the projection matrix drawn at a time: a p × D matrix is never held whole (100k × 10k is 8 GB)."""
+
+
+def random_projection(features: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
+    """``features`` (n × p) times a seeded Gaussian p × D matrix with N(0, 1/D) entries.
+
+    For eNTK features too wide for stage 2: E‖Rᵀz‖² = ‖z‖² and inner products
+    are kept up to O(1/√D) (Johnson–Lindenstrauss). The matrix depends only on
+    (p, D, seed): it is drawn in float64 on the CPU, ``PROJECTION_BLOCK`` rows
+    at a time from one generator, so every client rebuilds the same one from
+    the shared seed with no communication. Project the raw features, then
+    standardize the projected ones.
+    """
+    if dim < 1:
+        raise FedrayError(f"the projection dimension must be >= 1, got {dim}")
+    generator = torch.Generator().manual_seed(seed)
+    scale = 1.0 / math.sqrt(dim)
+    projected = torch.zeros(features.shape[0], dim, dtype=torch.float64, device=features.device)
+    for first in range(0, features.shape[1], PROJECTION_BLOCK):
+        block = features[:, first : first + PROJECTION_BLOCK].to(torch.float64)
+        matrix = torch.randn(block.shape[1], dim, generator=generator, dtype=torch.float64) * scale
+        projected += block @ matrix.to(features.device)
+    return projected.to(features.dtype)
+
+
+def with_intercept(features: torch.Tensor) -> torch.Tensor:
+    """X = [Z, 1]: ``features`` (n × p) with a constant-1 coordinate appended, whose row of ψ is the bias b.
+
+    Applied to standardized features (the constant is not standardized: it has
+    no variance), by every place that fits or scores a stage-2 model ψ.
+    """
+    return torch.cat([features, torch.ones(len(features), 1, dtype=features.dtype, device=features.device)], dim=1)
+
+
+def split_model(model: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W, b) of a stage-2 model ψ = [W; bᵀ] ((p + 1) × C): the p × C weights and the C biases."""
+    return model[:-1], model[-1]
+
+
+def _gradient(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor) -> torch.Tensor:
+    """∇F_k(ψ) = X_kᵀ (X_k ψ − Y_k) / n_k (``features`` = X_k, the design with the intercept)."""
+    return features.T @ (features @ model - target) / len(features)
+
+
+def client_loss(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor) -> float:
+    """F_k(ψ) = ‖X_k ψ − Y_k‖²_F / (2 n_k) (``features`` = X_k = [Z_k, 1]), on one thread (``single_threaded``): the
+    loss a row reports has the same bits whatever the threads of the process computing it."""
+    with single_threaded():
+        return float((features @ model - target).square().sum()) / (2 * len(target))
+
+
+def local_delta(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor, correction: torch.Tensor,
+                steps: int, lr: float) -> torch.Tensor:
+    """A client's y_K − ψ after K = ``steps`` full-batch steps y ← y − η (∇F_k(y) − h_k) from y_0 = ψ (h_k = ``correction``)."""
+    local = model
+    for _ in range(steps):
+        local = local - lr * (_gradient(features, target, local) - correction)
+    return local - model
+
+
+def control_after(own: torch.Tensor, control: torch.Tensor, delta: torch.Tensor, steps: int, lr: float) -> torch.Tensor:
+    """A participant's new control variate c_k⁺ = c_k − c − Δ_k / (Kη) (see ``ScaffoldStage2``)."""
+    return own - control - delta / (steps * lr)
+
+
+def stage2_statistics(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """XᵀX and XᵀY of X = [Z, 1] (``with_intercept``) and Y = onehot − 1/C, in float64: a client's (or a shard's summed)
+    closed-form upload, (p + 1)² + (p + 1)·C floats for standardized features Z (n × p)."""
+    features = with_intercept(features.to(torch.float64))
+    return gram(features), features.T @ targets(labels, num_classes).to(features.device)
+
+
+def objective_from_statistics(matrix: torch.Tensor, rhs: torch.Tensor, count: int, num_classes: int, model: torch.Tensor) -> float:
+    """F(ψ) = ‖X ψ − Y‖²_F / (2N) from XᵀX, XᵀY and N alone: (tr ψᵀXᵀXψ − 2 tr ψᵀXᵀY + ‖Y‖²) / (2N),
+    with ‖Y‖² = N (1 − 1/C) for the targets onehot − 1/C (X = [Z, 1], see ``stage2_statistics``).
+
+    At the minimizer F is a difference of nearly equal terms (~1e-17 when the
+    features fit the targets): computed on one thread (``single_threaded``), so
+    its rounding does not depend on the threads of the driver computing it."""
+    model = model.to(torch.float64)
+    with single_threaded():
+        quadratic = float((model * (matrix @ model)).sum()) - 2.0 * float((model * rhs).sum())
+    return (quadratic + count * (1.0 - 1.0 / num_classes)) / (2 * count)
+
+
+def solve_stage2(matrix: torch.Tensor, rhs: torch.Tensor, count: int, lam: float = 0.0) -> torch.Tensor:
+    """ψ solving (XᵀX + λ N D) ψ = XᵀY, D = diag(1, …, 1, 0), from summed statistics (``count`` = N samples).
+
+    See ``closed_form_stage2``. λ is fedray's extension (the paper's objective
+    has no regularizer) against an ill-conditioned ZᵀZ; it does not penalize
+    the bias, the last coordinate: that would pull predictions toward 0 rather
+    than the class prior, and b needs no help (its curvature is 1, and with
+    λ > 0 the matrix is positive definite all the same).
+    """
+    if lam < 0:
+        raise FedrayError(f"lam must be >= 0, got {lam}")
+    penalty = torch.ones(len(matrix), dtype=torch.float64, device=matrix.device)
+    penalty[-1] = 0.0
+    return spd_solve(matrix + lam * count * torch.diag(penalty), rhs)

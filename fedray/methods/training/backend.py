@@ -1,0 +1,110 @@
+"""What the federated training loop needs from whatever trains the clients.
+
+The loop (:mod:`fedray.engine.training`) owns sampling, the server
+optimizer, evaluation points, checkpoints and divergence; a backend owns the
+clients' data and their local training. Linear probing on features
+(:class:`~fedray.runtime.probing.ProbeBackend`) and fine-tuning on images
+(:mod:`fedray.runtime.finetune`) are the two backends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fedray.core.accounting import PaperCosts
+from fedray.methods.algorithm import Aggregate, FederatedAlgorithm, Params
+from fedray.methods.base import Classifier
+
+
+@dataclass
+class RoundUpdate:
+    """A round's uploads summed over the clients (inside each shard or trainer, then over them), and their loss.
+
+    ``sums[name]`` = Σ_k w_k · upload_k[name] with w_k the uploads' weights,
+    ``weight`` = Σ_k w_k, over ``clients`` participants; ``loss_sum`` is the
+    path's loss of the round's starting model summed over the ``samples``
+    training samples of the round's clients (the loss FL papers plot).
+    ``statistics`` are what a path averages besides the algorithm's uploads
+    (a network's BatchNorm running statistics): Σ_k n_k (s_k − s), averaged
+    with the clients' samples as plain FedAvg does, never stepped.
+    """
+
+    sums: Params
+    weight: float
+    clients: int
+    loss_sum: float
+    samples: int
+    statistics: Params = field(default_factory=dict)
+
+    def __add__(self, other: RoundUpdate) -> RoundUpdate:
+        return RoundUpdate(_added(self.sums, other.sums), self.weight + other.weight, self.clients + other.clients,
+                           self.loss_sum + other.loss_sum, self.samples + other.samples,
+                           _added(self.statistics, other.statistics))
+
+    def aggregate(self) -> Aggregate:
+        return Aggregate(self.sums, self.weight, self.clients)
+
+
+def _added(a: Params, b: Params) -> Params:
+    return {name: value + b[name] for name, value in a.items()}
+
+
+class TrainingBackend(Protocol):
+    algorithm: FederatedAlgorithm
+    """The training algorithm its clients run."""
+    trained_names: frozenset[str] | None
+    """The parameters the clients train and the algorithm sees (None: all of them)."""
+
+    def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
+        """Local training of ``clients`` (distinct global numbers) from ``params`` with the algorithm's ``broadcast``;
+        neither is modified."""
+        ...
+
+    def model_floats(self) -> int:
+        """Floats of the model a participating client receives (what it trains and sends back, buffers included)."""
+        ...
+
+    def accuracy(self, params: Params) -> float:
+        """Top-1 accuracy of ``params`` on the federation's test split."""
+        ...
+
+    def client_flops(self, sizes: np.ndarray) -> np.ndarray:
+        """Training FLOPs of one participation of clients with ``sizes`` samples."""
+        ...
+
+    def paper_costs(self, sizes: np.ndarray) -> PaperCosts:
+        """One participation of clients with ``sizes`` samples as the papers count it (:mod:`fedray.core.accounting`); ``PaperCosts()`` where undefined."""
+        ...
+
+    def save_client_states(self, folder: Path, tag: str) -> list[str]:
+        """Each actor writes its clients' states to ``folder`` (files named after ``tag``); their names."""
+        ...
+
+    def restore_client_states(self, paths: list[Path]) -> None:
+        """Every actor's clients' states from ``paths`` (none: no states, as at the start of a run)."""
+        ...
+
+    def initial_params(self, seed: int) -> Params:
+        """The parameters training starts from without a closed-form stage (random head from ``seed``)."""
+        ...
+
+    def head(self, params: Params) -> Classifier:
+        """The classifier ``params`` evaluate on the features, copied: the softmax head (SphereFed: its fixed classifier)."""
+        ...
+
+    def with_head(self, params: Params, head: Params) -> Params:
+        """``params`` with the softmax head set from a closed-form stage's ``{"weight": d × C, "bias": C}``."""
+        ...
+
+    def calibration_map(self, params: Params) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """SphereFed: the projection (P, q) its FFC calibrates on normalize(P x + q); (None, None): on normalize(x)."""
+        ...
+
+    def sphere_arrays(self, params: Params) -> dict[str, np.ndarray]:
+        """SphereFed: what ``classifier.npz`` holds besides the calibrated classifier."""
+        ...

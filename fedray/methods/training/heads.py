@@ -1,0 +1,101 @@
+"""A shard's clients trained on its features: linear heads by the dual form when the algorithm takes it, else by autograd.
+
+The dual form (:func:`~fedray.methods.training.local.train_heads`) trains many
+clients' heads at once for the algorithms whose client half it knows
+(:meth:`~fedray.methods.algorithm.FederatedAlgorithm.dual_form`: FedAvg's,
+FedProx's, SCAFFOLD's with option I) and sums their updates in one GEMM. Any
+other algorithm, and every model that is not a linear head (SphereFed's
+projection), trains each client by autograd with
+:func:`~fedray.methods.training.client_sgd.train_client`, on the same mini-batches;
+the two agree to float64 round-off (``tests/methods/test_client_sgd.py``).
+Either way the shard returns the sums of its clients' uploads, and their
+states stay in the shard (``states``, see :mod:`fedray.runtime.client_states`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fedray.methods.training.backend import RoundUpdate
+from fedray.methods.training.client_sgd import CrossEntropy, add_upload, client_batches, start_client, train_client
+from fedray.methods.training.local import Control, LocalSGD, train_heads
+from fedray.methods.algorithm import CONTROL, FederatedAlgorithm, Loss, Params, Upload
+from fedray.methods.base import ClientBatch
+from fedray.methods.postprocessor import Postprocessing
+
+ROWS = CONTROL + "rows"
+"""The dual form's SCAFFOLD state of a client: the gradient rows G of its samples, c_i = XᵀG (n_i × C floats)."""
+
+
+class States(Protocol):
+    """Where the clients' states are (the shard's :class:`~fedray.runtime.client_states.ClientStates`)."""
+
+    def get(self, client: int) -> Params | None: ...
+
+    def put(self, client: int, state: Params | None) -> None: ...
+
+
+Forward = Callable[[Params, torch.Tensor], torch.Tensor]
+"""A model's output on some features, from its parameters."""
+
+
+def linear(params: Params, features: torch.Tensor) -> torch.Tensor:
+    return torch.addmm(params["bias"], features, params["weight"])
+
+
+def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: LocalSGD, algorithm: FederatedAlgorithm,
+                   seed: int, round_number: int, states: States, forward: Forward, path_loss: Loss,
+                   postprocessing: Postprocessing = Postprocessing()) -> RoundUpdate:
+    """Every client of ``batch`` trained by autograd from ``params``, one after another; their uploads, each through
+    the postprocessors' client hooks, summed."""
+    sgd = sgd.for_round(round_number)
+    sums, weight, loss_sum = None, 0.0, 0.0
+    for k, client in enumerate(batch.clients.tolist()):
+        rows = slice(batch.offsets[k], batch.offsets[k + 1])
+        x, y = batch.features[rows], batch.labels[rows]
+        with torch.no_grad():
+            loss_sum += len(y) * float(path_loss(forward(params, x), y))
+        batches = client_batches(len(y), sgd, seed, round_number, client)
+        round_ = start_client(algorithm, client, round_number, len(y), batches, sgd, params, broadcast, states.get(client),
+                              path_loss)
+        trained = {name: value.clone().requires_grad_() for name, value in params.items()}
+        upload, state = train_client(algorithm, round_, trained, lambda p, step: forward(p, x[step]), y, batches, sgd)
+        upload = Upload(postprocessing.client(upload.tensors, client, round_number), upload.weight)
+        sums = add_upload(sums, upload)
+        weight += upload.weight
+        states.put(client, state)
+    return RoundUpdate(sums, weight, len(batch.clients), loss_sum, len(batch.labels))
+
+
+def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sgd: LocalSGD,
+                       algorithm: FederatedAlgorithm, seed: int, round_number: int, states: States,
+                       postprocessing: Postprocessing = Postprocessing()) -> RoundUpdate:
+    """Every client's softmax head (x ↦ x W + b at ``sgd``'s temperature), by the dual form when the algorithm takes
+    it and no postprocessor needs each client's upload on its own, else by autograd."""
+    dual = None if postprocessing.per_client else algorithm.dual_form()
+    if dual is None:
+        return train_features(batch, params, broadcast, sgd, algorithm, seed, round_number, states, linear,
+                              CrossEntropy(sgd.temperature), postprocessing)
+    weight, bias = params["weight"], params["bias"]
+    control = None
+    if dual.control:
+        num_classes = weight.shape[1]
+        own = [states.get(client) for client in batch.clients.tolist()]
+        rows = [torch.zeros(int(n), num_classes) if state is None else state[ROWS]
+                for state, n in zip(own, np.diff(batch.offsets))]
+        control = Control(broadcast[CONTROL + "weight"], broadcast[CONTROL + "bias"], torch.cat(rows))
+    sgd = replace(sgd, prox_mu=dual.prox_mu)
+    heads = train_heads(batch.features, batch.labels, batch.offsets, batch.clients, weight, bias, sgd, seed, round_number,
+                        control)
+    delta_weight, delta_bias, count = heads.weighted_update(bias)
+    sums = {"weight": delta_weight, "bias": delta_bias}
+    if control is not None:
+        sums[CONTROL + "weight"], sums[CONTROL + "bias"] = heads.control_update()
+        for k, client in enumerate(batch.clients.tolist()):
+            states.put(client, {ROWS: heads.gradient_rows[batch.offsets[k]:batch.offsets[k + 1]].clone()})
+    return RoundUpdate(sums, float(count), len(batch.clients), heads.start_loss, len(batch.labels))

@@ -1,0 +1,410 @@
+"""Local training of many clients' softmax heads at once (linear probing on frozen features).
+
+Every client sampled in a round starts from the global head (W₀, b₀) and runs
+``epochs`` epochs of mini-batch SGD on its own n samples X (n × d). Every
+gradient of the cross-entropy with respect to W is Xᵀ(something), and weight
+decay and FedProx's pull only rescale W and W − W₀, so after any number of
+steps
+
+    W = β W₀ + Xᵀ A        with a scalar β and A of shape (n, C).
+
+Training therefore runs in this "dual" form: one GEMM gives the logits X W₀,
+one gives the Gram matrix X Xᵀ, and each step then costs b · n · C (a batch of b
+rows against the client's n samples) instead of touching the d × C weights.
+Clients are stacked (padded) and trained together, largest first, so a step
+computes only the clients that still have mini-batches. The summed update of
+all clients, Σ n_k (W_k − W₀), is one more GEMM over their concatenated
+samples. SGD momentum keeps the form: the momentum buffer is a sum of such
+gradients, ν W₀ + Xᵀ V. The result equals training each client alone with
+``torch.optim.SGD`` (with or without momentum) on the same mini-batches
+(tested to float64 round-off). It trains the built-in client algorithms only
+(cross-entropy, FedProx, SCAFFOLD); :mod:`fedray.methods.training.heads` picks it or
+autograd (:func:`~fedray.methods.training.client_sgd.local_sgd`) per algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from fedray.methods.training.schedule import LrSchedule
+
+
+@dataclass(frozen=True)
+class LocalSGD:
+    """Client optimizer; defaults are Fed3R Appendix C's (lr 0.1, weight decay 4e-5, batch 50, 5 epochs, no momentum).
+
+    ``prox_mu`` > 0 adds FedProx's (μ/2)‖θ − θ_global‖² (weights and bias) in the dual form
+    (:class:`~fedray.methods.training_algorithms.FedProx` sets it; autograd takes it from the algorithm); logits are divided by ``temperature`` (a closed-form initialization wants 0.1).
+    ``momentum`` is ``torch.optim.SGD``'s (heavy ball, no dampening); every
+    client starts every round with a zero momentum buffer, as a client that
+    creates its optimizer when the round's model arrives (SphereFed trains
+    each participation afresh; TCT's code keeps one optimizer per client but
+    without momentum, so it holds no state). ``schedule`` sets ``lr`` per
+    round (:mod:`fedray.methods.training.schedule`); :meth:`for_round` applies it.
+    """
+
+    lr: float = 0.1
+    weight_decay: float = 4e-5
+    batch_size: int = 50
+    epochs: int = 5
+    prox_mu: float = 0.0
+    temperature: float = 1.0
+    momentum: float = 0.0
+    schedule: LrSchedule = LrSchedule()
+
+    def for_round(self, round_number: int) -> "LocalSGD":
+        """This optimizer at training round ``round_number``'s learning rate (itself when the rate is constant)."""
+        if self.schedule.kind == "constant":
+            return self
+        return replace(self, lr=self.lr * self.schedule.factor(round_number), schedule=LrSchedule())
+
+
+def random_head(dim: int, num_classes: int, seed: int) -> dict[str, torch.Tensor]:
+    """``nn.Linear``'s initialization, U(−1/√d, 1/√d) for weight (d, C) and bias (C,), from a generator seeded by ``seed``.
+
+    Every random head of a run starts here (linear probing, the fine-tuning
+    head transposed, SphereFed's projection), so the same seed gives the same
+    draws whichever path trains them.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    bound = 1 / math.sqrt(dim)
+    weight = torch.empty(dim, num_classes).uniform_(-bound, bound, generator=generator)
+    return {"weight": weight, "bias": torch.empty(num_classes).uniform_(-bound, bound, generator=generator)}
+
+
+def minibatches(size: int, batch_size: int, epochs: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A client's mini-batches (indices into its samples) for all epochs: a fresh permutation per epoch."""
+    batches = []
+    for _ in range(epochs):
+        order = rng.permutation(size)
+        batches += [order[start : start + batch_size] for start in range(0, size, batch_size)]
+    return batches
+
+
+def client_rng(seed: int, round_number: int, client: int) -> np.random.Generator:
+    """A client's mini-batch order in a round depends on nothing else (not on shards or co-sampled clients)."""
+    return np.random.default_rng((seed, round_number, client))
+
+
+@dataclass(frozen=True)
+class Control:
+    """SCAFFOLD's control variates in dual form.
+
+    The server's c is (``weight`` (d, C), ``bias`` (C,)); a client's c_i is the
+    gradient of its loss at the server model of its last participation
+    (option I of Karimireddy et al.), X_iᵀ G_i and 1ᵀ G_i, so it is stored as
+    the n_i × C matrix G_i: ``rows`` holds G of the given clients' samples,
+    aligned with their features.
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    rows: torch.Tensor
+
+
+@dataclass
+class TrainedHeads:
+    """Every client's trained head in dual form: W_k = β_k W₀ + X_kᵀ A_k + γ_k c, bias c_k.
+
+    Per-client values are in the order the clients were given; ``coefficients``
+    (rows, C) holds every A_k, row-aligned with ``features`` (client after
+    client, ``offsets`` delimiting them). ``start_loss`` is the cross-entropy of
+    the starting head summed over those samples; ``gradient_rows`` is G of each
+    sample at the starting head (the new SCAFFOLD control variates),
+    ``control`` the one trained with (or None).
+    """
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+    coefficients: torch.Tensor
+    control_scale: torch.Tensor
+    bias: torch.Tensor
+    features: torch.Tensor
+    offsets: np.ndarray
+    start_loss: float
+    gradient_rows: torch.Tensor
+    control: Control | None
+
+    @property
+    def sizes(self) -> torch.Tensor:
+        return torch.from_numpy(np.diff(self.offsets)).to(self.weight.dtype)
+
+    def _row_sizes(self) -> torch.Tensor:
+        """Each sample's client size, row-aligned with ``features``."""
+        sizes = self.sizes
+        return torch.repeat_interleave(sizes, sizes.long())[:, None]
+
+    def weights(self) -> torch.Tensor:
+        """The heads themselves, (clients, d, C); for checks — aggregation never forms them."""
+        heads = []
+        for k in range(len(self.scale)):
+            rows = slice(self.offsets[k], self.offsets[k + 1])
+            head = self.scale[k] * self.weight + self.features[rows].T @ self.coefficients[rows]
+            if self.control is not None:
+                head += self.control_scale[k] * self.control.weight
+            heads.append(head)
+        return torch.stack(heads)
+
+    def weighted_update(self, global_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(Σ n_k (W_k − W₀), Σ n_k (c_k − b₀), Σ n_k): what a shard sends for FedAvg-style aggregation."""
+        n = self.sizes
+        delta_w = torch.addmm(self.weight, self.features.T, self._row_sizes() * self.coefficients,
+                              beta=float((n * (self.scale - 1)).sum()))
+        if self.control is not None:
+            delta_w += (n * self.control_scale).sum() * self.control.weight
+        delta_b = (n[:, None] * (self.bias - global_bias)).sum(dim=0)
+        return delta_w, delta_b, n.sum()
+
+    def control_update(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Σ n_k (c_k⁺ − c_k) for the weights, the same for the bias): SCAFFOLD's server-side sum."""
+        return control_change(self.features, self._row_sizes(), self.gradient_rows, self.control.rows)
+
+
+def control_change(features: torch.Tensor, row_sizes: torch.Tensor, gradient_rows: torch.Tensor,
+                   control_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ n_k (c_k⁺ − c_k) for the weights and the bias, from the new and old G rows (``row_sizes``: each row's n_k)."""
+    change = row_sizes * (gradient_rows - control_rows)
+    return features.T @ change, change.sum(dim=0)
+
+
+SMALL_CLIENT = 64
+"""Clients up to this size train in one group whatever their sizes (their padding is cheap)."""
+
+
+def size_groups(sizes: np.ndarray) -> list[np.ndarray]:
+    """Client indices grouped so that padding to a group's largest client at most doubles a member's size.
+
+    A step of a padded group costs batch × width × C per client, so mixing a
+    2,500-sample client with 2-sample ones would make each small step cost as
+    much as a large one.
+    """
+    order = np.argsort(-sizes, kind="stable")
+    groups, current = [], []
+    for k in order:
+        if current and sizes[k] * 2 < sizes[current[0]] and sizes[current[0]] > SMALL_CLIENT:
+            groups.append(np.array(current))
+            current = []
+        current.append(k)
+    return groups + [np.array(current)]
+
+
+def train_heads(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    offsets: np.ndarray,
+    clients: np.ndarray,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    sgd: LocalSGD,
+    seed: int,
+    round_number: int,
+    control: Control | None = None,
+) -> TrainedHeads:
+    """Train every client's head from (``weight`` (d, C), ``bias`` (C,)) on its own samples.
+
+    ``features`` / ``labels`` hold the clients' samples concatenated in the
+    order of ``clients`` (client ``k`` owns rows ``offsets[k]:offsets[k+1]``).
+    With ``control`` every step follows SCAFFOLD's g + c − c_i (the correction
+    is part of the gradient, so momentum accumulates it too). Everything
+    that depends only on the starting head is computed once for all rows;
+    the steps run per group of similar sizes (:func:`size_groups`).
+    """
+    count, dtype = len(clients), weight.dtype
+    sgd = sgd.for_round(round_number)
+    sizes = np.diff(offsets)
+    start_logits = torch.addmm(bias, features, weight)
+    start_loss = float(torch.nn.functional.cross_entropy(start_logits / sgd.temperature, labels, reduction="sum"))
+    row_sizes = torch.repeat_interleave(torch.from_numpy(sizes).to(dtype), torch.from_numpy(sizes))
+    gradient = torch.softmax(start_logits / sgd.temperature, dim=-1)
+    gradient[torch.arange(len(labels)), labels] -= 1
+    gradient /= (row_sizes * sgd.temperature)[:, None]
+    state = _Steps(
+        base=start_logits - bias,
+        control_logits=None if control is None else features @ control.weight,
+        coefficients=torch.zeros_like(start_logits),
+        scale=torch.ones(count, dtype=dtype),
+        control_scale=torch.zeros(count, dtype=dtype),
+        biases=bias.expand(count, -1).clone(),
+    )
+    for group in size_groups(sizes):
+        _train_group(state, group, features, labels, offsets, clients, bias, sgd, seed, round_number, control)
+    return TrainedHeads(weight, state.scale, state.coefficients, state.control_scale, state.biases, features, offsets,
+                        start_loss, gradient, control)
+
+
+@dataclass
+class _Steps:
+    """What the groups' training reads (``base``: X W₀, ``control_logits``: X c) and writes (the rest)."""
+
+    base: torch.Tensor
+    control_logits: torch.Tensor | None
+    coefficients: torch.Tensor
+    scale: torch.Tensor
+    control_scale: torch.Tensor
+    biases: torch.Tensor
+
+
+def _train_group(
+    state: _Steps, group: np.ndarray, features: torch.Tensor, labels: torch.Tensor, offsets: np.ndarray,
+    clients: np.ndarray, bias: torch.Tensor, sgd: LocalSGD, seed: int, round_number: int, control: Control | None,
+) -> None:
+    """All steps of the clients ``group`` (indices into ``clients``), padded to the group's largest client.
+
+    Slots are the group's clients ordered by number of steps, largest first,
+    so step ``t`` computes only the first ``active`` slots.
+    """
+    count, dtype = len(group), state.base.dtype
+    sizes = np.diff(offsets)[group]
+    width = int(sizes.max())
+    plans = [minibatches(int(sizes[i]), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(clients[k])))
+             for i, k in enumerate(group)]
+    order = np.argsort([-len(plan) for plan in plans], kind="stable")
+    slot_client = group[order]
+
+    padded_rows = torch.full((count, width), -1, dtype=torch.long)
+    gram = torch.zeros(count, width, width, dtype=dtype)
+    for slot, k in enumerate(slot_client):
+        n = offsets[k + 1] - offsets[k]
+        padded_rows[slot, :n] = torch.arange(offsets[k], offsets[k + 1])
+        block = features[offsets[k] : offsets[k + 1]]
+        gram[slot, :n, :n] = block @ block.T
+    real = padded_rows >= 0
+    rows = padded_rows.clamp(min=0)
+    client_rows = None if control is None else control.rows[rows] * real[..., None]
+    layout = _Layout([plans[i] for i in order], np.array([len(plans[i]) for i in order]), gram, rows, labels, client_rows,
+                     min(sgd.batch_size, width))
+    steps = _momentum_steps if sgd.momentum else _plain_steps
+    coefficients, scale, control_scale, biases = steps(state, layout, bias, sgd, control)
+    state.coefficients[padded_rows[real]] = coefficients[real]
+    targets = torch.from_numpy(slot_client)
+    state.scale[targets], state.control_scale[targets], state.biases[targets] = scale, control_scale, biases
+
+
+@dataclass
+class _Layout:
+    """A group's slots: their mini-batch plans (most steps first), Gram matrices, rows (padded with row 0) and G rows."""
+
+    plans: list[list[np.ndarray]]
+    counts: np.ndarray
+    """Steps of each slot (non-increasing)."""
+    gram: torch.Tensor
+    rows: torch.Tensor
+    labels: torch.Tensor
+    client_rows: torch.Tensor | None
+    batch_width: int
+
+    @property
+    def steps(self) -> int:
+        return int(self.counts[0])
+
+    def batch(self, step: int) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(active slots, their slot numbers, batch positions in each slot, which are real samples, their rows)."""
+        active = int((self.counts > step).sum())
+        index = torch.full((active, self.batch_width), -1, dtype=torch.long)
+        for slot in range(active):
+            batch = self.plans[slot][step]
+            index[slot, : len(batch)] = torch.from_numpy(batch)
+        present = (index >= 0).to(self.gram.dtype)
+        taken = index.clamp(min=0)
+        slots = torch.arange(active)[:, None]
+        return active, slots, taken, present, self.rows[slots, taken]
+
+    def error(self, logits: torch.Tensor, batch_rows: torch.Tensor, present: torch.Tensor, temperature: float) -> torch.Tensor:
+        """∂(mean cross-entropy of each slot's batch)/∂logits, zero on padding."""
+        active = logits.shape[0]
+        error = torch.softmax(logits / temperature, dim=-1)
+        error.scatter_add_(2, self.labels[batch_rows][..., None], torch.full((active, self.batch_width, 1), -1.0, dtype=logits.dtype))
+        error *= (present / (present.sum(1, keepdim=True) * temperature))[..., None]
+        return error
+
+
+def _plain_steps(state: _Steps, layout: _Layout, bias: torch.Tensor, sgd: LocalSGD,
+                 control: Control | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SGD without momentum; returns the slots' (A, β, γ, bias)."""
+    count, width = layout.gram.shape[:2]
+    num_classes, dtype = state.base.shape[1], state.base.dtype
+    scale = torch.ones(count, dtype=dtype)
+    # A = factor · scaled + drift · G: shrinking A each step rescales one number per client, not n × C of them.
+    factor = torch.ones(count, dtype=dtype)
+    scaled = torch.zeros(count, width, num_classes, dtype=dtype)
+    drift = torch.zeros(count, dtype=dtype)
+    control_scale = torch.zeros(count, dtype=dtype)
+    biases = bias.expand(count, -1).clone()
+    if control is not None:
+        gram_rows = torch.bmm(layout.gram, layout.client_rows)
+        bias_pull = control.bias - layout.client_rows.sum(dim=1)
+    shrink = 1 - sgd.lr * (sgd.weight_decay + sgd.prox_mu)
+    for step in range(layout.steps):
+        active, slots, taken, present, batch_rows = layout.batch(step)
+        logits = torch.baddbmm(torch.addcmul(biases[:active, None, :], scale[:active, None, None], state.base[batch_rows]),
+                               factor[:active, None, None] * layout.gram[slots, taken], scaled[:active])
+        if control is not None:
+            logits += (drift[:active, None, None] * gram_rows[slots, taken]
+                       + control_scale[:active, None, None] * state.control_logits[batch_rows])
+        error = layout.error(logits, batch_rows, present, sgd.temperature)
+        scale[:active] = shrink * scale[:active] + sgd.lr * sgd.prox_mu
+        factor[:active] *= shrink
+        step_update = -sgd.lr * error / factor[:active, None, None]
+        scaled[:active].index_put_((slots.expand_as(taken), taken), step_update, accumulate=True)
+        bias_gradient = error.sum(dim=1) + sgd.weight_decay * biases[:active] + sgd.prox_mu * (biases[:active] - bias)
+        if control is not None:
+            drift[:active] = shrink * drift[:active] + sgd.lr
+            control_scale[:active] = shrink * control_scale[:active] - sgd.lr
+            bias_gradient += bias_pull[:active]
+        biases[:active] -= sgd.lr * bias_gradient
+
+    coefficients = factor[:, None, None] * scaled
+    if control is not None:
+        coefficients += drift[:, None, None] * layout.client_rows
+    return coefficients, scale, control_scale, biases
+
+
+def _momentum_steps(state: _Steps, layout: _Layout, bias: torch.Tensor, sgd: LocalSGD,
+                    control: Control | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SGD with heavy-ball momentum μ as ``torch.optim.SGD`` (no dampening, not Nesterov); returns the slots' (A, β, γ, bias).
+
+    The momentum buffer v is a gradient sum, so it keeps the dual form too:
+    v = ν W₀ + Xᵀ V + δ c with scalars ν, δ and V (n × C). A step adds the
+    gradient g = (s β − μ_prox) W₀ + Xᵀ(E + s A − G_i) + (s γ + 1) c, with
+    s = weight decay + μ_prox and E the batch's error rows, then moves
+    (β, A, γ) by −lr (ν, V, δ). A and V are updated densely (n × C per step,
+    less than the step's b × n × C logits). Buffers start at zero.
+    """
+    count, width = layout.gram.shape[:2]
+    num_classes, dtype = state.base.shape[1], state.base.dtype
+    decay = sgd.weight_decay + sgd.prox_mu
+    scale, scale_velocity = torch.ones(count, dtype=dtype), torch.zeros(count, dtype=dtype)
+    coefficients, velocity = (torch.zeros(count, width, num_classes, dtype=dtype) for _ in range(2))
+    control_scale, control_velocity = torch.zeros(count, dtype=dtype), torch.zeros(count, dtype=dtype)
+    biases = bias.expand(count, -1).clone()
+    bias_velocity = torch.zeros_like(biases)
+    if control is not None:
+        bias_pull = control.bias - layout.client_rows.sum(dim=1)
+    for step in range(layout.steps):
+        active, slots, taken, present, batch_rows = layout.batch(step)
+        logits = torch.baddbmm(torch.addcmul(biases[:active, None, :], scale[:active, None, None], state.base[batch_rows]),
+                               layout.gram[slots, taken], coefficients[:active])
+        if control is not None:
+            logits += control_scale[:active, None, None] * state.control_logits[batch_rows]
+        error = layout.error(logits, batch_rows, present, sgd.temperature)
+        bias_gradient = error.sum(dim=1) + sgd.weight_decay * biases[:active] + sgd.prox_mu * (biases[:active] - bias)
+        scale_velocity[:active] = sgd.momentum * scale_velocity[:active] + decay * scale[:active] - sgd.prox_mu
+        moving = velocity[:active]
+        moving.mul_(sgd.momentum)
+        if decay:
+            moving.add_(coefficients[:active], alpha=decay)
+        if control is not None:
+            moving.sub_(layout.client_rows[:active])
+            control_velocity[:active] = sgd.momentum * control_velocity[:active] + decay * control_scale[:active] + 1
+            bias_gradient += bias_pull[:active]
+        moving.index_put_((slots.expand_as(taken), taken), error, accumulate=True)
+        bias_velocity[:active] = sgd.momentum * bias_velocity[:active] + bias_gradient
+        scale[:active] -= sgd.lr * scale_velocity[:active]
+        coefficients[:active].add_(moving, alpha=-sgd.lr)
+        control_scale[:active] -= sgd.lr * control_velocity[:active]
+        biases[:active] -= sgd.lr * bias_velocity[:active]
+    return coefficients, scale, control_scale, biases

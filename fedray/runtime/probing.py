@@ -1,0 +1,119 @@
+"""Federated linear probing on frozen features: the shard runtime as a training backend.
+
+Per round the global head (W, b) and the algorithm's broadcast are put in the
+object store once; each shard trains its sampled clients together
+(:func:`~fedray.methods.training.heads.train_linear_heads`), keeps their states and
+returns the sums of their uploads; the sums are tree-reduced and the training
+loop (:mod:`fedray.engine.training`) turns them into the next head with the
+algorithm's server half and the server optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+
+from fedray.core.accounting import PaperCosts
+from fedray.methods.training.backend import RoundUpdate
+from fedray.methods.training.heads import States, train_linear_heads
+from fedray.methods.training.local import LocalSGD, random_head
+from fedray.methods.algorithm import FederatedAlgorithm, Params
+from fedray.methods.base import Classifier, ClientBatch
+from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.training_algorithms import paper_family
+from fedray.runtime.evaluator import Evaluator
+from fedray.runtime.shards import ShardPool
+
+
+@dataclass(frozen=True)
+class LocalTrainer:
+    """What every shard runs in a round (put in the object store once per run): its clients' local training."""
+
+    sgd: LocalSGD
+    seed: int
+    algorithm: FederatedAlgorithm
+    postprocessing: Postprocessing = Postprocessing()
+
+    @property
+    def stateful(self) -> bool:
+        return self.algorithm.stateful
+
+    def train(self, batch: ClientBatch, received: dict[str, Params], round_number: int, states: States) -> RoundUpdate:
+        """``received`` holds the model (``params``) and the algorithm's ``broadcast``."""
+        return train_linear_heads(batch, received["params"], received["broadcast"], self.sgd, self.algorithm, self.seed,
+                                  round_number, states, self.postprocessing)
+
+    def combine(self, a: RoundUpdate, b: RoundUpdate) -> RoundUpdate:
+        return a + b
+
+    def transform(self, features: torch.Tensor) -> torch.Tensor:
+        return features
+
+
+class ProbeBackend:
+    """Linear probing of a softmax head on the features held by a :class:`ShardPool`."""
+
+    trained_names: frozenset[str] | None = None
+
+    def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, algorithm: FederatedAlgorithm,
+                 trainer: LocalTrainer | None = None, postprocessing: Postprocessing = Postprocessing()) -> None:
+        """``trainer`` replaces the softmax head's local training (SphereFed's projection)."""
+        self.pool, self.sgd, self.evaluator, self.algorithm = pool, sgd, evaluator, algorithm
+        self.trainer = trainer or LocalTrainer(sgd, seed, algorithm, postprocessing)
+        self.trainer_ref = ray.put(self.trainer)
+        federation = pool.federation
+        self.dim, self.num_classes = federation.dim, federation.num_classes
+
+    def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
+        received = ray.put({"params": params, "broadcast": broadcast})
+        return self.pool.local_train(self.trainer, self.trainer_ref, received, clients, round_number).result()
+
+    def save_client_states(self, folder: Path, tag: str) -> list[str]:
+        return self.pool.save_client_states(folder, tag) if self.trainer.stateful else []
+
+    def restore_client_states(self, paths: list[Path]) -> None:
+        if self.trainer.stateful:
+            self.pool.restore_client_states(paths)
+
+    def initial_params(self, seed: int) -> Params:
+        return random_head(self.dim, self.num_classes, seed)
+
+    def with_head(self, params: Params, head: Params) -> Params:
+        return {**params, **head}
+
+    def head(self, params: Params) -> Classifier:
+        return Classifier(params["weight"].clone(), params["bias"].clone())
+
+    def accuracy(self, params: Params) -> float:
+        return self.evaluator.accuracy(self.trainer, Classifier(params["weight"], params["bias"]))
+
+    def model_floats(self) -> int:
+        """The head (W, b)."""
+        return (self.dim + 1) * self.num_classes
+
+    def client_flops(self, sizes: np.ndarray) -> np.ndarray:
+        """Forward (2ndC) and backward (4ndC) passes of the head over every local epoch: the primal count the papers use."""
+        return 6.0 * self.sgd.epochs * sizes * self.dim * self.num_classes
+
+    def paper_costs(self, sizes: np.ndarray) -> PaperCosts:
+        """Linear probing as the papers count it, the head being d·C floats (no bias) and its forward d·C multiply-adds:
+        FedCOF App. H 2·d·C per participation (SCAFFOLD undefined); Fed3R App. D d·C down and up (Scaffold-LP twice
+        that), App. E E·n_k(F_φ + 3·d·C); FedNCM one backbone forward per sample and epoch, as on images.
+        FedAvgM, FedAdam and FedProx clients send and compute what FedAvg's do; the papers count no other algorithm."""
+        family = paper_family(self.algorithm)
+        if family is None:
+            return PaperCosts()
+        scaffold = family == "scaffold"
+        head = float(self.dim * self.num_classes)
+        passes = self.sgd.epochs * sizes
+        per_client = np.ones_like(passes)
+        return PaperCosts(
+            fedcof_floats=None if scaffold else 2 * head * per_client,
+            fed3r_floats=(4 if scaffold else 2) * head * per_client,
+            fed3r_macs=3 * head * passes,
+            forward_passes=passes,
+        )

@@ -1,0 +1,227 @@
+"""TCT stage 2 in the sharded runtime: shard actors holding their clients' eNTK features, and the driver's side.
+
+Each :class:`Stage2Shard` holds the eNTK features of a contiguous range of
+clients (the range of the trainer that computed them, handed over through the
+object store: the features never reach the driver) and an equal share of the
+test split. Per call the driver sends only what a server would broadcast: the
+normalization (μ, σ), the global model ψ = [W; bᵀ] ((p + 1) × C, the bias as
+the last row) and SCAFFOLD's server control c. Unlike the feature shards, a
+stage-2 shard keeps state between calls: its clients' control variates c_k
+((p + 1) × C each, created at a client's first participation), as the clients
+themselves would in TCT's algorithm.
+
+The maths is :mod:`fedray.methods.tct_stage2`'s, applied per client to the
+standardized features with the intercept appended (``with_intercept``), for
+training and scoring alike: the sharded solver equals
+the in-memory reference solver of the tests run on the same standardized clients.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from functools import reduce
+
+import numpy as np
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup
+
+from fedray.methods.training.images import training_device
+from fedray.runtime import tensor_transfer
+from fedray.runtime.actor_group import ActorGroup, combine_partials, tree_reduce
+from fedray.methods.tct_stage2 import (
+    STD_FLOOR,
+    Moments,
+    client_loss,
+    control_after,
+    local_delta,
+    normalize,
+    random_projection,
+    row_blocks,
+    stage2_statistics,
+    targets,
+    with_intercept,
+)
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """The server's broadcast after the normalization round: per-coordinate μ and σ (float64)."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+
+@dataclass
+class RoundSums:
+    """A round's sums over participants: Σ w_k Δ_k, Σ w_k, Σ w_k (c_k⁺ − c_k) and Σ w_k F_k(W) at the round's start."""
+
+    delta: torch.Tensor
+    weight: float
+    control_change: torch.Tensor | None
+    loss: float
+
+    def __add__(self, other: RoundSums) -> RoundSums:
+        change = None if self.control_change is None else self.control_change + other.control_change
+        return RoundSums(self.delta + other.delta, self.weight + other.weight, change, self.loss + other.loss)
+
+
+@dataclass
+class Statistics:
+    """The closed form's uploads summed over clients: XᵀX and XᵀY of the standardized features with the intercept (float64)."""
+
+    matrix: torch.Tensor
+    rhs: torch.Tensor
+
+    def __add__(self, other: Statistics) -> Statistics:
+        return Statistics(self.matrix + other.matrix, self.rhs + other.rhs)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Stage 2 on Rᵀz: the seeded Gaussian projection to ``dim`` coordinates (see :func:`~fedray.methods.tct_stage2.random_projection`)."""
+
+    dim: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class LocalSolver:
+    """Stage 2's client settings: K full-batch steps at learning rate η, with or without SCAFFOLD's correction."""
+
+    steps: int
+    lr: float
+    correction: bool = True
+
+
+@ray.remote(max_restarts=0)
+class Stage2Shard:
+    """Clients ``first_client ..`` with row ``offsets`` (local, from 0) into ``train``'s features; ``test``: its test rows.
+
+    ``train`` and ``test`` are the features (n × p) the trainers' ``entk``
+    returned, projected by ``projection`` when given (each client would do it
+    with the shared seed). Features are kept in their storage dtype (float16
+    halves memory) and standardized per use into ``float32`` (or float64 when
+    stored so) on the shard's device.
+    """
+
+    def __init__(self, train: torch.Tensor, train_labels: np.ndarray, test: torch.Tensor, test_labels: np.ndarray,
+                 offsets: np.ndarray, first_client: int, num_classes: int, projection: Projection | None, threads: int) -> None:
+        torch.set_num_threads(threads)
+        tensor_transfer.register()
+        self.device = training_device()
+        self.features = {"train": train.to(self.device), "test": test.to(self.device)}
+        if projection is not None:
+            self.features = {split: random_projection(features, projection.dim, projection.seed)
+                             for split, features in self.features.items()}
+        self.labels = {"train": torch.from_numpy(train_labels).to(self.device), "test": torch.from_numpy(test_labels).to(self.device)}
+        stored = train.dtype
+        self.dtype = torch.float64 if stored == torch.float64 else torch.float32
+        self.offsets, self.first_client, self.num_classes = offsets, first_client, num_classes
+        self.controls: dict[int, torch.Tensor] = {}
+
+    def _client(self, client: int, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
+        """Client ``client``'s design [Z̃_k, 1] and targets, in the shard's compute dtype."""
+        local = client - self.first_client
+        rows = slice(int(self.offsets[local]), int(self.offsets[local + 1]))
+        features = with_intercept(normalize(self.features["train"][rows], *self._on_device(normalization), dtype=self.dtype))
+        return features, targets(self.labels["train"][rows], self.num_classes, self.dtype)
+
+    def _on_device(self, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
+        return normalization.mean.to(self.device), normalization.std.to(self.device)
+
+    def moments(self) -> Moments:
+        """The normalization round: this shard's clients' (n_k, Σ z, Σ z²) uploads, summed in float64."""
+        moments = Moments.of(self.features["train"])
+        return Moments(moments.count, moments.sums.cpu(), moments.squares.cpu())
+
+    def statistics(self, normalization: Normalization) -> Statistics:
+        """The closed form's upload summed over this shard's clients (standardized in float64, a block of rows at a time)."""
+        mean, std = self._on_device(normalization)
+        features, labels = self.features["train"], self.labels["train"]
+        total = None
+        for rows in row_blocks(len(features)):
+            block = Statistics(*stage2_statistics(normalize(features[rows], mean, std, torch.float64), labels[rows], self.num_classes))
+            total = block if total is None else total + block
+        return Statistics(total.matrix.cpu(), total.rhs.cpu())
+
+    def train(self, solver: LocalSolver, normalization: Normalization, model: torch.Tensor, control: torch.Tensor,
+              clients: np.ndarray, weights: np.ndarray) -> RoundSums | None:
+        """One round's local work of ``clients`` (global numbers, aggregation weights w_k); None if there are none."""
+        if not len(clients):
+            return None
+        model, control = model.to(self.device, self.dtype), control.to(self.device, self.dtype)
+        delta, change, loss = torch.zeros_like(model), torch.zeros_like(model), 0.0
+        for client, weight in zip(clients.tolist(), weights.tolist()):
+            features, target = self._client(client, normalization)
+            own = self.controls.get(client, torch.zeros_like(model))
+            correction = own - control if solver.correction else torch.zeros_like(model)
+            loss += weight * client_loss(features, target, model)
+            step = local_delta(features, target, model, correction, solver.steps, solver.lr)
+            delta += weight * step
+            if solver.correction:
+                updated = control_after(own, control, step, solver.steps, solver.lr)
+                change += weight * (updated - own)
+                self.controls[client] = updated
+        return RoundSums(delta.cpu(), float(weights.sum()), change.cpu() if solver.correction else None, loss)
+
+    def combine(self, _method: object, a, b):
+        """The pairwise step of :func:`~fedray.runtime.actor_group.tree_reduce`."""
+        return combine_partials(a, b)
+
+    def correct(self, normalization: Normalization, model: torch.Tensor) -> tuple[int, int]:
+        """(correctly classified, total) test rows by argmax of Z̃ W + 1 bᵀ, Z̃ the standardized features and ``model`` = [W; bᵀ]."""
+        mean, std = self._on_device(normalization)
+        features, model = self.features["test"], model.to(self.device, self.dtype)
+        correct = sum(
+            int(((with_intercept(normalize(features[rows], mean, std, self.dtype)) @ model).argmax(dim=1) == self.labels["test"][rows]).sum())
+            for rows in row_blocks(len(features))
+        )
+        return correct, len(features)
+
+
+@dataclass(kw_only=True)
+class Stage2Pool(ActorGroup):
+    """The driver's handle on the stage-2 shards (in a placement group of their own): their client ranges and calls."""
+
+    @classmethod
+    def start(cls, train: list[ray.ObjectRef], train_labels: list[np.ndarray], test: list[ray.ObjectRef],
+              test_labels: list[np.ndarray], bounds: np.ndarray, client_offsets: np.ndarray, num_classes: int,
+              bundle: dict[str, float], projection: Projection | None, trial_group: PlacementGroup | None = None) -> Stage2Pool:
+        """One shard per trainer range ``bounds[s] .. bounds[s+1]``, from the refs of that trainer's features.
+
+        Inside a Tune trial the shards take the stage-1 trainers' bundles (1..) of ``trial_group``.
+        """
+        arguments = [
+            (train[s], train_labels[s], test[s], test_labels[s],
+             client_offsets[bounds[s] : bounds[s + 1] + 1] - client_offsets[bounds[s]], int(bounds[s]), num_classes,
+             projection, max(1, int(bundle.get("CPU", 1))))
+            for s in range(len(train))
+        ]
+        return cls.launch(Stage2Shard, bundle, arguments, bounds, what=f"{len(train)} stage-2 shards × {bundle}",
+                          hint="lower num_trainers or cpus_per_trainer", trial_group=trial_group,
+                          ready=lambda shards: ray.get([shard.__ray_ready__.remote() for shard in shards]))
+
+    def normalization(self, eps: float = STD_FLOOR) -> Normalization:
+        """The normalization round: μ and σ from every client's moments (see :meth:`~fedray.methods.tct_stage2.Moments.normalization`)."""
+        moments = reduce(operator.add, ray.get([shard.moments.remote() for shard in self.actors]))
+        return Normalization(*moments.normalization(eps))
+
+    def statistics(self, normalization: ray.ObjectRef) -> Statistics:
+        """Every client's closed-form upload, summed in the shards and tree-reduced."""
+        return tree_reduce(None, [(shard.statistics.remote(normalization), shard) for shard in self.actors]).result()
+
+    def train(self, solver: ray.ObjectRef, normalization: ray.ObjectRef, model: ray.ObjectRef, control: ray.ObjectRef,
+              clients: np.ndarray, weights: np.ndarray) -> RoundSums:
+        """One round of ``clients`` (sorted) with aggregation weights ``weights``, the shards' sums tree-reduced."""
+        shard_of = self.owners(clients)
+        partials = [
+            (shard.train.remote(solver, normalization, model, control, clients[shard_of == s], weights[shard_of == s]), shard)
+            for s, shard in enumerate(self.actors)
+        ]
+        return tree_reduce(None, partials).result()
+
+    def accuracy(self, normalization: ray.ObjectRef, model: ray.ObjectRef) -> float:
+        counts = ray.get([shard.correct.remote(normalization, model) for shard in self.actors])
+        return sum(c for c, _ in counts) / max(sum(t for _, t in counts), 1)

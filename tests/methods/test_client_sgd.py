@@ -1,0 +1,163 @@
+"""One autograd local SGD with the training algorithm as hooks; the dual form of linear heads agrees with it where it applies."""
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+from fedray.methods.training.client_sgd import ClientAlgorithm, CrossEntropy, WithClientAlgorithm, start_client, train_client
+from fedray.methods.training.heads import ROWS, train_linear_heads
+from fedray.methods.training.local import LocalSGD, client_rng, minibatches
+from fedray.runtime.probing import LocalTrainer
+from fedray.methods.algorithm import CONTROL, DualForm, FederatedAlgorithm
+from fedray.methods.base import ClientBatch
+from fedray.methods.training_algorithms import FedAvg, FedProx, Scaffold
+
+SIZES = np.array([1, 2, 13, 60, 5, 31])
+OFFSETS = np.concatenate([[0], np.cumsum(SIZES)])
+CLIENTS = np.array([40, 7, 3, 99, 12, 5])
+DIM, CLASSES = 12, 9
+
+
+class DictStates(dict):
+    """The clients' states as a shard keeps them: get a client's, put its next one."""
+
+    def put(self, client, state):
+        if state is not None:
+            self[client] = state
+
+
+def problem() -> tuple:
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(OFFSETS[-1], DIM, generator=generator, dtype=torch.float64)
+    labels = torch.randint(CLASSES, (OFFSETS[-1],), generator=generator)
+    weight = 0.1 * torch.randn(DIM, CLASSES, generator=generator, dtype=torch.float64)
+    bias = 0.1 * torch.randn(CLASSES, generator=generator, dtype=torch.float64)
+    control = {CONTROL + "weight": 0.1 * torch.randn(DIM, CLASSES, generator=generator, dtype=torch.float64),
+               CONTROL + "bias": 0.1 * torch.randn(CLASSES, generator=generator, dtype=torch.float64)}
+    rows = 0.1 * torch.randn(OFFSETS[-1], CLASSES, generator=generator, dtype=torch.float64)
+    return ClientBatch(features, labels, OFFSETS, CLIENTS), {"weight": weight, "bias": bias}, control, rows
+
+
+@dataclass(frozen=True)
+class ProxByAutograd(FedProx):
+    def dual_form(self):
+        return None
+
+
+@dataclass(frozen=True)
+class ScaffoldByAutograd(Scaffold):
+    def dual_form(self):
+        return None
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "scaffold"])
+def test_the_dual_form_and_autograd_train_the_same_heads(algorithm, momentum):
+    sgd = LocalSGD(lr=0.05, weight_decay=1e-2, batch_size=4, epochs=3, temperature=0.5, momentum=momentum)
+    batch, params, control, rows = problem()
+    dual_algorithm, autograd_algorithm = {
+        "fedavg": (FedAvg(), ProxByAutograd(prox_mu=0.0)),
+        "fedprox": (FedProx(prox_mu=0.3), ProxByAutograd(prox_mu=0.3)),
+        "scaffold": (Scaffold(), ScaffoldByAutograd()),
+    }[algorithm]
+    broadcast = control if algorithm == "scaffold" else {}
+    # The same c_i on both paths: the dual form keeps the gradient rows G (c_i = X_iᵀG_i), autograd c_i itself.
+    dual_states, autograd_states = DictStates(), DictStates()
+    if algorithm == "scaffold":
+        for k, client in enumerate(CLIENTS.tolist()):
+            own = rows[OFFSETS[k]:OFFSETS[k + 1]]
+            dual_states[client] = {ROWS: own}
+            x = batch.features[OFFSETS[k]:OFFSETS[k + 1]]
+            autograd_states[client] = {CONTROL + "weight": x.T @ own, CONTROL + "bias": own.sum(dim=0)}
+    dual = train_linear_heads(batch, params, broadcast, sgd, dual_algorithm, 5, 17, dual_states)
+    dense = train_linear_heads(batch, params, broadcast, sgd, autograd_algorithm, 5, 17, autograd_states)
+    # float64 throughout: the two differ by the order of their sums only
+    tolerance = {"rtol": 1e-10, "atol": 1e-12}
+    for name in ("weight", "bias"):
+        torch.testing.assert_close(dense.sums[name], dual.sums[name], **tolerance)
+    assert dense.sums["weight"].abs().max() > 1e-3, "the heads moved"
+    assert (dense.weight, dense.samples, dense.clients) == (dual.weight, dual.samples, dual.clients) == (112.0, 112, 6)
+    assert dense.loss_sum == pytest.approx(dual.loss_sum, rel=1e-12)
+
+
+def test_the_dual_form_is_taken_by_the_algorithms_whose_client_half_it_knows():
+    assert FedAvg().dual_form() == DualForm()
+    assert FedProx(prox_mu=0.3).dual_form() == DualForm(prox_mu=0.3)
+    assert Scaffold().dual_form() == DualForm(control=True)
+
+    @dataclass(frozen=True)
+    class Clipped(FederatedAlgorithm):
+        def correct_gradient(self, name, gradient, value, client):
+            gradient.clamp_(-1, 1)
+
+    assert Clipped().dual_form() is None
+    assert WithClientAlgorithm(base=FedAvg(), hooks=ClientAlgorithm).dual_form() is None
+    assert not FedAvg().stateful and Scaffold().stateful
+    assert not WithClientAlgorithm(base=FedAvg()).stateful and WithClientAlgorithm(base=Scaffold()).stateful
+
+
+@dataclass(frozen=True)
+class Smoothed(ClientAlgorithm):
+    """The cross-entropy with label smoothing 0.2: a client algorithm's own batch loss."""
+
+    def batch_loss(self, output, labels):
+        return torch.nn.functional.cross_entropy(output, labels, label_smoothing=0.2)
+
+
+def test_a_client_algorithm_plugin_trains_by_autograd_like_plain_torch():
+    smoothed = partial(torch.nn.functional.cross_entropy, label_smoothing=0.2)
+    sgd = LocalSGD(lr=0.1, weight_decay=1e-3, batch_size=5, epochs=2, momentum=0.5)
+    batch, params, _, _ = problem()
+    weight, bias = params["weight"], params["bias"]
+    trainer = LocalTrainer(sgd, 3, WithClientAlgorithm(base=FedAvg(), hooks=Smoothed, prox_mu=0.25))
+    update = trainer.train(batch, {"params": params, "broadcast": {}}, 4, DictStates())
+
+    expected_w, expected_b, expected_loss = torch.zeros_like(weight), torch.zeros_like(bias), 0.0
+    for k, client in enumerate(CLIENTS):
+        x, y = batch.features[OFFSETS[k]:OFFSETS[k + 1]], batch.labels[OFFSETS[k]:OFFSETS[k + 1]]
+        expected_loss += float(torch.nn.functional.cross_entropy(x @ weight + bias, y, reduction="sum"))
+        head = torch.nn.Linear(DIM, CLASSES, dtype=torch.float64)
+        with torch.no_grad():
+            head.weight.copy_(weight.T)
+            head.bias.copy_(bias)
+        optimizer = torch.optim.SGD(head.parameters(), lr=0.1, weight_decay=1e-3, momentum=0.5)
+        for step in minibatches(len(y), 5, 2, client_rng(3, 4, int(client))):
+            optimizer.zero_grad()
+            prox = ((head.weight - weight.T) ** 2).sum() + ((head.bias - bias) ** 2).sum()
+            (smoothed(head(x[step]), y[step]) + 0.25 / 2 * prox).backward()
+            optimizer.step()
+        expected_w += len(y) * (head.weight.detach().T - weight)
+        expected_b += len(y) * (head.bias.detach() - bias)
+    torch.testing.assert_close(update.sums["weight"], expected_w, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(update.sums["bias"], expected_b, rtol=1e-10, atol=1e-12)
+    # the train_loss column is the path's loss of the model received (the plain cross-entropy), whatever trains
+    assert update.loss_sum == pytest.approx(expected_loss, rel=1e-12)
+    assert update.weight == update.samples == SIZES.sum()
+
+
+def test_one_full_batch_step_of_scaffold_option_ii_gives_the_starting_gradient_as_the_new_control():
+    # θ₁ = θ₀ − η (g + c − c_i), so c_i⁺ = c_i − c + (θ₀ − θ₁) / η = g: the batch loss's gradient at θ₀
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 4, generator=generator, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    start = {"weight": torch.randn(4, 3, generator=generator, dtype=torch.float64),
+             "bias": torch.randn(3, generator=generator, dtype=torch.float64)}
+    control = {CONTROL + name: torch.randn(value.shape, generator=generator, dtype=torch.float64) for name, value in start.items()}
+    own = {CONTROL + name: torch.randn(value.shape, generator=generator, dtype=torch.float64) for name, value in start.items()}
+    logits = torch.nn.functional.softmax(x @ start["weight"] + start["bias"], dim=1)
+    error = (logits - torch.nn.functional.one_hot(y, 3)) / 6
+    params = {name: value.clone().requires_grad_() for name, value in start.items()}
+    sgd, batches = LocalSGD(lr=0.3, weight_decay=0.0), [np.arange(6)]
+    client = start_client(Scaffold(), 7, 1, 6, batches, sgd, start, control, own, CrossEntropy())
+    upload, new = train_client(Scaffold(), client, params, lambda p, batch: x[batch] @ p["weight"] + p["bias"], y, batches, sgd)
+    torch.testing.assert_close(new[CONTROL + "weight"], x.T @ error, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(new[CONTROL + "bias"], error.sum(dim=0), rtol=1e-12, atol=1e-12)
+    moved = start["weight"] - 0.3 * (x.T @ error + control[CONTROL + "weight"] - own[CONTROL + "weight"])
+    torch.testing.assert_close(params["weight"].detach(), moved, rtol=1e-12, atol=1e-14)
+    # it uploads its update and the change of its control variate, weighted by its samples
+    assert upload.weight == 6
+    torch.testing.assert_close(upload.tensors[CONTROL + "weight"], x.T @ error - own[CONTROL + "weight"], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(upload.tensors["weight"], moved - start["weight"], rtol=1e-12, atol=1e-14)

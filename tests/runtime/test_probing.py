@@ -1,0 +1,50 @@
+"""Federated linear probing through the shard runtime equals FedAvg / SCAFFOLD written plainly in one process."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from fedray.runtime.evaluator import Evaluator
+from fedray.methods.training.local import LocalSGD
+from fedray.runtime.probing import ProbeBackend
+from fedray.methods.training.server import FedAvg
+from fedray.methods.training_algorithms import FedAvg as FedAvgAlgorithm, FedProx, Scaffold
+from fedray.engine.training import Accounting, TrainingState, train
+from fedray.methods.base import Classifier
+from fedray.runtime import sampling
+from fedray.runtime.shards import ShardPool
+from jobs.bench_lp import plain_fedavg
+
+
+@pytest.mark.parametrize("sgd, shards, scaffold", [
+    pytest.param(LocalSGD(batch_size=8, epochs=2), 2, False, marks=pytest.mark.slow),
+    pytest.param(LocalSGD(prox_mu=0.1, temperature=0.5), 3, False, marks=pytest.mark.slow),
+    (LocalSGD(lr=0.05, batch_size=8, epochs=2, temperature=0.5), 2, True),
+])
+def test_the_runtime_equals_plain_fedavg(ray_session, small_inat, sgd, shards, scaffold):
+    rounds = sampling.schedule(small_inat.num_clients, 7, True, seed=3, max_rounds=6)
+    # Clients drawn twice make SCAFFOLD use a stored c_i, not only the zero it starts from.
+    rounds[4][:2] = rounds[1][:2]
+    generator = torch.Generator().manual_seed(1)
+    head = Classifier(0.01 * torch.randn(small_inat.dim, small_inat.num_classes, generator=generator),
+                      torch.zeros(small_inat.num_classes))
+    pool = ShardPool.start(small_inat, num_shards=shards, cpus_per_shard=2 / shards)
+    try:
+        algorithm = Scaffold() if scaffold else FedProx(prox_mu=sgd.prox_mu) if sgd.prox_mu else FedAvgAlgorithm()
+        backend = ProbeBackend(pool, replace(sgd, prox_mu=0.0), 3, Evaluator(pool), algorithm)
+        params = {"weight": head.weight.clone(), "bias": head.bias.clone()}
+        state = TrainingState(params, {}, algorithm.init_server_state(params), Accounting(np.zeros(small_inat.num_clients, dtype=bool)))
+        train(backend, algorithm, FedAvg(), state, rounds, small_inat.client_sizes, 3, quiet=True)
+    finally:
+        pool.shutdown()
+    expected = plain_fedavg(small_inat, rounds, sgd, 3, head, server_lr=1.0, scaffold=scaffold)
+    torch.testing.assert_close(state.params["weight"], expected.weight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(state.params["bias"], expected.bias, rtol=1e-4, atol=1e-5)
+    points = state.points
+    assert [p.round for p in points] == [0, 3, 6]
+    model_bytes = 4 * (small_inat.dim * small_inat.num_classes + small_inat.num_classes) * (2 if scaffold else 1)
+    assert points[-1].bytes_up == points[-1].bytes_down == 6 * 7 * model_bytes
+    assert points[-1].clients_seen == len(np.unique(np.concatenate(rounds)))
+    assert all(np.isfinite(p.train_loss) for p in points[1:]) and points[0].train_loss is None

@@ -1,0 +1,142 @@
+"""TCT stage 2 in the sharded runtime equals the in-memory solvers of ``fedray.methods.tct_stage2`` on the same clients.
+
+Models are ψ = [W; bᵀ] ((p + 1) × C, the bias as the last row); test scores are Z̃W + 1bᵀ.
+"""
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from fedray.methods.config import RunConfig
+from fedray.engine.training import Accounting
+from fedray.core.results import EvalPoint
+from fedray.runtime import sampling
+from fedray.engine.tct import Stage2Run
+from fedray.runtime.tct_shards import Projection, Stage2Pool
+from fedray.methods.tct_stage2 import normalize, random_projection
+from tests.methods.tct_stage2_reference import ClientData, ScaffoldStage2, closed_form_stage2, normalization, standardize_clients
+from tests.methods.test_tct_stage2 import NUM_CLASSES, label_skewed, stable_lr
+
+BOUNDS = np.array([0, 2, 6])
+"""Two shards: clients 0–1 and 2–5."""
+
+
+@pytest.fixture(scope="module")
+def clients() -> list[ClientData]:
+    return label_skewed(seed=4)
+
+
+@pytest.fixture(scope="module")
+def held_out() -> ClientData:
+    clients = label_skewed(seed=5, num_clients=4)
+    return ClientData(torch.cat([c.features for c in clients]), torch.cat([c.labels for c in clients]))
+
+
+def start_pool(ray_session, clients: list[ClientData], held_out: ClientData, projection: Projection | None = None) -> Stage2Pool:
+    sizes = np.array([len(c.labels) for c in clients])
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    train, train_labels, test, test_labels = [], [], [], []
+    test_bounds = np.linspace(0, len(held_out.labels), len(BOUNDS)).astype(int)
+    for s in range(len(BOUNDS) - 1):
+        mine = clients[BOUNDS[s] : BOUNDS[s + 1]]
+        train.append(ray.put(torch.cat([c.features for c in mine])))
+        train_labels.append(torch.cat([c.labels for c in mine]).numpy())
+        test.append(ray.put(held_out.features[test_bounds[s] : test_bounds[s + 1]]))
+        test_labels.append(held_out.labels[test_bounds[s] : test_bounds[s + 1]].numpy())
+    return Stage2Pool.start(train, train_labels, test, test_labels, BOUNDS, offsets, NUM_CLASSES, {"CPU": 0.5}, projection)
+
+
+def stage2_run(pool: Stage2Pool, clients: list[ClientData], config: RunConfig, width: int) -> Stage2Run:
+    sizes = np.array([len(c.labels) for c in clients])
+    start = EvalPoint(7, 0, 0, 0.5, 0.0, 0.0, 0.0, 0.0, "train")
+    return Stage2Run(config, pool, sizes, NUM_CLASSES, width, [start], Accounting(np.zeros(len(sizes), dtype=bool)))
+
+
+@pytest.mark.parametrize("per_round", [pytest.param(6, marks=pytest.mark.slow), 3])
+def test_sharded_scaffold_equals_in_memory(ray_session, clients, held_out, per_round):
+    standardized, _, _ = standardize_clients(clients)
+    lr = stable_lr(standardized)
+    config = RunConfig(method="tct", tct_rounds=8, tct_local_steps=5, tct_lr=lr, clients_per_round=per_round, eval_every=4, seed=3)
+    pool = start_pool(ray_session, clients, held_out)
+    try:
+        run = stage2_run(pool, clients, config, width=20)
+        model = run.scaffold(run.normalize())
+        accuracy = pool.accuracy(ray.put(run.normalization), ray.put(model))
+    finally:
+        pool.shutdown()
+
+    reference = ScaffoldStage2(standardized, NUM_CLASSES, local_steps=5, lr=lr)
+    for participants in sampling.schedule(6, per_round, True, 3, 8, past_coverage=True):
+        reference.step(participants.tolist())
+    assert model.shape == (20 + 1, NUM_CLASSES) and model[-1].abs().max() > 1e-3, "the bias is trained"
+    assert torch.allclose(model, reference.model, rtol=0, atol=1e-10)
+
+    mean, std = normalization(clients)
+    scores = normalize(held_out.features, mean, std) @ model[:-1] + model[-1]
+    assert accuracy == (scores.argmax(dim=1) == held_out.labels).double().mean().item()
+
+    rows = run.points[1:]
+    assert [row.round for row in rows] == [7 + 1 + 4, 7 + 1 + 8] and {row.stage for row in rows} == {"tct_scaffold"}
+    assert rows[-1].accuracy == accuracy
+    floats = (20 + 1) * NUM_CLASSES
+    normalization_up, normalization_down = 6 * (2 * 20 + 1) * 4, 6 * 2 * 20 * 4
+    assert rows[-1].bytes_up == normalization_up + 8 * per_round * floats * 4
+    assert rows[-1].bytes_down == normalization_down + 8 * per_round * floats * 4 * (1 if per_round == 6 else 2)
+    assert 0 < rows[-1].train_loss < rows[0].train_loss
+
+
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
+def test_sharded_closed_form_equals_in_memory(ray_session, clients, held_out):
+    pool = start_pool(ray_session, clients, held_out)
+    try:
+        run = stage2_run(pool, clients, RunConfig(method="tct", tct_solver="closed_form"), width=20)
+        model = run.closed_form(run.normalize())
+        accuracy = pool.accuracy(ray.put(run.normalization), ray.put(model))
+    finally:
+        pool.shutdown()
+    standardized = standardize_clients(clients)[0]
+    expected = closed_form_stage2(standardized, NUM_CLASSES)
+    assert model.shape == (20 + 1, NUM_CLASSES) and expected[-1].abs().max() > 1e-3
+    assert torch.allclose(model, expected, rtol=0, atol=1e-10 * expected.abs().max().item())
+    mean, std = normalization(clients)
+    scores = normalize(held_out.features, mean, std) @ expected[:-1] + expected[-1]
+    assert accuracy == (scores.argmax(dim=1) == held_out.labels).double().mean().item()
+    row = run.points[-1]
+    objective, _ = ScaffoldStage2(standardized, NUM_CLASSES).loss_and_accuracy(expected)
+    assert row.train_loss == pytest.approx(objective, rel=1e-10)
+    assert (row.round, row.stage, row.clients_seen) == (7 + 2, "tct_closed_form", 6)
+    assert row.bytes_up == 6 * (2 * 20 + 1) * 4 + 6 * (21 * 21 + 21 * NUM_CLASSES) * 4
+
+
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
+def test_shards_project_with_the_shared_seed(ray_session, clients, held_out):
+    pool = start_pool(ray_session, clients, held_out, Projection(8, seed=5))
+    try:
+        sharded = pool.normalization()
+    finally:
+        pool.shutdown()
+    projected = [ClientData(random_projection(c.features, 8, seed=5), c.labels) for c in clients]
+    mean, std = normalization(projected)
+    assert torch.allclose(sharded.mean, mean, rtol=0, atol=1e-10) and torch.allclose(sharded.std, std, rtol=0, atol=1e-10)
+
+
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
+def test_float16_storage_is_standardized_and_solved_in_float32(ray_session, clients, held_out):
+    halved = [ClientData(c.features.half(), c.labels) for c in clients]
+    pool = start_pool(ray_session, halved, ClientData(held_out.features.half(), held_out.labels))
+    try:
+        run = stage2_run(pool, clients, RunConfig(method="tct", tct_rounds=3, tct_local_steps=4, tct_lr=1e-3, clients_per_round=6), width=20)
+        normalization_ref = run.normalize()
+        model = run.scaffold(normalization_ref)
+    finally:
+        pool.shutdown()
+    widened = [ClientData(c.features.double(), c.labels) for c in halved]
+    mean, std = normalization(widened)
+    assert torch.allclose(run.normalization.mean, mean, rtol=0, atol=1e-12)
+    assert torch.allclose(run.normalization.std, std, rtol=0, atol=1e-12)
+    reference = ScaffoldStage2([ClientData(normalize(c.features, mean, std, torch.float32), c.labels) for c in widened],
+                               NUM_CLASSES, local_steps=4, lr=1e-3)
+    for _ in range(3):
+        reference.step(list(range(6)))
+    assert torch.allclose(model, reference.model.double(), rtol=1e-5, atol=1e-6)
