@@ -150,7 +150,7 @@ def shadowing_fedray() -> str | None:
     come from the install: a plugin's ``fedray.ClosedFormMethod`` then fails
     with a bare "module 'fedray' has no attribute".
     """
-    ours = Path(__file__).resolve().parent
+    ours = Path(__file__).resolve().parents[1]  # fedray/, above fedray/core/
     imported = sys.modules.get("fedray")
     file = getattr(imported, "__file__", None)
     if imported is None or (file is not None and Path(file).resolve().parent == ours):
