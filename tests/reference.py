@@ -1,10 +1,15 @@
 """Direct, loop-based implementations of the methods, written from the papers' formulas.
 
-They share no code with fedray's methods: tests compare the two.
+They share no code with fedray's methods: tests compare the two. (The gradient references take only the
+mini-batch order from fedray, so that both see the same samples at each step.)
 """
 
 import numpy as np
 import torch
+
+from fedray.core.federation import Federation
+from fedray.methods.training.local import LocalSGD, client_rng, minibatches
+from fedray.methods.base import Classifier
 
 
 def features_and_labels(federation):
@@ -98,3 +103,72 @@ def fedcof_oracle(z, labels, num_classes, gamma):
 
 def max_relative_difference(a, b):
     return float((a - b).abs().max() / b.abs().max())
+
+
+def train_client_plainly(
+    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, sgd: LocalSGD, batches: list[np.ndarray],
+    correction: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One client, written plainly: nn.Linear, cross-entropy, torch.optim.SGD, one mini-batch at a time.
+
+    ``correction`` (SCAFFOLD's c − c_i for weight and bias) is added to every gradient.
+    """
+    head = torch.nn.Linear(weight.shape[0], weight.shape[1], dtype=weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(weight.T)
+        head.bias.copy_(bias)
+    optimizer = torch.optim.SGD(head.parameters(), lr=sgd.lr, weight_decay=sgd.weight_decay, momentum=sgd.momentum)
+    for batch in batches:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(head(x[batch]) / sgd.temperature, y[batch])
+        if sgd.prox_mu:
+            loss = loss + sgd.prox_mu / 2 * (((head.weight - weight.T) ** 2).sum() + ((head.bias - bias) ** 2).sum())
+        if correction is not None:
+            loss = loss + (head.weight * correction[0].T).sum() + (head.bias * correction[1]).sum()
+        loss.backward()
+        optimizer.step()
+    return head.weight.detach().T, head.bias.detach()
+
+
+def client_gradient(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradient of a client's mean cross-entropy at (weight, bias), by autograd: SCAFFOLD's c_i (option I)."""
+    weight, bias = weight.clone().requires_grad_(), bias.clone().requires_grad_()
+    torch.nn.functional.cross_entropy((x @ weight + bias) / temperature, y).backward()
+    return weight.grad, bias.grad
+
+
+def fedavg_by_autograd(
+    federation: Federation, rounds: list[np.ndarray], sgd: LocalSGD, seed: int, head: Classifier, server_lr: float,
+    scaffold: bool = False,
+) -> Classifier:
+    """FedAvg (or SCAFFOLD with a dense c_i per client) written plainly over all clients' features in one process,
+    each client by :func:`train_client_plainly`."""
+    sample_ids, labels, offsets = federation.train_arrays(0, federation.num_clients)
+    features = federation.require_features().features("train", sample_ids)
+    labels = torch.from_numpy(labels.astype(np.int64))
+    weight, bias = head.weight.clone(), head.bias.clone()
+    control = (torch.zeros_like(weight), torch.zeros_like(bias))
+    client_controls: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for number, clients in enumerate(rounds, start=1):
+        total_w, total_b, total_n = torch.zeros_like(weight), torch.zeros_like(bias), 0
+        control_w, control_b = torch.zeros_like(weight), torch.zeros_like(bias)
+        for client in clients:
+            rows = slice(offsets[client], offsets[client + 1])
+            size = int(offsets[client + 1] - offsets[client])
+            batches = minibatches(size, sgd.batch_size, sgd.epochs, client_rng(seed, number, int(client)))
+            correction = None
+            if scaffold:
+                own = client_controls.get(int(client), (torch.zeros_like(weight), torch.zeros_like(bias)))
+                correction = (control[0] - own[0], control[1] - own[1])
+                new = client_gradient(features[rows], labels[rows], weight, bias, sgd.temperature)
+                control_w += size * (new[0] - own[0])
+                control_b += size * (new[1] - own[1])
+                client_controls[int(client)] = new
+            trained_w, trained_b = train_client_plainly(features[rows], labels[rows], weight, bias, sgd, batches, correction)
+            total_w += size * (trained_w - weight)
+            total_b += size * (trained_b - bias)
+            total_n += size
+        weight += server_lr * total_w / total_n
+        bias += server_lr * total_b / total_n
+        control = (control[0] + control_w / len(labels), control[1] + control_b / len(labels))
+    return Classifier(weight, bias)

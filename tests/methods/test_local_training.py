@@ -6,7 +6,7 @@ import torch
 
 from fedray.methods.training.local import Control, LocalSGD, client_rng, minibatches, train_heads
 from fedray.methods.training.schedule import LrSchedule
-from jobs.bench_lp import client_gradient, train_client_plainly
+from tests.reference import client_gradient, train_client_plainly
 
 
 @pytest.mark.parametrize("sgd, scaffold", [
