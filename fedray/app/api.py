@@ -3,6 +3,7 @@ from the command line."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -11,11 +12,12 @@ import numpy as np
 import polars as pl
 import torch
 
-from fedray.methods.config import resolve
+from fedray.methods.config import Spelling, resolve, typed_options
 from fedray.core.federation import Federation
 from fedray.data.memory import memory_label
-from fedray.core.errors import FedrayError
+from fedray.core.errors import FedrayError, shown
 from fedray.methods.base import Classifier
+from fedray.core.options import Option
 from fedray.core.plugins import spec_of
 from fedray.core.results import METRICS
 
@@ -40,6 +42,21 @@ class RunResult:
 Evaluation = Callable[[dict, "Classifier | None"], None]
 """``on_evaluation(row, classifier)``: each evaluation point's columns and the classifier evaluated there."""
 
+RUN, SWEEP = "fedray.run", "fedray.sweep"
+"""How their one-line errors name them."""
+KEYWORD_SPELLING = Spelling("in options={{'{key}': ...}}", "in dataset= as ?{key}=...")
+"""How ``fedray.run`` takes a plugin's option and a dataset option, for the hint after an unknown keyword."""
+RESUME, QUIET = Option("resume", bool, False), Option("quiet", bool, False)
+ADDRESS = Option("address", str, None, optional=True)
+"""The arguments of ``fedray.run`` and ``fedray.sweep`` that are not run options, typed as run options are."""
+
+
+def _folder(value: object, where: str) -> str:
+    """``out``: a folder as a string or a path."""
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    raise FedrayError(f"{where}: out must be a folder, a str or pathlib.Path, got {shown(value)}")
+
 
 def _spec(value: str | type, what: str) -> str:
     """A method, server optimizer or client algorithm given by name, ``module:Class``, ``file.py:Class`` or as the class itself."""
@@ -47,9 +64,10 @@ def _spec(value: str | type, what: str) -> str:
         return value
     if isinstance(value, type):
         if "<locals>" in value.__qualname__:
-            raise FedrayError(f"{what} {value.__qualname__}: define the class at the top level of a module or notebook cell")
+            raise FedrayError(f"{RUN}: {what} {value.__qualname__}: define the class at the top level of a module "
+                              f"or notebook cell")
         return spec_of(value)
-    raise FedrayError(f"{what} must be a name, 'module:Class', 'file.py:Class' or a class, got {value!r}")
+    raise FedrayError(f"{RUN}: {what} must be a name, 'module:Class', 'file.py:Class' or a class, got {shown(value)}")
 
 
 def run(
@@ -74,6 +92,13 @@ def run(
     ``run_options`` are the command line's run options with underscores
     (``clients_per_round=10``, ``rounds=500``, ``lam=0.1``, ``quiet=True``);
     ``options`` sets a plugin's own options by name (``--option key=value``).
+    Every value is typed and checked as a config file's is, before any work
+    (:meth:`fedray.core.options.Option.coerce`, then the command line's checks),
+    with the same one-line :class:`FedrayError`: ``None`` only where the
+    option has no value by default (``rounds=None``: until every client was
+    seen; ``checkpoint_every=None``: never), a bool is not a number, nor a
+    float an integer (``rounds=2.0`` is refused), a numpy number is a number,
+    and a string is parsed as the command line parses it (``"1e-3"``).
     ``on_evaluation(row, classifier)`` is called at each evaluation point with
     its evaluation columns (``round``, ``accuracy``, ``bytes_up``, ...) and the
     classifier evaluated there: a closed form's solve, a training run's head
@@ -85,15 +110,18 @@ def run(
     if federation is not None:
         dataset = federation.spec or memory_label(federation)
     elif not isinstance(dataset, str):
-        raise FedrayError(f"dataset must be a spec ('synthetic:…', 'parquet:PATH', 'file.py:function', ...) or a "
-                          f"fedray.Federation, got {type(dataset).__name__}")
-    values = {**run_options, "method": _spec(method, "method"), "dataset": dataset, "out": str(out),
-              "options": dict(options or {})}
+        raise FedrayError(f"{RUN}: dataset must be a spec ('synthetic:…', 'parquet:PATH', 'file.py:function', ...) "
+                          f"or a fedray.Federation, got {shown(dataset)}")
+    values = {**run_options, "method": _spec(method, "method"), "dataset": dataset, "out": _folder(out, RUN),
+              "options": options}
     if server_optimizer is not None:
         values["server_optimizer"] = _spec(server_optimizer, "server optimizer")
     if client_algorithm is not None:
         values["client_algorithm"] = _spec(client_algorithm, "client algorithm")
-    config = resolve({}, values)
+    resume, address = RESUME.coerce(resume, RUN), ADDRESS.coerce(address, RUN)
+    if on_evaluation is not None and not callable(on_evaluation):
+        raise FedrayError(f"{RUN}: on_evaluation must be a function (row, classifier), got {shown(on_evaluation)}")
+    config = resolve(typed_options(values, RUN, KEYWORD_SPELLING), {})  # as a file's values: None is a value
     listener = None if on_evaluation is None else lambda point, classifier: on_evaluation(asdict(point), classifier)
     completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation)
     arrays = dict(completed.arrays)
@@ -112,9 +140,15 @@ def sweep(
     """Run (or ``resume``) a sweep, as ``fedray sweep`` does: its results table, also written to ``out/NAME/results.parquet``.
 
     ``config`` is a sweep file (YAML) or its content as a mapping (``{"name": ..., "base": {...}, "grid": {...}}``).
+    The arguments are checked as :func:`run`'s are, before any work.
     """
     from fedray.app.sweeps.spec import load_sweep, sweep_spec
     from fedray.app.sweeps.tuning import sweep as run_sweep  # Ray Tune: only when a sweep starts
 
+    if not isinstance(config, (str, os.PathLike, dict)):
+        raise FedrayError(f"{SWEEP}: config must be a sweep file (a str or pathlib.Path) or its content as a dict, "
+                          f"got {shown(config)}")
+    out = _folder(out, SWEEP)
+    resume, quiet, address = RESUME.coerce(resume, SWEEP), QUIET.coerce(quiet, SWEEP), ADDRESS.coerce(address, SWEEP)
     spec = sweep_spec(config, Path("sweep")) if isinstance(config, dict) else load_sweep(config)
     return run_sweep(spec, out, resume=resume, address=address, quiet=quiet)

@@ -17,12 +17,14 @@ values before anything runs.
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 import types
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, is_dataclass
 
-from fedray.core.errors import FedrayError
+from fedray.core.errors import FedrayError, shown
 from fedray.core.numeric_options import check_numeric_option
 
 SUPPLIED = ("dim", "num_classes", "seed", "loss", "prox_mu")
@@ -48,17 +50,37 @@ class Option:
         return f"{self.name}: {kind} = {self.default!r}" + (f"  ({self.help})" if self.help else "")
 
     def coerce(self, value: object, where: str) -> object:
-        """``value`` as this option's type; a string (from ``--option key=value``) is parsed. One-line error otherwise."""
+        """``value`` as this option's type, or a one-line error naming ``where`` it came from.
+
+        One typing for every source: a config file, a sweep, ``--option key=value``, ``fedray.run``'s keywords. A
+        string is parsed as the command line parses it (``"1e-3"``, ``"no"``); an integer is a number (numpy's too) and
+        a number of any type is the plain Python one; but a bool is not a number, nor a number a bool, nor a float an
+        integer, even an integral one (``--rounds 2.0`` is refused too).
+        """
         if value is None and self.optional:
             return None
         if isinstance(value, str) and self.type is not str:
             value = _parse(value, self.type)
-        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+        value = _plain_number(value, self.type)
         if type(value) is not self.type:
-            raise FedrayError(f"{where}: option {self.name} must be {TYPE_NAMES[self.type]}, got {value!r}")
+            raise FedrayError(f"{where}: option {self.name} must be {TYPE_NAMES[self.type]}, got {shown(value)}")
         check_numeric_option(f"{where}: option {self.name}", self.name, value)
         return value
+
+
+def _plain_number(value: object, kind: type) -> object:
+    """A number of another type (numpy's, an int for a float) as the plain ``kind``, else ``value`` unchanged; an int
+    too large for a float is infinite, as ``float("1e400")`` is."""
+    if isinstance(value, bool):
+        return value
+    if kind is int and isinstance(value, numbers.Integral):
+        return int(value)
+    if kind is float and isinstance(value, numbers.Real):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    return value
 
 
 def _parse(text: str, kind: type) -> object:

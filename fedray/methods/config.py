@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
-from fedray.core.errors import FedrayError
+from fedray.core.errors import FedrayError, shown
 from fedray.methods.training.client_sgd import ClientAlgorithm
 from fedray.methods.training.modes import FINETUNE_MODES, INITS
 from fedray.methods.training.schedule import SCHEDULES, LrSchedule, parse_milestones
@@ -226,6 +226,8 @@ class RunConfig:
             raise FedrayError(f"--eval-every must be ≥ 1, got {self.eval_every}")
         if self.rounds is not None and self.rounds < 1:
             raise FedrayError(f"--rounds must be ≥ 1, got {self.rounds}")
+        if self.num_shards is not None and self.num_shards < 1:  # the shard pool says so too, once Ray is up
+            raise FedrayError(f"--num-shards must be ≥ 1, got {self.num_shards}")
         if self.cpus_per_shard <= 0:
             raise FedrayError(f"--cpus-per-shard must be > 0, got {self.cpus_per_shard}")
         if self.init not in INITS:
@@ -494,20 +496,37 @@ def read_yaml_mapping(path: Path, kind: str, shape: str) -> dict:
     return values
 
 
+@dataclass(frozen=True)
+class Spelling:
+    """How a source of run options writes a plugin's option and a dataset option, for the hint after an unknown one."""
+
+    plugin_option: str
+    dataset_option: str
+
+
+FILE_SPELLING = Spelling("under options: {{{key}: ...}}", "in dataset: as ?{key}=...")
+"""A config file's: ``options: {normalize: false}``, ``dataset: synthetic:...?alpha=0.5``."""
+
+
 def load_config_file(path: str | Path) -> dict:
     path = Path(path)
     values = read_yaml_mapping(path, "config file", "option: value")
-    values = {str(key).replace("-", "_"): value for key, value in values.items()}
+    return typed_options({str(key).replace("-", "_"): value for key, value in values.items()}, str(path), FILE_SPELLING)
+
+
+def typed_options(values: dict, where: str, spelling: Spelling) -> dict:
+    """Run options (a config file's, ``fedray.run``'s keywords) each as its option's type (:meth:`Option.coerce`), and
+    ``options`` as a mapping; a one-line error naming ``where`` on an unknown name (saying where it belongs) or value."""
     unknown = sorted(set(values) - FIELDS)
     if unknown:
-        hints = "".join(_where_it_went(key, values) for key in unknown)
-        raise FedrayError(f"{path}: unknown option(s) {', '.join(unknown)}{hints}")
-    return {key: options_mapping(path, value) if key == "options" else typed_value(path, key, value)
+        hints = "".join(_where_it_went(key, values, spelling) for key in unknown)
+        raise FedrayError(f"{where}: unknown option(s) {', '.join(unknown)}{hints}")
+    return {key: options_mapping(where, value) if key == "options" else RUN_OPTIONS[key].coerce(value, where)
             for key, value in values.items()}
 
 
-def _where_it_went(key: str, values: dict) -> str:
-    """Where an unknown config-file ``key`` belongs: a plugin's ``options:``, the dataset spec, or the nearest run option."""
+def _where_it_went(key: str, values: dict, spelling: Spelling) -> str:
+    """Where an unknown run option ``key`` belongs: a plugin's options, the dataset spec, or the nearest run option."""
     owners = []
     for spec, load in ((values.get("method"), method_class), (values.get("server_optimizer"), server_optimizer_class),
                        (values.get("client_algorithm"), client_algorithm_class)):
@@ -517,18 +536,18 @@ def _where_it_went(key: str, values: dict) -> str:
             except FedrayError:  # the run names the bad plugin once it is checked
                 pass
     if owners:
-        return f"; {key} is an option of {owners[0]}: give it under options: {{{key}: ...}}"
+        return f"; {key} is an option of {owners[0]}: give it {spelling.plugin_option.format(key=key)}"
     if key in DATASET_OPTIONS:
-        return f"; {key} is an option of the dataset: give it in dataset: as ?{key}=..."
+        return f"; {key} is an option of the dataset: give it {spelling.dataset_option.format(key=key)}"
     return did_you_mean(key, sorted(RUN_OPTIONS))
 
 
-def options_mapping(path: Path, value: object) -> dict:
-    """A file's ``options:`` (a plugin's options), a mapping of names to values; their types are checked with the run."""
+def options_mapping(where: str, value: object) -> dict:
+    """``options`` (a plugin's options), a mapping of names to values; their types are checked with the run."""
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
-        raise FedrayError(f"{path}: options must be a mapping of option: value, got {value!r}")
+        raise FedrayError(f"{where}: options must be a mapping of option: value, got {shown(value)}")
     return dict(value)
 
 

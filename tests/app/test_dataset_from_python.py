@@ -146,7 +146,7 @@ def test_bad_data_from_python_is_one_line_before_any_work(ray_session, toy_modul
     train_only = fedray.Federation.from_arrays(features, labels, owners, np.full(len(split), "train"), name="toy")
     with pytest.raises(FedrayError, match=r"^toy: no test rows \(split 'test'\)"):
         fedray.run(method="fed3r", dataset=train_only, out=tmp_path / "out", **SMALL)
-    with pytest.raises(FedrayError, match=r"^dataset must be a spec .* or a fedray.Federation, got ndarray$"):
+    with pytest.raises(FedrayError, match=r"^fedray.run: dataset must be a spec .* or a fedray.Federation, got ndarray$"):
         fedray.run(method="fed3r", dataset=features, out=tmp_path / "out", **SMALL)
     assert not (tmp_path / "out").exists()
 
