@@ -205,13 +205,19 @@ def train(
     and model as a run without the failure.
     """
     recovery = copy.deepcopy(state)
-    backend.restore_client_states([checkpointing.folder / name for name in state.client_states] if checkpointing else [])
+
+    def restore_states(paths: list[Path]) -> None:
+        if algorithm.stateful:  # the actors holding the clients keep their states (fedray.runtime.client_states)
+            backend.pool.restore_client_states(paths)
+
+    restore_states([checkpointing.folder / name for name in state.client_states] if checkpointing else [])
 
     def save(path: TrainingRounds) -> None:
         nonlocal recovery
         snapshot = path.snapshot()
         previous = snapshot.client_states
-        snapshot.client_states = backend.save_client_states(checkpointing.folder, f"{CLIENT_STATES}-r{snapshot.done}")
+        tag = f"{CLIENT_STATES}-r{snapshot.done}"
+        snapshot.client_states = backend.pool.save_client_states(checkpointing.folder, tag) if algorithm.stateful else []
         checkpointing.save(snapshot)
         for name in set(previous) - set(snapshot.client_states):
             (checkpointing.folder / name).unlink(missing_ok=True)
@@ -228,6 +234,6 @@ def train(
         except ClientStatesLost:
             vars(state).update(vars(copy.deepcopy(recovery)))
             folder = checkpointing.folder if checkpointing else Path()
-            backend.restore_client_states([folder / name for name in state.client_states])
+            restore_states([folder / name for name in state.client_states])
             print(f"fedray: an actor restarted and lost its clients' states: replaying from training round {state.done}",
                   file=sys.stderr)

@@ -11,7 +11,6 @@ algorithm's server half and the server optimizer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import ray
@@ -71,13 +70,6 @@ class ProbeBackend:
     def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
         received = ray.put({"params": params, "broadcast": broadcast})
         return self.pool.local_train(self.trainer, self.trainer_ref, received, clients, round_number).result()
-
-    def save_client_states(self, folder: Path, tag: str) -> list[str]:
-        return self.pool.save_client_states(folder, tag) if self.trainer.stateful else []
-
-    def restore_client_states(self, paths: list[Path]) -> None:
-        if self.trainer.stateful:
-            self.pool.restore_client_states(paths)
 
     def initial_params(self, seed: int) -> Params:
         return random_head(self.dim, self.num_classes, seed)

@@ -392,14 +392,14 @@ def test_scaffold_keeps_option_ii_control_variates_in_the_trainers_and_resumes_b
     sgd = LocalSGD(lr=0.05, batch_size=2, epochs=1)
     rounds = [(1, [2]), (2, [0, 1, 3]), (3, [2, 4, 0])]
     first = backend(pools, sgd=sgd, trainers=2, algorithm=Scaffold())
-    first.restore_client_states([])
+    first.pool.restore_client_states([])
     initial = first.initial_params(HEAD_SEED)
     model = {name: initial[name] for name in first.trained_names}
     server = Scaffold().init_server_state(model)
 
     update = first.train_round(initial, Scaffold().broadcast(model, server), np.array([2]), 1)
     size, steps = int(images.client_sizes[2]), 3  # 5 samples in batches of 2
-    files = first.save_client_states(tmp_path, "first")
+    files = first.pool.save_client_states(tmp_path, "first")
     held = [torch.load(tmp_path / name, weights_only=True) for name in files]
     assert [sorted(states) for states in held] == [[2], []]  # client 2 is the first trainer's
     own = held[0][2]
@@ -413,12 +413,12 @@ def test_scaffold_keeps_option_ii_control_variates_in_the_trainers_and_resumes_b
                  for name in initial}
     server = Scaffold().server_update(model, update.aggregate(), server, Population(0, images.train.num_rows))[1]
     after_two, server_two, _ = run_rounds(first, after_one, server, rounds[1:2])
-    files = first.save_client_states(tmp_path, "second")
+    files = first.pool.save_client_states(tmp_path, "second")
     expected, expected_server, expected_losses = run_rounds(first, after_two, server_two, rounds[2:])
 
     resumed_backend = backend(pools, sgd=sgd, trainers=2, algorithm=Scaffold())
-    resumed_backend.restore_client_states([])  # the trainers forget every state ...
-    resumed_backend.restore_client_states([tmp_path / name for name in files])  # ... and take the saved ones back
+    resumed_backend.pool.restore_client_states([])  # the trainers forget every state ...
+    resumed_backend.pool.restore_client_states([tmp_path / name for name in files])  # ... and take the saved ones back
     resumed, resumed_server, losses = run_rounds(resumed_backend, after_two, server_two, rounds[2:])
     assert losses == expected_losses
     assert all(torch.equal(resumed[name], expected[name]) for name in expected)

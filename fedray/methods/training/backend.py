@@ -10,8 +10,7 @@ clients' data and their local training. Linear probing on features
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -59,6 +58,8 @@ class TrainingBackend(Protocol):
     """The training algorithm its clients run."""
     trained_names: frozenset[str] | None
     """The parameters the clients train and the algorithm sees (None: all of them)."""
+    pool: Any
+    """The actors holding the clients (an :class:`~fedray.runtime.actor_group.ActorGroup`), which keep their states."""
 
     def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
         """Local training of ``clients`` (distinct global numbers) from ``params`` with the algorithm's ``broadcast``;
@@ -81,13 +82,6 @@ class TrainingBackend(Protocol):
         """One participation of clients with ``sizes`` samples as the papers count it (:mod:`fedray.core.accounting`); ``PaperCosts()`` where undefined."""
         ...
 
-    def save_client_states(self, folder: Path, tag: str) -> list[str]:
-        """Each actor writes its clients' states to ``folder`` (files named after ``tag``); their names."""
-        ...
-
-    def restore_client_states(self, paths: list[Path]) -> None:
-        """Every actor's clients' states from ``paths`` (none: no states, as at the start of a run)."""
-        ...
 
     def initial_params(self, seed: int) -> Params:
         """The parameters training starts from without a closed-form stage (random head from ``seed``)."""

@@ -11,7 +11,6 @@ client would exchange in a real deployment, the trained part, is what
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import ray
@@ -169,13 +168,6 @@ class FineTuneBackend:
         self._check(params)
         received = ray.put({"params": params, "broadcast": broadcast})
         return self.pool.train(self.training_ref, received, clients, round_number)
-
-    def save_client_states(self, folder: Path, tag: str) -> list[str]:
-        return self.pool.save_client_states(folder, tag) if self.algorithm.stateful else []
-
-    def restore_client_states(self, paths: list[Path]) -> None:
-        if self.algorithm.stateful:
-            self.pool.restore_client_states(paths)
 
     def accuracy(self, params: Params) -> float:
         """Top-1 accuracy on the test split, each trainer classifying its share of the test images (eval mode)."""
