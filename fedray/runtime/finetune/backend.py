@@ -11,7 +11,6 @@ client would exchange in a real deployment, the trained part, is what
 
 from __future__ import annotations
 
-
 import numpy as np
 import ray
 import torch
