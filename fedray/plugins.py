@@ -23,6 +23,8 @@ from types import ModuleType
 
 from fedray.errors import FedrayError
 
+FILE_MODULE = "fedray_plugin_"
+"""The prefix of the name under which a plugin file's module is loaded (then its path's hash)."""
 _SPECS_OF_FILE: dict[str, set[str]] = {}
 """The loaded plugins' files (absolute paths) and the specs of the classes loaded from each: a traceback frame in one
 of these files is the researcher's code."""
@@ -96,6 +98,22 @@ def _is_class_variable(hint: object) -> bool:
     if isinstance(hint, str):
         return hint.startswith(("ClassVar", "typing.ClassVar"))
     return hint is typing.ClassVar or typing.get_origin(hint) is typing.ClassVar
+
+
+def plugin_spec(cls: type) -> str | None:
+    """The spec of a plugin class as a run names it (``/home/me/my_ncm.py:MyNCM``, ``my_package.methods:MyNCM``), also
+    in a process that received it by value (a shard); None for fedray's own classes."""
+    module = cls.__module__
+    if module.split(".")[0] == "fedray":
+        return None
+    if not module.startswith(FILE_MODULE):
+        return spec_of(cls)
+    loaded = getattr(sys.modules.get(module), "__file__", None)
+    # received by value, the module is not there: the file is where the methods written in the class bodies come from
+    files = {loaded} if loaded else {function.__code__.co_filename for klass in cls.__mro__ if klass.__module__ == module
+                                     for function in vars(klass).values() if inspect.isfunction(function)
+                                     and function.__code__.co_qualname.startswith(f"{klass.__qualname__}.")}
+    return f"{files.pop()}:{cls.__qualname__}" if len(files) == 1 else cls.__qualname__
 
 
 def load_function(spec: str) -> Callable:
