@@ -8,6 +8,7 @@ its file or being able to import its module.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -15,12 +16,15 @@ import inspect
 import re
 import sys
 import traceback
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 from fedray.core.errors import FedrayError
 
+FILE_MODULE = "fedray_plugin_"
+"""The prefix of the name under which a plugin file's module is loaded (then its path's hash)."""
 _SPECS_OF_FILE: dict[str, set[str]] = {}
 """The loaded plugins' files (absolute paths) and the specs of the classes loaded from each: a traceback frame in one
 of these files is the researcher's code."""
@@ -58,12 +62,58 @@ def load_class(spec: str, base: type, builtins: dict[str, type], what: str) -> t
                               f"or your own as module:Class or path/to/file.py:Class")
         return builtins[spec]
     module, cls = _attribute(spec, "class")
+    name = spec.rpartition(":")[2]
     if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise FedrayError(f"{spec}: {spec.rpartition(':')[2]} is not a subclass of fedray.{base.__name__}")
+        raise FedrayError(f"{spec}: {name} is not a subclass of fedray.{base.__name__}")
+    if inspect.isabstract(cls):
+        raise FedrayError(f"{spec}: {name} is abstract: it does not define {', '.join(sorted(cls.__abstractmethods__))}, "
+                          f"which a subclass of fedray.{base.__name__} must")
+    undecorated = _undecorated(cls, base)
+    if undecorated is not None:
+        raise FedrayError(f"{spec}: {undecorated.__qualname__} is not a dataclass: decorate it with "
+                          f"@dataclass(frozen=True), as fedray.{base.__name__} is (its fields with defaults are its options)")
     _travel_by_value(module)
     if getattr(module, "__file__", None):
         _SPECS_OF_FILE.setdefault(str(Path(module.__file__).resolve()), set()).add(canonical(spec))
     return cls
+
+
+def _undecorated(cls: type, base: type) -> type | None:
+    """The class between ``cls`` and a dataclass ``base`` that declares fields or a constructor without being a dataclass
+    itself (its fields would not be the constructor's, its constructor not the one fedray calls), or None."""
+    if not dataclasses.is_dataclass(base):
+        return None
+    for klass in cls.__mro__:
+        if klass is base or not issubclass(klass, base):
+            return None
+        own = vars(klass)
+        fields = [hint for hint in own.get("__annotations__", {}).values() if not _is_class_variable(hint)]
+        if "__dataclass_fields__" not in own and (fields or "__init__" in own):
+            return klass
+    return None
+
+
+def _is_class_variable(hint: object) -> bool:
+    """Whether an annotation (an object, or its text under ``from __future__ import annotations``) is a ``ClassVar``."""
+    if isinstance(hint, str):
+        return hint.startswith(("ClassVar", "typing.ClassVar"))
+    return hint is typing.ClassVar or typing.get_origin(hint) is typing.ClassVar
+
+
+def plugin_spec(cls: type) -> str | None:
+    """The spec of a plugin class as a run names it (``/home/me/my_ncm.py:MyNCM``, ``my_package.methods:MyNCM``), also
+    in a process that received it by value (a shard); None for fedray's own classes."""
+    module = cls.__module__
+    if module.split(".")[0] == "fedray":
+        return None
+    if not module.startswith(FILE_MODULE):
+        return spec_of(cls)
+    loaded = getattr(sys.modules.get(module), "__file__", None)
+    # received by value, the module is not there: the file is where the methods written in the class bodies come from
+    files = {loaded} if loaded else {function.__code__.co_filename for klass in cls.__mro__ if klass.__module__ == module
+                                     for function in vars(klass).values() if inspect.isfunction(function)
+                                     and function.__code__.co_qualname.startswith(f"{klass.__qualname__}.")}
+    return f"{files.pop()}:{cls.__qualname__}" if len(files) == 1 else cls.__qualname__
 
 
 def load_function(spec: str) -> Callable:
@@ -112,11 +162,9 @@ def plugin_failure(error: BaseException) -> str | None:
 def _imported(name: str, spec: str) -> ModuleType:
     try:
         return importlib.import_module(name)
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         shadowed = shadowing_fedray()
-        if not (isinstance(error, ImportError) or shadowed):
-            raise
-        raise FedrayError(f"{spec}: cannot import {name} ({type(error).__name__}: {error})"
+        raise FedrayError(f"{spec}: cannot import {name} ({_load_failure(error, located=not shadowed)})"
                           + (f": {shadowed}" if shadowed else "")) from None
 
 
@@ -133,12 +181,25 @@ def _module_from_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         del sys.modules[name]
         shadowed = shadowing_fedray()
-        raise FedrayError(f"{path}: the plugin failed to load ({type(error).__name__}: {error})"
+        raise FedrayError(f"{path}: the plugin failed to load ({_load_failure(error, located=not shadowed)})"
                           + (f": {shadowed}" if shadowed else "")) from None
     return module
+
+
+def _load_failure(error: BaseException, located: bool = True) -> str:
+    """What went wrong while a plugin's module ran, in one line: the error and, when ``located``, where it was raised
+    (a syntax error names its line itself), or the ``sys.exit`` it called."""
+    if isinstance(error, SystemExit):
+        return f"it called sys.exit({error.code!r}) while loading"
+    message = (str(error).strip().splitlines() or [""])[0]
+    what = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    frames = traceback.extract_tb(error.__traceback__)
+    if isinstance(error, SyntaxError) or not (frames and located):
+        return what
+    return f"{what}, at {frames[-1].filename}:{frames[-1].lineno}"
 
 
 def shadowing_fedray() -> str | None:

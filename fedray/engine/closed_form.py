@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 
 from fedray.core.accounting import PaperTotals
 from fedray.runtime.evaluator import Evaluator, PendingAccuracy
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
+from fedray.methods.checks import check_classifier, combine_checked, statistics_finite
 from fedray.methods.postprocessor import Postprocessing
 from fedray.core.results import EvalPoint
 from fedray.engine.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
@@ -61,6 +63,10 @@ class ClosedFormRounds:
                  postprocessing: Postprocessing = Postprocessing()) -> None:
         self.method, self.evaluator, self.outcome, self.backbone_macs = method, evaluator, outcome, backbone_macs
         self.postprocessing = postprocessing
+        federation = pool.federation
+        self.num_classes = federation.num_classes
+        self.width = method.transform(torch.zeros(1, federation.dim)).shape[-1]
+        """The width of the features after the method's transform: the rows of its classifier's weight."""
         self.start = time.perf_counter()
         self.blocks = self._submit(pool, ray.put(method), rounds, evaluate_at)
         self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
@@ -106,8 +112,11 @@ class ClosedFormRounds:
         partial, block.total = block.total.result(), None  # its sums go into the state: the store may free them
         partial = self.postprocessing.aggregate(partial, block.round, block.uploads)
         solve_start = time.perf_counter()
-        self.state = partial if self.state is None else self.method.combine(self.state, partial)
-        self.outcome.classifier = block.classifier = self.method.solve(self.state)
+        self.state = partial if self.state is None else combine_checked(self.method, self.state, partial)
+        state = self.state
+        classifier = check_classifier(self.method, self.method.solve(state), self.width, self.num_classes, block.round,
+                                      lambda: statistics_finite(state))
+        self.outcome.classifier = block.classifier = classifier
         self.outcome.solve_s += time.perf_counter() - solve_start
         block.accuracy = self.evaluator.submit(self.method, self.outcome.classifier)
 

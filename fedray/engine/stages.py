@@ -35,6 +35,7 @@ from fedray.runtime.probing import ProbeBackend
 from fedray.engine.settings import local_sgd, server_optimizer, training_algorithm
 from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
 from fedray.methods.base import FLOAT_BYTES, Classifier
+from fedray.methods.checks import check_tensors
 from fedray.engine.from_config import build_method, postprocessing
 from fedray.core.results import EvalPoint
 from fedray.engine.round_loop import Listener
@@ -114,7 +115,8 @@ def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Emb
                 params, lambda pool, evaluator: closed_form_stage(stage, init_rounds, pool, evaluator, on_point))
             params = backend.with_head(params, head)
         model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
-        saved = _fresh_state(params, accounting, points, backend.algorithm.init_server_state(model), len(sizes))
+        algorithm_state = check_tensors(backend.algorithm, "init_server_state", backend.algorithm.init_server_state(model))
+        saved = _fresh_state(params, accounting, points, algorithm_state, len(sizes))
     outcome = _train(config, backend, saved, sizes, on_point, backbone_macs)
     outcome.rounds = init_rounds + outcome.rounds
     if config.head == "sphere" and not outcome.points[-1].diverged:

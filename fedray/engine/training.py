@@ -24,6 +24,7 @@ from fedray.methods.training.backend import Params, TrainingBackend
 from fedray.methods.training.server import ServerOptimizer
 from fedray.methods.algorithm import Aggregate, FederatedAlgorithm, Population
 from fedray.methods.base import FLOAT_BYTES, Classifier
+from fedray.methods.checks import check_server_step, check_server_update, check_state, check_tensors
 from fedray.methods.postprocessor import Postprocessing
 from fedray.core.results import EvalPoint
 from fedray.engine.round_loop import Callback, Checkpoints, Listener, Progress, Report, eval_rounds, run_rounds
@@ -126,7 +127,7 @@ class TrainingRounds:
         algorithm's server state stay the last finite ones when any of it is not finite."""
         state, params = self.state, self.state.params
         model = self._model()
-        broadcast = self.algorithm.broadcast(model, state.algorithm)
+        broadcast = check_tensors(self.algorithm, "broadcast", self.algorithm.broadcast(model, state.algorithm))
         update = self.backend.train_round(params, broadcast, clients, number)
         state.loss_sum += update.loss_sum
         state.loss_samples += update.samples
@@ -139,11 +140,12 @@ class TrainingRounds:
         previous = {name: tensor.clone() for name, tensor in params.items()}
         sums = self.postprocessing.aggregate(update.sums, number, update.clients)
         if bool(np.isfinite(update.loss_sum)) and _finite(sums) and _finite(update.statistics):
-            delta, algorithm_state = self.algorithm.server_update(model, Aggregate(sums, update.weight, update.clients),
-                                                                  state.algorithm, self.population)
+            delta, algorithm_state = check_server_update(self.algorithm, self.algorithm.server_update(
+                model, Aggregate(sums, update.weight, update.clients), state.algorithm, self.population), model)
             for name, change in update.statistics.items():
                 params[name] += change / float(update.samples)
-            params.update(self.server.step(params, delta))
+            params.update(check_server_step(self.server, self.server.step(params, delta), params, delta))
+            check_state(self.server, "step", self.server.state, "tensors in dicts by name")
             if _finite(params) and _finite(algorithm_state):
                 state.algorithm, state.done = algorithm_state, number
                 return True

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from fedray.methods.algorithm import Params
+from fedray.methods.checks import check_like, check_state
 
 AGGREGATE = -1
 """The client number the aggregate's generator is seeded with."""
@@ -127,8 +128,8 @@ class Postprocessing:
         tensors = flatten(upload)
         for index, postprocessor in enumerate(self.postprocessors):
             if postprocessor.per_client:
-                tensors = postprocessor.client(tensors, UploadContext(client, round_number, 1,
-                                                                       self._generator(round_number, client, index)))
+                tensors = check_like(postprocessor, "client", postprocessor.client(tensors, UploadContext(
+                    client, round_number, 1, self._generator(round_number, client, index))), tensors, "the upload's tensors")
         return unflatten(upload, tensors)
 
     def aggregate(self, total: Any, round_number: int, clients: int) -> Any:
@@ -137,8 +138,10 @@ class Postprocessing:
             return total
         tensors = flatten(total)
         for index, postprocessor in enumerate(self.postprocessors):
-            tensors = postprocessor.aggregate(tensors, UploadContext(AGGREGATE, round_number, clients,
-                                                                     self._generator(round_number, AGGREGATE, index)))
+            tensors = check_like(postprocessor, "aggregate", postprocessor.aggregate(tensors, UploadContext(
+                AGGREGATE, round_number, clients, self._generator(round_number, AGGREGATE, index))), tensors,
+                "the sum's tensors")
+            check_state(postprocessor, "aggregate", postprocessor.state, "tensors by name")
         return unflatten(total, tensors)
 
     def state_dict(self) -> list[Params]:

@@ -19,7 +19,24 @@ import numpy as np
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
+from fedray.core.errors import FedrayError
 from fedray.runtime.placement import reserve, start_actors
+
+
+def fetch(refs: list[ray.ObjectRef]) -> list[Any]:
+    """``ray.get``, with an actor's :class:`FedrayError` (an unreadable image, a plugin's wrong output) re-raised as
+    itself: its one line, without Ray's traceback (nor Ray's "Unhandled error" for the other actors' same error)."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as error:
+        if isinstance(error.cause, FedrayError):
+            for ref in refs:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError:
+                    pass
+            raise FedrayError(str(error.cause)) from None
+        raise
 
 
 def balanced_bounds(client_offsets: np.ndarray, num_actors: int) -> np.ndarray:
@@ -129,7 +146,7 @@ class Reduction:
     partials: tuple[ray.ObjectRef, ...]
     add: Callable[[Any, Any], Any] = operator.add
 
-    def result(self, get: Callable[[list[ray.ObjectRef]], list[Any]] = ray.get) -> Any:
+    def result(self, get: Callable[[list[ray.ObjectRef]], list[Any]] = fetch) -> Any:
         """The sum, the partial sums fetched by ``get``."""
         values = get(list(self.partials))
         return values[0] if len(values) == 1 else combine_partials(*values, self.add)

@@ -18,6 +18,7 @@ import resource
 from pathlib import Path
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from fedray.core.federation import TEST, TRAIN, Federation
 from fedray.core.errors import FedrayError
 from fedray.methods.evaluation import EvalRows, eval_bounds
 from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
+from fedray.methods.checks import combine_checked
 from fedray.methods.postprocessor import Postprocessing
 from fedray.runtime.cluster import check_memory
 from fedray.runtime.client_states import ClientStates
@@ -198,7 +200,7 @@ class ShardActor:
         for client, number in zip(clients.tolist(), rounds.tolist()):
             upload = method.client_statistics(self._batch(np.array([client]), method.features_dtype))
             upload = postprocessing.client(upload, client, number)
-            total = upload if total is None else method.combine(total, upload)
+            total = upload if total is None else combine_checked(method, total, upload)
         return total
 
     def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int) -> Any:
@@ -216,7 +218,10 @@ class ShardActor:
     def restore_client_states(self, paths: list[str], first: int, end: int) -> None:
         self.client_states.restore(map(Path, paths), lambda client: first <= client < end)
 
-    def combine(self, method: ClosedFormMethod, a: Any, b: Any) -> Any:
+    def combine(self, method: Any, a: Any, b: Any) -> Any:
+        """``a`` + ``b`` as ``method`` (a closed-form method, or a trainer) adds them."""
+        if isinstance(method, ClosedFormMethod):
+            return combine_partials(a, b, partial(combine_checked, method))
         return combine_partials(a, b, method.combine)
 
     def correct(self, feature_map: list[ray.ObjectRef], classifier: Classifier) -> int:
@@ -310,7 +315,7 @@ class ShardPool(ActorGroup):
         partials = [(actor.statistics.remote(method_ref, clients[owners == index], postprocessing if per_client else None,
                                              rounds[owners == index] if per_client else None), actor)
                     for index, actor in enumerate(self.actors)]
-        return tree_reduce(method_ref, partials, method.combine)
+        return tree_reduce(method_ref, partials, partial(combine_checked, method))
 
     def correct(self, feature_map: ray.ObjectRef, classifier: ray.ObjectRef) -> list[ray.ObjectRef]:
         """Each shard's count of the correct predictions of ``classifier`` on its test rows through ``feature_map``,

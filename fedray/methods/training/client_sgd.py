@@ -24,6 +24,7 @@ import torch
 
 from fedray.methods.training.local import LocalSGD, client_rng, minibatches
 from fedray.methods.algorithm import CONTROL, Aggregate, ClientRound, FederatedAlgorithm, Loss, Params, Population, Upload
+from fedray.methods.checks import check_same_upload, check_tensors, check_upload
 from fedray.methods.training_algorithms import Scaffold
 
 
@@ -65,7 +66,8 @@ def start_client(algorithm: FederatedAlgorithm, client: int, round_number: int, 
                  sgd: LocalSGD, start: Params, broadcast: Params, state: Params | None, path_loss: Loss) -> ClientRound:
     """A client's round: its state (created by the algorithm at its first participation) and what it received."""
     if state is None:
-        state = algorithm.init_client_state(start)
+        state = check_tensors(algorithm, "init_client_state", algorithm.init_client_state(start),
+                              "None or a dict of tensors by name", optional=True)
     return ClientRound(client, round_number, size, len(batches), sgd.lr, start, broadcast, state, path_loss)
 
 
@@ -87,14 +89,16 @@ def train_client(
     """
     local_sgd(params, lambda batch: forward(params, batch), labels, batches, sgd, algorithm, client)
     trained = {name: value.detach() for name, value in params.items()}
-    return algorithm.upload(client, trained if sent is None else sent(trained))
+    return check_upload(algorithm, algorithm.upload(client, trained if sent is None else sent(trained)))
 
 
-def add_upload(sums: Params | None, upload: Upload) -> Params:
-    """``sums`` + weight × the upload's tensors (a new dict, ``sums`` None the first time)."""
+def add_upload(sums: Params | None, upload: Upload, algorithm: FederatedAlgorithm) -> Params:
+    """``sums`` + weight × the upload's tensors (a new dict, ``sums`` None the first time), which must have the names
+    and shapes of the sums (``algorithm``'s uploads)."""
     weighted = {name: upload.weight * tensor for name, tensor in upload.tensors.items()}
     if sums is None:
         return weighted
+    check_same_upload(algorithm, upload.tensors, sums)
     return {name: sums[name] + weighted[name] for name in sums}
 
 

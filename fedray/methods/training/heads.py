@@ -66,7 +66,7 @@ def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: L
         trained = {name: value.clone().requires_grad_() for name, value in params.items()}
         upload, state = train_client(algorithm, round_, trained, lambda p, step: forward(p, x[step]), y, batches, sgd)
         upload = Upload(postprocessing.client(upload.tensors, client, round_number), upload.weight)
-        sums = add_upload(sums, upload)
+        sums = add_upload(sums, upload, algorithm)
         weight += upload.weight
         states.put(client, state)
     return RoundUpdate(sums, weight, len(batch.clients), loss_sum, len(batch.labels))

@@ -109,7 +109,7 @@ class ClientTrainer:
                 change = size * (model_state[name] - start[name])
                 statistics[name] = change if name not in statistics else statistics[name] + change
             upload = Upload(self.training.postprocessing.client(upload.tensors, client, round_number), upload.weight)
-            sums = add_upload(sums, upload)
+            sums = add_upload(sums, upload, self.algorithm)
             weight += upload.weight
             states.put(client, None if state is None else {name: value.cpu() for name, value in state.items()})
             loss_sum += client_loss

@@ -25,19 +25,9 @@ from fedray.runtime.finetune.trainer import Trainer, TrainerRows
 from fedray.data.images.backbones import Backbone, get_backbone
 from fedray.data.images.decode import ImageTransform
 from fedray.runtime.held import Held
-from fedray.runtime.actor_group import ActorGroup, balanced_bounds, tree_reduce
+from fedray.runtime.actor_group import ActorGroup, balanced_bounds, fetch, tree_reduce
 from fedray.runtime.placement import trial_bundles
 from fedray.methods.entk import EntkSpec
-
-
-def fetch(refs):
-    """``ray.get``, with a trainer's :class:`FedrayError` (e.g. an unreadable image) re-raised as itself, without Ray's traceback."""
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as error:
-        if isinstance(error.cause, FedrayError):
-            raise FedrayError(str(error.cause)) from None
-        raise
 
 
 def check_images(federation: Federation) -> None:

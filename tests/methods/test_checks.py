@@ -1,0 +1,59 @@
+"""The checks of what the engine receives, on the built-ins: they pass what fedray's own methods and algorithms return
+(a run of each plugin kind that fails them is in tests/app/test_plugin_outputs.py)."""
+
+import numpy as np
+import pytest
+import torch
+
+from fedray.core.errors import FedrayError
+from fedray.methods.base import ClientBatch, Classifier
+from fedray.methods.checks import check_classifier, check_like, check_state, combine_checked, statistics_finite
+from fedray.methods.fedcof import FedCOF
+from fedray.methods.ncm import ClassSums, FedNCM
+
+
+def batch(clients: list[int], sizes: list[int], dim: int = 3, classes: int = 4) -> ClientBatch:
+    rows = sum(sizes)
+    generator = torch.Generator().manual_seed(0)
+    return ClientBatch(torch.randn(rows, dim, generator=generator), torch.arange(rows) % classes,
+                       np.concatenate([[0], np.cumsum(sizes)]), np.array(clients))
+
+
+def test_fedcofs_received_means_grow_in_a_list_and_pass():
+    method = FedCOF(3, 4)
+    a, b = method.client_statistics(batch([0], [5])), method.client_statistics(batch([1, 2], [3, 6]))
+    total = combine_checked(method, a, b)
+    assert len(total.blocks) == 2 and torch.equal(total.counts, a.counts + b.counts)
+
+
+def test_statistics_of_another_shape_are_refused_before_combine():
+    method = FedNCM(3, 4)
+    a = method.client_statistics(batch([0], [5]))
+    with pytest.raises(FedrayError) as error:
+        combine_checked(method, a, ClassSums(a.counts[:2], a.sums))
+    assert str(error.value) == "fedray's fedncm: client_statistics returned statistics of changing shape (the tensor at " \
+        "'counts' is (4,) in one and (2,) in another); expected the same shapes from every client and round (they are " \
+        "added; what grows with the clients goes in a list, as FedCOF's received means)"
+
+
+def test_a_classifier_check_names_non_finite_statistics():
+    method = FedNCM(3, 4)
+    weight = torch.zeros(3, 4)
+    assert check_classifier(method, Classifier(weight), 3, 4, 1, lambda: True).weight is weight
+    weight[0, 0] = float("inf")
+    with pytest.raises(FedrayError) as error:
+        check_classifier(method, Classifier(weight), 3, 4, 7, lambda: statistics_finite((torch.tensor([float("nan")]),)))
+    assert str(error.value) == "fedray's fedncm: solve returned a classifier with NaN or inf in its weight after round 7 " \
+        "(its statistics already hold NaN or inf: from client_statistics or combine); expected finite values"
+
+
+def test_names_and_shapes_and_states():
+    like = {"weight": torch.zeros(3, 4), "bias": torch.zeros(4)}
+    owner = FedNCM(3, 4)
+    assert check_like(owner, "step", {"bias": torch.ones(4), "weight": torch.ones(3, 4)}, like, "Δ") is not None
+    with pytest.raises(FedrayError, match=r"step returned tensors without bias; with extra too; expected Δ: a dict of "
+                                          r"tensors named bias, weight with their shapes$"):
+        check_like(owner, "step", {"weight": torch.ones(3, 4), "extra": torch.ones(1)}, like, "Δ")
+    check_state(owner, "step", {"weight": {"m": torch.zeros(3, 4)}}, "tensors in dicts by name")
+    with pytest.raises(FedrayError, match=r"its state holds a ndarray at weight.m after step"):
+        check_state(owner, "step", {"weight": {"m": np.zeros(3)}}, "tensors in dicts by name")
