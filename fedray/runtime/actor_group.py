@@ -35,7 +35,7 @@ def fetch(refs: list[ray.ObjectRef]) -> list[Any]:
                     ray.get(ref)
                 except ray.exceptions.RayError:
                     pass
-            raise FedrayError(str(error.cause)) from None
+            raise error.cause from None  # its own class (ClientStatesLost, ...) and its one line
         raise
 
 
