@@ -25,3 +25,28 @@ def test_a_config_yaml_of_an_earlier_version_reproduces_its_run(ray_session, tmp
     head = np.load(tmp_path / "classifier.npz")
     assert float(np.abs(head["W"]).sum()).hex() == "0x1.f4243a0000000p+3"
     assert float(np.abs(head["bias"]).sum()).hex() == "0x1.b9751a0000000p+0"
+
+
+OLD_CHECKPOINT = Path(__file__).parent / "data" / "checkpoint_85d3237.pt"
+OLD_HEAD = Path(__file__).parent / "data" / "classifier_85d3237.npz"
+
+
+def test_a_checkpoint_of_an_earlier_version_resumes_to_that_versions_head(ray_session, tmp_path):
+    """Commit 85d3237 (before the training algorithms kept client states with the clients) wrote this checkpoint after
+    round 4 of `fedray run` with the options below, and classifier.npz after round 6: resumed now, the same head."""
+    import shutil
+
+    shutil.copy(OLD_CHECKPOINT, tmp_path / "checkpoint.pt")
+    arguments = ["run", "--method", "fedavg", "--dataset", "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6",
+                 "--client-lr", "0.05", "--rounds", "6", "--eval-every", "2", "--checkpoint-every", "4", "--num-shards",
+                 "2", "--cpus-per-shard", "1", "--seed", "5", "--quiet", "--out", str(tmp_path), "--resume"]
+    assert main(arguments) == 0
+    head, old = np.load(tmp_path / "classifier.npz"), np.load(OLD_HEAD)
+    assert sorted(head.files) == sorted(old.files) == ["W", "bias"]
+    assert all(np.array_equal(head[name], old[name]) for name in old.files)
+    metrics = pl.read_parquet(tmp_path / "metrics.parquet")
+    # what commit 85d3237's uninterrupted run wrote to metrics.parquet
+    assert metrics.select("round", "accuracy", "bytes_up").rows() == [
+        (0, 0.14281245111841076, 0.0), (2, 0.22931331143438136, 4320.0), (4, 0.30204911622086655, 8640.0),
+        (6, 0.30157985296417955, 12960.0)]
+    assert not (tmp_path / "checkpoint.pt").exists()
