@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 import numpy as np
 from tqdm import tqdm
 
+from fedray import interrupts
 from fedray.results import EvalPoint
 
 
@@ -59,6 +60,7 @@ def run_rounds(path: Rounds, rounds: list[np.ndarray], evaluate_at: set[int], ca
         if done == 0 and 0 in evaluate_at:
             emit(path.point(0))
         for number in range(done + 1, len(rounds) + 1):
+            interrupts.check()
             if not path.run_round(number, rounds[number - 1]):
                 emit(path.point(number, diverged=True))
                 return True
