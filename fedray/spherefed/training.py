@@ -60,6 +60,13 @@ class SphereMap:
         return torch.nn.functional.normalize(features @ self.weight.T + self.bias, dim=1)
 
 
+def initial_projection(dim: int, sphere_dim: int, seed: int) -> Params:
+    """The projection d → l (weight l × d, bias l), initialized like every random head of a run (:func:`random_head`,
+    transposed)."""
+    projection = random_head(dim, sphere_dim, seed)
+    return {"weight": projection["weight"].T.contiguous(), "bias": projection["bias"]}
+
+
 class SphereBackend(ProbeBackend):
     """SphereFed's training on the features of a :class:`ShardPool`; the fixed classifier never travels."""
 
@@ -71,9 +78,7 @@ class SphereBackend(ProbeBackend):
                          trainer=SphereTrainer(sgd, seed, algorithm, classifier=self.classifier, loss=loss))
 
     def initial_params(self, seed: int) -> Params:
-        """The projection d → l, initialized like every random head of a run (:func:`random_head`, transposed)."""
-        projection = random_head(self.dim, self.sphere_dim, seed)
-        return {"weight": projection["weight"].T.contiguous(), "bias": projection["bias"]}
+        return initial_projection(self.dim, self.sphere_dim, seed)
 
     def calibration_map(self, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         return params["weight"], params["bias"]
