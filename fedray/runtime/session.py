@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import ray
 import ray._private.ray_constants
@@ -27,6 +27,7 @@ from fedray import interrupts
 from fedray.errors import FedrayError
 from fedray.runtime import tensor_transfer, watchdog
 from fedray.runtime.address import LOCAL, check_reachable
+from fedray.runtime.messages import without_messages
 
 
 def _cluster_address(address: str | None) -> tuple[str, str] | None:
@@ -49,26 +50,9 @@ TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
 
 
-@contextmanager
-def _without_token_auth_notice() -> Iterator[None]:
-    """Token authentication stays on, as Ray enables it for a new local cluster; only its notice on every run is dropped
-    (that one message: every other warning and error of Ray still shows)."""
-    logger = logging.getLogger(TOKEN_AUTH_LOGGER)
-    notice = _DropMessage(TOKEN_AUTH_NOTICE)
-    logger.addFilter(notice)
-    try:
-        yield
-    finally:
-        logger.removeFilter(notice)
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefix)
+def _without_token_auth_notice() -> AbstractContextManager[None]:
+    """Token authentication stays on, as Ray enables it for a new local cluster; only its notice on every run is dropped."""
+    return without_messages(TOKEN_AUTH_LOGGER, TOKEN_AUTH_NOTICE)
 
 
 def init_ray(address: str | None = None) -> None:
