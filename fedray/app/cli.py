@@ -1,4 +1,9 @@
-"""The ``fedray`` command line."""
+"""The ``fedray`` command line.
+
+This module imports little at its top (no torch, no Ray), so that :func:`main`
+handles Ctrl-C and SIGTERM from its first moments on; what a command needs is
+imported when it runs.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +13,21 @@ import sys
 import traceback
 from dataclasses import Field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedray.core import interrupts
-from fedray.methods.config import GENERAL, GROUPS, RESOURCES, RUN_OPTIONS, TRAINING, RunConfig, load_config_file, resolve
 from fedray.core.errors import FedrayError
 from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.plugins import display_name, plugin_failure
 
+if TYPE_CHECKING:
+    from fedray.methods.config import RunConfig
+
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
     """``fedray run``'s options, generated from :class:`~fedray.methods.config.RunConfig`: flag, type, choices, help and default."""
+    from fedray.methods.config import GENERAL, GROUPS, RESOURCES, TRAINING, RunConfig
+
     parser = commands.add_parser("run", help="run one closed-form or gradient-based method on a federation",
                                  description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
                                  "Gradient methods train a softmax head on the features (linear probing).")
@@ -36,6 +46,8 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
 
 def _add_run_option(group: argparse._ActionsContainer, spec: Field) -> None:
     """``--name`` for the run option ``spec``; its argparse default stays None so a config file's value is kept."""
+    from fedray.methods.config import RUN_OPTIONS
+
     option = RUN_OPTIONS[spec.name]
     help_text = spec.metadata["help"].replace("%", "%%") + default_note(spec)
     if option.type is bool:
@@ -56,13 +68,15 @@ def default_note(spec: Field) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    from fedray.engine.run_config import run
+    from fedray.methods.config import load_config_file, resolve
 
     file_values = load_config_file(args.config) if args.config else {}
     cli_values = {k: v for k, v in vars(args).items() if k not in ("config", "address", "handler", "command", "resume", "option")}
     cli_values["options"] = parse_options(args.option or [])
     config = resolve(file_values, cli_values)
     with interrupts.reporting(lambda: _left_by_run(config)):
+        from fedray.engine.run_config import run
+
         rows = run(config, address=args.address, resume=args.resume).rows
     last = rows[-1]
     if last["diverged"]:
@@ -253,29 +267,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _ray_is_up() -> bool:
-    """Whether this process is connected to Ray (without importing it: ``fedray --help`` stays quick)."""
-    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    """Whether this process is connected to Ray (without importing it: ``fedray --help`` stays quick; a signal may
+    have stopped its import halfway)."""
+    is_initialized = getattr(sys.modules.get("ray"), "is_initialized", None)
+    return is_initialized is not None and is_initialized()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``fedray ARGV``; the exit code: 0, 2 for bad input, 1 when a plugin raised, 130 after Ctrl-C and 143 after SIGTERM."""
-    args = build_parser().parse_args(argv)
+    """``fedray ARGV``; the exit code: 0, 2 for bad input, 1 when a plugin raised, 130 after Ctrl-C and 143 after
+    SIGTERM, whenever it comes."""
     ray_was_up = _ray_is_up()
-    with interrupts.raising_on_sigterm():
+    with interrupts.handling_interrupts():
         try:
+            args = build_parser().parse_args(argv)
             args.handler(args)
-        except FedrayError as error:
-            print(f"fedray: error: {error}", file=sys.stderr)
-            return 2
-        except Exception as error:  # a researcher's plugin raised: name it and the call, then its traceback
-            failure = plugin_failure(error)
-            if failure is None:
-                raise
-            print(f"fedray: error: {failure}; its traceback:", file=sys.stderr)
-            traceback.print_exception(error, file=sys.stderr)
-            return 1
-        except (*interrupts.INTERRUPTS, interrupts.Stopped) as interrupt:
-            stop = interrupts.stopped(interrupt)
+        except BaseException as error:
+            number = interrupts.signal_behind(error)
+            if number is None:
+                if isinstance(error, FedrayError):
+                    print(f"fedray: error: {error}", file=sys.stderr)
+                    return 2
+                failure = plugin_failure(error) if isinstance(error, Exception) else None
+                if failure is None:
+                    raise
+                # a researcher's plugin raised: name it and the call, then its traceback
+                print(f"fedray: error: {failure}; its traceback:", file=sys.stderr)
+                traceback.print_exception(error, file=sys.stderr)
+                return 1
+            stop = error if isinstance(error, interrupts.Stopped) else interrupts.Stopped(number)
             with interrupts.ignoring_interrupts():
                 if _ray_is_up() and not ray_was_up:
                     sys.modules["ray"].shutdown()

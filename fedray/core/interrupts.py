@@ -1,13 +1,23 @@
-"""Ctrl-C and SIGTERM stop a command cleanly: every ``finally`` runs, Ray is shut down, one line says what is left.
+"""Ctrl-C and SIGTERM stop a command cleanly, at any moment: every ``finally`` runs, Ray is shut down, one line says
+what is left.
 
-Python turns SIGINT into :class:`KeyboardInterrupt`; :func:`raising_on_sigterm`
-turns SIGTERM into :class:`Terminated` the same way, so both unwind through
-the ``finally`` blocks that shut shard pools down instead of killing the
-process where it stands. ``ray.init`` replaces the SIGTERM handler (in C, with
-a failure-signal handler that aborts with 134), so :func:`keeping_sigterm_handler`
-puts the caller's back around it. A command says what it leaves behind with
-:func:`reporting`; ``fedray``'s ``main`` prints that line and exits 128 + the
-signal's number: 130 for SIGINT, 143 for SIGTERM.
+Inside :func:`handling_interrupts` (``fedray``'s ``main`` enters it before it
+imports anything heavy), SIGINT raises :class:`KeyboardInterrupt` and SIGTERM
+:class:`Terminated` in the main thread, so both unwind through the ``finally``
+blocks that shut shard pools down instead of killing the process where it
+stands. The signal is recorded too, because a handler's exception does not
+always arrive as itself: raised inside a C extension (a library's import,
+Ray deserializing a result) it can come out as another error (an
+``AttributeError`` of a half-imported pandas, a ``SystemError``), or be
+cleared there and never arrive. :func:`signal_behind` takes any error after a
+signal for that signal, and :func:`check`, called between a run's stages and
+rounds, raises a signal's interrupt that was lost. Where an interrupt must not
+come in the middle (the driver's connection to Ray),
+:func:`deferring_interrupts` holds it until the step is done.
+:mod:`fedray.runtime.session` keeps these handlers through ``ray.init``, which
+would replace them. A command says what it leaves behind with :func:`reporting`;
+``main`` prints that line and exits 128 + the signal's number: 130 for
+SIGINT, 143 for SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,7 +32,12 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread as :class:`KeyboardInterrupt` is for SIGINT."""
 
 
-INTERRUPTS = (KeyboardInterrupt, Terminated)
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+_received: int | None = None
+"""The first signal :func:`handling_interrupts` caught, None before one."""
+_deferring = False
+"""Inside :func:`deferring_interrupts`."""
 
 
 class Stopped(BaseException):
@@ -42,30 +57,87 @@ class Stopped(BaseException):
         return f"stopped by {name}" + (f": {self.left}" if self.left else "")
 
 
-def stopped(interrupt: BaseException, left: str = "") -> Stopped:
-    """The :class:`Stopped` of a :class:`KeyboardInterrupt` (SIGINT) or :class:`Terminated` (SIGTERM)."""
-    if isinstance(interrupt, Stopped):
-        return interrupt
-    return Stopped(signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT, left)
+def interrupt_of(signal_number: int) -> BaseException:
+    """What a signal raises: :class:`KeyboardInterrupt` for SIGINT, :class:`Terminated` for SIGTERM."""
+    return KeyboardInterrupt() if signal_number == signal.SIGINT else Terminated()
+
+
+def signal_behind(error: BaseException) -> int | None:
+    """The signal that ``error`` comes from, None when it is an error of its own.
+
+    An interrupt, or an error raised while one was handled or from one (a C
+    extension turns a handler's exception into ``SystemError``), is that
+    interrupt's signal; any error after a caught signal is that signal's doing.
+    """
+    if isinstance(error, Stopped):
+        return error.signal_number
+    for link in (error, error.__cause__, error.__context__):
+        if isinstance(link, KeyboardInterrupt):
+            return signal.SIGINT
+        if isinstance(link, Terminated):
+            return signal.SIGTERM
+    return _received
+
+
+def received() -> int | None:
+    """The signal caught inside :func:`handling_interrupts`, None if none came."""
+    return _received
+
+
+def check() -> None:
+    """Raise the interrupt of a caught signal whose exception was lost (cleared in a library's C code)."""
+    if _received is not None:
+        raise interrupt_of(_received)
 
 
 @contextmanager
 def reporting(left: Callable[[], str]) -> Iterator[None]:
-    """An interrupt inside becomes :class:`Stopped`, with ``left()`` saying what the work leaves behind."""
+    """An error a signal caused inside becomes :class:`Stopped`, with ``left()`` saying what the work leaves behind."""
     try:
         yield
-    except INTERRUPTS as interrupt:
-        raise stopped(interrupt, left()) from None
-    except SystemError as error:
-        # A signal handler that raises while C code runs a Python callback (Ray deserializing a result in
-        # ray.get) surfaces as "SystemError: ... returned a result with an exception set", the interrupt its cause.
-        if isinstance(error.__cause__, INTERRUPTS):
-            raise stopped(error.__cause__, left()) from None
+    except Stopped:
         raise
+    except BaseException as error:
+        number = signal_behind(error)
+        if number is None:
+            raise
+        raise Stopped(number, _what_is_left(left)) from None
 
 
-def _raise_terminated(signal_number: int, frame: object) -> None:
-    raise Terminated
+def _what_is_left(left: Callable[[], str]) -> str:
+    """``left()``; empty when the interrupt broke what it needs (a module whose import it stopped halfway)."""
+    try:
+        return left()
+    except Exception:
+        return ""
+
+
+def _record_and_raise(signal_number: int, frame: object) -> None:
+    global _received
+    first = _received is None
+    if first:
+        _received = signal_number
+        if _deferring:
+            return
+    raise interrupt_of(signal_number)
+
+
+@contextmanager
+def deferring_interrupts() -> Iterator[None]:
+    """Inside, the first signal is recorded only; its interrupt is raised when the block ends. A second one raises
+    at once (for a block that hangs).
+
+    For steps that an exception raised in their middle would leave half-done
+    in C code: a driver's Ray core worker interrupted while ``ray.init``
+    builds it crashes the process (SIGSEGV) when it exits.
+    """
+    global _deferring
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
+    check()
 
 
 def _in_main_thread() -> bool:
@@ -86,19 +158,23 @@ def _handling(signals: tuple[signal.Signals, ...], handler: object) -> Iterator[
             signal.signal(number, signal.SIG_DFL if handler is None else handler)
 
 
-def raising_on_sigterm() -> AbstractContextManager[None]:
-    """Inside, SIGTERM raises :class:`Terminated` in the main thread."""
-    return _handling((signal.SIGTERM,), _raise_terminated)
+@contextmanager
+def handling_interrupts() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM are recorded and raise their interrupt in the main thread."""
+    global _received
+    _received = None
+    with _handling(HANDLED, _record_and_raise):
+        yield
 
 
 def ignoring_interrupts() -> AbstractContextManager[None]:
     """Inside, SIGINT and SIGTERM are ignored: for the short cleanup after the first one."""
-    return _handling((signal.SIGINT, signal.SIGTERM), signal.SIG_IGN)
+    return _handling(HANDLED, signal.SIG_IGN)
 
 
 @contextmanager
 def keeping_sigterm_handler() -> Iterator[None]:
-    """Whatever handles SIGTERM before is put back after (``ray.init`` installs its own)."""
+    """Whatever handles SIGTERM before is put back after (the C part of ``ray.init`` installs its own)."""
     if not _in_main_thread():
         yield
         return

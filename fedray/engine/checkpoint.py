@@ -3,14 +3,20 @@
 The file is plain data: ``{"format", "config", "state"}`` with the state as
 tensors, numbers, strings, lists and dicts, read with ``weights_only=True`` so
 that loading it never runs code from the file. A file that is not such a
-checkpoint (empty, truncated, foreign, of an older fedray) is refused in one line.
+checkpoint (empty, truncated, foreign, of an older fedray) is refused in one line,
+and so is one whose state is not what a run writes (a file edited by hand):
+every value of the wrong type or out of its range, and, against the run that
+resumes it (:class:`RunShape`, before any work), parameters of other names,
+shapes or dtypes, other clients, training rounds beyond the run's.
 """
 
 from __future__ import annotations
 
+import math
 import pickle
+import re
 import zipfile
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +26,7 @@ from fedray.core.accounting import PaperTotals
 from fedray.methods.config import RunConfig
 from fedray.data.registry import canonical_spec
 from fedray.core.errors import FedrayError
+from fedray.methods.training.backend import Params
 from fedray.engine.training import CLIENT_STATES, Accounting, TrainingState
 from fedray.core.results import EvalPoint, payload_bytes, write_atomically
 
@@ -49,8 +56,20 @@ def _save(path: Path, contents: dict) -> None:
         torch.save(contents, handle)
 
 
-def load_checkpoint(out: Path, config: dict) -> TrainingState:
-    """The state saved in ``out``, if it was saved by a run with the same configuration."""
+@dataclass(frozen=True)
+class RunShape:
+    """What the state of a run's checkpoint must fit: the model the run trains (tensors for their names, shapes and
+    dtypes, on the meta device for a large one), its training algorithm's server state, its clients and rounds."""
+
+    params: Params
+    algorithm: Params
+    num_clients: int
+    rounds: int
+
+
+def load_checkpoint(out: Path, config: dict, run: RunShape | None = None) -> TrainingState:
+    """The state saved in ``out``, if it was saved by a run with the same configuration and, given the ``run`` that
+    resumes it, fits that run."""
     path = out / CHECKPOINT
     if not path.is_file():
         raise FedrayError(f"{path}: no checkpoint to resume from")
@@ -63,7 +82,10 @@ def load_checkpoint(out: Path, config: dict) -> TrainingState:
     if differing:
         raise FedrayError(f"{path}: saved by a run with other options ({', '.join(differing)}); resume with the same ones")
     try:
-        return _training_state(saved["state"])
+        state = _training_state(saved["state"], out)
+        if run is not None:
+            _check_fits(state, run)
+        return state
     except KeyError as error:
         raise FedrayError(f"{path}: not a complete fedray checkpoint (its state lacks {error}); {START_OVER}") from None
     except (TypeError, AttributeError) as error:
@@ -158,7 +180,11 @@ def _paper_totals(accounting: dict) -> PaperTotals:
     """The papers' running totals; a checkpoint from before fedray kept them has none (its paper columns stay null)."""
     if "paper" not in accounting:
         return PaperTotals(None, None, None, None)
-    return PaperTotals(**accounting["paper"])
+    paper, names = accounting["paper"], [field.name for field in fields(PaperTotals)]
+    if not isinstance(paper, dict) or sorted(paper) != sorted(names):
+        raise FedrayError(f"its accounting's paper totals are {paper!r}, not a mapping of {', '.join(names)}")
+    return PaperTotals(**{name: None if paper[name] is None else _amount(paper[name], f"accounting's {name}")
+                          for name in names})
 
 
 def _algorithm_state(plain: dict) -> tuple[dict, list[str]]:
@@ -172,22 +198,153 @@ def _algorithm_state(plain: dict) -> tuple[dict, list[str]]:
     return {}, []
 
 
-def _training_state(plain: dict) -> TrainingState:
+def _training_state(plain: dict, out: Path) -> TrainingState:
     accounting = plain["accounting"]
     algorithm, client_states = _algorithm_state(plain)
-    names = [field.name for field in fields(EvalPoint)]
+    done = _count(plain["done"], "number of training rounds done")
     return TrainingState(
-        params=plain["params"],
-        server=plain["server"],
-        algorithm=algorithm,
-        accounting=Accounting(accounting["seen"].numpy(), accounting["samples_seen"], accounting["bytes_up"],
-                              accounting["bytes_down"], accounting["flops"], _paper_totals(accounting)),
-        points=[EvalPoint(**{name: point[name] for name in names if name in point}) for point in plain["points"]],
-        done=plain["done"],
-        loss_sum=plain["loss_sum"],
-        loss_samples=plain["loss_samples"],
-        wall_s=plain["wall_s"],
-        eval_s=plain["eval_s"],
-        client_states=client_states,
-        postprocessors=plain.get("postprocessors", []),
+        params=_tensors(plain["params"], "parameters"),
+        server=_server_state(plain["server"]),
+        algorithm=_tensors(algorithm, "training algorithm's state"),
+        accounting=Accounting(_seen(accounting["seen"]), _count(accounting["samples_seen"], "accounting's samples_seen"),
+                              *(_amount(accounting[name], f"accounting's {name}") for name in ("bytes_up", "bytes_down", "flops")),
+                              _paper_totals(accounting)),
+        points=_points(plain["points"]),
+        done=done,
+        loss_sum=_number(plain["loss_sum"], "loss_sum"),
+        loss_samples=_count(plain["loss_samples"], "loss_samples"),
+        wall_s=_amount(plain["wall_s"], "wall_s"),
+        eval_s=_amount(plain["eval_s"], "eval_s"),
+        client_states=_client_states(client_states, done, out),
+        postprocessors=[_tensors(state, "a postprocessor's state") for state in plain.get("postprocessors", [])],
     )
+
+
+def _count(value: object, name: str) -> int:
+    if type(value) is not int or value < 0:
+        raise FedrayError(f"its {name} is {value!r}, not a count (an integer ≥ 0)")
+    return value
+
+
+def _number(value: object, name: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise FedrayError(f"its {name} is {value!r}, not a finite number")
+    return value
+
+
+def _amount(value: object, name: str) -> float:
+    if _number(value, name) < 0:
+        raise FedrayError(f"its {name} is {value!r}, not a number ≥ 0")
+    return value
+
+
+def _tensors(value: object, what: str) -> Params:
+    if not isinstance(value, dict):
+        raise FedrayError(f"its {what} are {type(value).__name__}, not a mapping of names to tensors")
+    for name, tensor in value.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            raise FedrayError(f"{name!r} in its {what} is a {type(tensor).__name__}, not a tensor")
+    return value
+
+
+def _server_state(value: object) -> dict[str, Params]:
+    """The server optimizer's state: a mapping of parameter names to mappings of tensors."""
+    if not isinstance(value, dict):
+        raise FedrayError(f"its server optimizer's state is {type(value).__name__}, not a mapping")
+    for name, slots in value.items():
+        _tensors(slots, f"server optimizer's state of {name!r}")
+    return value
+
+
+def _seen(value: object) -> np.ndarray:
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.bool or value.dim() != 1:
+        what = f"{_described(value)} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise FedrayError(f"its accounting's seen is a {what}, not a bool vector (one entry per client)")
+    return value.numpy()
+
+
+def _points(value: object) -> list[EvalPoint]:
+    """The evaluation rows so far, each with its fields of their types, in the order of their rounds."""
+    if not isinstance(value, list):
+        raise FedrayError(f"its points are {type(value).__name__}, not a list of rows")
+    points = [_point(row, index) for index, row in enumerate(value)]
+    if any(later.round < earlier.round for earlier, later in zip(points, points[1:])):
+        raise FedrayError(f"its points are not in the order of their rounds ({[point.round for point in points]})")
+    return points
+
+
+POINT_COUNTS = ("round", "clients_seen", "samples_seen")
+POINT_AMOUNTS = ("bytes_up", "bytes_down", "flops_client_avg", "wall_s")
+POINT_PAPER_AMOUNTS = ("comm_floats_fedcof", "comm_floats_fed3r", "macs_client_avg_fed3r", "forward_passes")
+"""An evaluation row's fields by what they hold (counts, amounts ≥ 0, amounts or null); the others are checked by name."""
+
+
+def _point(row: object, index: int) -> EvalPoint:
+    if not isinstance(row, dict):
+        raise FedrayError(f"its point {index} is {type(row).__name__}, not a row (a mapping)")
+    missing = [field.name for field in fields(EvalPoint) if field.default is MISSING and field.name not in row]
+    if missing:
+        raise FedrayError(f"its point {index} lacks {missing[0]}")
+    values = {field.name: row.get(field.name, field.default) for field in fields(EvalPoint)}
+    where = f"point {index}'s"
+    for name in POINT_COUNTS:
+        _count(values[name], f"{where} {name}")
+    for name in (*POINT_AMOUNTS, *(name for name in POINT_PAPER_AMOUNTS if values[name] is not None)):
+        _amount(values[name], f"{where} {name}")
+    if values["train_loss"] is not None:
+        _number(values["train_loss"], f"{where} train_loss")
+    for name, kind in (("stage", str), ("diverged", bool), ("accuracy", float)):  # accuracy: NaN where diverged
+        if type(values[name]) is not kind:
+            raise FedrayError(f"its {where} {name} is {values[name]!r}, not a {kind.__name__}")
+    return EvalPoint(**values)
+
+
+def _client_states(names: object, done: int, out: Path) -> list[str]:
+    """The files of the clients' states after training round ``done``, beside the checkpoint."""
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise FedrayError(f"its client_states are {names!r}, not a list of file names")
+    for name in names:
+        if not re.fullmatch(rf"{re.escape(CLIENT_STATES)}-r{done}-[0-9]+\.pt", name):
+            raise FedrayError(f"its client_states name {name!r}, not a file of the clients' states after training "
+                              f"round {done} ({CLIENT_STATES}-r{done}-I.pt)")
+        if not (out / name).is_file():
+            raise FedrayError(f"the clients' states it names are not beside it ({out / name})")
+    return names
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return "×".join(map(str, tensor.shape)) or "scalar"
+
+
+def _described(tensor: torch.Tensor) -> str:
+    return f"{_shape(tensor)} {str(tensor.dtype).removeprefix('torch.')}"
+
+
+def _check_tensors(saved: Params, expected: Params, what: str) -> None:
+    """``saved`` has the names of ``expected``, each tensor of its shape and dtype."""
+    if saved.keys() != expected.keys():
+        missing = [f"{name!r} is missing" for name in sorted(expected.keys() - saved.keys())[:3]]
+        foreign = [f"{name!r} is not one of them" for name in sorted(saved.keys() - expected.keys())[:3]]
+        raise FedrayError(f"its {what} are not this run's ({', '.join(missing + foreign)})")
+    for name, tensor in saved.items():
+        if tensor.shape != expected[name].shape or tensor.dtype != expected[name].dtype:
+            raise FedrayError(f"{name!r} of its {what} is {_described(tensor)}, this run's is {_described(expected[name])}")
+
+
+def _check_fits(state: TrainingState, run: RunShape) -> None:
+    """``state`` is one of ``run``: its model, its algorithm's state, its clients, a training round before its last."""
+    _check_tensors(state.params, run.params, "parameters")
+    _check_tensors(state.algorithm, run.algorithm, "training algorithm's state")
+    for name, slots in state.server.items():
+        if name not in run.params:
+            raise FedrayError(f"its server optimizer keeps a state of {name!r}, not a parameter of this run's model")
+        for key, tensor in slots.items():
+            if tensor.shape != run.params[name].shape:
+                raise FedrayError(f"its server optimizer's {key!r} of {name!r} is {_shape(tensor)}, "
+                                  f"the parameter is {_shape(run.params[name])}")
+    if len(state.accounting.seen) != run.num_clients:
+        raise FedrayError(f"its accounting's seen has {len(state.accounting.seen)} entries, this run has "
+                          f"{run.num_clients} clients")
+    if state.done >= run.rounds:
+        raise FedrayError(f"it is after training round {state.done}, but this run has {run.rounds} training rounds "
+                          f"and a checkpoint comes before the last one")

@@ -16,8 +16,9 @@ from typing import Callable, Protocol
 import numpy as np
 from tqdm import tqdm
 
-from fedray.methods.base import Classifier
+from fedray.core import interrupts
 from fedray.core.results import EvalPoint
+from fedray.methods.base import Classifier
 
 Listener = Callable[[EvalPoint, "Classifier | None"], None]
 """Hears every evaluation row with the classifier evaluated there: a closed form's solve, a training run's head
@@ -67,6 +68,7 @@ def run_rounds(path: Rounds, rounds: list[np.ndarray], evaluate_at: set[int], ca
         if done == 0 and 0 in evaluate_at:
             emit(path.point(0))
         for number in range(done + 1, len(rounds) + 1):
+            interrupts.check()
             if not path.run_round(number, rounds[number - 1]):
                 emit(path.point(number, diverged=True))
                 return True

@@ -14,6 +14,7 @@ from fedray.data.registry import load_federation, recorded_backbone_macs
 from fedray.runtime.evaluator import Evaluator
 from fedray.engine.settings import server_optimizer, training_algorithm
 from fedray.engine.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
+from fedray.engine.training import TrainingState
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.engine.from_config import build_method, postprocessing
 from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
@@ -75,6 +76,15 @@ def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], *
     return rows
 
 
+def _saved_state(config: RunConfig, federation: Federation) -> TrainingState:
+    """The checkpoint in ``config.out``, checked against this training run (its model, clients and rounds) before
+    any work."""
+    from fedray.engine.stages import checkpoint_shape
+
+    shape = checkpoint_shape(config, federation) if config.trains else None
+    return load_checkpoint(Path(config.out), config.to_dict(), shape)
+
+
 def run(
     config: RunConfig,
     address: str | None = None,
@@ -110,7 +120,7 @@ def run(
     method = None if config.trains else build_method(config, federation)
     per_round = config.per_round(federation.num_clients)
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
-    saved = load_checkpoint(out, config.to_dict()) if resume else None
+    saved = _saved_state(config, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
     init_ray(address)

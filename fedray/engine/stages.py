@@ -30,7 +30,9 @@ from fedray.data.memory import with_features
 from fedray.runtime.evaluator import Evaluator
 from fedray.runtime.finetune.backend import FineTuneBackend
 from fedray.methods.training.backend import Params, TrainingBackend
-from fedray.engine.checkpoint import save_checkpoint
+from fedray.methods.finetune_model import get_mode, model_structure, trained_names
+from fedray.engine.checkpoint import RunShape, save_checkpoint
+from fedray.methods.training.local import random_head
 from fedray.runtime.probing import ProbeBackend
 from fedray.engine.settings import local_sgd, server_optimizer, training_algorithm
 from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
@@ -43,7 +45,8 @@ from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
 from fedray.engine.closed_form import run_closed_form
 from fedray.engine.calibration import calibrate
-from fedray.runtime.sphere import SphereBackend
+from fedray.data.images.backbones import get_backbone
+from fedray.runtime.sphere import SphereBackend, initial_projection
 
 T = TypeVar("T")
 
@@ -243,14 +246,37 @@ def _fresh_state(params: Params, accounting: Accounting | None, points: list[Eva
     return TrainingState(params, {}, algorithm_state, accounting, list(points))
 
 
+def training_schedule(config: RunConfig, num_clients: int) -> list[np.ndarray]:
+    """The clients of each training round: ``--rounds`` of them, else until every client was seen."""
+    return sampling.schedule(num_clients, config.per_round(num_clients), config.sampling == "with", config.seed,
+                             config.rounds, past_coverage=True)
+
+
+def checkpoint_shape(config: RunConfig, federation: Federation) -> RunShape:
+    """What a checkpoint of this training run must fit (checked before any work): the model it trains (linear
+    probing's d × C head, SphereFed's l × d projection, the fine-tuned network's state dict), its training
+    algorithm's server state for that model, its K clients and its training rounds."""
+    if config.finetune is not None:
+        model = model_structure(get_backbone(config.backbone), federation.num_classes)
+        params = model.state_dict()
+        trained = {name: params[name] for name in trained_names(model, get_mode(config.finetune))}
+    else:
+        if config.head == "sphere":
+            params = initial_projection(federation.dim, config.sphere_dim or federation.dim, config.seed)
+        else:
+            params = random_head(federation.dim, federation.num_classes, config.seed)
+        trained = params
+    rounds = len(training_schedule(config, federation.num_clients))
+    return RunShape(params, training_algorithm(config).init_server_state(trained), federation.num_clients, rounds)
+
+
 def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
            on_point: Listener | None, backbone_macs: float | None = None) -> TrainingOutcome:
     """Training from ``state``: the schedule, checkpoints to ``config.out``, the loop; ``backbone_macs``: F_φ
     (default ``config.backbone_macs``; fine-tuning measures it on its own backbone)."""
     out = Path(config.out)
     first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)
-    rounds = sampling.schedule(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed,
-                               config.rounds, past_coverage=True)
+    rounds = training_schedule(config, len(sizes))
     checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s), out)
     diverged = train(backend, backend.algorithm, server_optimizer(config), state, rounds, sizes, config.eval_every,
                      first_round, checkpointing, on_point, config.quiet,

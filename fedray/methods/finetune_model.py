@@ -83,6 +83,13 @@ def build_model(backbone: Backbone, num_classes: int, temperature: float = 1.0) 
     return FineTuneModel(trunk, backbone.dim, num_classes, temperature)
 
 
+def model_structure(backbone: Backbone, num_classes: int) -> FineTuneModel:
+    """The network's parameters and buffers as names, shapes and dtypes only (on the meta device: no memory, no
+    weights), e.g. to check a checkpoint against before any work."""
+    with torch.device("meta"):
+        return build_model(backbone, num_classes)
+
+
 def head_init(dim: int, num_classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The linear-probing path's random head (:func:`~fedray.methods.training.local.random_head`) in ``nn.Linear``'s C × d layout,
     so ``ftlp`` starts from the head linear probing on the backbone's cached features starts from with the same seed."""

@@ -2,21 +2,32 @@
 
 The embedded Ray is started with ``address="local"``: a bare ``ray.init()``
 would join a cluster that ``ray start`` left running on the machine instead.
+
+Ctrl-C and SIGTERM stop ``ray.init`` as they stop any other step (see
+:func:`_interruptible`): the caller's SIGTERM handler stays in place
+throughout (Ray's own would ``sys.exit(15)``: the command would end with exit
+code 15 and no word), and the processes of an embedded Ray that an interrupt
+(or any error) stops halfway are killed at once (the raylet's two agents
+would otherwise live on for a minute).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import ray
+import ray._private.ray_constants
+import ray._private.utils
+import ray._private.worker
 
+from fedray.core import interrupts
 from fedray.core.errors import FedrayError
-from fedray.core.interrupts import keeping_sigterm_handler
 from fedray.runtime import tensor_transfer, watchdog
 from fedray.runtime.address import LOCAL, check_reachable
+from fedray.runtime.messages import without_messages
 
 
 def _cluster_address(address: str | None) -> tuple[str, str] | None:
@@ -39,26 +50,9 @@ TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
 
 
-@contextmanager
-def _without_token_auth_notice() -> Iterator[None]:
-    """Token authentication stays on, as Ray enables it for a new local cluster; only its notice on every run is dropped
-    (that one message: every other warning and error of Ray still shows)."""
-    logger = logging.getLogger(TOKEN_AUTH_LOGGER)
-    notice = _DropMessage(TOKEN_AUTH_NOTICE)
-    logger.addFilter(notice)
-    try:
-        yield
-    finally:
-        logger.removeFilter(notice)
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefix)
+def _without_token_auth_notice() -> AbstractContextManager[None]:
+    """Token authentication stays on, as Ray enables it for a new local cluster; only its notice on every run is dropped."""
+    return without_messages(TOKEN_AUTH_LOGGER, TOKEN_AUTH_NOTICE)
 
 
 def init_ray(address: str | None = None) -> None:
@@ -69,21 +63,78 @@ def init_ray(address: str | None = None) -> None:
     tensors through the object store as numpy buffers (:mod:`fedray.runtime.tensor_transfer`).
     """
     if not ray.is_initialized():
+        interrupts.check()  # no Ray is started for a run that a signal already stopped
         _start_or_join(address)
     tensor_transfer.register()
+
+
+@contextmanager
+def _patched(owner: object, name: str, value: object) -> Iterator[None]:
+    """``owner.name`` is ``value`` inside, what it was after."""
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
+def _deferring_interrupts(connect: Callable) -> Callable:
+    """``connect`` with Ctrl-C and SIGTERM held until it returns (see :func:`_interruptible`)."""
+
+    def connecting(*args: object, **kwargs: object) -> object:
+        with interrupts.deferring_interrupts():
+            return connect(*args, **kwargs)
+
+    return connecting
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """Around ``ray.init``: Ctrl-C and SIGTERM stop it cleanly, and the caller's SIGTERM handler stays, after it too.
+
+    Ray's Python part would put its own SIGTERM handler in place of the
+    caller's (``sys.exit(15)``). Its C part, the driver's core worker, would
+    install Abseil's failure-signal handler, which on SIGTERM prints a stack
+    and sets an alarm that aborts the process 3 s later (exit 134), whatever
+    the process does meanwhile: the driver's core worker starts without it
+    (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``, read when it starts; Ray's workers
+    keep theirs). An interrupt while that core worker is built would leave it
+    half-built, and the process would crash (SIGSEGV) as it exits: the
+    interrupt waits until the driver is connected (a second signal does not).
+    """
+    worker = ray._private.worker
+    with _patched(ray._private.utils, "set_sigterm_handler", lambda handler: None), \
+            _patched(ray._private.ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", True), \
+            _patched(worker, "connect", _deferring_interrupts(worker.connect)), interrupts.keeping_sigterm_handler():
+        yield
+
+
+@contextmanager
+def _killing_what_a_failed_start_leaves() -> Iterator[None]:
+    """The processes started inside are SIGKILLed if it fails (an interrupt included) before Ray is up; once Ray is
+    up, shutting it down is the caller's part, as after any later interrupt."""
+    before = set(watchdog.descendants(os.getpid()))
+    with watchdog.adopting_orphans():
+        try:
+            yield
+        except BaseException:
+            if not ray.is_initialized():
+                watchdog.kill(set(watchdog.descendants(os.getpid())) - before)
+            raise
 
 
 def _start_or_join(address: str | None) -> None:
     given = _cluster_address(address)
     options = {"log_to_driver": False, "logging_level": logging.WARNING}
     if given is None:
-        with _without_token_auth_notice(), keeping_sigterm_handler():
+        with _without_token_auth_notice(), _interruptible(), _killing_what_a_failed_start_leaves():
             ray.init(address=LOCAL, include_dashboard=False, **options)
         watchdog.start()
         return
     check_reachable(*given)
     try:
-        with keeping_sigterm_handler():
+        with _interruptible():
             ray.init(address=given[0], **options)
     except ConnectionError as error:  # e.g. "auto" on a machine without a cluster
         raise FedrayError(f"{given[1]} {given[0]}: {str(error).splitlines()[0]}") from None

@@ -61,6 +61,13 @@ class SphereMap:
         return torch.nn.functional.normalize(features @ self.weight.T + self.bias, dim=1)
 
 
+def initial_projection(dim: int, sphere_dim: int, seed: int) -> Params:
+    """The projection d → l (weight l × d, bias l), initialized like every random head of a run (:func:`random_head`,
+    transposed)."""
+    projection = random_head(dim, sphere_dim, seed)
+    return {"weight": projection["weight"].T.contiguous(), "bias": projection["bias"]}
+
+
 class SphereBackend(ProbeBackend):
     """SphereFed's training on the features of a :class:`ShardPool`; the fixed classifier never travels."""
 
@@ -72,9 +79,7 @@ class SphereBackend(ProbeBackend):
                          trainer=SphereTrainer(sgd, seed, algorithm, postprocessing, classifier=self.classifier, loss=loss))
 
     def initial_params(self, seed: int) -> Params:
-        """The projection d → l, initialized like every random head of a run (:func:`random_head`, transposed)."""
-        projection = random_head(self.dim, self.sphere_dim, seed)
-        return {"weight": projection["weight"].T.contiguous(), "bias": projection["bias"]}
+        return initial_projection(self.dim, self.sphere_dim, seed)
 
     def head(self, params: Params) -> Classifier:
         """The fixed classifier (l × C), on normalize(P x + q): training moves the projection (P, q) under it."""

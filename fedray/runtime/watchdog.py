@@ -17,13 +17,17 @@ imports nothing but the standard library, so it starts in milliseconds.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 PROC = Path("/proc")
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 
 
 def _start_time(pid: int) -> str | None:
@@ -58,6 +62,32 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+@contextmanager
+def adopting_orphans() -> Iterator[None]:
+    """Inside, a process below this one whose parent dies becomes this process's child (Linux's child subreaper),
+    not the init process's: it stays among :func:`descendants` (the raylet's agents, when a Ctrl-C to the terminal's
+    process group ends the raylet before the driver looks)."""
+    if not PROC.is_dir():
+        yield
+        return
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    was = ctypes.c_int(0)
+    prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        yield
+    finally:
+        prctl(PR_SET_CHILD_SUBREAPER, was.value, 0, 0, 0)
+
+
+def kill(pids: set[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def start() -> None:
     """Watch this process's descendants (the Ray it just started): SIGKILL those that outlive it.
 
@@ -77,13 +107,7 @@ def start() -> None:
 
 
 def _kill_survivors(watched: list[str]) -> None:
-    for entry in watched:
-        pid, started = entry.split(":")
-        if _start_time(int(pid)) == started:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    kill({int(pid) for pid, started in (entry.split(":") for entry in watched) if _start_time(int(pid)) == started})
 
 
 if __name__ == "__main__":

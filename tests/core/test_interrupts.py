@@ -1,9 +1,14 @@
-"""An interrupt that Ray's C code wraps in a SystemError still stops a command cleanly (the e2e signal tests race it)."""
+"""A signal stops a command cleanly whatever becomes of its interrupt: wrapped by Ray's C code in a SystemError,
+turned into another error or swallowed by a library, or held while a step must not be cut (the e2e signal tests
+race these; here they happen on purpose)."""
 
+import os
 import signal
+import time
 
 import pytest
 
+from fedray.core import interrupts
 from fedray.core.interrupts import Stopped, Terminated, reporting
 
 
@@ -19,3 +24,57 @@ def test_other_system_errors_are_not_taken_for_interrupts():
     with pytest.raises(SystemError):
         with reporting(lambda: ""):
             raise SystemError("a real bug") from ValueError()
+
+
+def signalled(number: int) -> None:
+    """Send ``number`` to this process and give its handler the moment to run (at the next bytecode of the main thread)."""
+    os.kill(os.getpid(), number)
+    for _ in range(1000):
+        time.sleep(0.001)
+
+
+def test_an_error_that_a_library_made_of_the_interrupt_is_the_signal_s_stop():
+    """pyarrow importing pandas, stopped halfway, failed with "AttributeError: partially initialized module 'pandas'"."""
+    with interrupts.handling_interrupts():
+        with pytest.raises(Stopped) as stop:
+            with reporting(lambda: "nothing written"):
+                try:
+                    signalled(signal.SIGTERM)
+                except Terminated:  # what a C extension's import did with it
+                    pass
+                raise AttributeError("partially initialized module 'pandas' has no attribute '_pandas_datetime_CAPI'")
+    assert stop.value.exit_code == 143 and str(stop.value) == "stopped by SIGTERM: nothing written"
+
+
+def test_an_interrupt_that_a_library_swallowed_is_raised_at_the_next_check():
+    with interrupts.handling_interrupts():
+        try:
+            signalled(signal.SIGINT)
+        except KeyboardInterrupt:  # cleared by C code: the run would go on
+            pass
+        assert interrupts.received() == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+
+
+def test_a_deferred_signal_is_raised_when_the_step_is_done_and_a_second_one_at_once():
+    steps = []
+    with interrupts.handling_interrupts():
+        with pytest.raises(Terminated):
+            with interrupts.deferring_interrupts():
+                signalled(signal.SIGTERM)
+                steps.append("the step went on")
+        with pytest.raises(Terminated):
+            with interrupts.deferring_interrupts():
+                with pytest.raises(KeyboardInterrupt):
+                    signalled(signal.SIGINT)  # the first signal (SIGTERM) is still the one recorded
+                steps.append("a second signal raised at once")
+    assert steps == ["the step went on", "a second signal raised at once"]
+
+
+def test_handlers_are_put_back_and_an_error_of_its_own_is_no_stop():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with interrupts.handling_interrupts():
+        assert interrupts.signal_behind(ValueError("a real bug")) is None
+        interrupts.check()  # no signal: nothing raised
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

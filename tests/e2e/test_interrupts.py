@@ -3,10 +3,10 @@ leaves no Ray behind.
 
 Each test starts the command line as a process of its own session (as a shell
 starts a job), waits until the work is under way (a checkpoint file, the
-progress bar when no checkpoint is due, a trial's first result), signals it,
-and checks its exit code, its last line, the files it leaves and that every
-process it had started is gone. SIGINT goes to the whole process group, as
-Ctrl-C in a terminal sends it.
+progress bar when no checkpoint is due, a trial's first result) or until a
+moment of its start-up, signals it, and checks its exit code, its last line,
+the files it leaves and that every process it had started is gone. SIGINT goes
+to the whole process group, as Ctrl-C in a terminal sends it.
 """
 
 import os
@@ -209,3 +209,123 @@ driver_cpus: 0.5
     assert last_line(log) == f"fedray: stopped by SIGINT: the sweep's state is kept in {out / 'long'}; continue with --resume"
     assert not (out / "long" / "results.parquet").exists() and any((out / "long").glob("experiment_state-*.json"))
     assert survivors(processes) == {}
+
+
+def handles_signals(pid: int) -> bool:
+    """Whether ``pid`` catches SIGINT and SIGTERM (its SigCgt mask): fedray's ``main`` has begun. Before it, the
+    interpreter is still starting and a signal can only do what it does by default (end the process)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return all(caught >> (number - 1) & 1 for number in (signal.SIGINT, signal.SIGTERM))
+
+
+def session_processes(driver_pid: int, started_after: str) -> dict[int, str]:
+    """Processes of the embedded Ray that ``driver_pid`` started, by their session (``session_<date>_<driver pid>``)
+    on their command line, whoever their parent is now (a process whose parent died is the init process's)."""
+    session = re.compile(rf"session_[0-9_-]+_{driver_pid}\b")
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and session.search(command_of(int(entry.name))):
+            started = start_time(int(entry.name))
+            if started is not None and int(started) >= int(started_after):
+                found[int(entry.name)] = started
+    return found
+
+
+class RunProcesses:
+    """Every process of a run seen so far: its process tree, polled while the driver runs, and its Ray session."""
+
+    def __init__(self, driver: subprocess.Popen) -> None:
+        self.driver = driver
+        self.created = time.monotonic()
+        self.driver_started = start_time(driver.pid)
+        self.seen: dict[int, str] = {}
+
+    def poll(self) -> None:
+        self.seen.update(process_tree(self.driver.pid))
+
+    def wait_for(self, ready, log: Path) -> None:
+        """Poll until ``ready()`` (the driver still running)."""
+        deadline = time.monotonic() + STARTUP_S
+        while not ready():
+            self.poll()
+            assert self.driver.poll() is None, f"the run ended before it was signalled:\n{log.read_text()[-2000:]}"
+            if time.monotonic() > deadline:
+                pytest.fail(f"the run did not get there in {STARTUP_S} s:\n{log.read_text()[-2000:]}")
+            time.sleep(0.02)
+        self.poll()
+
+    def signal_and_wait(self, number: int) -> int:
+        """Send ``number`` (SIGINT to the process group, as Ctrl-C does); the exit code, the processes polled until then."""
+        if number == signal.SIGINT:
+            os.killpg(self.driver.pid, number)
+        else:
+            os.kill(self.driver.pid, number)
+        deadline = time.monotonic() + CLEANUP_S
+        while self.driver.poll() is None:
+            self.poll()
+            if time.monotonic() > deadline:
+                pytest.fail(f"signal {number}: the run did not stop within {CLEANUP_S} s")
+            time.sleep(0.02)
+        self.seen.update(session_processes(self.driver.pid, self.driver_started))
+        return self.driver.returncode
+
+    def survivors(self) -> dict[int, str]:
+        """Those still running ``CLEANUP_S`` after the driver ended, by pid with their command; they are killed (they
+        are this run's, no one else's)."""
+        left = survivors(self.seen)
+        for pid in left:
+            if start_time(pid) == self.seen[pid]:
+                os.kill(pid, signal.SIGKILL)
+        return left
+
+
+def seconds_after_start(seconds: float):
+    """``seconds`` after the run started, or once fedray's main catches signals if that is later."""
+    return lambda run: lambda: time.monotonic() - run.created >= seconds and handles_signals(run.driver.pid)
+
+
+def once_running(*names: str):
+    """Once a process whose command line contains one of ``names`` is below the driver."""
+    return lambda run: lambda: any(name in command_of(pid) for pid in process_tree(run.driver.pid) for name in names)
+
+
+TIMES = {f"{seconds}s": seconds_after_start(seconds) for seconds in (0.3, 1, 2, 4, 8)}
+"""The interpreter and the imports, the federation, ray.init: where these times fall on a quiet 2-core machine."""
+STEPS = {
+    "gcs_server": once_running("gcs_server"),
+    "raylet": once_running("raylet/raylet"),
+    "agents": once_running("runtime_env/agent", "ray::RuntimeEnvAgent"),
+    "shard_actors": once_running("ray::ShardActor"),
+}
+"""ray.init's steps and what follows it, whatever the machine's speed."""
+
+
+@pytest.mark.parametrize("moment", [*TIMES, *STEPS])
+@pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_at_any_moment_of_start_up_stops_the_run_in_one_line(start, tmp_path, moment, number, code):
+    """Once fedray's main runs, Ctrl-C and SIGTERM end a starting run with 130 / 143 and one line, whatever it was
+    doing (importing torch, building the federation, starting Ray's processes, connecting, starting the shards),
+    and no process of its Ray outlives it. They used to be ignored (exit 0), end it with exit 15 and no word (Ray's
+    own SIGTERM handler during ray.init), or with a pandas traceback (an import stopped halfway), and to leave Ray's
+    dashboard and runtime-env agents running for a minute."""
+    out, log = tmp_path / "run", tmp_path / "stderr.txt"
+    driver = start(out, log, checkpoint_every=100000, quiet=True)
+    run = RunProcesses(driver)
+    run.wait_for({**TIMES, **STEPS}[moment](run), log)
+    exit_code = run.signal_and_wait(number)
+    left = run.survivors()
+
+    text = log.read_text()
+    assert exit_code == code, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    name = signal.Signals(number).name
+    nothing_written = f"fedray: stopped by {name}: nothing written to {out} (no checkpoint yet)"
+    # Before the run's options are read, --out is not known yet: the line says only what stopped the run.
+    expected = {nothing_written} if moment in STEPS else {f"fedray: stopped by {name}", nothing_written}
+    assert last_line(log) in expected, text[-3000:]
+    assert not out.exists() or not any(out.iterdir())
+    assert left == {}, f"still running {CLEANUP_S} s after the run ended"

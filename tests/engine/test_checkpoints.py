@@ -19,6 +19,7 @@ from fedray.methods.training.server import FedAdam
 from fedray.engine.training import Accounting, TrainingState
 from fedray.core.results import EvalPoint
 from tests.app.test_cli import expect_error
+from tests.images import write_image_folder
 from tests.full_disk import disk_full, fill, hashes, small_disk  # noqa: F401 (a fixture)
 
 SMALL = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
@@ -48,6 +49,16 @@ def state_as_every_backend_keeps_it() -> TrainingState:
                          wall_s=2.5, eval_s=0.5, client_states=["checkpoint-clients-r4-0.pt", "checkpoint-clients-r4-1.pt"])
 
 
+def saved_with_client_states(out: Path, config: dict, state: TrainingState | None = None) -> Path:
+    """The state above (or ``state``) saved in ``out``, with the files of its clients' states beside it."""
+    out.mkdir(exist_ok=True)
+    state = state or state_as_every_backend_keeps_it()
+    for name in state.client_states:
+        (out / name).write_bytes(b"the states of an actor's clients")
+    save_checkpoint(out, config, state)
+    return out / CHECKPOINT
+
+
 def assert_same(a, b) -> None:
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
@@ -61,7 +72,7 @@ def assert_same(a, b) -> None:
 
 def test_a_checkpoint_is_plain_data_and_gives_the_state_back(tmp_path):
     state = state_as_every_backend_keeps_it()
-    save_checkpoint(tmp_path, run_config(tmp_path), state)
+    saved_with_client_states(tmp_path, run_config(tmp_path), state)
     plain = torch.load(tmp_path / CHECKPOINT, weights_only=True)  # tensors and plain values only
     assert sorted(plain) == ["config", "format", "state"]
     assert plain["state"]["client_states"] == ["checkpoint-clients-r4-0.pt", "checkpoint-clients-r4-1.pt"]
@@ -78,7 +89,7 @@ def test_a_checkpoint_is_plain_data_and_gives_the_state_back(tmp_path):
 
 def test_resume_compares_the_canonical_dataset_spec(tmp_path):
     config = run_config(tmp_path)
-    save_checkpoint(tmp_path, config, state_as_every_backend_keeps_it())
+    saved_with_client_states(tmp_path, config)
     reordered = "synthetic:inat-user-120k?classes=60&scale=0.04&dim=24"
     assert load_checkpoint(tmp_path, {**config, "dataset": reordered}).done == 4
     with pytest.raises(FedrayError, match=r"saved by a run with other options \(dataset\)"):
@@ -88,7 +99,7 @@ def test_resume_compares_the_canonical_dataset_spec(tmp_path):
 def test_a_checkpoint_from_before_an_option_existed_resumes_only_at_its_default(tmp_path):
     """client_momentum came after this checkpoint's fedray: the saved run trained with 0.0, today's default."""
     config = run_config(tmp_path)
-    save_checkpoint(tmp_path, config, state_as_every_backend_keeps_it())
+    saved_with_client_states(tmp_path, config)
     contents = torch.load(tmp_path / CHECKPOINT, weights_only=True)
     del contents["config"]["client_momentum"]
     torch.save(contents, tmp_path / CHECKPOINT)
@@ -162,7 +173,7 @@ def write_bad_checkpoint(kind: str, path: Path, config: dict) -> None:
         ("runs-code", ["is not a fedray checkpoint: it holds objects other than tensors and plain values"]),
         ("format-99", ["checkpoint format 99, this fedray reads format 2"]),
         ("incomplete-state", ["not a complete fedray checkpoint (its state lacks 'accounting')"]),
-        ("malformed-state", ["not a fedray checkpoint (its state is malformed: 'list' object has no attribute 'numpy')"]),
+        ("malformed-state", ["its accounting's seen is a list, not a bool vector (one entry per client)"]),
     ],
 )
 def test_a_bad_checkpoint_is_refused_in_one_line(monkeypatch, tmp_path, capsys, kind, needles):
@@ -175,6 +186,155 @@ def test_a_bad_checkpoint_is_refused_in_one_line(monkeypatch, tmp_path, capsys, 
     expect_error(capsys, [*RUN, "--out", out, "--resume"], f"{checkpoint}: ", *needles, START_OVER)
     assert os.listdir(out) == [CHECKPOINT] and checkpoint.read_bytes() == written, "the file is left as it was"
     assert not (out / "code-ran").exists()
+
+
+# --- a checkpoint edited by hand: one line before any work, not a traceback after the shards started -------------
+
+SCAFFOLD_RUN = ["run", "--method", "scaffold", "--dataset", SMALL, "--rounds", "10", "--num-shards", "2",
+                "--cpus-per-shard", "0.5", "--quiet"]
+"""A run the state above is a checkpoint of: SCAFFOLD (its server control variate) on SMALL's 24 × 60 head, 371
+clients, 10 training rounds."""
+
+
+def scaffold_config(out: Path) -> dict:
+    config = RunConfig(method="scaffold", dataset=SMALL, out=str(out), rounds=10, num_shards=2, cpus_per_shard=0.5,
+                       quiet=True)
+    return config.validate().resolved().to_dict()
+
+
+def ray_would_start(address=None):
+    raise FedrayError("the checkpoint was accepted: Ray would start here")
+
+
+EDITS = {
+    "wrong-shape": (lambda state: state["params"].update(weight=torch.zeros(24, 59)),
+                    "'weight' of its parameters is 24×59 float32, this run's is 24×60 float32"),
+    "wrong-dtype": (lambda state: state["params"].update(bias=torch.zeros(60, dtype=torch.float64)),
+                    "'bias' of its parameters is 60 float64, this run's is 60 float32"),
+    "string-parameter": (lambda state: state["params"].update(bias="0.0"), "'bias' in its parameters is a str, not a tensor"),
+    "another-model": (lambda state: state["params"].update({"head.weight": state["params"].pop("weight")}),
+                      "its parameters are not this run's ('weight' is missing, 'head.weight' is not one of them)"),
+    "negative-done": (lambda state: state.update(done=-3), "its number of training rounds done is -3, not a count (an integer ≥ 0)"),
+    "fractional-done": (lambda state: state.update(done=2.5), "its number of training rounds done is 2.5, not a count"),
+    "done-beyond-the-rounds": (lambda state: state.update(done=99, client_states=[]), "it is after training round 99"),
+    "done-at-the-last-round": (lambda state: state.update(done=10, client_states=[]), "it is after training round 10, but this run has 10 "
+                               "training rounds and a checkpoint comes before the last one"),
+    "negative-counter": (lambda state: state["accounting"].update(samples_seen=-1),
+                         "its accounting's samples_seen is -1, not a count"),
+    "infinite-traffic": (lambda state: state["accounting"].update(bytes_up=float("inf")),
+                         "its accounting's bytes_up is inf, not a finite number"),
+    "negative-paper-total": (lambda state: state["accounting"]["paper"].update(fed3r_macs=-1.0),
+                             "its accounting's fed3r_macs is -1.0, not a number ≥ 0"),
+    "other-clients": (lambda state: state["accounting"].update(seen=torch.zeros(370, dtype=torch.bool)),
+                      "its accounting's seen has 370 entries, this run has 371 clients"),
+    "seen-of-floats": (lambda state: state["accounting"].update(seen=torch.zeros(371)),
+                       "its accounting's seen is a 371 float32 tensor, not a bool vector (one entry per client)"),
+    "server-state-of-strings": (lambda state: state["server"]["weight"].update(m="0"),
+                                "'m' in its server optimizer's state of 'weight' is a str, not a tensor"),
+    "server-state-of-another-model": (lambda state: state["server"].update(w=state["server"].pop("weight")),
+                                      "its server optimizer keeps a state of 'w', not a parameter of this run's model"),
+    "server-state-of-another-shape": (lambda state: state["server"]["bias"].update(v=torch.zeros(59)),
+                                      "its server optimizer's 'v' of 'bias' is 59, the parameter is 60"),
+    "algorithm-state-of-another-shape": (lambda state: state["algorithm"].update({"control.bias": torch.zeros(59)}),
+                                         "'control.bias' of its training algorithm's state is 59 float32, this run's is 60 float32"),
+    "point-without-accuracy": (lambda state: state["points"][1].pop("accuracy"), "its point 1 lacks accuracy"),
+    "point-of-strings": (lambda state: state["points"][1].update(bytes_up="1e6"),
+                         "its point 1's bytes_up is '1e6', not a finite number"),
+    "points-out-of-order": (lambda state: state["points"].reverse(), "its points are not in the order of their rounds ([4, 0])"),
+    "client-states-elsewhere": (lambda state: state["client_states"].append("../elsewhere/checkpoint-clients-r4-2.pt"),
+                                "its client_states name '../elsewhere/checkpoint-clients-r4-2.pt', not a file of the "
+                                "clients' states after training round 4 (checkpoint-clients-r4-I.pt)"),
+    "client-states-of-another-round": (lambda state: state.update(done=8), "its client_states name "
+                                       "'checkpoint-clients-r4-0.pt', not a file of the clients' states after training round 8"),
+    "client-states-missing": (lambda state: state["client_states"].append("checkpoint-clients-r4-2.pt"),
+                              "the clients' states it names are not beside it ("),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_a_checkpoint_edited_by_hand_is_refused_in_one_line_before_ray_starts(monkeypatch, tmp_path, capsys, edit):
+    """Wrong shapes, string parameters and ``done = -3`` failed with tracebacks half a minute in (once the shards had
+    started); ``done`` at or beyond --rounds wrote the checkpoint's rows out as a complete run."""
+    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    out = tmp_path / "run"
+    checkpoint = saved_with_client_states(out, scaffold_config(out))
+    contents = torch.load(checkpoint, weights_only=True)
+    change, message = EDITS[edit]
+    change(contents["state"])
+    torch.save(contents, checkpoint)
+    written = hashes(out)
+    err = expect_error(capsys, [*SCAFFOLD_RUN, "--out", out, "--resume"], f"fedray: error: {checkpoint}: {message}",
+                       f"; {START_OVER}\n")
+    assert "Ray would start" not in err
+    assert hashes(out) == written, "the files are left as they were"
+
+
+def test_a_checkpoint_as_a_run_writes_it_is_accepted(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    out = tmp_path / "run"
+    saved_with_client_states(out, scaffold_config(out))
+    expect_error(capsys, [*SCAFFOLD_RUN, "--out", out, "--resume"], "the checkpoint was accepted: Ray would start here")
+
+
+def test_a_checkpoint_from_before_the_training_algorithms_is_accepted_by_a_run(monkeypatch, tmp_path, capsys):
+    """``backend: {}`` instead of the algorithm's state and the client-state files: FedAvg's, which keeps neither."""
+    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    out = tmp_path / "run"
+    out.mkdir()
+    save_checkpoint(out, run_config(out), state_as_every_backend_keeps_it())
+    contents = torch.load(out / CHECKPOINT, weights_only=True)
+    del contents["state"]["algorithm"], contents["state"]["client_states"]
+    contents["state"]["backend"] = {}
+    torch.save(contents, out / CHECKPOINT)
+    expect_error(capsys, [*RUN, "--out", out, "--resume"], "the checkpoint was accepted: Ray would start here")
+
+
+TCT_CNN_ON_4_CLASSES = {
+    "backbone.conv1.weight": (32, 3, 3, 3), "backbone.conv1.bias": (32,), "backbone.conv2.weight": (64, 32, 3, 3),
+    "backbone.conv2.bias": (64,), "backbone.conv3.weight": (128, 64, 3, 3), "backbone.conv3.bias": (128,),
+    "backbone.fc1.weight": (128, 2048), "backbone.fc1.bias": (128,), "head.weight": (4, 128), "head.bias": (4,),
+}
+"""The state dict of TCT's CNN (its classifier fc2 removed) with a linear head on 4 classes."""
+
+
+def resume_finetuning(tmp_path: Path, capsys, params: dict[str, torch.Tensor]) -> tuple[Path, str]:
+    """``fedray run --finetune ft --backbone tct_cnn --resume`` from a checkpoint whose parameters are ``params``: the
+    checkpoint and the one line of error."""
+    root = write_image_folder(tmp_path / "data", classes=4, train_per_class=2, test_per_class=1)
+    dataset, out = f"imagefolder:{root}?split=classes&classes_per_client=2&clients=2", tmp_path / "run"
+    config = RunConfig(method="fedavg", dataset=dataset, finetune="ft", backbone="tct_cnn", weights="random",
+                       image_size=28, rounds=3, clients_per_round=1, out=str(out), quiet=True)
+    state = TrainingState(params, {}, {}, Accounting(np.zeros(2, dtype=bool)), done=2)
+    checkpoint = saved_with_client_states(out, config.validate().resolved().to_dict(), state)
+    return checkpoint, expect_error(capsys, [
+        "run", "--method", "fedavg", "--dataset", dataset, "--finetune", "ft", "--backbone", "tct_cnn", "--weights",
+        "random", "--image-size", "28", "--rounds", "3", "--clients-per-round", "1", "--out", out, "--quiet", "--resume"])
+
+
+def test_a_fine_tuning_checkpoint_holds_the_network_s_state_dict(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    params = {name: torch.zeros(shape) for name, shape in TCT_CNN_ON_4_CLASSES.items()}
+    checkpoint, err = resume_finetuning(tmp_path / "right", capsys, params)
+    assert "the checkpoint was accepted: Ray would start here" in err
+    checkpoint, err = resume_finetuning(tmp_path / "head", capsys, {**params, "head.weight": torch.zeros(3, 128)})
+    assert err == f"fedray: error: {checkpoint}: 'head.weight' of its parameters is 3×128 float32, this run's is 4×128 float32; {START_OVER}\n"
+    without_conv3 = {name: value for name, value in params.items() if not name.startswith("backbone.conv3")}
+    checkpoint, err = resume_finetuning(tmp_path / "other", capsys, {**without_conv3, "backbone.layer1.0.bn1.weight": torch.zeros(64)})
+    assert err == (f"fedray: error: {checkpoint}: its parameters are not this run's ('backbone.conv3.bias' is missing, "
+                   f"'backbone.conv3.weight' is missing, 'backbone.layer1.0.bn1.weight' is not one of them); {START_OVER}\n")
+
+
+def test_a_spherefed_checkpoint_holds_the_projection(monkeypatch, tmp_path, capsys):
+    """SphereFed trains an l × d projection (l = --sphere-dim), not the d × C head."""
+    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    out = tmp_path / "run"
+    config = RunConfig(method="fedavg", dataset=SMALL, out=str(out), rounds=10, head="sphere", sphere_dim=8, num_shards=2,
+                       cpus_per_shard=0.5, quiet=True).validate().resolved().to_dict()
+    state = TrainingState({"weight": torch.zeros(24, 60), "bias": torch.zeros(60)}, {}, {},
+                          Accounting(np.zeros(371, dtype=bool)), done=2)
+    checkpoint = saved_with_client_states(out, config, state)
+    err = expect_error(capsys, [*RUN, "--rounds", "10", "--head", "sphere", "--sphere-dim", "8", "--out", out, "--resume"])
+    assert err == f"fedray: error: {checkpoint}: 'weight' of its parameters is 24×60 float32, this run's is 8×24 float32; {START_OVER}\n"
 
 
 # --- a full disk: the previous checkpoint as it was, one line, no temporary --------------------------------------

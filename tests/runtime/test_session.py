@@ -1,8 +1,13 @@
 """Which Ray a command uses: with no address (nor ``local``) a new embedded one, never a cluster that ``ray start`` left
-on the machine; with one, that cluster. ``ray.init`` is replaced by a recorder: no Ray starts and none is joined."""
+on the machine; with one, that cluster. ``ray.init`` is replaced by a recorder: no Ray starts and none is joined.
+Signals during ``ray.init`` are tested on a real start-up in tests/e2e/test_interrupts.py."""
 
 import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 import ray
@@ -62,3 +67,38 @@ def test_ray_joins_the_cluster_ray_start_left_unless_told_local(tmp_path, monkey
         recorded.write("10.0.0.5:6379")
     assert services.canonicalize_bootstrap_address(None, str(tmp_path)) == "10.0.0.5:6379"
     assert services.canonicalize_bootstrap_address("local", str(tmp_path)) is None
+
+
+def test_ray_init_keeps_the_caller_s_sigterm_handler(monkeypatch):
+    """Ray's init replaced it with ``sys.exit(15)``: a SIGTERM during start-up ended fedray with exit 15 and no word."""
+    def init(**options):
+        ray._private.utils.set_sigterm_handler(lambda number, frame: sys.exit(number))  # what ray.init does first
+        assert ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER  # read by the core worker ray.init builds
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(session.watchdog, "start", lambda: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    caller_s = signal.getsignal(signal.SIGTERM)
+    session.init_ray()
+    assert signal.getsignal(signal.SIGTERM) is caller_s
+    assert not ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER  # Ray's own workers keep it
+
+
+def test_an_interrupted_start_kills_what_it_had_started_orphans_included(monkeypatch):
+    """A process whose parent died first (the raylet's agents, when Ctrl-C reaches the raylet too) is killed as well."""
+    started = {}
+
+    def init(**options):
+        shell = subprocess.run(["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True)
+        started["orphan"] = int(shell.stdout)  # its parent, the shell, has ended
+        started["child"] = subprocess.Popen(["sleep", "60"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        session.init_ray()
+    assert started["child"].wait(timeout=10) == -signal.SIGKILL
+    assert os.waitpid(started["orphan"], 0)[1] == signal.SIGKILL  # this process's child now, so it can wait for it

@@ -10,7 +10,11 @@ The sweep ends by combining every trial's ``metrics.parquet`` into
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,10 +23,12 @@ from ray import tune
 from ray.util import get_current_placement_group
 
 from fedray.core.errors import FedrayError
-from fedray.core.plugins import plugin_failure
 from fedray.core.results import METRICS, remove_stale_temporaries, write_atomically
 from fedray.engine.run_config import run
+from fedray.engine.checkpoint import CHECKPOINT
+from fedray.core.plugins import plugin_failure
 from fedray.runtime.cluster import check_bundles_fit
+from fedray.runtime.messages import without_messages
 from fedray.runtime.session import init_ray
 from fedray.app.sweeps.spec import DATASET_PREFIX, SweepSpec
 from fedray.app.sweeps.trials import check_trials, fixed_params, trial_config
@@ -33,10 +39,21 @@ ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
 SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
 
 
-def run_trial(params: dict) -> None:
-    """One trial: a ``fedray run`` with ``params``, its shards in this trial's placement group."""
-    config = trial_config(params, out=tune.get_context().get_trial_dir())
-    run(config, trial_group=get_current_placement_group(), on_point=lambda point, _: tune.report(asdict(point)))
+def run_trial(params: dict, folder: str) -> None:
+    """One trial: a ``fedray run`` with ``params``, its shards in this trial's placement group, continued from its
+    checkpoint when an interrupted sweep is resumed.
+
+    The run writes to the trial's folder in the sweep's ``folder``, where the
+    results are read, not to the local staging copy Tune gives as the trial's
+    directory (``get_trial_dir()``) and copies into it now and then: a copy
+    made while a checkpoint was there kept that checkpoint beside the finished
+    trial's results (the run removes its own, not Tune's copy), and a resumed
+    trial, staged anew, never found its checkpoint.
+    """
+    out = Path(folder) / Path(tune.get_context().get_trial_dir()).name
+    config = trial_config(params, out=str(out))
+    run(config, trial_group=get_current_placement_group(), on_point=lambda point, _: tune.report(asdict(point)),
+        resume=(out / CHECKPOINT).is_file())
 
 
 def param_space(spec: SweepSpec) -> dict:
@@ -48,20 +65,57 @@ def param_space(spec: SweepSpec) -> dict:
     return space
 
 
+TUNE_RUN_LOGGER = "ray.tune.tune"
+TUNE_SAYS_ON_FAILURES = ("Trials did not complete", "Stop signal received", "Experiment has been interrupted")
+"""What Tune logs after failed trials (a list of them) and on Ctrl-C (that it stops; how to resume with
+``Tuner.restore``, where fedray's line says ``--resume``)."""
+
+
+@contextmanager
+def _without_tune_s_failure_messages() -> Iterator[None]:
+    """Tune's own words on failed trials and on Ctrl-C, even with ``--quiet``: an ERROR log with the whole traceback
+    per failed trial (``TUNE_PRINT_ALL_TRIAL_ERRORS``, read when ``fit`` starts), the list of failed trials, the
+    resume hint. fedray says each in one line: a line per failed trial, the sweep's error, how to continue."""
+    with _environment("TUNE_PRINT_ALL_TRIAL_ERRORS", "0"), without_messages(TUNE_RUN_LOGGER, *TUNE_SAYS_ON_FAILURES):
+        yield
+
+
+@contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
+def _trial_name(spec: SweepSpec, result: tune.Result) -> str:
+    """The swept values the trial ran with, else (nothing swept) its folder's name."""
+    values = [f"{key}={result.config[key]}" for key in spec.swept if key in result.config]
+    return ", ".join(values) if values else Path(result.path).name
+
+
 def sweep(
     spec: SweepSpec, out: str | Path, resume: bool = False, address: str | None = None, quiet: bool = False
 ) -> pl.DataFrame:
     """Run (or resume) the sweep; returns and writes the combined results table.
 
     Every trial's options are checked before Tune starts (:func:`check_trials`).
-    When every trial fails, nothing is written and the error says so. Ctrl-C
-    stops the trials and raises KeyboardInterrupt once Tune has saved the
-    sweep's state (``resume`` continues it); results.parquet is not written.
+    A failed trial is named in one line (stderr); when every trial fails,
+    nothing is written and the error says so. Ctrl-C stops the trials and
+    raises KeyboardInterrupt once Tune has saved the sweep's state (``resume``
+    continues it, each unfinished trial from its checkpoint); results.parquet
+    is not written.
     """
     check_trials(spec)
     check_folder(Path(out))
     folder = Path(out).resolve() / spec.name
-    trainable = tune.with_resources(run_trial, tune.PlacementGroupFactory(spec.bundles, strategy="PACK"))
+    trainable = tune.with_resources(tune.with_parameters(run_trial, folder=str(folder)),
+                                    tune.PlacementGroupFactory(spec.bundles, strategy="PACK"))
     if resume and not tune.Tuner.can_restore(str(folder)):
         raise FedrayError(f"{folder}: no sweep to resume")
     if not resume and folder.exists():
@@ -79,11 +133,16 @@ def sweep(
             tune_config=tune.TuneConfig(metric="accuracy", mode="max", num_samples=spec.num_samples),
             run_config=tune.RunConfig(name=spec.name, storage_path=str(folder.parent), verbose=0 if quiet else 1),
         )
-    grid = tuner.fit()
+    with _without_tune_s_failure_messages(), _environment("RAY_AIR_NEW_OUTPUT", "0") if quiet else nullcontext():
+        # --quiet: Tune's legacy output, silent at verbosity 0 (the new one prints its configuration, folders and a
+        # line per failed trial at any verbosity).
+        grid = tuner.fit()
     failed = [result for result in grid if result.error is not None]
     if len(failed) + sum(map(_finished, grid)) < len(grid):
         # Tune catches Ctrl-C itself: it stops the trials (as if they had ended), saves its state and returns.
         raise KeyboardInterrupt(f"sweep {spec.name} interrupted; its state is saved in {folder}")
+    for result in failed:
+        print(f"fedray: trial {_trial_name(spec, result)} failed: {failure_line(result.error)}", file=sys.stderr)
     if failed and len(failed) == len(grid):
         raise FedrayError(f"all {len(grid)} trials failed (first: {failure_line(failed[0].error)}), so no {RESULTS}; "
                           f"fix and rerun with --resume (each trial's error is in {folder})")
