@@ -20,7 +20,7 @@ import polars as pl
 import yaml
 
 from fedray.core.results import METRICS
-from fedray.sweep.tuning import RESULTS
+from fedray.app.sweeps.tuning import RESULTS
 from tests.app.test_cli import fedray_subprocess
 from tests.e2e.test_interrupts import REPO, last_line, process_tree, survivors, wait_until
 
