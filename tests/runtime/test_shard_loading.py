@@ -21,13 +21,14 @@ from tests.app.test_cli import SMALL_RUN, SPEC, fedray_subprocess
 
 
 class Rows(ClosedFormMethod):
-    """The clients' features themselves, concatenated in upload order (what a shard holds, made visible)."""
+    """The clients' features themselves, in upload order (what a shard holds, made visible): a list, since they grow
+    with the clients."""
 
-    def client_statistics(self, batch: ClientBatch) -> torch.Tensor:
-        return batch.features.clone()
+    def client_statistics(self, batch: ClientBatch) -> list[torch.Tensor]:
+        return [batch.features.clone()]
 
-    def combine(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.cat([a, b])
+    def combine(self, a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tensor]:
+        return a + b
 
     def solve(self, stats: torch.Tensor) -> Classifier:
         raise NotImplementedError
@@ -74,7 +75,7 @@ def test_each_shard_holds_exactly_its_clients_rows_from_the_file(ray_session, pa
         method = Rows(federation.dim, federation.num_classes)
         for first, end in zip(pool.bounds[:-1], pool.bounds[1:]):
             clients = np.arange(first, end)
-            held = pool.statistics(method, clients).result()
+            held = torch.cat(pool.statistics(method, clients).result())
             assert torch.equal(held, file_rows(parquet_path, [federation.client_ids[c] for c in clients]))
     finally:
         pool.shutdown()
@@ -87,9 +88,9 @@ def test_a_restarted_parquet_shard_reloads_the_same_rows(ray_session, parquet_pa
     try:
         method = Rows(federation.dim, federation.num_classes)
         clients = np.arange(pool.bounds[1])
-        before = pool.statistics(method, clients).result()
+        before = torch.cat(pool.statistics(method, clients).result())
         ray.kill(pool.actors[0], no_restart=False)
-        assert torch.equal(pool.statistics(method, clients).result(), before)
+        assert torch.equal(torch.cat(pool.statistics(method, clients).result()), before)
     finally:
         pool.shutdown()
 
@@ -103,7 +104,7 @@ def test_a_federation_held_in_memory_gives_the_same_rows(ray_session):
     for name, which in (("spec", federation), ("memory", replace(federation, spec=None))):
         pool = ShardPool.start(which, num_shards=2, cpus_per_shard=1)
         try:
-            held[name] = pool.statistics(Rows(federation.dim, federation.num_classes), clients).result()
+            held[name] = torch.cat(pool.statistics(Rows(federation.dim, federation.num_classes), clients).result())
         finally:
             pool.shutdown()
     assert torch.equal(held["spec"], held["memory"])
@@ -141,7 +142,7 @@ def test_a_method_asking_for_float64_gets_its_clients_rows_exactly_in_upload_ord
         method = Rows64(federation.dim, federation.num_classes)
         # All of them, then fewer, then more: the shard converts into the buffer it keeps, and each call gets its rows.
         for block in (clients, clients[:3], clients[5:], clients[1:2]):
-            held = pool.statistics(method, block).result()
+            held = torch.cat(pool.statistics(method, block).result())
             expected = file_rows(parquet_path, [federation.client_ids[c] for c in block])
             assert held.dtype == torch.float64
             assert torch.equal(held, expected.to(torch.float64))
