@@ -245,6 +245,7 @@ class RunConfig:
                 raise FedrayError(f"{command_line(name)} must be > 0, got {value}")
         if self.finetune is not None and (self.finetune not in FINETUNE_MODES or not self.trains):
             raise FedrayError(f"--finetune takes {', '.join(FINETUNE_MODES)} with a gradient method, got {self.finetune!r} with {self.method}")
+        self._validate_images()
         if self.head not in HEADS:
             raise FedrayError(f"--head must be linear or sphere, got {self.head!r}")
         if self.head == "sphere":
@@ -308,6 +309,18 @@ class RunConfig:
             known = ", ".join(declared) or "none"
             raise FedrayError(f"unknown option(s) {', '.join(unknown)} (--option); this run's plugins take: {known}")
         self.options = {key: declared[key].coerce(value, "--option") for key, value in self.options.items()}
+
+    def _validate_images(self) -> None:
+        """The options of a run on images apply to fine-tuning (and TCT) only; its backbone is one fedray knows."""
+        if self.finetune is None and self.method != TCT:
+            given = [name for name in IMAGE_OPTIONS if getattr(self, name) != RUN_DEFAULTS[name]]
+            if given:
+                raise FedrayError(f"{command_line(given[0])} applies to fine-tuning on images (--finetune, or --method "
+                                  f"tct), not to {self.method} on the dataset's features")
+            return
+        from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
+
+        get_backbone(self.backbone)
 
     def _validate_sphere(self) -> None:
         if not self.trains or self.method == TCT or self.init != "random":
@@ -455,6 +468,9 @@ PLUGIN_FIELDS = ("method", "server_optimizer", "client_algorithm")
 """The options that may name a plugin: its column holds the class name, ``NAME_spec`` the spec."""
 NOT_COLUMNS = ("out", "quiet", "options")
 FIELDS = {f.name for f in fields(RunConfig)}
+RUN_DEFAULTS = {f.name: f.default for f in fields(RunConfig)}
+IMAGE_OPTIONS = ("backbone", "weights", "image_size")
+"""Options of the network a run fine-tunes on images: a run on features has none (its features were extracted)."""
 RESERVED = {f.name for f in fields(EvalPoint)} | {f"{name}_spec" for name in PLUGIN_FIELDS} | \
     {"ridge_probe_accuracy", "trial_id", "sweep"}
 """Metrics columns: no option may take their names, since options become columns too."""
@@ -488,7 +504,14 @@ def read_yaml_mapping(path: Path, kind: str, shape: str) -> dict:
     if not path.is_file():
         raise FedrayError(f"{path}: no such {kind}")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise FedrayError(f"{path}: not a text file (byte 0x{error.object[error.start]:02x} at offset {error.start} "
+                          f"is not UTF-8); a {kind} is YAML") from None
+    except OSError as error:
+        raise FedrayError(f"{path}: cannot be read ({error.strerror})") from None
+    try:
+        values = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
         raise FedrayError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(values, dict):

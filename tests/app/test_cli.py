@@ -495,11 +495,19 @@ def test_not_a_parquet_file(ray_session, tmp_path, capsys):
         (["--method", "fedavg", "--lr-schedule", "step"], ["--lr-schedule step needs --lr-milestones"]),
         (["--method", "fedavg", "--lr-schedule", "step", "--lr-milestones", "5,x"], ["--lr-milestones takes", "5,x"]),
         (["--method", "fedavg", "--lr-gamma", "0"], ["--lr-gamma must be > 0", "0"]),
+        (["--method", "fedavg", "--backbone", "nosuchnet"],
+         ["--backbone applies to fine-tuning on images (--finetune, or --method tct), not to fedavg on the dataset's features"]),
+        (["--backbone", "resnet18"], ["--backbone applies to fine-tuning on images", "not to fed3r"]),
+        (["--method", "fedavg", "--weights", "random"], ["--weights applies to fine-tuning on images", "not to fedavg"]),
+        (["--image-size", "32"], ["--image-size applies to fine-tuning on images", "not to fed3r"]),
+        (["--method", "fedavg", "--finetune", "ft", "--backbone", "nosuchnet"],
+         ["unknown backbone 'nosuchnet'; known: mobilenet_v2, "]),
     ],
     ids=["kind", "split", "option", "lam0", "lam-1", "gamma", "too-many-clients", "zero-clients", "participation",
          "both", "eval-every", "num-shards", "prox-mu", "client-lr", "resume", "lam-inf", "gamma-nan", "client-lr-inf",
          "participation-nan", "seed-negative", "seed-too-large", "rf-sigma-0", "dataset-seed", "dataset-nan", "ffc-lam",
-         "momentum", "cosine-rounds", "step-milestones", "milestones-bad", "lr-gamma"],
+         "momentum", "cosine-rounds", "step-milestones", "milestones-bad", "lr-gamma", "backbone-on-features",
+         "backbone-closed-form", "weights-on-features", "image-size-on-features", "unknown-backbone"],
 )
 def test_bad_option_is_one_line_error(ray_session, tmp_path, capsys, args, needles):
     out = tmp_path / "out"
@@ -582,12 +590,16 @@ def test_unknown_method_is_a_one_line_error(capsys, tmp_path):
         ("method: sgd\n", ["unknown method 'sgd'"]),  # names the option, not the file
         ("- just\n- a list\n", ["mapping"]),
         ("lam: [0.01\n", ["not valid YAML"]),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ["not a text file (byte 0x89 at offset 0 is not UTF-8); a config file is YAML"]),
+        ("lam: 0.01\n".encode("utf-16"), ["not a text file (byte 0xff at offset 0 is not UTF-8)"]),
     ],
-    ids=["missing", "unknown-key", "unknown-method", "not-a-mapping", "bad-yaml"],
+    ids=["missing", "unknown-key", "unknown-method", "not-a-mapping", "bad-yaml", "binary", "utf-16"],
 )
 def test_bad_config_file_is_one_line_error(ray_session, tmp_path, capsys, text, needles):
     config = tmp_path / "config.yaml"
-    if text is not None:
+    if isinstance(text, bytes):
+        config.write_bytes(text)
+    elif text is not None:
         config.write_text(text)
     out = tmp_path / "out"
     file_named = [] if text == "method: sgd\n" else [config]

@@ -134,6 +134,14 @@ def test_bad_sweep_files_are_named(tmp_path, text, message):
         load_sweep(write(tmp_path, text))
 
 
+def test_a_binary_sweep_file_is_named(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(FedrayError) as error:
+        load_sweep(path)
+    assert str(error.value) == f"{path}: not a text file (byte 0x89 at offset 0 is not UTF-8); a sweep file is YAML"
+
+
 def test_a_missing_sweep_file_is_named(tmp_path):
     with pytest.raises(FedrayError, match="nothing.yaml: no such sweep file"):
         load_sweep(tmp_path / "nothing.yaml")
