@@ -60,9 +60,6 @@ class ClientStates:
         if state is not None:
             self.pending[client] = state
 
-    def __len__(self) -> int:
-        return len(self.committed) + len(self.pending.keys() - self.committed.keys())
-
     def _commit(self) -> None:
         self.committed.update(self.pending)
         self.pending = {}
