@@ -24,22 +24,21 @@ def _entry(name: str, cls: type) -> list[str]:
 def _training_algorithm(name: str) -> list[str]:
     cls = algorithm_class(name)
     options = [f"      {option.describe()}" for option in options_of(cls).values()]
-    if name == "fedprox":
-        options.append(f"      {RUN_OPTIONS['prox_mu'].describe()}")
     return [f"  {name:<14} {_summary(cls)} (server optimizer: {cls.server_optimizer})", *options]
 
 
 def catalogue() -> str:
-    lines = ["closed-form methods (--method NAME; options as --lam, --gamma, ...):"]
+    lines = ["closed-form methods (--method NAME; options as --lam, --gamma, ... or --option lam=...):"]
     for name, cls in METHODS.items():
         lines += _entry(name, cls)
-    lines += ["", "training algorithms (--method NAME; their own options as --option key=value), training a softmax head "
+    lines += ["", "training algorithms (--method NAME; options as --option key=value, or --prox-mu ...), training a softmax head "
               "(or the backbone with --finetune):"]
     lines += [line for name in ALGORITHMS for line in _training_algorithm(name)]
     lines += ["    local SGD of every gradient method:"]
     lines += [f"      {RUN_OPTIONS[name].describe()}" for name in CLIENT_OPTIONS]
     lines += [f"  {TCT:<14} TCT: fine-tune (--base), eNTK features, stage 2 by SCAFFOLD and/or in closed form (see --help)"]
-    lines += ["", "server optimizers (--server-optimizer NAME, any gradient method; default: the method's own):"]
+    lines += ["", "server optimizers (--server-optimizer NAME, any gradient method; default: the method's own; options as "
+              "--server-momentum ... or --option server_momentum=...):"]
     for name, cls in SERVER_OPTIMIZERS.items():
         lines += _entry(name, cls)
     lines += ["", "your own: --method (a fedray.ClosedFormMethod or fedray.FederatedAlgorithm subclass), --server-optimizer",

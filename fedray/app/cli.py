@@ -36,9 +36,13 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
     for spec in fields(RunConfig):
         if spec.name == "options":
             parser.add_argument("--option", action="append", metavar="KEY=VALUE",
-                                help="an option of a plugin method or server optimizer (repeatable; see fedray methods)")
-        else:
-            _add_run_option(groups[spec.metadata["group"]], spec)
+                                help="an option of the run's method, algorithm, server optimizer or postprocessor, "
+                                "built-in (--option prox_mu=0.1 is --prox-mu 0.1) or your own (repeatable; see fedray methods)")
+        else:  # the options of built-in classes, in groups named after their owners, as they come
+            group = spec.metadata["group"]
+            if group not in groups:
+                groups[group] = parser.add_argument_group(f"options of {group}")
+            _add_run_option(groups[group], spec)
     groups[TRAINING].add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
     groups[RESOURCES].add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
     parser.set_defaults(handler=_cmd_run)

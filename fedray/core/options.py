@@ -27,9 +27,9 @@ from dataclasses import dataclass, is_dataclass
 from fedray.core.errors import FedrayError, shown
 from fedray.core.numeric_options import check_numeric_option
 
-SUPPLIED = ("dim", "num_classes", "seed", "loss", "prox_mu")
-"""Constructor arguments the engine fills in: the feature dimension, the class count, the run's seed; a client
-algorithm's loss and FedProx's μ (``--prox-mu``)."""
+SUPPLIED = ("dim", "num_classes", "seed")
+"""Constructor arguments the engine fills in: the feature dimension, the class count, the run's seed. A class adds
+its own in a ``supplied`` class attribute (a client algorithm's loss and FedProx's μ)."""
 
 TYPES = (int, float, bool, str)
 TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -99,7 +99,7 @@ def options_of(cls: type) -> dict[str, Option]:
     parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
     # a dataclass's fields are resolved each in its own class's module (a subclass's file need not import the base's types)
     hints = typing.get_type_hints(cls if is_dataclass(cls) else cls.__init__, include_extras=True)
-    return _declared(cls.__qualname__, "constructor argument", parameters, hints, SUPPLIED)
+    return _declared(cls.__qualname__, "constructor argument", parameters, hints, (*SUPPLIED, *getattr(cls, "supplied", ())))
 
 
 def function_options(function: Callable) -> dict[str, Option]:

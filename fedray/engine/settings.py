@@ -25,8 +25,7 @@ def training_algorithm(config: RunConfig) -> FederatedAlgorithm:
     """``--method`` (TCT: ``--base``) with its options; with ``--client-algorithm``, its clients' loss and gradient are
     that plugin's (built here with a stand-in loss first, to check its options)."""
     name = config.training_algorithm
-    algorithm = build(config.algorithm_class(), option_values(config), f"--method {name}", seed=config.seed,
-                      prox_mu=config.prox_mu)
+    algorithm = build(config.algorithm_class(), option_values(config), f"--method {name}", seed=config.seed)
     if config.client_algorithm is None:
         return algorithm
     hooks = config.client_algorithm_class()

@@ -21,7 +21,7 @@ from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods import METHODS, method_class
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.postprocessor import Postprocessor
-from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, FedProx, algorithm_class
+from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, algorithm_class
 from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.options import Option, option_from_hint, options_of
 from fedray.core.plugins import canonical, display_name, is_plugin, load_class
@@ -34,19 +34,19 @@ CLOSED_FORM_MAX_DIM = 10_000
 """Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
 
 
-GENERAL, SAMPLING, UPLOADS, CLOSED_FORM, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES = (
-    None, "sampling", "uploads", "closed form", "training", "spherefed", "fine-tuning", "tct", "resources")
+GENERAL, SAMPLING, UPLOADS, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES = (
+    None, "sampling", "uploads", "training", "spherefed", "fine-tuning", "tct", "resources")
 GROUPS = {
     SAMPLING: "client sampling",
     UPLOADS: "every client's upload, on its way to the server",
-    CLOSED_FORM: "closed-form methods (fedncm, fed3r, fed3r-rf, fedcof, ffc)",
     TRAINING: f"gradient methods ({', '.join(ALGORITHMS)})",
     SPHERE: "SphereFed (--head sphere): a projection onto the sphere before a fixed classifier, FFC after",
     IMAGES: "fine-tuning on images (a dataset with images: hsu:CSV?images=ROOT, imagefolder:ROOT)",
     TCT_GROUP: "TCT (--method tct): fine-tune on images, then a linear model on eNTK features",
     RESOURCES: "resources (Ray)",
 }
-"""The run options' groups in ``fedray run --help``, by the method or stage they belong to (``None``: every run's)."""
+"""The run's own options' groups in ``fedray run --help``, by the stage they belong to (``None``: every run's); the
+options of the built-in methods, algorithms and server optimizers are grouped by their owners (:func:`owned`)."""
 
 SAMPLINGS = ("without", "with")
 HEADS = ("linear", "sphere")
@@ -67,9 +67,38 @@ def option(default: object, help: str, group: str | None, *, unset: str | None =
                                             "metavar": metavar})
 
 
-def declared(cls: type, name: str, help: str, group: str | None, *, unset: str | None = None) -> Any:
-    """A run option that is the option ``name`` of ``cls``'s constructor: its default is the one ``cls`` declares."""
-    return option(options_of(cls)[name].default, help, group, unset=unset)
+BUILT_IN_OWNERS: tuple[tuple[str, dict[str, type]], ...] = (
+    ("closed-form methods", dict(METHODS)),
+    ("training algorithms", {name: cls for name, cls in ALGORITHMS.items() if isinstance(cls, type)}),
+    ("server optimizers", dict(SERVER_OPTIMIZERS)),
+)
+"""The built-in classes that own run options, by kind and name: an option one of them declares is theirs."""
+
+
+def owners_of(name: str) -> tuple[str, list[str], list[Option]]:
+    """The kind and names of the built-in classes that declare the option ``name``, and their declarations."""
+    for kind, classes in BUILT_IN_OWNERS:
+        declared = {owner: options_of(cls)[name] for owner, cls in classes.items() if name in options_of(cls)}
+        if declared:
+            return kind, list(declared), list(declared.values())
+    raise KeyError(f"no built-in class declares the option {name!r}")
+
+
+def owned(name: str, *, unset: str | None = None, help: str | None = None) -> Any:
+    """A run option that belongs to the built-in classes declaring ``name``: their default (``None`` when ``unset``
+    says what the owner does without it; a ``None`` default needs it), their help (unless ``help``), and their names as
+    its group in ``fedray run --help``.
+
+    So an owner's option is declared once, in its class; ``--option name=value`` sets it too (:func:`resolve`).
+    """
+    kind, names, declarations = owners_of(name)
+    defaults = {declaration.default for declaration in declarations}
+    if unset is None and (len(defaults) != 1 or None in defaults):
+        raise TypeError(f"the owners of {name} ({', '.join(names)}): say what its unset value means")
+    group = f"{', '.join(names)} ({kind if len(names) > 1 else kind[:-1]})"
+    metadata = {"help": help or declarations[0].help, "group": group, "unset": unset, "choices": None, "metavar": None,
+                "owners": tuple(names)}
+    return field(default=None if unset is not None else declarations[0].default, metadata=metadata)
 
 
 @dataclass
@@ -90,15 +119,13 @@ class RunConfig:
                                 unset="until every client was seen")
     eval_every: int = option(100, "evaluate every R rounds and at the end", GENERAL)
     seed: int = option(0, "seed of every random choice of the run", GENERAL)
-    lam: float = declared(METHODS["fed3r"], "lam", "ridge λ for fed3r, fed3r-rf, ffc and SphereFed's calibration "
-                          "(ffc and --head sphere take 0: the exact least squares)", CLOSED_FORM)
-    bias: bool = declared(METHODS["fed3r"], "bias", "fit a bias (ones column) in the ridge methods", CLOSED_FORM)
-    rf_dim: int = declared(METHODS["fed3r-rf"], "rf_dim", "random features D for fed3r-rf", CLOSED_FORM)
-    rf_sigma: float | None = declared(METHODS["fed3r-rf"], "rf_sigma", "RBF bandwidth σ for fed3r-rf", CLOSED_FORM,
-                                      unset="√d, about the distance between samples of unit-spread features; "
-                                      "the Fed3R paper used 1000 on MobileNetV2 features")
-    gamma: float = declared(METHODS["fedcof"], "gamma", "FedCOF covariance shrinkage γ", CLOSED_FORM)
-    means_per_class: int = declared(METHODS["fedcof"], "means_per_class", "FedCOF means per class per client", CLOSED_FORM)
+    lam: float = owned("lam")
+    bias: bool = owned("bias")
+    rf_dim: int = owned("rf_dim")
+    rf_sigma: float | None = owned("rf_sigma", unset="√d, about the distance between samples of unit-spread features; "
+                                   "the Fed3R paper used 1000 on MobileNetV2 features")
+    gamma: float = owned("gamma")
+    means_per_class: int = owned("means_per_class")
     client_lr: float = option(0.1, "client SGD learning rate", TRAINING)
     weight_decay: float = option(4e-5, "client SGD weight decay", TRAINING)
     batch_size: int = option(50, "client mini-batch size", TRAINING)
@@ -112,13 +139,13 @@ class RunConfig:
                                        "decays (\"50,75\")", TRAINING, unset="none; constant and cosine take none",
                                        metavar="R1,R2,...")
     lr_gamma: float = option(0.1, "step schedule: the decay factor", TRAINING)
-    server_lr: float | None = option(None, "server learning rate", TRAINING, unset="the server optimizer's own: " +
-                                     ", ".join(f"{name} {cls.default_lr:g}" for name, cls in SERVER_OPTIMIZERS.items()))
-    server_momentum: float = declared(SERVER_OPTIMIZERS["fedavgm"], "server_momentum", "fedavgm server momentum", TRAINING)
-    adam_beta1: float = declared(SERVER_OPTIMIZERS["fedadam"], "adam_beta1", "fedadam β₁", TRAINING)
-    adam_beta2: float = declared(SERVER_OPTIMIZERS["fedadam"], "adam_beta2", "fedadam β₂", TRAINING)
-    adam_tau: float = declared(SERVER_OPTIMIZERS["fedadam"], "adam_tau", "fedadam τ", TRAINING)
-    prox_mu: float | None = option(None, "fedprox proximal μ", TRAINING, unset=f"{DEFAULT_PROX_MU} with fedprox")
+    server_lr: float | None = owned("server_lr", help="server learning rate η", unset="the server optimizer's own: " +
+                                    ", ".join(f"{name} {cls.default_lr:g}" for name, cls in SERVER_OPTIMIZERS.items()))
+    server_momentum: float = owned("server_momentum")
+    adam_beta1: float = owned("adam_beta1")
+    adam_beta2: float = owned("adam_beta2")
+    adam_tau: float = owned("adam_tau")
+    prox_mu: float | None = owned("prox_mu", unset=f"{DEFAULT_PROX_MU} with fedprox")
     temperature: float = option(1.0, "softmax temperature: logits / T (0.1 suits a closed-form init)", TRAINING)
     init: str = option("random", "head initialization: random, or a closed-form stage first", TRAINING, choices=INITS)
     init_rounds: int | None = option(None, "round budget of the closed-form stage", TRAINING,
@@ -253,7 +280,7 @@ class RunConfig:
         if self.sphere_loss not in SPHERE_LOSSES:
             raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
         self._validate_client_optimizer()
-        if self.prox_mu is not None and not issubclass(self.algorithm_class(), FedProx):
+        if self.prox_mu is not None and not (self.trains and "prox_mu" in options_of(self.algorithm_class())):
             raise FedrayError(f"--prox-mu applies to fedprox only, not {self.method}")
         if self.method == TCT:
             self._validate_tct()
@@ -355,8 +382,9 @@ class RunConfig:
             values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
             if self.client_algorithm is not None:
                 values["client_algorithm"] = canonical(self.client_algorithm)
-            if issubclass(self.algorithm_class(), FedProx):
-                values["prox_mu"] = DEFAULT_PROX_MU if self.prox_mu is None else self.prox_mu
+            own = options_of(self.algorithm_class()).get("prox_mu")
+            if own is not None:
+                values["prox_mu"] = own.default if self.prox_mu is None else self.prox_mu
         defaults = {name: option.default for cls in self.plugins() for name, option in options_of(cls).items()
                     if name not in FIELDS}
         values["options"] = {**defaults, **self.options}
@@ -386,16 +414,14 @@ class RunConfig:
     def applicable_groups(self) -> set[str | None]:
         """The option groups (the fields' ``group``) that apply to this run.
 
-        Every run's options, its sampling and its resources always; ``--postprocessor`` when given; the closed-form
-        options when the run solves a closed form (:meth:`closed_form_methods`); the training options when it trains;
-        SphereFed's with ``--head sphere``; the image options when it fine-tunes (``--finetune``, TCT); TCT's with
-        ``--method tct``.
+        Every run's options, its sampling and its resources always; ``--postprocessor`` when given; the training
+        options when it trains; SphereFed's with ``--head sphere``; the image options when it fine-tunes
+        (``--finetune``, TCT); TCT's with ``--method tct``. (The options of the run's classes are theirs:
+        :meth:`classes`.)
         """
         groups = {GENERAL, SAMPLING, RESOURCES}
         if self.postprocessor is not None:
             groups.add(UPLOADS)
-        if self.closed_form_methods():
-            groups.add(CLOSED_FORM)
         if self.trains:
             groups.add(TRAINING)
         if self.head == "sphere":
@@ -406,24 +432,29 @@ class RunConfig:
             groups.add(TCT_GROUP)
         return groups
 
+    def classes(self) -> list[type]:
+        """The classes the run builds whose options it sets: its closed-form methods, and when it trains its training
+        algorithm and server optimizer."""
+        classes = [method_class(name) for name in self.closed_form_methods()]
+        if self.trains:
+            classes += [self.algorithm_class(), self.server_optimizer_class()]
+        return classes
+
     def metrics_columns(self) -> dict[str, object]:
         """The configuration's columns in metrics.parquet: the options that apply to the run, then the plugins' own.
 
-        An option applies when its group does (:meth:`applicable_groups`); an option of the built-in closed-form
-        methods or server optimizers (``lam``, ``gamma``, ``server_momentum``, ``adam_beta1``, ...) only when one of
-        the run's closed-form methods, or its server optimizer, takes it. A plugin is named by its class name
-        (``method``: ``MyNCM``) with its spec beside it (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise
-        ``server_optimizer`` and ``client_algorithm``. config.yaml keeps every option, to re-run the run.
+        An option applies when its group does (:meth:`applicable_groups`); an option owned by the built-in classes
+        (``lam``, ``gamma``, ``prox_mu``, ``server_momentum``, ...: :func:`owned`) when one of the run's
+        :meth:`classes` takes it. A plugin is named by its class name (``method``: ``MyNCM``) with its spec beside it
+        (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise ``server_optimizer`` and ``client_algorithm``.
+        config.yaml keeps every option, to re-run the run.
         """
         groups = self.applicable_groups()
-        classes = [method_class(name) for name in self.closed_form_methods()]
-        if self.trains:
-            classes.append(self.server_optimizer_class())
-        taken = {name for cls in classes for name in options_of(cls)}
+        taken = {name for cls in self.classes() for name in options_of(cls)}
         columns: dict[str, object] = {}
         for spec in fields(self):
-            if spec.name in NOT_COLUMNS or spec.metadata["group"] not in groups or \
-                    (spec.name in BUILTIN_CLASS_OPTIONS and spec.name not in taken):
+            applies = spec.name in taken if "owners" in spec.metadata else spec.metadata.get("group") in groups
+            if spec.name in NOT_COLUMNS or not applies:
                 continue
             value = getattr(self, spec.name)
             if spec.name in PLUGIN_FIELDS and isinstance(value, str) and is_plugin(value):
@@ -462,8 +493,6 @@ def client_algorithm_class(spec: str) -> type[ClientAlgorithm]:
     return load_class(spec, ClientAlgorithm, {}, "client algorithm")
 
 
-BUILTIN_CLASS_OPTIONS = {name for cls in [*METHODS.values(), *SERVER_OPTIMIZERS.values()] for name in options_of(cls)}
-"""Run options that are options of a built-in closed-form method or server optimizer (``lam``, ``server_momentum``, ...)."""
 PLUGIN_FIELDS = ("method", "server_optimizer", "client_algorithm")
 """The options that may name a plugin: its column holds the class name, ``NAME_spec`` the spec."""
 NOT_COLUMNS = ("out", "quiet", "options")
@@ -577,8 +606,10 @@ def options_mapping(where: str, value: object) -> dict:
 def resolve(file_values: dict, cli_values: dict) -> RunConfig:
     """Defaults, overridden by the file, overridden by options given on the command line.
 
-    κ and the participation rate are one choice: either on the command line replaces both from the file.
+    κ and the participation rate are one choice: either on the command line replaces both from the file. An option
+    of a built-in class given among ``options`` (``--option prox_mu=0.1``) is that class's run option (``--prox-mu``).
     """
+    file_values, cli_values = _owned_options_moved(file_values), _owned_options_moved(cli_values)
     given = {k: v for k, v in cli_values.items() if v is not None}
     if given.keys() & set(PER_ROUND):
         file_values = {k: v for k, v in file_values.items() if k not in PER_ROUND}
@@ -587,3 +618,20 @@ def resolve(file_values: dict, cli_values: dict) -> RunConfig:
         return RunConfig(**merged).validate().resolved()
     except TypeError as error:
         raise FedrayError(str(error)) from None
+
+
+OWNED = {f.name for f in fields(RunConfig) if "owners" in f.metadata}
+"""The run options that belong to the built-in classes (:func:`owned`)."""
+
+
+def _owned_options_moved(values: dict) -> dict:
+    """One source's ``values`` with the owned options among its ``options`` moved out, as the run options they are."""
+    options = values.get("options") or {}
+    moved = {key: RUN_OPTIONS[key].coerce(value, f"--option {key}") for key, value in options.items() if key in OWNED}
+    twice = sorted(key for key in moved if values.get(key) is not None)
+    if twice:
+        raise FedrayError(f"{twice[0]} is given twice: as {command_line(twice[0])} and as --option {twice[0]} (or "
+                          f"options: {{{twice[0]}: ...}})")
+    if not moved:
+        return values
+    return {**values, **moved, "options": {key: value for key, value in options.items() if key not in OWNED}}

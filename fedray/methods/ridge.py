@@ -137,7 +137,7 @@ class Fed3RRandomFeatures(Fed3R):
         self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01,
         bias: Annotated[bool, "fit a bias: a ones column, regularized by λ too"] = False,
         rf_dim: Annotated[int, "random features D"] = 5000,
-        rf_sigma: Annotated[float | None, "RBF bandwidth σ (default √d; Fed3R's paper: 1000)"] = None, seed: int = 0,
+        rf_sigma: Annotated[float | None, "RBF bandwidth σ; None: √d"] = None, seed: int = 0,
     ) -> None:
         super().__init__(dim, num_classes, lam, bias)
         rf_sigma = math.sqrt(dim) if rf_sigma is None else rf_sigma

@@ -349,9 +349,10 @@ def test_a_runs_files_follow_the_umask(ray_session, umask_027, tmp_path, capsys)
 
 CLOSED_FORM_OPTIONS = {"lam", "bias", "rf_dim", "rf_sigma", "gamma", "means_per_class"}
 TRAINING_OPTIONS = {"client_lr", "weight_decay", "batch_size", "local_epochs", "client_momentum", "lr_schedule",
-                    "lr_milestones", "lr_gamma", "server_lr", "prox_mu", "temperature", "init", "init_rounds",
+                    "lr_milestones", "lr_gamma", "server_lr", "temperature", "init", "init_rounds",
                     "probe_ridge", "checkpoint_every", "head", "server_optimizer", "client_algorithm"}
 SERVER_OPTIONS = {"server_momentum", "adam_beta1", "adam_beta2", "adam_tau"}
+ALGORITHM_OPTIONS = {"prox_mu"}
 SPHERE_OPTIONS = {"sphere_dim", "sphere_loss"}
 IMAGE_OPTIONS = {"finetune", "backbone", "weights", "image_size"}
 TCT_OPTIONS = {"base", "entk_dim", "entk_fp16", "entk_chunk", "tct_rounds", "tct_local_steps", "tct_lr", "tct_solver",
@@ -367,14 +368,15 @@ EVERY_RUNS = {"method", "dataset", "clients_per_round", "participation", "sampli
     ({"method": "fedavg"}, EVERY_RUNS | TRAINING_OPTIONS),
     ({"method": "fedadam", "init": "fed3r"}, EVERY_RUNS | TRAINING_OPTIONS | {"lam", "bias", "adam_beta1", "adam_beta2", "adam_tau"}),
     ({"method": "fedavgm", "probe_ridge": True}, EVERY_RUNS | TRAINING_OPTIONS | {"lam", "bias", "server_momentum"}),
-    ({"method": "fedprox", "head": "sphere"}, EVERY_RUNS | TRAINING_OPTIONS | SPHERE_OPTIONS | {"lam", "bias"}),
+    ({"method": "fedprox", "head": "sphere"}, EVERY_RUNS | TRAINING_OPTIONS | SPHERE_OPTIONS | {"lam", "bias", "prox_mu"}),
+    ({"method": "tct", "base": "fedprox"}, EVERY_RUNS | TRAINING_OPTIONS | IMAGE_OPTIONS | TCT_OPTIONS | {"prox_mu"}),
     ({"method": "fedavg", "finetune": "ftlp"}, EVERY_RUNS | TRAINING_OPTIONS | IMAGE_OPTIONS),
     ({"method": "tct"}, EVERY_RUNS | TRAINING_OPTIONS | IMAGE_OPTIONS | TCT_OPTIONS),
 ])
 def test_a_rows_configuration_columns_are_the_options_that_apply_to_its_run(values, columns):
     assert set(resolve({}, values).metrics_columns()) == columns
-    assert columns <= CLOSED_FORM_OPTIONS | TRAINING_OPTIONS | SERVER_OPTIONS | SPHERE_OPTIONS | IMAGE_OPTIONS | \
-        TCT_OPTIONS | EVERY_RUNS
+    assert columns <= CLOSED_FORM_OPTIONS | TRAINING_OPTIONS | SERVER_OPTIONS | ALGORITHM_OPTIONS | SPHERE_OPTIONS | \
+        IMAGE_OPTIONS | TCT_OPTIONS | EVERY_RUNS
 
 
 def test_a_plugin_is_named_by_its_class_with_its_spec_beside_it():

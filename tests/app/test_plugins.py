@@ -263,8 +263,9 @@ def test_a_client_algorithm_plugin_of_the_proximal_term_trains_as_fedprox_bit_fo
                      "--out", tmp_path / "plugin")
     assert rc == 0, err
     plugin, builtin = rows(tmp_path / "plugin"), rows(tmp_path / "builtin")
-    assert {(r["method"], r["prox_mu"], r["client_algorithm"], r["client_algorithm_spec"], r["mu"]) for r in plugin} == \
-        {("fedavg", None, "Proximal", PROXIMAL, 0.1)}
+    assert {(r["method"], r["client_algorithm"], r["client_algorithm_spec"], r["mu"]) for r in plugin} == \
+        {("fedavg", "Proximal", PROXIMAL, 0.1)}
+    assert all("prox_mu" not in r for r in plugin)  # fedavg takes no μ: no column
     assert {(r["method"], r["prox_mu"], r["client_algorithm"]) for r in builtin} == {("fedprox", 0.1, None)}
     settings = ("method", "prox_mu", "client_algorithm", "client_algorithm_spec", "mu")
     assert [{k: v for k, v in r.items() if k not in settings} for r in plugin] == \
@@ -286,7 +287,9 @@ def test_a_client_algorithm_plugin_declares_its_fields_as_options():
     (["--method", NCM, "--option", "normalise=false"], ["unknown option(s) normalise", "normalize"]),
     (["--method", NCM, "--option", "normalize=maybe"], ["option normalize must be true or false"]),
     (["--method", NCM, "--option", "novalue"], ["--option takes key=value"]),
-    (["--method", NCM, "--option", "lam=1"], ["lam is a run option: use --lam"]),
+    (["--method", NCM, "--option", "client_lr=1"], ["client_lr is a run option: use --client-lr"]),
+    (["--method", "fed3r", "--lam", "1", "--option", "lam=2"], ["lam is given twice: as --lam and as --option lam"]),
+    (["--method", "fedprox", "--option", "prox_mu=strong"], ["--option prox_mu: option prox_mu must be a number"]),
     (["--method", "fed3r", "--server-optimizer", YOGI], ["--server-optimizer applies to gradient methods"]),
     (["--method", "fedavg", "--server-optimizer", NCM], ["not a subclass of fedray.ServerOptimizer"]),
     (["--method", "fed3r", "--client-algorithm", PROXIMAL], ["--client-algorithm applies to gradient methods"]),

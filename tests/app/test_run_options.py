@@ -164,3 +164,41 @@ def test_unknown_sweep_keys_name_where_they_belong(tmp_path):
 def test_a_server_optimizer_replaces_plain_averaging_only(method, server_optimizer):
     config = resolve({}, {"method": method, "server_optimizer": server_optimizer})
     assert config.server_optimizer == server_optimizer
+
+
+OWNED = {  # each option of a built-in class, the classes that declare it, and its default there: written out
+    "lam": (["fed3r", "fed3r-rf", "ffc"], 0.01), "bias": (["fed3r", "fed3r-rf", "ffc"], False),
+    "rf_dim": (["fed3r-rf"], 5000), "rf_sigma": (["fed3r-rf"], None), "gamma": (["fedcof", "fedcof-oracle"], 0.1),
+    "means_per_class": (["fedcof"], 1), "server_lr": (["fedavg", "fedavgm", "fedadam"], None),
+    "server_momentum": (["fedavgm"], 0.9), "adam_beta1": (["fedadam"], 0.9), "adam_beta2": (["fedadam"], 0.99),
+    "adam_tau": (["fedadam"], 1e-3), "prox_mu": (["fedprox"], None),
+}
+
+
+def test_the_options_of_built_in_classes_are_theirs_in_the_run_and_its_help(capsys, monkeypatch):
+    owned = {spec.name: spec for spec in fields(RunConfig) if "owners" in spec.metadata}
+    assert {name: (list(spec.metadata["owners"]), spec.default) for name, spec in owned.items()} == OWNED
+    shown = run_help(capsys, monkeypatch)
+    from fedray.methods.training_algorithms import FedProx
+    from fedray.methods.training.server import FedAdam
+    for flag, owner, name in (("--prox-mu", FedProx, "prox_mu"), ("--gamma", method_class("fedcof"), "gamma"),
+                              ("--adam-tau", FedAdam, "adam_tau")):
+        assert shown[flag].split(maxsplit=2)[2].startswith(options_of(owner)[name].help + " (default")
+
+
+@pytest.mark.parametrize(("option", "flag"), [
+    ({"method": "fedprox", "options": {"prox_mu": "0.05"}}, {"method": "fedprox", "prox_mu": 0.05}),
+    ({"method": "fed3r", "options": {"lam": 2}}, {"method": "fed3r", "lam": 2.0}),
+    ({"method": "fedavgm", "options": {"server_momentum": "0.5"}}, {"method": "fedavgm", "server_momentum": 0.5}),
+])
+def test_an_owned_option_given_as_option_is_the_run_option(option, flag):
+    assert resolve({}, option) == resolve({}, flag)
+    assert resolve(option, {}) == resolve(flag, {})  # a file's options: {prox_mu: ...}
+    assert resolve(option, {}).options == {}
+
+
+def test_an_owned_option_on_the_command_line_wins_over_the_file_either_way():
+    assert resolve({"method": "fedprox", "prox_mu": 0.2}, {"options": {"prox_mu": "0.3"}}).prox_mu == 0.3
+    assert resolve({"method": "fedprox", "options": {"prox_mu": 0.2}}, {"prox_mu": 0.3}).prox_mu == 0.3
+    with pytest.raises(FedrayError, match=r"^prox_mu is given twice: as --prox-mu and as --option prox_mu"):
+        resolve({}, {"method": "fedprox", "prox_mu": 0.3, "options": {"prox_mu": "0.3"}})

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -113,6 +114,9 @@ class ClientAlgorithm:
     a :class:`~fedray.methods.algorithm.FederatedAlgorithm` is the interface
     for a whole algorithm (its server half and client state included).
     """
+
+    supplied: ClassVar[tuple[str, ...]] = ("loss", "prox_mu")
+    """Filled in by the engine, not options: the path's loss and, with ``--method fedprox``, its μ."""
 
     loss: Loss
     prox_mu: float = 0.0
