@@ -5,7 +5,6 @@ The examples in ``examples/`` are the plugins: ``nearest_class_mean.py`` re-impl
 ``fedyogi.py`` is FedYogi, ``proximal_client.py`` FedProx's proximal term. A plain-averaging server optimizer is written below into a file of its own.
 """
 
-import json
 import sys
 from pathlib import Path
 
