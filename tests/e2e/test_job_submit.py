@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,7 @@ def head(tmp_path_factory):
         yield dashboard, token
     finally:
         stop_node(process, temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def submit(head, client_home: Path, entrypoint: str, *, with_token: bool) -> subprocess.CompletedProcess:
