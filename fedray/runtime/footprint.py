@@ -22,8 +22,10 @@ fedcof C × d and the received means, at most M × --means-per-class × d (the
 shard that ends the tree reduction holds them all); fedcof-oracle d × d + C × d.
 A gradient method on features adds its trained parameters P (C(d + 1); with
 --head sphere, l(d + 1) + lC) four times everywhere, its round's logits in a
-shard (5 × B × 4C), and SCAFFOLD's client state on the driver (N × 4C for a
-linear head, K × 4P for SphereFed); each closed-form stage it runs (--init,
+shard (5 × B × 4C), and its clients' states in the shards: SCAFFOLD's gradient
+rows on a linear head (N_s × 4C), else what the algorithm's
+``init_client_state`` makes for one client times the clients a shard holds
+(K N_s / N, at most the clients --rounds samples); each closed-form stage it runs (--init,
 --probe-ridge, SphereFed's calibration) is estimated as a stage of its own.
 Measured against shards' peak memory growth past their features (iNat-User-120K
 stand-ins, 2 shards; fed3r, fed3r-rf with D = 1,000 and 3,000, ffc, fedcof,
@@ -40,7 +42,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from fedray.core.options import build
 from fedray.methods.config import RunConfig
 from fedray.core.federation import Federation
 from fedray.methods.evaluation import CHUNK
@@ -197,4 +201,29 @@ def _training_terms(config: RunConfig, federation: Federation, width: int) -> tu
     if issubclass(config.algorithm_class(), Scaffold) and not sphere:
         terms.append(Term("SCAFFOLD's client states in the shards (the gradient rows G: samples × C float32)",
                           "use another --method", per_sample=classes * FLOAT32, per_block_sample=2 * classes * FLOAT32))
+    elif (state := _client_state_bytes(config, {"weight": (d, width), "bias": (width,)} if sphere else
+                                       {"weight": (d, classes), "bias": (classes,)})):
+        # the clients a shard holds, in proportion to its samples; at most the clients --rounds can sample
+        kept = federation.num_clients if config.rounds is None else \
+            min(federation.num_clients, config.rounds * config.per_round(federation.num_clients))
+        terms.append(Term(f"the client states in the shards ({state:,} bytes a client, up to {kept:,} clients)",
+                          "lower --rounds or use another --method", per_sample=state * kept / federation.train.num_rows))
     return tuple(terms)
+
+
+def _client_state_bytes(config: RunConfig, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Bytes of one client's state under the run's training algorithm, for parameters of ``shapes`` (0: stateless).
+
+    The algorithm makes a state for float32 parameters on PyTorch's meta device (shapes, no memory); one that cannot
+    is counted as one copy of the parameters, the size of SCAFFOLD's and FedDyn's.
+    """
+    algorithm = build(config.algorithm_class(), {**config.to_dict(), **config.options}, f"--method {config.method}",
+                      seed=config.seed)
+    if not algorithm.stateful:
+        return 0
+    params = {name: torch.empty(shape, dtype=torch.float32, device="meta") for name, shape in shapes.items()}
+    try:
+        state = algorithm.init_client_state(params)
+        return sum(value.numel() * value.element_size() for value in state.values())
+    except Exception:  # the plugin's own code, run again where it trains: here only its size is wanted
+        return sum(value.numel() * value.element_size() for value in params.values())

@@ -61,3 +61,17 @@ def test_the_estimate_bounds_the_shards_measured_growth(ray_session, federation,
     estimated = np.array([footprint.shard(int(n), int(t)) - (n + t) * held for n, t in zip(samples, tests)])
     assert (grown <= estimated + 0.05 * GB).all(), (grown / GB, estimated / GB)  # a few MB of BLAS buffers aside
     assert (estimated <= grown + 0.5 * GB).all(), "an estimate, not a wild upper bound"
+
+
+def test_a_stateful_algorithms_client_states_are_counted_in_the_shards(federation):
+    """FedDyn keeps ∇L_k, one copy of the head, for every client it samples: d × C + C float32 each."""
+    d, classes, clients, samples = federation.dim, federation.num_classes, federation.num_clients, federation.train.num_rows
+
+    def state_bytes(**options):
+        footprint = estimate(RunConfig(method="feddyn", **options).validate().resolved(), federation)[-1]
+        fedavg = estimate(RunConfig(method="fedavg", **options).validate().resolved(), federation)[-1]
+        return footprint.shard(samples, 0) - fedavg.shard(samples, 0)
+
+    assert state_bytes() == pytest.approx(clients * (d * classes + classes) * FLOAT32)
+    assert state_bytes(rounds=3, clients_per_round=10) == pytest.approx(30 * (d * classes + classes) * FLOAT32)
+    assert state_bytes(head="sphere", sphere_dim=16) == pytest.approx(clients * (d * 16 + 16) * FLOAT32)
