@@ -225,9 +225,17 @@ def train(
             (checkpointing.folder / name).unlink(missing_ok=True)
         recovery = copy.deepcopy(snapshot)
 
+    reported = len(state.points)  # rows the listener saw: a resumed run's before it stopped, a replay's before it failed
+
+    def report_once(point: EvalPoint, classifier: Classifier | None) -> None:
+        nonlocal reported
+        if len(state.points) > reported:  # Report appended the point: a replayed row is the one reported before
+            reported = len(state.points)
+            on_point(point, classifier)
+
     while True:
         path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing)
-        callbacks: list[Callback] = [Report(state.points, on_point, path.classifier),
+        callbacks: list[Callback] = [Report(state.points, None if on_point is None else report_once, path.classifier),
                                      Progress(len(rounds), state.done, "train", quiet)]
         if checkpointing is not None:
             callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: save(path)))

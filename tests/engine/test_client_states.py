@@ -38,15 +38,17 @@ def test_a_shard_killed_mid_run_gives_bitwise_the_uninterrupted_run(ray_session,
         return pools[-1]
 
     monkeypatch.setattr(ShardPool, "start", classmethod(keep))
-    killed = []
+    killed, reported = [], []
 
     def kill_after_round_4(point, classifier):
+        reported.append(point.round)
         if point.round == 4 and not killed:  # after the checkpoint of round 3: the states of rounds 4.. are lost with it
             ray.kill(pools[0].actors[1], no_restart=False)
             killed.append(point.round)
 
     fedray.engine.run_config.run(config(tmp_path / "killed"), on_point=kill_after_round_4)
     assert killed == [4]
+    assert reported == [0, 2, 4, 6, 8], "a replayed row is not reported again (to a Tune trial, on_evaluation)"
     assert "an actor restarted and lost its clients' states: replaying from training round 3" in capsys.readouterr().err
     plain_rows, plain_arrays = outputs(tmp_path / "plain")
     rows, arrays = outputs(tmp_path / "killed")
