@@ -40,12 +40,6 @@ def fixed_classifier(num_classes: int, dim: int, seed: int) -> torch.Tensor:
     return rows.contiguous()
 
 
-def frame_potential(rows: torch.Tensor) -> float:
-    """Σ_{i≠j} ⟨w_i, w_j⟩²: 0 for orthonormal rows, ≥ C²/d − C (Welch) for C > d unit rows."""
-    gram = rows @ rows.T
-    return float((gram**2).sum() - (torch.diagonal(gram) ** 2).sum())
-
-
 def sphere_logits(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(features @ weight.T + bias, dim=1) @ classifier.T
 

@@ -29,9 +29,6 @@ from fedray.runtime.evaluator import Evaluator
 from fedray.runtime.shards import ShardPool
 from fedray.methods.sphere import fixed_classifier, sphere_logits, sphere_loss
 
-LOSSES = ("mse", "ce")
-
-
 @dataclass(frozen=True)
 class SphereTrainer(LocalTrainer):
     """Local training of the projection (P, q) of every sampled client of a shard, by autograd, one after another."""

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from fedray.core.errors import FedrayError
-from fedray.methods.sphere import fixed_classifier, frame_potential, sphere_logits, sphere_loss
+from fedray.methods.sphere import fixed_classifier, sphere_logits, sphere_loss
+
+
+def frame_potential(rows: torch.Tensor) -> float:
+    """Σ_{i≠j} ⟨w_i, w_j⟩²: 0 for orthonormal rows, ≥ C²/d − C (Welch) for C > d unit rows."""
+    gram = rows @ rows.T
+    return float((gram**2).sum() - (torch.diagonal(gram) ** 2).sum())
 
 
 @pytest.mark.parametrize("classes, dim", [(10, 10), (60, 128), (1203, 1280)])
