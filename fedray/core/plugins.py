@@ -78,6 +78,13 @@ def load_class(spec: str, base: type, builtins: dict[str, type], what: str) -> t
     return cls
 
 
+def names_subclass(spec: str, base: type) -> bool:
+    """Whether the plugin ``spec`` names a subclass of ``base``, whatever else is wrong with it (abstract, not a
+    dataclass: :func:`load_class` says so); a module that cannot load raises its one-line error."""
+    _, found = _attribute(spec, "class")
+    return isinstance(found, type) and issubclass(found, base)
+
+
 def _undecorated(cls: type, base: type) -> type | None:
     """The class between ``cls`` and a dataclass ``base`` that declares fields or a constructor without being a dataclass
     itself (its fields would not be the constructor's, its constructor not the one fedray calls), or None."""

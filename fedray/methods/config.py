@@ -24,7 +24,7 @@ from fedray.methods.postprocessor import Postprocessor
 from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, algorithm_class
 from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.options import Option, option_from_hint, options_of
-from fedray.core.plugins import canonical, display_name, is_plugin, load_class
+from fedray.core.plugins import canonical, display_name, is_plugin, load_class, names_subclass
 from fedray.core.results import EvalPoint
 
 
@@ -465,11 +465,12 @@ class RunConfig:
 
 
 def _is_algorithm(spec: str) -> bool:
-    """Whether the plugin ``spec`` names a training algorithm (else it must be a closed-form method)."""
+    """Whether the plugin ``spec`` names a training algorithm (else it must be a closed-form method): by its class
+    alone, so that loading it as one reports what is wrong with it (not a dataclass, abstract)."""
     try:
-        return issubclass(algorithm_class(spec), FederatedAlgorithm)
+        return names_subclass(spec, FederatedAlgorithm)
     except FedrayError:
-        return False
+        return False  # a module that cannot load: loading it as a closed-form method says so in the same line
 
 
 def postprocessor_class(spec: str) -> type[Postprocessor]:

@@ -340,6 +340,15 @@ class Undecorated(fedray.ClientAlgorithm):
 '''
 
 
+UNDECORATED_ALGORITHM = '''
+import fedray
+
+
+class Undecorated(fedray.FederatedAlgorithm):
+    alpha: float = 0.01
+'''
+
+
 def refused_to_load(capsys, out: Path, *args: object) -> str:
     line = refused(capsys, out, *args)
     assert not out.exists()
@@ -390,3 +399,13 @@ def test_a_client_algorithm_that_is_not_a_dataclass_is_one_line(tmp_path, capsys
     line = refused_to_load(capsys, tmp_path / "out", "--method", "fedavg", "--client-algorithm", spec)
     assert line == f"{spec}: {name} is not a dataclass: decorate it with @dataclass(frozen=True), as " \
         "fedray.ClientAlgorithm is (its fields with defaults are its options)"
+
+
+def test_a_training_algorithm_that_is_not_a_dataclass_is_one_line_naming_that(tmp_path, capsys):
+    """It was refused as "not a subclass of fedray.ClosedFormMethod": a training algorithm that failed to load was
+    taken for a closed-form method."""
+    (tmp_path / "undecorated.py").write_text(UNDECORATED_ALGORITHM)
+    spec = f"{tmp_path / 'undecorated.py'}:Undecorated"
+    assert refused_to_load(capsys, tmp_path / "out", "--method", spec) == \
+        f"{spec}: Undecorated is not a dataclass: decorate it with @dataclass(frozen=True), as " \
+        "fedray.FederatedAlgorithm is (its fields with defaults are its options)"
