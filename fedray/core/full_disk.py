@@ -29,19 +29,23 @@ def full_disk_code(error: BaseException | None) -> int | None:
     return None
 
 
-def full_disk_error(code: int, written: Path, folder: Path, needed: int, at_least: bool = False) -> FedrayError:
+def full_disk_error(code: int, written: Path, folder: Path, sizes: list[int], at_least: bool = False) -> FedrayError:
     """``disk full: writing WRITTEN needed N MB, M MB free`` (free in ``folder``; a quota's free space is not known).
 
-    ``needed`` is the bytes the write was to take (an estimate), or with
-    ``at_least`` only what it had written when the space ran out.
+    ``sizes`` are the bytes of the files the write was to make (estimates),
+    or with ``at_least`` only what they held when the space ran out; each
+    takes whole blocks of the filesystem, so the need is counted in blocks
+    (four files of 900 bytes need 16 kB where blocks are 4 kB, not 3.6 kB).
     """
-    message = f"{FULL[code]}: writing {written} needed {'more than ' if at_least else ''}{megabytes(needed)} MB"
+    block = os.statvfs(folder).f_frsize or 1
+    needed = sum(-(-size // block) * block for size in sizes)
+    message = f"{FULL[code]}: writing {written} needed {'more than ' if at_least else ''}{size_text(needed)}"
     if code == errno.ENOSPC:
         space = os.statvfs(folder)
-        message += f", {megabytes(space.f_bavail * space.f_frsize)} MB free"
+        message += f", {size_text(space.f_bavail * space.f_frsize)} free"
     return FedrayError(message)
 
 
-def megabytes(size: int) -> str:
-    """``size`` bytes in MB, one decimal from 0.1 MB on, two significant digits below (a config file is not "0.0 MB")."""
-    return f"{size / 1e6:.1f}" if size >= 100_000 else f"{size / 1e6:.2g}"
+def size_text(size: int) -> str:
+    """``size`` bytes in MB with one decimal from 0.1 MB on, in kB with three significant digits below."""
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.3g} kB"

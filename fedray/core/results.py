@@ -102,12 +102,12 @@ class _Temporaries:
     def __exit__(self, kind: type | None, error: BaseException | None, traceback: object) -> None:
         if error is None:
             return
-        needed = sum(max(size or 0, _size_of(temporary)) for temporary, size in self.sizes.items())
+        sizes = [max(size or 0, _size_of(temporary)) for temporary, size in self.sizes.items()]
         for temporary in self.reserved:
             temporary.unlink(missing_ok=True)
         code = full_disk_code(error)
         if code is not None:
-            raise full_disk_error(code, self.written, self.folder, needed, None in self.sizes.values()) from None
+            raise full_disk_error(code, self.written, self.folder, sizes, None in self.sizes.values()) from None
 
 
 def _size_of(path: Path) -> int:

@@ -306,19 +306,19 @@ def test_a_run_onto_a_full_disk_keeps_the_previous_run(previous_run, small_disk,
     previous = hashes(small_disk)
     rc, _, err = run_cli(capsys, SPEC, out, "--seed", "5", "--eval-every", "100")
     assert rc == 2
-    assert re.fullmatch(rf"fedray: error: disk full: writing {re.escape(str(out))} needed 0\.0[0-9]+ MB, 0 MB free\n", err), err
+    assert re.fullmatch(rf"fedray: error: disk full: writing {re.escape(str(out))} needed [0-9.]+ kB, 0 kB free\n", err), err
     assert hashes(small_disk) == previous
 
 
 def test_data_export_onto_a_full_disk_keeps_the_previous_file(small_disk, capsys):
-    """The estimate: 2,099 rows of 8 float32 features and a label, 4 × 9 bytes each."""
+    """The estimate: 2,099 rows of 8 float32 features and a label, 4 × 9 bytes each: 75,564 bytes, 19 blocks of 4 kB."""
     out = small_disk / "federation.parquet"
     rc, _, err = cli(capsys, "data", "export", SPEC, "--out", out)
     assert rc == 0, err
     fill(small_disk)
     previous = hashes(small_disk)
     err = expect_error(capsys, ["data", "export", SPEC, "--out", out])
-    assert err == f"fedray: error: disk full: writing {out} needed 0.076 MB, 0 MB free\n"
+    assert err == f"fedray: error: disk full: writing {out} needed 77.8 kB, 0 kB free\n"
     assert hashes(small_disk) == previous
 
 

@@ -67,7 +67,7 @@ def test_a_folder_with_metrics_never_holds_files_of_two_runs(monkeypatch, two_ru
 def expect_disk_full(out, new, written=None):
     with pytest.raises(FedrayError) as error:
         write_run(out, *new)
-    assert re.fullmatch(rf"disk full: writing {re.escape(str(written or out))} needed 2\.0 MB, [0-9.]+ MB free",
+    assert re.fullmatch(rf"disk full: writing {re.escape(str(written or out))} needed 2\.0 MB, [0-9.]+ [kM]B free",
                         str(error.value)), error.value
 
 
@@ -112,7 +112,7 @@ def test_a_run_onto_a_full_disk_leaves_the_previous_run(small_disk):
     write_run(out, *run_files(0, (4, 3), model=True))
     fill(small_disk)
     previous = hashes(small_disk)
-    with pytest.raises(FedrayError, match=rf"^disk full: writing {re.escape(str(out))} needed 0\.2 MB, 0 MB free$"):
+    with pytest.raises(FedrayError, match=rf"^disk full: writing {re.escape(str(out))} needed 0\.2 MB, 0 kB free$"):
         write_run(out, *run_files(1, (200, 100), model=True))  # W: 160,000 bytes
     assert hashes(small_disk) == previous
 
@@ -132,6 +132,19 @@ def test_a_single_file_onto_a_full_disk_is_not_written(small_disk):
     path = small_disk / "summary.csv"
     path.write_text("previous\n")
     fill(small_disk)
-    with pytest.raises(FedrayError, match=rf"^disk full: writing {re.escape(str(path))} needed more than 0 MB, 0 MB free$"):
+    with pytest.raises(FedrayError, match=rf"^disk full: writing {re.escape(str(path))} needed more than 0 kB, 0 kB free$"):
         write_atomically(path, lambda p: p.write_text("x" * 10_000))
     assert path.read_text() == "previous\n" and sorted(os.listdir(small_disk)) == ["filler", "summary.csv"]
+
+
+def test_a_full_disk_counts_what_was_needed_in_the_filesystems_blocks(small_disk):
+    """Three small files (classifier, config, metrics) with two 4 kB blocks free: each takes a whole block, so the need
+    is 12 kB, never below what is free."""
+    out = small_disk / "run"
+    fill(small_disk)
+    with open(small_disk / "filler", "r+b") as filler:
+        filler.truncate(os.path.getsize(small_disk / "filler") - 8192)
+    assert os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize == 8192
+    with pytest.raises(FedrayError, match=rf"^disk full: writing {re.escape(str(out))} needed 12\.3 kB, 8\.19 kB free$"):
+        write_run(out, *run_files(0, (4, 3), model=False))
+    assert sorted(os.listdir(out)) == []
