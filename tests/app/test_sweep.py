@@ -11,6 +11,7 @@ from fedray.data.export import export_parquet
 from fedray.data.registry import load_federation
 from fedray.core.errors import FedrayError
 from fedray.app.sweeps.spec import SweepSpec, load_sweep, with_dataset_options
+from fedray.app.sweeps.trials import trial_config
 from fedray.app.sweeps.tuning import RESULTS, failure_line, sweep
 
 SWEEPS = Path(__file__).resolve().parents[2] / "jobs" / "sweeps"
@@ -222,3 +223,10 @@ def test_a_failed_trial_is_named_by_its_own_error():
     coloured = RuntimeError("\x1b[31mshard lost\x1b[39m\n  more detail")
     assert failure_line(coloured) == "RuntimeError: shard lost"
     assert failure_line(FedrayError("--lam must be > 0, got -1.0")) == "--lam must be > 0, got -1.0"
+
+
+def test_a_trial_takes_an_owned_option_swept_under_options_as_its_run_option():
+    """``options.prox_mu: [...]`` in a sweep is ``prox_mu: [...]``: FedProx's μ, the run option --prox-mu."""
+    swept = trial_config({"method": "fedprox", "options.prox_mu": 0.3}, out="trial")
+    assert swept == trial_config({"method": "fedprox", "prox_mu": 0.3}, out="trial")
+    assert (swept.prox_mu, swept.options) == (0.3, {})
