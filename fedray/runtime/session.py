@@ -120,7 +120,7 @@ def _killing_what_a_failed_start_leaves() -> Iterator[None]:
             yield
         except BaseException:
             if not ray.is_initialized():
-                watchdog.kill(set(watchdog.descendants(os.getpid())) - before)
+                watchdog.kill_descendants(before)
             raise
 
 

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,6 +87,21 @@ def kill(pids: set[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+KILL_PASSES, KILL_PASS_S = 100, 0.01
+
+
+def kill_descendants(spared: set[int]) -> None:
+    """SIGKILL every live process below this one but ``spared``, pass after pass until none is left: a process that a
+    parent forked between a pass's look and its kill (the raylet starting an agent as Ctrl-C came) is the next
+    pass's. Called inside :func:`adopting_orphans`, so that such a process stays below this one."""
+    for _ in range(KILL_PASSES):
+        left = {pid for pid in descendants(os.getpid()) if pid not in spared and _start_time(pid) is not None}
+        if not left:
+            return
+        kill(left)
+        time.sleep(KILL_PASS_S)
 
 
 def start() -> None:

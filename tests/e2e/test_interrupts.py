@@ -329,3 +329,43 @@ def test_a_signal_at_any_moment_of_start_up_stops_the_run_in_one_line(start, tmp
     assert last_line(log) in expected, text[-3000:]
     assert not out.exists() or not any(out.iterdir())
     assert left == {}, f"still running {CLEANUP_S} s after the run ended"
+
+
+CONNECTING_INTERRUPTED = """
+import os, signal, sys
+import ray
+import ray._private.worker as worker
+from fedray.core import interrupts
+from fedray.runtime import session
+
+connect = worker.connect
+
+def connect_after_ctrl_c(*args, **kwargs):
+    os.killpg(0, signal.SIGINT)  # Ctrl-C as the driver connects, to Ray's processes too; the driver's is held
+    return connect(*args, **kwargs)
+
+worker.connect = connect_after_ctrl_c
+with interrupts.handling_interrupts():
+    try:
+        session.init_ray()
+    except KeyboardInterrupt:
+        print("interrupted, connected:", ray.is_initialized(), flush=True)
+        ray.shutdown()
+        sys.exit(130)
+"""
+
+
+def test_ctrl_c_as_the_driver_connects_leaves_no_ray_process(tmp_path):
+    """Ctrl-C (to the process group) exactly while the driver connects, the one step where the driver's interrupt
+    waits: it comes once Ray is up, the caller shuts Ray down, and no process of that Ray outlives the driver."""
+    driver = subprocess.Popen([sys.executable, "-c", CONNECTING_INTERRUPTED], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    started, seen = start_time(driver.pid), {}
+    while driver.poll() is None:
+        seen.update(process_tree(driver.pid))
+        time.sleep(0.02)
+    output = driver.stdout.read()
+    assert driver.returncode == 130 and "interrupted, connected: True" in output, output[-3000:]
+    seen.update(session_processes(driver.pid, started))
+    assert seen, "the embedded Ray's processes were seen"
+    assert survivors(seen) == {}

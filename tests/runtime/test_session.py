@@ -8,13 +8,14 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import ray
 from ray._common.utils import get_ray_address_file
 from ray._private import services
 
-from fedray.runtime import session
+from fedray.runtime import session, watchdog
 
 
 @pytest.fixture
@@ -102,3 +103,30 @@ def test_an_interrupted_start_kills_what_it_had_started_orphans_included(monkeyp
         session.init_ray()
     assert started["child"].wait(timeout=10) == -signal.SIGKILL
     assert os.waitpid(started["orphan"], 0)[1] == signal.SIGKILL  # this process's child now, so it can wait for it
+
+
+def test_an_interrupted_start_kills_what_was_forked_while_it_killed(monkeypatch):
+    """A parent that forks as the kill comes (the raylet starting its agents as Ctrl-C arrives): its new children are
+    killed too, however many passes it takes. Here a shell forks 300 sleeps as fast as it can."""
+    before = set(watchdog.descendants(os.getpid()))
+
+    def init(**options):
+        subprocess.Popen(["sh", "-c", "for i in $(seq 300); do sleep 60 & done; wait"])
+        while len(set(watchdog.descendants(os.getpid())) - before) < 20:  # the shell is forking
+            pass
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        session.init_ray()
+    assert [pid for pid in set(watchdog.descendants(os.getpid())) - before if alive(pid)] == []
+
+
+def alive(pid: int) -> bool:
+    """Running: neither ended nor a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
