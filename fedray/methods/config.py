@@ -574,8 +574,9 @@ def typed_options(values: dict, where: str, spelling: Spelling) -> dict:
     if unknown:
         hints = "".join(_where_it_went(key, values, spelling) for key in unknown)
         raise FedrayError(f"{where}: unknown option(s) {', '.join(unknown)}{hints}")
-    return {key: options_mapping(where, value) if key == "options" else RUN_OPTIONS[key].coerce(value, where)
-            for key, value in values.items()}
+    typed = {key: options_mapping(where, value) if key == "options" else RUN_OPTIONS[key].coerce(value, where)
+             for key, value in values.items()}
+    return _owned_options_moved(typed, where)
 
 
 def _where_it_went(key: str, values: dict, spelling: Spelling) -> str:
@@ -625,14 +626,16 @@ OWNED = {f.name for f in fields(RunConfig) if "owners" in f.metadata}
 """The run options that belong to the built-in classes (:func:`owned`)."""
 
 
-def _owned_options_moved(values: dict) -> dict:
-    """One source's ``values`` with the owned options among its ``options`` moved out, as the run options they are."""
+def _owned_options_moved(values: dict, where: str = "--option") -> dict:
+    """One source's ``values`` with the owned options among its ``options`` moved out, as the run options they are;
+    ``where``: the source, for an error."""
     options = values.get("options") or {}
-    moved = {key: RUN_OPTIONS[key].coerce(value, f"--option {key}") for key, value in options.items() if key in OWNED}
+    moved = {key: RUN_OPTIONS[key].coerce(value, f"{where} {key}" if where == "--option" else where)
+             for key, value in options.items() if key in OWNED}
     twice = sorted(key for key in moved if values.get(key) is not None)
     if twice:
-        raise FedrayError(f"{twice[0]} is given twice: as {command_line(twice[0])} and as --option {twice[0]} (or "
-                          f"options: {{{twice[0]}: ...}})")
+        raise FedrayError(f"{'' if where == '--option' else where + ': '}{twice[0]} is given twice: as "
+                          f"{command_line(twice[0])} and as --option {twice[0]} (or options: {{{twice[0]}: ...}})")
     if not moved:
         return values
     return {**values, **moved, "options": {key: value for key, value in options.items() if key not in OWNED}}

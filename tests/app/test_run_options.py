@@ -1,6 +1,7 @@
 """Run options are declared once, on RunConfig: the command line, its help and its defaults come from there; files and
 sweeps go through the same typing, and an unknown key is refused with one line saying where it belongs."""
 
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -202,3 +203,15 @@ def test_an_owned_option_on_the_command_line_wins_over_the_file_either_way():
     assert resolve({"method": "fedprox", "options": {"prox_mu": 0.2}}, {"prox_mu": 0.3}).prox_mu == 0.3
     with pytest.raises(FedrayError, match=r"^prox_mu is given twice: as --prox-mu and as --option prox_mu"):
         resolve({}, {"method": "fedprox", "prox_mu": 0.3, "options": {"prox_mu": "0.3"}})
+
+
+def test_an_owned_option_under_a_files_options_is_typed_and_named_with_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("method: fedprox\noptions: {prox_mu: 1e-3}\n")
+    assert load_config_file(path) == {"method": "fedprox", "prox_mu": 0.001, "options": {}}
+    path.write_text("method: fedprox\noptions: {prox_mu: strong}\n")
+    with pytest.raises(FedrayError, match=rf"^{re.escape(str(path))}: option prox_mu must be a number, got 'strong'$"):
+        load_config_file(path)
+    path.write_text("method: fedprox\nprox_mu: 0.1\noptions: {prox_mu: 0.2}\n")
+    with pytest.raises(FedrayError, match=rf"^{re.escape(str(path))}: prox_mu is given twice: as --prox-mu and as --option"):
+        load_config_file(path)
