@@ -86,6 +86,15 @@ def test_ray_init_keeps_the_caller_s_sigterm_handler(monkeypatch):
     assert not ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER  # Ray's own workers keep it
 
 
+def interrupted_start(monkeypatch, init) -> None:
+    """``init_ray`` of an embedded Ray whose ``ray.init`` is ``init`` (which raises KeyboardInterrupt, as Ctrl-C would)."""
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        session.init_ray()
+
+
 def test_an_interrupted_start_kills_what_it_had_started_orphans_included(monkeypatch):
     """A process whose parent died first (the raylet's agents, when Ctrl-C reaches the raylet too) is killed as well."""
     started = {}
@@ -96,11 +105,7 @@ def test_an_interrupted_start_kills_what_it_had_started_orphans_included(monkeyp
         started["child"] = subprocess.Popen(["sleep", "60"])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", init)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    with pytest.raises(KeyboardInterrupt):
-        session.init_ray()
+    interrupted_start(monkeypatch, init)
     assert started["child"].wait(timeout=10) == -signal.SIGKILL
     assert os.waitpid(started["orphan"], 0)[1] == signal.SIGKILL  # this process's child now, so it can wait for it
 
@@ -116,11 +121,7 @@ def test_an_interrupted_start_kills_what_was_forked_while_it_killed(monkeypatch)
             pass
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", init)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    with pytest.raises(KeyboardInterrupt):
-        session.init_ray()
+    interrupted_start(monkeypatch, init)
     assert [pid for pid in set(watchdog.descendants(os.getpid())) - before if alive(pid)] == []
 
 
