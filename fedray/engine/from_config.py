@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 from fedray.methods.config import RunConfig, postprocessor_class
 from fedray.core.federation import Federation
 from fedray.methods import method_class
@@ -12,18 +10,13 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.core.options import build
 
 
-def option_values(config: RunConfig) -> dict[str, object]:
-    """What a class's options are set from: the run's fields (built-in options such as ``lam``) and ``options`` (a plugin's)."""
-    return {**{f.name: getattr(config, f.name) for f in fields(config) if f.name != "options"}, **config.options}
-
-
 def build_method(config: RunConfig, federation: Federation) -> ClosedFormMethod:
     """``config.method`` (a built-in or a plugin) for the federation's dimension and classes, with the run's seed."""
-    return build(method_class(config.method), option_values(config), f"--method {config.method}",
+    return build(method_class(config.method), config.option_values(), f"--method {config.method}",
                  dim=federation.dim, num_classes=federation.num_classes, seed=config.seed)
 
 
 def postprocessing(config: RunConfig) -> Postprocessing:
     """``--postprocessor``'s classes with their options, in order, and the run's seed for their random draws."""
-    return Postprocessing(tuple(build(postprocessor_class(spec), option_values(config), f"--postprocessor {spec}",
+    return Postprocessing(tuple(build(postprocessor_class(spec), config.option_values(), f"--postprocessor {spec}",
                                       seed=config.seed) for spec in config.postprocessor_specs()), config.seed)

@@ -11,7 +11,6 @@ from fedray.methods.training.client_sgd import CrossEntropy, WithClientAlgorithm
 from fedray.methods.training.local import LocalSGD
 from fedray.methods.training.server import ServerOptimizer
 from fedray.methods.algorithm import FederatedAlgorithm
-from fedray.engine.from_config import option_values
 from fedray.core.options import build, options_of
 
 
@@ -25,16 +24,16 @@ def training_algorithm(config: RunConfig) -> FederatedAlgorithm:
     """``--method`` (TCT: ``--base``) with its options; with ``--client-algorithm``, its clients' loss and gradient are
     that plugin's (built here with a stand-in loss first, to check its options)."""
     name = config.training_algorithm
-    algorithm = build(config.algorithm_class(), option_values(config), f"--method {name}", seed=config.seed)
+    algorithm = build(config.algorithm_class(), config.option_values(), f"--method {name}", seed=config.seed)
     if config.client_algorithm is None:
         return algorithm
     hooks = config.client_algorithm_class()
     where = f"--client-algorithm {config.client_algorithm}"
-    built = build(hooks, option_values(config), where, loss=CrossEntropy(), prox_mu=0.0)
+    built = build(hooks, config.option_values(), where, loss=CrossEntropy(), prox_mu=0.0)
     options = tuple((option, getattr(built, option)) for option in options_of(hooks))
     return WithClientAlgorithm(base=algorithm, hooks=hooks, options=options, prox_mu=config.prox_mu or 0.0)
 
 
 def server_optimizer(config: RunConfig) -> ServerOptimizer:
     """``--server-optimizer`` (or the method's own) with its options, fresh: no state."""
-    return build(config.server_optimizer_class(), option_values(config), f"--server-optimizer {config.server_optimizer}")
+    return build(config.server_optimizer_class(), config.option_values(), f"--server-optimizer {config.server_optimizer}")

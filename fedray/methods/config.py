@@ -73,12 +73,14 @@ BUILT_IN_OWNERS: tuple[tuple[str, dict[str, type]], ...] = (
     ("server optimizers", dict(SERVER_OPTIMIZERS)),
 )
 """The built-in classes that own run options, by kind and name: an option one of them declares is theirs."""
+BUILT_IN_OPTIONS = tuple((kind, {name: options_of(cls) for name, cls in classes.items()}) for kind, classes in BUILT_IN_OWNERS)
+"""Each built-in class's options (:func:`~fedray.core.options.options_of`), read once."""
 
 
 def owners_of(name: str) -> tuple[str, list[str], list[Option]]:
     """The kind and names of the built-in classes that declare the option ``name``, and their declarations."""
-    for kind, classes in BUILT_IN_OWNERS:
-        declared = {owner: options_of(cls)[name] for owner, cls in classes.items() if name in options_of(cls)}
+    for kind, declarations in BUILT_IN_OPTIONS:
+        declared = {owner: options[name] for owner, options in declarations.items() if name in options}
         if declared:
             return kind, list(declared), list(declared.values())
     raise KeyError(f"no built-in class declares the option {name!r}")
@@ -398,6 +400,11 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def option_values(self) -> dict[str, object]:
+        """What a class's options are set from: the run's fields (built-in options such as ``lam``) and ``options``
+        (a plugin's); :func:`~fedray.core.options.build` takes from it the options the class declares."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}, **self.options}
 
     def closed_form_methods(self) -> list[str]:
         """The closed-form methods the run solves: its method, or a training run's ``--init`` stage, the ridge probe's

@@ -217,7 +217,7 @@ def _client_state_bytes(config: RunConfig, shapes: dict[str, tuple[int, ...]]) -
     The algorithm makes a state for float32 parameters on PyTorch's meta device (shapes, no memory); one that cannot
     is counted as one copy of the parameters, the size of SCAFFOLD's and FedDyn's.
     """
-    algorithm = build(config.algorithm_class(), {**config.to_dict(), **config.options}, f"--method {config.method}",
+    algorithm = build(config.algorithm_class(), config.option_values(), f"--method {config.training_algorithm}",
                       seed=config.seed)
     if not algorithm.stateful:
         return 0

@@ -22,7 +22,7 @@ from fedray.data.registry import check_spec
 from fedray.core.errors import FedrayError
 from fedray.engine.settings import server_optimizer, training_algorithm
 from fedray.methods import METHODS, method_class
-from fedray.engine.from_config import option_values, postprocessing
+from fedray.engine.from_config import postprocessing
 from fedray.core.options import build
 from fedray.app.sweeps.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
 
@@ -64,7 +64,7 @@ def check_trial(config: RunConfig) -> None:
     """
     check_spec(config.dataset)
     for name in (name for name in config.closed_form_methods() if name in METHODS):  # a plugin is built by the trial
-        build(method_class(name), option_values(replace(config, method=name)), f"--method {name}",
+        build(method_class(name), replace(config, method=name).option_values(), f"--method {name}",
               dim=1, num_classes=1, seed=config.seed)
     postprocessing(config)
     if config.trains:
