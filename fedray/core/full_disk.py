@@ -37,12 +37,12 @@ def full_disk_error(code: int, written: Path, folder: Path, sizes: list[int], at
     takes whole blocks of the filesystem, so the need is counted in blocks
     (four files of 900 bytes need 16 kB where blocks are 4 kB, not 3.6 kB).
     """
-    block = os.statvfs(folder).f_frsize or 1
+    space = os.statvfs(folder)
+    block = space.f_frsize or 1
     needed = sum(-(-size // block) * block for size in sizes)
     message = f"{FULL[code]}: writing {written} needed {'more than ' if at_least else ''}{size_text(needed)}"
     if code == errno.ENOSPC:
-        space = os.statvfs(folder)
-        message += f", {size_text(space.f_bavail * space.f_frsize)} free"
+        message += f", {size_text(space.f_bavail * block)} free"
     return FedrayError(message)
 
 
