@@ -4,13 +4,16 @@
     fedray run --method fedavg --postprocessor examples/gaussian_noise.py:GaussianNoise --option noise_std=0.01 ...
 
 The Gaussian mechanism's two halves as fedray places them: each client scales
-its upload (all its tensors together: a closed-form method's statistics, a
-training algorithm's update) by min(1, R / ‖upload‖₂) before it leaves, and
+its upload's tensors (all together: a closed-form method's statistics, a
+training algorithm's update) by min(1, R / ‖tensors‖₂) before it leaves, and
 the server adds independent N(0, σ²) noise to every coordinate of the sum it
-receives (a training round's sum, or a closed-form evaluation block's). This
-is the mechanism only: choosing σ for a privacy budget needs an accountant.
-Without ``clip`` no client's upload is touched and the shards keep every fast
-path; with ``noise_std`` 0 the run is the plain one, bit for bit.
+receives (a training round's sum, or a closed-form evaluation block's). The
+server sums weight_k · tensors_k: a training upload's weight (FedAvg: n_k) is
+left as it is here, so a client's share of the sum is bounded by n_k · R; fix
+the weight too (``fedray.Upload(tensors, 1.0)``) for the uniformly weighted
+sum DP-FedAvg analyses. This is the mechanism only: choosing σ for a privacy
+budget needs an accountant. With ``noise_std`` 0 and a ``clip`` no upload
+reaches, the run is the plain one, bit for bit.
 """
 
 from typing import Annotated
@@ -34,10 +37,12 @@ class GaussianNoise(fedray.Postprocessor):
     def per_client(self) -> bool:
         return self.clip is not None
 
-    def client(self, upload: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
-        norm = torch.sqrt(sum(torch.sum(tensor.double() ** 2) for tensor in upload.values()))
-        scale = min(1.0, self.clip / float(norm)) if norm > 0 else 1.0
-        return {name: tensor * scale for name, tensor in upload.items()}
+    def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
+        norm = torch.sqrt(sum(torch.sum(tensor.double() ** 2) for tensor in upload.tensors.values()))
+        if norm <= self.clip:
+            return upload
+        scale = self.clip / float(norm)
+        return fedray.Upload({name: tensor * scale for name, tensor in upload.tensors.items()}, upload.weight)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         if self.noise_std == 0:

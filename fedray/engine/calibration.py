@@ -11,8 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedray.engine.closed_form import everyone_uploads
 from fedray.runtime.evaluator import Evaluator
 from fedray.methods.base import Classifier
+from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.ridge import FastFederatedCalibration
 from fedray.runtime.shards import ShardPool
 
@@ -37,17 +39,19 @@ class ProjectedCalibration(FastFederatedCalibration):
         return super().statistics_flops(sizes) + 2.0 * sizes * self.dim * self.feature_dim
 
 
-def calibrate(pool: ShardPool, evaluator: Evaluator, lam: float, weight: torch.Tensor | None = None,
+def calibrate(pool: ShardPool, evaluator: Evaluator, lam: float, postprocessing: Postprocessing, round_number: int,
+              weight: torch.Tensor | None = None,
               bias: torch.Tensor | None = None) -> tuple[Classifier, float, FastFederatedCalibration]:
     """The calibrated classifier (l × C), its test accuracy and the method (for its traffic and FLOPs).
 
-    FFC on normalize(P x + q) with a trained projection (``weight`` P, ``bias`` q), or on normalize(x) without one.
+    FFC on normalize(P x + q) with a trained projection (``weight`` P, ``bias`` q), or on normalize(x) without one;
+    every client's upload, in round ``round_number``, through ``postprocessing``.
     """
     federation = pool.federation
     if weight is None:
         method = FastFederatedCalibration(federation.dim, federation.num_classes, lam=lam)
     else:
         method = ProjectedCalibration(federation.dim, federation.num_classes, lam, weight, bias)
-    statistics = pool.statistics(method, np.arange(federation.num_clients)).result()
+    statistics = everyone_uploads(pool, method, postprocessing, round_number)
     classifier = method.solve(statistics)
     return classifier, evaluator.accuracy(method, classifier), method

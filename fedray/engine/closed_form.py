@@ -165,3 +165,12 @@ def run_closed_form(
     run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point, path.classifier),
                                            Progress(len(rounds), 0, name, quiet)])
     return outcome
+
+
+def everyone_uploads(pool: ShardPool, method: ClosedFormMethod, postprocessing: Postprocessing, round_number: int) -> Any:
+    """One round in which every client uploads ``method``'s statistics (SphereFed's calibration, the ridge probe):
+    their sum as the server receives it, through the run's postprocessors."""
+    everyone = np.arange(pool.federation.num_clients)
+    uploads = postprocessing.sampled(len(everyone), len(everyone), False)
+    total = pool.statistics(method, everyone, postprocessing=uploads, rounds=np.full(len(everyone), round_number)).result()
+    return uploads.aggregate(total, round_number, len(everyone))

@@ -17,6 +17,8 @@ from fedray.engine.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoi
 from fedray.engine.training import TrainingState
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.engine.from_config import build_method, postprocessing
+from fedray.methods.postprocessor import Postprocessing
+from fedray.core.errors import FedrayError
 from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
 from fedray.engine.round_loop import Listener
 from fedray.runtime import footprint, sampling
@@ -44,8 +46,9 @@ def simulate(
     pool: ShardPool,
     evaluator: Evaluator,
     on_point: Listener | None = None,
+    uploads: Postprocessing = Postprocessing(),
 ) -> tuple[RunConfig, list[dict], RunOutcome]:
-    """Run a closed-form ``method`` on an already started shard pool.
+    """Run a closed-form ``method`` on an already started shard pool, every upload through ``uploads``.
 
     Returns the configuration with every default resolved (κ unless a rate was
     given, shard count, σ), valid as a ``--config`` file; one metrics row per
@@ -55,8 +58,9 @@ def simulate(
     federation = pool.federation
     per_round = config.per_round(federation.num_clients)
     rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
+    uploads = uploads.sampled(federation.num_clients, per_round, config.sampling == "with")
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
-                              backbone_macs=config.backbone_macs, postprocessing=postprocessing(config))
+                              backbone_macs=config.backbone_macs, postprocessing=uploads)
     resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, rf_sigma=getattr(method, "rf_sigma", None))
     return resolved, metrics_rows(resolved, per_round, outcome.points), outcome
 
@@ -109,7 +113,10 @@ def run(
     check_address(address)
     out = Path(config.out)
     check_folder(out)
-    postprocessing(config)  # the plugins' own checks, before any work
+    uploads = postprocessing(config)  # the run's one postprocessing, every stage's: the plugins' own checks, before any work
+    if config.method == TCT and uploads.postprocessors:
+        raise FedrayError("--method tct with --postprocessor: TCT's stage 2 (its normalization round, closed form and "
+                          "SCAFFOLD) does not pass its uploads through postprocessors yet; run tct without --postprocessor")
     if config.trains:
         server_optimizer(config)
         training_algorithm(config)
@@ -129,7 +136,8 @@ def run(
         from fedray.engine.stages import finetune_on_images  # these paths' modules (torchvision among them) load only when used
         from fedray.engine.tct import run_tct
 
-        outcome = (run_tct if config.method == TCT else finetune_on_images)(config, federation, on_point, saved, trial_group)
+        outcome = (run_tct if config.method == TCT else finetune_on_images)(config, federation, uploads, on_point, saved,
+                                                                            trial_group)
         resolved = _resolved(config, federation.num_clients)
         model = outcome.params
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
@@ -140,11 +148,11 @@ def run(
             if config.trains:
                 from fedray.engine.stages import train_on_features
 
-                outcome = train_on_features(config, pool, Evaluator(pool), on_point, saved)
+                outcome = train_on_features(config, pool, Evaluator(pool), uploads, on_point, saved)
                 resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards)
                 head = Classifier(outcome.params["weight"], outcome.params["bias"])
             else:
-                resolved, rows, closed_form = simulate(config, method, pool, Evaluator(pool), on_point)
+                resolved, rows, closed_form = simulate(config, method, pool, Evaluator(pool), on_point, uploads)
         finally:
             pool.shutdown()
     if config.trains:

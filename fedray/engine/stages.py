@@ -38,12 +38,13 @@ from fedray.engine.settings import local_sgd, server_optimizer, training_algorit
 from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
 from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.checks import check_tensors
-from fedray.engine.from_config import build_method, postprocessing
+from fedray.methods.postprocessor import Postprocessing
+from fedray.engine.from_config import build_method
 from fedray.core.results import EvalPoint
 from fedray.engine.round_loop import Listener
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
-from fedray.engine.closed_form import run_closed_form
+from fedray.engine.closed_form import everyone_uploads, run_closed_form
 from fedray.engine.calibration import calibrate
 from fedray.data.images.backbones import get_backbone
 from fedray.runtime.sphere import SphereBackend, initial_projection
@@ -71,12 +72,12 @@ def init_schedule(config: RunConfig, num_clients: int) -> list[np.ndarray]:
 
 
 def closed_form_stage(config: RunConfig, rounds: list[np.ndarray], pool: ShardPool, evaluator: Evaluator,
-                      on_point: Listener | None) -> tuple[Params, Accounting, list[EvalPoint]]:
+                      on_point: Listener | None, uploads: Postprocessing) -> tuple[Params, Accounting, list[EvalPoint]]:
     """Stage 1: the ``--init`` method's classifier over ``rounds`` as the head, with its rows and accounting."""
     federation = pool.federation
     method = build_method(replace(config, method=config.init), federation)
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
-                              backbone_macs=config.backbone_macs, postprocessing=postprocessing(config))
+                              backbone_macs=config.backbone_macs, postprocessing=uploads)
     classifier: Classifier = outcome.classifier
     weight = classifier.weight.to(torch.float32)
     bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
@@ -88,10 +89,11 @@ def closed_form_stage(config: RunConfig, rounds: list[np.ndarray], pool: ShardPo
     return {"weight": weight, "bias": bias}, accounting, outcome.points
 
 
-def ridge_probe(pool: ShardPool, config: RunConfig, evaluator: Evaluator) -> float:
-    """Fed3R on the features the head was trained on, from every client (Fed3R Section 5.4's feature-quality probe)."""
+def ridge_probe(pool: ShardPool, config: RunConfig, evaluator: Evaluator, uploads: Postprocessing, round_number: int) -> float:
+    """Fed3R on the features the head was trained on, from every client (Fed3R Section 5.4's feature-quality probe),
+    their uploads in round ``round_number`` through the run's postprocessors."""
     method = build_method(replace(config, method="fed3r"), pool.federation)
-    statistics = pool.statistics(method, np.arange(pool.federation.num_clients)).result()
+    statistics = everyone_uploads(pool, method, uploads, round_number)
     return evaluator.accuracy(method, method.solve(statistics))
 
 
@@ -102,10 +104,12 @@ features at ``params``: the pool's own features (linear probing, SphereFed), or 
 
 
 def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Embeddings, sizes: np.ndarray,
-                    on_point: Listener | None = None, saved: TrainingState | None = None,
+                    uploads: Postprocessing, on_point: Listener | None = None, saved: TrainingState | None = None,
                     backbone_macs: float | None = None) -> TrainingOutcome:
     """A training run's stages, the same on features and on images: the ``--init`` closed form (unless resuming
-    ``saved``), training, SphereFed's calibration (``--head sphere``), the ridge probe (``--probe-ridge``).
+    ``saved``), training, SphereFed's calibration (``--head sphere``), the ridge probe (``--probe-ridge``); every
+    stage's uploads through the run's one ``uploads`` (sampled as training samples; the calibration and the probe:
+    every client once).
 
     ``backbone_macs``: F_φ where the backend measures it (fine-tuning), else ``config.backbone_macs``.
     """
@@ -115,20 +119,23 @@ def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Emb
         if init_rounds:
             stage = config if backbone_macs is None else replace(config, backbone_macs=backbone_macs)
             head, accounting, points = embeddings(
-                params, lambda pool, evaluator: closed_form_stage(stage, init_rounds, pool, evaluator, on_point))
+                params, lambda pool, evaluator: closed_form_stage(stage, init_rounds, pool, evaluator, on_point,
+                                                                  replace(uploads, first_round=0)))
             params = backend.with_head(params, head)
         model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
         algorithm_state = check_tensors(backend.algorithm, "init_server_state", backend.algorithm.init_server_state(model))
         saved = _fresh_state(params, accounting, points, algorithm_state, len(sizes))
-    outcome = _train(config, backend, saved, sizes, on_point, backbone_macs)
+    outcome = _train(config, backend, saved, sizes, on_point, uploads, backbone_macs)
     outcome.rounds = init_rounds + outcome.rounds
     if config.head == "sphere" and not outcome.points[-1].diverged:
         classifier = embeddings(outcome.params, lambda pool, evaluator: calibration_stage(
-            config, pool, evaluator, outcome, on_point, *backend.calibration_map(outcome.params)))
+            config, pool, evaluator, outcome, on_point, uploads, *backend.calibration_map(outcome.params)))
         outcome.arrays = {**classifier.arrays(), **backend.sphere_arrays(outcome.params)}
         outcome.rounds.append(np.arange(len(sizes)))
     if config.probe_ridge:
-        outcome.ridge_probe_accuracy = embeddings(outcome.params, lambda pool, evaluator: ridge_probe(pool, config, evaluator))
+        probe_round = outcome.points[-1].round + 1
+        outcome.ridge_probe_accuracy = embeddings(outcome.params, lambda pool, evaluator: ridge_probe(
+            pool, config, evaluator, uploads, probe_round))
     return outcome
 
 
@@ -136,29 +143,32 @@ def train_on_features(
     config: RunConfig,
     pool: ShardPool,
     evaluator: Evaluator,
+    postprocessing: Postprocessing,
     on_point: Listener | None = None,
     saved: TrainingState | None = None,
 ) -> TrainingOutcome:
     """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued;
-    SphereFed (``--head sphere``) trains the projection before the fixed classifier, then calibrates with FFC."""
+    SphereFed (``--head sphere``) trains the projection before the fixed classifier, then calibrates with FFC. Every
+    upload goes through the run's ``postprocessing``."""
     federation, sgd, algorithm = pool.federation, local_sgd(config), training_algorithm(config)
-    uploads = postprocessing(config)
+    uploads = training_uploads(postprocessing, config, federation.num_clients)
     if config.head == "sphere":
         backend = SphereBackend(pool, sgd, config.seed, evaluator, algorithm, config.sphere_dim or federation.dim,
                                 config.sphere_loss, uploads)
     else:
         backend = ProbeBackend(pool, sgd, config.seed, evaluator, algorithm, postprocessing=uploads)
     return train_in_stages(config, backend, lambda params, work: work(pool, evaluator), federation.client_sizes,
-                           on_point, saved)
+                           uploads, on_point, saved)
 
 
 def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, outcome: TrainingOutcome,
-                      on_point: Listener | None, weight: torch.Tensor | None = None,
+                      on_point: Listener | None, uploads: Postprocessing, weight: torch.Tensor | None = None,
                       bias: torch.Tensor | None = None) -> Classifier:
     """SphereFed's FFC on normalize(P x + q) (on normalize(x) without a projection), one round with every client:
     a ``calibrated`` row; returns the calibrated classifier."""
     start = time.perf_counter()
-    classifier, accuracy, method = calibrate(pool, evaluator, config.lam, weight, bias)
+    classifier, accuracy, method = calibrate(pool, evaluator, config.lam, uploads, outcome.points[-1].round + 1,
+                                             weight, bias)
     federation = pool.federation
     everyone = np.arange(federation.num_clients)
     sizes = federation.client_sizes.astype(np.float64)
@@ -175,27 +185,30 @@ def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, 
 def finetune_on_images(
     config: RunConfig,
     federation: Federation,
+    postprocessing: Postprocessing,
     on_point: Listener | None = None,
     saved: TrainingState | None = None,
     trial_group: PlacementGroup | None = None,
 ) -> TrainingOutcome:
     """Fine-tuning (``config.finetune``) of a backbone and head on the federation's images, on a trainer pool of its own
-    (in ``trial_group``'s bundles inside a Tune trial)."""
-    backend = start_finetuning(config, federation, trial_group)
+    (in ``trial_group``'s bundles inside a Tune trial); every upload through the run's ``postprocessing``."""
+    uploads = training_uploads(postprocessing, config, federation.num_clients)
+    backend = start_finetuning(config, federation, uploads, trial_group)
     try:
-        return finetune(config, backend, on_point, saved)
+        return finetune(config, backend, uploads, on_point, saved)
     finally:
         backend.shutdown()
 
 
-def start_finetuning(config: RunConfig, federation: Federation, trial_group: PlacementGroup | None = None) -> FineTuneBackend:
+def start_finetuning(config: RunConfig, federation: Federation, uploads: Postprocessing,
+                     trial_group: PlacementGroup | None = None) -> FineTuneBackend:
     """The run's fine-tuning backend on a trainer pool of its own, or in ``trial_group``'s bundles inside a Tune trial
-    (shut down with ``backend.shutdown()``)."""
+    (shut down with ``backend.shutdown()``), its clients' uploads through ``uploads``."""
     return FineTuneBackend.start(
         federation, config.backbone, config.weights, config.finetune, local_sgd(config), config.seed,
         image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
         algorithm=training_algorithm(config), sphere_loss=config.sphere_loss if config.head == "sphere" else None,
-        postprocessing=postprocessing(config),
+        postprocessing=uploads,
         trial_group=trial_group,
     )
 
@@ -203,6 +216,7 @@ def start_finetuning(config: RunConfig, federation: Federation, trial_group: Pla
 def finetune(
     config: RunConfig,
     backend: FineTuneBackend,
+    uploads: Postprocessing,
     on_point: Listener | None = None,
     saved: TrainingState | None = None,
 ) -> TrainingOutcome:
@@ -215,7 +229,7 @@ def finetune(
     """
     backbone_macs = backend.flops_per_image / 2 if config.backbone_macs is None else config.backbone_macs
     return train_in_stages(config, backend, partial(on_embeddings, config, backend), backend.pool.federation.client_sizes,
-                           on_point, saved, backbone_macs)
+                           uploads, on_point, saved, backbone_macs)
 
 
 def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
@@ -246,6 +260,13 @@ def _fresh_state(params: Params, accounting: Accounting | None, points: list[Eva
     return TrainingState(params, {}, algorithm_state, accounting, list(points))
 
 
+def training_uploads(postprocessing: Postprocessing, config: RunConfig, num_clients: int) -> Postprocessing:
+    """The run's postprocessing as training samples (κ of the K clients a round), its rounds numbered after a
+    closed-form ``--init``'s."""
+    first_round = 0 if config.init == "random" else len(init_schedule(config, num_clients))
+    return postprocessing.sampled(num_clients, config.per_round(num_clients), config.sampling == "with", first_round)
+
+
 def training_schedule(config: RunConfig, num_clients: int) -> list[np.ndarray]:
     """The clients of each training round: ``--rounds`` of them, else until every client was seen."""
     return sampling.schedule(num_clients, config.per_round(num_clients), config.sampling == "with", config.seed,
@@ -271,7 +292,7 @@ def checkpoint_shape(config: RunConfig, federation: Federation) -> RunShape:
 
 
 def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
-           on_point: Listener | None, backbone_macs: float | None = None) -> TrainingOutcome:
+           on_point: Listener | None, uploads: Postprocessing, backbone_macs: float | None = None) -> TrainingOutcome:
     """Training from ``state``: the schedule, checkpoints to ``config.out``, the loop; ``backbone_macs``: F_φ
     (default ``config.backbone_macs``; fine-tuning measures it on its own backbone)."""
     out = Path(config.out)
@@ -280,6 +301,6 @@ def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, si
     checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s), out)
     diverged = train(backend, backend.algorithm, server_optimizer(config), state, rounds, sizes, config.eval_every,
                      first_round, checkpointing, on_point, config.quiet,
-                     config.backbone_macs if backbone_macs is None else backbone_macs, postprocessing(config))
+                     config.backbone_macs if backbone_macs is None else backbone_macs, uploads)
     ran = state.points[-1].round - first_round if diverged else len(rounds)  # a diverged run stops at its last row
     return TrainingOutcome(state.points, state.params, state.accounting, rounds=rounds[:ran])

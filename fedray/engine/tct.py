@@ -40,9 +40,10 @@ from ray.util.placement_group import PlacementGroup
 
 from fedray.methods.config import RunConfig
 from fedray.core.federation import TEST, TRAIN, Federation
-from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning
+from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning, training_uploads
 from fedray.engine.training import Accounting, TrainingState
 from fedray.methods.base import FLOAT_BYTES, Classifier
+from fedray.methods.postprocessor import Postprocessing
 from fedray.core.results import EvalPoint
 from fedray.engine.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
 from fedray.runtime import sampling
@@ -154,15 +155,18 @@ def stage2_classifier(model: torch.Tensor) -> Classifier:
     return Classifier(weights.clone(), bias.clone())
 
 
-def run_tct(config: RunConfig, federation: Federation, on_point: Listener | None = None,
+def run_tct(config: RunConfig, federation: Federation, postprocessing: Postprocessing, on_point: Listener | None = None,
             saved: TrainingState | None = None, trial_group: PlacementGroup | None = None) -> TrainingOutcome:
     """Stage 1 (from ``saved`` when resuming), the eNTK features, stage 2; the outcome's arrays hold stage 2's models.
 
-    Inside a Tune trial, stage 1's trainers and then stage 2's shards run in ``trial_group``'s bundles.
+    Inside a Tune trial, stage 1's trainers and then stage 2's shards run in ``trial_group``'s bundles. Stage 2's
+    uploads do not pass through postprocessors: the engine refuses a TCT run with any
+    (:func:`fedray.engine.run_config.run`).
     """
-    backend = start_finetuning(config, federation, trial_group)
+    uploads = training_uploads(postprocessing, config, federation.num_clients)
+    backend = start_finetuning(config, federation, uploads, trial_group)
     try:
-        outcome = finetune(config, backend, on_point, saved)
+        outcome = finetune(config, backend, uploads, on_point, saved)
         if outcome.points[-1].diverged:
             return outcome
         index = coordinate_index(backend.entk_num_parameters, config.entk_dim, config.seed)

@@ -168,6 +168,32 @@ def check_like(obj: object, method: str, value: object, like: Params, what: str)
     return value
 
 
+def check_upload_like(postprocessor: object, got: Upload, returned: object, weighted: bool, where: str,
+                      method: str = "client") -> Upload:
+    """A postprocessor's ``returned`` upload for ``got`` (``where``: the round and client, in errors): a
+    :class:`Upload` of tensors with exactly ``got``'s names, shapes and dtypes, finite, with a finite weight > 0 (that
+    stays ``got``'s unless ``weighted``: a closed-form method's statistics and the aggregate are summed as they are)."""
+    if method == "client" and not isinstance(returned, Upload):
+        _refuse(postprocessor, method, f"{_what(returned)} ({where})",
+                "the fedray.Upload it got, or a new one (tensors and weight)")
+    upload = returned if isinstance(returned, Upload) else Upload(returned, got.weight)
+    what = "the upload's tensors" if method == "client" else "the sum's tensors"
+    check_like(postprocessor, method, upload.tensors, got.tensors, what)
+    for name, tensor in upload.tensors.items():
+        expected = got.tensors[name].dtype
+        if tensor.dtype != expected:
+            _refuse(postprocessor, method, f"{name} of dtype {tensor.dtype} ({where})", f"{name} of dtype {expected}, as it got")
+        if tensor.is_floating_point() and not bool(tensor.isfinite().all()) and bool(got.tensors[name].isfinite().all()):
+            _refuse(postprocessor, method, f"{name} with NaN or inf ({where}; it got finite values)", "finite values")
+    weight = upload.weight
+    if isinstance(weight, bool) or not isinstance(weight, Real) or not (math.isfinite(weight) and weight > 0):
+        _refuse(postprocessor, method, f"an Upload of weight {weight!r} ({where})", "a finite number > 0 as its weight")
+    if not weighted and weight != got.weight:
+        _refuse(postprocessor, method, f"an Upload of weight {weight!r} ({where})",
+                f"weight {got.weight:g}: a closed-form method's statistics are summed as they are")
+    return upload
+
+
 def check_server_update(algorithm: object, result: object, model: Params) -> tuple[Params, Params]:
     """``server_update``'s (Δ for exactly the model's parameters, the server's next state as named tensors)."""
     if not (isinstance(result, tuple) and len(result) == 2):

@@ -1,28 +1,41 @@
 """Postprocessors: what happens to every upload between a client and the server, in one place for every method.
 
 A client's upload (a closed-form method's statistics, a training algorithm's
-update) passes through each postprocessor's :meth:`Postprocessor.client` on its
-way out, and the server's sum of the uploads through each one's
-:meth:`Postprocessor.aggregate` before it is used, in the order given
-(``--postprocessor a.py:Clip,b.py:Noise``). This is where clipping, noise,
-quantization and secure-aggregation masks go. An upload reaches a
-postprocessor as named tensors (:func:`flatten`: a statistics dataclass's
-fields, a tuple's items, an update's parameters), whatever the method.
+update, in every stage of a run: a closed-form ``--init``, training, SphereFed's
+calibration, the ridge probe) passes through each postprocessor's
+:meth:`Postprocessor.client` on its way out, and the server's sum of the
+uploads through each one's :meth:`Postprocessor.aggregate` before it is used,
+in the order given (``--postprocessor a.py:Clip,b.py:Noise``). This is where
+clipping, noise, quantization and secure-aggregation masks go.
+
+**What the server sums.** A client's hook gets the :class:`~fedray.Upload`
+itself: its named tensors (:func:`flatten`: a statistics dataclass's fields, a
+tuple's items, an update's parameters) and its ``weight``. The server receives
+Σ_k weight_k · tensors_k (and Σ_k weight_k), so clipping the tensors to norm C
+bounds a client's contribution by weight_k · C: DP-FedAvg also bounds (or
+fixes) the weight, which the hook may change. A training algorithm's weight is
+its own (FedAvg: the client's samples n_k); a closed-form method's statistics
+are sums already and are added as they are (weight 1, which stays 1).
 
 A postprocessor is one subclass with its options as typed keyword arguments of
 its constructor (``--option key=value``), like a server optimizer. Each call
-gets a ``torch.Generator`` seeded from the run's seed, the round, the client
-(or the aggregate) and the postprocessor's place in the list, so its random
-draws are the same on any shard layout. What it keeps between rounds goes in
-``self.state`` (named tensors), which checkpoints save.
+gets an :class:`UploadContext`: where the upload is, the run's population and
+sampling (what an accountant needs), and a ``torch.Generator`` seeded from the
+run's seed, the round, the client (or the aggregate) and the postprocessor's
+place in the list, so its random draws are the same on any shard layout. What
+it keeps between rounds goes in ``self.state`` (named tensors), which
+checkpoints save. What a hook returns is checked where it arrives: the names,
+shapes and dtypes it got, finite values, a finite weight > 0.
 
 Where the sums are (fedray sums uploads inside the shards): a postprocessor
 whose :attr:`~Postprocessor.per_client` is true makes every client's upload
-exist on its own before it is added (closed-form statistics are then computed
-client by client; linear heads train by autograd, not the dual form); one
-that only changes the aggregate keeps every fast path. The aggregate of a
-training round is its clients' sum; a closed-form method's aggregates are the
-sums of each evaluation block's uploads (the server solves once a block).
+exist on its own (closed-form statistics are then also computed client by
+client, the dual form of linear heads forms each client's update). The fast
+path's sum is kept unless a client hook changed an upload: a postprocessor that
+changes nothing (σ = 0, a clip no upload reaches) changes no bit. The
+aggregate of a training round is its clients' sum; a closed-form method's
+aggregates are the sums of each evaluation block's uploads (the server solves
+once a block).
 """
 
 from __future__ import annotations
@@ -35,22 +48,34 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.methods.algorithm import Params
-from fedray.methods.checks import check_like, check_state
+from fedray.methods.algorithm import Params, Upload
+from fedray.methods.checks import check_state, check_upload_like
 
 AGGREGATE = -1
 """The client number the aggregate's generator is seeded with."""
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How a stage's clients are drawn: ``per_round`` (κ) of the ``population`` (K) each round, with or without
+    ``replacement`` across rounds (the clients of one round are always distinct)."""
+
+    population: int = 1
+    per_round: int = 1
+    replacement: bool = False
+
+
+@dataclass(frozen=True)
 class UploadContext:
     """Where an upload is: ``client`` (:data:`AGGREGATE` for the server's sum), the ``round`` it belongs to (a closed-form
-    block's last round for its aggregate), how many ``clients`` it sums, and the ``generator`` of its random draws."""
+    block's last round for its aggregate), how many ``clients`` it sums, the ``generator`` of its random draws, and the
+    stage's :class:`Sampling` (K, κ, with or without replacement)."""
 
     client: int
     round: int
     clients: int
     generator: torch.Generator
+    sampling: Sampling = Sampling()
 
 
 class Postprocessor:
@@ -64,8 +89,9 @@ class Postprocessor:
         """Whether :meth:`client` changes uploads (by default: whether the subclass overrides it)."""
         return type(self).client is not Postprocessor.client
 
-    def client(self, upload: Params, context: UploadContext) -> Params:
-        """One client's upload as it leaves the client; return new tensors (``upload`` is not to be changed)."""
+    def client(self, upload: Upload, context: UploadContext) -> Upload:
+        """One client's upload as it leaves the client: its tensors and the weight the server sums them with; return a
+        new :class:`~fedray.Upload` (``upload`` and its tensors are not to be changed)."""
         return upload
 
     def aggregate(self, total: Params, context: UploadContext) -> Params:
@@ -108,39 +134,67 @@ def unflatten(template: Any, tensors: Params, prefix: str = "") -> Any:
 
 @dataclass(frozen=True)
 class Postprocessing:
-    """A run's postprocessors, applied in order, with the run's ``seed``."""
+    """A run's postprocessors, applied in order, with the run's ``seed`` and the current stage's ``sampling``.
+
+    Built once per run; every stage uses the same postprocessors (their state
+    carries from stage to stage) with its own :class:`Sampling` (:meth:`sampled`)
+    and ``first_round``: a stage that numbers its rounds from 1 (training after
+    a closed-form ``--init``) hands the postprocessors the run's round numbers,
+    ``first_round`` + its own, so that no two uploads of a run share a generator.
+    """
 
     postprocessors: Sequence[Postprocessor] = ()
     seed: int = 0
+    sampling: Sampling = Sampling()
+    first_round: int = 0
 
     @property
     def per_client(self) -> bool:
         return any(postprocessor.per_client for postprocessor in self.postprocessors)
 
+    def sampled(self, population: int, per_round: int, replacement: bool, first_round: int = 0) -> "Postprocessing":
+        """The same postprocessors (and their state) for a stage that draws ``per_round`` of ``population`` clients,
+        its round r being the run's ``first_round`` + r."""
+        return dataclasses.replace(self, sampling=Sampling(population, per_round, replacement), first_round=first_round)
+
     def _generator(self, round_number: int, client: int, index: int) -> torch.Generator:
+        """``round_number``: the run's."""
         seed = np.random.SeedSequence((self.seed, round_number, client + 1, index)).generate_state(2, np.uint64)[0]
         return torch.Generator().manual_seed(int(seed) & (2**63 - 1))
 
-    def client(self, upload: Any, client: int, round_number: int) -> Any:
-        """``upload`` (tensors in any nesting) through every postprocessor's client hook; itself when none has one."""
+    def client(self, upload: Upload, client: int, round_number: int, weighted: bool = True) -> Upload:
+        """``upload`` through every postprocessor's client hook: ``upload`` itself (the same object) when none has one
+        or none changed a bit of it, else a new one. ``weighted`` false: a closed-form upload, whose weight stays 1."""
         if not self.per_client:
             return upload
-        tensors = flatten(upload)
+        current, round_number = upload, self.first_round + round_number
         for index, postprocessor in enumerate(self.postprocessors):
             if postprocessor.per_client:
-                tensors = check_like(postprocessor, "client", postprocessor.client(tensors, UploadContext(
-                    client, round_number, 1, self._generator(round_number, client, index))), tensors, "the upload's tensors")
-        return unflatten(upload, tensors)
+                context = UploadContext(client, round_number, 1, self._generator(round_number, client, index), self.sampling)
+                current = check_upload_like(postprocessor, current, postprocessor.client(current, context), weighted,
+                                            f"round {round_number}, client {client}")
+        return upload if _same(current, upload) else current
+
+    def statistics(self, statistics: Any, client: int, round_number: int) -> Any:
+        """A closed-form method's ``statistics`` of one client through :meth:`client` (weight 1); the same object when
+        nothing changed."""
+        if not self.per_client:
+            return statistics
+        upload = Upload(flatten(statistics), 1.0)
+        processed = self.client(upload, client, round_number, weighted=False)
+        return statistics if processed is upload else unflatten(statistics, processed.tensors)
 
     def aggregate(self, total: Any, round_number: int, clients: int) -> Any:
         """The server's sum through every postprocessor's aggregate hook; itself when there are none."""
         if not self.postprocessors:
             return total
-        tensors = flatten(total)
+        tensors, round_number = flatten(total), self.first_round + round_number
         for index, postprocessor in enumerate(self.postprocessors):
-            tensors = check_like(postprocessor, "aggregate", postprocessor.aggregate(tensors, UploadContext(
-                AGGREGATE, round_number, clients, self._generator(round_number, AGGREGATE, index))), tensors,
-                "the sum's tensors")
+            context = UploadContext(AGGREGATE, round_number, clients, self._generator(round_number, AGGREGATE, index),
+                                    self.sampling)
+            returned = postprocessor.aggregate(tensors, context)
+            tensors = check_upload_like(postprocessor, Upload(tensors, 1.0), Upload(returned, 1.0), False,
+                                        f"round {round_number}", method="aggregate").tensors
             check_state(postprocessor, "aggregate", postprocessor.state, "tensors by name")
         return unflatten(total, tensors)
 
@@ -150,3 +204,10 @@ class Postprocessing:
     def load_state_dict(self, states: list[Params]) -> None:
         for postprocessor, state in zip(self.postprocessors, states):
             postprocessor.state = dict(state)
+
+
+def _same(a: Upload, b: Upload) -> bool:
+    """Whether two uploads hold the same weight and bitwise-equal tensors (``torch.equal``: −0.0 equals 0.0, and the
+    original, with its bits, is the one kept)."""
+    return a is b or (a.weight == b.weight and a.tensors.keys() == b.tensors.keys()
+                      and all(torch.equal(a.tensors[name], b.tensors[name]) for name in a.tensors))

@@ -191,17 +191,20 @@ class ShardActor:
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None = None,
                    rounds: np.ndarray | None = None) -> Any:
         """Statistics summed over ``clients`` (global numbers, in upload order; ``rounds``: when each uploads); None if
-        there are none. With a postprocessor that changes each client's upload, client by client through it."""
+        there are none. With a postprocessor that sees each client's upload, client by client through it, summed in
+        that order if it changed any (else the batched statistics, bit for bit those of a run without it)."""
         if not len(clients):
             return None
-        if postprocessing is None or not postprocessing.per_client:
-            return method.client_statistics(self._batch(clients, method.features_dtype))
-        total = None
-        for client, number in zip(clients.tolist(), rounds.tolist()):
-            upload = method.client_statistics(self._batch(np.array([client]), method.features_dtype))
-            upload = postprocessing.client(upload, client, number)
-            total = upload if total is None else combine_checked(method, total, upload)
-        return total
+        if postprocessing is not None and postprocessing.per_client:
+            total, changed = None, False
+            for client, number in zip(clients.tolist(), rounds.tolist()):
+                upload = method.client_statistics(self._batch(np.array([client]), method.features_dtype))
+                processed = postprocessing.statistics(upload, client, number)
+                changed = changed or processed is not upload
+                total = processed if total is None else combine_checked(method, total, processed)
+            if changed:
+                return total
+        return method.client_statistics(self._batch(clients, method.features_dtype))
 
     def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int) -> Any:
         """Local training of ``clients`` from what the server sent (``received``), summed as ``trainer.train`` defines;

@@ -177,7 +177,37 @@ class OddClientsSendMore(fedray.FederatedAlgorithm):
 
 class DropsUploads(fedray.Postprocessor):
     def client(self, upload, context):
-        return {}
+        return fedray.Upload({}, upload.weight)
+
+
+class ReturnsTensors(fedray.Postprocessor):
+    def client(self, upload, context):
+        return upload.tensors
+
+
+class NanUploads(fedray.Postprocessor):
+    def client(self, upload, context):
+        return fedray.Upload({name: tensor * float("nan") for name, tensor in upload.tensors.items()}, upload.weight)
+
+
+class NanSum(fedray.Postprocessor):
+    def aggregate(self, total, context):
+        return {name: tensor * float("nan") for name, tensor in total.items()}
+
+
+class IntegerUploads(fedray.Postprocessor):
+    def client(self, upload, context):
+        return fedray.Upload({name: tensor.round().long() for name, tensor in upload.tensors.items()}, upload.weight)
+
+
+class FloatUploads(fedray.Postprocessor):
+    def client(self, upload, context):
+        return fedray.Upload({name: tensor.double() for name, tensor in upload.tensors.items()}, upload.weight)
+
+
+class WeighsNothing(fedray.Postprocessor):
+    def client(self, upload, context):
+        return fedray.Upload(upload.tensors, 0.0)
 
 
 class FirstRowOfTheSum(fedray.Postprocessor):
@@ -309,6 +339,19 @@ def test_uploads_of_other_names_than_the_other_clients_are_refused(ray_session, 
 @pytest.mark.parametrize("method, plugin, message", [
     ("fed3r", "DropsUploads", "client returned an empty dict; expected the upload's tensors: a dict of tensors named "
                               "gram, targets with their shapes"),
+    ("fed3r", "ReturnsTensors", "client returned a dict (round 1, client K); expected the fedray.Upload it got, or a new "
+                                "one (tensors and weight)"),
+    ("fed3r", "NanUploads", "client returned gram with NaN or inf (round 1, client K; it got finite values); expected "
+                            "finite values"),
+    ("fedncm", "NanSum", "aggregate returned counts with NaN or inf (round 2; it got finite values); expected finite values"),
+    ("fed3r", "IntegerUploads", "client returned gram of dtype torch.int64 (round 1, client K); expected gram of dtype "
+                                "torch.float64, as it got"),
+    ("fedcof", "FloatUploads", "client returned blocks.0.classes of dtype torch.float64 (round 1, client K); expected "
+                               "blocks.0.classes of dtype torch.int64, as it got"),
+    ("fedavg", "WeighsNothing", "client returned an Upload of weight 0.0 (round 1, client K); expected a finite number > 0 as "
+                             "its weight"),
+    ("fedavg", "NanUploads", "client returned weight with NaN or inf (round 1, client K; it got finite values); expected "
+                             "finite values"),
     ("fedavg", "FirstRowOfTheSum", f"aggregate returned weight of shape (1, {CLASSES}); expected the sum's tensors: "
                                    f"weight of shape ({DIM}, {CLASSES})"),
     ("fedavg", "CountsInState", "its state holds an int at aggregates after aggregate; expected tensors by name "
@@ -319,7 +362,7 @@ def test_a_postprocessor_must_return_the_names_and_shapes_it_got(ray_session, pl
     spec = f"{plugins / 'training.py'}:{plugin}"
     rounds = TRAINING if method == "fedavg" else CLOSED_FORM
     line = refused(capsys, tmp_path, "--method", method, "--postprocessor", spec, *rounds)
-    assert line == f"the plugin {spec}: {message}"
+    assert re.sub(r"client \d+", "client K", line) == f"the plugin {spec}: {message}"   # K: the round's first client
 
 
 # --- plugins that cannot load: refused before Ray starts, nothing written

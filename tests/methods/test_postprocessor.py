@@ -14,7 +14,7 @@ import torch
 import fedray
 from fedray.methods.config import resolve
 from fedray.engine.run_config import run
-from fedray.methods.postprocessor import AGGREGATE, Postprocessing, UploadContext, flatten, unflatten
+from fedray.methods.postprocessor import AGGREGATE, Postprocessing, Sampling, UploadContext, flatten, unflatten
 
 REPO = Path(__file__).resolve().parents[2]
 NOISE = f"{REPO / 'examples' / 'gaussian_noise.py'}:GaussianNoise"
@@ -56,18 +56,59 @@ class Marks(fedray.Postprocessor):
     """Records the seed of each draw: what the generators of the uploads were."""
 
     def client(self, upload, context):
-        return {name: tensor + torch.rand((), generator=context.generator) for name, tensor in upload.items()}
+        return fedray.Upload({name: tensor + torch.rand((), generator=context.generator)
+                              for name, tensor in upload.tensors.items()}, upload.weight)
 
 
 def test_the_random_draws_depend_on_the_seed_round_client_and_place_only():
-    upload = {"w": torch.zeros(())}
-    draws = {(seed, number, client, index): float(Postprocessing((Marks(),) * (index + 1), seed).client(upload, client, number)["w"])
+    upload = fedray.Upload({"w": torch.zeros(())}, 3.0)
+    draws = {(seed, number, client, index):
+             float(Postprocessing((Marks(),) * (index + 1), seed).client(upload, client, number).tensors["w"])
              for seed in (0, 1) for number in (1, 2) for client in (3, 4) for index in (0, 1)}
     assert len(set(draws.values())) == len(draws)
-    again = Postprocessing((Marks(),), 0).client(upload, 3, 1)["w"]
+    again = Postprocessing((Marks(),), 0).client(upload, 3, 1).tensors["w"]
     assert float(again) == draws[0, 1, 3, 0]
-    assert Postprocessing((Marks(),), 0).aggregate(upload, 1, 5) is not upload  # the aggregate goes through too
-    assert Postprocessing((), 0).client(upload, 3, 1) is upload and Postprocessing((), 0).aggregate(upload, 1, 5) is upload
+    assert Postprocessing((Marks(),), 0).aggregate(upload.tensors, 1, 5) is not upload.tensors  # the aggregate too
+    assert Postprocessing((), 0).client(upload, 3, 1) is upload
+    assert Postprocessing((), 0).aggregate(upload.tensors, 1, 5) is upload.tensors
+
+
+class Weigh(fedray.Postprocessor):
+    """Sets every upload's weight to ``weight`` and adds ``shift`` to its tensors; records what it was handed."""
+
+    def __init__(self, weight: float | None = None, shift: float = 0.0) -> None:
+        super().__init__()
+        self.weight, self.shift, self.seen = weight, shift, []
+
+    def client(self, upload, context):
+        self.seen.append((upload.weight, context.sampling))
+        weight = upload.weight if self.weight is None else self.weight
+        return fedray.Upload({name: tensor + self.shift for name, tensor in upload.tensors.items()}, weight)
+
+
+def test_a_client_hook_gets_the_upload_with_its_weight_and_the_stages_sampling():
+    upload = fedray.Upload({"w": torch.ones(2)}, 7.0)
+    weigh = Weigh(weight=1.0)
+    processed = Postprocessing((weigh,), 0).sampled(9275, 10, True).client(upload, 3, 1)
+    assert processed.weight == 1.0 and torch.equal(processed.tensors["w"], torch.ones(2))
+    assert weigh.seen == [(7.0, Sampling(population=9275, per_round=10, replacement=True))]
+
+
+def test_an_upload_no_hook_changed_is_the_same_object_and_a_changed_one_is_new():
+    upload = fedray.Upload({"w": torch.tensor([-0.0, 1.0])}, 2.0)
+    assert Postprocessing((Weigh(),), 0).client(upload, 3, 1) is upload     # + 0.0 turns −0.0 into 0.0: the original stays
+    assert Postprocessing((Weigh(shift=1e-3),), 0).client(upload, 3, 1) is not upload
+    assert Postprocessing((Weigh(weight=2.5),), 0).client(upload, 3, 1).weight == 2.5
+
+
+def test_a_closed_form_upload_keeps_weight_one():
+    from fedray.core.errors import FedrayError
+
+    stats = Sums(torch.ones(2), torch.zeros(2, 3))
+    assert Postprocessing((Weigh(),), 0).statistics(stats, 3, 1) is stats
+    with pytest.raises(FedrayError, match=r"client returned an Upload of weight 2 \(round 1, client 3\); expected weight 1: "
+                                          "a closed-form method's statistics are summed as they are"):
+        Postprocessing((Weigh(weight=2),), 0).statistics(stats, 3, 1)
 
 
 def runs(tmp_path: Path, method: str, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:

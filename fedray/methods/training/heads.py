@@ -23,7 +23,7 @@ import torch
 
 from fedray.methods.training.backend import RoundUpdate
 from fedray.methods.training.client_sgd import CrossEntropy, add_upload, client_batches, start_client, train_client
-from fedray.methods.training.local import Control, LocalSGD, train_heads
+from fedray.methods.training.local import Control, LocalSGD, TrainedHeads, train_heads
 from fedray.methods.algorithm import CONTROL, FederatedAlgorithm, Loss, Params, Upload
 from fedray.methods.base import ClientBatch
 from fedray.methods.postprocessor import Postprocessing
@@ -65,7 +65,7 @@ def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: L
                               path_loss)
         trained = {name: value.clone().requires_grad_() for name, value in params.items()}
         upload, state = train_client(algorithm, round_, trained, lambda p, step: forward(p, x[step]), y, batches, sgd)
-        upload = Upload(postprocessing.client(upload.tensors, client, round_number), upload.weight)
+        upload = postprocessing.client(upload, client, round_number)
         sums = add_upload(sums, upload, algorithm)
         weight += upload.weight
         states.put(client, state)
@@ -76,8 +76,9 @@ def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sg
                        algorithm: FederatedAlgorithm, seed: int, round_number: int, states: States,
                        postprocessing: Postprocessing = Postprocessing()) -> RoundUpdate:
     """Every client's softmax head (x ↦ x W + b at ``sgd``'s temperature), by the dual form when the algorithm takes
-    it and no postprocessor needs each client's upload on its own, else by autograd."""
-    dual = None if postprocessing.per_client else algorithm.dual_form()
+    it, else by autograd. A postprocessor that sees each upload gets each client's update formed from the dual form;
+    the batched sums stand unless it changed one."""
+    dual = algorithm.dual_form()
     if dual is None:
         return train_features(batch, params, broadcast, sgd, algorithm, seed, round_number, states, linear,
                               CrossEntropy(sgd.temperature), postprocessing)
@@ -92,10 +93,34 @@ def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sg
     sgd = replace(sgd, prox_mu=dual.prox_mu)
     heads = train_heads(batch.features, batch.labels, batch.offsets, batch.clients, weight, bias, sgd, seed, round_number,
                         control)
+    if control is not None:
+        for k, client in enumerate(batch.clients.tolist()):
+            states.put(client, {ROWS: heads.gradient_rows[batch.offsets[k]:batch.offsets[k + 1]].clone()})
+    processed = _postprocessed(heads, batch, bias, algorithm, round_number, postprocessing)
+    if processed is not None:
+        sums, total_weight = processed
+        return RoundUpdate(sums, total_weight, len(batch.clients), heads.start_loss, len(batch.labels))
     delta_weight, delta_bias, count = heads.weighted_update(bias)
     sums = {"weight": delta_weight, "bias": delta_bias}
     if control is not None:
         sums[CONTROL + "weight"], sums[CONTROL + "bias"] = heads.control_update()
-        for k, client in enumerate(batch.clients.tolist()):
-            states.put(client, {ROWS: heads.gradient_rows[batch.offsets[k]:batch.offsets[k + 1]].clone()})
     return RoundUpdate(sums, float(count), len(batch.clients), heads.start_loss, len(batch.labels))
+
+
+def _postprocessed(heads: TrainedHeads, batch: ClientBatch, bias: torch.Tensor, algorithm: FederatedAlgorithm,
+                   round_number: int, postprocessing: Postprocessing) -> tuple[Params, float] | None:
+    """The dual form's uploads, client by client, through the postprocessors' client hooks and summed in client order
+    (sums, weight); None when there is no such hook or it changed no upload: the batched sums stand."""
+    if not postprocessing.per_client:
+        return None
+    sums, weight, changed = None, 0.0, False
+    for k, client in enumerate(batch.clients.tolist()):
+        tensors = dict(zip(("weight", "bias"), heads.client_update(k, bias)))
+        if heads.control is not None:
+            tensors[CONTROL + "weight"], tensors[CONTROL + "bias"] = heads.client_control_change(k)
+        upload = Upload(tensors, float(batch.offsets[k + 1] - batch.offsets[k]))
+        processed = postprocessing.client(upload, client, round_number)
+        changed = changed or processed is not upload
+        sums = add_upload(sums, processed, algorithm)
+        weight += processed.weight
+    return (sums, weight) if changed else None

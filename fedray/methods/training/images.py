@@ -108,7 +108,7 @@ class ClientTrainer:
             for name in self.statistics:
                 change = size * (model_state[name] - start[name])
                 statistics[name] = change if name not in statistics else statistics[name] + change
-            upload = Upload(self.training.postprocessing.client(upload.tensors, client, round_number), upload.weight)
+            upload = self.training.postprocessing.client(upload, client, round_number)
             sums = add_upload(sums, upload, self.algorithm)
             weight += upload.weight
             states.put(client, None if state is None else {name: value.cpu() for name, value in state.items()})

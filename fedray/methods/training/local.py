@@ -159,6 +159,20 @@ class TrainedHeads:
         delta_b = (n[:, None] * (self.bias - global_bias)).sum(dim=0)
         return delta_w, delta_b, n.sum()
 
+    def client_update(self, k: int, global_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_k − W₀, c_k − b₀): client ``k``'s own update, for a postprocessor that sees each upload."""
+        rows = slice(self.offsets[k], self.offsets[k + 1])
+        delta_w = torch.addmm(self.weight, self.features[rows].T, self.coefficients[rows], beta=float(self.scale[k] - 1))
+        if self.control is not None:
+            delta_w += self.control_scale[k] * self.control.weight
+        return delta_w, self.bias[k] - global_bias
+
+    def client_control_change(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(c_k⁺ − c_k for the weights, the same for the bias): client ``k``'s own SCAFFOLD upload."""
+        rows = slice(self.offsets[k], self.offsets[k + 1])
+        change = self.gradient_rows[rows] - self.control.rows[rows]
+        return self.features[rows].T @ change, change.sum(dim=0)
+
     def control_update(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(Σ n_k (c_k⁺ − c_k) for the weights, the same for the bias): SCAFFOLD's server-side sum."""
         return control_change(self.features, self._row_sizes(), self.gradient_rows, self.control.rows)
