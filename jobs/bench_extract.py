@@ -1,12 +1,15 @@
 """Benchmark: the extraction pool against a bare ``torch.inference_mode()`` loop over the same batches.
 
-    python -m jobs.bench_extract [--images 1024] [--backbone mobilenet_v2] [--batch-size 32]
+    python -m jobs.bench_extract [--images 1024] [--backbone mobilenet_v2] [--batch-size 32] [--device auto|cuda|cpu]
+                                 [--precision fp32|bf16|fp16]
 
 Writes ``--images`` seeded synthetic 400×300 JPEGs (an image folder), then, on
 an embedded local Ray (or $RAY_ADDRESS), extracts their features with the
 pool (one replica per CPU, or per GPU) and, in this same process, with a plain
 loop that reads, decodes and transforms each batch of the same images with the
-same code and runs the model on it, using all of this machine's cores. Weights
+same code and runs the model on it, using all of this machine's cores, on the
+pool's device (``--device``: CUDA when the pool's replicas have GPUs) and at its
+``--precision`` (autocast, as the replicas do). Weights
 are a seeded random initialization: the features are NOT pre-trained, which
 changes nothing in the timing. Prints one JSON line: images/s of the pool
 (first image sent to last part written; replica start-up reported apart), of
@@ -29,7 +32,8 @@ from PIL import Image
 
 from fedray.data.feature_cache import CacheEntry
 from fedray.data.registry import load_federation
-from fedray.app.extract.config import ExtractConfig
+from fedray.app.extract.config import DEVICES, PRECISIONS, ExtractConfig
+from fedray.app.extract.pool import AUTOCAST_DTYPES
 from fedray.app.extract.features import extract
 from fedray.data.images.backbones import feature_model, get_backbone, load_weights
 from fedray.data.images.decode import ImageTransform, load_image
@@ -50,11 +54,13 @@ def write_images(root: Path, count: int, seed: int) -> Path:
     return root
 
 
-def bare_loop(config: ExtractConfig, paths: list[str]) -> tuple[float, np.ndarray]:
-    """Seconds and features of a plain loop: read + decode + transform a batch, then ``model(batch)``."""
+def bare_loop(config: ExtractConfig, paths: list[str], device: torch.device) -> tuple[float, np.ndarray]:
+    """Seconds and features of a plain loop on ``device``: read + decode + transform a batch, then ``model(batch)``
+    (under autocast at the run's precision, as a replica)."""
     torch.set_num_threads(os.cpu_count() or 1)
     backbone = get_backbone(config.backbone)
-    model = feature_model(backbone, load_weights(backbone, config.weights, config.seed).state_dict)
+    model = feature_model(backbone, load_weights(backbone, config.weights, config.seed).state_dict).to(device)
+    dtype = AUTOCAST_DTYPES[config.precision]
     transform = ImageTransform(config.image_size)
     pipeline = transform.pipeline()
     features = []
@@ -62,7 +68,9 @@ def bare_loop(config: ExtractConfig, paths: list[str]) -> tuple[float, np.ndarra
     with torch.inference_mode():
         for first in range(0, len(paths), config.batch_size):
             batch = torch.stack([load_image(p, transform, pipeline) for p in paths[first : first + config.batch_size]])
-            features.append(model(batch).numpy())
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                output = model(batch.to(device, non_blocking=True))
+            features.append(output.float().cpu().numpy())
     return time.perf_counter() - start, np.concatenate(features)
 
 
@@ -72,12 +80,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backbone", default="mobilenet_v2")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--device", choices=DEVICES, default="auto")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fedray-bench-extract-") as scratch:
         root = write_images(Path(scratch) / "images", args.images, seed=0)
         config = ExtractConfig(dataset=f"imagefolder:{root}", backbone=args.backbone, weights="random",
                                out=str(Path(scratch) / "cache"), image_size=args.image_size,
-                               batch_size=args.batch_size, quiet=True)
+                               batch_size=args.batch_size, device=args.device, precision=args.precision, quiet=True)
         ray_start_s = time.perf_counter()
         init_ray()
         ray_start_s = time.perf_counter() - ray_start_s
@@ -88,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
         second = extract(config)
         hit_s = time.perf_counter() - hit_s
         paths = load_federation(config.dataset).table.sort_by("sample_id").column("image_path").to_pylist()
-        bare_s, bare = bare_loop(config, paths)
+        devices = sorted({w["device"] for w in report.workers})
+        bare_s, bare = bare_loop(config, paths, torch.device("cuda" if "cuda" in devices else "cpu"))
         pool = CacheEntry(Path(report.entry)).features()
     pool_ips, bare_ips = args.images / report.extract_s, args.images / bare_s
     print(json.dumps({
@@ -99,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         "image_size": args.image_size,
         "batch_size": args.batch_size,
         "replicas": len(report.workers),
-        "devices": sorted({w["device"] for w in report.workers}),
+        "devices": devices,
+        "precision": args.precision,
         "ray_start_s": round(ray_start_s, 2),
         "pool_start_s": round(pool_wall_s - report.extract_s, 2),
         "pool_s": round(report.extract_s, 2),

@@ -61,3 +61,10 @@ def trial_bundles(trial_group: PlacementGroup) -> tuple[int, dict[str, float]]:
     """
     specs = trial_group.bundle_specs
     return len(specs) - 1, {key: float(value) for key, value in specs[1].items() if key in ("CPU", "GPU")}
+
+
+def gpu_share(gpus: int, replicas: int) -> float:
+    """The GPU a replica's bundle asks for: a whole one, or an equal share of the cluster's ``gpus`` when more
+    ``replicas`` than GPUs were asked for (two trainers on a one-GPU workstation share it), rounded down to Ray's
+    resource precision (1e-4) so that the shares fit."""
+    return 1.0 if replicas <= gpus else int(gpus / replicas * 10_000) / 10_000

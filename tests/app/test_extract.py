@@ -78,8 +78,10 @@ def test_pool_features_match_the_model_on_an_inat_split(ray_session, tmp_path, w
     spec = f"hsu:{train_csv}?images={images}"
     report = extract(config(spec, tmp_path / "cache", weights_file))
     assert not report.cache_hit and report.parts_computed == 2 and report.images_computed == 24
-    assert len(report.workers) == 2 and {w["device"] for w in report.workers} == {"cpu"}
-    check_against_direct(load_federation(spec), report.entry, weights_file)
+    gpus = int(ray.cluster_resources().get("GPU", 0))   # the default pool: a replica per GPU, else per CPU (2 here)
+    expected = (gpus, "cuda") if gpus else (2, "cpu")
+    assert (len(report.workers), *{w["device"] for w in report.workers}) == expected
+    check_against_direct(load_federation(spec), report.entry, weights_file)   # on a GPU too: IEEE float32, not TF32
     federation = load_federation(f"features:{tmp_path / 'cache'}")
     source = load_federation(spec)
     assert federation.num_clients == source.num_clients and federation.num_classes == source.num_classes

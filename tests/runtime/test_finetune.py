@@ -458,3 +458,10 @@ def test_a_restarted_trainer_fetches_its_rows_again_and_gives_the_same_results(p
     ray.kill(pool.actors[0], no_restart=False)
     again, labels_again = pool.embed(params, "test")
     assert torch.equal(again, features) and np.array_equal(labels_again, labels)
+
+
+def test_replicas_share_the_gpus_when_more_are_asked_for_than_there_are():
+    from fedray.runtime.placement import gpu_share
+
+    assert [gpu_share(1, n) for n in (1, 2, 3, 4)] == [1.0, 0.5, 0.3333, 0.25]
+    assert gpu_share(4, 3) == 1.0 and gpu_share(2, 3) == 0.6666 and 3 * gpu_share(2, 3) <= 2

@@ -21,7 +21,8 @@ from fedray.core.errors import FedrayError
 from fedray.data.images.backbones import Backbone, feature_model
 from fedray.data.images.decode import ImageTransform, load_image
 from fedray.runtime.held import Held
-from fedray.runtime.placement import reserve, start_actors
+from fedray.runtime.placement import gpu_share, reserve, start_actors
+from fedray.methods.training.images import ieee_float32
 
 AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -50,6 +51,8 @@ class Extractor:
         self.dim = backbone.dim
         self.transform, self.pipeline = transform, transform.pipeline()
         self.dtype = AUTOCAST_DTYPES[precision]
+        if self.device.type == "cuda" and self.dtype is None:
+            ieee_float32()  # fp32 features are float32's, not TF32's
         self.batch_size = batch_size
         self.decoders = ThreadPoolExecutor(max_workers=threads)
 
@@ -123,7 +126,7 @@ class ExtractionPool:
             pool_size = gpus if use_gpus else int(ray.cluster_resources().get("CPU", 1) // cpus_per_worker)
         if pool_size < 1:
             raise FedrayError("no extraction replica fits: " + ("the cluster has no GPU" if use_gpus else "too few CPUs"))
-        bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpus else {})}
+        bundle = {"CPU": cpus_per_worker, **({"GPU": gpu_share(gpus, pool_size)} if use_gpus else {})}
         group = reserve(
             bundle, pool_size, "SPREAD", f"{pool_size} extraction replicas × {bundle}", "lower --pool-size or --cpus-per-worker"
         )

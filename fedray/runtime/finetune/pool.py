@@ -1,6 +1,7 @@
 """The trainer pool: a federation's images spread over model replicas in a placement group.
 
-One bundle per trainer: ``{"GPU": 1, "CPU": c}`` when the cluster has GPUs,
+One bundle per trainer: ``{"GPU": g, "CPU": c}`` when the cluster has GPUs (g = 1, or a share of one when
+there are more trainers than GPUs),
 ``{"CPU": c}`` otherwise. Trainers hold contiguous, sample-balanced ranges of
 clients (as the feature shards do) and equal shares of the test split. The
 pool knows nothing of a run's mode or optimizer, so runs of different settings
@@ -26,7 +27,7 @@ from fedray.data.images.backbones import Backbone, get_backbone
 from fedray.data.images.decode import ImageTransform
 from fedray.runtime.held import Held
 from fedray.runtime.actor_group import ActorGroup, balanced_bounds, fetch, tree_reduce
-from fedray.runtime.placement import trial_bundles
+from fedray.runtime.placement import gpu_share, trial_bundles
 from fedray.methods.entk import EntkSpec
 
 
@@ -89,7 +90,7 @@ class TrainerPool(ActorGroup):
         bounds = balanced_bounds(federation.client_offsets, num_trainers)
         trainers = len(bounds) - 1
         if trial_group is None:
-            bundle = {"CPU": cpus_per_trainer, **({"GPU": 1} if gpus else {})}
+            bundle = {"CPU": cpus_per_trainer, **({"GPU": gpu_share(gpus, num_trainers)} if gpus else {})}
         test_bounds = np.linspace(0, federation.test.num_rows, trainers + 1).astype(np.int64)
         rows = [Held.put(TrainerRows.of(federation, (int(bounds[t]), int(bounds[t + 1])), (int(test_bounds[t]), int(test_bounds[t + 1]))))
                 for t in range(trainers)]
