@@ -143,7 +143,8 @@ def run(
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
     else:
         pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group,
-                               footprints=footprint.estimate(config, federation))
+                               footprints=footprint.estimate(config, federation,
+                                                             training_algorithm(config) if config.trains else None))
         try:
             if config.trains:
                 from fedray.engine.stages import train_on_features

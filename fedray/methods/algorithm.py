@@ -104,20 +104,6 @@ class Population:
 
 
 @dataclass(frozen=True)
-class DualForm:
-    """What the dual form of linear heads on features trains (:mod:`fedray.methods.training.local`): local SGD on the path's
-    cross-entropy with FedProx's pull ``prox_mu`` and, with ``control``, SCAFFOLD's option-I correction; uploads the
-    update weighted by the clients' samples (and, with ``control``, the change of c_i, as ``control.NAME``)."""
-
-    prox_mu: float = 0.0
-    control: bool = False
-
-
-CONTROL = "control."
-"""Prefix of the entries of an upload, an aggregate or a broadcast that are SCAFFOLD's control variates."""
-
-
-@dataclass(frozen=True)
 class FederatedAlgorithm:
     """FedAvg (McMahan et al., 2017): local SGD on the path's loss, updates averaged with the clients' samples.
 
@@ -168,14 +154,6 @@ class FederatedAlgorithm:
     def upload(self, client: ClientRound, trained: Params) -> tuple[Upload, Params | None]:
         """(What the client sends, its next state) after local training; ``trained`` holds the trained parameters."""
         return Upload({name: trained[name] - client.start[name] for name in trained}, client.num_samples), client.state
-
-    def dual_form(self) -> DualForm | None:
-        """The dual form's settings when linear heads on features may train this algorithm that way (many clients at
-        once, exact); None: by autograd. Only an algorithm whose client half is FedAvg's, FedProx's or SCAFFOLD's
-        (option I) with FedAvg's upload can say yes."""
-        return DualForm() if type(self).loss is FederatedAlgorithm.loss and type(self).correct_gradient is \
-            FederatedAlgorithm.correct_gradient and type(self).upload is FederatedAlgorithm.upload and \
-            type(self).init_client_state is FederatedAlgorithm.init_client_state else None
 
     @property
     def stateful(self) -> bool:

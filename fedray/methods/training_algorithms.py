@@ -12,17 +12,11 @@ from typing import Annotated
 
 import torch
 
-from fedray.methods.algorithm import (
-    CONTROL,
-    Aggregate,
-    ClientRound,
-    DualForm,
-    FederatedAlgorithm,
-    Params,
-    Population,
-    Upload,
-)
+from fedray.methods.algorithm import Aggregate, ClientRound, FederatedAlgorithm, Params, Population, Upload
 from fedray.core.plugins import load_class
+
+CONTROL = "control."
+"""Prefix of SCAFFOLD's control variates among the entries of its uploads, aggregates, broadcasts and states."""
 
 DEFAULT_PROX_MU = 0.01
 """Li et al.'s usual μ (Fed3R's was not at hand)."""
@@ -61,9 +55,6 @@ class FedProx(FederatedAlgorithm):
     def correct_gradient(self, name: str, gradient: torch.Tensor, value: torch.Tensor, client: ClientRound) -> None:
         """+ μ(θ − θ⁰), rounded before it is added, as autograd adds the gradient of the term written in the loss."""
         gradient.add_(self.prox_mu * (value - client.start[name]))
-
-    def dual_form(self) -> DualForm:
-        return DualForm(prox_mu=self.prox_mu)
 
 
 @dataclass(frozen=True)
@@ -106,9 +97,6 @@ class Scaffold(FederatedAlgorithm):
                       population: Population) -> tuple[Params, Params]:
         delta, _ = super().server_update(params, total, state, population)
         return delta, {key: control + total.sums[key] / float(population.samples) for key, control in state.items()}
-
-    def dual_form(self) -> DualForm:
-        return DualForm(control=True)
 
 
 BUILT_IN: dict[str, type[FederatedAlgorithm] | str] = {

@@ -48,7 +48,8 @@ from fedray.core.options import build
 from fedray.methods.config import RunConfig
 from fedray.core.federation import Federation
 from fedray.methods.evaluation import CHUNK
-from fedray.methods.training_algorithms import Scaffold
+from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.training.dual_form import dual_form
 
 FLOAT32, FLOAT64, INT64 = 4, 8, 8
 SHARD_COPIES = 4
@@ -102,8 +103,11 @@ class Footprint:
                    + t.per_block_sample * blocks + t.per_test_sample * test_samples + t.driver)
 
 
-def estimate(config: RunConfig, federation: Federation) -> list[Footprint]:
-    """The footprint of each stage of ``config`` (resolved) on ``federation``'s features; none for runs on images."""
+def estimate(config: RunConfig, federation: Federation, algorithm: FederatedAlgorithm | None = None) -> list[Footprint]:
+    """The footprint of each stage of ``config`` (resolved) on ``federation``'s features; none for runs on images.
+
+    ``algorithm``: the training algorithm the run trains with (built from ``config`` when not given), whose path
+    (the dual form's compact SCAFFOLD states, or autograd's) decides what its clients' states weigh."""
     if config.finetune:
         return []
     d = federation.dim
@@ -119,7 +123,11 @@ def estimate(config: RunConfig, federation: Federation) -> list[Footprint]:
     if config.head == "sphere":
         stages.append(("ffc (SphereFed's calibration)", "ffc", width))
     closed_form = [Footprint(label, data + _closed_form(method, config, federation, dim), block) for label, method, dim in stages]
-    training = Footprint(config.method, data + _training_terms(config, federation, width), _largest_clients(federation, per_round))
+    if algorithm is None:
+        algorithm = build(config.algorithm_class(), config.option_values(), f"--method {config.training_algorithm}",
+                          seed=config.seed)
+    training = Footprint(config.method, data + _training_terms(config, federation, width, algorithm),
+                         _largest_clients(federation, per_round))
     return [*closed_form, training]
 
 
@@ -186,7 +194,8 @@ def _ridge(method: str, config: RunConfig, d: int, classes: int, tests: int) -> 
     return tuple(terms)
 
 
-def _training_terms(config: RunConfig, federation: Federation, width: int) -> tuple[Term, ...]:
+def _training_terms(config: RunConfig, federation: Federation, width: int,
+                    algorithm: FederatedAlgorithm) -> tuple[Term, ...]:
     d, classes = federation.dim, federation.num_classes
     sphere = config.head == "sphere"
     parameters = (width * (d + 1) + width * classes if sphere else classes * (d + 1)) * FLOAT32
@@ -198,10 +207,11 @@ def _training_terms(config: RunConfig, federation: Federation, width: int) -> tu
              per_block_sample=LOGIT_COPIES * classes * FLOAT32,
              per_shard=min(federation.test.num_rows, CHUNK) * classes * FLOAT32),
     ]
-    if issubclass(config.algorithm_class(), Scaffold) and not sphere:
+    dual = None if sphere else dual_form(algorithm)
+    if dual is not None and dual.control:
         terms.append(Term("SCAFFOLD's client states in the shards (the gradient rows G: samples × C float32)",
                           "use another --method", per_sample=classes * FLOAT32, per_block_sample=2 * classes * FLOAT32))
-    elif (state := _client_state_bytes(config, {"weight": (d, width), "bias": (width,)} if sphere else
+    elif (state := _client_state_bytes(algorithm, {"weight": (d, width), "bias": (width,)} if sphere else
                                        {"weight": (d, classes), "bias": (classes,)})):
         # the clients a shard holds, in proportion to its samples; at most the clients --rounds can sample
         kept = federation.num_clients if config.rounds is None else \
@@ -211,14 +221,13 @@ def _training_terms(config: RunConfig, federation: Federation, width: int) -> tu
     return tuple(terms)
 
 
-def _client_state_bytes(config: RunConfig, shapes: dict[str, tuple[int, ...]]) -> int:
-    """Bytes of one client's state under the run's training algorithm, for parameters of ``shapes`` (0: stateless).
+def _client_state_bytes(algorithm: FederatedAlgorithm, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Bytes of one client's state under ``algorithm`` when it trains by autograd, for parameters of ``shapes``
+    (0: stateless).
 
     The algorithm makes a state for float32 parameters on PyTorch's meta device (shapes, no memory); one that cannot
     is counted as one copy of the parameters, the size of SCAFFOLD's and FedDyn's.
     """
-    algorithm = build(config.algorithm_class(), config.option_values(), f"--method {config.training_algorithm}",
-                      seed=config.seed)
     if not algorithm.stateful:
         return 0
     params = {name: torch.empty(shape, dtype=torch.float32, device="meta") for name, shape in shapes.items()}

@@ -11,9 +11,10 @@ from fedray.methods.training.client_sgd import ClientAlgorithm, CrossEntropy, Wi
 from fedray.methods.training.heads import ROWS, train_linear_heads
 from fedray.methods.training.local import LocalSGD, client_rng, minibatches
 from fedray.runtime.probing import LocalTrainer
-from fedray.methods.algorithm import CONTROL, DualForm, FederatedAlgorithm
+from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.training.dual_form import DualForm, dual_form
 from fedray.methods.base import ClientBatch
-from fedray.methods.training_algorithms import FedAvg, FedProx, Scaffold
+from fedray.methods.training_algorithms import CONTROL, FedAdam, FedAvg, FedAvgM, FedProx, Scaffold
 
 SIZES = np.array([1, 2, 13, 60, 5, 31])
 OFFSETS = np.concatenate([[0], np.cumsum(SIZES)])
@@ -43,14 +44,12 @@ def problem() -> tuple:
 
 @dataclass(frozen=True)
 class ProxByAutograd(FedProx):
-    def dual_form(self):
-        return None
+    """FedProx as a plugin's subclass: the same client half, trained by autograd (the dual form takes built-ins only)."""
 
 
 @dataclass(frozen=True)
 class ScaffoldByAutograd(Scaffold):
-    def dual_form(self):
-        return None
+    """SCAFFOLD as a plugin's subclass, trained by autograd."""
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
@@ -83,18 +82,20 @@ def test_the_dual_form_and_autograd_train_the_same_heads(algorithm, momentum):
     assert dense.loss_sum == pytest.approx(dual.loss_sum, rel=1e-12)
 
 
-def test_the_dual_form_is_taken_by_the_algorithms_whose_client_half_it_knows():
-    assert FedAvg().dual_form() == DualForm()
-    assert FedProx(prox_mu=0.3).dual_form() == DualForm(prox_mu=0.3)
-    assert Scaffold().dual_form() == DualForm(control=True)
+def test_the_dual_form_is_taken_by_the_built_ins_whose_client_half_it_knows_and_by_nothing_else():
+    assert dual_form(FedAvg()) == dual_form(FedAvgM()) == dual_form(FedAdam()) == DualForm()
+    assert dual_form(FedProx(prox_mu=0.3)) == DualForm(prox_mu=0.3)
+    assert dual_form(Scaffold()) == DualForm(control=True)
 
     @dataclass(frozen=True)
     class Clipped(FederatedAlgorithm):
         def correct_gradient(self, name, gradient, value, client):
             gradient.clamp_(-1, 1)
 
-    assert Clipped().dual_form() is None
-    assert WithClientAlgorithm(base=FedAvg(), hooks=ClientAlgorithm).dual_form() is None
+    assert dual_form(Clipped()) is None
+    assert dual_form(FederatedAlgorithm()) is None    # FedAvg's client half, but not the built-in: autograd
+    assert dual_form(ScaffoldByAutograd()) is None    # a subclass may change any hook
+    assert dual_form(WithClientAlgorithm(base=FedAvg(), hooks=ClientAlgorithm)) is None
     assert not FedAvg().stateful and Scaffold().stateful
     assert not WithClientAlgorithm(base=FedAvg()).stateful and WithClientAlgorithm(base=Scaffold()).stateful
 

@@ -75,3 +75,30 @@ def test_a_stateful_algorithms_client_states_are_counted_in_the_shards(federatio
     assert state_bytes() == pytest.approx(clients * (d * classes + classes) * FLOAT32)
     assert state_bytes(rounds=3, clients_per_round=10) == pytest.approx(30 * (d * classes + classes) * FLOAT32)
     assert state_bytes(head="sphere", sphere_dim=16) == pytest.approx(clients * (d * 16 + 16) * FLOAT32)
+
+
+def test_scaffolds_client_states_are_counted_as_the_path_that_trains_it_keeps_them(federation):
+    """The dual form's SCAFFOLD keeps the gradient rows G (samples × C); the same SCAFFOLD by autograd (a subclass, or
+    with a --client-algorithm) keeps c_i itself, one copy of the head per client: the estimate asks the same decision
+    as training (fedray.methods.training.dual_form)."""
+    from dataclasses import dataclass
+
+    from fedray.methods.training.client_sgd import ClientAlgorithm, WithClientAlgorithm
+    from fedray.methods.training_algorithms import Scaffold
+
+    @dataclass(frozen=True)
+    class MyScaffold(Scaffold):
+        pass
+
+    d, classes, clients, samples = federation.dim, federation.num_classes, federation.num_clients, federation.train.num_rows
+    config = RunConfig(method="scaffold").validate().resolved()
+    fedavg = estimate(RunConfig(method="fedavg").validate().resolved(), federation)[-1].shard(samples, 0)
+
+    def states(algorithm=None):
+        return estimate(config, federation, algorithm)[-1].shard(samples, 0) - fedavg
+
+    dense = clients * (d * classes + classes) * FLOAT32
+    rows = samples * classes * FLOAT32                        # G: samples × C, plus a block's two copies in flight
+    assert rows <= states() == states(Scaffold()) <= 3 * rows < dense
+    assert states(MyScaffold()) == pytest.approx(dense)
+    assert states(WithClientAlgorithm(base=Scaffold(), hooks=ClientAlgorithm)) == pytest.approx(dense)

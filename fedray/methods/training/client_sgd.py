@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from fedray.methods.training.local import LocalSGD, client_rng, minibatches
-from fedray.methods.algorithm import CONTROL, Aggregate, ClientRound, FederatedAlgorithm, Loss, Params, Population, Upload
+from fedray.methods.algorithm import Aggregate, ClientRound, FederatedAlgorithm, Loss, Params, Population, Upload
 from fedray.methods.checks import check_same_upload, check_tensors, check_upload
-from fedray.methods.training_algorithms import Scaffold
+from fedray.methods.training_algorithms import CONTROL, Scaffold
 
 
 @dataclass(frozen=True)
@@ -170,9 +170,6 @@ class WithClientAlgorithm(FederatedAlgorithm):
 
     def upload(self, client: ClientRound, trained: Params) -> tuple[Upload, Params | None]:
         return self.base.upload(client, trained)
-
-    def dual_form(self) -> None:
-        return None
 
     @property
     def stateful(self) -> bool:

@@ -2,7 +2,7 @@
 
 The dual form (:func:`~fedray.methods.training.local.train_heads`) trains many
 clients' heads at once for the algorithms whose client half it knows
-(:meth:`~fedray.methods.algorithm.FederatedAlgorithm.dual_form`: FedAvg's,
+(:func:`~fedray.methods.training.dual_form.dual_form`: the built-in FedAvg's,
 FedProx's, SCAFFOLD's with option I) and sums their updates in one GEMM. Any
 other algorithm, and every model that is not a linear head (SphereFed's
 projection), trains each client by autograd with
@@ -24,7 +24,9 @@ import torch
 from fedray.methods.training.backend import RoundUpdate
 from fedray.methods.training.client_sgd import CrossEntropy, add_upload, client_batches, start_client, train_client
 from fedray.methods.training.local import Control, LocalSGD, TrainedHeads, train_heads
-from fedray.methods.algorithm import CONTROL, FederatedAlgorithm, Loss, Params, Upload
+from fedray.methods.algorithm import FederatedAlgorithm, Loss, Params, Upload
+from fedray.methods.training.dual_form import dual_form
+from fedray.methods.training_algorithms import CONTROL
 from fedray.methods.base import ClientBatch
 from fedray.methods.postprocessor import Postprocessing
 
@@ -78,7 +80,7 @@ def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sg
     """Every client's softmax head (x ↦ x W + b at ``sgd``'s temperature), by the dual form when the algorithm takes
     it, else by autograd. A postprocessor that sees each upload gets each client's update formed from the dual form;
     the batched sums stand unless it changed one."""
-    dual = algorithm.dual_form()
+    dual = dual_form(algorithm)
     if dual is None:
         return train_features(batch, params, broadcast, sgd, algorithm, seed, round_number, states, linear,
                               CrossEntropy(sgd.temperature), postprocessing)
