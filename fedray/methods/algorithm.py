@@ -63,7 +63,10 @@ class ClientRound:
     participation (None before its first, or for a stateless algorithm).
     ``local_steps`` is τ_k, the number of SGD steps it takes this round, ``lr`` the
     round's learning rate, ``path_loss`` the loss of the path that trains (e.g.
-    cross-entropy at the run's temperature on a linear head).
+    cross-entropy at the run's temperature on a linear head). ``start_gradient``
+    is the gradient of the path's loss over all the client's samples at the
+    model it received, one tensor per trained parameter, when the algorithm
+    asks for it (:attr:`FederatedAlgorithm.needs_start_gradient`), else None.
     """
 
     client: int
@@ -75,6 +78,7 @@ class ClientRound:
     broadcast: Params
     state: Params | None
     path_loss: Loss = field(repr=False)
+    start_gradient: Params | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -154,6 +158,12 @@ class FederatedAlgorithm:
     def upload(self, client: ClientRound, trained: Params) -> tuple[Upload, Params | None]:
         """(What the client sends, its next state) after local training; ``trained`` holds the trained parameters."""
         return Upload({name: trained[name] - client.start[name] for name in trained}, client.num_samples), client.state
+
+    @property
+    def needs_start_gradient(self) -> bool:
+        """Whether each client computes :attr:`ClientRound.start_gradient` before it trains: the gradient of the path's
+        loss over all its samples at the model it received (one more backward pass; SCAFFOLD's option I)."""
+        return False
 
     @property
     def stateful(self) -> bool:

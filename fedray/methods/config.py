@@ -148,6 +148,7 @@ class RunConfig:
     adam_beta2: float = owned("adam_beta2")
     adam_tau: float = owned("adam_tau")
     prox_mu: float | None = owned("prox_mu", unset=f"{DEFAULT_PROX_MU} with fedprox")
+    variant: str = owned("variant")
     temperature: float = option(1.0, "softmax temperature: logits / T (0.1 suits a closed-form init)", TRAINING)
     init: str = option("random", "head initialization: random, or a closed-form stage first", TRAINING, choices=INITS)
     init_rounds: int | None = option(None, "round budget of the closed-form stage", TRAINING,

@@ -65,13 +65,25 @@ class Scaffold(FederatedAlgorithm):
     (c = Σ_i n_i c_i / N over the federation, c_i zero before a client's first
     participation), and sends it with the model; a client uploads its update
     and Δc_i = c_i⁺ − c_i, both weighted by its samples, and c moves by
-    Σ n_i Δc_i / N. Option II: c_i⁺ = c_i − c + (θ⁰ − θ_i) / (τ_i η). Linear
-    heads on features train in the dual form with option I instead, c_i⁺ the
-    gradient of the client's loss at the model it received, free there and
-    stored compactly (:mod:`fedray.methods.training.local`).
+    Σ n_i Δc_i / N. ``variant`` is the paper's choice of c_i⁺, the same on every
+    path: I, the gradient of the client's loss over all its samples at the model
+    it received (one more backward pass by autograd; free in the dual form of
+    linear heads, which stores it compactly, :mod:`fedray.methods.training.local`),
+    or II, c_i − c + (θ⁰ − θ_i) / (τ_i η) from the model's change (by autograd
+    on every path: its c_i is a dense copy of the model per client).
     """
 
     name = "scaffold"
+    variant: Annotated[str, "c_i⁺: I (the gradient of the client's loss at the model it received) or II (from the "
+                            "model's change, c_i − c + (θ⁰ − θ_i)/(τη))"] = "I"
+
+    def __post_init__(self) -> None:
+        if self.variant not in ("I", "II"):
+            raise ValueError(f"option variant must be I or II (Karimireddy et al.'s options), got {self.variant!r}")
+
+    @property
+    def needs_start_gradient(self) -> bool:
+        return self.variant == "I"
 
     def init_server_state(self, params: Params) -> Params:
         return {CONTROL + name: torch.zeros_like(value) for name, value in params.items()}
@@ -87,9 +99,12 @@ class Scaffold(FederatedAlgorithm):
 
     def upload(self, client: ClientRound, trained: Params) -> tuple[Upload, Params]:
         update, _ = super().upload(client, trained)
-        scale = 1.0 / (client.local_steps * client.lr)
-        new = {key: own - client.broadcast[key] + scale * (client.start[key[len(CONTROL):]] - trained[key[len(CONTROL):]])
-               for key, own in client.state.items()}
+        if self.variant == "I":
+            new = {key: client.start_gradient[key[len(CONTROL):]] for key in client.state}
+        else:
+            scale = 1.0 / (client.local_steps * client.lr)
+            new = {key: own - client.broadcast[key] + scale * (client.start[key[len(CONTROL):]] - trained[key[len(CONTROL):]])
+                   for key, own in client.state.items()}
         changes = {key: new[key] - own for key, own in client.state.items()}
         return Upload({**update.tensors, **changes}, update.weight), new
 

@@ -172,7 +172,7 @@ OWNED = {  # each option of a built-in class, the classes that declare it, and i
     "rf_dim": (["fed3r-rf"], 5000), "rf_sigma": (["fed3r-rf"], None), "gamma": (["fedcof", "fedcof-oracle"], 0.1),
     "means_per_class": (["fedcof"], 1), "server_lr": (["fedavg", "fedavgm", "fedadam"], None),
     "server_momentum": (["fedavgm"], 0.9), "adam_beta1": (["fedadam"], 0.9), "adam_beta2": (["fedadam"], 0.99),
-    "adam_tau": (["fedadam"], 1e-3), "prox_mu": (["fedprox"], None),
+    "adam_tau": (["fedadam"], 1e-3), "prox_mu": (["fedprox"], None), "variant": (["scaffold"], "I"),
 }
 
 

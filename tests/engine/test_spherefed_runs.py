@@ -91,7 +91,7 @@ def plain_sphere_scaffold(federation, config, rounds, lrs=None):
 
 def test_spherefed_with_scaffold_on_features_equals_plain_scaffold(ray_session, tmp_path):
     out = tmp_path / "sphere-scaffold"
-    config = RunConfig(method="scaffold", head="sphere", sphere_dim=6, client_lr=0.2, batch_size=4, local_epochs=2,
+    config = RunConfig(method="scaffold", variant="II", head="sphere", sphere_dim=6, client_lr=0.2, batch_size=4, local_epochs=2,
                        clients_per_round=4, dataset=SMALL, out=str(out), rounds=5, eval_every=5, num_shards=2,
                        cpus_per_shard=0.5, quiet=True).resolved()
     rows = run(config).rows
@@ -109,7 +109,7 @@ def test_spherefed_with_scaffold_on_features_equals_plain_scaffold(ray_session, 
 @pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_spherefed_with_momentum_and_a_cosine_schedule_equals_plain_torch(ray_session, tmp_path):
     out = tmp_path / "sphere-momentum"
-    config = RunConfig(method="scaffold", head="sphere", sphere_dim=6, client_lr=0.2, batch_size=4, local_epochs=2,
+    config = RunConfig(method="scaffold", variant="II", head="sphere", sphere_dim=6, client_lr=0.2, batch_size=4, local_epochs=2,
                        client_momentum=0.9, lr_schedule="cosine", weight_decay=1e-5, clients_per_round=4, dataset=SMALL,
                        out=str(out), rounds=5, eval_every=5, num_shards=2, cpus_per_shard=0.5, quiet=True).resolved()
     rows = run(config).rows

@@ -152,8 +152,9 @@ def test_one_full_batch_step_of_scaffold_option_ii_gives_the_starting_gradient_a
     error = (logits - torch.nn.functional.one_hot(y, 3)) / 6
     params = {name: value.clone().requires_grad_() for name, value in start.items()}
     sgd, batches = LocalSGD(lr=0.3, weight_decay=0.0), [np.arange(6)]
-    client = start_client(Scaffold(), 7, 1, 6, batches, sgd, start, control, own, CrossEntropy())
-    upload, new = train_client(Scaffold(), client, params, lambda p, batch: x[batch] @ p["weight"] + p["bias"], y, batches, sgd)
+    client = start_client(Scaffold(variant="II"), 7, 1, 6, batches, sgd, start, control, own, CrossEntropy())
+    upload, new = train_client(Scaffold(variant="II"), client, params, lambda p, batch: x[batch] @ p["weight"] + p["bias"],
+                               y, batches, sgd)
     torch.testing.assert_close(new[CONTROL + "weight"], x.T @ error, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(new[CONTROL + "bias"], error.sum(dim=0), rtol=1e-12, atol=1e-12)
     moved = start["weight"] - 0.3 * (x.T @ error + control[CONTROL + "weight"] - own[CONTROL + "weight"])
@@ -162,3 +163,55 @@ def test_one_full_batch_step_of_scaffold_option_ii_gives_the_starting_gradient_a
     assert upload.weight == 6
     torch.testing.assert_close(upload.tensors[CONTROL + "weight"], x.T @ error - own[CONTROL + "weight"], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(upload.tensors["weight"], moved - start["weight"], rtol=1e-12, atol=1e-14)
+
+
+def test_scaffold_option_i_is_the_same_algorithm_in_the_dual_form_and_by_autograd_round_after_round():
+    """Three rounds of the same clients, each path keeping its own client states (the dual form: the gradient rows G,
+    c_i = X_iᵀ G_i; autograd: c_i itself): the same model and control sums, and the same c_i, to float64 round-off."""
+    sgd = LocalSGD(lr=0.05, weight_decay=1e-2, batch_size=4, epochs=2, temperature=0.5, momentum=0.9)
+    batch, params, control, _ = problem()
+    dual_states, autograd_states = DictStates(), DictStates()
+    for round_number in (1, 2, 3):
+        dual = train_linear_heads(batch, params, control, sgd, Scaffold(), 5, round_number, dual_states)
+        dense = train_linear_heads(batch, params, control, sgd, ScaffoldByAutograd(), 5, round_number, autograd_states)
+        for name in ("weight", "bias", CONTROL + "weight", CONTROL + "bias"):
+            torch.testing.assert_close(dense.sums[name], dual.sums[name], rtol=1e-10, atol=1e-12)
+        for k, client in enumerate(CLIENTS.tolist()):
+            rows = dual_states[client][ROWS]
+            x = batch.features[OFFSETS[k]:OFFSETS[k + 1]]
+            torch.testing.assert_close(autograd_states[client][CONTROL + "weight"], x.T @ rows, rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(autograd_states[client][CONTROL + "bias"], rows.sum(dim=0), rtol=1e-10, atol=1e-12)
+        # the server's next c and model, as SCAFFOLD's server half computes them from either path's sums
+        control = {key: value + dual.sums[key] / float(SIZES.sum()) for key, value in control.items()}
+        params = {name: params[name] + dual.sums[name] / dual.weight for name in params}
+    assert dense.sums[CONTROL + "weight"].abs().max() > 1e-3, "the control variates moved"
+
+
+def test_scaffold_option_i_by_autograd_keeps_the_gradient_at_the_model_received_whatever_the_steps():
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 4, generator=generator, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 2, 2, 0])
+    start = {"weight": torch.randn(4, 3, generator=generator, dtype=torch.float64),
+             "bias": torch.randn(3, generator=generator, dtype=torch.float64)}
+    zero = {CONTROL + name: torch.zeros_like(value) for name, value in start.items()}
+    sgd, batches = LocalSGD(lr=0.3, weight_decay=0.1, momentum=0.5), [np.arange(4), np.arange(4, 9), np.arange(9)]
+    gradient = (torch.softmax(x @ start["weight"] + start["bias"], dim=1) - torch.nn.functional.one_hot(y, 3)) / 9
+    params = {name: value.clone().requires_grad_() for name, value in start.items()}
+    trainer = LocalTrainer(sgd, 0, ScaffoldByAutograd())
+    batch = ClientBatch(x, y, np.array([0, 9]), np.array([7]))
+    states = DictStates()
+    trainer.train(batch, {"params": start, "broadcast": zero}, 1, states)
+    torch.testing.assert_close(states[7][CONTROL + "weight"], x.T @ gradient, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(states[7][CONTROL + "bias"], gradient.sum(dim=0), rtol=1e-12, atol=1e-14)
+    assert not params["weight"].grad_fn and torch.equal(params["weight"].detach(), start["weight"])
+
+
+def test_scaffolds_variant_is_i_or_ii_and_only_option_i_takes_the_dual_form():
+    from fedray.core.errors import FedrayError
+    from fedray.core.options import build
+
+    assert Scaffold().variant == "I" and Scaffold().needs_start_gradient and not Scaffold(variant="II").needs_start_gradient
+    assert dual_form(Scaffold(variant="II")) is None
+    with pytest.raises(FedrayError, match=r"^--method scaffold: option variant must be I or II \(Karimireddy et al.'s "
+                                          r"options\), got 'III'$"):
+        build(Scaffold, {"variant": "III"}, "--method scaffold")

@@ -391,13 +391,13 @@ def test_scaffold_keeps_option_ii_control_variates_in_the_trainers_and_resumes_b
                                                                                                         tmp_path):
     sgd = LocalSGD(lr=0.05, batch_size=2, epochs=1)
     rounds = [(1, [2]), (2, [0, 1, 3]), (3, [2, 4, 0])]
-    first = backend(pools, sgd=sgd, trainers=2, algorithm=Scaffold())
+    first = backend(pools, sgd=sgd, trainers=2, algorithm=Scaffold(variant="II"))
     first.pool.restore_client_states([])
     initial = first.initial_params(HEAD_SEED)
     model = {name: initial[name] for name in first.trained_names}
-    server = Scaffold().init_server_state(model)
+    server = Scaffold(variant="II").init_server_state(model)
 
-    update = first.train_round(initial, Scaffold().broadcast(model, server), np.array([2]), 1)
+    update = first.train_round(initial, Scaffold(variant="II").broadcast(model, server), np.array([2]), 1)
     size, steps = int(images.client_sizes[2]), 3  # 5 samples in batches of 2
     files = first.pool.save_client_states(tmp_path, "first")
     held = [torch.load(tmp_path / name, weights_only=True) for name in files]
@@ -411,18 +411,46 @@ def test_scaffold_keeps_option_ii_control_variates_in_the_trainers_and_resumes_b
     after_one = {name: initial[name] + (update.sums[name] / update.weight if name in update.sums else
                                         update.statistics[name] / update.samples if name in update.statistics else 0)
                  for name in initial}
-    server = Scaffold().server_update(model, update.aggregate(), server, Population(0, images.train.num_rows))[1]
+    server = Scaffold(variant="II").server_update(model, update.aggregate(), server, Population(0, images.train.num_rows))[1]
     after_two, server_two, _ = run_rounds(first, after_one, server, rounds[1:2])
     files = first.pool.save_client_states(tmp_path, "second")
     expected, expected_server, expected_losses = run_rounds(first, after_two, server_two, rounds[2:])
 
-    resumed_backend = backend(pools, sgd=sgd, trainers=2, algorithm=Scaffold())
+    resumed_backend = backend(pools, sgd=sgd, trainers=2, algorithm=Scaffold(variant="II"))
     resumed_backend.pool.restore_client_states([])  # the trainers forget every state ...
     resumed_backend.pool.restore_client_states([tmp_path / name for name in files])  # ... and take the saved ones back
     resumed, resumed_server, losses = run_rounds(resumed_backend, after_two, server_two, rounds[2:])
     assert losses == expected_losses
     assert all(torch.equal(resumed[name], expected[name]) for name in expected)
     assert all(torch.equal(resumed_server[key], expected_server[key]) for key in expected_server)
+
+
+def test_scaffold_option_i_on_images_keeps_the_gradient_at_the_model_received(pools, images, tmp_path):
+    """Option I by autograd: c_i⁺ is the gradient of the client's mean loss at the model it received (train mode,
+    in batch-size chunks, as the loss of the model received is taken), whatever its local steps then do."""
+    sgd = LocalSGD(lr=0.05, batch_size=2, epochs=1)
+    ft = backend(pools, sgd=sgd, trainers=2, algorithm=Scaffold())
+    ft.pool.restore_client_states([])
+    initial = ft.initial_params(HEAD_SEED)
+    model = {name: initial[name] for name in ft.trained_names}
+    update = ft.train_round(initial, Scaffold().broadcast(model, Scaffold().init_server_state(model)), np.array([2]), 1)
+    own = torch.load(tmp_path / ft.pool.save_client_states(tmp_path, "first")[0], weights_only=True)[2]
+
+    rows = np.arange(images.client_offsets[2], images.client_offsets[3])
+    paths = images.train.column("image_path").to_pylist()
+    labels = torch.from_numpy(images.train.column("label").to_numpy().astype(np.int64))
+    net, head = reference_net(BACKBONE, images.num_classes, initial)
+    net.train()
+    with single_threaded():
+        x, y = decode([paths[r] for r in rows]), labels[rows]
+        for first in range(0, len(rows), sgd.batch_size):
+            batch = slice(first, first + sgd.batch_size)
+            (plain_loss(net(x[batch]), y[batch], sgd, False, reduction="sum") / len(rows)).backward()
+    gradients = {name: parameter.grad for name, parameter in net.named_parameters()}
+    assert set(own) == {f"control.{name}" for name in model}
+    for name in model:
+        torch.testing.assert_close(own[f"control.{name}"], gradients[reference_name(name, head)], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(update.sums[f"control.{name}"], len(rows) * own[f"control.{name}"])
 
 
 def test_bad_inputs_get_clear_errors(pools, images, bad_images):

@@ -64,12 +64,27 @@ def local_sgd(params: Params, forward: Callable[[np.ndarray], torch.Tensor], lab
 
 
 def start_client(algorithm: FederatedAlgorithm, client: int, round_number: int, size: int, batches: list[np.ndarray],
-                 sgd: LocalSGD, start: Params, broadcast: Params, state: Params | None, path_loss: Loss) -> ClientRound:
-    """A client's round: its state (created by the algorithm at its first participation) and what it received."""
+                 sgd: LocalSGD, start: Params, broadcast: Params, state: Params | None, path_loss: Loss,
+                 start_gradient: Params | None = None) -> ClientRound:
+    """A client's round: its state (created by the algorithm at its first participation) and what it received
+    (``start_gradient``: the path's, when the algorithm needs it)."""
     if state is None:
         state = check_tensors(algorithm, "init_client_state", algorithm.init_client_state(start),
                               "None or a dict of tensors by name", optional=True)
-    return ClientRound(client, round_number, size, len(batches), sgd.lr, start, broadcast, state, path_loss)
+    return ClientRound(client, round_number, size, len(batches), sgd.lr, start, broadcast, state, path_loss,
+                       start_gradient)
+
+
+def start_loss(path_loss: Loss, output: Callable[[Params], torch.Tensor], labels: torch.Tensor, params: Params,
+               gradient: bool) -> tuple[float, Params | None]:
+    """The path's mean loss at ``params`` over the samples ``output(params)`` scores, and with ``gradient`` its
+    gradient (one tensor per parameter; ``params`` are not changed)."""
+    if not gradient:
+        with torch.no_grad():
+            return float(path_loss(output(params), labels)), None
+    at = {name: value.detach().requires_grad_() for name, value in params.items()}
+    loss = path_loss(output(at), labels)
+    return float(loss.detach()), dict(zip(at, torch.autograd.grad(loss, list(at.values()))))
 
 
 def train_client(
@@ -158,6 +173,10 @@ class WithClientAlgorithm(FederatedAlgorithm):
 
     def init_client_state(self, start: Params) -> Params | None:
         return self.base.init_client_state(start)
+
+    @property
+    def needs_start_gradient(self) -> bool:
+        return self.base.needs_start_gradient
 
     def loss(self, output: torch.Tensor, labels: torch.Tensor, params: Params, client: ClientRound) -> torch.Tensor:
         return self._hooks(client).batch_loss(output, labels)

@@ -3,7 +3,7 @@
 The dual form (:mod:`fedray.methods.training.local`) trains many clients' softmax
 heads at once, exactly, for client halves it knows: FedAvg's (also FedAvgM's
 and FedAdam's clients), FedProx's and SCAFFOLD's with option-I control
-variates. It is a fast path, never a different algorithm: it applies to those
+variates (option II keeps a dense c_i per client: autograd). It is a fast path, never a different algorithm: it applies to those
 built-in classes as they are built, and a subclass (a plugin may change any
 hook) trains by autograd. Training (:mod:`fedray.methods.training.heads`) and
 the memory estimate (:mod:`fedray.runtime.footprint`) both ask :func:`dual_form`.
@@ -34,6 +34,6 @@ def dual_form(algorithm: FederatedAlgorithm) -> DualForm | None:
         return DualForm()
     if kind is FedProx:
         return DualForm(prox_mu=algorithm.prox_mu)
-    if kind is Scaffold:
+    if kind is Scaffold and algorithm.variant == "I":
         return DualForm(control=True)
     return None

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fedray.methods.training.backend import RoundUpdate
-from fedray.methods.training.client_sgd import CrossEntropy, add_upload, client_batches, start_client, train_client
+from fedray.methods.training.client_sgd import CrossEntropy, add_upload, client_batches, start_client, start_loss, train_client
 from fedray.methods.training.local import Control, LocalSGD, TrainedHeads, train_heads
 from fedray.methods.algorithm import FederatedAlgorithm, Loss, Params, Upload
 from fedray.methods.training.dual_form import dual_form
@@ -60,11 +60,11 @@ def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: L
     for k, client in enumerate(batch.clients.tolist()):
         rows = slice(batch.offsets[k], batch.offsets[k + 1])
         x, y = batch.features[rows], batch.labels[rows]
-        with torch.no_grad():
-            loss_sum += len(y) * float(path_loss(forward(params, x), y))
+        loss, gradient = start_loss(path_loss, lambda at: forward(at, x), y, params, algorithm.needs_start_gradient)
+        loss_sum += len(y) * loss
         batches = client_batches(len(y), sgd, seed, round_number, client)
         round_ = start_client(algorithm, client, round_number, len(y), batches, sgd, params, broadcast, states.get(client),
-                              path_loss)
+                              path_loss, gradient)
         trained = {name: value.clone().requires_grad_() for name, value in params.items()}
         upload, state = train_client(algorithm, round_, trained, lambda p, step: forward(p, x[step]), y, batches, sgd)
         upload = postprocessing.client(upload, client, round_number)

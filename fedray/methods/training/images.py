@@ -149,18 +149,27 @@ class ClientTrainer:
         stream = reader.batches([rows[batch] for batch in evaluation + plan])
         self.model.load_state_dict(start)
         self.model.train(self.mode.trains_backbone)
+        parameters = dict(self.model.named_parameters())
+        gradient = self.algorithm.needs_start_gradient
+        self.model.zero_grad(set_to_none=True)  # the previous client's last step left its gradients
         loss_sum = 0.0
-        with torch.no_grad():
+        with torch.set_grad_enabled(gradient):
             for batch in evaluation:
                 logits = self.model(next(stream).to(self.device))
-                loss_sum += float(self.training.loss(logits, labels[rows[batch]], total=True))
+                loss = self.training.loss(logits, labels[rows[batch]], total=True)
+                loss_sum += float(loss.detach())
+                if gradient:  # ∇ of the mean loss over the client's samples, accumulated chunk by chunk
+                    (loss / size).backward()
+        start_gradient = None
+        if gradient:
+            start_gradient = {name: parameters[name].grad.clone() for name in self.trained}
+            self.model.zero_grad(set_to_none=True)
         # in train mode the loss pass moved BN's running statistics: start training from the global state again
         self.model.load_state_dict(start)
-        parameters = dict(self.model.named_parameters())
         trained = {name: parameters[name] for name in self.trained}
         received = {name: start[name] for name in self.trained}
         round_ = start_client(self.algorithm, client, round_number, size, plan, sgd, received, broadcast, own,
-                              self.training.loss)
+                              self.training.loss, start_gradient)
         upload, state = train_client(self.algorithm, round_, trained, lambda _, __: self.model(next(stream).to(self.device)),
                                      labels[rows], plan, sgd)
         return loss_sum, upload, state
