@@ -8,6 +8,7 @@ The public interface, for a researcher's own methods and for notebooks::
     class MyServer(fedray.ServerOptimizer): ...          # step(params, delta) -> params
     class MyAlgorithm(fedray.FederatedAlgorithm): ...   # a training algorithm: client half, server half, client state
     class MyNoise(fedray.Postprocessor): ...             # client(upload, context), aggregate(total, context)
+    fedray.report(eta_g=1.7)                             # in a server-side hook: a column of metrics.parquet
     result = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
     result.metrics, result.classifier                    # a polars DataFrame, the final fedray.Classifier
     table = fedray.sweep("jobs/sweeps/participation.yaml", out="results/sweeps")
@@ -37,6 +38,7 @@ _EXPORTS = {
     "Params": "fedray.methods.algorithm",
     "Postprocessor": "fedray.methods.postprocessor",
     "UploadContext": "fedray.methods.postprocessor",
+    "report": "fedray.core.reports",
     "FedrayError": "fedray.core.errors",
     "Federation": "fedray.core.federation",
     "load_federation": "fedray.data.registry",

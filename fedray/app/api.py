@@ -4,7 +4,7 @@ from the command line."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -122,7 +122,7 @@ def run(
     if on_evaluation is not None and not callable(on_evaluation):
         raise FedrayError(f"{RUN}: on_evaluation must be a function (row, classifier), got {shown(on_evaluation)}")
     config = resolve(typed_options(values, RUN, KEYWORD_SPELLING), {})  # as a file's values: None is a value
-    listener = None if on_evaluation is None else lambda point, classifier: on_evaluation(asdict(point), classifier)
+    listener = None if on_evaluation is None else lambda point, classifier: on_evaluation(point.columns(), classifier)
     completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation)
     arrays = dict(completed.arrays)
     weight, bias = arrays.pop("W"), arrays.pop("bias", None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -38,7 +38,7 @@ class EvalPoint:
     (TCT's stage 2); ``train_loss`` is the mean loss of the global model on the
     samples of the clients sampled since the previous row, before their local
     training (None where no client trained; TCT's stage 2: its squared-loss
-    objective); ``diverged`` marks the row a run stopped at. The last four
+    objective); ``diverged`` marks the row a run stopped at. The next four
     are the papers' accounting conventions (:mod:`fedray.core.accounting`), None
     where a paper defines no count for the run's method.
     """
@@ -58,6 +58,13 @@ class EvalPoint:
     comm_floats_fed3r: float | None = None
     macs_client_avg_fed3r: float | None = None
     forward_passes: float | None = None
+    reported: dict[str, float] = field(default_factory=dict)
+    """What the run's plugins reported (:func:`fedray.report`) up to this row: a column each."""
+
+    def columns(self) -> dict[str, object]:
+        """The row's columns: its fields, with each reported number as a column of its own."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "reported"}
+        return {**values, **self.reported}
 
 
 def write_atomically(path: Path, write: Callable[[Path], None], size: int | None = None) -> None:

@@ -159,6 +159,7 @@ def _plain_state(state: TrainingState) -> dict:
         "algorithm": state.algorithm,
         "client_states": list(state.client_states),
         "postprocessors": list(state.postprocessors),
+        "reported": dict(state.reported),
         "accounting": {"seen": torch.from_numpy(accounting.seen), "samples_seen": int(accounting.samples_seen),
                        "bytes_up": float(accounting.bytes_up), "bytes_down": float(accounting.bytes_down),
                        "flops": float(accounting.flops), "paper": accounting.paper.to_dict()},
@@ -217,7 +218,16 @@ def _training_state(plain: dict, out: Path) -> TrainingState:
         eval_s=_amount(plain["eval_s"], "eval_s"),
         client_states=_client_states(client_states, done, out),
         postprocessors=[_tensors(state, "a postprocessor's state") for state in plain.get("postprocessors", [])],
+        reported=_reported(plain.get("reported", {}), "reported numbers"),
     )
+
+
+def _reported(value: object, name: str) -> dict[str, float]:
+    """The numbers plugins reported by name (a checkpoint from before they could has none)."""
+    if not isinstance(value, dict) or not all(isinstance(key, str) and type(number) is float and math.isfinite(number)
+                                              for key, number in value.items()):
+        raise FedrayError(f"its {name} are {value!r}, not a mapping of names to finite numbers")
+    return dict(value)
 
 
 def _count(value: object, name: str) -> int:
@@ -282,11 +292,13 @@ POINT_PAPER_AMOUNTS = ("comm_floats_fedcof", "comm_floats_fed3r", "macs_client_a
 def _point(row: object, index: int) -> EvalPoint:
     if not isinstance(row, dict):
         raise FedrayError(f"its point {index} is {type(row).__name__}, not a row (a mapping)")
-    missing = [field.name for field in fields(EvalPoint) if field.default is MISSING and field.name not in row]
+    missing = [field.name for field in fields(EvalPoint)
+               if field.default is MISSING and field.default_factory is MISSING and field.name not in row]
     if missing:
         raise FedrayError(f"its point {index} lacks {missing[0]}")
-    values = {field.name: row.get(field.name, field.default) for field in fields(EvalPoint)}
+    values = {field.name: row.get(field.name, field.default) for field in fields(EvalPoint) if field.name != "reported"}
     where = f"point {index}'s"
+    values["reported"] = _reported(row.get("reported", {}), f"{where} reported numbers")
     for name in POINT_COUNTS:
         _count(values[name], f"{where} {name}")
     for name in (*POINT_AMOUNTS, *(name for name in POINT_PAPER_AMOUNTS if values[name] is not None)):

@@ -15,7 +15,9 @@ from fedray.runtime.evaluator import Evaluator, PendingAccuracy
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.methods.checks import check_classifier, combine_checked, statistics_finite
 from fedray.methods.postprocessor import Postprocessing
+from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
+from fedray.methods.config import COLUMNS
 from fedray.engine.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
 from fedray.runtime.actor_group import Reduction
 from fedray.runtime.shards import ShardPool
@@ -44,6 +46,7 @@ class _Block:
     uploads: int = 0
     accuracy: PendingAccuracy | None = None
     classifier: Classifier | None = None
+    reported: dict[str, float] = field(default_factory=dict)
 
 
 class ClosedFormRounds:
@@ -71,6 +74,8 @@ class ClosedFormRounds:
         self.blocks = self._submit(pool, ray.put(method), rounds, evaluate_at)
         self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
         self.state: Any = None
+        self.reported: dict[str, float] = {}
+        """The last number each plugin reported by name (:func:`fedray.report`)."""
         self.accuracy = float("nan")
         self.evaluated: Classifier | None = None
 
@@ -108,13 +113,17 @@ class ClosedFormRounds:
     def _solve(self, block: _Block) -> None:
         """Add ``block``'s sums to the state, solve, and queue the classifier's evaluation (once per block with uploads)."""
         if block.total is None:
+            block.reported = dict(self.reported)
             return
         partial, block.total = block.total.result(), None  # its sums go into the state: the store may free them
-        partial = self.postprocessing.aggregate(partial, block.round, block.uploads)
-        solve_start = time.perf_counter()
-        self.state = partial if self.state is None else combine_checked(self.method, self.state, partial)
-        state = self.state
-        classifier = check_classifier(self.method, self.method.solve(state), self.width, self.num_classes, block.round,
+        with reporting(self.reported, COLUMNS):
+            partial = self.postprocessing.aggregate(partial, block.round, block.uploads)
+            solve_start = time.perf_counter()
+            self.state = partial if self.state is None else combine_checked(self.method, self.state, partial)
+            state = self.state
+            solved = self.method.solve(state)
+        block.reported = dict(self.reported)
+        classifier = check_classifier(self.method, solved, self.width, self.num_classes, block.round,
                                       lambda: statistics_finite(state))
         self.outcome.classifier = block.classifier = classifier
         self.outcome.solve_s += time.perf_counter() - solve_start
@@ -138,7 +147,7 @@ class ClosedFormRounds:
             self.outcome.eval_s += time.perf_counter() - eval_start
             self.evaluated, block.classifier = block.classifier, None
         return EvalPoint(block.round, block.clients_seen, block.samples_seen, self.accuracy, block.bytes_up, 0.0,
-                         block.flops_client_avg, time.perf_counter() - self.start, **block.paper)
+                         block.flops_client_avg, time.perf_counter() - self.start, **block.paper, reported=block.reported)
 
 
 def run_closed_form(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +75,8 @@ def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], *
     """One row per point: the configuration's columns (those that apply to the run), then the point's; ``last`` adds
     columns to the final row."""
     columns = {**resolved.metrics_columns(), "clients_per_round": per_round}
-    rows = [{**columns, **asdict(point), **{key: None for key in last}} for point in points]
+    reported = {name: None for point in points for name in point.reported}  # a column from the first report on
+    rows = [{**columns, **reported, **point.columns(), **{key: None for key in last}} for point in points]
     rows[-1].update(last)
     return rows
 

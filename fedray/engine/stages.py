@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from ray.util.placement_group import PlacementGroup
 
-from fedray.methods.config import RunConfig
+from fedray.methods.config import COLUMNS, RunConfig
 from fedray.core.federation import TEST, TRAIN, Federation
 from fedray.data.memory import with_features
 from fedray.runtime.evaluator import Evaluator
@@ -40,6 +40,7 @@ from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.checks import check_tensors
 from fedray.methods.postprocessor import Postprocessing
 from fedray.engine.from_config import build_method
+from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.round_loop import Listener
 from fedray.runtime import sampling
@@ -134,8 +135,9 @@ def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Emb
         outcome.rounds.append(np.arange(len(sizes)))
     if config.probe_ridge:
         probe_round = outcome.points[-1].round + 1
-        outcome.ridge_probe_accuracy = embeddings(outcome.params, lambda pool, evaluator: ridge_probe(
-            pool, config, evaluator, uploads, probe_round))
+        with reporting(outcome.points[-1].reported, COLUMNS):  # the probe's numbers go in the last row, with its accuracy
+            outcome.ridge_probe_accuracy = embeddings(outcome.params, lambda pool, evaluator: ridge_probe(
+                pool, config, evaluator, uploads, probe_round))
     return outcome
 
 
@@ -167,15 +169,18 @@ def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, 
     """SphereFed's FFC on normalize(P x + q) (on normalize(x) without a projection), one round with every client:
     a ``calibrated`` row; returns the calibrated classifier."""
     start = time.perf_counter()
-    classifier, accuracy, method = calibrate(pool, evaluator, config.lam, uploads, outcome.points[-1].round + 1,
-                                             weight, bias)
+    reported = dict(outcome.points[-1].reported)
+    with reporting(reported, COLUMNS):  # a postprocessor's aggregate of the calibration's uploads may report
+        classifier, accuracy, method = calibrate(pool, evaluator, config.lam, uploads, outcome.points[-1].round + 1,
+                                                 weight, bias)
     federation = pool.federation
     everyone = np.arange(federation.num_clients)
     sizes = federation.client_sizes.astype(np.float64)
     outcome.accounting.add(everyone, federation.client_sizes, float(method.upload_floats(federation).sum()) * FLOAT_BYTES, 0.0,
                            float(method.statistics_flops(sizes).sum()))
     last = outcome.points[-1]
-    point = outcome.accounting.point(last.round + 1, accuracy, last.wall_s + time.perf_counter() - start, "calibrated")
+    point = outcome.accounting.point(last.round + 1, accuracy, last.wall_s + time.perf_counter() - start, "calibrated",
+                                     reported=reported)
     outcome.points.append(point)
     if on_point is not None:
         on_point(point, classifier)

@@ -26,7 +26,9 @@ from fedray.methods.algorithm import Aggregate, FederatedAlgorithm, Population
 from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.checks import check_server_step, check_server_update, check_state, check_tensors
 from fedray.methods.postprocessor import Postprocessing
+from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
+from fedray.methods.config import COLUMNS
 from fedray.engine.round_loop import Callback, Checkpoints, Listener, Progress, Report, eval_rounds, run_rounds
 from fedray.runtime.client_states import ClientStatesLost
 
@@ -54,10 +56,11 @@ class Accounting:
         self.paper.add(paper, clients, backbone_macs)
 
     def point(self, round_number: int, accuracy: float, wall_s: float, stage: str, loss: float | None = None,
-              diverged: bool = False) -> EvalPoint:
+              diverged: bool = False, reported: dict[str, float] | None = None) -> EvalPoint:
         clients = int(self.seen.sum())
         return EvalPoint(round_number, clients, self.samples_seen, accuracy, self.bytes_up, self.bytes_down,
-                         self.flops / max(clients, 1), wall_s, stage, loss, diverged, **self.paper.columns(len(self.seen)))
+                         self.flops / max(clients, 1), wall_s, stage, loss, diverged, **self.paper.columns(len(self.seen)),
+                         reported=dict(reported or {}))
 
 
 @dataclass
@@ -82,6 +85,8 @@ class TrainingState:
     eval_s: float = 0.0
     client_states: list[str] = field(default_factory=list)
     postprocessors: list[Params] = field(default_factory=list)
+    reported: dict[str, float] = field(default_factory=dict)
+    """The last number each plugin reported by name (:func:`fedray.report`)."""
 
 
 CLIENT_STATES = "checkpoint-clients"
@@ -138,17 +143,19 @@ class TrainingRounds:
         state.accounting.add(clients, self.sizes, participations * up * FLOAT_BYTES, participations * down * FLOAT_BYTES,
                              float(self.client_flops[clients].sum()), self.paper_costs, self.backbone_macs)
         previous = {name: tensor.clone() for name, tensor in params.items()}
-        sums = self.postprocessing.aggregate(update.sums, number, update.clients)
-        if bool(np.isfinite(update.loss_sum)) and _finite(sums) and _finite(update.statistics):
-            delta, algorithm_state = check_server_update(self.algorithm, self.algorithm.server_update(
-                model, Aggregate(sums, update.weight, update.clients), state.algorithm, self.population), model)
-            for name, change in update.statistics.items():
-                params[name] += change / float(update.samples)
-            params.update(check_server_step(self.server, self.server.step(params, delta), params, delta))
-            check_state(self.server, "step", self.server.state, "tensors in dicts by name")
-            if _finite(params) and _finite(algorithm_state):
-                state.algorithm, state.done = algorithm_state, number
-                return True
+        reported = dict(state.reported)
+        with reporting(reported, COLUMNS):
+            sums = self.postprocessing.aggregate(update.sums, number, update.clients)
+            if bool(np.isfinite(update.loss_sum)) and _finite(sums) and _finite(update.statistics):
+                delta, algorithm_state = check_server_update(self.algorithm, self.algorithm.server_update(
+                    model, Aggregate(sums, update.weight, update.clients), state.algorithm, self.population), model)
+                for name, change in update.statistics.items():
+                    params[name] += change / float(update.samples)
+                params.update(check_server_step(self.server, self.server.step(params, delta), params, delta))
+                check_state(self.server, "step", self.server.state, "tensors in dicts by name")
+                if _finite(params) and _finite(algorithm_state):
+                    state.algorithm, state.done, state.reported = algorithm_state, number, reported
+                    return True
         params.update(previous)
         return False
 
@@ -163,7 +170,7 @@ class TrainingRounds:
         loss = state.loss_sum / state.loss_samples if state.loss_samples else None
         state.loss_sum, state.loss_samples = 0.0, 0
         return state.accounting.point(self.first_round + number, accuracy, time.perf_counter() - self.started,
-                                      "train", loss, diverged)
+                                      "train", loss, diverged, state.reported)
 
     def _accuracy(self) -> float:
         evaluation_start = time.perf_counter()

@@ -512,6 +512,8 @@ IMAGE_OPTIONS = ("backbone", "weights", "image_size")
 RESERVED = {f.name for f in fields(EvalPoint)} | {f"{name}_spec" for name in PLUGIN_FIELDS} | \
     {"ridge_probe_accuracy", "trial_id", "sweep"}
 """Metrics columns: no option may take their names, since options become columns too."""
+COLUMNS = frozenset(FIELDS | RESERVED)
+"""Names no plugin may report a number under (:func:`fedray.report`): the run's columns."""
 PER_ROUND = ("clients_per_round", "participation")
 
 

@@ -175,6 +175,13 @@ class OddClientsSendMore(fedray.FederatedAlgorithm):
         return fedray.Upload({**upload.tensors, **extra}, upload.weight), state
 
 
+@dataclass(frozen=True)
+class ReportsFromClients(fedray.FederatedAlgorithm):
+    def upload(self, client, trained):
+        fedray.report(steps=client.local_steps)
+        return super().upload(client, trained)
+
+
 class DropsUploads(fedray.Postprocessor):
     def client(self, upload, context):
         return fedray.Upload({}, upload.weight)
@@ -452,3 +459,10 @@ def test_a_training_algorithm_that_is_not_a_dataclass_is_one_line_naming_that(tm
     assert refused_to_load(capsys, tmp_path / "out", "--method", spec) == \
         f"{spec}: Undecorated is not a dataclass: decorate it with @dataclass(frozen=True), as " \
         "fedray.FederatedAlgorithm is (its fields with defaults are its options)"
+
+
+def test_a_number_reported_from_a_clients_hook_is_refused_in_one_line(ray_session, plugins, tmp_path, capsys):
+    spec = f"{plugins / 'training.py'}:ReportsFromClients"
+    assert refused(capsys, tmp_path, "--method", spec, *TRAINING) == (
+        "fedray.report(...) is for the server's hooks (server_update, a server optimizer's step, a postprocessor's "
+        "aggregate, solve); a client's quantity goes up in its upload")

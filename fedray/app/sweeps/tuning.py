@@ -15,7 +15,6 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict
 from pathlib import Path
 
 import polars as pl
@@ -52,7 +51,7 @@ def run_trial(params: dict, folder: str) -> None:
     """
     out = Path(folder) / Path(tune.get_context().get_trial_dir()).name
     config = trial_config(params, out=str(out))
-    run(config, trial_group=get_current_placement_group(), on_point=lambda point, _: tune.report(asdict(point)),
+    run(config, trial_group=get_current_placement_group(), on_point=lambda point, _: tune.report(point.columns()),
         resume=(out / CHECKPOINT).is_file())
 
 

@@ -23,7 +23,7 @@ from fedray.methods.training.backend import RoundUpdate
 from fedray.methods.training.client_sgd import add_upload, client_batches, start_client, train_client
 from fedray.methods.training.heads import States
 from fedray.methods.training.local import LocalSGD
-from fedray.methods.algorithm import FederatedAlgorithm, Params, Upload
+from fedray.methods.algorithm import FederatedAlgorithm, Params
 from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.sphere import sphere_loss
 from fedray.methods.entk import EntkSpec, entk_features, reinitialize_last_layer

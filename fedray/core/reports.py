@@ -1,0 +1,51 @@
+"""Named scalars a plugin reports from the server's side of a round: extra columns of metrics.parquet.
+
+A server-side hook (a training algorithm's ``server_update``, a server
+optimizer's ``step``, a postprocessor's ``aggregate``, a closed-form method's
+``solve``) calls ``fedray.report(name=value, ...)``: FedExP's step size, a DP
+run's ε, the fraction of clipped updates. Each name becomes a column; a row
+holds the last value reported at or before its round (None before the first),
+so a per-round quantity is its value in the row's round and a cumulative one
+(ε) its total. A client's quantity is aggregated as the server aggregates
+anything: upload it as a tensor (summed with the upload's weight) and report
+the mean in ``server_update``; client-side hooks run in the shards, where
+``fedray.report`` is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from numbers import Real
+
+from fedray.core.errors import FedrayError
+
+_reports: ContextVar[tuple[dict[str, float], frozenset[str]] | None] = ContextVar("fedray_reports", default=None)
+
+
+def report(**scalars: float) -> None:
+    """Record named numbers for the round the server is processing (see the module docstring)."""
+    collecting = _reports.get()
+    if collecting is None:
+        raise FedrayError("fedray.report(...) is for the server's hooks (server_update, a server optimizer's step, a "
+                          "postprocessor's aggregate, solve); a client's quantity goes up in its upload")
+    into, reserved = collecting
+    for name, value in scalars.items():
+        if name in reserved:
+            raise FedrayError(f"fedray.report({name}=...): {name} is a column of metrics.parquet already; "
+                              "report under another name")
+        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+            raise FedrayError(f"fedray.report({name}=...): got {value!r}; expected a finite number")
+        into[name] = float(value)
+
+
+@contextmanager
+def reporting(into: dict[str, float], reserved: frozenset[str] = frozenset()) -> Iterator[None]:
+    """Collect what ``report`` records, while inside, into ``into`` (names in ``reserved`` are refused)."""
+    token = _reports.set((into, reserved))
+    try:
+        yield
+    finally:
+        _reports.reset(token)
