@@ -37,10 +37,10 @@ from fedray.data.registry import load_federation
 from fedray.runtime.evaluator import Evaluator
 from fedray.methods.training.local import LocalSGD, client_rng, minibatches
 from fedray.runtime.probing import ProbeBackend
-from fedray.methods.training.server import FedAvg
+from fedray.methods.training.server import ServerSGD
 from fedray.engine.training import Accounting, TrainingState, train
 from fedray.methods.base import Classifier
-from fedray.methods.training_algorithms import FedAvg as FedAvgAlgorithm
+from fedray.methods.training_algorithms import FedAvg
 from fedray.runtime import sampling
 from fedray.runtime.session import init_ray
 from fedray.runtime.shards import ShardPool, peak_memory_bytes
@@ -183,13 +183,13 @@ def main(argv: list[str] | None = None) -> None:
     rounds = sampling.schedule(federation.num_clients, 10, True, seed, max_rounds=args.rounds)
     zero = Classifier(torch.zeros(args.dim, federation.num_classes), torch.zeros(federation.num_classes))
     evaluator = Evaluator(pool)
-    backend = ProbeBackend(pool, sgd, seed, evaluator, FedAvgAlgorithm())
+    backend = ProbeBackend(pool, sgd, seed, evaluator, FedAvg())
 
     def train_rounds(schedule: list[np.ndarray]) -> tuple[TrainingState, float]:
         state = TrainingState({"weight": zero.weight.clone(), "bias": zero.bias.clone()}, {}, {},
                               Accounting(np.zeros(federation.num_clients, dtype=bool)))
         started = time.perf_counter()
-        train(backend, backend.algorithm, FedAvg(), state, schedule, federation.client_sizes, len(schedule), quiet=True)
+        train(backend, backend.algorithm, ServerSGD(), state, schedule, federation.client_sizes, len(schedule), quiet=True)
         return state, time.perf_counter() - started
 
     try:

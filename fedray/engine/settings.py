@@ -14,7 +14,7 @@ from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.core.options import build, options_of
 
 
-def local_sgd(config: RunConfig) -> LocalSGD:
+def local_sgd_settings(config: RunConfig) -> LocalSGD:
     """The clients' optimizer: learning rate and its schedule, weight decay, batch size, epochs, momentum, temperature."""
     return LocalSGD(config.client_lr, config.weight_decay, config.batch_size, config.local_epochs, 0.0,
                     config.temperature, config.client_momentum, config.lr_schedule_of_run())

@@ -34,7 +34,7 @@ from fedray.methods.finetune_model import get_mode, model_structure, trained_nam
 from fedray.engine.checkpoint import RunShape, save_checkpoint
 from fedray.methods.training.local import random_head
 from fedray.runtime.probing import ProbeBackend
-from fedray.engine.settings import local_sgd, server_optimizer, training_algorithm
+from fedray.engine.settings import local_sgd_settings, server_optimizer, training_algorithm
 from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
 from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.checks import check_tensors
@@ -152,7 +152,7 @@ def train_on_features(
     """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued;
     SphereFed (``--head sphere``) trains the projection before the fixed classifier, then calibrates with FFC. Every
     upload goes through the run's ``postprocessing``."""
-    federation, sgd, algorithm = pool.federation, local_sgd(config), training_algorithm(config)
+    federation, sgd, algorithm = pool.federation, local_sgd_settings(config), training_algorithm(config)
     uploads = training_uploads(postprocessing, config, federation.num_clients)
     if config.head == "sphere":
         backend = SphereBackend(pool, sgd, config.seed, evaluator, algorithm, config.sphere_dim or federation.dim,
@@ -210,7 +210,7 @@ def start_finetuning(config: RunConfig, federation: Federation, uploads: Postpro
     """The run's fine-tuning backend on a trainer pool of its own, or in ``trial_group``'s bundles inside a Tune trial
     (shut down with ``backend.shutdown()``), its clients' uploads through ``uploads``."""
     return FineTuneBackend.start(
-        federation, config.backbone, config.weights, config.finetune, local_sgd(config), config.seed,
+        federation, config.backbone, config.weights, config.finetune, local_sgd_settings(config), config.seed,
         image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
         algorithm=training_algorithm(config), sphere_loss=config.sphere_loss if config.head == "sphere" else None,
         postprocessing=uploads,

@@ -280,7 +280,7 @@ def test_a_client_algorithm_plugin_declares_its_fields_as_options():
 
 @pytest.mark.parametrize("args, needles", [
     (["--method", "nowhere.py:Thing"], ["nowhere.py: no such plugin file"]),
-    (["--method", "fedray.methods.training.server:FedAvg"], ["not a subclass of fedray.ClosedFormMethod"]),
+    (["--method", "fedray.methods.training.server:ServerSGD"], ["not a subclass of fedray.ClosedFormMethod"]),
     (["--method", f"{REPO / 'examples' / 'nearest_class_mean.py'}:Missing"], ["no class 'Missing'"]),
     (["--method", "no_such_module_here:Thing"], ["cannot import no_such_module_here"]),
     (["--method", NCM, "--option", "normalise=false"], ["unknown option(s) normalise", "normalize"]),

@@ -181,9 +181,9 @@ def test_the_options_of_built_in_classes_are_theirs_in_the_run_and_its_help(caps
     assert {name: (list(spec.metadata["owners"]), spec.default) for name, spec in owned.items()} == OWNED
     shown = run_help(capsys, monkeypatch)
     from fedray.methods.training_algorithms import FedProx
-    from fedray.methods.training.server import FedAdam
+    from fedray.methods.training.server import ServerAdam
     for flag, owner, name in (("--prox-mu", FedProx, "prox_mu"), ("--gamma", method_class("fedcof"), "gamma"),
-                              ("--adam-tau", FedAdam, "adam_tau")):
+                              ("--adam-tau", ServerAdam, "adam_tau")):
         assert shown[flag].split(maxsplit=2)[2].startswith(options_of(owner)[name].help + " (default")
 
 

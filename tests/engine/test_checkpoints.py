@@ -15,7 +15,7 @@ from fedray.core.accounting import PaperTotals
 from fedray.methods.config import RunConfig
 from fedray.core.errors import FedrayError
 from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
-from fedray.methods.training.server import FedAdam
+from fedray.methods.training.server import ServerAdam
 from fedray.engine.training import Accounting, TrainingState
 from fedray.core.results import EvalPoint
 from tests.app.test_cli import expect_error
@@ -37,7 +37,7 @@ def state_as_every_backend_keeps_it() -> TrainingState:
     """Parameters, FedAdam's moments, SCAFFOLD's server control variate, the files of the clients' states, accounting
     and rows."""
     params = {"weight": torch.randn(24, 60, generator=torch.Generator().manual_seed(0)), "bias": torch.zeros(60)}
-    server = FedAdam(server_lr=0.01)
+    server = ServerAdam(server_lr=0.01)
     server.step(params, {name: torch.full_like(value, 0.5) for name, value in params.items()})
     control = {f"control.{name}": torch.full_like(value, 0.07) for name, value in params.items()}
     seen = np.zeros(371, dtype=bool)

@@ -194,16 +194,14 @@ def test_scaffold_option_i_by_autograd_keeps_the_gradient_at_the_model_received_
     start = {"weight": torch.randn(4, 3, generator=generator, dtype=torch.float64),
              "bias": torch.randn(3, generator=generator, dtype=torch.float64)}
     zero = {CONTROL + name: torch.zeros_like(value) for name, value in start.items()}
-    sgd, batches = LocalSGD(lr=0.3, weight_decay=0.1, momentum=0.5), [np.arange(4), np.arange(4, 9), np.arange(9)]
+    sgd = LocalSGD(lr=0.3, weight_decay=0.1, batch_size=4, epochs=3, momentum=0.5)   # 9 steps on mini-batches
     gradient = (torch.softmax(x @ start["weight"] + start["bias"], dim=1) - torch.nn.functional.one_hot(y, 3)) / 9
-    params = {name: value.clone().requires_grad_() for name, value in start.items()}
     trainer = LocalTrainer(sgd, 0, ScaffoldByAutograd())
     batch = ClientBatch(x, y, np.array([0, 9]), np.array([7]))
     states = DictStates()
     trainer.train(batch, {"params": start, "broadcast": zero}, 1, states)
     torch.testing.assert_close(states[7][CONTROL + "weight"], x.T @ gradient, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(states[7][CONTROL + "bias"], gradient.sum(dim=0), rtol=1e-12, atol=1e-14)
-    assert not params["weight"].grad_fn and torch.equal(params["weight"].detach(), start["weight"])
 
 
 def test_scaffolds_variant_is_i_or_ii_and_only_option_i_takes_the_dual_form():

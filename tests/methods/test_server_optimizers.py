@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedray.core.errors import FedrayError
-from fedray.methods.training.server import SERVER_OPTIMIZERS, FedAdam, FedAvg, FedAvgM, ServerOptimizer
+from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerAdam, ServerMomentum, ServerOptimizer, ServerSGD
 from fedray.core.options import options_of
 
 DELTAS = [torch.tensor([1.0, -2.0]), torch.tensor([0.5, 0.5]), torch.tensor([-1.0, 4.0])]
@@ -21,7 +21,7 @@ def run(optimizer: ServerOptimizer) -> torch.Tensor:
 
 
 def test_fedavg_adds_the_scaled_average_update():
-    torch.testing.assert_close(run(FedAvg(server_lr=0.5)), torch.tensor([0.25, 2.25]))
+    torch.testing.assert_close(run(ServerSGD(server_lr=0.5)), torch.tensor([0.25, 2.25]))
 
 
 def test_fedavgm_keeps_a_momentum_of_updates():
@@ -29,7 +29,7 @@ def test_fedavgm_keeps_a_momentum_of_updates():
     m2 = 0.9 * m1 + DELTAS[1]
     m3 = 0.9 * m2 + DELTAS[2]
     expected = torch.tensor([0.0, 1.0]) + 1.0 * (m1 + m2 + m3)
-    torch.testing.assert_close(run(FedAvgM(server_lr=1.0, server_momentum=0.9)), expected)
+    torch.testing.assert_close(run(ServerMomentum(server_lr=1.0, server_momentum=0.9)), expected)
 
 
 def test_fedadam_follows_reddi_et_al():
@@ -38,7 +38,7 @@ def test_fedadam_follows_reddi_et_al():
         m = 0.9 * m + 0.1 * delta
         v = 0.99 * v + 0.01 * delta**2
         theta = theta + 0.01 * m / (v.sqrt() + 1e-3)
-    torch.testing.assert_close(run(FedAdam()), theta)
+    torch.testing.assert_close(run(ServerAdam()), theta)
 
 
 @pytest.mark.parametrize("name", sorted(SERVER_OPTIMIZERS))
@@ -48,15 +48,15 @@ def test_a_zero_update_on_a_fresh_optimizer_changes_nothing(name):
 
 
 def test_options_are_the_constructor_arguments():
-    assert [option.describe() for option in options_of(FedAdam).values()] == [
+    assert [option.describe() for option in options_of(ServerAdam).values()] == [
         "server_lr: float | None = None  (server learning rate η (default 0.01))",
         "adam_beta1: float = 0.9  (β₁)",
         "adam_beta2: float = 0.99  (β₂)",
         "adam_tau: float = 0.001  (τ, the adaptivity floor)",
     ]
-    assert (FedAvg().server_lr, FedAdam().server_lr) == (1.0, 0.01)
+    assert (ServerSGD().server_lr, ServerAdam().server_lr) == (1.0, 0.01)
 
 
 def test_bad_settings_are_named():
     with pytest.raises(FedrayError, match="--server-lr must be > 0"):
-        FedAvg(server_lr=0)
+        ServerSGD(server_lr=0)

@@ -9,8 +9,8 @@ import torch
 from fedray.runtime.evaluator import Evaluator
 from fedray.methods.training.local import LocalSGD
 from fedray.runtime.probing import ProbeBackend
-from fedray.methods.training.server import FedAvg
-from fedray.methods.training_algorithms import FedAvg as FedAvgAlgorithm, FedProx, Scaffold
+from fedray.methods.training.server import ServerSGD
+from fedray.methods.training_algorithms import FedAvg, FedProx, Scaffold
 from fedray.engine.training import Accounting, TrainingState, train
 from fedray.methods.base import Classifier
 from fedray.runtime import sampling
@@ -32,11 +32,11 @@ def test_the_runtime_equals_plain_fedavg(ray_session, small_inat, sgd, shards, s
                       torch.zeros(small_inat.num_classes))
     pool = ShardPool.start(small_inat, num_shards=shards, cpus_per_shard=2 / shards)
     try:
-        algorithm = Scaffold() if scaffold else FedProx(prox_mu=sgd.prox_mu) if sgd.prox_mu else FedAvgAlgorithm()
+        algorithm = Scaffold() if scaffold else FedProx(prox_mu=sgd.prox_mu) if sgd.prox_mu else FedAvg()
         backend = ProbeBackend(pool, replace(sgd, prox_mu=0.0), 3, Evaluator(pool), algorithm)
         params = {"weight": head.weight.clone(), "bias": head.bias.clone()}
         state = TrainingState(params, {}, algorithm.init_server_state(params), Accounting(np.zeros(small_inat.num_clients, dtype=bool)))
-        train(backend, algorithm, FedAvg(), state, rounds, small_inat.client_sizes, 3, quiet=True)
+        train(backend, algorithm, ServerSGD(), state, rounds, small_inat.client_sizes, 3, quiet=True)
     finally:
         pool.shutdown()
     expected = fedavg_by_autograd(small_inat, rounds, sgd, 3, head, server_lr=1.0, scaffold=scaffold)

@@ -52,7 +52,7 @@ class ServerOptimizer(ABC):
         return value
 
 
-class FedAvg(ServerOptimizer):
+class ServerSGD(ServerOptimizer):
     """θ ← θ + η Δ."""
 
     name = "fedavg"
@@ -61,7 +61,7 @@ class FedAvg(ServerOptimizer):
         return {name: params[name] + self.server_lr * change for name, change in delta.items()}
 
 
-class FedAvgM(ServerOptimizer):
+class ServerMomentum(ServerOptimizer):
     """m ← β m + Δ, θ ← θ + η m (server momentum)."""
 
     name = "fedavgm"
@@ -79,7 +79,7 @@ class FedAvgM(ServerOptimizer):
         return out
 
 
-class FedAdam(ServerOptimizer):
+class ServerAdam(ServerOptimizer):
     """Adam on −Δ (Reddi et al., ICLR 2021); their usual η = 0.01 (Fed3R's value was not at hand)."""
 
     name = "fedadam"
@@ -100,4 +100,4 @@ class FedAdam(ServerOptimizer):
         return out
 
 
-SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {cls.name: cls for cls in (FedAvg, FedAvgM, FedAdam)}
+SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {cls.name: cls for cls in (ServerSGD, ServerMomentum, ServerAdam)}
