@@ -1,6 +1,10 @@
 """Files written by earlier fedray still work: a config.yaml of commit 45680fe (before client momentum, lr schedules,
-the papers' accounting columns) loads and reproduces that version's results: bit for bit, but for the last bits of a
-float32 loss that changed with torch."""
+the papers' accounting columns) loads and reproduces that version's results.
+
+The stored results were written on one machine. fedray's promise is bitwise on one machine and software stack (the
+seeded-run tests check that); across machines the float32 kernels of the heads' training differ in their last bits
+(an AVX-512 Xeon's GEMMs moved 20 of these 48 weights by 2.2e-7 relative), so the weights are compared to 1e-6 of their
+scale, the rows exactly (a last-bit change of a weight moves no prediction here)."""
 
 from pathlib import Path
 
@@ -23,8 +27,9 @@ def test_a_config_yaml_of_an_earlier_version_reproduces_its_run(ray_session, tmp
     assert metrics["train_loss"][0] is None
     assert metrics["train_loss"][1] == pytest.approx(2.7217856999990104, rel=1e-7)
     head = np.load(tmp_path / "classifier.npz")
-    assert float(np.abs(head["W"]).sum()).hex() == "0x1.f4243a0000000p+3"
-    assert float(np.abs(head["bias"]).sum()).hex() == "0x1.b9751a0000000p+0"
+    # on the machine that stored them, bitwise: 0x1.f4243a0000000p+3 and 0x1.b9751a0000000p+0
+    assert float(np.abs(head["W"]).sum()) == pytest.approx(float.fromhex("0x1.f4243a0000000p+3"), rel=1e-6)
+    assert float(np.abs(head["bias"]).sum()) == pytest.approx(float.fromhex("0x1.b9751a0000000p+0"), rel=1e-6)
 
 
 OLD_CHECKPOINT = Path(__file__).parent / "data" / "checkpoint_85d3237.pt"
@@ -43,7 +48,7 @@ def test_a_checkpoint_of_an_earlier_version_resumes_to_that_versions_head(ray_se
     assert main(arguments) == 0
     head, old = np.load(tmp_path / "classifier.npz"), np.load(OLD_HEAD)
     assert sorted(head.files) == sorted(old.files) == ["W", "bias"]
-    assert all(np.array_equal(head[name], old[name]) for name in old.files)
+    assert all(np.abs(head[name] - old[name]).max() <= 1e-6 * np.abs(old[name]).max() for name in old.files)
     metrics = pl.read_parquet(tmp_path / "metrics.parquet")
     # what commit 85d3237's uninterrupted run wrote to metrics.parquet
     assert metrics.select("round", "accuracy", "bytes_up").rows() == [
