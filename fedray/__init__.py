@@ -11,6 +11,8 @@ The public interface, for a researcher's own methods and for notebooks::
     fedray.report(eta_g=1.7)                             # in a server-side hook: a column of metrics.parquet
     result = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
     result.metrics, result.classifier                    # a polars DataFrame, the final fedray.Classifier
+    class Stop(fedray.Callback): ...                     # on_start, on_evaluation, after_round (True: stop), on_end
+    fedray.run(method="fedavg", callbacks=[Stop()])
     table = fedray.sweep("jobs/sweeps/participation.yaml", out="results/sweeps")
     federation = fedray.load_federation("synthetic:inat-user-120k")
     mine = fedray.Federation.from_arrays(features, labels, clients, split)   # or .from_table(a polars/pyarrow table)
@@ -39,6 +41,7 @@ _EXPORTS = {
     "Postprocessor": "fedray.methods.postprocessor",
     "UploadContext": "fedray.methods.postprocessor",
     "report": "fedray.core.reports",
+    "Callback": "fedray.engine.callbacks",
     "FedrayError": "fedray.core.errors",
     "Federation": "fedray.core.federation",
     "load_federation": "fedray.data.registry",

@@ -80,6 +80,7 @@ def run(
     address: str | None = None,
     resume: bool = False,
     on_evaluation: Evaluation | None = None,
+    callbacks: list | None = None,
     **run_options: object,
 ) -> RunResult:
     """Run ``method`` on ``dataset``; writes ``out`` as ``fedray run`` does and returns a :class:`RunResult`
@@ -103,7 +104,11 @@ def run(
     its evaluation columns (``round``, ``accuracy``, ``bytes_up``, ...) and the
     classifier evaluated there: a closed form's solve, a training run's head
     (SphereFed: the fixed classifier; TCT's stage 2: its model), yours to keep.
+    ``callbacks`` are :class:`fedray.Callback` instances: hooks at the start, at each evaluation row, after each round
+    (one that returns True stops the run at its next evaluation row, a complete run whose last row's
+    ``stopped_early`` is true) and at the end.
     """
+    from fedray.engine.callbacks import Callbacks
     from fedray.engine.run_config import run as run_config  # the engine imports Ray and torch: only when a run starts
 
     federation = dataset if isinstance(dataset, Federation) else None
@@ -121,9 +126,11 @@ def run(
     resume, address = RESUME.coerce(resume, RUN), ADDRESS.coerce(address, RUN)
     if on_evaluation is not None and not callable(on_evaluation):
         raise FedrayError(f"{RUN}: on_evaluation must be a function (row, classifier), got {shown(on_evaluation)}")
+    researcher = Callbacks.checked(callbacks, RUN)
     config = resolve(typed_options(values, RUN, KEYWORD_SPELLING), {})  # as a file's values: None is a value
     listener = None if on_evaluation is None else lambda point, classifier: on_evaluation(point.columns(), classifier)
-    completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation)
+    completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation,
+                           callbacks=researcher)
     arrays = dict(completed.arrays)
     weight, bias = arrays.pop("W"), arrays.pop("bias", None)
     classifier = Classifier(torch.from_numpy(weight), None if bias is None else torch.from_numpy(bias))

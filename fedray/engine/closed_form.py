@@ -17,6 +17,7 @@ from fedray.methods.checks import check_classifier, combine_checked, statistics_
 from fedray.methods.postprocessor import Postprocessing
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
+from fedray.engine.callbacks import Callbacks
 from fedray.methods.config import COLUMNS
 from fedray.engine.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
 from fedray.runtime.actor_group import Reduction
@@ -160,19 +161,23 @@ def run_closed_form(
     on_point: Listener | None = None,
     backbone_macs: float | None = None,
     postprocessing: Postprocessing = Postprocessing(),
+    callbacks: Callbacks | None = None,
 ) -> RunOutcome:
     """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation, also passed to ``on_point`` with the
     classifier solved there.
 
     ``backbone_macs`` is the backbone's forward multiply-adds per sample (F_φ),
-    when known, for ``macs_client_avg_fed3r``.
+    when known, for ``macs_client_avg_fed3r``. A researcher's ``callbacks`` may stop the rounds at an evaluation
+    row: the outcome's rounds end there.
     """
+    callbacks = callbacks or Callbacks()
     outcome = RunOutcome(rounds=rounds)
     evaluate_at = eval_rounds(len(rounds), eval_every)
     path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs, postprocessing)
     name = method.name or type(method).__name__
     run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point, path.classifier),
-                                           Progress(len(rounds), 0, name, quiet)])
+                                           Progress(len(rounds), 0, name, quiet), callbacks.loop("closed_form")])
+    outcome.rounds = rounds[:outcome.points[-1].round]
     return outcome
 
 

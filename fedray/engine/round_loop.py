@@ -50,6 +50,10 @@ class Callback:
     def close(self) -> None:
         """Called when the loop ends, however it ends (an error or an interrupt included)."""
 
+    def stop(self) -> bool:
+        """Asked after each evaluated round: True ends the loop there (a researcher's early stop)."""
+        return False
+
 
 def eval_rounds(num_rounds: int, eval_every: int, initial: bool = False) -> set[int]:
     """The rounds evaluated: every ``eval_every``-th, the last, and round 0 (the initial model) when ``initial``."""
@@ -58,7 +62,8 @@ def eval_rounds(num_rounds: int, eval_every: int, initial: bool = False) -> set[
 
 def run_rounds(path: Rounds, rounds: list[np.ndarray], evaluate_at: set[int], callbacks: list[Callback],
                done: int = 0) -> bool:
-    """Run ``rounds[done:]`` of ``path``; whether it diverged (the run stops at that round, its row says so)."""
+    """Run ``rounds[done:]`` of ``path``; whether it diverged (the run stops at that round, its row says so). A
+    callback's :meth:`Callback.stop` ends it at an evaluated round."""
 
     def emit(point: EvalPoint) -> None:
         for callback in callbacks:
@@ -76,6 +81,8 @@ def run_rounds(path: Rounds, rounds: list[np.ndarray], evaluate_at: set[int], ca
                 emit(path.point(number))
             for callback in callbacks:
                 callback.after_round(number)
+            if number in evaluate_at and any(callback.stop() for callback in callbacks):
+                return False
         return False
     finally:
         for callback in callbacks:

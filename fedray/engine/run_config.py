@@ -19,6 +19,7 @@ from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.engine.from_config import build_method, postprocessing
 from fedray.methods.postprocessor import Postprocessing
 from fedray.core.errors import FedrayError
+from fedray.engine.callbacks import Callbacks
 from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
 from fedray.engine.round_loop import Listener
 from fedray.runtime import footprint, sampling
@@ -47,6 +48,7 @@ def simulate(
     evaluator: Evaluator,
     on_point: Listener | None = None,
     uploads: Postprocessing = Postprocessing(),
+    callbacks: Callbacks | None = None,
 ) -> tuple[RunConfig, list[dict], RunOutcome]:
     """Run a closed-form ``method`` on an already started shard pool, every upload through ``uploads``.
 
@@ -60,9 +62,9 @@ def simulate(
     rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
     uploads = uploads.sampled(federation.num_clients, per_round, config.sampling == "with")
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
-                              backbone_macs=config.backbone_macs, postprocessing=uploads)
+                              backbone_macs=config.backbone_macs, postprocessing=uploads, callbacks=callbacks)
     resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, rf_sigma=getattr(method, "rf_sigma", None))
-    return resolved, metrics_rows(resolved, per_round, outcome.points), outcome
+    return resolved, metrics_rows(resolved, per_round, outcome.points, **stopped_early(callbacks)), outcome
 
 
 def _resolved(config: RunConfig, num_clients: int, **values: object) -> RunConfig:
@@ -81,6 +83,11 @@ def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], *
     return rows
 
 
+def stopped_early(callbacks: Callbacks | None) -> dict[str, bool]:
+    """The last row's ``stopped_early`` column, where a researcher's callback stopped the run."""
+    return {"stopped_early": True} if callbacks is not None and callbacks.stopping else {}
+
+
 def _saved_state(config: RunConfig, federation: Federation) -> TrainingState:
     """The checkpoint in ``config.out``, checked against this training run (its model, clients and rounds) before
     any work."""
@@ -97,6 +104,7 @@ def run(
     on_point: Listener | None = None,
     resume: bool = False,
     federation: Federation | None = None,
+    callbacks: Callbacks | None = None,
 ) -> CompletedRun:
     """Load, simulate and write ``config.out``; nothing but checkpoints is written unless the run completes.
 
@@ -131,6 +139,10 @@ def run(
     saved = _saved_state(config, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
+    callbacks = callbacks or Callbacks()
+    callbacks.start(config.to_dict())
+    if callbacks.callbacks:
+        on_point = _both(on_point, callbacks.evaluation)
     init_ray(address)
     model = None
     if config.finetune:
@@ -138,7 +150,7 @@ def run(
         from fedray.engine.tct import run_tct
 
         outcome = (run_tct if config.method == TCT else finetune_on_images)(config, federation, uploads, on_point, saved,
-                                                                            trial_group)
+                                                                            trial_group, callbacks)
         resolved = _resolved(config, federation.num_clients)
         model = outcome.params
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
@@ -150,15 +162,16 @@ def run(
             if config.trains:
                 from fedray.engine.stages import train_on_features
 
-                outcome = train_on_features(config, pool, Evaluator(pool), uploads, on_point, saved)
+                outcome = train_on_features(config, pool, Evaluator(pool), uploads, on_point, saved, callbacks)
                 resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards)
                 head = Classifier(outcome.params["weight"], outcome.params["bias"])
             else:
-                resolved, rows, closed_form = simulate(config, method, pool, Evaluator(pool), on_point, uploads)
+                resolved, rows, closed_form = simulate(config, method, pool, Evaluator(pool), on_point, uploads, callbacks)
         finally:
             pool.shutdown()
     if config.trains:
         extra = {} if outcome.ridge_probe_accuracy is None else {"ridge_probe_accuracy": outcome.ridge_probe_accuracy}
+        extra.update(stopped_early(callbacks))
         rows = metrics_rows(resolved, per_round, outcome.points, **extra)
         arrays, rounds = outcome.arrays or head.arrays(), outcome.rounds
     else:
@@ -166,4 +179,16 @@ def run(
     write_run(out, rows, resolved.to_dict(), arrays, model)
     if resume or checkpoint_stamp(out) != found_checkpoint:
         remove_checkpoint(out)
+    callbacks.end(rows)
     return CompletedRun(rows, arrays, rounds)
+
+
+def _both(first: Listener | None, second: Listener) -> Listener:
+    """A listener that passes each row to ``first`` (when there is one), then to ``second``."""
+    if first is None:
+        return second
+
+    def listener(point: EvalPoint, classifier: Classifier | None) -> None:
+        first(point, classifier)
+        second(point, classifier)
+    return listener

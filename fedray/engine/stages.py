@@ -42,6 +42,7 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.engine.from_config import build_method
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
+from fedray.engine.callbacks import Callbacks
 from fedray.engine.round_loop import Listener
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
@@ -73,18 +74,19 @@ def init_schedule(config: RunConfig, num_clients: int) -> list[np.ndarray]:
 
 
 def closed_form_stage(config: RunConfig, rounds: list[np.ndarray], pool: ShardPool, evaluator: Evaluator,
-                      on_point: Listener | None, uploads: Postprocessing) -> tuple[Params, Accounting, list[EvalPoint]]:
+                      on_point: Listener | None, uploads: Postprocessing,
+                      callbacks: Callbacks) -> tuple[Params, Accounting, list[EvalPoint]]:
     """Stage 1: the ``--init`` method's classifier over ``rounds`` as the head, with its rows and accounting."""
     federation = pool.federation
     method = build_method(replace(config, method=config.init), federation)
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
-                              backbone_macs=config.backbone_macs, postprocessing=uploads)
+                              backbone_macs=config.backbone_macs, postprocessing=uploads, callbacks=callbacks)
     classifier: Classifier = outcome.classifier
     weight = classifier.weight.to(torch.float32)
     bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
     last = outcome.points[-1]
     seen = np.zeros(federation.num_clients, dtype=bool)
-    seen[np.concatenate(rounds)] = True
+    seen[np.concatenate(outcome.rounds)] = True
     accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down, last.flops_client_avg * last.clients_seen,
                             outcome.paper)
     return {"weight": weight, "bias": bias}, accounting, outcome.points
@@ -106,14 +108,16 @@ features at ``params``: the pool's own features (linear probing, SphereFed), or 
 
 def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Embeddings, sizes: np.ndarray,
                     uploads: Postprocessing, on_point: Listener | None = None, saved: TrainingState | None = None,
-                    backbone_macs: float | None = None) -> TrainingOutcome:
+                    backbone_macs: float | None = None, callbacks: Callbacks | None = None) -> TrainingOutcome:
     """A training run's stages, the same on features and on images: the ``--init`` closed form (unless resuming
     ``saved``), training, SphereFed's calibration (``--head sphere``), the ridge probe (``--probe-ridge``); every
     stage's uploads through the run's one ``uploads`` (sampled as training samples; the calibration and the probe:
     every client once).
 
-    ``backbone_macs``: F_φ where the backend measures it (fine-tuning), else ``config.backbone_macs``.
+    ``backbone_macs``: F_φ where the backend measures it (fine-tuning), else ``config.backbone_macs``. A researcher's
+    ``callbacks`` that stop the closed-form stage end the run there: no training.
     """
+    callbacks = callbacks or Callbacks()
     init_rounds = [] if config.init == "random" else init_schedule(config, len(sizes))
     if saved is None:
         params, accounting, points = backend.initial_params(config.seed), None, []
@@ -121,13 +125,17 @@ def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Emb
             stage = config if backbone_macs is None else replace(config, backbone_macs=backbone_macs)
             head, accounting, points = embeddings(
                 params, lambda pool, evaluator: closed_form_stage(stage, init_rounds, pool, evaluator, on_point,
-                                                                  replace(uploads, first_round=0)))
+                                                                  replace(uploads, first_round=0), callbacks))
             params = backend.with_head(params, head)
         model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
         algorithm_state = check_tensors(backend.algorithm, "init_server_state", backend.algorithm.init_server_state(model))
         saved = _fresh_state(params, accounting, points, algorithm_state, len(sizes))
-    outcome = _train(config, backend, saved, sizes, on_point, uploads, backbone_macs)
-    outcome.rounds = init_rounds + outcome.rounds
+    first_round = max((p.round for p in saved.points if p.stage == "closed_form"), default=0)
+    if callbacks.stopping:  # stopped in the closed-form stage: its head is the run's
+        outcome = TrainingOutcome(saved.points, saved.params, saved.accounting)
+    else:
+        outcome = _train(config, backend, saved, sizes, on_point, uploads, backbone_macs, callbacks)
+    outcome.rounds = init_rounds[:first_round] + outcome.rounds
     if config.head == "sphere" and not outcome.points[-1].diverged:
         classifier = embeddings(outcome.params, lambda pool, evaluator: calibration_stage(
             config, pool, evaluator, outcome, on_point, uploads, *backend.calibration_map(outcome.params)))
@@ -148,6 +156,7 @@ def train_on_features(
     postprocessing: Postprocessing,
     on_point: Listener | None = None,
     saved: TrainingState | None = None,
+    callbacks: Callbacks | None = None,
 ) -> TrainingOutcome:
     """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued;
     SphereFed (``--head sphere``) trains the projection before the fixed classifier, then calibrates with FFC. Every
@@ -160,7 +169,7 @@ def train_on_features(
     else:
         backend = ProbeBackend(pool, sgd, config.seed, evaluator, algorithm, postprocessing=uploads)
     return train_in_stages(config, backend, lambda params, work: work(pool, evaluator), federation.client_sizes,
-                           uploads, on_point, saved)
+                           uploads, on_point, saved, callbacks=callbacks)
 
 
 def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, outcome: TrainingOutcome,
@@ -194,13 +203,14 @@ def finetune_on_images(
     on_point: Listener | None = None,
     saved: TrainingState | None = None,
     trial_group: PlacementGroup | None = None,
+    callbacks: Callbacks | None = None,
 ) -> TrainingOutcome:
     """Fine-tuning (``config.finetune``) of a backbone and head on the federation's images, on a trainer pool of its own
     (in ``trial_group``'s bundles inside a Tune trial); every upload through the run's ``postprocessing``."""
     uploads = training_uploads(postprocessing, config, federation.num_clients)
     backend = start_finetuning(config, federation, uploads, trial_group)
     try:
-        return finetune(config, backend, uploads, on_point, saved)
+        return finetune(config, backend, uploads, on_point, saved, callbacks)
     finally:
         backend.shutdown()
 
@@ -224,6 +234,7 @@ def finetune(
     uploads: Postprocessing,
     on_point: Listener | None = None,
     saved: TrainingState | None = None,
+    callbacks: Callbacks | None = None,
 ) -> TrainingOutcome:
     """Fine-tuning with ``backend`` in :func:`train_in_stages`: SphereFed (``--head sphere``) fine-tunes the backbone
     under the fixed classifier, then calibrates with FFC on the normalized embeddings.
@@ -234,7 +245,7 @@ def finetune(
     """
     backbone_macs = backend.flops_per_image / 2 if config.backbone_macs is None else config.backbone_macs
     return train_in_stages(config, backend, partial(on_embeddings, config, backend), backend.pool.federation.client_sizes,
-                           uploads, on_point, saved, backbone_macs)
+                           uploads, on_point, saved, backbone_macs, callbacks)
 
 
 def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
@@ -297,7 +308,8 @@ def checkpoint_shape(config: RunConfig, federation: Federation) -> RunShape:
 
 
 def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
-           on_point: Listener | None, uploads: Postprocessing, backbone_macs: float | None = None) -> TrainingOutcome:
+           on_point: Listener | None, uploads: Postprocessing, backbone_macs: float | None = None,
+           callbacks: Callbacks | None = None) -> TrainingOutcome:
     """Training from ``state``: the schedule, checkpoints to ``config.out``, the loop; ``backbone_macs``: F_φ
     (default ``config.backbone_macs``; fine-tuning measures it on its own backbone)."""
     out = Path(config.out)
@@ -306,6 +318,8 @@ def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, si
     checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s), out)
     diverged = train(backend, backend.algorithm, server_optimizer(config), state, rounds, sizes, config.eval_every,
                      first_round, checkpointing, on_point, config.quiet,
-                     config.backbone_macs if backbone_macs is None else backbone_macs, uploads)
-    ran = state.points[-1].round - first_round if diverged else len(rounds)  # a diverged run stops at its last row
+                     config.backbone_macs if backbone_macs is None else backbone_macs, uploads,
+                     (callbacks or Callbacks()).loop("train", first_round))
+    stopped = diverged or (callbacks is not None and callbacks.stopping)
+    ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
     return TrainingOutcome(state.points, state.params, state.accounting, rounds=rounds[:ran])

@@ -40,6 +40,7 @@ from ray.util.placement_group import PlacementGroup
 
 from fedray.methods.config import RunConfig
 from fedray.core.federation import TEST, TRAIN, Federation
+from fedray.engine.callbacks import Callbacks
 from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning, training_uploads
 from fedray.engine.training import Accounting, TrainingState
 from fedray.methods.base import FLOAT_BYTES, Classifier
@@ -156,7 +157,8 @@ def stage2_classifier(model: torch.Tensor) -> Classifier:
 
 
 def run_tct(config: RunConfig, federation: Federation, postprocessing: Postprocessing, on_point: Listener | None = None,
-            saved: TrainingState | None = None, trial_group: PlacementGroup | None = None) -> TrainingOutcome:
+            saved: TrainingState | None = None, trial_group: PlacementGroup | None = None,
+            callbacks: Callbacks | None = None) -> TrainingOutcome:
     """Stage 1 (from ``saved`` when resuming), the eNTK features, stage 2; the outcome's arrays hold stage 2's models.
 
     Inside a Tune trial, stage 1's trainers and then stage 2's shards run in ``trial_group``'s bundles. Stage 2's
@@ -166,8 +168,9 @@ def run_tct(config: RunConfig, federation: Federation, postprocessing: Postproce
     uploads = training_uploads(postprocessing, config, federation.num_clients)
     backend = start_finetuning(config, federation, uploads, trial_group)
     try:
-        outcome = finetune(config, backend, uploads, on_point, saved)
-        if outcome.points[-1].diverged:
+        callbacks = callbacks or Callbacks()
+        outcome = finetune(config, backend, uploads, on_point, saved, callbacks)
+        if outcome.points[-1].diverged or callbacks.stopping:
             return outcome
         index = coordinate_index(backend.entk_num_parameters, config.entk_dim, config.seed)
         spec = EntkSpec(config.seed, index, config.entk_chunk, torch.float16 if config.entk_fp16 else torch.float32)

@@ -204,6 +204,7 @@ def train(
     quiet: bool = False,
     backbone_macs: float | None = None,
     postprocessing: Postprocessing = Postprocessing(),
+    researcher: Callback | None = None,
 ) -> bool:
     """Run ``rounds[state.done:]``, updating ``state`` in place; whether training diverged.
 
@@ -211,7 +212,8 @@ def train(
     ``backbone_macs`` (F_φ, when known) enters ``macs_client_avg_fed3r``. When
     an actor restarted and lost its clients' states, the run goes back to its
     last checkpoint (or its start) and replays the rounds since: the same rows
-    and model as a run without the failure.
+    and model as a run without the failure. ``researcher``: a researcher's callbacks in this loop
+    (:meth:`fedray.engine.callbacks.Callbacks.loop`), which may stop it at an evaluation row.
     """
     recovery = copy.deepcopy(state)
 
@@ -246,6 +248,8 @@ def train(
                                      Progress(len(rounds), state.done, "train", quiet)]
         if checkpointing is not None:
             callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: save(path)))
+        if researcher is not None:  # after the checkpoints: a stop at a checkpoint's round finds it written
+            callbacks.append(researcher)
         try:
             return run_rounds(path, rounds, eval_rounds(len(rounds), eval_every, initial=True), callbacks, state.done)
         except ClientStatesLost:

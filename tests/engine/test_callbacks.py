@@ -1,0 +1,88 @@
+"""A researcher's callbacks: on_start, on_evaluation, after_round (True stops the run at its next evaluation row, a
+complete run) and on_end, on every stage, with the rounds numbered as the rows are."""
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+import fedray
+from fedray.core.errors import FedrayError
+
+DATASET = "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6"
+SMALL = {"dataset": DATASET, "clients_per_round": 4, "num_shards": 1, "cpus_per_shard": 1.0, "quiet": True,
+         "client_lr": 0.05}
+
+
+class Log(fedray.Callback):
+    """Records every call; stops after round ``stop_after`` (None: never)."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.stop_after, self.calls = stop_after, []
+
+    def on_start(self, config):
+        self.calls.append(("start", config["method"]))
+
+    def on_evaluation(self, row, classifier):
+        self.calls.append(("row", row["round"], row["stage"], classifier is not None))
+
+    def after_round(self, round, stage):
+        self.calls.append(("round", round, stage))
+        return self.stop_after is not None and round >= self.stop_after
+
+    def on_end(self, rows):
+        self.calls.append(("end", len(rows)))
+
+
+def test_every_hook_is_called_in_order_on_a_training_run(ray_session, tmp_path):
+    log = Log()
+    fedray.run(method="fedavg", out=tmp_path / "run", rounds=3, eval_every=2, callbacks=[log], **SMALL)
+    assert log.calls == [("start", "fedavg"), ("row", 0, "train", True), ("round", 1, "train"), ("row", 2, "train", True),
+                         ("round", 2, "train"), ("row", 3, "train", True), ("round", 3, "train"), ("end", 3)]
+    assert "stopped_early" not in pl.read_parquet(tmp_path / "run" / "metrics.parquet").columns
+
+
+def test_a_callback_stops_training_at_the_next_evaluation_row_as_a_complete_run(ray_session, tmp_path):
+    full = fedray.run(method="fedavg", out=tmp_path / "full", rounds=6, eval_every=2, **SMALL)
+    log = Log(stop_after=3)
+    stopped = fedray.run(method="fedavg", out=tmp_path / "stopped", rounds=6, eval_every=2, callbacks=[log], **SMALL)
+    rows = stopped.metrics
+    assert rows["round"].to_list() == [0, 2, 4]               # asked after round 3: stopped at the row of round 4
+    assert rows["stopped_early"].to_list() == [None, None, True]
+    assert [call for call in log.calls if call[0] == "round"][-1] == ("round", 4, "train")
+    kept = ["round", "accuracy", "bytes_up", "train_loss", "clients_seen"]
+    assert rows.select(kept).rows() == full.metrics.filter(pl.col("round") <= 4).select(kept).rows()
+    assert len(stopped.rounds) == 4 and all(np.array_equal(a, b) for a, b in zip(stopped.rounds, full.rounds))
+    assert not (Path(tmp_path / "stopped") / "checkpoint.pt").exists()
+    assert stopped.classifier.weight.shape == full.classifier.weight.shape
+
+
+def test_a_stop_in_the_closed_form_stage_ends_a_two_stage_run_there(ray_session, tmp_path):
+    log = Log(stop_after=1)
+    result = fedray.run(method="fedavg", init="fed3r", init_rounds=4, out=tmp_path / "two", rounds=3, eval_every=2,
+                        callbacks=[log], **SMALL)
+    assert result.metrics.select("round", "stage").rows() == [(2, "closed_form")]
+    assert [call for call in log.calls if call[0] == "round"] == [("round", 1, "closed_form"), ("round", 2, "closed_form")]
+    assert result.metrics["stopped_early"].to_list() == [True] and len(result.rounds) == 2
+
+
+def test_after_round_numbers_the_rounds_of_both_stages_as_the_rows_do(ray_session, tmp_path):
+    log = Log()
+    fedray.run(method="fedavg", init="fed3r", init_rounds=2, out=tmp_path / "two", rounds=2, eval_every=2,
+               callbacks=[log], **SMALL)
+    assert [call[1:] for call in log.calls if call[0] == "round"] == \
+        [(1, "closed_form"), (2, "closed_form"), (3, "train"), (4, "train")]
+
+
+def test_a_closed_form_run_stops_too(ray_session, tmp_path):
+    result = fedray.run(method="fedncm", out=tmp_path / "ncm", rounds=9, eval_every=3, callbacks=[Log(stop_after=4)],
+                        **SMALL)
+    assert result.metrics["round"].to_list() == [3, 6] and result.metrics["stopped_early"].to_list() == [None, True]
+    assert len(result.rounds) == 6
+
+
+def test_callbacks_must_be_callback_instances(tmp_path):
+    with pytest.raises(FedrayError, match=r"^fedray.run: callbacks must be a list of fedray.Callback instances, got"):
+        fedray.run(method="fedavg", out=tmp_path / "bad", callbacks=[print])
+    assert not (tmp_path / "bad").exists()
