@@ -70,6 +70,16 @@ def _spec(value: str | type, what: str) -> str:
     raise FedrayError(f"{RUN}: {what} must be a name, 'module:Class', 'file.py:Class' or a class, got {shown(value)}")
 
 
+def _postprocessors(value: str | type | list | tuple) -> str | None:
+    """``postprocessor=``: one class or spec, or a list of them in order, as ``--postprocessor A,B`` takes them."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if not isinstance(item, (str, type)):
+            raise FedrayError(f"{RUN}: postprocessor must be 'module:Class', 'file.py:Class', a class, or a list of "
+                              f"them, got {shown(value)}")
+    return ",".join(_spec(item, "postprocessor") for item in items) or None
+
+
 def run(
     method: str | type = "fed3r",
     dataset: str | Federation = "synthetic:inat-user-120k",
@@ -77,6 +87,7 @@ def run(
     options: dict[str, object] | None = None,
     server_optimizer: str | type | None = None,
     client_algorithm: str | type | None = None,
+    postprocessor: str | type | list[str | type] | None = None,
     address: str | None = None,
     resume: bool = False,
     on_evaluation: Evaluation | None = None,
@@ -92,6 +103,8 @@ def run(
     ``run_options`` are the command line's run options with underscores
     (``clients_per_round=10``, ``rounds=500``, ``lam=0.1``, ``quiet=True``);
     ``options`` sets a plugin's own options by name (``--option key=value``).
+    ``method``, ``server_optimizer``, ``client_algorithm`` and ``postprocessor`` take a spec or the class itself
+    (``postprocessor`` also a list of them, applied in order).
     Every value is typed and checked as a config file's is, before any work
     (:meth:`fedray.core.options.Option.coerce`, then the command line's checks),
     with the same one-line :class:`FedrayError`: ``None`` only where the
@@ -118,6 +131,8 @@ def run(
         values["server_optimizer"] = _spec(server_optimizer, "server optimizer")
     if client_algorithm is not None:
         values["client_algorithm"] = _spec(client_algorithm, "client algorithm")
+    if postprocessor is not None:
+        values["postprocessor"] = _postprocessors(postprocessor)
     resume, address = RESUME.coerce(resume, RUN), ADDRESS.coerce(address, RUN)
     if on_evaluation is not None and not callable(on_evaluation):
         raise FedrayError(f"{RUN}: on_evaluation must be a function (row, classifier), got {shown(on_evaluation)}")

@@ -33,6 +33,8 @@ NAMED = {  # fedray.run's own parameters that are run options, and what each say
     "dataset": "fedray.run: dataset must be a spec ('synthetic:…', 'parquet:PATH', 'file.py:function', ...) or a "
                "fedray.Federation, got {value!r}",
     "out": "fedray.run: out must be a folder, a str or pathlib.Path, got {value!r}",
+    "postprocessor": "fedray.run: postprocessor must be 'module:Class', 'file.py:Class', a class, or a list of them, "
+                     "got {value!r}",
 }
 
 
@@ -94,6 +96,8 @@ def wrong_values(key: str) -> list:
         bool: [1, 0, 1.0, "maybe", [True]],
         str: [3, 2.5, True, ["fed3r"], {"a": 1}],
     }[option.type]
+    if key == "postprocessor":  # a list of classes is its value
+        values = [[value] if isinstance(value, list) else value for value in values]
     return values if option.optional else [*values, None]
 
 
