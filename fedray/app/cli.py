@@ -126,9 +126,9 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
 
 
 def _cmd_methods(args: argparse.Namespace) -> None:
-    from fedray.app.catalogue import catalogue
+    from fedray.app.catalogue import catalogue, entry
 
-    print(catalogue())
+    print("\n".join(entry(spec) for spec in args.classes) if args.classes else catalogue())
 
 
 def _extract_parser(commands: argparse._SubParsersAction) -> None:
@@ -248,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
                                   description="Every built-in closed-form method, gradient method and server optimizer, "
                                   "with its options (type = default). Your own: --method / --server-optimizer "
                                   "module:Class or path/to/file.py:Class, options with --option key=value.")
+    methods.add_argument("classes", nargs="*", metavar="CLASS",
+                         help="only these: a built-in's name, or your own class as path/to/file.py:Class or module:Class "
+                         "(its kind and options, with their types, defaults and help)")
     methods.set_defaults(handler=_cmd_methods)
 
     data = commands.add_parser("data", help="inspect or export federations").add_subparsers(dest="data_command", required=True)
