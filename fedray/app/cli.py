@@ -21,12 +21,16 @@ from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.plugins import display_name, plugin_failure
 
 if TYPE_CHECKING:
+    from fedray.core.options import Option
     from fedray.methods.config import RunConfig
+
+SHIPPED = "shipped:"
+"""The argparse destination prefix of the options of the built-in algorithms shipped as plugins (``--alpha``)."""
 
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
     """``fedray run``'s options, generated from :class:`~fedray.methods.config.RunConfig`: flag, type, choices, help and default."""
-    from fedray.methods.config import GENERAL, GROUPS, RESOURCES, TRAINING, RunConfig
+    from fedray.methods.config import GENERAL, GROUPS, RESOURCES, TRAINING, RunConfig, shipped_options
 
     parser = commands.add_parser("run", help="run one closed-form or gradient-based method on a federation",
                                  description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
@@ -43,6 +47,12 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
             if group not in groups:
                 groups[group] = parser.add_argument_group(f"options of {group}")
             _add_run_option(groups[group], spec)
+    for name, (owners, declared) in shipped_options().items():  # FedDyn's, ...: options of plugins shipped with fedray
+        title = f"options of {', '.join(owners)} (training algorithm{'s' if len(owners) > 1 else ''})"
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        _add_option(groups[title], name, declared, f"{declared.help} (default {declared.default})".replace("%", "%%"),
+                    dest=SHIPPED + name, metavar=name.upper())
     groups[TRAINING].add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
     groups[RESOURCES].add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
     parser.set_defaults(handler=_cmd_run)
@@ -52,14 +62,18 @@ def _add_run_option(group: argparse._ActionsContainer, spec: Field) -> None:
     """``--name`` for the run option ``spec``; its argparse default stays None so a config file's value is kept."""
     from fedray.methods.config import RUN_OPTIONS
 
-    option = RUN_OPTIONS[spec.name]
-    help_text = spec.metadata["help"].replace("%", "%%") + default_note(spec)
-    if option.type is bool:
-        group.add_argument(command_line(spec.name), action="store_const", const=True, help=help_text)
-        return
     choices = spec.metadata["choices"]
-    group.add_argument(command_line(spec.name), type=None if option.type is str else option.type,
-                       choices=list(choices) if choices else None, metavar=spec.metadata["metavar"], help=help_text)
+    _add_option(group, spec.name, RUN_OPTIONS[spec.name], spec.metadata["help"].replace("%", "%%") + default_note(spec),
+                choices=list(choices) if choices else None, metavar=spec.metadata["metavar"])
+
+
+def _add_option(group: argparse._ActionsContainer, name: str, option: Option, help_text: str, **settings: object) -> None:
+    """``--name`` for ``option``: a flag when it is a bool, else a value of its type; argparse's default None."""
+    if option.type is bool:
+        group.add_argument(command_line(name), action="store_const", const=True, help=help_text,
+                           **({"dest": settings["dest"]} if "dest" in settings else {}))
+        return
+    group.add_argument(command_line(name), type=None if option.type is str else option.type, help=help_text, **settings)
 
 
 def default_note(spec: Field) -> str:
@@ -72,11 +86,13 @@ def default_note(spec: Field) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    from fedray.methods.config import load_config_file, resolve
+    from fedray.methods.config import load_config_file, resolve, with_shipped_options
 
     file_values = load_config_file(args.config) if args.config else {}
-    cli_values = {k: v for k, v in vars(args).items() if k not in ("config", "address", "handler", "command", "resume", "option")}
-    cli_values["options"] = parse_options(args.option or [])
+    cli_values = {k: v for k, v in vars(args).items()
+                  if k not in ("config", "address", "handler", "command", "resume", "option") and not k.startswith(SHIPPED)}
+    shipped = {k[len(SHIPPED):]: v for k, v in vars(args).items() if k.startswith(SHIPPED) and v is not None}
+    cli_values = with_shipped_options({**cli_values, "options": parse_options(args.option or [])}, shipped, "fedray run")
     config = resolve(file_values, cli_values)
     with interrupts.reporting(lambda: _left_by_run(config)):
         from fedray.engine.run_config import run

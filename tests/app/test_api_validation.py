@@ -208,8 +208,9 @@ def test_unknown_keywords_say_where_they_belong(engine, tmp_path):
     out = tmp_path / "out"
     assert python_outcome(out, lamda=0.1) == "fedray.run: unknown option(s) lamda; did you mean lam?"
     assert python_outcome(out, learning_rate=0.1) == "fedray.run: unknown option(s) learning_rate"
-    assert python_outcome(out, alpha=0.5) == \
-        "fedray.run: unknown option(s) alpha; alpha is an option of the dataset: give it in dataset= as ?alpha=..."
+    assert python_outcome(out, alpha=0.5) == ("unknown option(s) alpha (--option); alpha is an option of feddyn, not of "
+                                              "fed3r (the dataset's alpha is given in its spec: ?alpha=...); this run has "
+                                              "no plugin options (its built-in classes' options: fedray run --help)")
     assert python_outcome(out, method=NCM, normalize=False) == \
         f"fedray.run: unknown option(s) normalize; normalize is an option of {NCM}: give it in options={{'normalize': ...}}"
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
-from fedray.methods.config import FIELDS, did_you_mean, options_mapping, read_yaml_mapping, typed_value
+from fedray.methods.config import FIELDS, did_you_mean, options_mapping, read_yaml_mapping, shipped_options, typed_value
 from fedray.data.registry import OPTION_TYPES, canonical_spec
 from fedray.core.errors import FedrayError
 from fedray.core.plugins import canonical
@@ -157,6 +157,13 @@ def _options(path: Path, values: dict, section: str) -> dict:
     options = {str(key).replace("-", "_"): value for key, value in options.items()}
     if "options" in options:
         options = _plugin_options_spelt_out(path, options, section)
+    # the options of the built-in algorithms shipped as plugins (FedDyn's alpha) live among a run's plugin options
+    renamed = {OPTIONS_PREFIX + key if key not in FIELDS and key in shipped_options() else key: value
+               for key, value in options.items()}
+    if len(renamed) < len(options):
+        twice = sorted(key for key in options if OPTIONS_PREFIX + key in options)[0]
+        raise FedrayError(f"{path}: {section}.{twice} is given twice: as {twice} and as {OPTIONS_PREFIX}{twice}")
+    options = renamed
     for key in options:
         if key.startswith(OPTIONS_PREFIX) and len(key) > len(OPTIONS_PREFIX):
             continue
