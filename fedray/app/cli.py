@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import traceback
+import typing
 from dataclasses import Field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -102,8 +103,14 @@ def _cmd_run(args: argparse.Namespace) -> None:
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
                           f"rows up to there are in {config.out}")
-    print(f"{what_ran(config)} on {config.dataset}: accuracy {last['accuracy']:.4f} ({last['stage']}) after {last['round']} rounds, "
-          f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
+    print(summary_line(config, last))
+
+
+def summary_line(config: RunConfig, last: dict) -> str:
+    """The line a finished run prints: its last row's test accuracy (and the stage that row is of), rounds, clients
+    seen, upload."""
+    return (f"{what_ran(config)} on {config.dataset}: test accuracy {last['accuracy']:.4f} (stage {last['stage']}) after "
+            f"{last['round']} rounds, {last['clients_seen']} clients seen, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
 
 
 def what_ran(config: RunConfig) -> str:
@@ -254,8 +261,24 @@ def _cmd_coverage(args: argparse.Namespace) -> None:
         print(f"  {fraction:>4.0%} of clients seen: {mean:9.1f} ± {std:.1f} rounds")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too), whose errors are one line, saying where to look, instead of the
+    whole usage and then the error."""
+
+    command = "fedray"
+    """The innermost command being parsed: the one unrecognized arguments were given to (the top parser reports them)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 (argparse's signature)
+        _Parser.command = self.prog  # a subcommand's parser runs after its parent's
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> typing.NoReturn:
+        where = _Parser.command if message.startswith("unrecognized arguments") else self.prog
+        raise FedrayError(f"{message}; see {where} --help")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedray", description="Simulate very large federations on Ray.")
+    parser = _Parser(prog="fedray", description="Simulate very large federations on Ray.")
     commands = parser.add_subparsers(dest="command", required=True)
     _run_parser(commands)
     _extract_parser(commands)

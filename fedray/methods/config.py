@@ -572,6 +572,9 @@ def read_yaml_mapping(path: Path, kind: str, shape: str) -> dict:
         values = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
         raise FedrayError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    except RecursionError:  # PyYAML builds nested collections recursively
+        raise FedrayError(f"{path}: nested too deeply to read (a {kind} holds options, not thousands of nested "
+                          f"lists or mappings)") from None
     if not isinstance(values, dict):
         raise FedrayError(f"{path}: a {kind} is a mapping of {shape}")
     return values

@@ -130,7 +130,7 @@ def test_a_server_optimizer_plugin_of_theta_plus_delta_is_fedavg_bit_for_bit(ray
     rc, out, err = cli(capsys, "run", *common, "--out", tmp_path / "plugin", "--server-optimizer",
                        f"{tmp_path / 'plain_average.py'}:PlainAverage")
     assert rc == 0, err
-    assert out.startswith(f"fedavg with server optimizer PlainAverage on {SPEC}: accuracy "), out  # what ran
+    assert out.startswith(f"fedavg with server optimizer PlainAverage on {SPEC}: test accuracy "), out  # what ran
     plugin_rows = rows(tmp_path / "plugin")
     assert {(r["server_optimizer"], r["server_optimizer_spec"]) for r in plugin_rows} == \
         {("PlainAverage", f"{tmp_path / 'plain_average.py'}:PlainAverage")}
