@@ -46,7 +46,7 @@ RUN, SWEEP = "fedray.run", "fedray.sweep"
 """How their one-line errors name them."""
 KEYWORD_SPELLING = Spelling("in options={{'{key}': ...}}", "in dataset= as ?{key}=...")
 """How ``fedray.run`` takes a plugin's option and a dataset option, for the hint after an unknown keyword."""
-RESUME, QUIET = Option("resume", bool, False), Option("quiet", bool, False)
+RESUME, QUIET, VERBOSE = Option("resume", bool, False), Option("quiet", bool, False), Option("verbose", bool, False)
 ADDRESS = Option("address", str, None, optional=True)
 """The arguments of ``fedray.run`` and ``fedray.sweep`` that are not run options, typed as run options are."""
 
@@ -91,6 +91,7 @@ def run(
     address: str | None = None,
     resume: bool = False,
     on_evaluation: Evaluation | None = None,
+    verbose: bool = False,
     **run_options: object,
 ) -> RunResult:
     """Run ``method`` on ``dataset``; writes ``out`` as ``fedray run`` does and returns a :class:`RunResult`
@@ -116,6 +117,7 @@ def run(
     its evaluation columns (``round``, ``accuracy``, ``bytes_up``, ...) and the
     classifier evaluated there: a closed form's solve, a training run's head
     (SphereFed: the fixed classifier; TCT's stage 2: its model), yours to keep.
+    ``verbose`` shows what Ray's workers print, as ``fedray run --verbose`` does, when this call starts Ray.
     """
     from fedray.engine.run_config import run as run_config  # the engine imports Ray and torch: only when a run starts
 
@@ -133,12 +135,13 @@ def run(
         values["client_algorithm"] = _spec(client_algorithm, "client algorithm")
     if postprocessor is not None:
         values["postprocessor"] = _postprocessors(postprocessor)
-    resume, address = RESUME.coerce(resume, RUN), ADDRESS.coerce(address, RUN)
+    resume, address, verbose = RESUME.coerce(resume, RUN), ADDRESS.coerce(address, RUN), VERBOSE.coerce(verbose, RUN)
     if on_evaluation is not None and not callable(on_evaluation):
         raise FedrayError(f"{RUN}: on_evaluation must be a function (row, classifier), got {shown(on_evaluation)}")
     config = resolve(typed_options(values, RUN, KEYWORD_SPELLING), {})  # as a file's values: None is a value
     listener = None if on_evaluation is None else lambda point, classifier: on_evaluation(asdict(point), classifier)
-    completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation)
+    completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation,
+                           verbose=verbose)
     arrays = dict(completed.arrays)
     weight, bias = arrays.pop("W"), arrays.pop("bias", None)
     classifier = Classifier(torch.from_numpy(weight), None if bias is None else torch.from_numpy(bias))

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from fedray.core.options import Option
     from fedray.methods.config import RunConfig
 
+VERBOSE_HELP = ("show what your code prints in Ray's workers (a plugin's client hooks, in the shards), each line "
+                "after its worker's name (Ray folds repeated lines; RAY_DEDUP_LOGS=0 shows each); without it that goes "
+                "to Ray's logs, /tmp/ray/session_latest/logs/worker-*.out on the node that ran it")
 SHIPPED = "shipped:"
 """The argparse destination prefix of the options of the built-in algorithms shipped as plugins (``--alpha``)."""
 
@@ -56,6 +59,7 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
                     dest=SHIPPED + name, metavar=name.upper())
     groups[TRAINING].add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
     groups[RESOURCES].add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
+    groups[GENERAL].add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     parser.set_defaults(handler=_cmd_run)
 
 
@@ -91,14 +95,15 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
     file_values = load_config_file(args.config) if args.config else {}
     cli_values = {k: v for k, v in vars(args).items()
-                  if k not in ("config", "address", "handler", "command", "resume", "option") and not k.startswith(SHIPPED)}
+                  if k not in ("config", "address", "handler", "command", "resume", "option", "verbose")
+                  and not k.startswith(SHIPPED)}
     shipped = {k[len(SHIPPED):]: v for k, v in vars(args).items() if k.startswith(SHIPPED) and v is not None}
     cli_values = with_shipped_options({**cli_values, "options": parse_options(args.option or [])}, shipped, "fedray run")
     config = resolve(file_values, cli_values)
     with interrupts.reporting(lambda: _left_by_run(config)):
         from fedray.engine.run_config import run
 
-        rows = run(config, address=args.address, resume=args.resume).rows
+        rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose).rows
     last = rows[-1]
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "

@@ -222,6 +222,7 @@ def test_the_other_arguments_are_typed_too(engine, tmp_path):
     assert python_outcome(out, method=NCM, options={"normalize": "maybe"}) == \
         "--option: option normalize must be true or false, got 'maybe'"  # a plugin's option, typed as --option's
     assert python_outcome(out, resume=1) == "fedray.run: option resume must be true or false, got 1"
+    assert python_outcome(out, verbose="loud") == "fedray.run: option verbose must be true or false, got 'loud'"
     assert python_outcome(out, address=6379) == "fedray.run: option address must be a string, got 6379"
     assert python_outcome(out, on_evaluation="print") == \
         "fedray.run: on_evaluation must be a function (row, classifier), got 'print'"

@@ -702,3 +702,29 @@ def test_a_run_does_not_announce_token_authentication(tmp_path):
     assert "Token authentication" not in err and "fedncm on" in out
     assert (Path.home() / ".ray" / "auth_token").is_file()  # the token Ray created or reused: authentication is on
 
+
+TALKING_POSTPROCESSOR = '''
+import fedray
+
+
+class Talk(fedray.Postprocessor):
+    @property
+    def per_client(self):
+        return True
+
+    def client(self, upload, context):
+        print("hello from a client hook", flush=True)
+        return upload
+'''
+
+
+@pytest.mark.slow
+def test_verbose_shows_what_a_plugins_client_code_prints_in_the_shards(tmp_path):
+    (tmp_path / "talk.py").write_text(TALKING_POSTPROCESSOR)
+    run = ["run", "--method", "fed3r", "--dataset", SPEC, "--postprocessor", f"{tmp_path / 'talk.py'}:Talk", *SMALL_RUN]
+    rc, out, err, _ = fedray_subprocess([*run, "--out", tmp_path / "silent"])
+    assert rc == 0, err
+    assert "hello from a client hook" not in out + err
+    rc, out, err, _ = fedray_subprocess([*run, "--out", tmp_path / "verbose", "--verbose"])
+    assert rc == 0, err
+    assert "(ShardActor pid=" in out + err and "hello from a client hook" in out + err
