@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from fedray.app.cli import build_parser, main
-from fedray.methods.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typed_value
+from fedray.app.api import KEYWORD_SPELLING
+from fedray.methods.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typed_options, typed_value
 from fedray.core.errors import FedrayError
 from fedray.methods import method_class
 from fedray.core.options import options_of
@@ -257,6 +258,8 @@ def test_a_shipped_algorithms_option_is_a_flag_a_file_key_a_keyword_and_a_sweep_
     path = tmp_path / "run.yaml"
     path.write_text("method: feddyn\nout: unused\nquiet: true\nalpha: 0.1\n")
     assert resolve(load_config_file(path), {}) == by_option
+    keywords = typed_options({"method": "feddyn", "out": "unused", "quiet": True, "alpha": 0.1}, "fedray.run", KEYWORD_SPELLING)
+    assert resolve(keywords, {}) == by_option
     assert load_sweep(write_sweep(tmp_path, "grid: {method: [feddyn], alpha: [0.1, 0.2]}")).grid == {
         "method": ["feddyn"], "options.alpha": [0.1, 0.2]}
 
