@@ -46,7 +46,7 @@ RUN, SWEEP = "fedray.run", "fedray.sweep"
 """How their one-line errors name them."""
 KEYWORD_SPELLING = Spelling("in options={{'{key}': ...}}", "in dataset= as ?{key}=...")
 """How ``fedray.run`` takes a plugin's option and a dataset option, for the hint after an unknown keyword."""
-RESUME, QUIET = Option("resume", bool, False), Option("quiet", bool, False)
+RESUME, QUIET, VERBOSE = Option("resume", bool, False), Option("quiet", bool, False), Option("verbose", bool, False)
 ADDRESS = Option("address", str, None, optional=True)
 """The arguments of ``fedray.run`` and ``fedray.sweep`` that are not run options, typed as run options are."""
 
@@ -70,6 +70,16 @@ def _spec(value: str | type, what: str) -> str:
     raise FedrayError(f"{RUN}: {what} must be a name, 'module:Class', 'file.py:Class' or a class, got {shown(value)}")
 
 
+def _postprocessors(value: str | type | list | tuple) -> str | None:
+    """``postprocessor=``: one class or spec, or a list of them in order, as ``--postprocessor A,B`` takes them."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if not isinstance(item, (str, type)):
+            raise FedrayError(f"{RUN}: postprocessor must be 'module:Class', 'file.py:Class', a class, or a list of "
+                              f"them, got {shown(value)}")
+    return ",".join(_spec(item, "postprocessor") for item in items) or None
+
+
 def run(
     method: str | type = "fed3r",
     dataset: str | Federation = "synthetic:inat-user-120k",
@@ -77,9 +87,11 @@ def run(
     options: dict[str, object] | None = None,
     server_optimizer: str | type | None = None,
     client_algorithm: str | type | None = None,
+    postprocessor: str | type | list[str | type] | None = None,
     address: str | None = None,
     resume: bool = False,
     on_evaluation: Evaluation | None = None,
+    verbose: bool = False,
     callbacks: list | None = None,
     **run_options: object,
 ) -> RunResult:
@@ -93,6 +105,8 @@ def run(
     ``run_options`` are the command line's run options with underscores
     (``clients_per_round=10``, ``rounds=500``, ``lam=0.1``, ``quiet=True``);
     ``options`` sets a plugin's own options by name (``--option key=value``).
+    ``method``, ``server_optimizer``, ``client_algorithm`` and ``postprocessor`` take a spec or the class itself
+    (``postprocessor`` also a list of them, applied in order).
     Every value is typed and checked as a config file's is, before any work
     (:meth:`fedray.core.options.Option.coerce`, then the command line's checks),
     with the same one-line :class:`FedrayError`: ``None`` only where the
@@ -104,6 +118,7 @@ def run(
     its evaluation columns (``round``, ``accuracy``, ``bytes_up``, ...) and the
     classifier evaluated there: a closed form's solve, a training run's head
     (SphereFed: the fixed classifier; TCT's stage 2: its model), yours to keep.
+    ``verbose`` shows what Ray's workers print, as ``fedray run --verbose`` does, when this call starts Ray.
     ``callbacks`` are :class:`fedray.Callback` instances: hooks at the start, at each evaluation row, after each round
     (one that returns True stops the run at its next evaluation row, a complete run whose last row's
     ``stopped_early`` is true) and at the end.
@@ -123,14 +138,16 @@ def run(
         values["server_optimizer"] = _spec(server_optimizer, "server optimizer")
     if client_algorithm is not None:
         values["client_algorithm"] = _spec(client_algorithm, "client algorithm")
-    resume, address = RESUME.coerce(resume, RUN), ADDRESS.coerce(address, RUN)
+    if postprocessor is not None:
+        values["postprocessor"] = _postprocessors(postprocessor)
+    resume, address, verbose = RESUME.coerce(resume, RUN), ADDRESS.coerce(address, RUN), VERBOSE.coerce(verbose, RUN)
     if on_evaluation is not None and not callable(on_evaluation):
         raise FedrayError(f"{RUN}: on_evaluation must be a function (row, classifier), got {shown(on_evaluation)}")
     researcher = Callbacks.checked(callbacks, RUN)
     config = resolve(typed_options(values, RUN, KEYWORD_SPELLING), {})  # as a file's values: None is a value
     listener = None if on_evaluation is None else lambda point, classifier: on_evaluation(point.columns(), classifier)
     completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation,
-                           callbacks=researcher)
+                           verbose=verbose, callbacks=researcher)
     arrays = dict(completed.arrays)
     weight, bias = arrays.pop("W"), arrays.pop("bias", None)
     classifier = Classifier(torch.from_numpy(weight), None if bias is None else torch.from_numpy(bias))

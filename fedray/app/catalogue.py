@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from fedray.methods.config import RUN_OPTIONS, TCT
-from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, algorithm_class
-from fedray.methods.training.server import SERVER_OPTIMIZERS
-from fedray.methods import METHODS
+from fedray.core.errors import FedrayError
 from fedray.core.options import options_of
+from fedray.core.plugins import is_plugin, load_class, names_subclass
+from fedray.methods import METHODS
+from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.base import ClosedFormMethod
+from fedray.methods.config import RUN_OPTIONS, TCT
+from fedray.methods.postprocessor import Postprocessor
+from fedray.methods.training.client_sgd import ClientAlgorithm
+from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
+from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, algorithm_class
 
 CLIENT_OPTIONS = ("client_lr", "weight_decay", "batch_size", "local_epochs", "client_momentum", "lr_schedule",
                   "lr_milestones", "lr_gamma", "temperature")
@@ -25,6 +31,33 @@ def _training_algorithm(name: str) -> list[str]:
     cls = algorithm_class(name)
     options = [f"      {option.describe()}" for option in options_of(cls).values()]
     return [f"  {name:<14} {_summary(cls)} (server optimizer: {cls.server_optimizer})", *options]
+
+
+KINDS = (("closed-form method", ClosedFormMethod, "--method"), ("training algorithm", FederatedAlgorithm, "--method"),
+         ("server optimizer", ServerOptimizer, "--server-optimizer"), ("postprocessor", Postprocessor, "--postprocessor"),
+         ("client algorithm", ClientAlgorithm, "--client-algorithm"))
+"""What a researcher's class may be, its base class and the option a run takes it with."""
+
+
+def entry(spec: str) -> str:
+    """``fedray methods SPEC``: one built-in by name, or a researcher's class (``path/to/file.py:Class``,
+    ``module:Class``), what it is and its options, as :func:`catalogue` lists the built-ins'."""
+    if spec in METHODS or spec in SERVER_OPTIMIZERS:
+        return "\n".join(_entry(spec, METHODS.get(spec) or SERVER_OPTIMIZERS[spec]))
+    if spec in ALGORITHMS:
+        return "\n".join(_training_algorithm(spec))
+    if not is_plugin(spec):
+        raise FedrayError(f"fedray methods: unknown class {spec!r}; give a built-in's name (fedray methods lists them) "
+                          f"or your own as path/to/file.py:Class or module:Class")
+    for what, base, flag in KINDS:
+        if names_subclass(spec, base):
+            cls = load_class(spec, base, {}, what)
+            options = [f"      {option.describe()}" for option in options_of(cls).values()] or ["      (no options)"]
+            summary = f"; {_summary(cls)}" if _summary(cls) else ""
+            return "\n".join([f"  {spec}: a {what} ({flag} {spec}){summary}", *options,
+                              "    set as --option key=value, options: {key: value} in YAML, options.KEY: [...] in a sweep"])
+    bases = ", ".join(f"fedray.{base.__name__}" for _, base, _ in KINDS)
+    raise FedrayError(f"{spec}: {spec.rpartition(':')[2]} is not a subclass of any of {bases}")
 
 
 def catalogue() -> str:

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import traceback
+import typing
 from dataclasses import Field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,12 +22,19 @@ from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.plugins import display_name, plugin_failure
 
 if TYPE_CHECKING:
+    from fedray.core.options import Option
     from fedray.methods.config import RunConfig
+
+VERBOSE_HELP = ("show what your code prints in Ray's workers (a plugin's client hooks, in the shards), each line "
+                "after its worker's name (Ray folds repeated lines; RAY_DEDUP_LOGS=0 shows each); without it that goes "
+                "to Ray's logs, /tmp/ray/session_latest/logs/worker-*.out on the node that ran it")
+SHIPPED = "shipped:"
+"""The argparse destination prefix of the options of the built-in algorithms shipped as plugins (``--alpha``)."""
 
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
     """``fedray run``'s options, generated from :class:`~fedray.methods.config.RunConfig`: flag, type, choices, help and default."""
-    from fedray.methods.config import GENERAL, GROUPS, RESOURCES, TRAINING, RunConfig
+    from fedray.methods.config import GENERAL, GROUPS, RESOURCES, TRAINING, RunConfig, shipped_options
 
     parser = commands.add_parser("run", help="run one closed-form or gradient-based method on a federation",
                                  description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
@@ -43,8 +51,15 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
             if group not in groups:
                 groups[group] = parser.add_argument_group(f"options of {group}")
             _add_run_option(groups[group], spec)
+    for name, (owners, declared) in shipped_options().items():  # FedDyn's, ...: options of plugins shipped with fedray
+        title = f"options of {', '.join(owners)} (training algorithm{'s' if len(owners) > 1 else ''})"
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        _add_option(groups[title], name, declared, f"{declared.help} (default {declared.default})".replace("%", "%%"),
+                    dest=SHIPPED + name, metavar=name.upper())
     groups[TRAINING].add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
     groups[RESOURCES].add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
+    groups[GENERAL].add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     parser.set_defaults(handler=_cmd_run)
 
 
@@ -52,14 +67,18 @@ def _add_run_option(group: argparse._ActionsContainer, spec: Field) -> None:
     """``--name`` for the run option ``spec``; its argparse default stays None so a config file's value is kept."""
     from fedray.methods.config import RUN_OPTIONS
 
-    option = RUN_OPTIONS[spec.name]
-    help_text = spec.metadata["help"].replace("%", "%%") + default_note(spec)
-    if option.type is bool:
-        group.add_argument(command_line(spec.name), action="store_const", const=True, help=help_text)
-        return
     choices = spec.metadata["choices"]
-    group.add_argument(command_line(spec.name), type=None if option.type is str else option.type,
-                       choices=list(choices) if choices else None, metavar=spec.metadata["metavar"], help=help_text)
+    _add_option(group, spec.name, RUN_OPTIONS[spec.name], spec.metadata["help"].replace("%", "%%") + default_note(spec),
+                choices=list(choices) if choices else None, metavar=spec.metadata["metavar"])
+
+
+def _add_option(group: argparse._ActionsContainer, name: str, option: Option, help_text: str, **settings: object) -> None:
+    """``--name`` for ``option``: a flag when it is a bool, else a value of its type; argparse's default None."""
+    if option.type is bool:
+        group.add_argument(command_line(name), action="store_const", const=True, help=help_text,
+                           **({"dest": settings["dest"]} if "dest" in settings else {}))
+        return
+    group.add_argument(command_line(name), type=None if option.type is str else option.type, help=help_text, **settings)
 
 
 def default_note(spec: Field) -> str:
@@ -72,22 +91,31 @@ def default_note(spec: Field) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    from fedray.methods.config import load_config_file, resolve
+    from fedray.methods.config import load_config_file, resolve, with_shipped_options
 
     file_values = load_config_file(args.config) if args.config else {}
-    cli_values = {k: v for k, v in vars(args).items() if k not in ("config", "address", "handler", "command", "resume", "option")}
-    cli_values["options"] = parse_options(args.option or [])
+    cli_values = {k: v for k, v in vars(args).items()
+                  if k not in ("config", "address", "handler", "command", "resume", "option", "verbose")
+                  and not k.startswith(SHIPPED)}
+    shipped = {k[len(SHIPPED):]: v for k, v in vars(args).items() if k.startswith(SHIPPED) and v is not None}
+    cli_values = with_shipped_options({**cli_values, "options": parse_options(args.option or [])}, shipped, "fedray run")
     config = resolve(file_values, cli_values)
     with interrupts.reporting(lambda: _left_by_run(config)):
         from fedray.engine.run_config import run
 
-        rows = run(config, address=args.address, resume=args.resume).rows
+        rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose).rows
     last = rows[-1]
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
                           f"rows up to there are in {config.out}")
-    print(f"{what_ran(config)} on {config.dataset}: accuracy {last['accuracy']:.4f} ({last['stage']}) after {last['round']} rounds, "
-          f"{last['clients_seen']} clients, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
+    print(summary_line(config, last))
+
+
+def summary_line(config: RunConfig, last: dict) -> str:
+    """The line a finished run prints: its last row's test accuracy (and the stage that row is of), rounds, clients
+    seen, upload."""
+    return (f"{what_ran(config)} on {config.dataset}: test accuracy {last['accuracy']:.4f} (stage {last['stage']}) after "
+            f"{last['round']} rounds, {last['clients_seen']} clients seen, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
 
 
 def what_ran(config: RunConfig) -> str:
@@ -126,9 +154,9 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
 
 
 def _cmd_methods(args: argparse.Namespace) -> None:
-    from fedray.app.catalogue import catalogue
+    from fedray.app.catalogue import catalogue, entry
 
-    print(catalogue())
+    print("\n".join(entry(spec) for spec in args.classes) if args.classes else catalogue())
 
 
 def _extract_parser(commands: argparse._SubParsersAction) -> None:
@@ -238,8 +266,24 @@ def _cmd_coverage(args: argparse.Namespace) -> None:
         print(f"  {fraction:>4.0%} of clients seen: {mean:9.1f} ± {std:.1f} rounds")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too), whose errors are one line, saying where to look, instead of the
+    whole usage and then the error."""
+
+    command = "fedray"
+    """The innermost command being parsed: the one unrecognized arguments were given to (the top parser reports them)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 (argparse's signature)
+        _Parser.command = self.prog  # a subcommand's parser runs after its parent's
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> typing.NoReturn:
+        where = _Parser.command if message.startswith("unrecognized arguments") else self.prog
+        raise FedrayError(f"{message}; see {where} --help")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedray", description="Simulate very large federations on Ray.")
+    parser = _Parser(prog="fedray", description="Simulate very large federations on Ray.")
     commands = parser.add_subparsers(dest="command", required=True)
     _run_parser(commands)
     _extract_parser(commands)
@@ -248,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                                   description="Every built-in closed-form method, gradient method and server optimizer, "
                                   "with its options (type = default). Your own: --method / --server-optimizer "
                                   "module:Class or path/to/file.py:Class, options with --option key=value.")
+    methods.add_argument("classes", nargs="*", metavar="CLASS",
+                         help="only these: a built-in's name, or your own class as path/to/file.py:Class or module:Class "
+                         "(its kind and options, with their types, defaults and help)")
     methods.set_defaults(handler=_cmd_methods)
 
     data = commands.add_parser("data", help="inspect or export federations").add_subparsers(dest="data_command", required=True)

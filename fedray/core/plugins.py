@@ -12,9 +12,13 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import importlib.machinery
 import inspect
+import os
 import re
+import site
 import sys
+import sysconfig
 import traceback
 import typing
 from collections.abc import Callable
@@ -50,8 +54,41 @@ def canonical(spec: str) -> str:
 
 
 def spec_of(cls: type) -> str:
-    """The ``module:Class`` text naming ``cls`` (a class defined in a notebook is ``__main__:Class``)."""
+    """The spec naming ``cls`` for a run started in this working directory, as its ``config.yaml`` records it.
+
+    ``module:Class`` when such a run (``fedray run --config``, a fresh process) imports the same module from the same
+    file: a module in the working directory, on ``PYTHONPATH`` or installed; else ``/abs/path/file.py:Class``, since
+    a module imported from elsewhere (``ccvr`` beside the script that ran, or a folder put on ``sys.path``) would
+    not be found there. A class defined in a notebook or the running script is ``__main__:Class``.
+    """
+    module = sys.modules.get(cls.__module__)
+    file = getattr(module, "__file__", None)
+    if cls.__module__ != "__main__" and file and not _importable_here(cls.__module__, Path(file).resolve()):
+        return f"{Path(file).resolve()}:{cls.__qualname__}"
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _importable_here(name: str, file: Path) -> bool:
+    """Whether a fresh Python process in this working directory imports module ``name`` from ``file``: its top-level
+    package is found in the working directory, on ``PYTHONPATH``, among the standard and installed packages (also by
+    an editable install's finder), at the place ``file`` is in."""
+    top = name.partition(".")[0]
+    paths = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sysconfig.get_paths().values(),
+             *site.getsitepackages(), site.getusersitepackages()]
+    found = importlib.machinery.PathFinder.find_spec(top, [path for path in paths if path])
+    for finder in sys.meta_path:  # an editable install's finder (a fresh process has it too)
+        if found is not None:
+            break
+        if finder not in (importlib.machinery.PathFinder, importlib.machinery.BuiltinImporter,
+                          importlib.machinery.FrozenImporter) and hasattr(finder, "find_spec"):
+            try:
+                found = finder.find_spec(top, None)
+            except Exception:  # a third-party finder that cannot answer does not find it
+                found = None
+    if found is None:
+        return False
+    places = [Path(place).resolve() for place in found.submodule_search_locations or []]
+    return file == Path(found.origin).resolve() if not places else any(file.is_relative_to(place) for place in places)
 
 
 def load_class(spec: str, base: type, builtins: dict[str, type], what: str) -> type:
@@ -114,7 +151,7 @@ def plugin_spec(cls: type) -> str | None:
     if module.split(".")[0] == "fedray":
         return None
     if not module.startswith(FILE_MODULE):
-        return spec_of(cls)
+        return f"{module}:{cls.__qualname__}"
     loaded = getattr(sys.modules.get(module), "__file__", None)
     # received by value, the module is not there: the file is where the methods written in the class bodies come from
     files = {loaded} if loaded else {function.__code__.co_filename for klass in cls.__mro__ if klass.__module__ == module

@@ -105,13 +105,15 @@ class Report(Callback):
 
 
 class Progress(Callback):
-    """A tqdm bar over the rounds, showing the last row's accuracy and clients seen; silent when ``quiet``."""
+    """A tqdm bar over the rounds, showing the last evaluation's round, test accuracy and clients seen (said to be of
+    that round: they stay as they were until the next evaluation); silent when ``quiet``."""
 
     def __init__(self, total: int, done: int, name: str, quiet: bool) -> None:
         self.bar = tqdm(total=total, initial=done, unit="round", disable=quiet, desc=name)
 
     def on_point(self, point: EvalPoint) -> None:
-        self.bar.set_postfix(clients=point.clients_seen, acc=f"{point.accuracy:.4f}")
+        self.bar.set_postfix_str(f"at round {point.round}: test accuracy {point.accuracy:.4f}, "
+                                 f"{point.clients_seen} clients seen")
 
     def after_round(self, number: int) -> None:
         self.bar.update(number - self.bar.n)

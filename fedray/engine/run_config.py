@@ -104,6 +104,7 @@ def run(
     on_point: Listener | None = None,
     resume: bool = False,
     federation: Federation | None = None,
+    verbose: bool = False,
     callbacks: Callbacks | None = None,
 ) -> CompletedRun:
     """Load, simulate and write ``config.out``; nothing but checkpoints is written unless the run completes.
@@ -112,6 +113,7 @@ def run(
     :meth:`ShardPool.start`). ``on_point`` hears each evaluation point with
     the classifier evaluated there (a closed form's solve, a training run's head).
     ``resume`` continues a training run from its checkpoint in ``config.out``.
+    ``verbose`` shows what Ray's workers print (see :func:`~fedray.runtime.session.init_ray`).
     ``federation``, when given, is the data (``config.dataset`` names it),
     e.g. one built in Python: it is not loaded from the spec.
     A diverged training run is written too; its last row says so. Every input,
@@ -143,7 +145,7 @@ def run(
     callbacks.start(config.to_dict())
     if callbacks.callbacks:
         on_point = _both(on_point, callbacks.evaluation)
-    init_ray(address)
+    init_ray(address, verbose)
     model = None
     if config.finetune:
         from fedray.engine.stages import finetune_on_images  # these paths' modules (torchvision among them) load only when used

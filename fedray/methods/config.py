@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import typing
 from collections.abc import Sequence
@@ -84,6 +85,22 @@ def owners_of(name: str) -> tuple[str, list[str], list[Option]]:
         if declared:
             return kind, list(declared), list(declared.values())
     raise KeyError(f"no built-in class declares the option {name!r}")
+
+
+@functools.cache
+def shipped_options() -> dict[str, tuple[tuple[str, ...], Option]]:
+    """The options of the built-in training algorithms shipped as plugins (FedDyn's ``alpha``), with their owners' names.
+
+    Like a plugin's, they live in ``options`` (and are metrics columns by that name), and like the other built-ins'
+    they are also flags (``--alpha``), YAML keys and sweep keys of their own. Read from the classes when first asked
+    for, as :func:`~fedray.methods.training_algorithms.algorithm_class` loads them.
+    """
+    found: dict[str, tuple[tuple[str, ...], Option]] = {}
+    for name, spec in ALGORITHMS.items():
+        if isinstance(spec, str):
+            for key, declared in options_of(algorithm_class(name)).items():
+                found[key] = ((*found.get(key, ((), declared))[0], name), declared)
+    return found
 
 
 def owned(name: str, *, unset: str | None = None, help: str | None = None) -> Any:
@@ -336,8 +353,12 @@ class RunConfig:
         declared = {name: option for cls in plugins for name, option in options_of(cls).items()}
         unknown = sorted(set(self.options) - set(declared))
         if unknown:
-            known = ", ".join(declared) or "none"
-            raise FedrayError(f"unknown option(s) {', '.join(unknown)} (--option); this run's plugins take: {known}")
+            elsewhere = [f"; {key} is an option of {', '.join(shipped_options()[key][0])}, not of {self.training_algorithm}"
+                         + (f" (the dataset's {key} is given in its spec: ?{key}=...)" if key in DATASET_OPTIONS else "")
+                         for key in unknown if key in shipped_options()][:1]
+            known = (f"; this run's plugins take: {', '.join(declared)}" if declared else
+                     "; this run has no plugin options (its built-in classes' options: fedray run --help)")
+            raise FedrayError(f"unknown option(s) {', '.join(unknown)} (--option){''.join(elsewhere)}{known}")
         self.options = {key: declared[key].coerce(value, "--option") for key, value in self.options.items()}
 
     def _validate_images(self) -> None:
@@ -554,6 +575,9 @@ def read_yaml_mapping(path: Path, kind: str, shape: str) -> dict:
         values = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
         raise FedrayError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    except RecursionError:  # PyYAML builds nested collections recursively
+        raise FedrayError(f"{path}: nested too deeply to read (a {kind} holds options, not thousands of nested "
+                          f"lists or mappings)") from None
     if not isinstance(values, dict):
         raise FedrayError(f"{path}: a {kind} is a mapping of {shape}")
     return values
@@ -580,13 +604,27 @@ def load_config_file(path: str | Path) -> dict:
 def typed_options(values: dict, where: str, spelling: Spelling) -> dict:
     """Run options (a config file's, ``fedray.run``'s keywords) each as its option's type (:meth:`Option.coerce`), and
     ``options`` as a mapping; a one-line error naming ``where`` on an unknown name (saying where it belongs) or value."""
-    unknown = sorted(set(values) - FIELDS)
+    shipped = {key: value for key, value in values.items() if key not in FIELDS and key in shipped_options()}
+    unknown = sorted(set(values) - FIELDS - set(shipped))
     if unknown:
         hints = "".join(_where_it_went(key, values, spelling) for key in unknown)
         raise FedrayError(f"{where}: unknown option(s) {', '.join(unknown)}{hints}")
     typed = {key: options_mapping(where, value) if key == "options" else RUN_OPTIONS[key].coerce(value, where)
-             for key, value in values.items()}
-    return _owned_options_moved(typed, where)
+             for key, value in values.items() if key not in shipped}
+    return _owned_options_moved(with_shipped_options(typed, shipped, where), where)
+
+
+def with_shipped_options(values: dict, shipped: dict, where: str) -> dict:
+    """``values`` with the options of the built-in algorithms shipped as plugins given by their own names
+    (``alpha: 0.1``, ``--alpha 0.1``: :func:`shipped_options`) put among ``options``, where they live."""
+    if not shipped:
+        return values
+    options = values.get("options") or {}
+    twice = sorted(set(shipped) & set(options))
+    if twice:
+        raise FedrayError(f"{where}: {twice[0]} is given twice: as {command_line(twice[0])} (or {twice[0]}: in YAML) "
+                          f"and as --option {twice[0]} (or options: {{{twice[0]}: ...}})")
+    return {**values, "options": {**options, **shipped}}
 
 
 def _where_it_went(key: str, values: dict, spelling: Spelling) -> str:

@@ -34,6 +34,15 @@ def reserve(bundle: dict[str, float], count: int, strategy: str, what: str, hint
     return group
 
 
+def default_count(cpus_per_actor: float) -> int:
+    """How many actors of ``cpus_per_actor`` CPUs a run starts when not told: the cluster's total CPUs over that, at least one.
+
+    The cluster's total, not the CPUs free at that moment: those vary with the machine's load (and other jobs), and the
+    number of actors decides how clients are summed, so the same command must give the same count (and the same bits).
+    """
+    return max(1, int(ray.cluster_resources().get("CPU", 1) // cpus_per_actor))
+
+
 def start_actors(
     actor_class: type, group: PlacementGroup, bundle: dict[str, float], arguments: list[tuple], first_bundle: int = 0,
     **options: object,

@@ -55,16 +55,20 @@ def _without_token_auth_notice() -> AbstractContextManager[None]:
     return without_messages(TOKEN_AUTH_LOGGER, TOKEN_AUTH_NOTICE)
 
 
-def init_ray(address: str | None = None) -> None:
+def init_ray(address: str | None = None, verbose: bool = False) -> None:
     """Join ``address`` (or $RAY_ADDRESS); with neither (or ``local``), start an embedded Ray, which ends with this
     process: a new one, never a cluster that ``ray start`` left on the machine.
+
+    What Ray's workers print (a plugin's client code, in the shards) reaches this process's output only when
+    ``verbose`` (Ray's ``log_to_driver``); else it stays in Ray's log files (``/tmp/ray/session_latest/logs/``). A
+    process already connected to Ray keeps its own setting.
 
     The caller's SIGTERM handler stays (``ray.init`` would replace it). Either way, this process then sends its
     tensors through the object store as numpy buffers (:mod:`fedray.runtime.tensor_transfer`).
     """
     if not ray.is_initialized():
         interrupts.check()  # no Ray is started for a run that a signal already stopped
-        _start_or_join(address)
+        _start_or_join(address, verbose)
     tensor_transfer.register()
 
 
@@ -124,9 +128,9 @@ def _killing_what_a_failed_start_leaves() -> Iterator[None]:
             raise
 
 
-def _start_or_join(address: str | None) -> None:
+def _start_or_join(address: str | None, verbose: bool) -> None:
     given = _cluster_address(address)
-    options = {"log_to_driver": False, "logging_level": logging.WARNING}
+    options = {"log_to_driver": verbose, "logging_level": logging.WARNING}
     if given is None:
         with _without_token_auth_notice(), _interruptible(), _killing_what_a_failed_start_leaves():
             ray.init(address=LOCAL, include_dashboard=False, **options)

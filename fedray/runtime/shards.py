@@ -35,6 +35,7 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.runtime.cluster import check_memory
 from fedray.runtime.client_states import ClientStates
 from fedray.runtime.footprint import Footprint
+from fedray.runtime.placement import default_count
 from fedray.runtime.actor_group import ActorGroup, Reduction, balanced_bounds, combine_partials, tree_reduce
 from fedray.runtime import tensor_transfer
 
@@ -268,7 +269,7 @@ class ShardPool(ActorGroup):
         if trial_group is not None:
             num_shards = len(trial_group.bundle_specs) - 1
         elif num_shards is None:
-            num_shards = max(1, int(ray.available_resources().get("CPU", 1) // cpus_per_shard))
+            num_shards = default_count(cpus_per_shard)
         if num_shards < 1:
             raise FedrayError(f"--num-shards must be ≥ 1, got {num_shards}")
         bounds = balanced_bounds(federation.client_offsets, num_shards)

@@ -101,3 +101,27 @@ def test_a_diverged_runs_rounds_end_at_the_round_it_stopped(ray_session, tmp_pat
     result = fedray.run(method="fedavg", dataset=SPEC, out=tmp_path, rounds=20, eval_every=5, client_lr=1e30, **SMALL_RUN)
     assert result.metrics.select("round", "diverged").rows() == [(0, False), (1, True)]
     assert len(result.rounds) == 1 and len(np.unique(result.rounds[0])) == 10
+
+
+class Doubling(fedray.Postprocessor):
+    """Doubles the server's sum: Fed3R's ZᵀZ and ZᵀY twice over are Fed3R at half the λ."""
+
+    def aggregate(self, total, context):
+        return {name: 2 * tensor for name, tensor in total.items()}
+
+
+def test_a_postprocessor_is_given_as_a_class_or_a_list_of_classes(ray_session, tmp_path):
+    plain = fedray.run(method="fed3r", dataset=SPEC, out=tmp_path / "plain", lam=0.01, **SMALL_RUN)
+    once = fedray.run(method="fed3r", dataset=SPEC, out=tmp_path / "once", postprocessor=Doubling, lam=0.02, **SMALL_RUN)
+    twice = fedray.run(method="fed3r", dataset=SPEC, out=tmp_path / "twice", postprocessor=[Doubling, Doubling],
+                       lam=0.04, **SMALL_RUN)
+    for result in (once, twice):
+        torch.testing.assert_close(result.classifier.weight, plain.classifier.weight, rtol=1e-10, atol=1e-12)
+    assert once.metrics["postprocessor"][0] == "tests.app.test_api:Doubling"
+    assert twice.metrics["postprocessor"][0] == "tests.app.test_api:Doubling,tests.app.test_api:Doubling"
+
+
+def test_a_postprocessor_that_is_not_a_class_is_one_line(tmp_path):
+    with pytest.raises(fedray.FedrayError, match=r"^fedray.run: postprocessor must be 'module:Class', 'file.py:Class', "
+                                                 r"a class, or a list of them, got \[<class 'tests.app.test_api.Doubling'>, 3\]$"):
+        fedray.run(method="fed3r", dataset=SPEC, out=tmp_path, postprocessor=[Doubling, 3])

@@ -33,6 +33,8 @@ NAMED = {  # fedray.run's own parameters that are run options, and what each say
     "dataset": "fedray.run: dataset must be a spec ('synthetic:…', 'parquet:PATH', 'file.py:function', ...) or a "
                "fedray.Federation, got {value!r}",
     "out": "fedray.run: out must be a folder, a str or pathlib.Path, got {value!r}",
+    "postprocessor": "fedray.run: postprocessor must be 'module:Class', 'file.py:Class', a class, or a list of them, "
+                     "got {value!r}",
 }
 
 
@@ -94,6 +96,8 @@ def wrong_values(key: str) -> list:
         bool: [1, 0, 1.0, "maybe", [True]],
         str: [3, 2.5, True, ["fed3r"], {"a": 1}],
     }[option.type]
+    if key == "postprocessor":  # a list of classes is its value
+        values = [[value] if isinstance(value, list) else value for value in values]
     return values if option.optional else [*values, None]
 
 
@@ -204,8 +208,9 @@ def test_unknown_keywords_say_where_they_belong(engine, tmp_path):
     out = tmp_path / "out"
     assert python_outcome(out, lamda=0.1) == "fedray.run: unknown option(s) lamda; did you mean lam?"
     assert python_outcome(out, learning_rate=0.1) == "fedray.run: unknown option(s) learning_rate"
-    assert python_outcome(out, alpha=0.5) == \
-        "fedray.run: unknown option(s) alpha; alpha is an option of the dataset: give it in dataset= as ?alpha=..."
+    assert python_outcome(out, alpha=0.5) == ("unknown option(s) alpha (--option); alpha is an option of feddyn, not of "
+                                              "fed3r (the dataset's alpha is given in its spec: ?alpha=...); this run has "
+                                              "no plugin options (its built-in classes' options: fedray run --help)")
     assert python_outcome(out, method=NCM, normalize=False) == \
         f"fedray.run: unknown option(s) normalize; normalize is an option of {NCM}: give it in options={{'normalize': ...}}"
 
@@ -217,6 +222,7 @@ def test_the_other_arguments_are_typed_too(engine, tmp_path):
     assert python_outcome(out, method=NCM, options={"normalize": "maybe"}) == \
         "--option: option normalize must be true or false, got 'maybe'"  # a plugin's option, typed as --option's
     assert python_outcome(out, resume=1) == "fedray.run: option resume must be true or false, got 1"
+    assert python_outcome(out, verbose="loud") == "fedray.run: option verbose must be true or false, got 'loud'"
     assert python_outcome(out, address=6379) == "fedray.run: option address must be a string, got 6379"
     assert python_outcome(out, on_evaluation="print") == \
         "fedray.run: on_evaluation must be a function (row, classifier), got 'print'"

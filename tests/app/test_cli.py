@@ -90,11 +90,27 @@ def test_python_m_fedray_help():
         assert command in result.stdout
 
 
-def test_no_command_is_a_usage_error(capsys):
-    with pytest.raises(SystemExit) as exit:
-        main([])
-    assert exit.value.code == 2
-    assert "usage: fedray" in capsys.readouterr().err
+@pytest.mark.parametrize("argv, message", [
+    ([], "the following arguments are required: command; see fedray --help"),
+    (["run", "--lamda", "0.1"], "unrecognized arguments: --lamda 0.1; see fedray run --help"),
+    (["run", "--sampling", "sometimes"], "argument --sampling: invalid choice: 'sometimes' (choose from 'without', "
+                                         "'with'); see fedray run --help"),
+    (["data", "info", "x", "--dim", "3"], "unrecognized arguments: --dim 3; see fedray data info --help"),
+    (["sampling", "coverage", "--clients", "ten"], "argument --clients: invalid int value: 'ten'; "
+                                                   "see fedray sampling coverage --help"),
+])
+def test_a_usage_error_is_one_line_saying_where_to_look(capsys, argv, message):
+    assert cli(capsys, *argv) == (2, "", f"fedray: error: {message}\n")
+
+
+def test_the_summary_line_says_the_accuracy_is_the_tests_and_of_which_stage():
+    from fedray.app.cli import summary_line
+    from fedray.methods.config import resolve
+
+    config = resolve({}, {"method": "fedavg", "init": "fed3r", "dataset": SPEC, "out": "results/x"})
+    last = {"accuracy": 0.02461, "stage": "train", "round": 12, "clients_seen": 40, "bytes_up": 2.5e6}
+    assert summary_line(config, last) == (f"fedavg on {SPEC}: test accuracy 0.0246 (stage train) after 12 rounds, "
+                                          f"40 clients seen, 2.5 MB up → results/x")
 
 
 # --- data info / export ------------------------------------------------------------------------------------
@@ -592,8 +608,10 @@ def test_unknown_method_is_a_one_line_error(capsys, tmp_path):
         ("lam: [0.01\n", ["not valid YAML"]),
         (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ["not a text file (byte 0x89 at offset 0 is not UTF-8); a config file is YAML"]),
         ("lam: 0.01\n".encode("utf-16"), ["not a text file (byte 0xff at offset 0 is not UTF-8)"]),
+        ("options: " + "[" * 5000 + "]" * 5000 + "\n", ["nested too deeply to read (a config file holds options, not "
+                                                       "thousands of nested lists or mappings)"]),
     ],
-    ids=["missing", "unknown-key", "unknown-method", "not-a-mapping", "bad-yaml", "binary", "utf-16"],
+    ids=["missing", "unknown-key", "unknown-method", "not-a-mapping", "bad-yaml", "binary", "utf-16", "deep"],
 )
 def test_bad_config_file_is_one_line_error(ray_session, tmp_path, capsys, text, needles):
     config = tmp_path / "config.yaml"
@@ -683,3 +701,30 @@ def test_a_run_does_not_announce_token_authentication(tmp_path):
     assert rc == 0, err
     assert "Token authentication" not in err and "fedncm on" in out
     assert (Path.home() / ".ray" / "auth_token").is_file()  # the token Ray created or reused: authentication is on
+
+
+TALKING_POSTPROCESSOR = '''
+import fedray
+
+
+class Talk(fedray.Postprocessor):
+    @property
+    def per_client(self):
+        return True
+
+    def client(self, upload, context):
+        print("hello from a client hook", flush=True)
+        return upload
+'''
+
+
+@pytest.mark.slow
+def test_verbose_shows_what_a_plugins_client_code_prints_in_the_shards(tmp_path):
+    (tmp_path / "talk.py").write_text(TALKING_POSTPROCESSOR)
+    run = ["run", "--method", "fed3r", "--dataset", SPEC, "--postprocessor", f"{tmp_path / 'talk.py'}:Talk", *SMALL_RUN]
+    rc, out, err, _ = fedray_subprocess([*run, "--out", tmp_path / "silent"])
+    assert rc == 0, err
+    assert "hello from a client hook" not in out + err
+    rc, out, err, _ = fedray_subprocess([*run, "--out", tmp_path / "verbose", "--verbose"])
+    assert rc == 0, err
+    assert "(ShardActor pid=" in out + err and "hello from a client hook" in out + err

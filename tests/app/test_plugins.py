@@ -130,7 +130,7 @@ def test_a_server_optimizer_plugin_of_theta_plus_delta_is_fedavg_bit_for_bit(ray
     rc, out, err = cli(capsys, "run", *common, "--out", tmp_path / "plugin", "--server-optimizer",
                        f"{tmp_path / 'plain_average.py'}:PlainAverage")
     assert rc == 0, err
-    assert out.startswith(f"fedavg with server optimizer PlainAverage on {SPEC}: accuracy "), out  # what ran
+    assert out.startswith(f"fedavg with server optimizer PlainAverage on {SPEC}: test accuracy "), out  # what ran
     plugin_rows = rows(tmp_path / "plugin")
     assert {(r["server_optimizer"], r["server_optimizer_spec"]) for r in plugin_rows} == \
         {("PlainAverage", f"{tmp_path / 'plain_average.py'}:PlainAverage")}
@@ -316,6 +316,30 @@ def test_methods_lists_every_builtin_with_its_options(capsys):
                  "fedavg", "fedadam", "server_lr: float | None = None", "adam_beta2: float = 0.99",
                  "fedavgm", "server_momentum: float = 0.9", "scaffold", "fedprox", "tct"]:
         assert line in out, line
+
+
+def test_methods_prints_a_plugins_kind_and_options_with_types_defaults_and_help(capsys):
+    noise = f"{REPO / 'examples' / 'gaussian_noise.py'}:GaussianNoise"
+    rc, out, err = cli(capsys, "methods", YOGI, noise, "fedprox")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"  {YOGI}: a server optimizer (--server-optimizer {YOGI})"
+    assert lines[1:5] == ["      server_lr: float | None = None  (server learning rate η (default 0.01))",
+                          "      yogi_beta1: float = 0.9  (β₁)", "      yogi_beta2: float = 0.99  (β₂)",
+                          "      yogi_tau: float = 0.001  (τ, the adaptivity floor)"]
+    assert lines[6] == f"  {noise}: a postprocessor (--postprocessor {noise})"
+    assert lines[7] == "      clip: float | None = None  (clip each client's upload to this L2 norm (none: no clipping))"
+    assert lines[-1] == "      prox_mu: float = 0.01  (proximal weight μ)"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nope", "fedray methods: unknown class 'nope'; give a built-in's name (fedray methods lists them) or your own as "
+             "path/to/file.py:Class or module:Class"),
+    ("fedray.core.plugins:FILE_MODULE", "fedray.core.plugins:FILE_MODULE: FILE_MODULE is not a subclass of any of "
+     "fedray.ClosedFormMethod, fedray.FederatedAlgorithm, fedray.ServerOptimizer, fedray.Postprocessor, fedray.ClientAlgorithm"),
+])
+def test_methods_of_something_that_is_not_a_class_is_one_line(capsys, spec, message):
+    assert cli(capsys, "methods", spec) == (2, "", f"fedray: error: {message}\n")
 
 
 def test_the_readme_example_method_runs_and_is_fedncm(fedncm_run, tmp_path):

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from fedray.app.cli import build_parser, main
-from fedray.methods.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typed_value
+from fedray.app.api import KEYWORD_SPELLING
+from fedray.methods.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typed_options, typed_value
 from fedray.core.errors import FedrayError
 from fedray.methods import method_class
 from fedray.core.options import options_of
@@ -124,8 +125,10 @@ def config_error(tmp_path, text: str) -> str:
 def test_unknown_config_keys_name_where_they_belong(tmp_path):
     assert config_error(tmp_path, "lamda: 0.1\n") == "run.yaml: unknown option(s) lamda; did you mean lam?"
     assert config_error(tmp_path, "learning_rate: 0.1\n") == "run.yaml: unknown option(s) learning_rate"
-    assert config_error(tmp_path, "alpha: 0.5\n") == \
-        "run.yaml: unknown option(s) alpha; alpha is an option of the dataset: give it in dataset: as ?alpha=..."
+    (tmp_path / "run.yaml").write_text("alpha: 0.5\n")  # FedDyn's alpha, checked with the run's classes
+    with pytest.raises(FedrayError, match=r"^unknown option\(s\) alpha \(--option\); alpha is an option of feddyn, not "
+                                          r"of fed3r \(the dataset's alpha is given in its spec: \?alpha=...\); "):
+        resolve(load_config_file(tmp_path / "run.yaml"), {})
     assert config_error(tmp_path, f"method: {NCM}\nnormalize: false\n") == \
         f"run.yaml: unknown option(s) normalize; normalize is an option of {NCM}: give it under options: {{normalize: ...}}"
     assert config_error(tmp_path, f"method: fedavg\nserver_optimizer: {YOGI}\nyogi_tau: 0.01\n") == \
@@ -138,10 +141,10 @@ def sweep_error(tmp_path, text: str) -> str:
 
 def test_unknown_sweep_keys_name_where_they_belong(tmp_path):
     assert sweep_error(tmp_path, "name: x\ngrid: {lamda: [0.1]}\n") == "sweep.yaml: grid.lamda is not a run option; did you mean lam?"
-    assert sweep_error(tmp_path, "name: x\ngrid: {alpha: [0.1]}\n") == \
-        "sweep.yaml: grid.alpha is not a run option (alpha is an option of the dataset: write grid.dataset.alpha)"
-    assert sweep_error(tmp_path, "name: x\nbase: {alpha: 0.1}\n") == \
-        "sweep.yaml: base.alpha is not a run option (alpha is an option of the dataset: give it in base.dataset as ?alpha=...)"
+    assert sweep_error(tmp_path, "name: x\ngrid: {split: [classes]}\n") == \
+        "sweep.yaml: grid.split is not a run option (split is an option of the dataset: write grid.dataset.split)"
+    assert sweep_error(tmp_path, "name: x\nbase: {split: classes}\n") == \
+        "sweep.yaml: base.split is not a run option (split is an option of the dataset: give it in base.dataset as ?split=...)"
     assert sweep_error(tmp_path, "name: x\ngrid: {yogi_tau: [0.1]}\n") == \
         "sweep.yaml: grid.yogi_tau is not a run option (a plugin's option is written grid.options.yogi_tau)"
     for key in ("num_shards", "cpus_per_shard", "num_trainers", "cpus_per_trainer"):
@@ -215,3 +218,72 @@ def test_an_owned_option_under_a_files_options_is_typed_and_named_with_the_file(
     path.write_text("method: fedprox\nprox_mu: 0.1\noptions: {prox_mu: 0.2}\n")
     with pytest.raises(FedrayError, match=rf"^{re.escape(str(path))}: prox_mu is given twice: as --prox-mu and as --option"):
         load_config_file(path)
+
+
+def test_the_options_of_the_algorithms_shipped_as_plugins_are_in_the_help_under_their_owner(capsys, monkeypatch):
+    from fedray.methods.training_algorithms import BUILT_IN, algorithm_class
+
+    shown = run_help(capsys, monkeypatch)
+    shipped = [(name, key, option) for name, spec in BUILT_IN.items() if isinstance(spec, str)
+               for key, option in options_of(algorithm_class(name)).items()]
+    assert [(name, key) for name, key, _ in shipped] == [("feddyn", "alpha")]  # FedNova has none
+    for _, key, option in shipped:
+        flag = "--" + key.replace("_", "-")
+        assert shown[flag].split(maxsplit=2)[2] == f"{option.help} (default {option.default})"
+    monkeypatch.setenv("COLUMNS", "100000")
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "options of feddyn (training algorithm):\n  --alpha ALPHA " in capsys.readouterr().out
+
+
+def resolved_command_line(monkeypatch, *args: str) -> RunConfig:
+    """The configuration ``fedray run ARGS`` resolves, the run itself not started."""
+    import fedray.engine.run_config
+
+    seen = []
+
+    def capture(config, **_):
+        seen.append(config)
+        raise FedrayError("captured")
+
+    monkeypatch.setattr(fedray.engine.run_config, "run", capture)
+    assert main(["run", "--quiet", "--out", "unused", *args]) == 2
+    return seen[0]
+
+
+def test_a_shipped_algorithms_option_is_a_flag_a_file_key_a_keyword_and_a_sweep_key(monkeypatch, capsys, tmp_path):
+    by_option = resolved_command_line(monkeypatch, "--method", "feddyn", "--option", "alpha=0.1")
+    assert by_option.options == {"alpha": 0.1}
+    assert resolved_command_line(monkeypatch, "--method", "feddyn", "--alpha", "0.1") == by_option
+    path = tmp_path / "run.yaml"
+    path.write_text("method: feddyn\nout: unused\nquiet: true\nalpha: 0.1\n")
+    assert resolve(load_config_file(path), {}) == by_option
+    keywords = typed_options({"method": "feddyn", "out": "unused", "quiet": True, "alpha": 0.1}, "fedray.run", KEYWORD_SPELLING)
+    assert resolve(keywords, {}) == by_option
+    assert load_sweep(write_sweep(tmp_path, "grid: {method: [feddyn], alpha: [0.1, 0.2]}")).grid == {
+        "method": ["feddyn"], "options.alpha": [0.1, 0.2]}
+
+
+DATASET_ALPHA = " (the dataset's alpha is given in its spec: ?alpha=...)"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--method", "fedavg", "--option", "alpha=0.1"], "unknown option(s) alpha (--option); alpha is an option of "
+     f"feddyn, not of fedavg{DATASET_ALPHA}; this run has no plugin options (its built-in classes' options: fedray run --help)"),
+    (["--method", "fedavg", "--alpha", "0.1"], "unknown option(s) alpha (--option); alpha is an option of feddyn, "
+     f"not of fedavg{DATASET_ALPHA}; this run has no plugin options (its built-in classes' options: fedray run --help)"),
+    (["--method", "fedavg", "--option", "beta=0.1"], "unknown option(s) beta (--option); this run has no plugin "
+     "options (its built-in classes' options: fedray run --help)"),
+    (["--method", "feddyn", "--alpha", "0.1", "--option", "alpha=0.2"], "fedray run: alpha is given twice: as --alpha "
+     "(or alpha: in YAML) and as --option alpha (or options: {alpha: ...})"),
+])
+def test_a_shipped_algorithms_option_elsewhere_or_twice_is_one_line(capsys, tmp_path, args, message):
+    assert main(["run", "--quiet", "--out", str(tmp_path / "out"), *args]) == 2
+    assert capsys.readouterr().err == f"fedray: error: {message}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def write_sweep(tmp_path, text: str) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"name: x\n{text}\n")
+    return path

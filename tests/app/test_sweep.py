@@ -1,5 +1,6 @@
 """Sweeps: the sweep file, Tune trials with their shards in the trial's placement group, results.parquet, resume."""
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -230,3 +231,24 @@ def test_a_trial_takes_an_owned_option_swept_under_options_as_its_run_option():
     swept = trial_config({"method": "fedprox", "options.prox_mu": 0.3}, out="trial")
     assert swept == trial_config({"method": "fedprox", "prox_mu": 0.3}, out="trial")
     assert (swept.prox_mu, swept.options) == (0.3, {})
+
+
+def test_base_options_as_a_mapping_are_the_trials_plugin_options(tmp_path):
+    """``base: {options: {x: 1}}``, as a config file writes it, is ``base: {options.x: 1}``."""
+    noise = f"{Path(__file__).resolve().parents[2] / 'examples' / 'gaussian_noise.py'}:GaussianNoise"
+    spec = load_sweep(write(tmp_path, f"name: x\nbase: {{method: fedprox, postprocessor: '{noise}', "
+                                      f"options: {{prox_mu: 0.3, noise_std: 0.5}}}}\n"))
+    assert spec.base == {"method": "fedprox", "postprocessor": noise, "options.prox_mu": 0.3, "options.noise_std": 0.5}
+    trial = trial_config(spec.base, out="trial")
+    assert (trial.prox_mu, trial.options) == (0.3, {"clip": None, "noise_std": 0.5})  # resolved: defaults added
+
+
+@pytest.mark.parametrize("text, message", [
+    ("grid: {options: {x: [1, 2]}}", "grid.options: sweep each plugin option as its own key, grid.options.NAME"),
+    ("base: {options: [1]}", "base: options must be a mapping of option: value, got [1]"),
+    ("base: {options: {x: 1}, options.x: 2}", "base.options.x is given twice: in base.options and as base.options.x"),
+])
+def test_bad_plugin_options_in_a_sweep_are_one_line(tmp_path, text, message):
+    path = write(tmp_path, f"name: x\n{text}\n")
+    with pytest.raises(FedrayError, match=f"^{re.escape(f'{path}: {message}')}$"):
+        load_sweep(path)

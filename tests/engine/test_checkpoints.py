@@ -179,7 +179,7 @@ def write_bad_checkpoint(kind: str, path: Path, config: dict) -> None:
     ],
 )
 def test_a_bad_checkpoint_is_refused_in_one_line(monkeypatch, tmp_path, capsys, kind, needles):
-    monkeypatch.setattr(fedray.engine.run_config, "init_ray", lambda address=None: pytest.fail("a bad checkpoint was accepted"))
+    monkeypatch.setattr(fedray.engine.run_config, "init_ray", lambda address=None, verbose=False: pytest.fail("a bad checkpoint was accepted"))
     out = tmp_path / "run"
     out.mkdir()
     checkpoint = out / CHECKPOINT
@@ -204,7 +204,7 @@ def scaffold_config(out: Path) -> dict:
     return config.validate().resolved().to_dict()
 
 
-def ray_would_start(address=None):
+def ray_would_start(address=None, verbose=False):
     raise FedrayError("the checkpoint was accepted: Ray would start here")
 
 

@@ -140,3 +140,18 @@ def test_sampling_schedules():
     assert len(np.unique(np.concatenate(with_replacement))) == 95
     assert len(np.unique(np.concatenate(with_replacement[:-1]))) == 94
     assert all(np.array_equal(a, b) for a, b in zip(with_replacement, sampling.schedule(95, 10, True, seed=0)))
+
+
+def test_shard_layouts_differ_in_float64_round_off_only(pools):
+    """1, 2 and 3 shards sum the clients' statistics in different orders: FedNCM's sums of float32 features agree
+    bitwise, Fed3R's and FedCOF's solves to float64 round-off (the bounds the README gives), with the same rows."""
+    options = {"fedncm": {}, "fed3r": {}, "fedcof": {"sampling": "with", "clients_per_round": 11}}
+    layouts = {shards: {method: run_on(pools("inat-user-120k", shards), method=method, seed=5, **extra)
+                        for method, extra in options.items()} for shards in (1, 2, 3)}
+    for shards in (2, 3):
+        one, other = layouts[1], layouts[shards]
+        assert torch.equal(other["fedncm"][2].classifier.weight, one["fedncm"][2].classifier.weight)
+        assert max_relative_difference(other["fed3r"][2].classifier.weight, one["fed3r"][2].classifier.weight) <= 1e-13
+        assert max_relative_difference(other["fedcof"][2].classifier.weight, one["fedcof"][2].classifier.weight) <= 1e-11
+        for method in options:
+            assert [r["accuracy"] for r in other[method][1]] == [r["accuracy"] for r in one[method][1]]

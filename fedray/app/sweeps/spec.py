@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
-from fedray.methods.config import FIELDS, did_you_mean, read_yaml_mapping, typed_value
+from fedray.methods.config import FIELDS, did_you_mean, options_mapping, read_yaml_mapping, shipped_options, typed_value
 from fedray.data.registry import OPTION_TYPES, canonical_spec
 from fedray.core.errors import FedrayError
 from fedray.core.plugins import canonical
@@ -155,6 +155,15 @@ def _options(path: Path, values: dict, section: str) -> dict:
     if not isinstance(options, dict):
         raise FedrayError(f"{path}: {section} must be a mapping of option: value")
     options = {str(key).replace("-", "_"): value for key, value in options.items()}
+    if "options" in options:
+        options = _plugin_options_spelt_out(path, options, section)
+    # the options of the built-in algorithms shipped as plugins (FedDyn's alpha) live among a run's plugin options
+    renamed = {OPTIONS_PREFIX + key if key not in FIELDS and key in shipped_options() else key: value
+               for key, value in options.items()}
+    if len(renamed) < len(options):
+        twice = sorted(key for key in options if OPTIONS_PREFIX + key in options)[0]
+        raise FedrayError(f"{path}: {section}.{twice} is given twice: as {twice} and as {OPTIONS_PREFIX}{twice}")
+    options = renamed
     for key in options:
         if key.startswith(OPTIONS_PREFIX) and len(key) > len(OPTIONS_PREFIX):
             continue
@@ -170,6 +179,20 @@ def _options(path: Path, values: dict, section: str) -> dict:
         if key not in FIELDS:
             raise FedrayError(f"{path}: {section}.{key} is not a run option{_where_it_went(key, section)}")
     return options
+
+
+def _plugin_options_spelt_out(path: Path, options: dict, section: str) -> dict:
+    """``base: {options: {x: 1}}``, as a config file writes a plugin's options, as ``base: {options.x: 1}``; in a grid or
+    random section each swept plugin option is its own key (``options.x: [...]``)."""
+    if section != "base":
+        raise FedrayError(f"{path}: {section}.options: sweep each plugin option as its own key, "
+                          f"{section}.{OPTIONS_PREFIX}NAME")
+    plugin = options_mapping(f"{path}: base", options.pop("options"))
+    twice = sorted(key for key in plugin if OPTIONS_PREFIX + key in options)
+    if twice:
+        raise FedrayError(f"{path}: base.{OPTIONS_PREFIX}{twice[0]} is given twice: in base.options and as "
+                          f"base.{OPTIONS_PREFIX}{twice[0]}")
+    return {**options, **{OPTIONS_PREFIX + key: value for key, value in plugin.items()}}
 
 
 def _where_it_went(key: str, section: str) -> str:

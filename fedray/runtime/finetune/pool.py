@@ -27,7 +27,7 @@ from fedray.data.images.backbones import Backbone, get_backbone
 from fedray.data.images.decode import ImageTransform
 from fedray.runtime.held import Held
 from fedray.runtime.actor_group import ActorGroup, balanced_bounds, fetch, tree_reduce
-from fedray.runtime.placement import gpu_share, trial_bundles
+from fedray.runtime.placement import default_count, gpu_share, trial_bundles
 from fedray.methods.entk import EntkSpec
 
 
@@ -84,7 +84,7 @@ class TrainerPool(ActorGroup):
             cpus_per_trainer = bundle.get("CPU", 1.0)
         gpus = int(ray.cluster_resources().get("GPU", 0))
         if num_trainers is None:
-            num_trainers = gpus if gpus else max(1, int(ray.available_resources().get("CPU", 1) // cpus_per_trainer))
+            num_trainers = gpus if gpus else default_count(cpus_per_trainer)
         if num_trainers < 1:
             raise FedrayError(f"need at least one trainer, got {num_trainers}")
         bounds = balanced_bounds(federation.client_offsets, num_trainers)
