@@ -63,8 +63,11 @@ class EvalPoint:
 
     def columns(self) -> dict[str, object]:
         """The row's columns: its fields, with each reported number as a column of its own."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "reported"}
-        return {**values, **self.reported}
+        return {**{name: getattr(self, name) for name in POINT_COLUMNS}, **self.reported}
+
+
+POINT_COLUMNS = tuple(f.name for f in fields(EvalPoint) if f.name != "reported")
+"""The columns every evaluation row has (besides the configuration's and what plugins report)."""
 
 
 def write_atomically(path: Path, write: Callable[[Path], None], size: int | None = None) -> None:

@@ -1,19 +1,17 @@
 """``fedray.run`` and ``fedray.sweep`` from Python: the run's result as objects, each evaluation point's classifier,
 the rounds' clients; a sweep's table."""
 
-from dataclasses import fields
-
 import numpy as np
 import polars as pl
 import pytest
 import torch
 
 import fedray
-from fedray.core.results import EvalPoint
+from fedray.core.results import POINT_COLUMNS
 
 SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
 SMALL_RUN = {"num_shards": 2, "cpus_per_shard": 0.5, "quiet": True}
-EVALUATION_COLUMNS = [f.name for f in fields(EvalPoint)]
+EVALUATION_COLUMNS = list(POINT_COLUMNS)
 
 
 def class_means(clients: np.ndarray) -> np.ndarray:
