@@ -57,9 +57,21 @@ def _add_run_option(group: argparse._ActionsContainer, spec: Field) -> None:
     if option.type is bool:
         group.add_argument(command_line(spec.name), action="store_const", const=True, help=help_text)
         return
+    if spec.name == "postprocessor":  # each upload through all of them, in order: a repeated flag adds one
+        group.add_argument(command_line(spec.name), action=_Appended, metavar=spec.metadata["metavar"], help=help_text)
+        return
     choices = spec.metadata["choices"]
     group.add_argument(command_line(spec.name), type=None if option.type is str else option.type,
                        choices=list(choices) if choices else None, metavar=spec.metadata["metavar"], help=help_text)
+
+
+class _Appended(argparse.Action):
+    """A comma-separated list option given more than once: ``--postprocessor a --postprocessor b`` is ``--postprocessor a,b``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        earlier = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, values if earlier is None else f"{earlier},{values}")
 
 
 def default_note(spec: Field) -> str:
