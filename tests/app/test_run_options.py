@@ -215,3 +215,10 @@ def test_an_owned_option_under_a_files_options_is_typed_and_named_with_the_file(
     path.write_text("method: fedprox\nprox_mu: 0.1\noptions: {prox_mu: 0.2}\n")
     with pytest.raises(FedrayError, match=rf"^{re.escape(str(path))}: prox_mu is given twice: as --prox-mu and as --option"):
         load_config_file(path)
+
+
+def test_a_repeated_postprocessor_adds_to_the_list_in_order():
+    args = build_parser().parse_args(["run", "--postprocessor", "clip.py:Clip", "--postprocessor", "noise.py:Noise,q.py:Q",
+                                      "--postprocessor", "mask:Mask"])
+    assert args.postprocessor == "clip.py:Clip,noise.py:Noise,q.py:Q,mask:Mask"
+    assert build_parser().parse_args(["run", "--postprocessor", "clip.py:Clip"]).postprocessor == "clip.py:Clip"
