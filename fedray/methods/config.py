@@ -538,6 +538,10 @@ def did_you_mean(key: str, known: Sequence[str]) -> str:
 
 def read_yaml_mapping(path: Path, kind: str, shape: str) -> dict:
     """The mapping in the YAML file ``path``, or a one-line error naming the file (``kind``: what it should be)."""
+    if path.is_dir():
+        inside = path / "config.yaml"  # a run's folder: its configuration is this file
+        hint = f"; did you mean {inside}?" if inside.is_file() else "; name a YAML file"
+        raise FedrayError(f"{path}: is a folder, not a {kind}{hint}")
     if not path.is_file():
         raise FedrayError(f"{path}: no such {kind}")
     try:
@@ -589,9 +593,12 @@ def typed_options(values: dict, where: str, spelling: Spelling) -> dict:
 def _where_it_went(key: str, values: dict, spelling: Spelling) -> str:
     """Where an unknown run option ``key`` belongs: a plugin's options, the dataset spec, or the nearest run option."""
     owners = []
-    for spec, load in ((values.get("method"), method_class), (values.get("server_optimizer"), server_optimizer_class),
+    method = values.get("method")
+    load_method = algorithm_class if method in ALGORITHMS or (isinstance(method, str) and is_plugin(method) and
+                                                                _is_algorithm(method)) else method_class
+    for spec, load in ((method, load_method), (values.get("server_optimizer"), server_optimizer_class),
                        (values.get("client_algorithm"), client_algorithm_class)):
-        if isinstance(spec, str) and is_plugin(spec):
+        if isinstance(spec, str) and (is_plugin(spec) or isinstance(ALGORITHMS.get(spec), str)):  # feddyn's, fednova's too
             try:
                 owners += [spec] if key in options_of(load(spec)) else []
             except FedrayError:  # the run names the bad plugin once it is checked

@@ -130,6 +130,18 @@ def test_unknown_config_keys_name_where_they_belong(tmp_path):
         f"run.yaml: unknown option(s) normalize; normalize is an option of {NCM}: give it under options: {{normalize: ...}}"
     assert config_error(tmp_path, f"method: fedavg\nserver_optimizer: {YOGI}\nyogi_tau: 0.01\n") == \
         f"run.yaml: unknown option(s) yogi_tau; yogi_tau is an option of {YOGI}: give it under options: {{yogi_tau: ...}}"
+    assert config_error(tmp_path, "method: feddyn\nalpha: 0.1\n") == \
+        "run.yaml: unknown option(s) alpha; alpha is an option of feddyn: give it under options: {alpha: ...}"
+
+
+def test_a_config_folder_is_called_a_folder(tmp_path):
+    with pytest.raises(FedrayError) as refused:
+        load_config_file(tmp_path)
+    assert str(refused.value) == f"{tmp_path}: is a folder, not a config file; name a YAML file"
+    (tmp_path / "config.yaml").write_text("method: fed3r\n")  # a run's folder
+    with pytest.raises(FedrayError) as refused:
+        load_config_file(tmp_path)
+    assert str(refused.value) == f"{tmp_path}: is a folder, not a config file; did you mean {tmp_path / 'config.yaml'}?"
 
 
 def sweep_error(tmp_path, text: str) -> str:
