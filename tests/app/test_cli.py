@@ -477,7 +477,7 @@ def test_not_a_parquet_file(ray_session, tmp_path, capsys):
         (["--participation", "0.5", "--clients-per-round", "5"], ["--clients-per-round or --participation"]),
         (["--eval-every", "0"], ["--eval-every"]),
         (["--num-shards", "0"], ["--num-shards"]),
-        (["--method", "fedavg", "--prox-mu", "0.1"], ["--prox-mu applies to fedprox only", "fedavg"]),
+        (["--method", "fedavg", "--prox-mu", "0.1"], ["--prox-mu applies to fedprox (training algorithm), not to this run (--method fedavg)"]),
         (["--method", "fedavg", "--client-lr", "0"], ["--client-lr must be > 0", "0"]),
         (["--method", "scaffold", "--resume"], ["checkpoint.pt", "no checkpoint to resume from"]),
         (["--lam", "inf"], ["--lam must be a finite number", "inf"]),
