@@ -136,6 +136,10 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     method = None if config.trains else build_method(config, federation)
     per_round = config.per_round(federation.num_clients)
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
+    if config.trains and config.rounds is not None:  # training runs exactly --rounds rounds (TCT's stage 2 its own)
+        sampling.check_schedule(config.rounds, per_round)
+    if config.method == TCT:
+        sampling.check_schedule(config.tct_rounds, per_round, "--tct-rounds")
     saved = _saved_state(config, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
