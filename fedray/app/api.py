@@ -144,7 +144,7 @@ def run(
     if on_evaluation is not None and not callable(on_evaluation):
         raise FedrayError(f"{RUN}: on_evaluation must be a function (row, classifier), got {shown(on_evaluation)}")
     researcher = Callbacks.checked(callbacks, RUN)
-    config = resolve(typed_options(values, RUN, KEYWORD_SPELLING), {})  # as a file's values: None is a value
+    config = resolve(typed_options(values, RUN, KEYWORD_SPELLING), {}, named=run_options)  # None is a value, as in a file
     listener = None if on_evaluation is None else lambda point, classifier: on_evaluation(point.columns(), classifier)
     completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation,
                            verbose=verbose, callbacks=researcher)

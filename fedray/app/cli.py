@@ -67,9 +67,13 @@ def _add_run_option(group: argparse._ActionsContainer, spec: Field) -> None:
     """``--name`` for the run option ``spec``; its argparse default stays None so a config file's value is kept."""
     from fedray.methods.config import RUN_OPTIONS
 
+    help_text = spec.metadata["help"].replace("%", "%%") + default_note(spec)
+    if spec.name == "postprocessor":  # each upload through all of them, in order: a repeated flag adds one
+        group.add_argument(command_line(spec.name), action=_Appended, metavar=spec.metadata["metavar"], help=help_text)
+        return
     choices = spec.metadata["choices"]
-    _add_option(group, spec.name, RUN_OPTIONS[spec.name], spec.metadata["help"].replace("%", "%%") + default_note(spec),
-                choices=list(choices) if choices else None, metavar=spec.metadata["metavar"])
+    _add_option(group, spec.name, RUN_OPTIONS[spec.name], help_text, choices=list(choices) if choices else None,
+                metavar=spec.metadata["metavar"])
 
 
 def _add_option(group: argparse._ActionsContainer, name: str, option: Option, help_text: str, **settings: object) -> None:
@@ -79,6 +83,15 @@ def _add_option(group: argparse._ActionsContainer, name: str, option: Option, he
                            **({"dest": settings["dest"]} if "dest" in settings else {}))
         return
     group.add_argument(command_line(name), type=None if option.type is str else option.type, help=help_text, **settings)
+
+
+class _Appended(argparse.Action):
+    """A comma-separated list option given more than once: ``--postprocessor a --postprocessor b`` is ``--postprocessor a,b``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        earlier = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, values if earlier is None else f"{earlier},{values}")
 
 
 def default_note(spec: Field) -> str:

@@ -9,12 +9,13 @@ cannot finish writing (a full disk) leaves the previous run as it was.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import secrets
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import BinaryIO, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -70,7 +71,12 @@ POINT_COLUMNS = tuple(f.name for f in fields(EvalPoint) if f.name != "reported")
 """The columns every evaluation row has (besides the configuration's and what plugins report)."""
 
 
-def write_atomically(path: Path, write: Callable[[Path], None], size: int | None = None) -> None:
+Size = int | Callable[[], int] | None
+"""The bytes a writer writes: a number, a function that counts them (called only when the disk is full, to say how
+much space the write needed), or None (not known)."""
+
+
+def write_atomically(path: Path, write: Callable[[Path], None], size: Size = None) -> None:
     """Write through a temporary file ``.NAME.TAG.tmp`` in the same folder, then rename over ``path``.
 
     ``path`` is the old file or the new one, never part of one: on any failure
@@ -89,11 +95,11 @@ class _Temporaries:
         self.written = written
         """What the disk-full error names: the file, or the folder of a run's files."""
         self.folder = folder
-        self.sizes: dict[Path, int | None] = {}
+        self.sizes: dict[Path, Size] = {}
         """Each written temporary and the bytes its writer was to write (None: not known)."""
         self.reserved: list[Path] = []
 
-    def write(self, path: Path, write: Callable[[Path], None], size: int | None) -> Path:
+    def write(self, path: Path, write: Callable[[Path], None], size: Size) -> Path:
         """A new temporary for ``path``, filled by ``write``."""
         temporary = self.reserve(path)
         self.sizes[temporary] = size
@@ -112,12 +118,23 @@ class _Temporaries:
     def __exit__(self, kind: type | None, error: BaseException | None, traceback: object) -> None:
         if error is None:
             return
-        sizes = [max(size or 0, _size_of(temporary)) for temporary, size in self.sizes.items()]
+        written = {temporary: _size_of(temporary) for temporary in self.sizes}
         for temporary in self.reserved:
             temporary.unlink(missing_ok=True)
         code = full_disk_code(error)
         if code is not None:
+            sizes = [max(_bytes(size), written[temporary]) for temporary, size in self.sizes.items()]
             raise full_disk_error(code, self.written, self.folder, sizes, None in self.sizes.values()) from None
+
+
+def _bytes(size: Size) -> int:
+    """The bytes ``size`` says; 0 where counting them fails too (then what the writer wrote counts)."""
+    if not callable(size):
+        return size or 0
+    try:
+        return size()
+    except Exception:
+        return 0
 
 
 def _size_of(path: Path) -> int:
@@ -149,13 +166,41 @@ def remove_stale_temporaries(folder: Path, names: Iterable[str]) -> None:
             entry.unlink(missing_ok=True)
 
 
-def payload_bytes(value: object) -> int:
-    """The bytes of the arrays and tensors in ``value`` and its nested dicts, lists and tuples: about what a file of them takes."""
-    if isinstance(value, dict):
-        return sum(payload_bytes(item) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(payload_bytes(item) for item in value)
-    return getattr(value, "nbytes", 0)
+class _Counter(io.RawIOBase):
+    """A file that keeps nothing and counts the bytes written to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:
+        size = memoryview(data).nbytes
+        self.count += size
+        return size
+
+
+def serialized_size(save: Callable[[BinaryIO], None]) -> int:
+    """The bytes ``save`` writes to a file (it is run, into a file that keeps nothing): what the file takes, exactly
+    for torch.save, within a few bytes per array for a zip of them (np.savez) that cannot seek back."""
+    counter = _Counter()
+    save(counter)
+    return counter.count
+
+
+def torch_size(value: object) -> int:
+    """The bytes of ``torch.save(value)``."""
+    import torch  # here, not at the top: analysis imports this module for EvalPoint without needing torch
+
+    return serialized_size(lambda handle: torch.save(value, handle))
+
+
+def _parquet_size(table: pa.Table) -> int:
+    sink = pa.MockOutputStream()
+    pq.write_table(table, sink)
+    return sink.size()
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -188,11 +233,12 @@ def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.nd
     """
     table = pa.Table.from_pylist(rows)
     text = yaml.safe_dump(config, sort_keys=False)
-    files = [(CLASSIFIER, lambda p: _save_npz(p, arrays), payload_bytes(arrays))]
+    files: list[tuple[str, Callable[[Path], None], Size]] = [
+        (CLASSIFIER, lambda p: _save_npz(p, arrays), lambda: serialized_size(lambda handle: np.savez(handle, **arrays)))]
     if model is not None:
-        files.append((MODEL, lambda p: _save_model(p, model), payload_bytes(model)))
+        files.append((MODEL, lambda p: _save_model(p, model), lambda: torch_size(model)))
     files += [(CONFIG, lambda p: _save_text(p, text), len(text.encode())),
-              (METRICS, lambda p: _save_table(p, table), table.nbytes)]
+              (METRICS, lambda p: _save_table(p, table), lambda: _parquet_size(table))]
     out.mkdir(parents=True, exist_ok=True)
     with _Temporaries(out, out) as temporaries:
         _swap(out, {name: temporaries.write(out / name, write, size) for name, write, size in files}, temporaries)

@@ -28,7 +28,7 @@ from fedray.data.registry import canonical_spec
 from fedray.core.errors import FedrayError
 from fedray.methods.training.backend import Params
 from fedray.engine.training import CLIENT_STATES, Accounting, TrainingState
-from fedray.core.results import EvalPoint, payload_bytes, write_atomically
+from fedray.core.results import EvalPoint, torch_size, write_atomically
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = 2
@@ -48,7 +48,7 @@ def _identity(config: dict) -> dict:
 def save_checkpoint(out: Path, config: dict, state: TrainingState) -> None:
     """A new checkpoint in place of the previous one, which stays as it was when this one cannot be written in full."""
     contents = {"format": FORMAT, "config": _identity(config), "state": _plain_state(state)}
-    write_atomically(out / CHECKPOINT, lambda path: _save(path, contents), payload_bytes(contents))
+    write_atomically(out / CHECKPOINT, lambda path: _save(path, contents), lambda: torch_size(contents))
 
 
 def _save(path: Path, contents: dict) -> None:
@@ -204,9 +204,9 @@ def _training_state(plain: dict, out: Path) -> TrainingState:
     algorithm, client_states = _algorithm_state(plain)
     done = _count(plain["done"], "number of training rounds done")
     return TrainingState(
-        params=_tensors(plain["params"], "parameters"),
+        params=_tensors(plain["params"], "parameters", finite=True),
         server=_server_state(plain["server"]),
-        algorithm=_tensors(algorithm, "training algorithm's state"),
+        algorithm=_tensors(algorithm, "training algorithm's state", finite=True),
         accounting=Accounting(_seen(accounting["seen"]), _count(accounting["samples_seen"], "accounting's samples_seen"),
                               *(_amount(accounting[name], f"accounting's {name}") for name in ("bytes_up", "bytes_down", "flops")),
                               _paper_totals(accounting)),
@@ -248,12 +248,19 @@ def _amount(value: object, name: str) -> float:
     return value
 
 
-def _tensors(value: object, what: str) -> Params:
+def _tensors(value: object, what: str, finite: bool = False) -> Params:
+    """``value``, a mapping of names to tensors; with ``finite``, of finite floating-point values (a model a run
+    resumes: NaN in it would only show as a divergence rounds later)."""
     if not isinstance(value, dict):
         raise FedrayError(f"its {what} are {type(value).__name__}, not a mapping of names to tensors")
     for name, tensor in value.items():
         if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
             raise FedrayError(f"{name!r} in its {what} is a {type(tensor).__name__}, not a tensor")
+        if finite and tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise FedrayError(f"{name!r} of its {what} holds {bad} of {tensor.numel()} values that are NaN or "
+                                  f"infinite")
     return value
 
 
@@ -262,7 +269,7 @@ def _server_state(value: object) -> dict[str, Params]:
     if not isinstance(value, dict):
         raise FedrayError(f"its server optimizer's state is {type(value).__name__}, not a mapping")
     for name, slots in value.items():
-        _tensors(slots, f"server optimizer's state of {name!r}")
+        _tensors(slots, f"server optimizer's state of {name!r}", finite=True)
     return value
 
 

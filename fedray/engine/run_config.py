@@ -26,6 +26,7 @@ from fedray.runtime import footprint, sampling
 from fedray.runtime.session import check_address, init_ray
 from fedray.runtime.shards import ShardPool
 from fedray.engine.closed_form import RunOutcome, run_closed_form
+from fedray.core.folder_lock import holding
 from fedray.core.writable import check_folder
 
 
@@ -118,12 +119,20 @@ def run(
     e.g. one built in Python: it is not loaded from the spec.
     A diverged training run is written too; its last row says so. Every input,
     the output folder included, is checked before the work starts; the run
-    removes the checkpoint at the end only if it resumed from it or wrote it.
+    holds that folder to its end (a second run into it is refused) and removes
+    the checkpoint at the end only if it resumed from it or wrote it.
     """
     config = config.validate().resolved()
     check_address(address)
+    check_folder(Path(config.out))
+    with holding(Path(config.out)):  # one run at a time in a folder: no run removes or mixes with another's files
+        return _run(config, address, trial_group, on_point, resume, federation, verbose, callbacks)
+
+
+def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | None, on_point: Listener | None,
+         resume: bool, federation: Federation | None, verbose: bool, callbacks: Callbacks | None) -> CompletedRun:
+    """:func:`run` of a validated ``config`` whose output folder this run holds."""
     out = Path(config.out)
-    check_folder(out)
     uploads = postprocessing(config)  # the run's one postprocessing, every stage's: the plugins' own checks, before any work
     if config.method == TCT and uploads.postprocessors:
         raise FedrayError("--method tct with --postprocessor: TCT's stage 2 (its normalization round, closed form and "
@@ -138,6 +147,10 @@ def run(
     method = None if config.trains else build_method(config, federation)
     per_round = config.per_round(federation.num_clients)
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
+    if config.trains and config.rounds is not None:  # training runs exactly --rounds rounds (TCT's stage 2 its own)
+        sampling.check_schedule(config.rounds, per_round)
+    if config.method == TCT:
+        sampling.check_schedule(config.tct_rounds, per_round, "--tct-rounds")
     saved = _saved_state(config, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))

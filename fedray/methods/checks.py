@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import torch
 
 from fedray.core.errors import FedrayError
-from fedray.methods.algorithm import Params, Upload
+from fedray.methods.algorithm import FederatedAlgorithm, Params, Upload
 from fedray.methods.base import Classifier
 from fedray.core.plugins import plugin_spec
 
@@ -195,13 +195,31 @@ def check_upload_like(postprocessor: object, got: Upload, returned: object, weig
 
 
 def check_server_update(algorithm: object, result: object, model: Params) -> tuple[Params, Params]:
-    """``server_update``'s (Δ for exactly the model's parameters, the server's next state as named tensors)."""
+    """``server_update``'s (Δ for exactly the model's parameters, the server's next state as named tensors).
+
+    Where the algorithm keeps the default ``server_update`` (the uploads' weighted mean), a Δ of other names or shapes
+    is its uploads': the error blames ``upload``.
+    """
     if not (isinstance(result, tuple) and len(result) == 2):
         _refuse(algorithm, "server_update", _what(result), "(Δ, the server's next state): a pair of dicts of tensors")
     delta, state = result
-    check_like(algorithm, "server_update", delta, model, "Δ for the model's parameters")
+    own = type(algorithm).server_update is not FederatedAlgorithm.server_update
+    check_like(algorithm, "server_update" if own else "upload (averaged by the default server_update)", delta, model,
+               "Δ for the model's parameters")
     check_tensors(algorithm, "server_update", state, "the server's next state as its second item: a dict of tensors by name")
     return delta, state
+
+
+def check_loss(algorithm: object, loss: object) -> torch.Tensor:
+    """``loss``'s value: one number as a tensor that autograd can differentiate (not a Python float, not a vector)."""
+    expected = "one number as a tensor computed from the parameters (a 0-dim tensor autograd can differentiate)"
+    if not isinstance(loss, torch.Tensor):
+        _refuse(algorithm, "loss", _what(loss), expected)
+    if loss.numel() != 1:
+        _refuse(algorithm, "loss", _what(loss), expected)
+    if not loss.requires_grad:
+        _refuse(algorithm, "loss", "a tensor that does not depend on the parameters (no grad_fn)", expected)
+    return loss
 
 
 def check_upload(algorithm: object, result: object) -> tuple[Upload, Params | None]:

@@ -6,8 +6,8 @@ import difflib
 import functools
 import math
 import typing
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Collection, Sequence
+from dataclasses import Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,9 @@ GROUPS = {
 }
 """The run's own options' groups in ``fedray run --help``, by the stage they belong to (``None``: every run's); the
 options of the built-in methods, algorithms and server optimizers are grouped by their owners (:func:`owned`)."""
+APPLIES_TO = {UPLOADS: "--postprocessor", TRAINING: "gradient methods", SPHERE: "SphereFed (--head sphere)",
+              IMAGES: "fine-tuning on images (--finetune, or --method tct)", TCT_GROUP: "--method tct"}
+"""What the options of a group that not every run has apply to, for the refusal of one given to another run."""
 
 SAMPLINGS = ("without", "with")
 HEADS = ("linear", "sphere")
@@ -252,7 +255,11 @@ class RunConfig:
         """``--client-algorithm``, a researcher's :class:`ClientAlgorithm` subclass (the run names one)."""
         return client_algorithm_class(self.client_algorithm)
 
-    def validate(self) -> "RunConfig":
+    def validate(self, given: Collection[str] = (), drop_unused: bool = False) -> "RunConfig":
+        """This configuration, checked: a bad or contradictory value is refused in one line, and so is an option that
+        does not apply to the run, set to other than its default or named in ``given`` (the command line's flags: a
+        config.yaml holds every option). ``drop_unused`` (a sweep's trials, whose options are the sweep's) resets the
+        options that do not apply to this run to their defaults instead of refusing them."""
         check_numeric_options({f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}, command_line)
         if not is_plugin(self.method) and self.method not in METHODS and not self.trains:
             raise FedrayError(f"unknown method {self.method!r}; known: {', '.join([*METHODS, *ALGORITHMS, TCT])}, "
@@ -300,11 +307,42 @@ class RunConfig:
         if self.sphere_loss not in SPHERE_LOSSES:
             raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
         self._validate_client_optimizer()
-        if self.prox_mu is not None and not (self.trains and "prox_mu" in options_of(self.algorithm_class())):
-            raise FedrayError(f"--prox-mu applies to fedprox only, not {self.method}")
         if self.method == TCT:
             self._validate_tct()
-        return self
+        unused = self.unused_options(given)
+        if unused and not drop_unused:
+            raise FedrayError(self.not_used(unused[0]))
+        return replace(self, **{name: RUN_DEFAULTS[name] for name in unused}) if unused else self
+
+    def unused_options(self, given: Collection[str] = ()) -> list[str]:
+        """The options set to other than their defaults, or named in ``given``, that do not apply to this run."""
+        groups, taken = self.applicable_groups(), self._taken()
+        return [spec.name for spec in fields(self) if spec.name != "options" and
+                (spec.name in given or getattr(self, spec.name) != spec.default) and
+                not self._applies(spec, groups, taken)]
+
+    def applies(self, name: str) -> bool:
+        """Whether the run option ``name`` applies to this run."""
+        spec = next(spec for spec in fields(self) if spec.name == name)
+        return self._applies(spec, self.applicable_groups(), self._taken())
+
+    def not_used(self, name: str) -> str:
+        """The one line refusing the run option ``name``, which does not apply to this run."""
+        spec = next(spec for spec in fields(self) if spec.name == name)
+        where = spec.metadata["group"] if "owners" in spec.metadata else APPLIES_TO[spec.metadata["group"]]
+        run = f"--method {self.method}"
+        if self.trains and "owners" in spec.metadata and spec.metadata["owners"][0] in SERVER_OPTIMIZERS:
+            run += f" with server optimizer {self.server_optimizer or self.algorithm_class().server_optimizer}"
+        return f"{command_line(name)} applies to {where}, not to this run ({run})"
+
+    def _taken(self) -> set[str]:
+        """The options the run's built-in and plugin classes take."""
+        return {name for cls in self.classes() for name in options_of(cls)}
+
+    @staticmethod
+    def _applies(spec: Field, groups: set[str | None], taken: set[str]) -> bool:
+        """Whether the option ``spec`` applies to a run of these option ``groups`` whose classes take ``taken``."""
+        return spec.name in taken if "owners" in spec.metadata else spec.metadata.get("group") in groups
 
     def _validate_server_optimizer(self) -> None:
         """A method whose server is not plain averaging (fedavgm, fedadam) is its server: another one contradicts it.
@@ -478,12 +516,10 @@ class RunConfig:
         (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise ``server_optimizer`` and ``client_algorithm``.
         config.yaml keeps every option, to re-run the run.
         """
-        groups = self.applicable_groups()
-        taken = {name for cls in self.classes() for name in options_of(cls)}
+        groups, taken = self.applicable_groups(), self._taken()
         columns: dict[str, object] = {}
         for spec in fields(self):
-            applies = spec.name in taken if "owners" in spec.metadata else spec.metadata.get("group") in groups
-            if spec.name in NOT_COLUMNS or not applies:
+            if spec.name in NOT_COLUMNS or not self._applies(spec, groups, taken):
                 continue
             value = getattr(self, spec.name)
             if spec.name in PLUGIN_FIELDS and isinstance(value, str) and is_plugin(value):
@@ -562,6 +598,10 @@ def did_you_mean(key: str, known: Sequence[str]) -> str:
 
 def read_yaml_mapping(path: Path, kind: str, shape: str) -> dict:
     """The mapping in the YAML file ``path``, or a one-line error naming the file (``kind``: what it should be)."""
+    if path.is_dir():
+        inside = path / "config.yaml"  # a run's folder: its configuration is this file
+        hint = f"; did you mean {inside}?" if inside.is_file() else "; name a YAML file"
+        raise FedrayError(f"{path}: is a folder, not a {kind}{hint}")
     if not path.is_file():
         raise FedrayError(f"{path}: no such {kind}")
     try:
@@ -630,9 +670,12 @@ def with_shipped_options(values: dict, shipped: dict, where: str) -> dict:
 def _where_it_went(key: str, values: dict, spelling: Spelling) -> str:
     """Where an unknown run option ``key`` belongs: a plugin's options, the dataset spec, or the nearest run option."""
     owners = []
-    for spec, load in ((values.get("method"), method_class), (values.get("server_optimizer"), server_optimizer_class),
+    method = values.get("method")
+    load_method = algorithm_class if method in ALGORITHMS or (isinstance(method, str) and is_plugin(method) and
+                                                                _is_algorithm(method)) else method_class
+    for spec, load in ((method, load_method), (values.get("server_optimizer"), server_optimizer_class),
                        (values.get("client_algorithm"), client_algorithm_class)):
-        if isinstance(spec, str) and is_plugin(spec):
+        if isinstance(spec, str) and (is_plugin(spec) or isinstance(ALGORITHMS.get(spec), str)):  # feddyn's, fednova's too
             try:
                 owners += [spec] if key in options_of(load(spec)) else []
             except FedrayError:  # the run names the bad plugin once it is checked
@@ -653,8 +696,12 @@ def options_mapping(where: str, value: object) -> dict:
     return dict(value)
 
 
-def resolve(file_values: dict, cli_values: dict) -> RunConfig:
+def resolve(file_values: dict, cli_values: dict, drop_unused: bool = False, named: Collection[str] = ()) -> RunConfig:
     """Defaults, overridden by the file, overridden by options given on the command line.
+
+    An option that does not apply to the run is refused when it is given on the command line or ``named`` (a
+    keyword of ``fedray.run``), or set to other than its default, or with ``drop_unused`` (a sweep's trial) left at
+    its default (:meth:`RunConfig.validate`).
 
     κ and the participation rate are one choice: either on the command line replaces both from the file. An option
     of a built-in class given among ``options`` (``--option prox_mu=0.1``) is that class's run option (``--prox-mu``).
@@ -665,7 +712,7 @@ def resolve(file_values: dict, cli_values: dict) -> RunConfig:
         file_values = {k: v for k, v in file_values.items() if k not in PER_ROUND}
     merged = {**file_values, **given, "options": {**file_values.get("options", {}), **given.get("options", {})}}
     try:
-        return RunConfig(**merged).validate().resolved()
+        return RunConfig(**merged).validate({*given, *named}, drop_unused).resolved()
     except TypeError as error:
         raise FedrayError(str(error)) from None
 

@@ -71,8 +71,8 @@ def endpoint(address: str, source: str = "--address") -> tuple[str, int] | None:
 
 
 def check_reachable(address: str, source: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """``address`` parsed (:func:`endpoint`), then a one-line error within ``timeout_s`` when nothing accepts a
-    connection there.
+    """``address`` parsed (:func:`endpoint`), then a one-line error within about ``timeout_s`` (twice, at most) when
+    nothing accepts a connection there, or what accepts it does not answer as a gRPC server does.
 
     ``source`` says where the address came from (``--address`` or ``RAY_ADDRESS``).
     """
@@ -80,11 +80,31 @@ def check_reachable(address: str, source: str, timeout_s: float = CONNECT_TIMEOU
     if target is None:
         return
     try:
-        with socket.create_connection(target, timeout=timeout_s):
-            pass
+        with socket.create_connection(target, timeout=timeout_s) as connection:
+            answered = _answers_http2(connection)
     except TimeoutError:
         raise FedrayError(f"{source} {address}: no answer from {target[0]}:{target[1]} in {timeout_s:.0f} s; "
                           "is the Ray head running and reachable from here?") from None
     except OSError as error:
         raise FedrayError(f"{source} {address}: no Ray cluster at {target[0]}:{target[1]} "
                           f"({error.strerror or error}); is the Ray head running there?") from None
+    if not answered:
+        raise FedrayError(f"{source} {address}: something at {target[0]}:{target[1]} accepts connections but did not "
+                          f"answer in {timeout_s:.0f} s as a Ray head (or Ray Client server) would; is that port "
+                          "Ray's?")
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""What a gRPC client sends first: HTTP/2's connection preface and an empty SETTINGS frame."""
+
+
+def _answers_http2(connection: socket.socket) -> bool:
+    """Whether the server at ``connection`` says anything (or closes) within its timeout after a gRPC client's first
+    bytes: Ray's GCS and Ray Client server (gRPC) answer with their SETTINGS at once; ``ray.init`` would wait on a
+    silent one forever."""
+    connection.sendall(HTTP2_PREFACE)
+    try:
+        connection.recv(1)
+    except TimeoutError:
+        return False
+    return True

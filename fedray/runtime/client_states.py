@@ -23,7 +23,7 @@ import torch
 
 from fedray.core.errors import FedrayError
 from fedray.methods.algorithm import Params
-from fedray.core.results import payload_bytes, write_atomically
+from fedray.core.results import torch_size, write_atomically
 
 
 def _save(path: Path, states: dict[int, Params]) -> None:
@@ -67,7 +67,7 @@ class ClientStates:
     def save(self, path: Path) -> None:
         """Write every state, the last round's included (the driver checkpoints only after a round is complete)."""
         self._commit()
-        write_atomically(path, lambda temporary: _save(temporary, self.committed), payload_bytes(self.committed))
+        write_atomically(path, lambda temporary: _save(temporary, self.committed), lambda: torch_size(self.committed))
 
     def restore(self, paths: Iterable[Path], holds: Callable[[int], bool]) -> None:
         """Replace every state by those of ``paths`` for the clients this actor ``holds`` (no paths: no states)."""

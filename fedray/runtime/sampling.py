@@ -8,6 +8,8 @@ closed-form run needs a coupon-collector number of rounds to see every client.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from fedray.core.errors import FedrayError
@@ -20,6 +22,21 @@ def check_per_round(num_clients: int, per_round: int, option: str = "--clients-p
     if not 1 <= per_round <= num_clients:
         got = f"its default {per_round} (give {option} or --participation)" if default else str(per_round)
         raise FedrayError(f"{option} must be between 1 and the {num_clients} clients, got {got}")
+
+
+ROUND_OVERHEAD = 120
+"""Bytes a round of a schedule takes besides its clients' numbers: the array's Python object (112) and the list's slot."""
+
+
+def check_schedule(rounds: int, per_round: int, option: str = "--rounds") -> None:
+    """Refuse ``rounds`` rounds of ``per_round`` clients whose schedule (the driver builds every round's clients
+    before the first round) would not fit this machine's memory; a bound that depends on the machine, not its load."""
+    needed = rounds * (per_round * np.dtype(np.int64).itemsize + ROUND_OVERHEAD)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > memory:
+        raise FedrayError(f"{option} {rounds}: the driver would hold every round's clients, about {needed / 1e9:.3g} GB "
+                          f"({rounds:,} rounds of {per_round}), more than this machine's {memory / 1e9:.1f} GB of "
+                          f"memory; give fewer rounds")
 
 
 def distinct_draws(rng: np.random.Generator, num_clients: int, per_round: int, num_rounds: int) -> np.ndarray:

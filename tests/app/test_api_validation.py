@@ -7,6 +7,7 @@ error, or a run that starts. ``fedray.engine.run`` is the only way from either t
 is replaced by a sentinel, so a value that reaches it passed every check, and one refused never got near Ray.
 """
 
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import fedray
 import fedray.engine.run_config
 import fedray.app.sweeps.tuning
 from fedray.app.cli import main
-from fedray.methods.config import RUN_OPTIONS, typed_value
+from fedray.methods.config import RUN_OPTIONS, RunConfig, typed_value
 
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
@@ -133,6 +134,14 @@ def numeric_options() -> list[str]:
     return sorted(key for key, option in RUN_OPTIONS.items() if option.type in NUMBERS)
 
 
+RUNS_TAKING = {
+    **{spec.name: [{"method": spec.metadata["owners"][0]}] for spec in fields(RunConfig) if "owners" in spec.metadata},
+    "sphere_dim": [{"method": "fedprox", "head": "sphere"}],
+}
+"""A run that takes the option, where none of METHODS' runs does (an option given to a run it does not apply to is
+refused)."""
+
+
 @pytest.mark.parametrize("key", numeric_options())
 def test_every_number_gets_what_the_command_line_says(key, engine, capsys, tmp_path):
     out = tmp_path / "out"
@@ -143,11 +152,12 @@ def test_every_number_gets_what_the_command_line_says(key, engine, capsys, tmp_p
         return message.replace(f"fedray.run: option {key}", flag(key))
 
     outcomes = set()
-    for method in METHODS:
+    for run in [{"method": method} for method in METHODS] + RUNS_TAKING.get(key, []):
+        arguments = [part for name, value in run.items() for part in (flag(name), value)]
         for value in NUMBERS[RUN_OPTIONS[key].type]:
-            expected = cli_outcome(capsys, out, "--method", method, f"{flag(key)}={value}")
-            assert same_words(python_outcome(out, method=method, **{key: value})) == expected, (method, value)
-            assert same_words(python_outcome(out, method=method, **{key: str(value)})) == expected, (method, value)
+            expected = cli_outcome(capsys, out, *arguments, f"{flag(key)}={value}")
+            assert same_words(python_outcome(out, **run, **{key: value})) == expected, (run, value)
+            assert same_words(python_outcome(out, **run, **{key: str(value)})) == expected, (run, value)
             outcomes.add(expected)
     assert "runs" in outcomes  # the sentinel is reached: a value that passes is not refused
 
@@ -190,7 +200,8 @@ def reached_config(**keywords):
 
 
 def test_strings_parse_as_on_the_command_line_and_numpy_numbers_are_numbers(engine, tmp_path):
-    config = reached_config(out=tmp_path, num_shards="2", quiet="no", lam="1e-3", rounds=np.int64(5),
+    config = reached_config(out=tmp_path, method="fedavg", init="fed3r", num_shards="2", quiet="no", lam="1e-3",
+                            rounds=np.int64(5),
                             cpus_per_shard=np.float32(0.5), client_lr=1)
     assert (config.num_shards, config.quiet, config.lam, config.rounds, config.cpus_per_shard) == (2, False, 0.001, 5, 0.5)
     assert [type(value) for value in (config.num_shards, config.lam, config.rounds, config.cpus_per_shard)] == \

@@ -493,7 +493,7 @@ def test_not_a_parquet_file(ray_session, tmp_path, capsys):
         (["--participation", "0.5", "--clients-per-round", "5"], ["--clients-per-round or --participation"]),
         (["--eval-every", "0"], ["--eval-every"]),
         (["--num-shards", "0"], ["--num-shards"]),
-        (["--method", "fedavg", "--prox-mu", "0.1"], ["--prox-mu applies to fedprox only", "fedavg"]),
+        (["--method", "fedavg", "--prox-mu", "0.1"], ["--prox-mu applies to fedprox (training algorithm), not to this run (--method fedavg)"]),
         (["--method", "fedavg", "--client-lr", "0"], ["--client-lr must be > 0", "0"]),
         (["--method", "scaffold", "--resume"], ["checkpoint.pt", "no checkpoint to resume from"]),
         (["--lam", "inf"], ["--lam must be a finite number", "inf"]),
@@ -518,12 +518,15 @@ def test_not_a_parquet_file(ray_session, tmp_path, capsys):
         (["--image-size", "32"], ["--image-size applies to fine-tuning on images", "not to fed3r"]),
         (["--method", "fedavg", "--finetune", "ft", "--backbone", "nosuchnet"],
          ["unknown backbone 'nosuchnet'; known: mobilenet_v2, "]),
+        (["--method", "fedavg", "--rounds", "99999999999999999999"],
+         ["--rounds 99999999999999999999: the driver would hold every round's clients, about 2e+13 GB "
+          "(99,999,999,999,999,999,999 rounds of 10), more than this machine's", "give fewer rounds"]),
     ],
     ids=["kind", "split", "option", "lam0", "lam-1", "gamma", "too-many-clients", "zero-clients", "participation",
          "both", "eval-every", "num-shards", "prox-mu", "client-lr", "resume", "lam-inf", "gamma-nan", "client-lr-inf",
          "participation-nan", "seed-negative", "seed-too-large", "rf-sigma-0", "dataset-seed", "dataset-nan", "ffc-lam",
          "momentum", "cosine-rounds", "step-milestones", "milestones-bad", "lr-gamma", "backbone-on-features",
-         "backbone-closed-form", "weights-on-features", "image-size-on-features", "unknown-backbone"],
+         "backbone-closed-form", "weights-on-features", "image-size-on-features", "unknown-backbone", "rounds-too-many"],
 )
 def test_bad_option_is_one_line_error(ray_session, tmp_path, capsys, args, needles):
     out = tmp_path / "out"

@@ -25,6 +25,7 @@ from fedray.methods.config import resolve
 from fedray.engine.checkpoint import CHECKPOINT
 from fedray.core.results import write_atomically
 from tests.app.test_cli import SMALL_RUN, SPEC, cli, expect_error, metrics, run_cli
+from tests.core.test_folder_lock import held_by_another_process  # noqa: F401 (a fixture)
 from tests.full_disk import fill, hashes, small_disk  # noqa: F401 (a fixture)
 from tests.images import write_squeezenet_weights
 
@@ -284,6 +285,17 @@ def test_a_run_leaves_a_checkpoint_it_did_not_write(ray_session, tmp_path, capsy
     assert rc == 0, err
     assert sorted(os.listdir(out)) == sorted([*RUN_FILES, CHECKPOINT])
     assert (out / CHECKPOINT).read_bytes() == b"a training run's checkpoint"
+
+
+@pytest.mark.parametrize("method", ["fed3r", "fedavg"])
+def test_a_run_into_a_folder_another_run_holds_is_refused_before_any_work(work_forbidden, held_by_another_process,
+                                                                           capsys, method):
+    out, holder = held_by_another_process
+    (out / CHECKPOINT).write_bytes(b"the running training run's checkpoint")
+    before = files_under(out)
+    expect_error(capsys, ["run", "--method", method, "--dataset", SPEC, "--out", out, *SMALL_RUN],
+                 f"--out {out}: in use by another fedray run (pid {holder.pid})")
+    assert files_under(out) == before
 
 
 @pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling

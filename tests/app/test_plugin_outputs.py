@@ -135,6 +135,31 @@ class NumberBroadcast(fedray.FederatedAlgorithm):
 
 
 @dataclass(frozen=True)
+class TransposedUpload(fedray.FederatedAlgorithm):
+    def upload(self, client, trained):
+        upload, state = super().upload(client, trained)
+        return fedray.Upload({**upload.tensors, "weight": upload.tensors["weight"].T.contiguous()}, upload.weight), state
+
+
+@dataclass(frozen=True)
+class FloatLoss(fedray.FederatedAlgorithm):
+    def loss(self, output, labels, params, client):
+        return float(super().loss(output, labels, params, client))
+
+
+@dataclass(frozen=True)
+class VectorLoss(fedray.FederatedAlgorithm):
+    def loss(self, output, labels, params, client):
+        return super().loss(output, labels, params, client).repeat(2)
+
+
+@dataclass(frozen=True)
+class ConstantLoss(fedray.FederatedAlgorithm):
+    def loss(self, output, labels, params, client):
+        return torch.tensor(1.0)
+
+
+@dataclass(frozen=True)
 class ListClientState(fedray.FederatedAlgorithm):
     def init_client_state(self, start):
         return [torch.zeros(1)]
@@ -311,6 +336,8 @@ def test_a_server_optimizer_state_that_checkpoints_cannot_hold_is_refused_before
     ("PartialDelta", "server_update returned tensors without bias; expected Δ for the model's parameters: a dict of "
                      "tensors named bias, weight with their shapes"),
     ("DeltaOnly", "server_update returned a dict; expected (Δ, the server's next state): a pair of dicts of tensors"),
+    ("TransposedUpload", "upload (averaged by the default server_update) returned weight of shape (6, 8); expected Δ "
+                         "for the model's parameters: weight of shape (8, 6)"),
     ("NumberState", "init_server_state returned a dict holding an int at 'rounds'; expected a dict of tensors by name"),
     ("NumberBroadcast", "broadcast returned a dict holding a float at 'lr'; expected a dict of tensors by name"),
 ])
@@ -319,8 +346,14 @@ def test_a_training_algorithms_wrong_server_half_is_refused(ray_session, plugins
     assert refused(capsys, tmp_path, "--method", spec, *TRAINING) == f"the plugin {spec}: {message}"
 
 
+LOSS = "one number as a tensor computed from the parameters (a 0-dim tensor autograd can differentiate)"
+
+
 @pytest.mark.parametrize("plugin, message", [
     ("ListClientState", "init_client_state returned a list; expected None or a dict of tensors by name"),
+    ("FloatLoss", f"loss returned a float; expected {LOSS}"),
+    ("VectorLoss", f"loss returned a Tensor of shape (2,); expected {LOSS}"),
+    ("ConstantLoss", f"loss returned a tensor that does not depend on the parameters (no grad_fn); expected {LOSS}"),
     ("BareUpload", "upload returned a dict; expected (fedray.Upload(tensors, weight), the client's next state or None)"),
     ("ZeroWeight", "upload returned an Upload of weight 0.0; expected a finite number > 0 as fedray.Upload's weight"),
     ("NanWeight", "upload returned an Upload of weight nan; expected a finite number > 0 as fedray.Upload's weight"),

@@ -133,6 +133,18 @@ def test_unknown_config_keys_name_where_they_belong(tmp_path):
         f"run.yaml: unknown option(s) normalize; normalize is an option of {NCM}: give it under options: {{normalize: ...}}"
     assert config_error(tmp_path, f"method: fedavg\nserver_optimizer: {YOGI}\nyogi_tau: 0.01\n") == \
         f"run.yaml: unknown option(s) yogi_tau; yogi_tau is an option of {YOGI}: give it under options: {{yogi_tau: ...}}"
+    assert config_error(tmp_path, "method: feddyn\nalpha: 0.1\n") == \
+        "run.yaml: unknown option(s) alpha; alpha is an option of feddyn: give it under options: {alpha: ...}"
+
+
+def test_a_config_folder_is_called_a_folder(tmp_path):
+    with pytest.raises(FedrayError) as refused:
+        load_config_file(tmp_path)
+    assert str(refused.value) == f"{tmp_path}: is a folder, not a config file; name a YAML file"
+    (tmp_path / "config.yaml").write_text("method: fed3r\n")  # a run's folder
+    with pytest.raises(FedrayError) as refused:
+        load_config_file(tmp_path)
+    assert str(refused.value) == f"{tmp_path}: is a folder, not a config file; did you mean {tmp_path / 'config.yaml'}?"
 
 
 def sweep_error(tmp_path, text: str) -> str:
@@ -287,3 +299,48 @@ def write_sweep(tmp_path, text: str) -> Path:
     path = tmp_path / "sweep.yaml"
     path.write_text(f"name: x\n{text}\n")
     return path
+
+
+def test_a_repeated_postprocessor_adds_to_the_list_in_order():
+    args = build_parser().parse_args(["run", "--postprocessor", "clip.py:Clip", "--postprocessor", "noise.py:Noise,q.py:Q",
+                                      "--postprocessor", "mask:Mask"])
+    assert args.postprocessor == "clip.py:Clip,noise.py:Noise,q.py:Q,mask:Mask"
+    assert build_parser().parse_args(["run", "--postprocessor", "clip.py:Clip"]).postprocessor == "clip.py:Clip"
+
+
+NOT_APPLYING = [
+    ({"method": "fedavg", "lam": 0.1}, "--lam applies to fed3r, fed3r-rf, ffc (closed-form methods), not to this run (--method fedavg)"),
+    ({"method": "fedavg", "gamma": 0.5}, "--gamma applies to fedcof, fedcof-oracle (closed-form methods), not to this run (--method fedavg)"),
+    ({"method": "fed3r", "client_lr": 0.5}, "--client-lr applies to gradient methods, not to this run (--method fed3r)"),
+    ({"method": "fedavg", "server_momentum": 0.5},
+     "--server-momentum applies to fedavgm (server optimizer), not to this run (--method fedavg with server optimizer fedavg)"),
+    ({"method": "fedavgm", "adam_beta1": 0.5},
+     "--adam-beta1 applies to fedadam (server optimizer), not to this run (--method fedavgm with server optimizer fedavgm)"),
+    ({"method": "fedavg", "prox_mu": 0.1}, "--prox-mu applies to fedprox (training algorithm), not to this run (--method fedavg)"),
+    ({"method": "fed3r", "sphere_dim": 4}, "--sphere-dim applies to SphereFed (--head sphere), not to this run (--method fed3r)"),
+    ({"method": "fedavg", "base": "fedprox"}, "--base applies to --method tct, not to this run (--method fedavg)"),
+]
+
+
+@pytest.mark.parametrize("values, message", NOT_APPLYING)
+def test_an_option_that_does_not_apply_to_the_run_is_refused_from_the_command_line_and_a_file(values, message):
+    for file_values, cli_values in ((values, {}), ({}, values)):
+        with pytest.raises(FedrayError) as refused:
+            resolve(file_values, cli_values)
+        assert str(refused.value) == message
+
+
+def test_a_flag_that_does_not_apply_is_refused_even_at_its_default_value(capsys, tmp_path):
+    assert main(["run", "--method", "fedavg", "--server-momentum", "0.9", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == ("fedray: error: --server-momentum applies to fedavgm (server optimizer), not to "
+                                       "this run (--method fedavg with server optimizer fedavg)\n")
+    assert resolve({"method": "fedavg", "server_momentum": 0.9}, {}).method == "fedavg", \
+        "a file's value at the default is what every config.yaml holds: not refused"
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_option_applies_where_a_stage_of_the_run_takes_it():
+    assert resolve({}, {"method": "fedavg", "init": "fed3r", "lam": 0.1}).lam == 0.1
+    assert resolve({}, {"method": "fedavgm", "server_momentum": 0.5}).server_momentum == 0.5
+    assert resolve({}, {"method": "fedavg", "server_optimizer": "fedadam", "adam_beta1": 0.5}).adam_beta1 == 0.5
+    assert resolve({}, {"method": "fedavg", "head": "sphere", "sphere_dim": 4}).sphere_dim == 4

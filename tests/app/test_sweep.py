@@ -12,7 +12,7 @@ from fedray.data.export import export_parquet
 from fedray.data.registry import load_federation
 from fedray.core.errors import FedrayError
 from fedray.app.sweeps.spec import SweepSpec, load_sweep, with_dataset_options
-from fedray.app.sweeps.trials import trial_config
+from fedray.app.sweeps.trials import check_trials, trial_config
 from fedray.app.sweeps.tuning import RESULTS, failure_line, sweep
 
 SWEEPS = Path(__file__).resolve().parents[2] / "jobs" / "sweeps"
@@ -161,7 +161,19 @@ DOOMED = [
     ("grid: {dataset.scale: [0.5, 2]}\n", "first dataset.scale=2.0: synthetic:inat-user-120k: scale must be in (0, 1], got 2.0"),
     ("grid: {dataset.split: [classes], dataset.clients: [5]}\n", "split=classes needs classes_per_client=C"),
     ("base: {method: fed3r, lam: 0}\n", "sweep doomed: its trials would fail: --lam must be > 0, got 0.0"),
+    ("grid: {method: [fedncm, fedcof], lam: [0.1, 1]}\n", "sweep doomed: none of its trials uses lam: --lam applies to "
+     "fed3r, fed3r-rf, ffc (closed-form methods), not to this run (--method fedncm)"),
+    ("base: {method: fedavg}\ngrid: {options.server_momentum: [0.5, 0.9]}\n", "none of its trials uses server_momentum: "
+     "--server-momentum applies to fedavgm (server optimizer), not to this run (--method fedavg with server optimizer fedavg)"),
 ]
+
+
+def test_an_option_of_the_sweep_is_left_at_its_default_in_the_trials_it_does_not_apply_to(tmp_path):
+    spec = load_sweep(write(tmp_path, f"name: mixed\nbase: {{dataset: '{TINY}', lam: 0.5}}\ngrid: {{method: [fedncm, fed3r]}}\n"))
+    check_trials(spec)  # lam applies to fed3r's trials: the sweep is not refused
+    fedncm, fed3r = (trial_config({**spec.base, "method": method}, out=str(tmp_path / method)) for method in ("fedncm", "fed3r"))
+    assert (fedncm.lam, fed3r.lam) == (0.01, 0.5)
+    assert "lam" not in fedncm.metrics_columns() and fed3r.metrics_columns()["lam"] == 0.5
 
 
 @pytest.mark.parametrize("text, message", DOOMED)

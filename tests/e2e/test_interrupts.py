@@ -21,6 +21,7 @@ import pytest
 
 from fedray.methods.config import resolve
 from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint
+from fedray.core.folder_lock import LOCK
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
@@ -179,6 +180,8 @@ def test_no_ray_process_outlives_a_killed_run(start, tmp_path):
 
     assert exit_code == -signal.SIGKILL
     left = sorted(path.name for path in out.iterdir())
+    assert LOCK in left, "SIGKILL runs no cleanup: the run's lock file stays (the kernel released its lock)"
+    left.remove(LOCK)
     # A kill during a later checkpoint's write leaves that write's temporary beside the whole checkpoint; the next
     # run on the folder removes it (tests/app/test_outputs.py::test_a_later_run_removes_only_its_own_stale_temporaries).
     assert left[-1] == CHECKPOINT and len(left) <= 2, left

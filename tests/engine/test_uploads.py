@@ -26,6 +26,7 @@ from tests.images import write_image_folder
 DATASET = "synthetic:inat-geo-100?dim=12&scale=0.2&classes=10"
 SMALL = {"dataset": DATASET, "clients_per_round": 6, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
          "client_lr": 0.05, "local_epochs": 1, "batch_size": 8}
+"""Every run's options here, closed-form or training: each run takes those that apply to it (``drop_unused``)."""
 
 
 class Counting(fedray.Postprocessor):
@@ -75,7 +76,7 @@ def counted(tmp_path: Path, name: str, **values) -> tuple[list[np.ndarray], list
     """(the run's rounds, its client uploads as (round, client, names, weight), its aggregates as (round, clients))."""
     log = tmp_path / f"{name}.log"
     config = resolve({}, {**SMALL, "out": str(tmp_path / name), "postprocessor": COUNTING, "options": {"log": str(log)},
-                          **values})
+                          **values}, drop_unused=True)
     completed = run(config)
     uploads, sums = [], []
     for line in log.read_text().splitlines():
@@ -151,7 +152,7 @@ def test_tct_with_a_postprocessor_is_refused_before_any_work(tmp_path, capsys):
 
 def finished(tmp_path: Path, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
     """The rows (less wall-clock times) and classifier.npz of a run."""
-    config = resolve({}, {**SMALL, "out": str(tmp_path / name), **values})
+    config = resolve({}, {**SMALL, "out": str(tmp_path / name), **values}, drop_unused=True)
     run(config)
     rows = pq.read_table(tmp_path / name / "metrics.parquet").drop(["wall_s"]).to_pylist()
     return rows, dict(np.load(tmp_path / name / "classifier.npz"))

@@ -113,7 +113,8 @@ def test_a_closed_form_upload_keeps_weight_one():
 
 def runs(tmp_path: Path, method: str, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
     config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / name), "client_lr": 0.01,
-                          "clients_per_round": 8, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+                          "clients_per_round": 8, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values},
+                     drop_unused=True)  # client_lr applies to the training runs only
     run(config)
     rows = pq.read_table(tmp_path / name / "metrics.parquet").drop(["wall_s"]).to_pylist()
     keep = ("round", "accuracy", "bytes_up", "bytes_down", "train_loss", "clients_seen", "samples_seen")

@@ -2,12 +2,15 @@
 wrong, refused or silent ones fail in one line within the timeout."""
 
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
 from fedray.core.errors import FedrayError
-from fedray.runtime.address import check_reachable, endpoint
+from fedray.runtime.address import HTTP2_PREFACE, check_reachable, endpoint
 from tests.local_cluster import free_port
 
 
@@ -88,8 +91,46 @@ def test_a_silent_address_fails_after_the_timeout():
                 client.close()
 
 
-def test_a_listening_address_passes():
+@contextmanager
+def answering_head() -> Iterator[str]:
+    """A loopback server that answers every gRPC client's first bytes as Ray's GCS does (its SETTINGS frame): its
+    address."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def answer() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:  # closed: the block ended
+                return
+            with connection:
+                connection.recv(len(HTTP2_PREFACE))
+                connection.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+
+    answering = threading.Thread(target=answer, daemon=True)
+    answering.start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        answering.join()
+
+
+def test_an_address_that_answers_passes():
+    with answering_head() as address:
+        check_reachable(address, "--address", timeout_s=30.0)
+
+
+def test_an_address_that_accepts_and_never_answers_is_refused_after_the_timeout():
+    """ray.init waited on such a listener until it was killed (560 s observed)."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        check_reachable(f"127.0.0.1:{server.getsockname()[1]}", "--address")
+        server.listen(8)  # the kernel completes the connection; nothing ever reads or writes
+        port = server.getsockname()[1]
+        with pytest.raises(FedrayError) as refused:
+            check_reachable(f"127.0.0.1:{port}", "--address", timeout_s=1.0)
+    assert str(refused.value) == (f"--address 127.0.0.1:{port}: something at 127.0.0.1:{port} accepts connections but "
+                                  "did not answer in 1 s as a Ray head (or Ray Client server) would; is that port Ray's?")

@@ -5,7 +5,6 @@ Signals during ``ray.init`` are tested on a real start-up in tests/e2e/test_inte
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from ray._common.utils import get_ray_address_file
 from ray._private import services
 
 from fedray.runtime import session, watchdog
+from tests.runtime.test_address import answering_head
 
 
 @pytest.fixture
@@ -45,10 +45,7 @@ def test_no_address_starts_a_new_embedded_ray(ray_init_calls, monkeypatch, addre
 
 @pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS"])
 def test_an_address_joins_that_cluster(ray_init_calls, monkeypatch, how):
-    with socket.socket() as head:
-        head.bind(("127.0.0.1", 0))
-        head.listen(8)
-        address = f"127.0.0.1:{head.getsockname()[1]}"
+    with answering_head() as address:
         if how == "RAY_ADDRESS":
             monkeypatch.setenv("RAY_ADDRESS", address)
         session.init_ray(address if how == "--address" else None)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from itertools import product
 
-from fedray.methods.config import RunConfig, resolve
+from fedray.methods.config import RUN_DEFAULTS, RunConfig, resolve
 from fedray.data.registry import check_spec
 from fedray.core.errors import FedrayError
 from fedray.engine.settings import server_optimizer, training_algorithm
@@ -28,11 +28,15 @@ from fedray.app.sweeps.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, pl
 
 
 def trial_config(params: dict, out: str) -> RunConfig:
-    """The run configuration of the trial with Tune's ``params``, writing to ``out``."""
+    """The run configuration of the trial with Tune's ``params``, writing to ``out``.
+
+    An option of the sweep that does not apply to this trial (``lam`` in a sweep over fed3r and fedncm) is left at its
+    default here; :func:`check_trials` refuses one that applies to none.
+    """
     options = {key: value for key, value in params.items() if not key.startswith((DATASET_PREFIX, OPTIONS_PREFIX))}
     options["dataset"] = with_dataset_options(params.get("dataset", RunConfig.dataset), params)
     options["options"] = plugin_options(params)
-    return resolve(options, {"out": out, "quiet": True})
+    return resolve(options, {"out": out, "quiet": True}, drop_unused=True)
 
 
 def fixed_params(spec: SweepSpec) -> dict:
@@ -55,6 +59,12 @@ def checked_params(spec: SweepSpec) -> Iterator[dict]:
         yield {**fixed_params(spec), **dict(zip(swept, values))}
 
 
+def _run_options_set(params: dict) -> list[str]:
+    """The run options a trial's ``params`` set (as ``name`` or ``options.name``), but the sweep's resources."""
+    names = (key.removeprefix(OPTIONS_PREFIX) for key in params if key != "cpus_per_shard")
+    return [name for name in names if name in RUN_DEFAULTS]
+
+
 def check_trial(config: RunConfig) -> None:
     """The checks of a trial's run that need no data.
 
@@ -75,12 +85,24 @@ def check_trial(config: RunConfig) -> None:
 def check_trials(spec: SweepSpec) -> None:
     """Refuse the sweep in one line, naming a trial's values, when any trial would fail on its options alone."""
     failures, total = [], 0
+    unused: dict[str, str] = {}  # each run option the sweep sets that a trial does not use: why the first one does not
+    applied: set[str] = set()  # those a trial uses
     for params in checked_params(spec):
         total += 1
         try:
-            check_trial(trial_config(params, out="."))
+            config = trial_config(params, out=".")
+            check_trial(config)
         except FedrayError as error:
             failures.append((params, error))
+            continue
+        for name in _run_options_set(params):
+            if config.applies(name):
+                applied.add(name)
+            else:
+                unused.setdefault(name, config.not_used(name))
+    never = [name for name in unused if name not in applied]
+    if never and not failures:
+        raise FedrayError(f"sweep {spec.name}: none of its trials uses {never[0]}: {unused[never[0]]}")
     if not failures:
         return
     params, error = failures[0]

@@ -25,7 +25,7 @@ import torch
 
 from fedray.methods.training.local import LocalSGD, client_rng, minibatches
 from fedray.methods.algorithm import Aggregate, ClientRound, FederatedAlgorithm, Loss, Params, Population, Upload
-from fedray.methods.checks import check_same_upload, check_tensors, check_upload
+from fedray.methods.checks import check_loss, check_same_upload, check_tensors, check_upload
 from fedray.methods.training_algorithms import CONTROL, Scaffold
 
 
@@ -57,7 +57,7 @@ def local_sgd(params: Params, forward: Callable[[np.ndarray], torch.Tensor], lab
     optimizer = torch.optim.SGD(list(params.values()), lr=sgd.lr, weight_decay=sgd.weight_decay, momentum=sgd.momentum)
     for batch in batches:
         optimizer.zero_grad(set_to_none=True)
-        algorithm.loss(forward(batch), labels[batch], params, client).backward()
+        check_loss(algorithm, algorithm.loss(forward(batch), labels[batch], params, client)).backward()
         for name, value in params.items():
             algorithm.correct_gradient(name, value.grad, value.detach(), client)
         optimizer.step()
