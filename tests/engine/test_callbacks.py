@@ -11,8 +11,8 @@ import fedray
 from fedray.core.errors import FedrayError
 
 DATASET = "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6"
-SMALL = {"dataset": DATASET, "clients_per_round": 4, "num_shards": 1, "cpus_per_shard": 1.0, "quiet": True,
-         "client_lr": 0.05}
+SMALL = {"dataset": DATASET, "clients_per_round": 4, "num_shards": 1, "cpus_per_shard": 1.0, "quiet": True}
+TRAIN = {**SMALL, "client_lr": 0.05}
 
 
 class Log(fedray.Callback):
@@ -37,16 +37,16 @@ class Log(fedray.Callback):
 
 def test_every_hook_is_called_in_order_on_a_training_run(ray_session, tmp_path):
     log = Log()
-    fedray.run(method="fedavg", out=tmp_path / "run", rounds=3, eval_every=2, callbacks=[log], **SMALL)
+    fedray.run(method="fedavg", out=tmp_path / "run", rounds=3, eval_every=2, callbacks=[log], **TRAIN)
     assert log.calls == [("start", "fedavg"), ("row", 0, "train", True), ("round", 1, "train"), ("row", 2, "train", True),
                          ("round", 2, "train"), ("row", 3, "train", True), ("round", 3, "train"), ("end", 3)]
     assert "stopped_early" not in pl.read_parquet(tmp_path / "run" / "metrics.parquet").columns
 
 
 def test_a_callback_stops_training_at_the_next_evaluation_row_as_a_complete_run(ray_session, tmp_path):
-    full = fedray.run(method="fedavg", out=tmp_path / "full", rounds=6, eval_every=2, **SMALL)
+    full = fedray.run(method="fedavg", out=tmp_path / "full", rounds=6, eval_every=2, **TRAIN)
     log = Log(stop_after=3)
-    stopped = fedray.run(method="fedavg", out=tmp_path / "stopped", rounds=6, eval_every=2, callbacks=[log], **SMALL)
+    stopped = fedray.run(method="fedavg", out=tmp_path / "stopped", rounds=6, eval_every=2, callbacks=[log], **TRAIN)
     rows = stopped.metrics
     assert rows["round"].to_list() == [0, 2, 4]               # asked after round 3: stopped at the row of round 4
     assert rows["stopped_early"].to_list() == [None, None, True]
@@ -61,7 +61,7 @@ def test_a_callback_stops_training_at_the_next_evaluation_row_as_a_complete_run(
 def test_a_stop_in_the_closed_form_stage_ends_a_two_stage_run_there(ray_session, tmp_path):
     log = Log(stop_after=1)
     result = fedray.run(method="fedavg", init="fed3r", init_rounds=4, out=tmp_path / "two", rounds=3, eval_every=2,
-                        callbacks=[log], **SMALL)
+                        callbacks=[log], **TRAIN)
     assert result.metrics.select("round", "stage").rows() == [(2, "closed_form")]
     assert [call for call in log.calls if call[0] == "round"] == [("round", 1, "closed_form"), ("round", 2, "closed_form")]
     assert result.metrics["stopped_early"].to_list() == [True] and len(result.rounds) == 2
@@ -70,7 +70,7 @@ def test_a_stop_in_the_closed_form_stage_ends_a_two_stage_run_there(ray_session,
 def test_after_round_numbers_the_rounds_of_both_stages_as_the_rows_do(ray_session, tmp_path):
     log = Log()
     fedray.run(method="fedavg", init="fed3r", init_rounds=2, out=tmp_path / "two", rounds=2, eval_every=2,
-               callbacks=[log], **SMALL)
+               callbacks=[log], **TRAIN)
     assert [call[1:] for call in log.calls if call[0] == "round"] == \
         [(1, "closed_form"), (2, "closed_form"), (3, "train"), (4, "train")]
 
