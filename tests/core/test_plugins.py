@@ -18,10 +18,10 @@ SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
 
 def test_a_class_of_a_module_in_the_working_directory_or_installed_is_named_by_its_module(monkeypatch):
     monkeypatch.chdir(REPO)
-    from fedray.methods.training.server import FedAvg
+    from fedray.methods.training.server import ServerSGD
     from tests.app.test_api import Doubling  # tests/ is a package in the working directory
     assert spec_of(fedray.Postprocessor) == "fedray.methods.postprocessor:Postprocessor"
-    assert spec_of(FedAvg) == "fedray.methods.training.server:FedAvg"
+    assert spec_of(ServerSGD) == "fedray.methods.training.server:ServerSGD"
     assert spec_of(np.random.Generator) == "numpy.random._generator:Generator"
     assert spec_of(Doubling) == "tests.app.test_api:Doubling"
 

@@ -58,12 +58,12 @@ def test_shard_layouts_differ_in_float32_round_off_only(ray_session, small_inat)
     for shards in (1, 2, 3):
         pool = ShardPool.start(small_inat, num_shards=shards, cpus_per_shard=2 / shards)
         try:
-            algorithm = FedAvgAlgorithm()
+            algorithm = FedAvg()
             backend = ProbeBackend(pool, LocalSGD(lr=0.05, batch_size=8, epochs=2), 3, Evaluator(pool), algorithm)
             params = {"weight": torch.zeros(small_inat.dim, small_inat.num_classes), "bias": torch.zeros(small_inat.num_classes)}
             state = TrainingState(params, {}, algorithm.init_server_state(params),
                                   Accounting(np.zeros(small_inat.num_clients, dtype=bool)))
-            train(backend, algorithm, FedAvg(), state, rounds, small_inat.client_sizes, 3, quiet=True)
+            train(backend, algorithm, ServerSGD(), state, rounds, small_inat.client_sizes, 3, quiet=True)
         finally:
             pool.shutdown()
         heads[shards] = state.params["weight"]
