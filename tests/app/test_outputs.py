@@ -21,6 +21,7 @@ import fedray.engine.run_config
 import fedray.app.sweeps.tuning
 from analysis.results import result_files
 from fedray.app.cli import main
+from fedray.core.folder_lock import LOCK
 from fedray.methods.config import resolve
 from fedray.engine.checkpoint import CHECKPOINT
 from fedray.core.results import write_atomically
@@ -237,9 +238,12 @@ def test_a_run_killed_while_writing_never_leaves_a_mix_that_looks_complete(previ
         end_session(process.pid)
 
     names = sorted(os.listdir(out))
+    assert LOCK in names, "a SIGKILLed run leaves its lock file (released by the kernel: it blocks nothing)"
+    names.remove(LOCK)
     assert sorted(n[: -len("XXXXXXXX.tmp")] for n in names if n.endswith(".tmp")) == temporaries
     if left == "previous":
-        assert {name: data for name, data in files_under(out).items() if not name.endswith(".tmp")} == previous
+        assert {name: data for name, data in files_under(out).items() if not name.endswith(".tmp") and name != LOCK} == \
+            previous
         assert result_files([out]) == [out / "metrics.parquet"]
     else:
         assert [n for n in names if not n.endswith(".tmp")] == left

@@ -14,29 +14,13 @@ from fedray.methods.training_algorithms import FedAdam, FedAvg, FedAvgM, FedProx
 DATASET = "synthetic:inat-geo-100?dim=12&scale=0.2&classes=10"
 
 
-@dataclass(frozen=True)
-class FedAvgByAutograd(FedAvg):
-    pass
+def by_autograd(cls: type) -> type:
+    """``cls`` as a plugin's subclass (``NameByAutograd`` here): the same algorithm, which the dual form does not take."""
+    return dataclass(frozen=True)(type(f"{cls.__name__}ByAutograd", (cls,), {"__module__": __name__}))
 
 
-@dataclass(frozen=True)
-class FedAvgMByAutograd(FedAvgM):
-    pass
-
-
-@dataclass(frozen=True)
-class FedAdamByAutograd(FedAdam):
-    pass
-
-
-@dataclass(frozen=True)
-class FedProxByAutograd(FedProx):
-    pass
-
-
-@dataclass(frozen=True)
-class ScaffoldByAutograd(Scaffold):
-    pass
+FedAvgByAutograd, FedAvgMByAutograd, FedAdamByAutograd, FedProxByAutograd, ScaffoldByAutograd = map(
+    by_autograd, (FedAvg, FedAvgM, FedAdam, FedProx, Scaffold))
 
 
 def classifier(tmp_path, name: str, method: str, **values) -> dict[str, np.ndarray]:
