@@ -134,7 +134,7 @@ def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Emb
     if callbacks.stopping:  # stopped in the closed-form stage: its head is the run's
         outcome = TrainingOutcome(saved.points, saved.params, saved.accounting)
     else:
-        outcome = _train(config, backend, saved, sizes, on_point, uploads, backbone_macs, callbacks)
+        outcome = _train(config, backend, saved, sizes, on_point, uploads, backbone_macs, callbacks, first_round)
     outcome.rounds = init_rounds[:first_round] + outcome.rounds
     if config.head == "sphere" and not outcome.points[-1].diverged:
         classifier = embeddings(outcome.params, lambda pool, evaluator: calibration_stage(
@@ -308,18 +308,18 @@ def checkpoint_shape(config: RunConfig, federation: Federation) -> RunShape:
 
 
 def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
-           on_point: Listener | None, uploads: Postprocessing, backbone_macs: float | None = None,
-           callbacks: Callbacks | None = None) -> TrainingOutcome:
-    """Training from ``state``: the schedule, checkpoints to ``config.out``, the loop; ``backbone_macs``: F_φ
-    (default ``config.backbone_macs``; fine-tuning measures it on its own backbone)."""
+           on_point: Listener | None, uploads: Postprocessing, backbone_macs: float | None, callbacks: Callbacks,
+           first_round: int) -> TrainingOutcome:
+    """Training from ``state`` after ``first_round`` rounds of a closed-form stage: the schedule, checkpoints to
+    ``config.out``, the loop; ``backbone_macs``: F_φ (default ``config.backbone_macs``; fine-tuning measures it on its
+    own backbone)."""
     out = Path(config.out)
-    first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)
     rounds = training_schedule(config, len(sizes))
     checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s), out)
     diverged = train(backend, backend.algorithm, server_optimizer(config), state, rounds, sizes, config.eval_every,
                      first_round, checkpointing, on_point, config.quiet,
                      config.backbone_macs if backbone_macs is None else backbone_macs, uploads,
-                     (callbacks or Callbacks()).loop("train", first_round))
-    stopped = diverged or (callbacks is not None and callbacks.stopping)
+                     callbacks.loop("train", first_round))
+    stopped = diverged or callbacks.stopping
     ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
     return TrainingOutcome(state.points, state.params, state.accounting, rounds=rounds[:ran])
