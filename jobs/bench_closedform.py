@@ -142,14 +142,15 @@ def one_run(dataset: str) -> dict:
     import numpy as np
     import torch
 
-    from fedray.methods.config import RunConfig
+    from fedray.engine.config import RunConfig
     from fedray.data.registry import load_federation
     from fedray.engine.run_config import simulate
     from fedray.runtime.session import init_ray
     from fedray.runtime.evaluator import Evaluator
     from fedray.engine.from_config import build_method
     from fedray.core.results import write_run
-    from fedray.runtime import footprint, sampling
+    from fedray.engine.plan import footprints
+    from fedray.runtime import sampling
     from fedray.runtime.shards import ShardPool, peak_memory_bytes
 
     lap("imports_s")
@@ -164,7 +165,7 @@ def one_run(dataset: str) -> dict:
     lap("floor_actor_s")
     driver_started = resident_mb()  # imports, the federation's index and Ray, before any shard
     pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard,
-                           footprints=footprint.estimate(config, federation))
+                           footprints=footprints(config, federation, None))
     lap("shard_submit_s")
     evaluator = Evaluator(pool)
     pool.wait()

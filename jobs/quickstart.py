@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from analysis.compare import comparison_table, print_table
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.runtime.evaluator import Evaluator
 from fedray.core.results import write_run

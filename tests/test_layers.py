@@ -152,3 +152,31 @@ def test_no_import_cycle_between_packages():
         return None
 
     assert [cycle for package in sorted(edges) if (cycle := cycle_from(package, ()))] == []
+
+
+BELOW_ENGINE = ("core", "data", "methods", "runtime")
+
+
+def test_nothing_below_the_engine_names_the_run_configuration():
+    """A run's configuration stops at the engine: the layers below take the parts a plan built, never a ``RunConfig``
+    (no parameter, annotation or name of it anywhere in them)."""
+    naming = [f"{module}:{node.lineno}" for module, path in MODULES.items() if layer_of(module) in BELOW_ENGINE
+              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Name) and node.id == "RunConfig"
+              or isinstance(node, ast.Attribute) and node.attr == "RunConfig"
+              or isinstance(node, ast.Constant) and isinstance(node.value, str) and "RunConfig" in node.value
+              or isinstance(node, ast.alias) and node.name.endswith("RunConfig")]
+    assert naming == []
+
+
+def test_nothing_below_the_engine_loads_a_higher_layer_by_name():
+    """No module of the lower layers names a module of a higher one in a string (``importlib`` or a ``module:Class``
+    spec would load it all the same): the algorithms fedray ships as plugins are found through their entry points."""
+    higher = {layer: [key for key, of in LAYER_OF.items() if LAYERS.index(of) > LAYERS.index(layer) and key != "fedray"]
+              for layer in BELOW_ENGINE}
+    naming = [f"{module}:{node.lineno} {node.value!r}" for module, path in MODULES.items() if layer_of(module) in BELOW_ENGINE
+              for node in ast.walk(ast.parse(path.read_text()))
+              if isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and any(node.value.partition(":")[0] in (name, *MODULES) and
+                      (node.value == name or node.value.startswith((f"{name}.", f"{name}:")))
+                      for name in higher[layer_of(module)])]
+    assert naming == []

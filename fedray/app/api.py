@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from fedray.methods.config import Spelling, resolve, typed_options
+from fedray.engine.config import Spelling, resolve, typed_options
 from fedray.core.federation import Federation
 from fedray.data.memory import memory_label
 from fedray.core.errors import FedrayError, shown

@@ -8,7 +8,7 @@ from fedray.core.plugins import is_plugin, load_class, names_subclass
 from fedray.methods import METHODS
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.base import ClosedFormMethod
-from fedray.methods.config import RUN_OPTIONS, TCT
+from fedray.engine.config import RUN_OPTIONS, TCT
 from fedray.methods.postprocessor import Postprocessor
 from fedray.methods.training.client_sgd import ClientAlgorithm
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer

@@ -23,7 +23,7 @@ from fedray.core.plugins import display_name, plugin_failure
 
 if TYPE_CHECKING:
     from fedray.core.options import Option
-    from fedray.methods.config import RunConfig
+    from fedray.engine.config import RunConfig
 
 VERBOSE_HELP = ("show what your code prints in Ray's workers (a plugin's client hooks, in the shards), each line "
                 "after its worker's name (Ray folds repeated lines; RAY_DEDUP_LOGS=0 shows each); without it that goes "
@@ -33,8 +33,8 @@ SHIPPED = "shipped:"
 
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
-    """``fedray run``'s options, generated from :class:`~fedray.methods.config.RunConfig`: flag, type, choices, help and default."""
-    from fedray.methods.config import GENERAL, GROUPS, RESOURCES, TRAINING, RunConfig, shipped_options
+    """``fedray run``'s options, generated from :class:`~fedray.engine.config.RunConfig`: flag, type, choices, help and default."""
+    from fedray.engine.config import GENERAL, GROUPS, RESOURCES, TRAINING, RunConfig, shipped_options
 
     parser = commands.add_parser("run", help="run one closed-form or gradient-based method on a federation",
                                  description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
@@ -65,7 +65,7 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
 
 def _add_run_option(group: argparse._ActionsContainer, spec: Field) -> None:
     """``--name`` for the run option ``spec``; its argparse default stays None so a config file's value is kept."""
-    from fedray.methods.config import RUN_OPTIONS
+    from fedray.engine.config import RUN_OPTIONS
 
     help_text = spec.metadata["help"].replace("%", "%%") + default_note(spec)
     if spec.name == "postprocessor":  # each upload through all of them, in order: a repeated flag adds one
@@ -104,7 +104,7 @@ def default_note(spec: Field) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    from fedray.methods.config import load_config_file, resolve, with_shipped_options
+    from fedray.engine.config import load_config_file, resolve, with_shipped_options
 
     file_values = load_config_file(args.config) if args.config else {}
     cli_values = {k: v for k, v in vars(args).items()

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-import importlib.util
 import importlib.machinery
+import importlib.metadata
+import importlib.util
 import inspect
 import os
 import re
@@ -89,6 +90,13 @@ def _importable_here(name: str, file: Path) -> bool:
         return False
     places = [Path(place).resolve() for place in found.submodule_search_locations or []]
     return file == Path(found.origin).resolve() if not places else any(file.is_relative_to(place) for place in places)
+
+
+def registered(group: str) -> dict[str, str]:
+    """The classes installed packages register by name under the entry-point group ``group`` (their pyproject's
+    ``[project.entry-points."GROUP"]``), as ``module:Class``, sorted by name: a registry the layers above fill, read
+    without importing them."""
+    return {point.name: point.value for point in sorted(importlib.metadata.entry_points(group=group), key=lambda p: p.name)}
 
 
 def load_class(spec: str, base: type, builtins: dict[str, type], what: str) -> type:

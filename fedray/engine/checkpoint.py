@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedray.core.accounting import PaperTotals
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.data.registry import canonical_spec
 from fedray.core.errors import FedrayError
 from fedray.methods.training.backend import Params

@@ -18,7 +18,7 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.callbacks import Callbacks
-from fedray.methods.config import COLUMNS
+from fedray.engine.config import COLUMNS
 from fedray.engine.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
 from fedray.runtime.actor_group import Reduction
 from fedray.runtime.shards import ShardPool

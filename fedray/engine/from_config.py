@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedray.methods.config import RunConfig, postprocessor_class
+from fedray.engine.config import RunConfig, postprocessor_class
 from fedray.core.federation import Federation
 from fedray.methods import method_class
 from fedray.methods.base import ClosedFormMethod

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from ray.util.placement_group import PlacementGroup
 
-from fedray.methods.config import TCT, RunConfig
+from fedray.engine.config import TCT, RunConfig
 from fedray.core.federation import Federation
 from fedray.data.registry import load_federation, recorded_backbone_macs
 from fedray.runtime.evaluator import Evaluator
@@ -22,7 +22,8 @@ from fedray.core.errors import FedrayError
 from fedray.engine.callbacks import Callbacks
 from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
 from fedray.engine.round_loop import Listener
-from fedray.runtime import footprint, sampling
+from fedray.runtime import sampling
+from fedray.engine.plan import footprints
 from fedray.runtime.session import check_address, init_ray
 from fedray.runtime.shards import ShardPool
 from fedray.engine.closed_form import RunOutcome, run_closed_form
@@ -171,8 +172,8 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
     else:
         pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group,
-                               footprints=footprint.estimate(config, federation,
-                                                             training_algorithm(config) if config.trains else None))
+                               footprints=footprints(config, federation,
+                                                     training_algorithm(config) if config.trains else None))
         try:
             if config.trains:
                 from fedray.engine.stages import train_on_features

@@ -6,7 +6,7 @@ so a plugin's bad option is a one-line error, and again where each path trains.
 
 from __future__ import annotations
 
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.methods.training.client_sgd import CrossEntropy, WithClientAlgorithm
 from fedray.methods.training.local import LocalSGD
 from fedray.methods.training.server import ServerOptimizer

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from ray.util.placement_group import PlacementGroup
 
-from fedray.methods.config import COLUMNS, RunConfig
+from fedray.engine.config import COLUMNS, RunConfig
 from fedray.core.federation import TEST, TRAIN, Federation
 from fedray.data.memory import with_features
 from fedray.runtime.evaluator import Evaluator

@@ -38,7 +38,7 @@ import ray
 import torch
 from ray.util.placement_group import PlacementGroup
 
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.core.federation import TEST, TRAIN, Federation
 from fedray.engine.callbacks import Callbacks
 from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning, training_uploads

@@ -28,7 +28,7 @@ from fedray.methods.checks import check_server_step, check_server_update, check_
 from fedray.methods.postprocessor import Postprocessing
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
-from fedray.methods.config import COLUMNS
+from fedray.engine.config import COLUMNS
 from fedray.engine.round_loop import Callback, Checkpoints, Listener, Progress, Report, eval_rounds, run_rounds
 from fedray.runtime.client_states import ClientStatesLost
 

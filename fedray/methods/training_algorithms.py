@@ -1,8 +1,8 @@
 """The built-in training algorithms: FedAvg and its server-optimizer variants, FedProx, SCAFFOLD.
 
 FedDyn and FedNova are built in too, but written as plugins against the public
-interface only (``fedray/algorithms/``): they are named here by ``module:Class``
-and loaded on first use.
+interface only (``fedray/algorithms/``): the package registers them by name
+(:data:`ENTRY_POINTS`), and they are loaded on first use.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated
 import torch
 
 from fedray.methods.algorithm import Aggregate, ClientRound, FederatedAlgorithm, Params, Population, Upload
-from fedray.core.plugins import load_class
+from fedray.core.plugins import load_class, registered
 
 CONTROL = "control."
 """Prefix of SCAFFOLD's control variates among the entries of its uploads, aggregates, broadcasts and states."""
@@ -114,12 +114,16 @@ class Scaffold(FederatedAlgorithm):
         return delta, {key: control + total.sums[key] / float(population.samples) for key, control in state.items()}
 
 
+ENTRY_POINTS = "fedray.training_algorithms"
+"""The entry-point group of the training algorithms installed packages register by ``--method`` name: fedray's own
+plugins (FedDyn, FedNova) in its pyproject.toml, and a researcher's package's the same way."""
+
 BUILT_IN: dict[str, type[FederatedAlgorithm] | str] = {
     **{cls.name: cls for cls in (FedAvg, FedAvgM, FedAdam, FedProx, Scaffold)},
-    "feddyn": "fedray.algorithms.feddyn:FedDyn",
-    "fednova": "fedray.algorithms.fednova:FedNova",
+    **registered(ENTRY_POINTS),
 }
-"""Every built-in training algorithm by ``--method`` name (FedDyn and FedNova: plugins shipped with fedray)."""
+"""Every built-in training algorithm by ``--method`` name; those registered as plugins (FedDyn, FedNova) as their
+``module:Class``."""
 
 
 def algorithm_class(spec: str) -> type[FederatedAlgorithm]:

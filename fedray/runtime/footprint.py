@@ -44,8 +44,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedray.core.options import build
-from fedray.methods.config import RunConfig
 from fedray.core.federation import Federation
 from fedray.methods.evaluation import CHUNK
 from fedray.methods.algorithm import FederatedAlgorithm
@@ -103,35 +101,25 @@ class Footprint:
                    + t.per_block_sample * blocks + t.per_test_sample * test_samples + t.driver)
 
 
-def estimate(config: RunConfig, federation: Federation, algorithm: FederatedAlgorithm | None = None) -> list[Footprint]:
-    """The footprint of each stage of ``config`` (resolved) on ``federation``'s features; none for runs on images.
-
-    ``algorithm``: the training algorithm the run trains with (built from ``config`` when not given), whose path
-    (the dual form's compact SCAFFOLD states, or autograd's) decides what its clients' states weigh."""
-    if config.finetune:
-        return []
-    d = federation.dim
-    data = _data_terms(d, federation.test.num_rows)
-    per_round = config.per_round(federation.num_clients)
-    block = _largest_clients(federation, per_round * config.eval_every)
-    if not config.trains:
-        return [Footprint(config.method, data + _closed_form(config.method, config, federation, d), block)]
-    width = config.sphere_dim or d
-    stages = [(f"{config.init} (--init)", config.init, d)] if config.init != "random" else []
-    if config.probe_ridge:
-        stages.append(("fed3r (--probe-ridge)", "fed3r", d))
-    if config.head == "sphere":
-        stages.append(("ffc (SphereFed's calibration)", "ffc", width))
-    closed_form = [Footprint(label, data + _closed_form(method, config, federation, dim), block) for label, method, dim in stages]
-    if algorithm is None:
-        algorithm = build(config.algorithm_class(), config.option_values(), f"--method {config.training_algorithm}",
-                          seed=config.seed)
-    training = Footprint(config.method, data + _training_terms(config, federation, width, algorithm),
-                         _largest_clients(federation, per_round))
-    return [*closed_form, training]
+def closed_form_footprint(stage: str, method: str, federation: Federation, dim: int, block_samples: int, *,
+                          bias: bool = False, rf_dim: int = 0, means_per_class: int = 1) -> Footprint:
+    """The footprint of the built-in closed-form ``method`` (its options ``bias``, ``rf_dim``, ``means_per_class``)
+    on ``federation``'s features mapped to ``dim``, in blocks of at most ``block_samples``."""
+    terms = _closed_form(method, federation, dim, bias, rf_dim, means_per_class)
+    return Footprint(stage, _data_terms(federation.dim, federation.test.num_rows) + terms, block_samples)
 
 
-def _largest_clients(federation: Federation, count: int) -> int:
+def training_footprint(stage: str, federation: Federation, algorithm: FederatedAlgorithm, sphere_dim: int | None,
+                       kept_clients: int, round_samples: int) -> Footprint:
+    """The footprint of training a linear head (or SphereFed's l × d projection, ``sphere_dim`` = l) on
+    ``federation``'s features with ``algorithm``, whose path (the dual form's compact SCAFFOLD states, or autograd's)
+    decides what its clients' states weigh; ``kept_clients``: the most clients whose states the shards hold;
+    ``round_samples``: the most samples a round gathers."""
+    terms = _training_terms(federation, sphere_dim, algorithm, kept_clients)
+    return Footprint(stage, _data_terms(federation.dim, federation.test.num_rows) + terms, round_samples)
+
+
+def largest_clients(federation: Federation, count: int) -> int:
     """Samples of the ``count`` largest clients: the most one block (or round) can gather."""
     sizes = np.sort(federation.client_sizes)[::-1]
     return int(sizes[:count].sum())
@@ -147,7 +135,8 @@ def _data_terms(d: int, test_samples: int) -> tuple[Term, ...]:
     )
 
 
-def _closed_form(method: str, config: RunConfig, federation: Federation, d: int) -> tuple[Term, ...]:
+def _closed_form(method: str, federation: Federation, d: int, bias: bool, rf_dim: int,
+                 means_per_class: int) -> tuple[Term, ...]:
     """``method``'s terms on features of dimension ``d``."""
     classes, tests = federation.num_classes, federation.test.num_rows
     fewer_classes = "lower the number of classes C (the schema's fedray.num_classes, or the labels)"
@@ -159,9 +148,9 @@ def _closed_form(method: str, config: RunConfig, federation: Federation, d: int)
     if method == "fedncm":
         return scores, sums
     if method in ("fed3r", "ffc", "fed3r-rf"):
-        return (scores, *_ridge(method, config, d, classes, tests))
+        return (scores, *_ridge(method, bias, rf_dim, d, classes, tests))
     oracle = method == "fedcof-oracle"
-    means = 0 if oracle else int(federation.client_num_classes.sum()) * config.means_per_class * (d + 2) * FLOAT64
+    means = 0 if oracle else int(federation.client_num_classes.sum()) * means_per_class * (d + 2) * FLOAT64
     covariance = d * d * FLOAT64
     return (
         scores,
@@ -173,12 +162,12 @@ def _closed_form(method: str, config: RunConfig, federation: Federation, d: int)
     )
 
 
-def _ridge(method: str, config: RunConfig, d: int, classes: int, tests: int) -> tuple[Term, ...]:
+def _ridge(method: str, bias: bool, rf_dim: int, d: int, classes: int, tests: int) -> tuple[Term, ...]:
     """Fed3R's family: the design's feature map (none, L2 normalization, or D random features), Gram and targets."""
-    mapped = {"fed3r": 0, "ffc": d, "fed3r-rf": config.rf_dim}[method]
-    p = (mapped or d) + int(config.bias)
+    mapped = {"fed3r": 0, "ffc": d, "fed3r-rf": rf_dim}[method]
+    p = (mapped or d) + int(bias)
     narrower = "lower --rf-dim" if method == "fed3r-rf" else "lower the feature dimension d"
-    design = FLOAT64 * p + FLOAT32 * mapped + (FLOAT64 * (p - 1) if config.bias else 0)
+    design = FLOAT64 * p + FLOAT32 * mapped + (FLOAT64 * (p - 1) if bias else 0)
     terms = [
         Term(f"the p × p Gram matrix and the design (float64, p = {p})", narrower, per_block_sample=design,
              per_shard=SHARD_COPIES * p * p * FLOAT64, driver=(DRIVER_COPIES + 2) * p * p * FLOAT64,
@@ -188,16 +177,16 @@ def _ridge(method: str, config: RunConfig, d: int, classes: int, tests: int) -> 
              per_shard=SHARD_COPIES * p * classes * FLOAT64, driver=(DRIVER_COPIES + 2) * p * classes * FLOAT64),
     ]
     if method == "fed3r-rf":
-        omega = d * config.rf_dim * FLOAT32
-        terms.append(Term(f"the d × D random feature map (float32, D = {config.rf_dim})", "lower --rf-dim",
+        omega = d * rf_dim * FLOAT32
+        terms.append(Term(f"the d × D random feature map (float32, D = {rf_dim})", "lower --rf-dim",
                           per_shard=omega, driver=omega))
     return tuple(terms)
 
 
-def _training_terms(config: RunConfig, federation: Federation, width: int,
-                    algorithm: FederatedAlgorithm) -> tuple[Term, ...]:
+def _training_terms(federation: Federation, sphere_dim: int | None, algorithm: FederatedAlgorithm,
+                    kept: int) -> tuple[Term, ...]:
     d, classes = federation.dim, federation.num_classes
-    sphere = config.head == "sphere"
+    sphere, width = sphere_dim is not None, sphere_dim or d
     parameters = (width * (d + 1) + width * classes if sphere else classes * (d + 1)) * FLOAT32
     terms = [
         Term(f"the trained parameters (four float32 copies of {parameters // FLOAT32:,})",
@@ -214,8 +203,6 @@ def _training_terms(config: RunConfig, federation: Federation, width: int,
     elif (state := _client_state_bytes(algorithm, {"weight": (d, width), "bias": (width,)} if sphere else
                                        {"weight": (d, classes), "bias": (classes,)})):
         # the clients a shard holds, in proportion to its samples; at most the clients --rounds can sample
-        kept = federation.num_clients if config.rounds is None else \
-            min(federation.num_clients, config.rounds * config.per_round(federation.num_clients))
         terms.append(Term(f"the client states in the shards ({state:,} bytes a client, up to {kept:,} clients)",
                           "lower --rounds or use another --method", per_sample=state * kept / federation.train.num_rows))
     return tuple(terms)

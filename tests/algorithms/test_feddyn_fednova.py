@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.methods.config import resolve
+from fedray.engine.config import resolve
 from fedray.data.registry import load_federation
 from fedray.engine.run_config import run
 from fedray.core.errors import FedrayError

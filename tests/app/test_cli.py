@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from fedray.app.cli import main
-from fedray.methods.config import load_config_file, resolve
+from fedray.engine.config import load_config_file, resolve
 from fedray.data.registry import load_federation
 from tests.local_cluster import free_port
 
@@ -105,7 +105,7 @@ def test_a_usage_error_is_one_line_saying_where_to_look(capsys, argv, message):
 
 def test_the_summary_line_says_the_accuracy_is_the_tests_and_of_which_stage():
     from fedray.app.cli import summary_line
-    from fedray.methods.config import resolve
+    from fedray.engine.config import resolve
 
     config = resolve({}, {"method": "fedavg", "init": "fed3r", "dataset": SPEC, "out": "results/x"})
     last = {"accuracy": 0.02461, "stage": "train", "round": 12, "clients_seen": 40, "bytes_up": 2.5e6}

@@ -22,7 +22,7 @@ import fedray.app.sweeps.tuning
 from analysis.results import result_files
 from fedray.app.cli import main
 from fedray.core.folder_lock import LOCK
-from fedray.methods.config import resolve
+from fedray.engine.config import resolve
 from fedray.engine.checkpoint import CHECKPOINT
 from fedray.core.results import write_atomically
 from tests.app.test_cli import SMALL_RUN, SPEC, cli, expect_error, metrics, run_cli
@@ -125,7 +125,7 @@ for module, name in ((fedray.engine.run_config, "load_federation"), (fedray.app.
                      (fedray.app.extract.features, "load_federation"), (fedray.data.registry, "load_federation")):
     setattr(module, name, no_work)
 from fedray.app.cli import main
-from fedray.methods.config import resolve
+from fedray.engine.config import resolve
 
 results = []
 for argv in json.loads(sys.argv[1]):
@@ -190,7 +190,7 @@ def dying(source, target):
 
 os.replace = dying
 from fedray.app.cli import main
-from fedray.methods.config import resolve
+from fedray.engine.config import resolve
 sys.exit(main(argv))
 '''
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedray.methods.config import load_config_file, resolve
+from fedray.engine.config import load_config_file, resolve
 from fedray.engine.run_config import run
 from tests.images import write_image_folder
 

@@ -9,7 +9,7 @@ import pytest
 
 from fedray.app.cli import build_parser, main
 from fedray.app.api import KEYWORD_SPELLING
-from fedray.methods.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typed_options, typed_value
+from fedray.engine.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typed_options, typed_value
 from fedray.core.errors import FedrayError
 from fedray.methods import method_class
 from fedray.core.options import options_of

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.data.registry import recorded_backbone_macs
 from fedray.engine.run_config import run
 from fedray.data.images.backbones import forward_flops

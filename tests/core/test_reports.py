@@ -11,7 +11,7 @@ import fedray
 from fedray.core.errors import FedrayError
 from fedray.core.reports import report, reporting
 from fedray.engine.run_config import run
-from fedray.methods.config import resolve
+from fedray.engine.config import resolve
 
 DATASET = "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6"
 SMALL = {"dataset": DATASET, "clients_per_round": 4, "num_shards": 1, "cpus_per_shard": 1.0, "quiet": True}

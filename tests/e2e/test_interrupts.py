@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fedray.methods.config import resolve
+from fedray.engine.config import resolve
 from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint
 from fedray.core.folder_lock import LOCK
 

@@ -12,7 +12,7 @@ import torch
 
 import fedray.engine.run_config
 from fedray.core.accounting import PaperTotals
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.core.errors import FedrayError
 from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedray.methods.training.server import ServerAdam

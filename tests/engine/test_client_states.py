@@ -9,7 +9,7 @@ import ray
 import torch
 
 import fedray.engine.run_config
-from fedray.methods.config import resolve
+from fedray.engine.config import resolve
 from fedray.runtime.shards import ShardPool
 
 REPO = Path(__file__).resolve().parents[2]

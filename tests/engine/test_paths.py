@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedray.engine.run_config import run
-from fedray.methods.config import resolve
+from fedray.engine.config import resolve
 from fedray.methods.training_algorithms import FedAdam, FedAvg, FedAvgM, FedProx, Scaffold
 
 DATASET = "synthetic:inat-geo-100?dim=12&scale=0.2&classes=10"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.core.errors import FedrayError
 from fedray.methods.training.local import client_rng, minibatches, random_head

@@ -15,7 +15,7 @@ import torchvision
 import yaml
 
 from fedray.app.cli import main
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.core.errors import FedrayError
 from fedray.data.images.reader import ImageReader

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedray.app.cli import main
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.core.errors import FedrayError
 from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint

@@ -20,7 +20,7 @@ import torch
 import fedray
 from fedray.app.cli import main
 from fedray.engine.run_config import run
-from fedray.methods.config import resolve
+from fedray.engine.config import resolve
 from tests.images import write_image_folder
 
 DATASET = "synthetic:inat-geo-100?dim=12&scale=0.2&classes=10"

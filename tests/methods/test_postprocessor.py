@@ -12,7 +12,7 @@ import scipy.stats
 import torch
 
 import fedray
-from fedray.methods.config import resolve
+from fedray.engine.config import resolve
 from fedray.engine.run_config import run
 from fedray.methods.postprocessor import AGGREGATE, Postprocessing, Sampling, UploadContext, flatten, unflatten
 

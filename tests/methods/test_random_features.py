@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.data import synthetic
 from fedray.runtime.evaluator import Evaluator
 from fedray.engine.from_config import build_method

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.data import synthetic
 from fedray.core.errors import FedrayError
 from fedray.runtime import cluster

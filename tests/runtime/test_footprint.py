@@ -3,13 +3,15 @@
 import numpy as np
 import pytest
 
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.data import synthetic
 from fedray.runtime.evaluator import Evaluator
 from fedray.engine.from_config import build_method
 from fedray.engine.run_config import simulate
 from fedray.methods.evaluation import eval_bounds
-from fedray.runtime.footprint import FLOAT32, INT64, estimate
+from fedray.engine.plan import footprints
+from fedray.engine.settings import training_algorithm
+from fedray.runtime.footprint import FLOAT32, INT64
 from fedray.runtime.shards import ShardPool
 
 GB = 1e9
@@ -18,6 +20,13 @@ GB = 1e9
 @pytest.fixture(scope="module")
 def federation():
     return synthetic.build("inat-user-120k", dim=64, scale=0.1, classes=100, seed=3)
+
+
+def estimate(config, federation, algorithm=None):
+    """The plan's footprints of ``config``, training with ``algorithm`` (the run's own when not given)."""
+    if algorithm is None and config.trains:
+        algorithm = training_algorithm(config)
+    return footprints(config, federation, algorithm)
 
 
 def stages(federation, **options):

@@ -8,7 +8,7 @@ import ray
 import torch
 
 from fedray.core.errors import FedrayError
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.data import synthetic
 from fedray.runtime.evaluator import Evaluator
 from fedray.engine.from_config import build_method

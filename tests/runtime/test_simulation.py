@@ -3,7 +3,7 @@ this one's accuracy, and every row still reports the classifier of its own round
 
 import pytest
 
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.engine.run_config import simulate
 from fedray.engine.from_config import build_method
 from fedray.runtime.evaluator import Evaluator

@@ -8,7 +8,7 @@ import pytest
 import ray
 import torch
 
-from fedray.methods.config import RunConfig
+from fedray.engine.config import RunConfig
 from fedray.engine.training import Accounting
 from fedray.core.results import EvalPoint
 from fedray.runtime import sampling

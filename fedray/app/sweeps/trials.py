@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from itertools import product
 
-from fedray.methods.config import RUN_DEFAULTS, RunConfig, resolve
+from fedray.engine.config import RUN_DEFAULTS, RunConfig, resolve
 from fedray.data.registry import check_spec
 from fedray.core.errors import FedrayError
 from fedray.engine.settings import server_optimizer, training_algorithm
