@@ -147,7 +147,7 @@ def one_run(dataset: str) -> dict:
     from fedray.engine.run_config import simulate
     from fedray.runtime.session import init_ray
     from fedray.runtime.evaluator import Evaluator
-    from fedray.engine.from_config import build_method
+    from fedray.engine.plan import build_method
     from fedray.core.results import write_run
     from fedray.engine.plan import footprints
     from fedray.runtime import sampling

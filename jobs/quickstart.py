@@ -17,7 +17,7 @@ from fedray.engine.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.runtime.evaluator import Evaluator
 from fedray.core.results import write_run
-from fedray.engine.from_config import build_method
+from fedray.engine.plan import build_method
 from fedray.engine.run_config import simulate
 from fedray.runtime.session import init_ray
 from fedray.runtime.shards import ShardPool

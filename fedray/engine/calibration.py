@@ -1,9 +1,10 @@
-"""SphereFed's calibration after training: FFC on the trained projection's (or backbone's) normalized features.
+"""A calibration after training: a closed form on the features at the trained parameters replaces the classifier.
 
-Clients send ZᵀZ and ZᵀY once, Z = normalize(P x + q) of their samples; the
-server's ridge solution replaces the fixed classifier. It runs through the same
-shards as training (the projection is part of the method's feature map), as
-one round with every client.
+SphereFed's: clients send ZᵀZ and ZᵀY once, Z = normalize(P x + q) of their
+samples; the server's ridge solution replaces the fixed classifier. It runs
+through the same shards as training (the projection is part of the method's
+feature map), as one round with every client; ``--calibrate METHOD`` runs any
+closed-form method the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from fedray.engine.closed_form import everyone_uploads
 from fedray.runtime.evaluator import Evaluator
-from fedray.methods.base import Classifier
+from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.ridge import FastFederatedCalibration
 from fedray.runtime.shards import ShardPool
@@ -39,19 +40,10 @@ class ProjectedCalibration(FastFederatedCalibration):
         return super().statistics_flops(sizes) + 2.0 * sizes * self.dim * self.feature_dim
 
 
-def calibrate(pool: ShardPool, evaluator: Evaluator, lam: float, postprocessing: Postprocessing, round_number: int,
-              weight: torch.Tensor | None = None,
-              bias: torch.Tensor | None = None) -> tuple[Classifier, float, FastFederatedCalibration]:
-    """The calibrated classifier (l × C), its test accuracy and the method (for its traffic and FLOPs).
-
-    FFC on normalize(P x + q) with a trained projection (``weight`` P, ``bias`` q), or on normalize(x) without one;
-    every client's upload, in round ``round_number``, through ``postprocessing``.
-    """
-    federation = pool.federation
-    if weight is None:
-        method = FastFederatedCalibration(federation.dim, federation.num_classes, lam=lam)
-    else:
-        method = ProjectedCalibration(federation.dim, federation.num_classes, lam, weight, bias)
+def calibrate(pool: ShardPool, evaluator: Evaluator, method: ClosedFormMethod, postprocessing: Postprocessing,
+              round_number: int) -> tuple[Classifier, float]:
+    """The classifier ``method`` solves from every client's upload (in round ``round_number``, through
+    ``postprocessing``) on the pool's features, and its test accuracy."""
     statistics = everyone_uploads(pool, method, postprocessing, round_number)
     classifier = method.solve(statistics)
-    return classifier, evaluator.accuracy(method, classifier), method
+    return classifier, evaluator.accuracy(method, classifier)

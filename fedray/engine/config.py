@@ -174,6 +174,10 @@ class RunConfig:
     init_rounds: int | None = option(None, "round budget of the closed-form stage", TRAINING,
                                      unset="until every client was seen")
     probe_ridge: bool = option(False, "after training, report Fed3R's accuracy on the features", TRAINING)
+    calibrate: str | None = option(None, "after training, a closed-form method (a built-in or your own) on the features "
+                                   "at the trained parameters, every client once: its classifier becomes the run's "
+                                   "(--init the other way round; SphereFed's FFC is --head sphere's own)", TRAINING,
+                                   unset="none", metavar="METHOD")
     checkpoint_every: int | None = option(500, "write OUT/checkpoint.pt every N rounds", TRAINING)
     head: str = option("linear", "what the gradient methods train on the features: a softmax head, or SphereFed's "
                        "projection before a fixed classifier", TRAINING, choices=HEADS)
@@ -237,6 +241,8 @@ class RunConfig:
             named.append((self.server_optimizer, server_optimizer_class))
         if self.client_algorithm is not None:
             named.append((self.client_algorithm, client_algorithm_class))
+        if self.calibrate is not None:
+            named.append((self.calibrate, method_class))
         plugins = [load(spec) for spec, load in named if is_plugin(spec)]
         plugins += [postprocessor_class(spec) for spec in self.postprocessor_specs()]
         if isinstance(ALGORITHMS.get(self.training_algorithm), str) and self.trains:
@@ -309,6 +315,8 @@ class RunConfig:
         self._validate_client_optimizer()
         if self.method == TCT:
             self._validate_tct()
+        if self.calibrate is not None:
+            self._validate_calibrate()
         unused = self.unused_options(given)
         if unused and not drop_unused:
             raise FedrayError(self.not_used(unused[0]))
@@ -417,6 +425,14 @@ class RunConfig:
         if self.finetune not in (None, "ftfeat"):
             raise FedrayError("SphereFed's classifier is fixed: on images it fine-tunes the backbone only (--finetune ftfeat)")
 
+    def _validate_calibrate(self) -> None:
+        if self.head == "sphere":
+            raise FedrayError("--calibrate with --head sphere: SphereFed calibrates with its own FFC after training")
+        if self.method == TCT:
+            raise FedrayError("--calibrate with --method tct: TCT's stage 2 replaces the head after training")
+        if self.trains:
+            method_class(self.calibrate)  # a closed-form method: a built-in, or a plugin that loads as one
+
     def _validate_tct(self) -> None:
         if self.base not in ALGORITHMS and not (is_plugin(self.base) and _is_algorithm(self.base)):
             raise FedrayError(f"--base (TCT's stage 1) must be a training algorithm ({', '.join(ALGORITHMS)} or your own "
@@ -444,6 +460,8 @@ class RunConfig:
             values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
             if self.client_algorithm is not None:
                 values["client_algorithm"] = canonical(self.client_algorithm)
+            if self.calibrate is not None:
+                values["calibrate"] = canonical(self.calibrate)
             own = options_of(self.algorithm_class()).get("prox_mu")
             if own is not None:
                 values["prox_mu"] = own.default if self.prox_mu is None else self.prox_mu
@@ -472,6 +490,8 @@ class RunConfig:
         if not self.trains:
             return [self.method]
         names = [] if self.init == "random" else [self.init]
+        if self.calibrate is not None:
+            names.append(self.calibrate)
         if self.probe_ridge:
             names.append("fed3r")
         if self.head == "sphere":
@@ -519,7 +539,8 @@ class RunConfig:
         groups, taken = self.applicable_groups(), self._taken()
         columns: dict[str, object] = {}
         for spec in fields(self):
-            if spec.name in NOT_COLUMNS or not self._applies(spec, groups, taken):
+            if spec.name in NOT_COLUMNS or not self._applies(spec, groups, taken) or \
+                    spec.name in STAGE_COLUMNS and getattr(self, spec.name) is None:
                 continue
             value = getattr(self, spec.name)
             if spec.name in PLUGIN_FIELDS and isinstance(value, str) and is_plugin(value):
@@ -559,9 +580,11 @@ def client_algorithm_class(spec: str) -> type[ClientAlgorithm]:
     return load_class(spec, ClientAlgorithm, {}, "client algorithm")
 
 
-PLUGIN_FIELDS = ("method", "server_optimizer", "client_algorithm")
+PLUGIN_FIELDS = ("method", "server_optimizer", "client_algorithm", "calibrate")
 """The options that may name a plugin: its column holds the class name, ``NAME_spec`` the spec."""
 NOT_COLUMNS = ("out", "quiet", "options")
+STAGE_COLUMNS = ("calibrate",)
+"""Options that add a stage to a run: a column only of the runs that have it."""
 FIELDS = {f.name for f in fields(RunConfig)}
 RUN_DEFAULTS = {f.name: f.default for f in fields(RunConfig)}
 IMAGE_OPTIONS = ("backbone", "weights", "image_size")

@@ -1,31 +1,269 @@
-"""A run's plan: what a validated configuration builds once, before any work."""
+"""A run's plan: what a validated configuration builds once, before any work, and the stages it runs.
+
+:func:`plan` turns a resolved :class:`~fedray.engine.config.RunConfig` and the
+federation it runs on into a :class:`RunPlan` of built parts: how clients are
+sampled, the one postprocessing every stage's uploads pass through, the shard
+resources, and the list of stages (a closed form, or ``--init``'s closed form,
+training on a linear head, SphereFed's projection or images, a calibration,
+the ridge probe, TCT's stage 2). The stages, TCT and the memory estimate take
+these parts; nothing below the engine sees the configuration.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
 from fedray.core.federation import Federation
-from fedray.engine.config import RunConfig
+from fedray.core.options import build
+from fedray.engine.config import TCT, RunConfig, postprocessor_class
+from fedray.engine.settings import local_sgd_settings, server_optimizer, training_algorithm
+from fedray.methods import method_class
 from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.base import ClosedFormMethod
+from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.training.local import LocalSGD
+from fedray.methods.training.server import ServerOptimizer
+from fedray.runtime import sampling
 from fedray.runtime.footprint import Footprint, closed_form_footprint, largest_clients, training_footprint
 
 
-def footprints(config: RunConfig, federation: Federation, algorithm: FederatedAlgorithm | None) -> list[Footprint]:
-    """The memory each stage of ``config`` (resolved) needs on ``federation``'s features, ``algorithm`` the training
-    algorithm it trains with (None: a closed-form run); none for runs on images (not estimated)."""
-    if config.finetune:
-        return []
-    per_round = config.per_round(federation.num_clients)
-    block = largest_clients(federation, per_round * config.eval_every)
-    options = {"bias": config.bias, "rf_dim": config.rf_dim, "means_per_class": config.means_per_class}
-    if algorithm is None:
-        return [closed_form_footprint(config.method, config.method, federation, federation.dim, block, **options)]
-    width = config.sphere_dim or federation.dim
-    stages = [(f"{config.init} (--init)", config.init, federation.dim)] if config.init != "random" else []
-    if config.probe_ridge:
-        stages.append(("fed3r (--probe-ridge)", "fed3r", federation.dim))
+@dataclass(frozen=True)
+class Sampler:
+    """How a stage draws its clients: κ of the K clients a round, with or without replacement, from the run's seed."""
+
+    num_clients: int
+    per_round: int
+    with_replacement: bool
+    seed: int
+
+    def rounds(self, count: int | None, past_coverage: bool = False) -> list[np.ndarray]:
+        """The clients of each of ``count`` rounds (None: until every client was seen; ``past_coverage``: the count
+        may exceed that)."""
+        return sampling.schedule(self.num_clients, self.per_round, self.with_replacement, self.seed, count,
+                                 past_coverage=past_coverage)
+
+    def uploads(self, postprocessing: Postprocessing, first_round: int = 0) -> Postprocessing:
+        """``postprocessing`` told this sampling, its rounds numbered after ``first_round`` rounds of the run."""
+        return postprocessing.sampled(self.num_clients, self.per_round, self.with_replacement, first_round)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A closed-form method with its options, built on the features a stage runs on (whose dimension and classes are
+    known only there: a backbone's embeddings, SphereFed's projection)."""
+
+    name: str
+    cls: type[ClosedFormMethod]
+    values: dict
+    seed: int
+
+    def build(self, federation: Federation) -> ClosedFormMethod:
+        return build(self.cls, self.values, f"--method {self.name}", dim=federation.dim,
+                     num_classes=federation.num_classes, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class ClosedForm:
+    """A closed-form stage: the run's method, or ``--init``'s before training (``rounds``: its budget, None until
+    every client was seen)."""
+
+    method: MethodSpec
+    rounds: int | None
+
+
+@dataclass(frozen=True)
+class Images:
+    """Fine-tuning on images: what trains (``ft``, ``ftlp``, ``ftfeat``), the network and its trainers."""
+
+    mode: str
+    backbone: str
+    weights: str
+    image_size: int
+    num_trainers: int | None
+    cpus_per_trainer: float
+
+
+@dataclass(frozen=True)
+class Sphere:
+    """SphereFed: the l × d projection onto the sphere before a fixed classifier, trained with ``loss``."""
+
+    dim: int | None
+    loss: str
+
+
+@dataclass(frozen=True)
+class Training:
+    """The training stage: the algorithm, its clients' local SGD and the server optimizer, for ``rounds`` rounds (None:
+    until every client was seen); on a linear head, SphereFed's projection (``sphere``) or images (``images``)."""
+
+    algorithm: FederatedAlgorithm
+    server_optimizer: ServerOptimizer
+    sgd: LocalSGD
+    rounds: int | None
+    checkpoint_every: int | None
+    sphere: Sphere | None = None
+    images: Images | None = None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A closed form after training, on the features at the trained parameters, whose classifier becomes the run's:
+    SphereFed's FFC on the normalized projection, or ``--calibrate METHOD``."""
+
+    method: MethodSpec
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Fed3R on the features the head was trained on, from every client (``--probe-ridge``)."""
+
+    method: MethodSpec
+
+
+@dataclass(frozen=True)
+class TctStage2:
+    """TCT's stage 2 on the eNTK features at the stage-1 weights (:mod:`fedray.engine.tct`)."""
+
+    entk_dim: int
+    entk_fp16: bool
+    entk_chunk: int
+    rounds: int
+    local_steps: int
+    lr: float
+    solver: str
+    projection: int | None
+    lam: float
+
+
+Stage = ClosedForm | Training | Calibration | Probe | TctStage2
+
+
+@dataclass(frozen=True)
+class Shards:
+    """The shard actors' resources (``count`` None: the cluster's CPUs / ``cpus``)."""
+
+    count: int | None
+    cpus: float
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's built parts and its stages, in order."""
+
+    out: Path
+    identity: dict
+    """The configuration as config.yaml holds it: what a checkpoint must match to resume."""
+    seed: int
+    eval_every: int
+    quiet: bool
+    backbone_macs: float | None
+    sampler: Sampler
+    postprocessing: Postprocessing
+    shards: Shards
+    stages: tuple[Stage, ...]
+    footprints: list[Footprint] = field(default_factory=list)
+
+    def stage(self, kind: type) -> Stage | None:
+        """The run's stage of ``kind`` (at most one of each in a training run), or None."""
+        return next((stage for stage in self.stages if isinstance(stage, kind)), None)
+
+    @property
+    def init(self) -> ClosedForm | None:
+        """The closed form training starts from (``--init``), or None."""
+        first = self.stages[0]
+        return first if isinstance(first, ClosedForm) and self.stage(Training) is not None else None
+
+    @property
+    def training(self) -> Training:
+        training = self.stage(Training)
+        assert training is not None, "a training plan"
+        return training
+
+
+def postprocessing(config: RunConfig) -> Postprocessing:
+    """``--postprocessor``'s classes with their options, in order, and the run's seed for their random draws."""
+    return Postprocessing(tuple(build(postprocessor_class(spec), config.option_values(), f"--postprocessor {spec}",
+                                      seed=config.seed) for spec in config.postprocessor_specs()), config.seed)
+
+
+def build_method(config: RunConfig, federation: Federation) -> ClosedFormMethod:
+    """``config.method`` (a built-in or a plugin) for the federation's dimension and classes, with the run's seed."""
+    return method_spec(config, config.method).build(federation)
+
+
+def method_spec(config: RunConfig, name: str) -> MethodSpec:
+    """The closed-form method ``name`` (a built-in or a plugin) with the run's options and seed."""
+    return MethodSpec(name, method_class(name), config.option_values(), config.seed)
+
+
+def training_stage(config: RunConfig) -> Training:
+    """``--method`` (TCT: ``--base``) with its local SGD and server optimizer, each built once with its options."""
+    images = None if config.finetune is None else Images(config.finetune, config.backbone, config.weights,
+                                                         config.image_size, config.num_trainers, config.cpus_per_trainer)
+    sphere = Sphere(config.sphere_dim, config.sphere_loss) if config.head == "sphere" else None
+    return Training(training_algorithm(config), server_optimizer(config), local_sgd_settings(config), config.rounds,
+                    config.checkpoint_every, sphere, images)
+
+
+def stages(config: RunConfig) -> tuple[Stage, ...]:
+    """The stages ``config`` (resolved) runs, in order."""
+    if not config.trains:
+        return (ClosedForm(method_spec(config, config.method), config.rounds),)
+    listed: list[Stage] = [] if config.init == "random" else [ClosedForm(method_spec(config, config.init), config.init_rounds)]
+    listed.append(training_stage(config))
     if config.head == "sphere":
-        stages.append(("ffc (SphereFed's calibration)", "ffc", width))
-    kept = federation.num_clients if config.rounds is None else min(federation.num_clients, config.rounds * per_round)
-    sphere_dim = width if config.head == "sphere" else None
-    return [*(closed_form_footprint(label, method, federation, dim, block, **options) for label, method, dim in stages),
-            training_footprint(config.method, federation, algorithm, sphere_dim, kept,
-                               largest_clients(federation, per_round))]
+        listed.append(Calibration(method_spec(config, "ffc")))
+    elif config.calibrate is not None:
+        listed.append(Calibration(method_spec(config, config.calibrate)))
+    if config.probe_ridge:
+        listed.append(Probe(method_spec(config, "fed3r")))
+    if config.method == TCT:
+        listed.append(TctStage2(config.entk_dim, config.entk_fp16, config.entk_chunk, config.tct_rounds,
+                                config.tct_local_steps, config.tct_lr, config.tct_solver, config.tct_projection,
+                                config.tct_lam))
+    return tuple(listed)
+
+
+def plan(config: RunConfig, federation: Federation, planned: tuple[Stage, ...] | None = None,
+         uploads: Postprocessing | None = None) -> RunPlan:
+    """The plan of ``config`` (validated and resolved) on ``federation``: every part built once, its plugins' options
+    checked, before any work; ``planned`` and ``uploads``: its :func:`stages` and :func:`postprocessing` when they were
+    built already (before the data was loaded, to refuse a plugin's bad option first)."""
+    per_round = config.per_round(federation.num_clients)
+    sampler = Sampler(federation.num_clients, per_round, config.sampling == "with", config.seed)
+    run = RunPlan(Path(config.out), config.to_dict(), config.seed, config.eval_every, config.quiet,
+                  config.backbone_macs, sampler, postprocessing(config) if uploads is None else uploads,
+                  Shards(config.num_shards, config.cpus_per_shard), stages(config) if planned is None else planned)
+    return replace(run, footprints=footprints(run, federation))
+
+
+def footprints(run: RunPlan, federation: Federation) -> list[Footprint]:
+    """The memory each stage of ``run`` needs on ``federation``'s features; none for runs on images (not estimated)."""
+    training = run.stage(Training)
+    if training is not None and training.images is not None:
+        return []
+    block = largest_clients(federation, run.sampler.per_round * run.eval_every)
+    estimated = []
+    for stage in run.stages:
+        if isinstance(stage, Training):
+            kept = federation.num_clients if stage.rounds is None else \
+                min(federation.num_clients, stage.rounds * run.sampler.per_round)
+            sphere_dim = None if stage.sphere is None else stage.sphere.dim or federation.dim
+            estimated.append(training_footprint(stage.algorithm.name or type(stage.algorithm).__name__, federation,
+                                                stage.algorithm, sphere_dim, kept,
+                                                largest_clients(federation, run.sampler.per_round)))
+        elif isinstance(stage, (ClosedForm, Calibration, Probe)):
+            method = stage.method
+            dim = federation.dim
+            if isinstance(stage, Calibration) and training is not None and training.sphere is not None:
+                dim = training.sphere.dim or federation.dim
+            label = {ClosedForm: f"{method.name} (--init)" if training is not None else method.name,
+                     Calibration: f"{method.name} (SphereFed's calibration)" if method.name == "ffc" and training
+                     and training.sphere else f"{method.name} (--calibrate)",
+                     Probe: "fed3r (--probe-ridge)"}[type(stage)]
+            options = {key: method.values[key] for key in ("bias", "rf_dim", "means_per_class")}
+            estimated.append(closed_form_footprint(label, method.name, federation, dim, block, **options))
+    return estimated

@@ -12,18 +12,16 @@ from fedray.engine.config import TCT, RunConfig
 from fedray.core.federation import Federation
 from fedray.data.registry import load_federation, recorded_backbone_macs
 from fedray.runtime.evaluator import Evaluator
-from fedray.engine.settings import server_optimizer, training_algorithm
 from fedray.engine.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.engine.training import TrainingState
 from fedray.methods.base import Classifier, ClosedFormMethod
-from fedray.engine.from_config import build_method, postprocessing
+from fedray.engine.plan import RunPlan, Training, plan, postprocessing, stages
 from fedray.methods.postprocessor import Postprocessing
 from fedray.core.errors import FedrayError
 from fedray.engine.callbacks import Callbacks
 from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
 from fedray.engine.round_loop import Listener
 from fedray.runtime import sampling
-from fedray.engine.plan import footprints
 from fedray.runtime.session import check_address, init_ray
 from fedray.runtime.shards import ShardPool
 from fedray.engine.closed_form import RunOutcome, run_closed_form
@@ -90,13 +88,13 @@ def stopped_early(callbacks: Callbacks | None) -> dict[str, bool]:
     return {"stopped_early": True} if callbacks is not None and callbacks.stopping else {}
 
 
-def _saved_state(config: RunConfig, federation: Federation) -> TrainingState:
-    """The checkpoint in ``config.out``, checked against this training run (its model, clients and rounds) before
+def _saved_state(run: RunPlan, federation: Federation) -> TrainingState:
+    """The checkpoint in the run's folder, checked against this training run (its model, clients and rounds) before
     any work."""
     from fedray.engine.stages import checkpoint_shape
 
-    shape = checkpoint_shape(config, federation) if config.trains else None
-    return load_checkpoint(Path(config.out), config.to_dict(), shape)
+    shape = checkpoint_shape(run, federation) if run.stage(Training) is not None else None
+    return load_checkpoint(run.out, run.identity, shape)
 
 
 def run(
@@ -138,21 +136,20 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     if config.method == TCT and uploads.postprocessors:
         raise FedrayError("--method tct with --postprocessor: TCT's stage 2 (its normalization round, closed form and "
                           "SCAFFOLD) does not pass its uploads through postprocessors yet; run tct without --postprocessor")
-    if config.trains:
-        server_optimizer(config)
-        training_algorithm(config)
+    planned = stages(config)  # the training algorithm and server optimizer, built with their options before the data
     federation = load_federation(config.dataset) if federation is None else federation
     federation.require_test_rows()
     if config.backbone_macs is None:
         config = replace(config, backbone_macs=recorded_backbone_macs(config.dataset))
-    method = None if config.trains else build_method(config, federation)
-    per_round = config.per_round(federation.num_clients)
+    run = plan(config, federation, planned, uploads)
+    method = None if config.trains else run.stages[0].method.build(federation)
+    per_round = run.sampler.per_round
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
     if config.trains and config.rounds is not None:  # training runs exactly --rounds rounds (TCT's stage 2 its own)
         sampling.check_schedule(config.rounds, per_round)
     if config.method == TCT:
         sampling.check_schedule(config.tct_rounds, per_round, "--tct-rounds")
-    saved = _saved_state(config, federation) if resume else None
+    saved = _saved_state(run, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
     callbacks = callbacks or Callbacks()
@@ -165,20 +162,19 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
         from fedray.engine.stages import finetune_on_images  # these paths' modules (torchvision among them) load only when used
         from fedray.engine.tct import run_tct
 
-        outcome = (run_tct if config.method == TCT else finetune_on_images)(config, federation, uploads, on_point, saved,
+        outcome = (run_tct if config.method == TCT else finetune_on_images)(run, federation, on_point, saved,
                                                                             trial_group, callbacks)
         resolved = _resolved(config, federation.num_clients)
         model = outcome.params
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
     else:
-        pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, trial_group=trial_group,
-                               footprints=footprints(config, federation,
-                                                     training_algorithm(config) if config.trains else None))
+        pool = ShardPool.start(federation, run.shards.count, run.shards.cpus, trial_group=trial_group,
+                               footprints=run.footprints)
         try:
             if config.trains:
                 from fedray.engine.stages import train_on_features
 
-                outcome = train_on_features(config, pool, Evaluator(pool), uploads, on_point, saved, callbacks)
+                outcome = train_on_features(run, pool, Evaluator(pool), on_point, saved, callbacks)
                 resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards)
                 head = Classifier(outcome.params["weight"], outcome.params["bias"])
             else:

@@ -1,9 +1,10 @@
 """One gradient-method run as a pipeline of stages, written once for features and images (:func:`train_in_stages`).
 
-The closed-form stage (``--init fedncm|fed3r|fedcof``) runs the method
-through the shards until every client was seen (or ``--init-rounds``); its
-classifier becomes the softmax head that training starts from. Then training,
-SphereFed's calibration (``--head sphere``) and the ridge probe
+The stages are the plan's (:mod:`fedray.engine.plan`). The closed-form stage
+(``--init fedncm|fed3r|fedcof``) runs the method through the shards until every
+client was seen (or ``--init-rounds``); its classifier becomes the softmax head
+that training starts from. Then training, a calibration (SphereFed's FFC with
+``--head sphere``, or ``--calibrate METHOD``) and the ridge probe
 (``--probe-ridge``). The closed-form stages run on an
 :data:`Embeddings`: the shards' own features, or the images embedded by the
 backbone at that moment. Every stage's rows go to one metrics table (``stage``
@@ -17,14 +18,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from pathlib import Path
 from typing import Callable, TypeVar
 
 import numpy as np
 import torch
 from ray.util.placement_group import PlacementGroup
 
-from fedray.engine.config import COLUMNS, RunConfig
+from fedray.engine.config import COLUMNS
 from fedray.core.federation import TEST, TRAIN, Federation
 from fedray.data.memory import with_features
 from fedray.runtime.evaluator import Evaluator
@@ -34,20 +34,18 @@ from fedray.methods.finetune_model import get_mode, model_structure, trained_nam
 from fedray.engine.checkpoint import RunShape, save_checkpoint
 from fedray.methods.training.local import random_head
 from fedray.runtime.probing import ProbeBackend
-from fedray.engine.settings import local_sgd_settings, server_optimizer, training_algorithm
 from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
-from fedray.methods.base import FLOAT_BYTES, Classifier
+from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.methods.checks import check_tensors
 from fedray.methods.postprocessor import Postprocessing
-from fedray.engine.from_config import build_method
+from fedray.engine.plan import Calibration, Images, Probe, RunPlan, Shards
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.callbacks import Callbacks
 from fedray.engine.round_loop import Listener
-from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
 from fedray.engine.closed_form import everyone_uploads, run_closed_form
-from fedray.engine.calibration import calibrate
+from fedray.engine.calibration import ProjectedCalibration, calibrate
 from fedray.data.images.backbones import get_backbone
 from fedray.runtime.sphere import SphereBackend, initial_projection
 
@@ -67,20 +65,19 @@ class TrainingOutcome:
     training's, then SphereFed's calibration round of every client)."""
 
 
-def init_schedule(config: RunConfig, num_clients: int) -> list[np.ndarray]:
-    """The clients of the ``--init`` closed-form stage's rounds."""
-    return sampling.schedule(num_clients, config.per_round(num_clients), config.sampling == "with", config.seed,
-                             config.init_rounds)
+def init_schedule(run: RunPlan) -> list[np.ndarray]:
+    """The clients of the ``--init`` closed-form stage's rounds (none without one)."""
+    return [] if run.init is None else run.sampler.rounds(run.init.rounds)
 
 
-def closed_form_stage(config: RunConfig, rounds: list[np.ndarray], pool: ShardPool, evaluator: Evaluator,
-                      on_point: Listener | None, uploads: Postprocessing,
-                      callbacks: Callbacks) -> tuple[Params, Accounting, list[EvalPoint]]:
+def closed_form_stage(run: RunPlan, rounds: list[np.ndarray], pool: ShardPool, evaluator: Evaluator,
+                      on_point: Listener | None, uploads: Postprocessing, callbacks: Callbacks,
+                      backbone_macs: float | None) -> tuple[Params, Accounting, list[EvalPoint]]:
     """Stage 1: the ``--init`` method's classifier over ``rounds`` as the head, with its rows and accounting."""
     federation = pool.federation
-    method = build_method(replace(config, method=config.init), federation)
-    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
-                              backbone_macs=config.backbone_macs, postprocessing=uploads, callbacks=callbacks)
+    method = run.init.method.build(federation)
+    outcome = run_closed_form(pool, method, rounds, run.eval_every, evaluator, quiet=run.quiet, on_point=on_point,
+                              backbone_macs=backbone_macs, postprocessing=uploads, callbacks=callbacks)
     classifier: Classifier = outcome.classifier
     weight = classifier.weight.to(torch.float32)
     bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
@@ -92,10 +89,10 @@ def closed_form_stage(config: RunConfig, rounds: list[np.ndarray], pool: ShardPo
     return {"weight": weight, "bias": bias}, accounting, outcome.points
 
 
-def ridge_probe(pool: ShardPool, config: RunConfig, evaluator: Evaluator, uploads: Postprocessing, round_number: int) -> float:
+def ridge_probe(pool: ShardPool, probe: Probe, evaluator: Evaluator, uploads: Postprocessing, round_number: int) -> float:
     """Fed3R on the features the head was trained on, from every client (Fed3R Section 5.4's feature-quality probe),
     their uploads in round ``round_number`` through the run's postprocessors."""
-    method = build_method(replace(config, method="fed3r"), pool.federation)
+    method = probe.method.build(pool.federation)
     statistics = everyone_uploads(pool, method, uploads, round_number)
     return evaluator.accuracy(method, method.solve(statistics))
 
@@ -106,26 +103,27 @@ features at ``params``: the pool's own features (linear probing, SphereFed), or 
 ``params`` (fine-tuning, :func:`on_embeddings`)."""
 
 
-def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Embeddings, sizes: np.ndarray,
+def train_in_stages(run: RunPlan, backend: TrainingBackend, embeddings: Embeddings, sizes: np.ndarray,
                     uploads: Postprocessing, on_point: Listener | None = None, saved: TrainingState | None = None,
                     backbone_macs: float | None = None, callbacks: Callbacks | None = None) -> TrainingOutcome:
     """A training run's stages, the same on features and on images: the ``--init`` closed form (unless resuming
-    ``saved``), training, SphereFed's calibration (``--head sphere``), the ridge probe (``--probe-ridge``); every
+    ``saved``), training, a calibration (SphereFed's FFC, ``--calibrate``), the ridge probe (``--probe-ridge``); every
     stage's uploads through the run's one ``uploads`` (sampled as training samples; the calibration and the probe:
     every client once).
 
-    ``backbone_macs``: F_φ where the backend measures it (fine-tuning), else ``config.backbone_macs``. A researcher's
-    ``callbacks`` that stop the closed-form stage end the run there: no training.
+    ``backbone_macs``: F_φ where the backend measures it (fine-tuning), else the run's. A researcher's ``callbacks``
+    that stop the closed-form stage end the run there: no training.
     """
     callbacks = callbacks or Callbacks()
-    init_rounds = [] if config.init == "random" else init_schedule(config, len(sizes))
+    backbone_macs = run.backbone_macs if backbone_macs is None else backbone_macs
+    init_rounds = init_schedule(run)
     if saved is None:
-        params, accounting, points = backend.initial_params(config.seed), None, []
+        params, accounting, points = backend.initial_params(run.seed), None, []
         if init_rounds:
-            stage = config if backbone_macs is None else replace(config, backbone_macs=backbone_macs)
             head, accounting, points = embeddings(
-                params, lambda pool, evaluator: closed_form_stage(stage, init_rounds, pool, evaluator, on_point,
-                                                                  replace(uploads, first_round=0), callbacks))
+                params, lambda pool, evaluator: closed_form_stage(run, init_rounds, pool, evaluator, on_point,
+                                                                  replace(uploads, first_round=0), callbacks,
+                                                                  backbone_macs))
             params = backend.with_head(params, head)
         model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
         algorithm_state = check_tensors(backend.algorithm, "init_server_state", backend.algorithm.init_server_state(model))
@@ -134,55 +132,62 @@ def train_in_stages(config: RunConfig, backend: TrainingBackend, embeddings: Emb
     if callbacks.stopping:  # stopped in the closed-form stage: its head is the run's
         outcome = TrainingOutcome(saved.points, saved.params, saved.accounting)
     else:
-        outcome = _train(config, backend, saved, sizes, on_point, uploads, backbone_macs, callbacks, first_round)
+        outcome = _train(run, backend, saved, sizes, on_point, uploads, backbone_macs, callbacks, first_round)
     outcome.rounds = init_rounds[:first_round] + outcome.rounds
-    if config.head == "sphere" and not outcome.points[-1].diverged:
-        classifier = embeddings(outcome.params, lambda pool, evaluator: calibration_stage(
-            config, pool, evaluator, outcome, on_point, uploads, *backend.calibration_map(outcome.params)))
-        outcome.arrays = {**classifier.arrays(), **backend.sphere_arrays(outcome.params)}
+    calibration = run.stage(Calibration)
+    if calibration is not None and not outcome.points[-1].diverged:
+        classifier, method = embeddings(outcome.params, lambda pool, evaluator: calibration_stage(
+            calibration, pool, evaluator, outcome, on_point, uploads, *backend.calibration_map(outcome.params)))
+        sphere = {} if run.training.sphere is None else backend.sphere_arrays(outcome.params)
+        outcome.arrays = {**classifier.arrays(), **method.arrays(), **sphere}
         outcome.rounds.append(np.arange(len(sizes)))
-    if config.probe_ridge:
+    probe = run.stage(Probe)
+    if probe is not None:
         probe_round = outcome.points[-1].round + 1
         with reporting(outcome.points[-1].reported, COLUMNS):  # the probe's numbers go in the last row, with its accuracy
             outcome.ridge_probe_accuracy = embeddings(outcome.params, lambda pool, evaluator: ridge_probe(
-                pool, config, evaluator, uploads, probe_round))
+                pool, probe, evaluator, uploads, probe_round))
     return outcome
 
 
 def train_on_features(
-    config: RunConfig,
+    run: RunPlan,
     pool: ShardPool,
     evaluator: Evaluator,
-    postprocessing: Postprocessing,
     on_point: Listener | None = None,
     saved: TrainingState | None = None,
     callbacks: Callbacks | None = None,
 ) -> TrainingOutcome:
-    """Linear probing with ``config.method`` on the pool's features (``config`` resolved), or its ``saved`` state continued;
+    """Linear probing with the plan's training stage on the pool's features, or its ``saved`` state continued;
     SphereFed (``--head sphere``) trains the projection before the fixed classifier, then calibrates with FFC. Every
-    upload goes through the run's ``postprocessing``."""
-    federation, sgd, algorithm = pool.federation, local_sgd_settings(config), training_algorithm(config)
-    uploads = training_uploads(postprocessing, config, federation.num_clients)
-    if config.head == "sphere":
-        backend = SphereBackend(pool, sgd, config.seed, evaluator, algorithm, config.sphere_dim or federation.dim,
-                                config.sphere_loss, uploads)
+    upload goes through the run's postprocessing."""
+    federation, training = pool.federation, run.training
+    uploads = training_uploads(run)
+    if training.sphere is not None:
+        backend = SphereBackend(pool, training.sgd, run.seed, evaluator, training.algorithm,
+                                training.sphere.dim or federation.dim, training.sphere.loss, uploads)
     else:
-        backend = ProbeBackend(pool, sgd, config.seed, evaluator, algorithm, postprocessing=uploads)
-    return train_in_stages(config, backend, lambda params, work: work(pool, evaluator), federation.client_sizes,
+        backend = ProbeBackend(pool, training.sgd, run.seed, evaluator, training.algorithm, postprocessing=uploads)
+    return train_in_stages(run, backend, lambda params, work: work(pool, evaluator), federation.client_sizes,
                            uploads, on_point, saved, callbacks=callbacks)
 
 
-def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, outcome: TrainingOutcome,
+def calibration_stage(stage: Calibration, pool: ShardPool, evaluator: Evaluator, outcome: TrainingOutcome,
                       on_point: Listener | None, uploads: Postprocessing, weight: torch.Tensor | None = None,
-                      bias: torch.Tensor | None = None) -> Classifier:
-    """SphereFed's FFC on normalize(P x + q) (on normalize(x) without a projection), one round with every client:
-    a ``calibrated`` row; returns the calibrated classifier."""
+                      bias: torch.Tensor | None = None) -> tuple[Classifier, ClosedFormMethod]:
+    """The calibration's closed form on the pool's features, one round with every client: SphereFed's FFC on
+    normalize(P x + q) with a trained projection (``weight`` P, ``bias`` q), else the stage's method on the features
+    (SphereFed's normalize(x) of the fine-tuned embeddings, ``--calibrate``'s method); a ``calibrated`` row; returns
+    the calibrated classifier and the method that maps features for it."""
     start = time.perf_counter()
     reported = dict(outcome.points[-1].reported)
-    with reporting(reported, COLUMNS):  # a postprocessor's aggregate of the calibration's uploads may report
-        classifier, accuracy, method = calibrate(pool, evaluator, config.lam, uploads, outcome.points[-1].round + 1,
-                                                 weight, bias)
     federation = pool.federation
+    if weight is None:
+        method = stage.method.build(federation)
+    else:
+        method = ProjectedCalibration(federation.dim, federation.num_classes, stage.method.values["lam"], weight, bias)
+    with reporting(reported, COLUMNS):  # a postprocessor's aggregate of the calibration's uploads may report
+        classifier, accuracy = calibrate(pool, evaluator, method, uploads, outcome.points[-1].round + 1)
     everyone = np.arange(federation.num_clients)
     sizes = federation.client_sizes.astype(np.float64)
     outcome.accounting.add(everyone, federation.client_sizes, float(method.upload_floats(federation).sum()) * FLOAT_BYTES, 0.0,
@@ -193,43 +198,44 @@ def calibration_stage(config: RunConfig, pool: ShardPool, evaluator: Evaluator, 
     outcome.points.append(point)
     if on_point is not None:
         on_point(point, classifier)
-    return classifier
+    return classifier, method
 
 
 def finetune_on_images(
-    config: RunConfig,
+    run: RunPlan,
     federation: Federation,
-    postprocessing: Postprocessing,
     on_point: Listener | None = None,
     saved: TrainingState | None = None,
     trial_group: PlacementGroup | None = None,
     callbacks: Callbacks | None = None,
 ) -> TrainingOutcome:
-    """Fine-tuning (``config.finetune``) of a backbone and head on the federation's images, on a trainer pool of its own
-    (in ``trial_group``'s bundles inside a Tune trial); every upload through the run's ``postprocessing``."""
-    uploads = training_uploads(postprocessing, config, federation.num_clients)
-    backend = start_finetuning(config, federation, uploads, trial_group)
+    """Fine-tuning of a backbone and head on the federation's images, on a trainer pool of its own (in
+    ``trial_group``'s bundles inside a Tune trial); every upload through the run's postprocessing."""
+    uploads = training_uploads(run)
+    backend = start_finetuning(run, federation, uploads, trial_group)
     try:
-        return finetune(config, backend, uploads, on_point, saved, callbacks)
+        return finetune(run, backend, uploads, on_point, saved, callbacks)
     finally:
         backend.shutdown()
 
 
-def start_finetuning(config: RunConfig, federation: Federation, uploads: Postprocessing,
+def start_finetuning(run: RunPlan, federation: Federation, uploads: Postprocessing,
                      trial_group: PlacementGroup | None = None) -> FineTuneBackend:
     """The run's fine-tuning backend on a trainer pool of its own, or in ``trial_group``'s bundles inside a Tune trial
     (shut down with ``backend.shutdown()``), its clients' uploads through ``uploads``."""
+    training = run.training
+    images: Images = training.images
     return FineTuneBackend.start(
-        federation, config.backbone, config.weights, config.finetune, local_sgd_settings(config), config.seed,
-        image_size=config.image_size, num_trainers=config.num_trainers, cpus_per_trainer=config.cpus_per_trainer,
-        algorithm=training_algorithm(config), sphere_loss=config.sphere_loss if config.head == "sphere" else None,
+        federation, images.backbone, images.weights, images.mode, training.sgd, run.seed,
+        image_size=images.image_size, num_trainers=images.num_trainers, cpus_per_trainer=images.cpus_per_trainer,
+        algorithm=training.algorithm, sphere_loss=None if training.sphere is None else training.sphere.loss,
         postprocessing=uploads,
         trial_group=trial_group,
     )
 
 
 def finetune(
-    config: RunConfig,
+    run: RunPlan,
     backend: FineTuneBackend,
     uploads: Postprocessing,
     on_point: Listener | None = None,
@@ -243,12 +249,12 @@ def finetune(
     the images embedded by the backbone at that moment, in shards of their own
     (``--num-shards``, default 1, next to the trainers).
     """
-    backbone_macs = backend.flops_per_image / 2 if config.backbone_macs is None else config.backbone_macs
-    return train_in_stages(config, backend, partial(on_embeddings, config, backend), backend.pool.federation.client_sizes,
+    backbone_macs = backend.flops_per_image / 2 if run.backbone_macs is None else run.backbone_macs
+    return train_in_stages(run, backend, partial(on_embeddings, run.shards, backend), backend.pool.federation.client_sizes,
                            uploads, on_point, saved, backbone_macs, callbacks)
 
 
-def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
+def on_embeddings(shards: Shards, backend: FineTuneBackend, params: Params,
                   work: Callable[[ShardPool, Evaluator], T]) -> T:
     """``work`` on shards holding the federation's images embedded by the backbone of ``params``.
 
@@ -260,7 +266,7 @@ def on_embeddings(config: RunConfig, backend: FineTuneBackend, params: Params,
     embedded = with_features(backend.pool.federation, train_features, test_features)
     trial_group = backend.pool.trial_group
     if trial_group is None:
-        pool = ShardPool.start(embedded, config.num_shards or 1, config.cpus_per_shard)
+        pool = ShardPool.start(embedded, shards.count or 1, shards.cpus)
     else:
         pool = ShardPool.start(embedded, cpus_per_shard=0, trial_group=trial_group)
     try:
@@ -276,49 +282,46 @@ def _fresh_state(params: Params, accounting: Accounting | None, points: list[Eva
     return TrainingState(params, {}, algorithm_state, accounting, list(points))
 
 
-def training_uploads(postprocessing: Postprocessing, config: RunConfig, num_clients: int) -> Postprocessing:
+def training_uploads(run: RunPlan) -> Postprocessing:
     """The run's postprocessing as training samples (κ of the K clients a round), its rounds numbered after a
     closed-form ``--init``'s."""
-    first_round = 0 if config.init == "random" else len(init_schedule(config, num_clients))
-    return postprocessing.sampled(num_clients, config.per_round(num_clients), config.sampling == "with", first_round)
+    return run.sampler.uploads(run.postprocessing, len(init_schedule(run)))
 
 
-def training_schedule(config: RunConfig, num_clients: int) -> list[np.ndarray]:
+def training_schedule(run: RunPlan) -> list[np.ndarray]:
     """The clients of each training round: ``--rounds`` of them, else until every client was seen."""
-    return sampling.schedule(num_clients, config.per_round(num_clients), config.sampling == "with", config.seed,
-                             config.rounds, past_coverage=True)
+    return run.sampler.rounds(run.training.rounds, past_coverage=True)
 
 
-def checkpoint_shape(config: RunConfig, federation: Federation) -> RunShape:
+def checkpoint_shape(run: RunPlan, federation: Federation) -> RunShape:
     """What a checkpoint of this training run must fit (checked before any work): the model it trains (linear
     probing's d × C head, SphereFed's l × d projection, the fine-tuned network's state dict), its training
     algorithm's server state for that model, its K clients and its training rounds."""
-    if config.finetune is not None:
-        model = model_structure(get_backbone(config.backbone), federation.num_classes)
+    training = run.training
+    if training.images is not None:
+        model = model_structure(get_backbone(training.images.backbone), federation.num_classes)
         params = model.state_dict()
-        trained = {name: params[name] for name in trained_names(model, get_mode(config.finetune))}
+        trained = {name: params[name] for name in trained_names(model, get_mode(training.images.mode))}
     else:
-        if config.head == "sphere":
-            params = initial_projection(federation.dim, config.sphere_dim or federation.dim, config.seed)
+        if training.sphere is not None:
+            params = initial_projection(federation.dim, training.sphere.dim or federation.dim, run.seed)
         else:
-            params = random_head(federation.dim, federation.num_classes, config.seed)
+            params = random_head(federation.dim, federation.num_classes, run.seed)
         trained = params
-    rounds = len(training_schedule(config, federation.num_clients))
-    return RunShape(params, training_algorithm(config).init_server_state(trained), federation.num_clients, rounds)
+    rounds = len(training_schedule(run))
+    return RunShape(params, training.algorithm.init_server_state(trained), federation.num_clients, rounds)
 
 
-def _train(config: RunConfig, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
+def _train(run: RunPlan, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
            on_point: Listener | None, uploads: Postprocessing, backbone_macs: float | None, callbacks: Callbacks,
            first_round: int) -> TrainingOutcome:
-    """Training from ``state`` after ``first_round`` rounds of a closed-form stage: the schedule, checkpoints to
-    ``config.out``, the loop; ``backbone_macs``: F_φ (default ``config.backbone_macs``; fine-tuning measures it on its
-    own backbone)."""
-    out = Path(config.out)
-    rounds = training_schedule(config, len(sizes))
-    checkpointing = Checkpointing(config.checkpoint_every, lambda s: save_checkpoint(out, config.to_dict(), s), out)
-    diverged = train(backend, backend.algorithm, server_optimizer(config), state, rounds, sizes, config.eval_every,
-                     first_round, checkpointing, on_point, config.quiet,
-                     config.backbone_macs if backbone_macs is None else backbone_macs, uploads,
+    """Training from ``state`` after ``first_round`` rounds of a closed-form stage: the schedule, checkpoints to the
+    run's folder, the loop; ``backbone_macs``: F_φ."""
+    training = run.training
+    rounds = training_schedule(run)
+    checkpointing = Checkpointing(training.checkpoint_every, lambda s: save_checkpoint(run.out, run.identity, s), run.out)
+    diverged = train(backend, backend.algorithm, training.server_optimizer, state, rounds, sizes, run.eval_every,
+                     first_round, checkpointing, on_point, run.quiet, backbone_macs, uploads,
                      callbacks.loop("train", first_round))
     stopped = diverged or callbacks.stopping
     ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row

@@ -32,22 +32,21 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import replace
 
 import numpy as np
 import ray
 import torch
 from ray.util.placement_group import PlacementGroup
 
-from fedray.engine.config import RunConfig
+from fedray.engine.plan import RunPlan, Sampler, TctStage2
 from fedray.core.federation import TEST, TRAIN, Federation
 from fedray.engine.callbacks import Callbacks
 from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning, training_uploads
 from fedray.engine.training import Accounting, TrainingState
 from fedray.methods.base import FLOAT_BYTES, Classifier
-from fedray.methods.postprocessor import Postprocessing
 from fedray.core.results import EvalPoint
 from fedray.engine.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
-from fedray.runtime import sampling
 from fedray.methods.entk import EntkSpec, coordinate_index
 from fedray.runtime.tct_shards import LocalSolver, Normalization, Projection, Stage2Pool
 from fedray.methods.tct_stage2 import objective_from_statistics, solve_stage2, split_model
@@ -56,9 +55,11 @@ from fedray.methods.tct_stage2 import objective_from_statistics, solve_stage2, s
 class Stage2Run:
     """Stage 2's rows and accounting after stage 1, on a started :class:`Stage2Pool`."""
 
-    def __init__(self, config: RunConfig, pool: Stage2Pool, sizes: np.ndarray, num_classes: int, width: int,
-                 points: list[EvalPoint], accounting: Accounting, on_point: Listener | None = None) -> None:
-        self.config, self.pool, self.sizes, self.num_classes, self.width = config, pool, sizes, num_classes, width
+    def __init__(self, stage: TctStage2, sampler: Sampler, eval_every: int, quiet: bool, pool: Stage2Pool,
+                 sizes: np.ndarray, num_classes: int, width: int, points: list[EvalPoint], accounting: Accounting,
+                 on_point: Listener | None = None) -> None:
+        self.stage, self.sampler, self.eval_every, self.quiet = stage, sampler, eval_every, quiet
+        self.pool, self.sizes, self.num_classes, self.width = pool, sizes, num_classes, width
         self.points, self.accounting, self.on_point = points, accounting, on_point
         self.first_round = points[-1].round
         self.started = time.perf_counter() - points[-1].wall_s
@@ -89,7 +90,7 @@ class Stage2Run:
         accounting = copy.deepcopy(self.accounting)
         statistics = self.pool.statistics(normalization)
         count = int(self.sizes.sum())
-        model = solve_stage2(statistics.matrix, statistics.rhs, count, self.config.tct_lam)
+        model = solve_stage2(statistics.matrix, statistics.rhs, count, self.stage.lam)
         p = self.width + 1  # the features and the intercept
         accounting.add(np.arange(len(self.sizes)), self.sizes, len(self.sizes) * (p * p + p * self.num_classes) * FLOAT_BYTES,
                        0.0, 2.0 * count * p * (p + self.num_classes))
@@ -100,12 +101,11 @@ class Stage2Run:
 
     def scaffold(self, normalization: ray.ObjectRef) -> torch.Tensor:
         """TCT's SCAFFOLD from ψ = 0 ((p + 1) × C, float64 on the driver), ``tct_scaffold`` rows every ``--eval-every`` rounds."""
-        config, num_clients = self.config, len(self.sizes)
-        rounds = sampling.schedule(num_clients, config.per_round(num_clients), True, config.seed, config.tct_rounds,
-                                   past_coverage=True)
-        path = ScaffoldRounds(self, normalization, config.per_round(num_clients) == num_clients)
-        callbacks = [Report(self.points, self.on_point, path.classifier), Progress(len(rounds), 0, "tct stage 2", config.quiet)]
-        diverged = run_rounds(path, rounds, eval_rounds(len(rounds), config.eval_every), callbacks)
+        sampler = replace(self.sampler, with_replacement=True)  # TCT's SCAFFOLD samples with replacement
+        rounds = sampler.rounds(self.stage.rounds, past_coverage=True)
+        path = ScaffoldRounds(self, normalization, sampler.per_round == sampler.num_clients)
+        callbacks = [Report(self.points, self.on_point, path.classifier), Progress(len(rounds), 0, "tct stage 2", self.quiet)]
+        diverged = run_rounds(path, rounds, eval_rounds(len(rounds), self.eval_every), callbacks)
         self.scaffold_rounds = rounds[:self.points[-1].round - self.first_round - 1] if diverged else rounds
         return path.model
 
@@ -115,7 +115,7 @@ class ScaffoldRounds:
 
     def __init__(self, run: Stage2Run, normalization: ray.ObjectRef, full_participation: bool) -> None:
         self.run, self.normalization = run, normalization
-        self.solver = ray.put(LocalSolver(run.config.tct_local_steps, run.config.tct_lr))
+        self.solver = ray.put(LocalSolver(run.stage.local_steps, run.stage.lr))
         self.weights = run.sizes / run.sizes.sum()
         self.model = torch.zeros(run.width + 1, run.num_classes, dtype=torch.float64)
         self.control = torch.zeros_like(self.model)
@@ -129,7 +129,7 @@ class ScaffoldRounds:
                               self.weights[clients])
         self.loss, self.loss_weight = self.loss + sums.loss, self.loss_weight + sums.weight
         updated = self.model + sums.delta.to(torch.float64) / sums.weight
-        flops = 4.0 * run.config.tct_local_steps * float(run.sizes[clients].sum()) * floats
+        flops = 4.0 * run.stage.local_steps * float(run.sizes[clients].sum()) * floats
         run.accounting.add(clients, run.sizes, len(clients) * floats * FLOAT_BYTES, len(clients) * self.down * FLOAT_BYTES,
                            flops)
         if not bool(torch.isfinite(updated).all()):
@@ -156,7 +156,7 @@ def stage2_classifier(model: torch.Tensor) -> Classifier:
     return Classifier(weights.clone(), bias.clone())
 
 
-def run_tct(config: RunConfig, federation: Federation, postprocessing: Postprocessing, on_point: Listener | None = None,
+def run_tct(run: RunPlan, federation: Federation, on_point: Listener | None = None,
             saved: TrainingState | None = None, trial_group: PlacementGroup | None = None,
             callbacks: Callbacks | None = None) -> TrainingOutcome:
     """Stage 1 (from ``saved`` when resuming), the eNTK features, stage 2; the outcome's arrays hold stage 2's models.
@@ -165,15 +165,16 @@ def run_tct(config: RunConfig, federation: Federation, postprocessing: Postproce
     uploads do not pass through postprocessors: the engine refuses a TCT run with any
     (:func:`fedray.engine.run_config.run`).
     """
-    uploads = training_uploads(postprocessing, config, federation.num_clients)
-    backend = start_finetuning(config, federation, uploads, trial_group)
+    stage: TctStage2 = run.stage(TctStage2)
+    uploads = training_uploads(run)
+    backend = start_finetuning(run, federation, uploads, trial_group)
     try:
         callbacks = callbacks or Callbacks()
-        outcome = finetune(config, backend, uploads, on_point, saved, callbacks)
+        outcome = finetune(run, backend, uploads, on_point, saved, callbacks)
         if outcome.points[-1].diverged or callbacks.stopping:
             return outcome
-        index = coordinate_index(backend.entk_num_parameters, config.entk_dim, config.seed)
-        spec = EntkSpec(config.seed, index, config.entk_chunk, torch.float16 if config.entk_fp16 else torch.float32)
+        index = coordinate_index(backend.entk_num_parameters, stage.entk_dim, run.seed)
+        spec = EntkSpec(run.seed, index, stage.entk_chunk, torch.float16 if stage.entk_fp16 else torch.float32)
         params = ray.put(outcome.params)
         train, train_labels = backend.pool.entk(params, spec, TRAIN)
         test, test_labels = backend.pool.entk(params, spec, TEST)
@@ -182,18 +183,18 @@ def run_tct(config: RunConfig, federation: Federation, postprocessing: Postproce
         bounds, bundle = backend.pool.bounds, backend.pool.bundle
     finally:
         backend.shutdown()
-    projection = None if config.tct_projection is None else Projection(config.tct_projection, config.seed)
+    projection = None if stage.projection is None else Projection(stage.projection, run.seed)
     width = len(index) if projection is None else projection.dim
     pool = Stage2Pool.start(train, train_labels, test, test_labels, bounds, federation.client_offsets,
                             federation.num_classes, bundle, projection, trial_group)
     try:
-        stage2 = Stage2Run(config, pool, federation.client_sizes, federation.num_classes, width, outcome.points,
-                           outcome.accounting, on_point)
+        stage2 = Stage2Run(stage, run.sampler, run.eval_every, run.quiet, pool, federation.client_sizes,
+                           federation.num_classes, width, outcome.points, outcome.accounting, on_point)
         if projection is not None:
             stage2.accounting.flops += 2.0 * float(federation.client_sizes.sum()) * len(index) * width
         normalization = stage2.normalize()
-        closed_form = stage2.closed_form(normalization) if config.tct_solver in ("closed_form", "both") else None
-        scaffold = stage2.scaffold(normalization) if config.tct_solver in ("scaffold", "both") else None
+        closed_form = stage2.closed_form(normalization) if stage.solver in ("closed_form", "both") else None
+        scaffold = stage2.scaffold(normalization) if stage.solver in ("scaffold", "both") else None
     finally:
         pool.shutdown()
     # W and bias are SCAFFOLD's when it ran, else the closed form's; with both, the closed form's are suffixed.

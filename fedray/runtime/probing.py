@@ -77,6 +77,10 @@ class ProbeBackend:
     def with_head(self, params: Params, head: Params) -> Params:
         return {**params, **head}
 
+    def calibration_map(self, params: Params) -> tuple[None, None]:
+        """A calibration (``--calibrate``) runs on the frozen features themselves."""
+        return None, None
+
     def head(self, params: Params) -> Classifier:
         return Classifier(params["weight"].clone(), params["bias"].clone())
 

@@ -174,7 +174,7 @@ def test_clipping_bounds_each_clients_upload_in_training_and_closed_form(ray_ses
 
 def test_a_postprocessor_is_checked_before_any_work():
     from fedray.core.errors import FedrayError
-    from fedray.engine.from_config import postprocessing
+    from fedray.engine.plan import postprocessing
 
     with pytest.raises(FedrayError, match="option noise_std must be ≥ 0"):
         postprocessing(resolve({}, {"method": "fed3r", "postprocessor": NOISE, "options": {"noise_std": "-1"}}))

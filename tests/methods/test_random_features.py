@@ -5,7 +5,7 @@ import pytest
 from fedray.engine.config import RunConfig
 from fedray.data import synthetic
 from fedray.runtime.evaluator import Evaluator
-from fedray.engine.from_config import build_method
+from fedray.engine.plan import build_method
 from fedray.engine.run_config import simulate
 from fedray.runtime.shards import ShardPool
 

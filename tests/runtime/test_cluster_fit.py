@@ -8,7 +8,7 @@ from fedray.data import synthetic
 from fedray.core.errors import FedrayError
 from fedray.runtime import cluster
 from fedray.runtime.cluster import bundles_that_fit, check_bundles_fit, check_memory, may_add_nodes
-from fedray.runtime.footprint import estimate
+from fedray.engine.plan import footprints, plan
 
 NODES = [{"CPU": 2.0, "memory": 4e9}, {"CPU": 1.0, "GPU": 1.0, "memory": 2e9}]
 
@@ -36,7 +36,8 @@ def test_bundles_beyond_the_cluster_fail_at_once_without_autoscaler(ray_session,
 
 def test_memory_beyond_the_cluster_fails_with_the_estimate(monkeypatch):
     federation = synthetic.build("inat-user-120k", dim=64, scale=0.05, classes=50, seed=1)
-    footprint, = estimate(RunConfig(method="fed3r-rf", rf_dim=20_000).validate().resolved(), federation)
+    config = RunConfig(method="fed3r-rf", rf_dim=20_000).validate().resolved()
+    footprint, = footprints(plan(config, federation), federation)
     samples = np.array([federation.train.num_rows // 2, federation.train.num_rows - federation.train.num_rows // 2])
     tests = np.array([federation.test.num_rows, 0])  # under 8,192 test rows: one chunk, held by the first shard
     monkeypatch.setattr(cluster, "may_add_nodes", lambda: False)

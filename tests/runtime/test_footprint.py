@@ -1,16 +1,17 @@
 """The memory estimate: its stages, and that it bounds what a run's shards really grow by."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from fedray.engine.config import RunConfig
 from fedray.data import synthetic
 from fedray.runtime.evaluator import Evaluator
-from fedray.engine.from_config import build_method
+from fedray.engine.plan import build_method
 from fedray.engine.run_config import simulate
 from fedray.methods.evaluation import eval_bounds
-from fedray.engine.plan import footprints
-from fedray.engine.settings import training_algorithm
+from fedray.engine.plan import Training, footprints, plan
 from fedray.runtime.footprint import FLOAT32, INT64
 from fedray.runtime.shards import ShardPool
 
@@ -24,9 +25,16 @@ def federation():
 
 def estimate(config, federation, algorithm=None):
     """The plan's footprints of ``config``, training with ``algorithm`` (the run's own when not given)."""
-    if algorithm is None and config.trains:
-        algorithm = training_algorithm(config)
-    return footprints(config, federation, algorithm)
+    run = plan(config, federation)
+    if algorithm is not None:
+        run = replace(run, stages=tuple(replace(stage, algorithm=algorithm) if isinstance(stage, Training) else stage
+                                        for stage in run.stages))
+    return footprints(run, federation)
+
+
+def training(footprints):
+    """The training stage's footprint (the closed-form stages are labelled with their flag)."""
+    return next(footprint for footprint in footprints if "(" not in footprint.stage)
 
 
 def stages(federation, **options):
@@ -36,8 +44,8 @@ def stages(federation, **options):
 def test_each_stage_of_a_run_is_estimated(federation):
     assert stages(federation, method="fedcof") == ["fedcof"]
     assert stages(federation, method="fedavg", init="fedcof", probe_ridge=True) == \
-        ["fedcof (--init)", "fed3r (--probe-ridge)", "fedavg"]
-    assert stages(federation, method="scaffold", head="sphere") == ["ffc (SphereFed's calibration)", "scaffold"]
+        ["fedcof (--init)", "fedavg", "fed3r (--probe-ridge)"]
+    assert stages(federation, method="scaffold", head="sphere") == ["scaffold", "ffc (SphereFed's calibration)"]
     assert stages(federation, method="fedavg", finetune="ft") == [], "fine-tuning on images is not estimated"
 
 
@@ -77,8 +85,8 @@ def test_a_stateful_algorithms_client_states_are_counted_in_the_shards(federatio
     d, classes, clients, samples = federation.dim, federation.num_classes, federation.num_clients, federation.train.num_rows
 
     def state_bytes(**options):
-        footprint = estimate(RunConfig(method="feddyn", **options).validate().resolved(), federation)[-1]
-        fedavg = estimate(RunConfig(method="fedavg", **options).validate().resolved(), federation)[-1]
+        footprint = training(estimate(RunConfig(method="feddyn", **options).validate().resolved(), federation))
+        fedavg = training(estimate(RunConfig(method="fedavg", **options).validate().resolved(), federation))
         return footprint.shard(samples, 0) - fedavg.shard(samples, 0)
 
     assert state_bytes() == pytest.approx(clients * (d * classes + classes) * FLOAT32)
@@ -101,10 +109,10 @@ def test_scaffolds_client_states_are_counted_as_the_path_that_trains_it_keeps_th
 
     d, classes, clients, samples = federation.dim, federation.num_classes, federation.num_clients, federation.train.num_rows
     config = RunConfig(method="scaffold").validate().resolved()
-    fedavg = estimate(RunConfig(method="fedavg").validate().resolved(), federation)[-1].shard(samples, 0)
+    fedavg = training(estimate(RunConfig(method="fedavg").validate().resolved(), federation)).shard(samples, 0)
 
     def states(algorithm=None):
-        return estimate(config, federation, algorithm)[-1].shard(samples, 0) - fedavg
+        return training(estimate(config, federation, algorithm)).shard(samples, 0) - fedavg
 
     dense = clients * (d * classes + classes) * FLOAT32
     rows = samples * classes * FLOAT32                        # G: samples × C, plus a block's two copies in flight

@@ -11,7 +11,7 @@ from fedray.core.errors import FedrayError
 from fedray.engine.config import RunConfig
 from fedray.data import synthetic
 from fedray.runtime.evaluator import Evaluator
-from fedray.engine.from_config import build_method
+from fedray.engine.plan import build_method
 from fedray.engine.run_config import simulate
 from fedray.runtime import sampling
 from fedray.runtime.actor_group import balanced_bounds

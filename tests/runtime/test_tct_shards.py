@@ -12,6 +12,7 @@ from fedray.engine.config import RunConfig
 from fedray.engine.training import Accounting
 from fedray.core.results import EvalPoint
 from fedray.runtime import sampling
+from fedray.engine.plan import Sampler, stages
 from fedray.engine.tct import Stage2Run
 from fedray.runtime.tct_shards import Projection, Stage2Pool
 from fedray.methods.tct_stage2 import normalize, random_projection
@@ -50,7 +51,10 @@ def start_pool(ray_session, clients: list[ClientData], held_out: ClientData, pro
 def stage2_run(pool: Stage2Pool, clients: list[ClientData], config: RunConfig, width: int) -> Stage2Run:
     sizes = np.array([len(c.labels) for c in clients])
     start = EvalPoint(7, 0, 0, 0.5, 0.0, 0.0, 0.0, 0.0, "train")
-    return Stage2Run(config, pool, sizes, NUM_CLASSES, width, [start], Accounting(np.zeros(len(sizes), dtype=bool)))
+    config = config.validate().resolved()
+    sampler = Sampler(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed)
+    return Stage2Run(stages(config)[-1], sampler, config.eval_every, config.quiet, pool, sizes, NUM_CLASSES, width,
+                     [start], Accounting(np.zeros(len(sizes), dtype=bool)))
 
 
 @pytest.mark.parametrize("per_round", [pytest.param(6, marks=pytest.mark.slow), 3])

@@ -22,7 +22,7 @@ from fedray.data.registry import check_spec
 from fedray.core.errors import FedrayError
 from fedray.engine.settings import server_optimizer, training_algorithm
 from fedray.methods import METHODS, method_class
-from fedray.engine.from_config import postprocessing
+from fedray.engine.plan import postprocessing
 from fedray.core.options import build
 from fedray.app.sweeps.spec import DATASET_PREFIX, OPTIONS_PREFIX, SweepSpec, plugin_options, with_dataset_options
 
