@@ -17,7 +17,6 @@ from fedray.engine.training import TrainingState
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.engine.plan import RunPlan, Training, plan, postprocessing, stages
 from fedray.methods.postprocessor import Postprocessing
-from fedray.core.errors import FedrayError
 from fedray.engine.callbacks import Callbacks
 from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
 from fedray.engine.round_loop import Listener
@@ -133,9 +132,6 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     """:func:`run` of a validated ``config`` whose output folder this run holds."""
     out = Path(config.out)
     uploads = postprocessing(config)  # the run's one postprocessing, every stage's: the plugins' own checks, before any work
-    if config.method == TCT and uploads.postprocessors:
-        raise FedrayError("--method tct with --postprocessor: TCT's stage 2 (its normalization round, closed form and "
-                          "SCAFFOLD) does not pass its uploads through postprocessors yet; run tct without --postprocessor")
     planned = stages(config)  # the training algorithm and server optimizer, built with their options before the data
     federation = load_federation(config.dataset) if federation is None else federation
     federation.require_test_rows()

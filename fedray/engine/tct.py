@@ -23,6 +23,14 @@
    normalization round: the closed form's row counts stage 1, the eNTK and
    normalization costs and its own upload, not SCAFFOLD's rounds.
 
+Every upload of every stage (stage 1's training, the normalization round, the
+closed form's statistics, each SCAFFOLD round's Δ_k and c_k⁺ − c_k) passes
+through the run's postprocessing, numbered with the run's rounds: the
+normalization is round R + 1 after stage 1's R, the closed form R + 2 and
+SCAFFOLD's round r R + 1 + r (both solvers branch from the normalization, as
+their rows do); the first two are every client once, SCAFFOLD samples κ of K
+with replacement.
+
 The outcome's arrays (``classifier.npz``) hold each solver's weights and bias
 separately: ``W`` (p × C) and ``bias`` (C), SCAFFOLD's when it ran, and with
 ``both`` the closed form's as ``W_closed_form`` and ``bias_closed_form``.
@@ -40,6 +48,7 @@ import torch
 from ray.util.placement_group import PlacementGroup
 
 from fedray.engine.plan import RunPlan, Sampler, TctStage2
+from fedray.methods.postprocessor import Postprocessing
 from fedray.core.federation import TEST, TRAIN, Federation
 from fedray.engine.callbacks import Callbacks
 from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning, training_uploads
@@ -57,11 +66,13 @@ class Stage2Run:
 
     def __init__(self, stage: TctStage2, sampler: Sampler, eval_every: int, quiet: bool, pool: Stage2Pool,
                  sizes: np.ndarray, num_classes: int, width: int, points: list[EvalPoint], accounting: Accounting,
-                 on_point: Listener | None = None) -> None:
+                 on_point: Listener | None = None, postprocessing: Postprocessing = Postprocessing()) -> None:
         self.stage, self.sampler, self.eval_every, self.quiet = stage, sampler, eval_every, quiet
         self.pool, self.sizes, self.num_classes, self.width = pool, sizes, num_classes, width
-        self.points, self.accounting, self.on_point = points, accounting, on_point
+        self.points, self.accounting, self.on_point, self.postprocessing = points, accounting, on_point, postprocessing
         self.first_round = points[-1].round
+        self.everyone = postprocessing.sampled(len(sizes), len(sizes), False)
+        """The uploads of the normalization round and the closed form: every client once, in the run's rounds."""
         self.started = time.perf_counter() - points[-1].wall_s
         self.normalization: Normalization | None = None
         self.scaffold_rounds: list[np.ndarray] = []
@@ -76,7 +87,7 @@ class Stage2Run:
 
     def normalize(self) -> ray.ObjectRef:
         """The normalization round (2p + 1 floats up, 2p down per client); the broadcast (μ, σ) as a ref."""
-        normalization = self.pool.normalization()
+        normalization = self.pool.normalization(uploads=self.everyone, round_number=self.first_round + 1)
         everyone = np.arange(len(self.sizes))
         clients = len(self.sizes)
         samples = float(self.sizes.sum())
@@ -88,7 +99,7 @@ class Stage2Run:
     def closed_form(self, normalization: ray.ObjectRef) -> torch.Tensor:
         """The exact stage-2 minimizer ψ from every client's XᵀX and XᵀY ((p + 1)² + (p + 1)C floats up each), one round."""
         accounting = copy.deepcopy(self.accounting)
-        statistics = self.pool.statistics(normalization)
+        statistics = self.pool.statistics(normalization, self.everyone, self.first_round + 2)
         count = int(self.sizes.sum())
         model = solve_stage2(statistics.matrix, statistics.rhs, count, self.stage.lam)
         p = self.width + 1  # the features and the intercept
@@ -103,7 +114,7 @@ class Stage2Run:
         """TCT's SCAFFOLD from ψ = 0 ((p + 1) × C, float64 on the driver), ``tct_scaffold`` rows every ``--eval-every`` rounds."""
         sampler = replace(self.sampler, with_replacement=True)  # TCT's SCAFFOLD samples with replacement
         rounds = sampler.rounds(self.stage.rounds, past_coverage=True)
-        path = ScaffoldRounds(self, normalization, sampler.per_round == sampler.num_clients)
+        path = ScaffoldRounds(self, normalization, sampler)
         callbacks = [Report(self.points, self.on_point, path.classifier), Progress(len(rounds), 0, "tct stage 2", self.quiet)]
         diverged = run_rounds(path, rounds, eval_rounds(len(rounds), self.eval_every), callbacks)
         self.scaffold_rounds = rounds[:self.points[-1].round - self.first_round - 1] if diverged else rounds
@@ -113,20 +124,21 @@ class Stage2Run:
 class ScaffoldRounds:
     """Stage 2's SCAFFOLD rounds for :func:`~fedray.engine.round_loop.run_rounds`; ``model`` is the last finite ψ."""
 
-    def __init__(self, run: Stage2Run, normalization: ray.ObjectRef, full_participation: bool) -> None:
+    def __init__(self, run: Stage2Run, normalization: ray.ObjectRef, sampler: Sampler) -> None:
         self.run, self.normalization = run, normalization
         self.solver = ray.put(LocalSolver(run.stage.local_steps, run.stage.lr))
+        self.uploads = sampler.uploads(run.postprocessing, run.first_round + 1)
         self.weights = run.sizes / run.sizes.sum()
         self.model = torch.zeros(run.width + 1, run.num_classes, dtype=torch.float64)
         self.control = torch.zeros_like(self.model)
-        self.down = self.model.numel() * (1 if full_participation else 2)
+        self.down = self.model.numel() * (1 if sampler.per_round == sampler.num_clients else 2)
         self.loss, self.loss_weight = 0.0, 0.0
 
     def run_round(self, number: int, clients: np.ndarray) -> bool:
         run, floats = self.run, self.model.numel()
         clients = np.sort(clients)
         sums = run.pool.train(self.solver, self.normalization, ray.put(self.model), ray.put(self.control), clients,
-                              self.weights[clients])
+                              self.weights[clients], self.uploads, number)
         self.loss, self.loss_weight = self.loss + sums.loss, self.loss_weight + sums.weight
         updated = self.model + sums.delta.to(torch.float64) / sums.weight
         flops = 4.0 * run.stage.local_steps * float(run.sizes[clients].sum()) * floats
@@ -161,9 +173,9 @@ def run_tct(run: RunPlan, federation: Federation, on_point: Listener | None = No
             callbacks: Callbacks | None = None) -> TrainingOutcome:
     """Stage 1 (from ``saved`` when resuming), the eNTK features, stage 2; the outcome's arrays hold stage 2's models.
 
-    Inside a Tune trial, stage 1's trainers and then stage 2's shards run in ``trial_group``'s bundles. Stage 2's
-    uploads do not pass through postprocessors: the engine refuses a TCT run with any
-    (:func:`fedray.engine.run_config.run`).
+    Inside a Tune trial, stage 1's trainers and then stage 2's shards run in ``trial_group``'s bundles. Every upload
+    of both stages passes through ``postprocessing`` (its state carries from stage 1 to stage 2, which has no
+    checkpoint).
     """
     stage: TctStage2 = run.stage(TctStage2)
     uploads = training_uploads(run)
@@ -189,7 +201,7 @@ def run_tct(run: RunPlan, federation: Federation, on_point: Listener | None = No
                             federation.num_classes, bundle, projection, trial_group)
     try:
         stage2 = Stage2Run(stage, run.sampler, run.eval_every, run.quiet, pool, federation.client_sizes,
-                           federation.num_classes, width, outcome.points, outcome.accounting, on_point)
+                           federation.num_classes, width, outcome.points, outcome.accounting, on_point, run.postprocessing)
         if projection is not None:
             stage2.accounting.flops += 2.0 * float(federation.client_sizes.sum()) * len(index) * width
         normalization = stage2.normalize()

@@ -2,7 +2,7 @@
 
 A client's upload (a closed-form method's statistics, a training algorithm's
 update, in every stage of a run: a closed-form ``--init``, training, SphereFed's
-calibration, the ridge probe) passes through each postprocessor's
+calibration, the ridge probe, TCT's stage 2) passes through each postprocessor's
 :meth:`Postprocessor.client` on its way out, and the server's sum of the
 uploads through each one's :meth:`Postprocessor.aggregate` before it is used,
 in the order given (``--postprocessor a.py:Clip,b.py:Noise``). This is where
@@ -41,7 +41,7 @@ once a block).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,6 +183,17 @@ class Postprocessing:
         upload = Upload(flatten(statistics), 1.0)
         processed = self.client(upload, client, round_number, weighted=False)
         return statistics if processed is upload else unflatten(statistics, processed.tensors)
+
+    def client_sum(self, uploads: Iterable[tuple[int, int, Any]], add: Callable[[Any, Any], Any]) -> Any:
+        """Statistics uploads ``(client, round, statistics)``, each through :meth:`statistics`, summed in order by
+        ``add``; None when no hook changed any: the caller's batched sum then stands, bit for bit a run's without
+        postprocessors (a sum client by client adds in another order)."""
+        total, changed = None, False
+        for client, round_number, statistics in uploads:
+            processed = self.statistics(statistics, client, round_number)
+            changed = changed or processed is not statistics
+            total = processed if total is None else add(total, processed)
+        return total if changed else None
 
     def aggregate(self, total: Any, round_number: int, clients: int) -> Any:
         """The server's sum through every postprocessor's aggregate hook; itself when there are none."""

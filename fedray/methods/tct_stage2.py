@@ -54,9 +54,10 @@ def row_blocks(count: int) -> list[slice]:
 
 @dataclass
 class Moments:
-    """Normalization uploads summed over clients: sample count, Σ z and Σ z² (float64)."""
+    """Normalization uploads summed over clients: sample count, Σ z and Σ z² (float64; the count a 0-d tensor on the
+    CPU, an upload's tensor like the others)."""
 
-    count: int
+    count: torch.Tensor
     sums: torch.Tensor
     squares: torch.Tensor
 
@@ -69,7 +70,7 @@ class Moments:
             block = features[rows].to(torch.float64)
             sums += block.sum(dim=0)
             squares += block.square().sum(dim=0)
-        return cls(len(features), sums, squares)
+        return cls(torch.tensor(float(len(features)), dtype=torch.float64), sums, squares)
 
     def __add__(self, other: Moments) -> Moments:
         return Moments(self.count + other.count, self.sums + other.sums, self.squares + other.squares)

@@ -197,13 +197,10 @@ class ShardActor:
         if not len(clients):
             return None
         if postprocessing is not None and postprocessing.per_client:
-            total, changed = None, False
-            for client, number in zip(clients.tolist(), rounds.tolist()):
-                upload = method.client_statistics(self._batch(np.array([client]), method.features_dtype))
-                processed = postprocessing.statistics(upload, client, number)
-                changed = changed or processed is not upload
-                total = processed if total is None else combine_checked(method, total, processed)
-            if changed:
+            uploads = ((client, number, method.client_statistics(self._batch(np.array([client]), method.features_dtype)))
+                       for client, number in zip(clients.tolist(), rounds.tolist()))
+            total = postprocessing.client_sum(uploads, partial(combine_checked, method))
+            if total is not None:
                 return total
         return method.client_statistics(self._batch(clients, method.features_dtype))
 

@@ -10,6 +10,11 @@ stage-2 shard keeps state between calls: its clients' control variates c_k
 ((p + 1) × C each, created at a client's first participation), as the clients
 themselves would in TCT's algorithm.
 
+Every upload passes through the run's postprocessing: the client hooks in the
+shards, client by client (when a postprocessor has them: else, and when they
+changed nothing, a shard's batched sums stand, bit for bit), the aggregate
+hook on the driver (:class:`Stage2Pool`'s calls).
+
 The maths is :mod:`fedray.methods.tct_stage2`'s, applied per client to the
 standardized features with the intercept appended (``with_intercept``), for
 training and scoring alike: the sharded solver equals
@@ -19,14 +24,18 @@ the in-memory reference solver of the tests run on the same standardized clients
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
+from typing import Any
 
 import numpy as np
 import ray
 import torch
 from ray.util.placement_group import PlacementGroup
 
+from fedray.methods.algorithm import Upload
+from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.training.images import training_device
 from fedray.runtime import tensor_transfer
 from fedray.runtime.actor_group import ActorGroup, combine_partials, tree_reduce
@@ -121,50 +130,85 @@ class Stage2Shard:
         self.offsets, self.first_client, self.num_classes = offsets, first_client, num_classes
         self.controls: dict[int, torch.Tensor] = {}
 
+    def _rows(self, client: int) -> slice:
+        """Client ``client``'s rows in this shard's features."""
+        local = client - self.first_client
+        return slice(int(self.offsets[local]), int(self.offsets[local + 1]))
+
+    def _client_sum(self, uploads: Postprocessing | None, round_number: int, upload_of: Callable[[slice], Any],
+                    add: Callable[[Any, Any], Any]) -> Any:
+        """Each client's upload (``upload_of`` its rows) through ``uploads``' client hooks, summed by ``add``; None
+        without hooks or when they changed nothing (see :meth:`~fedray.methods.postprocessor.Postprocessing.client_sum`)."""
+        if uploads is None:
+            return None
+        clients = range(self.first_client, self.first_client + len(self.offsets) - 1)
+        return uploads.client_sum(((client, round_number, upload_of(self._rows(client))) for client in clients), add)
+
     def _client(self, client: int, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
         """Client ``client``'s design [Z̃_k, 1] and targets, in the shard's compute dtype."""
-        local = client - self.first_client
-        rows = slice(int(self.offsets[local]), int(self.offsets[local + 1]))
+        rows = self._rows(client)
         features = with_intercept(normalize(self.features["train"][rows], *self._on_device(normalization), dtype=self.dtype))
         return features, targets(self.labels["train"][rows], self.num_classes, self.dtype)
 
     def _on_device(self, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
         return normalization.mean.to(self.device), normalization.std.to(self.device)
 
-    def moments(self) -> Moments:
-        """The normalization round: this shard's clients' (n_k, Σ z, Σ z²) uploads, summed in float64."""
-        moments = Moments.of(self.features["train"])
+    def moments(self, uploads: Postprocessing | None = None, round_number: int = 0) -> Moments:
+        """The normalization round: this shard's clients' (n_k, Σ z, Σ z²) uploads, summed in float64 (each through
+        ``uploads``' client hooks, in round ``round_number``, when given)."""
+        features = self.features["train"]
+        moments = self._client_sum(uploads, round_number, lambda rows: Moments.of(features[rows]), operator.add)
+        moments = Moments.of(features) if moments is None else moments
         return Moments(moments.count, moments.sums.cpu(), moments.squares.cpu())
 
-    def statistics(self, normalization: Normalization) -> Statistics:
-        """The closed form's upload summed over this shard's clients (standardized in float64, a block of rows at a time)."""
+    def statistics(self, normalization: Normalization, uploads: Postprocessing | None = None,
+                   round_number: int = 0) -> Statistics:
+        """The closed form's upload summed over this shard's clients (each through ``uploads``' client hooks, in round
+        ``round_number``, when given)."""
         mean, std = self._on_device(normalization)
-        features, labels = self.features["train"], self.labels["train"]
-        total = None
-        for rows in row_blocks(len(features)):
-            block = Statistics(*stage2_statistics(normalize(features[rows], mean, std, torch.float64), labels[rows], self.num_classes))
-            total = block if total is None else total + block
+        total = self._client_sum(uploads, round_number, lambda rows: self._statistics(rows, mean, std), operator.add)
+        total = self._statistics(slice(0, len(self.features["train"])), mean, std) if total is None else total
         return Statistics(total.matrix.cpu(), total.rhs.cpu())
 
+    def _statistics(self, rows: slice, mean: torch.Tensor, std: torch.Tensor) -> Statistics:
+        """XᵀX and XᵀY of ``rows``, standardized in float64 a block of rows at a time."""
+        features, labels = self.features["train"][rows], self.labels["train"][rows]
+        return reduce(operator.add, [
+            Statistics(*stage2_statistics(normalize(features[block], mean, std, torch.float64), labels[block], self.num_classes))
+            for block in row_blocks(len(features))])
+
     def train(self, solver: LocalSolver, normalization: Normalization, model: torch.Tensor, control: torch.Tensor,
-              clients: np.ndarray, weights: np.ndarray) -> RoundSums | None:
-        """One round's local work of ``clients`` (global numbers, aggregation weights w_k); None if there are none."""
+              clients: np.ndarray, weights: np.ndarray, uploads: Postprocessing | None = None,
+              round_number: int = 0) -> RoundSums | None:
+        """One round's local work of ``clients`` (global numbers, aggregation weights w_k); None if there are none.
+
+        A client uploads Δ_k (``delta``) and c_k⁺ − c_k (``control_change``) with weight w_k, through ``uploads``'
+        client hooks when given (its own c_k⁺ stays as computed); an unchanged upload adds exactly as without them.
+        """
         if not len(clients):
             return None
         model, control = model.to(self.device, self.dtype), control.to(self.device, self.dtype)
-        delta, change, loss = torch.zeros_like(model), torch.zeros_like(model), 0.0
+        delta, change, loss, total_weight, changed = torch.zeros_like(model), torch.zeros_like(model), 0.0, 0.0, False
         for client, weight in zip(clients.tolist(), weights.tolist()):
             features, target = self._client(client, normalization)
             own = self.controls.get(client, torch.zeros_like(model))
             correction = own - control if solver.correction else torch.zeros_like(model)
             loss += weight * client_loss(features, target, model)
             step = local_delta(features, target, model, correction, solver.steps, solver.lr)
-            delta += weight * step
+            tensors = {"delta": step}
             if solver.correction:
                 updated = control_after(own, control, step, solver.steps, solver.lr)
-                change += weight * (updated - own)
+                tensors["control_change"] = updated - own
                 self.controls[client] = updated
-        return RoundSums(delta.cpu(), float(weights.sum()), change.cpu() if solver.correction else None, loss)
+            upload = Upload(tensors, weight)
+            processed = upload if uploads is None else uploads.client(upload, client, round_number)
+            changed = changed or processed is not upload
+            delta += processed.weight * processed.tensors["delta"]
+            if solver.correction:
+                change += processed.weight * processed.tensors["control_change"]
+            total_weight += processed.weight
+        return RoundSums(delta.cpu(), total_weight if changed else float(weights.sum()),
+                         change.cpu() if solver.correction else None, loss)
 
     def combine(self, _method: object, a, b):
         """The pairwise step of :func:`~fedray.runtime.actor_group.tree_reduce`."""
@@ -203,24 +247,40 @@ class Stage2Pool(ActorGroup):
                           hint="lower num_trainers or cpus_per_trainer", trial_group=trial_group,
                           ready=lambda shards: ray.get([shard.__ray_ready__.remote() for shard in shards]))
 
-    def normalization(self, eps: float = STD_FLOOR) -> Normalization:
-        """The normalization round: μ and σ from every client's moments (see :meth:`~fedray.methods.tct_stage2.Moments.normalization`)."""
-        moments = reduce(operator.add, ray.get([shard.moments.remote() for shard in self.actors]))
-        return Normalization(*moments.normalization(eps))
+    def normalization(self, eps: float = STD_FLOOR, uploads: Postprocessing = Postprocessing(),
+                      round_number: int = 0) -> Normalization:
+        """The normalization round: μ and σ from every client's moments (see :meth:`~fedray.methods.tct_stage2.Moments.normalization`),
+        through ``uploads`` in round ``round_number``."""
+        hooks = uploads if uploads.per_client else None
+        moments = reduce(operator.add, ray.get([shard.moments.remote(hooks, round_number) for shard in self.actors]))
+        return Normalization(*uploads.aggregate(moments, round_number, self.num_clients).normalization(eps))
 
-    def statistics(self, normalization: ray.ObjectRef) -> Statistics:
-        """Every client's closed-form upload, summed in the shards and tree-reduced."""
-        return tree_reduce(None, [(shard.statistics.remote(normalization), shard) for shard in self.actors]).result()
+    def statistics(self, normalization: ray.ObjectRef, uploads: Postprocessing = Postprocessing(),
+                   round_number: int = 0) -> Statistics:
+        """Every client's closed-form upload, summed in the shards and tree-reduced, through ``uploads`` in round
+        ``round_number``."""
+        hooks = uploads if uploads.per_client else None
+        total = tree_reduce(None, [(shard.statistics.remote(normalization, hooks, round_number), shard)
+                                   for shard in self.actors]).result()
+        return uploads.aggregate(total, round_number, self.num_clients)
 
     def train(self, solver: ray.ObjectRef, normalization: ray.ObjectRef, model: ray.ObjectRef, control: ray.ObjectRef,
-              clients: np.ndarray, weights: np.ndarray) -> RoundSums:
-        """One round of ``clients`` (sorted) with aggregation weights ``weights``, the shards' sums tree-reduced."""
+              clients: np.ndarray, weights: np.ndarray, uploads: Postprocessing = Postprocessing(),
+              round_number: int = 0) -> RoundSums:
+        """One round (``round_number``) of ``clients`` (sorted) with aggregation weights ``weights``, the shards' sums
+        tree-reduced, through ``uploads``."""
+        hooks = ray.put(uploads) if uploads.per_client else None
         shard_of = self.owners(clients)
         partials = [
-            (shard.train.remote(solver, normalization, model, control, clients[shard_of == s], weights[shard_of == s]), shard)
+            (shard.train.remote(solver, normalization, model, control, clients[shard_of == s], weights[shard_of == s],
+                                hooks, round_number), shard)
             for s, shard in enumerate(self.actors)
         ]
-        return tree_reduce(None, partials).result()
+        return uploads.aggregate(tree_reduce(None, partials).result(), round_number, len(clients))
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.bounds[-1])
 
     def accuracy(self, normalization: ray.ObjectRef, model: ray.ObjectRef) -> float:
         counts = ray.get([shard.correct.remote(normalization, model) for shard in self.actors])

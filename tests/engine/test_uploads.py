@@ -2,8 +2,8 @@
 
 A counting postprocessor sees each client upload the run's schedule makes
 (closed form: a client's first sampling; training: every sampling; SphereFed's
-calibration and the ridge probe: every client once), numbered with the run's
-rounds; one that changes nothing (σ = 0 noise on each client's upload, with
+calibration, the ridge probe, TCT's normalization round and closed form: every
+client once), numbered with the run's rounds; one that changes nothing (σ = 0 noise on each client's upload, with
 ``per_client`` true) leaves every built-in path bit for bit as it is.
 """
 
@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import fedray
-from fedray.app.cli import main
 from fedray.engine.run_config import run
 from fedray.engine.config import resolve
+from fedray.runtime import sampling
 from tests.images import write_image_folder
 
 DATASET = "synthetic:inat-geo-100?dim=12&scale=0.2&classes=10"
@@ -140,14 +140,35 @@ def test_spherefed_passes_training_and_its_calibration_through_it(ray_session, t
     assert {names for r, _, names, _ in uploads if r == 3} == {"gram,targets"}
 
 
-def test_tct_with_a_postprocessor_is_refused_before_any_work(tmp_path, capsys):
-    out = tmp_path / "tct"
-    rc = main(["run", "--method", "tct", "--dataset", "imagefolder:/nowhere?split=classes", "--backbone", "resnet18",
-               "--weights", "random", "--postprocessor", COUNTING, "--out", str(out)])
-    err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1, err
-    assert "TCT's stage 2" in err and "does not pass its uploads through postprocessors" in err
-    assert not out.exists()
+def tct(tmp_path: Path) -> dict:
+    """A small TCT run's options: 2 rounds of stage 1 on 4 clients' tiny images, 2 of them a round, then both solvers
+    on 20 eNTK coordinates, SCAFFOLD for 3 rounds."""
+    root = write_image_folder(tmp_path / "data", classes=3, train_per_class=4, test_per_class=2)
+    return dict(method="tct", dataset=f"imagefolder:{root}?split=classes&classes_per_client=2&clients=4",
+                backbone="squeezenet1_1", weights="random", image_size=32, clients_per_round=2, rounds=2, eval_every=2,
+                batch_size=4, num_trainers=2, cpus_per_trainer=0.5, entk_dim=20, entk_chunk=8, tct_rounds=3,
+                tct_local_steps=2, tct_lr=1e-3, tct_solver="both")
+
+
+@pytest.mark.slow
+def test_tct_passes_both_stages_uploads_through_it(ray_session, tmp_path):
+    rounds, uploads, sums = counted(tmp_path, "tct", **tct(tmp_path))
+    # the schedule: stage 1's rounds 1–2, the normalization round 3 and the closed form's round 4 (every client once),
+    # SCAFFOLD's rounds 4–6 (its round r is 3 + r: both solvers branch from the normalization)
+    stage1, everyone, scaffold = rounds[:2], list(range(4)), rounds[3:]
+    assert len(rounds) == 2 + 1 + 3 and sorted(rounds[2].tolist()) == everyone
+    assert [r.tolist() for r in scaffold] == [r.tolist() for r in sampling.schedule(4, 2, True, 0, 3, past_coverage=True)]
+    by_names: dict[str, list[tuple[int, int]]] = {}
+    for r, c, names, _ in uploads:
+        by_names.setdefault("training" if r <= 2 else names, []).append((r, c))
+    assert {name: sorted(seen) for name, seen in by_names.items()} == {
+        "training": every_sampling(stage1),
+        "count,squares,sums": [(3, c) for c in everyone],
+        "matrix,rhs": [(4, c) for c in everyone],
+        "control_change,delta": every_sampling(scaffold, first=4),
+    }
+    assert {weight for r, _, names, weight in uploads if r > 2 and names != "control_change,delta"} == {1.0}
+    assert sorted(sums) == sorted([(1, 2), (2, 2), (3, 4), (4, 4), (4, 2), (5, 2), (6, 2)])
 
 
 def finished(tmp_path: Path, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
@@ -188,6 +209,11 @@ def test_zero_noise_leaves_autograd_training_bitwise_unchanged(ray_session, tmp_
 def test_zero_noise_leaves_two_stages_and_spherefed_bitwise_unchanged(ray_session, tmp_path):
     assert_bitwise_unchanged(tmp_path / "init", method="scaffold", init="fed3r", init_rounds=3, rounds=2, eval_every=2)
     assert_bitwise_unchanged(tmp_path / "sphere", method="fedprox", head="sphere", rounds=2, eval_every=1, probe_ridge=True)
+
+
+@pytest.mark.slow
+def test_zero_noise_leaves_tct_bitwise_unchanged(ray_session, tmp_path):
+    assert_bitwise_unchanged(tmp_path, **tct(tmp_path))
 
 
 @pytest.mark.slow
