@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         state = TrainingState({"weight": zero.weight.clone(), "bias": zero.bias.clone()}, {}, {},
                               Accounting(np.zeros(federation.num_clients, dtype=bool)))
         started = time.perf_counter()
-        train(backend, backend.algorithm, ServerSGD(), state, schedule, federation.client_sizes, len(schedule), quiet=True)
+        train(backend, backend.algorithm, ServerSGD(), state, schedule, federation.client_sizes, len(schedule))
         return state, time.perf_counter() - started
 
     try:

@@ -1,14 +1,17 @@
-"""A researcher's callbacks: hooks at a run's start, at each evaluation row, after each round (which may stop the run
-early, e.g. at a target accuracy) and at its end, on every path (``fedray.run(..., callbacks=[...])``)."""
+"""A researcher's callbacks: hooks at a run's start, at each stage's start, at each evaluation row, after each round
+(which may stop the run early, e.g. at a target accuracy) and at its end, on every path
+(``fedray.run(..., callbacks=[...])``). The command line's progress bar is one (:class:`ProgressBar`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tqdm import tqdm
+
 from fedray.core.errors import FedrayError, shown
 from fedray.core.results import EvalPoint
-from fedray.engine.round_loop import Callback as LoopCallback
+from fedray.engine.round_loop import Callback as LoopCallback, Listener
 from fedray.methods.base import Classifier
 
 
@@ -24,6 +27,11 @@ class Callback:
 
     def on_start(self, config: dict[str, object]) -> None:
         """Before any work: the run's configuration, as config.yaml holds it."""
+
+    def on_stage(self, stage: str, name: str, rounds: range, done: int) -> None:
+        """Before a stage's rounds: the stage (``closed_form``, ``train``, ``tct_scaffold``), what it runs (``fed3r``,
+        ``fedavg``, ...), its rounds (numbered as the rows are) and how many of them are done already (a resumed
+        run's)."""
 
     def on_evaluation(self, row: dict[str, object], classifier: Classifier | None) -> None:
         """At each evaluation row: its columns and the classifier evaluated there (yours to keep)."""
@@ -56,6 +64,10 @@ class Callbacks:
         for callback in self.callbacks:
             callback.on_start(dict(config))
 
+    def stage(self, stage: str, name: str, rounds: range, done: int = 0) -> None:
+        for callback in self.callbacks:
+            callback.on_stage(stage, name, rounds, done)
+
     def evaluation(self, point: EvalPoint, classifier: Classifier | None) -> None:
         for callback in self.callbacks:
             callback.on_evaluation(point.columns(), classifier)
@@ -69,8 +81,27 @@ class Callbacks:
         for callback in self.callbacks:
             callback.on_end([dict(row) for row in rows])
 
-    def loop(self, stage: str, first_round: int = 0) -> "StageCallbacks":
-        """The round loop's side of them for one stage, whose round r is the run's ``first_round`` + r."""
+    @staticmethod
+    def of_run(researcher: "Callbacks | None", quiet: bool) -> "Callbacks":
+        """A run's callbacks: the progress bar (unless ``quiet``), then a researcher's."""
+        mine = () if researcher is None else tuple(researcher.callbacks)
+        return Callbacks(mine if quiet else (ProgressBar(), *mine))
+
+    def hearing(self, listener: Listener | None) -> Listener | None:
+        """A listener that passes each evaluation row to ``listener`` (when there is one), then to these callbacks."""
+        if not self.callbacks:
+            return listener
+
+        def both(point: EvalPoint, classifier: Classifier | None) -> None:
+            if listener is not None:
+                listener(point, classifier)
+            self.evaluation(point, classifier)
+        return both
+
+    def loop(self, stage: str, name: str, rounds: int, first_round: int = 0, done: int = 0) -> "StageCallbacks":
+        """The round loop's side of them for one stage of ``rounds`` rounds (``done`` of them done already) running
+        ``name``, whose round r is the run's ``first_round`` + r; their :meth:`Callback.on_stage` is called here."""
+        self.stage(stage, name, range(first_round + 1, first_round + rounds + 1), done)
         return StageCallbacks(self, stage, first_round)
 
 
@@ -87,3 +118,36 @@ class StageCallbacks(LoopCallback):
 
     def stop(self) -> bool:
         return self.callbacks.stopping
+
+
+class ProgressBar(Callback):
+    """A tqdm bar over each stage's rounds, showing the last evaluation's round, test accuracy and clients seen (said to
+    be of that round: they stay as they were until the next evaluation); ``fedray run`` adds one unless ``--quiet``."""
+
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
+        self.first = 0
+        """The run's number of the stage's first round."""
+
+    def on_stage(self, stage: str, name: str, rounds: range, done: int) -> None:
+        self._close()
+        self.bar, self.first = tqdm(total=len(rounds), initial=done, unit="round", desc=name), rounds.start
+
+    def on_evaluation(self, row: dict[str, object], classifier: Classifier | None) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"at round {row['round']}: test accuracy {row['accuracy']:.4f}, "
+                                     f"{row['clients_seen']} clients seen")
+
+    def after_round(self, round: int, stage: str) -> None:
+        if self.bar is not None:
+            self.bar.update(round - self.first + 1 - self.bar.n)
+            if self.bar.n == self.bar.total:
+                self._close()
+
+    def on_end(self, rows: list[dict[str, object]]) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -19,7 +19,7 @@ from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.callbacks import Callbacks
 from fedray.engine.config import COLUMNS
-from fedray.engine.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
+from fedray.engine.round_loop import Listener, Report, eval_rounds, run_rounds
 from fedray.runtime.actor_group import Reduction
 from fedray.runtime.shards import ShardPool
 
@@ -157,7 +157,6 @@ def run_closed_form(
     rounds: list[np.ndarray],
     eval_every: int,
     evaluator: Evaluator,
-    quiet: bool = False,
     on_point: Listener | None = None,
     backbone_macs: float | None = None,
     postprocessing: Postprocessing = Postprocessing(),
@@ -176,7 +175,7 @@ def run_closed_form(
     path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs, postprocessing)
     name = method.name or type(method).__name__
     run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point, path.classifier),
-                                           Progress(len(rounds), 0, name, quiet), callbacks.loop("closed_form")])
+                                           callbacks.loop("closed_form", name, len(rounds))])
     outcome.rounds = rounds[:outcome.points[-1].round]
     return outcome
 

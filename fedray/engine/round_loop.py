@@ -1,4 +1,4 @@
-"""The one round loop every path runs, with evaluation, divergence, checkpoints, progress and reporting as callbacks.
+"""The one round loop every path runs, with evaluation, divergence, checkpoints and reporting as callbacks.
 
 A path says what one round does (:meth:`Rounds.run_round`) and what its
 evaluation row is (:meth:`Rounds.point`); :func:`run_rounds` and the callbacks
@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import numpy as np
-from tqdm import tqdm
-
 from fedray.core import interrupts
 from fedray.core.results import EvalPoint
 from fedray.methods.base import Classifier
@@ -102,24 +100,6 @@ class Report(Callback):
         self.points.append(point)
         if self.listener is not None:
             self.listener(point, self.classifier())
-
-
-class Progress(Callback):
-    """A tqdm bar over the rounds, showing the last evaluation's round, test accuracy and clients seen (said to be of
-    that round: they stay as they were until the next evaluation); silent when ``quiet``."""
-
-    def __init__(self, total: int, done: int, name: str, quiet: bool) -> None:
-        self.bar = tqdm(total=total, initial=done, unit="round", disable=quiet, desc=name)
-
-    def on_point(self, point: EvalPoint) -> None:
-        self.bar.set_postfix_str(f"at round {point.round}: test accuracy {point.accuracy:.4f}, "
-                                 f"{point.clients_seen} clients seen")
-
-    def after_round(self, number: int) -> None:
-        self.bar.update(number - self.bar.n)
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 @dataclass

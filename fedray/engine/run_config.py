@@ -60,7 +60,10 @@ def simulate(
     per_round = config.per_round(federation.num_clients)
     rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
     uploads = uploads.sampled(federation.num_clients, per_round, config.sampling == "with")
-    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, quiet=config.quiet, on_point=on_point,
+    if callbacks is None:  # called on its own (not by run, which passes the run's): the progress bar unless quiet
+        callbacks = Callbacks.of_run(None, config.quiet)
+        on_point = callbacks.hearing(on_point)
+    outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, on_point=on_point,
                               backbone_macs=config.backbone_macs, postprocessing=uploads, callbacks=callbacks)
     resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, rf_sigma=getattr(method, "rf_sigma", None))
     return resolved, metrics_rows(resolved, per_round, outcome.points, **stopped_early(callbacks)), outcome
@@ -148,10 +151,9 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     saved = _saved_state(run, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
-    callbacks = callbacks or Callbacks()
+    callbacks = Callbacks.of_run(callbacks, config.quiet)
     callbacks.start(config.to_dict())
-    if callbacks.callbacks:
-        on_point = _both(on_point, callbacks.evaluation)
+    on_point = callbacks.hearing(on_point)
     init_ray(address, verbose)
     model = None
     if config.finetune:
@@ -190,13 +192,3 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     callbacks.end(rows)
     return CompletedRun(rows, arrays, rounds)
 
-
-def _both(first: Listener | None, second: Listener) -> Listener:
-    """A listener that passes each row to ``first`` (when there is one), then to ``second``."""
-    if first is None:
-        return second
-
-    def listener(point: EvalPoint, classifier: Classifier | None) -> None:
-        first(point, classifier)
-        second(point, classifier)
-    return listener

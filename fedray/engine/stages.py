@@ -76,7 +76,7 @@ def closed_form_stage(run: RunPlan, rounds: list[np.ndarray], pool: ShardPool, e
     """Stage 1: the ``--init`` method's classifier over ``rounds`` as the head, with its rows and accounting."""
     federation = pool.federation
     method = run.init.method.build(federation)
-    outcome = run_closed_form(pool, method, rounds, run.eval_every, evaluator, quiet=run.quiet, on_point=on_point,
+    outcome = run_closed_form(pool, method, rounds, run.eval_every, evaluator, on_point=on_point,
                               backbone_macs=backbone_macs, postprocessing=uploads, callbacks=callbacks)
     classifier: Classifier = outcome.classifier
     weight = classifier.weight.to(torch.float32)
@@ -320,9 +320,10 @@ def _train(run: RunPlan, backend: TrainingBackend, state: TrainingState, sizes: 
     training = run.training
     rounds = training_schedule(run)
     checkpointing = Checkpointing(training.checkpoint_every, lambda s: save_checkpoint(run.out, run.identity, s), run.out)
+    name = training.algorithm.name or type(training.algorithm).__name__
     diverged = train(backend, backend.algorithm, training.server_optimizer, state, rounds, sizes, run.eval_every,
-                     first_round, checkpointing, on_point, run.quiet, backbone_macs, uploads,
-                     callbacks.loop("train", first_round))
+                     first_round, checkpointing, on_point, backbone_macs, uploads,
+                     callbacks.loop("train", name, len(rounds), first_round, state.done))
     stopped = diverged or callbacks.stopping
     ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
     return TrainingOutcome(state.points, state.params, state.accounting, rounds=rounds[:ran])

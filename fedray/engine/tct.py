@@ -55,7 +55,7 @@ from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning, tr
 from fedray.engine.training import Accounting, TrainingState
 from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.core.results import EvalPoint
-from fedray.engine.round_loop import Listener, Progress, Report, eval_rounds, run_rounds
+from fedray.engine.round_loop import Listener, Report, eval_rounds, run_rounds
 from fedray.methods.entk import EntkSpec, coordinate_index
 from fedray.runtime.tct_shards import LocalSolver, Normalization, Projection, Stage2Pool
 from fedray.methods.tct_stage2 import objective_from_statistics, solve_stage2, split_model
@@ -64,10 +64,10 @@ from fedray.methods.tct_stage2 import objective_from_statistics, solve_stage2, s
 class Stage2Run:
     """Stage 2's rows and accounting after stage 1, on a started :class:`Stage2Pool`."""
 
-    def __init__(self, stage: TctStage2, sampler: Sampler, eval_every: int, quiet: bool, pool: Stage2Pool,
+    def __init__(self, stage: TctStage2, sampler: Sampler, eval_every: int, pool: Stage2Pool,
                  sizes: np.ndarray, num_classes: int, width: int, points: list[EvalPoint], accounting: Accounting,
                  on_point: Listener | None = None, postprocessing: Postprocessing = Postprocessing()) -> None:
-        self.stage, self.sampler, self.eval_every, self.quiet = stage, sampler, eval_every, quiet
+        self.stage, self.sampler, self.eval_every = stage, sampler, eval_every
         self.pool, self.sizes, self.num_classes, self.width = pool, sizes, num_classes, width
         self.points, self.accounting, self.on_point, self.postprocessing = points, accounting, on_point, postprocessing
         self.first_round = points[-1].round
@@ -110,13 +110,15 @@ class Stage2Run:
                     model, loss)
         return model
 
-    def scaffold(self, normalization: ray.ObjectRef) -> torch.Tensor:
-        """TCT's SCAFFOLD from ψ = 0 ((p + 1) × C, float64 on the driver), ``tct_scaffold`` rows every ``--eval-every`` rounds."""
+    def scaffold(self, normalization: ray.ObjectRef, callbacks: Callbacks | None = None) -> torch.Tensor:
+        """TCT's SCAFFOLD from ψ = 0 ((p + 1) × C, float64 on the driver), ``tct_scaffold`` rows every ``--eval-every``
+        rounds; the run's ``callbacks`` hear its rounds (and may stop it at a row)."""
         sampler = replace(self.sampler, with_replacement=True)  # TCT's SCAFFOLD samples with replacement
         rounds = sampler.rounds(self.stage.rounds, past_coverage=True)
         path = ScaffoldRounds(self, normalization, sampler)
-        callbacks = [Report(self.points, self.on_point, path.classifier), Progress(len(rounds), 0, "tct stage 2", self.quiet)]
-        diverged = run_rounds(path, rounds, eval_rounds(len(rounds), self.eval_every), callbacks)
+        loop = (callbacks or Callbacks()).loop("tct_scaffold", "tct stage 2", len(rounds), self.first_round + 1)
+        diverged = run_rounds(path, rounds, eval_rounds(len(rounds), self.eval_every),
+                              [Report(self.points, self.on_point, path.classifier), loop])
         self.scaffold_rounds = rounds[:self.points[-1].round - self.first_round - 1] if diverged else rounds
         return path.model
 
@@ -200,13 +202,13 @@ def run_tct(run: RunPlan, federation: Federation, on_point: Listener | None = No
     pool = Stage2Pool.start(train, train_labels, test, test_labels, bounds, federation.client_offsets,
                             federation.num_classes, bundle, projection, trial_group)
     try:
-        stage2 = Stage2Run(stage, run.sampler, run.eval_every, run.quiet, pool, federation.client_sizes,
+        stage2 = Stage2Run(stage, run.sampler, run.eval_every, pool, federation.client_sizes,
                            federation.num_classes, width, outcome.points, outcome.accounting, on_point, run.postprocessing)
         if projection is not None:
             stage2.accounting.flops += 2.0 * float(federation.client_sizes.sum()) * len(index) * width
         normalization = stage2.normalize()
         closed_form = stage2.closed_form(normalization) if stage.solver in ("closed_form", "both") else None
-        scaffold = stage2.scaffold(normalization) if stage.solver in ("scaffold", "both") else None
+        scaffold = stage2.scaffold(normalization, callbacks) if stage.solver in ("scaffold", "both") else None
     finally:
         pool.shutdown()
     # W and bias are SCAFFOLD's when it ran, else the closed form's; with both, the closed form's are suffixed.

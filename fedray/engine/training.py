@@ -29,7 +29,7 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.config import COLUMNS
-from fedray.engine.round_loop import Callback, Checkpoints, Listener, Progress, Report, eval_rounds, run_rounds
+from fedray.engine.round_loop import Callback, Checkpoints, Listener, Report, eval_rounds, run_rounds
 from fedray.runtime.client_states import ClientStatesLost
 
 
@@ -201,7 +201,6 @@ def train(
     first_round: int = 0,
     checkpointing: Checkpointing | None = None,
     on_point: Listener | None = None,
-    quiet: bool = False,
     backbone_macs: float | None = None,
     postprocessing: Postprocessing = Postprocessing(),
     researcher: Callback | None = None,
@@ -244,8 +243,7 @@ def train(
 
     while True:
         path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing)
-        callbacks: list[Callback] = [Report(state.points, None if on_point is None else report_once, path.classifier),
-                                     Progress(len(rounds), state.done, "train", quiet)]
+        callbacks: list[Callback] = [Report(state.points, None if on_point is None else report_once, path.classifier)]
         if checkpointing is not None:
             callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: save(path)))
         if researcher is not None:  # after the checkpoints: a stop at a checkpoint's round finds it written

@@ -24,6 +24,9 @@ class Log(fedray.Callback):
     def on_start(self, config):
         self.calls.append(("start", config["method"]))
 
+    def on_stage(self, stage, name, rounds, done):
+        self.calls.append(("stage", stage, name, rounds, done))
+
     def on_evaluation(self, row, classifier):
         self.calls.append(("row", row["round"], row["stage"], classifier is not None))
 
@@ -38,7 +41,7 @@ class Log(fedray.Callback):
 def test_every_hook_is_called_in_order_on_a_training_run(ray_session, tmp_path):
     log = Log()
     fedray.run(method="fedavg", out=tmp_path / "run", rounds=3, eval_every=2, callbacks=[log], **TRAIN)
-    assert log.calls == [("start", "fedavg"), ("row", 0, "train", True), ("round", 1, "train"), ("row", 2, "train", True),
+    assert log.calls == [("start", "fedavg"), ("stage", "train", "fedavg", range(1, 4), 0), ("row", 0, "train", True), ("round", 1, "train"), ("row", 2, "train", True),
                          ("round", 2, "train"), ("row", 3, "train", True), ("round", 3, "train"), ("end", 3)]
     assert "stopped_early" not in pl.read_parquet(tmp_path / "run" / "metrics.parquet").columns
 
@@ -73,6 +76,8 @@ def test_after_round_numbers_the_rounds_of_both_stages_as_the_rows_do(ray_sessio
                callbacks=[log], **TRAIN)
     assert [call[1:] for call in log.calls if call[0] == "round"] == \
         [(1, "closed_form"), (2, "closed_form"), (3, "train"), (4, "train")]
+    assert [call[1:] for call in log.calls if call[0] == "stage"] == \
+        [("closed_form", "fed3r", range(1, 3), 0), ("train", "fedavg", range(3, 5), 0)]
 
 
 def test_a_closed_form_run_stops_too(ray_session, tmp_path):
@@ -86,3 +91,30 @@ def test_callbacks_must_be_callback_instances(tmp_path):
     with pytest.raises(FedrayError, match=r"^fedray.run: callbacks must be a list of fedray.Callback instances, got"):
         fedray.run(method="fedavg", out=tmp_path / "bad", callbacks=[print])
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_progress_bar_is_a_callback_over_each_stages_rounds(ray_session, tmp_path, capsys):
+    """``fedray run``'s bar: one per stage, named by what it runs, its last state the stage's last row."""
+    fedray.run(method="fedavg", init="fed3r", init_rounds=2, out=tmp_path / "two", rounds=4, eval_every=2,
+               **{**TRAIN, "quiet": False})
+    states = [state for line in capsys.readouterr().err.splitlines() for state in line.split("\r") if "round" in state]
+    last = {state.partition(":")[0]: state for state in states}  # each bar's last state
+    assert list(last) == ["fed3r", "fedavg"], states
+    bars = list(last.values())
+    assert bars[0].startswith("fed3r: 100%") and "2/2" in bars[0] and bars[0].endswith(
+        "at round 2: test accuracy " + bars[0].rpartition("test accuracy ")[2])
+    assert bars[1].startswith("fedavg: 100%") and "4/4" in bars[1] and "at round 6:" in bars[1]
+
+
+def test_a_quiet_run_has_no_bar_and_a_resumed_stage_starts_at_its_done_rounds(capsys):
+    from fedray.engine.callbacks import Callbacks, ProgressBar
+
+    assert Callbacks.of_run(None, quiet=True).callbacks == ()
+    bar = ProgressBar()
+    bar.on_stage("train", "fedavg", range(11, 21), done=4)
+    bar.on_evaluation({"round": 14, "accuracy": 0.125, "clients_seen": 7}, None)
+    bar.after_round(15, "train")
+    assert bar.bar.n == 5
+    bar.on_end([])
+    last = capsys.readouterr().err.split("\r")[-1]
+    assert last.startswith("fedavg:  50%") and last.endswith(", at round 14: test accuracy 0.1250, 7 clients seen]\n")

@@ -6,7 +6,7 @@ import torch
 
 from fedray.methods.base import Classifier
 from fedray.core.results import EvalPoint
-from fedray.engine.round_loop import Callback, Checkpoints, Progress, Report, eval_rounds, run_rounds
+from fedray.engine.round_loop import Callback, Checkpoints, Report, eval_rounds, run_rounds
 
 
 class RecordingPath:
@@ -110,13 +110,3 @@ def test_callbacks_are_closed_once_however_the_loop_ends():
             with pytest.raises(ends):
                 run_rounds(path, ROUNDS, {7}, [closing])
         assert closing.closed == 1
-
-
-def test_the_progress_bar_says_its_accuracy_is_the_tests_at_the_last_evaluation(capsys):
-    bar = Progress(total=10, done=0, name="train", quiet=False)
-    bar.on_point(EvalPoint(round=0, clients_seen=0, samples_seen=0, accuracy=0.125, bytes_up=0.0, bytes_down=0.0,
-                           flops_client_avg=0.0, wall_s=0.0, stage="train"))
-    bar.after_round(3)
-    bar.close()
-    last = capsys.readouterr().err.split("\r")[-1]
-    assert last.startswith("train:  30%") and last.endswith(", at round 0: test accuracy 0.1250, 0 clients seen]\n")

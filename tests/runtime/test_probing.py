@@ -36,7 +36,7 @@ def test_the_runtime_equals_plain_fedavg(ray_session, small_inat, sgd, shards, s
         backend = ProbeBackend(pool, replace(sgd, prox_mu=0.0), 3, Evaluator(pool), algorithm)
         params = {"weight": head.weight.clone(), "bias": head.bias.clone()}
         state = TrainingState(params, {}, algorithm.init_server_state(params), Accounting(np.zeros(small_inat.num_clients, dtype=bool)))
-        train(backend, algorithm, ServerSGD(), state, rounds, small_inat.client_sizes, 3, quiet=True)
+        train(backend, algorithm, ServerSGD(), state, rounds, small_inat.client_sizes, 3)
     finally:
         pool.shutdown()
     expected = fedavg_by_autograd(small_inat, rounds, sgd, 3, head, server_lr=1.0, scaffold=scaffold)
@@ -63,7 +63,7 @@ def test_shard_layouts_differ_in_float32_round_off_only(ray_session, small_inat)
             params = {"weight": torch.zeros(small_inat.dim, small_inat.num_classes), "bias": torch.zeros(small_inat.num_classes)}
             state = TrainingState(params, {}, algorithm.init_server_state(params),
                                   Accounting(np.zeros(small_inat.num_clients, dtype=bool)))
-            train(backend, algorithm, ServerSGD(), state, rounds, small_inat.client_sizes, 3, quiet=True)
+            train(backend, algorithm, ServerSGD(), state, rounds, small_inat.client_sizes, 3)
         finally:
             pool.shutdown()
         heads[shards] = state.params["weight"]
