@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 from ray.util.placement_group import PlacementGroup
 
-from fedray.engine.config import TCT, RunConfig
+from fedray.engine.config import RunConfig
 from fedray.core.federation import Federation
 from fedray.data.registry import load_federation, recorded_backbone_macs
 from fedray.runtime.evaluator import Evaluator
 from fedray.engine.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.engine.training import TrainingState
 from fedray.methods.base import Classifier, ClosedFormMethod
-from fedray.engine.plan import RunPlan, Training, plan, postprocessing, stages
+from fedray.engine.plan import RunPlan, TctStage2, Training, plan, postprocessing, stages
 from fedray.methods.postprocessor import Postprocessing
 from fedray.engine.callbacks import Callbacks
 from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
@@ -141,13 +141,14 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     if config.backbone_macs is None:
         config = replace(config, backbone_macs=recorded_backbone_macs(config.dataset))
     run = plan(config, federation, planned, uploads)
-    method = None if config.trains else run.stages[0].method.build(federation)
+    training, stage2 = run.stage(Training), run.stage(TctStage2)
+    method = None if training is not None else run.stages[0].method.build(federation)
     per_round = run.sampler.per_round
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
-    if config.trains and config.rounds is not None:  # training runs exactly --rounds rounds (TCT's stage 2 its own)
-        sampling.check_schedule(config.rounds, per_round)
-    if config.method == TCT:
-        sampling.check_schedule(config.tct_rounds, per_round, "--tct-rounds")
+    if training is not None and training.rounds is not None:  # training runs exactly --rounds rounds
+        sampling.check_schedule(training.rounds, per_round)
+    if stage2 is not None:
+        sampling.check_schedule(stage2.rounds, per_round, "--tct-rounds")
     saved = _saved_state(run, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
@@ -156,12 +157,12 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     on_point = callbacks.hearing(on_point)
     init_ray(address, verbose)
     model = None
-    if config.finetune:
+    if training is not None and training.images is not None:
         from fedray.engine.stages import finetune_on_images  # these paths' modules (torchvision among them) load only when used
         from fedray.engine.tct import run_tct
 
-        outcome = (run_tct if config.method == TCT else finetune_on_images)(run, federation, on_point, saved,
-                                                                            trial_group, callbacks)
+        outcome = (finetune_on_images if stage2 is None else run_tct)(run, federation, on_point, saved, trial_group,
+                                                                      callbacks)
         resolved = _resolved(config, federation.num_clients)
         model = outcome.params
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
@@ -169,7 +170,7 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
         pool = ShardPool.start(federation, run.shards.count, run.shards.cpus, trial_group=trial_group,
                                footprints=run.footprints)
         try:
-            if config.trains:
+            if training is not None:
                 from fedray.engine.stages import train_on_features
 
                 outcome = train_on_features(run, pool, Evaluator(pool), on_point, saved, callbacks)
@@ -179,7 +180,7 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
                 resolved, rows, closed_form = simulate(config, method, pool, Evaluator(pool), on_point, uploads, callbacks)
         finally:
             pool.shutdown()
-    if config.trains:
+    if training is not None:
         extra = {} if outcome.ridge_probe_accuracy is None else {"ridge_probe_accuracy": outcome.ridge_probe_accuracy}
         extra.update(stopped_early(callbacks))
         rows = metrics_rows(resolved, per_round, outcome.points, **extra)
