@@ -51,9 +51,9 @@ def start_pool(ray_session, clients: list[ClientData], held_out: ClientData, pro
 def stage2_run(pool: Stage2Pool, clients: list[ClientData], config: RunConfig, width: int) -> Stage2Run:
     sizes = np.array([len(c.labels) for c in clients])
     start = EvalPoint(7, 0, 0, 0.5, 0.0, 0.0, 0.0, 0.0, "train")
-    config = config.validate().resolved()
+    config = config.resolved()  # stage 2 alone: the eNTK's width is the test's, not --entk-dim's
     sampler = Sampler(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed)
-    return Stage2Run(stages(config)[-1], sampler, config.eval_every, config.quiet, pool, sizes, NUM_CLASSES, width,
+    return Stage2Run(stages(config)[-1], sampler, config.eval_every, pool, sizes, NUM_CLASSES, width,
                      [start], Accounting(np.zeros(len(sizes), dtype=bool)))
 
 
