@@ -15,7 +15,6 @@ import yaml
 
 from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
 from fedray.core.errors import FedrayError, shown
-from fedray.methods.training.client_sgd import ClientAlgorithm
 from fedray.methods.training.modes import FINETUNE_MODES, INITS
 from fedray.methods.training.schedule import SCHEDULES, LrSchedule, parse_milestones
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
@@ -207,9 +206,6 @@ class RunConfig:
     quiet: bool = option(False, "no progress bar", GENERAL)
     server_optimizer: str | None = option(None, "fedavg, fedavgm, fedadam, or your own as module:Class or "
                                           "path/to/file.py:Class", TRAINING, unset="the method's own", metavar="OPTIMIZER")
-    client_algorithm: str | None = option(None, "your own client objective, a fedray.ClientAlgorithm subclass, as "
-                                          "module:Class or path/to/file.py:Class", TRAINING,
-                                          unset="the method's own (FedAvg's, FedProx's, SCAFFOLD's)", metavar="ALGORITHM")
     postprocessor: str | None = option(None, "your own fedray.Postprocessor subclasses, each upload through them in "
                                        "order (clipping, noise, quantization...): FILE.py:Class or module:Class, several "
                                        "separated by commas", UPLOADS, unset="none", metavar="CLASS[,CLASS...]")
@@ -235,8 +231,6 @@ class RunConfig:
         named = [(self.method, algorithm_class if self.trains and self.method != TCT else method_class)]
         if self.server_optimizer is not None:
             named.append((self.server_optimizer, server_optimizer_class))
-        if self.client_algorithm is not None:
-            named.append((self.client_algorithm, client_algorithm_class))
         plugins = [load(spec) for spec, load in named if is_plugin(spec)]
         plugins += [postprocessor_class(spec) for spec in self.postprocessor_specs()]
         if isinstance(ALGORITHMS.get(self.training_algorithm), str) and self.trains:
@@ -251,10 +245,6 @@ class RunConfig:
         """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
         return server_optimizer_class(self.server_optimizer or self.algorithm_class().server_optimizer)
 
-    def client_algorithm_class(self) -> type[ClientAlgorithm]:
-        """``--client-algorithm``, a researcher's :class:`ClientAlgorithm` subclass (the run names one)."""
-        return client_algorithm_class(self.client_algorithm)
-
     def validate(self, given: Collection[str] = (), drop_unused: bool = False) -> "RunConfig":
         """This configuration, checked: a bad or contradictory value is refused in one line, and so is an option that
         does not apply to the run, set to other than its default or named in ``given`` (the command line's flags: a
@@ -266,8 +256,6 @@ class RunConfig:
                               f"or your own closed-form method as module:Class or path/to/file.py:Class")
         if self.server_optimizer is not None and not self.trains:
             raise FedrayError(f"--server-optimizer applies to gradient methods, not {self.method}")
-        if self.client_algorithm is not None and not self.trains:
-            raise FedrayError(f"--client-algorithm applies to gradient methods, not {self.method}")
         self._validate_server_optimizer()
         self._validate_options()
         if self.sampling not in (None, *SAMPLINGS):
@@ -442,8 +430,6 @@ class RunConfig:
         if self.trains:
             values["server_optimizer"] = canonical(self.server_optimizer or self.algorithm_class().server_optimizer)
             values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
-            if self.client_algorithm is not None:
-                values["client_algorithm"] = canonical(self.client_algorithm)
             own = options_of(self.algorithm_class()).get("prox_mu")
             if own is not None:
                 values["prox_mu"] = own.default if self.prox_mu is None else self.prox_mu
@@ -513,7 +499,7 @@ class RunConfig:
         An option applies when its group does (:meth:`applicable_groups`); an option owned by the built-in classes
         (``lam``, ``gamma``, ``prox_mu``, ``server_momentum``, ...: :func:`owned`) when one of the run's
         :meth:`classes` takes it. A plugin is named by its class name (``method``: ``MyNCM``) with its spec beside it
-        (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise ``server_optimizer`` and ``client_algorithm``.
+        (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise ``server_optimizer``.
         config.yaml keeps every option, to re-run the run.
         """
         groups, taken = self.applicable_groups(), self._taken()
@@ -550,16 +536,7 @@ def server_optimizer_class(spec: str) -> type[ServerOptimizer]:
     return load_class(spec, ServerOptimizer, SERVER_OPTIMIZERS, "server optimizer")
 
 
-def client_algorithm_class(spec: str) -> type[ClientAlgorithm]:
-    """A researcher's :class:`ClientAlgorithm` subclass; the built-in ones are the methods' (``--method``)."""
-    if not is_plugin(spec):
-        raise FedrayError(f"--client-algorithm takes your own fedray.ClientAlgorithm subclass as module:Class or "
-                          f"path/to/file.py:Class, got {spec!r}; the built-in ones come with --method "
-                          f"({', '.join(ALGORITHMS)})")
-    return load_class(spec, ClientAlgorithm, {}, "client algorithm")
-
-
-PLUGIN_FIELDS = ("method", "server_optimizer", "client_algorithm")
+PLUGIN_FIELDS = ("method", "server_optimizer")
 """The options that may name a plugin: its column holds the class name, ``NAME_spec`` the spec."""
 NOT_COLUMNS = ("out", "quiet", "options")
 FIELDS = {f.name for f in fields(RunConfig)}
@@ -572,6 +549,26 @@ RESERVED = {f.name for f in fields(EvalPoint)} | {f"{name}_spec" for name in PLU
 COLUMNS = frozenset(FIELDS | RESERVED)
 """Names no plugin may report a number under (:func:`fedray.report`): the run's columns."""
 PER_ROUND = ("clients_per_round", "participation")
+REMOVED = {
+    "client_algorithm": "write your client's loss or gradient correction as a fedray.FederatedAlgorithm subclass and "
+                        "give it as --method FILE.py:Class (see examples/proximal_client.py)",
+}
+"""Run options fedray no longer has, with what replaced each: the command line, config files, sweeps and
+``fedray.run`` refuse them in one line (:func:`without_removed`)."""
+
+
+def without_removed(values: dict, where: str | None = None) -> dict:
+    """``values`` less the :data:`REMOVED` options: one that is None is dropped (every config.yaml an earlier run wrote
+    holds every option, unset ones as null), one with a value is refused in one line saying what replaced it.
+
+    ``where`` names a file, section or function (``config.yaml``, ``fedray.run``), which spell options as keys;
+    None is the command line, which spells them as flags.
+    """
+    for key in sorted(REMOVED.keys() & values.keys()):
+        if values[key] is not None:
+            spelt = command_line(key) if where is None else f"{where}: {key}"
+            raise FedrayError(f"{spelt} was removed: {REMOVED[key]}")
+    return {key: value for key, value in values.items() if key not in REMOVED}
 
 
 def _run_options() -> dict[str, Option]:
@@ -643,7 +640,9 @@ def load_config_file(path: str | Path) -> dict:
 
 def typed_options(values: dict, where: str, spelling: Spelling) -> dict:
     """Run options (a config file's, ``fedray.run``'s keywords) each as its option's type (:meth:`Option.coerce`), and
-    ``options`` as a mapping; a one-line error naming ``where`` on an unknown name (saying where it belongs) or value."""
+    ``options`` as a mapping; a one-line error naming ``where`` on an unknown name (saying where it belongs), a removed
+    one (:func:`without_removed`) or a value."""
+    values = without_removed(values, where)
     shipped = {key: value for key, value in values.items() if key not in FIELDS and key in shipped_options()}
     unknown = sorted(set(values) - FIELDS - set(shipped))
     if unknown:
@@ -673,8 +672,7 @@ def _where_it_went(key: str, values: dict, spelling: Spelling) -> str:
     method = values.get("method")
     load_method = algorithm_class if method in ALGORITHMS or (isinstance(method, str) and is_plugin(method) and
                                                                 _is_algorithm(method)) else method_class
-    for spec, load in ((method, load_method), (values.get("server_optimizer"), server_optimizer_class),
-                       (values.get("client_algorithm"), client_algorithm_class)):
+    for spec, load in ((method, load_method), (values.get("server_optimizer"), server_optimizer_class)):
         if isinstance(spec, str) and (is_plugin(spec) or isinstance(ALGORITHMS.get(spec), str)):  # feddyn's, fednova's too
             try:
                 owners += [spec] if key in options_of(load(spec)) else []
@@ -706,7 +704,7 @@ def resolve(file_values: dict, cli_values: dict, drop_unused: bool = False, name
     κ and the participation rate are one choice: either on the command line replaces both from the file. An option
     of a built-in class given among ``options`` (``--option prox_mu=0.1``) is that class's run option (``--prox-mu``).
     """
-    file_values, cli_values = _owned_options_moved(file_values), _owned_options_moved(cli_values)
+    file_values, cli_values = _owned_options_moved(file_values), _owned_options_moved(without_removed(cli_values))
     given = {k: v for k, v in cli_values.items() if v is not None}
     if given.keys() & set(PER_ROUND):
         file_values = {k: v for k, v in file_values.items() if k not in PER_ROUND}
