@@ -103,7 +103,8 @@ def run(
     shards get their rows through Ray's object store.
     ``run_options`` are the command line's run options with underscores
     (``clients_per_round=10``, ``rounds=500``, ``lam=0.1``, ``quiet=True``);
-    ``options`` sets a plugin's own options by name (``--option key=value``).
+    ``options`` sets a plugin's own options by name (``--option key=value``; ``{"Owner.key": value}`` for one class,
+    as ``--option Owner.key=value``).
     ``method``, ``server_optimizer`` and ``postprocessor`` take a spec or the class itself
     (``postprocessor`` also a list of them, applied in order).
     Every value is typed and checked as a config file's is, before any work

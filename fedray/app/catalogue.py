@@ -53,7 +53,8 @@ def entry(spec: str) -> str:
             options = [f"      {option.describe()}" for option in options_of(cls).values()] or ["      (no options)"]
             summary = f"; {_summary(cls)}" if _summary(cls) else ""
             return "\n".join([f"  {spec}: a {what} ({flag} {spec}){summary}", *options,
-                              "    set as --option key=value, options: {key: value} in YAML, options.KEY: [...] in a sweep"])
+                              f"    set as --option key=value (or {cls.__name__}.key=value), options: {{key: value}} in YAML, "
+                              "options.KEY: [...] in a sweep"])
     bases = ", ".join(f"fedray.{base.__name__}" for _, base, _ in KINDS)
     raise FedrayError(f"{spec}: {spec.rpartition(':')[2]} is not a subclass of any of {bases}")
 
@@ -75,5 +76,6 @@ def catalogue() -> str:
     lines += ["", "your own: --method (a fedray.ClosedFormMethod or fedray.FederatedAlgorithm subclass: a client's own",
               "loss or gradient correction is one), --server-optimizer (a fedray.ServerOptimizer), --postprocessor",
               "(a fedray.Postprocessor) as module:Class or path/to/file.py:Class (see examples/);",
-              "its options: --option key=value, options: {key: value} in YAML, options.KEY: [...] in a sweep grid"]
+              "its options: --option key=value, options: {key: value} in YAML, options.KEY: [...] in a sweep grid;",
+              "--option Class.key=value gives one to that class only (when two of the run's classes declare key)"]
     return "\n".join(lines)

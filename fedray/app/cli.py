@@ -45,7 +45,10 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
         if spec.name == "options":
             parser.add_argument("--option", action="append", metavar="KEY=VALUE",
                                 help="an option of the run's method, algorithm, server optimizer or postprocessor, "
-                                "built-in (--option prox_mu=0.1 is --prox-mu 0.1) or your own (repeatable; see fedray methods)")
+                                "built-in (--option prox_mu=0.1 is --prox-mu 0.1) or your own (repeatable; see fedray "
+                                "methods); OWNER.KEY=VALUE gives it to one class, named by its class name or a "
+                                "built-in's --method name (--option Proximal.mu=0.1, --option fedprox.prox_mu=0.1): "
+                                "needed when two of the run's classes declare KEY")
         else:  # the options of built-in classes, in groups named after their owners, as they come
             group = spec.metadata["group"]
             if group not in groups:

@@ -25,6 +25,8 @@ from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_P
 from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.options import Option, option_from_hint, options_of
 from fedray.core.plugins import canonical, display_name, is_plugin, load_class, names_subclass
+from fedray.engine.plugin_options import Owner, checked_options, declarers, split_key, values_for
+from fedray.engine.plugin_options import defaults as plugin_defaults
 from fedray.core.results import EvalPoint
 
 
@@ -225,17 +227,21 @@ class RunConfig:
     def algorithm_class(self) -> type[FederatedAlgorithm]:
         return algorithm_class(self.training_algorithm)
 
-    def plugins(self) -> list[type]:
+    def plugins(self) -> list[Owner]:
         """The run's classes named by ``module:Class`` or ``file.py:Class`` (and the built-in training algorithms
-        written as plugins): their options go in ``options``."""
-        named = [(self.method, algorithm_class if self.trains and self.method != TCT else method_class)]
+        written as plugins), each once, with the flag that names it: their options go in ``options``."""
+        named = [(self.method, "--method", algorithm_class if self.trains and self.method != TCT else method_class)]
         if self.server_optimizer is not None:
-            named.append((self.server_optimizer, server_optimizer_class))
-        plugins = [load(spec) for spec, load in named if is_plugin(spec)]
-        plugins += [postprocessor_class(spec) for spec in self.postprocessor_specs()]
+            named.append((self.server_optimizer, "--server-optimizer", server_optimizer_class))
+        plugins = [Owner(load(spec), flag) for spec, flag, load in named if is_plugin(spec)]
+        plugins += [Owner(postprocessor_class(spec), "--postprocessor") for spec in self.postprocessor_specs()]
         if isinstance(ALGORITHMS.get(self.training_algorithm), str) and self.trains:
-            plugins.append(self.algorithm_class())
-        return plugins
+            plugins.append(Owner(self.algorithm_class(), "--base" if self.method == TCT else "--method",
+                                 self.training_algorithm))
+        unique: dict[type, Owner] = {}
+        for owner in plugins:  # a postprocessor given twice has its options once
+            unique.setdefault(owner.cls, owner)
+        return list(unique.values())
 
     def postprocessor_specs(self) -> list[str]:
         """``--postprocessor``'s classes, in order."""
@@ -367,17 +373,20 @@ class RunConfig:
         return LrSchedule(self.lr_schedule, self.rounds or 1, parse_milestones(self.lr_milestones), self.lr_gamma)
 
     def _validate_options(self) -> None:
-        """Every ``options`` key is an option of one of the run's plugins, and of its type."""
+        """Every ``options`` key is an option of one of the run's plugins, and of its type; a per-owner key
+        (``Owner.x``) is its owner's, and an option several plugins declare must be given per owner
+        (:func:`~fedray.engine.plugin_options.checked_options`)."""
         if not isinstance(self.options, dict):
             raise FedrayError(f"options must be a mapping of option: value, got {self.options!r}")
-        clashing = sorted(set(self.options) & (FIELDS | RESERVED))
+        plain = {key for key in self.options if split_key(key)[0] is None}
+        clashing = sorted({split_key(key)[1] for key in self.options} & (FIELDS | RESERVED))
         if clashing:
             key = clashing[0]
             raise FedrayError(f"--option {key}: {key} is a run option: use {command_line(key)}" if key in FIELDS
                               else f"--option {key}: {key} is a metrics column, not an option name")
         plugins = self.plugins()
-        declared = {name: option for cls in plugins for name, option in options_of(cls).items()}
-        unknown = sorted(set(self.options) - set(declared))
+        declared = declarers(plugins)
+        unknown = sorted(plain - set(declared))
         if unknown:
             elsewhere = [f"; {key} is an option of {', '.join(shipped_options()[key][0])}, not of {self.training_algorithm}"
                          + (f" (the dataset's {key} is given in its spec: ?{key}=...)" if key in DATASET_OPTIONS else "")
@@ -385,7 +394,7 @@ class RunConfig:
             known = (f"; this run's plugins take: {', '.join(declared)}" if declared else
                      "; this run has no plugin options (its built-in classes' options: fedray run --help)")
             raise FedrayError(f"unknown option(s) {', '.join(unknown)} (--option){''.join(elsewhere)}{known}")
-        self.options = {key: declared[key].coerce(value, "--option") for key, value in self.options.items()}
+        self.options = checked_options(self.options, plugins)
 
     def _validate_images(self) -> None:
         """The options of a run on images apply to fine-tuning (and TCT) only; its backbone is one fedray knows."""
@@ -433,8 +442,7 @@ class RunConfig:
             own = options_of(self.algorithm_class()).get("prox_mu")
             if own is not None:
                 values["prox_mu"] = own.default if self.prox_mu is None else self.prox_mu
-        defaults = {name: option.default for cls in self.plugins() for name, option in options_of(cls).items()
-                    if name not in FIELDS}
+        defaults = {key: value for key, value in plugin_defaults(self.plugins()).items() if split_key(key)[1] not in FIELDS}
         values["options"] = {**defaults, **self.options}
         return replace(self, **values)
 
@@ -447,10 +455,12 @@ class RunConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def option_values(self) -> dict[str, object]:
-        """What a class's options are set from: the run's fields (built-in options such as ``lam``) and ``options``
-        (a plugin's); :func:`~fedray.core.options.build` takes from it the options the class declares."""
-        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}, **self.options}
+    def option_values(self, cls: type) -> dict[str, object]:
+        """What ``cls``'s options are set from: the run's fields (built-in options such as ``lam``) and its ``options``
+        (a plugin's: the plain ones and its own per-owner ones); :func:`~fedray.core.options.build` takes from it the
+        options the class declares."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"},
+                **values_for(cls, self.options)}
 
     def closed_form_methods(self) -> list[str]:
         """The closed-form methods the run solves: its method, or a training run's ``--init`` stage, the ridge probe's
@@ -719,16 +729,37 @@ OWNED = {f.name for f in fields(RunConfig) if "owners" in f.metadata}
 """The run options that belong to the built-in classes (:func:`owned`)."""
 
 
+def _owned_key(key: str) -> str | None:
+    """The owned run option an ``options`` key sets (``prox_mu``, ``fedprox.prox_mu``, ``FedProx.prox_mu``: a per-owner
+    key names an owner by its built-in name or class name), else None; a one-line error for one given to a class that
+    does not own it."""
+    owner, name = split_key(key)
+    if name not in OWNED:
+        return None
+    kind, owners, _ = owners_of(name)
+    classes = dict(BUILT_IN_OWNERS)[kind]
+    if owner is not None and owner not in {*owners, *(classes[each].__name__ for each in owners)}:
+        raise FedrayError(f"--option {key}: {name} is an option of the {kind if len(owners) > 1 else kind[:-1]} "
+                          f"{', '.join(owners)}, not of {owner}")
+    return name
+
+
 def _owned_options_moved(values: dict, where: str = "--option") -> dict:
-    """One source's ``values`` with the owned options among its ``options`` moved out, as the run options they are;
-    ``where``: the source, for an error."""
+    """One source's ``values`` with the owned options among its ``options`` moved out, as the run options they are
+    (``--option fedprox.prox_mu=0.1`` too); ``where``: the source, for an error."""
     options = values.get("options") or {}
-    moved = {key: RUN_OPTIONS[key].coerce(value, f"{where} {key}" if where == "--option" else where)
-             for key, value in options.items() if key in OWNED}
+    owned = {key: _owned_key(key) for key in options}
+    named = [name for name in owned.values() if name is not None]
+    if len(set(named)) < len(named):
+        name = next(name for name in named if named.count(name) > 1)
+        raise FedrayError(f"--option {name} is given twice: as " +
+                          " and as ".join(key for key, owned_name in owned.items() if owned_name == name))
+    moved = {name: RUN_OPTIONS[name].coerce(options[key], f"{where} {key}" if where == "--option" else where)
+             for key, name in owned.items() if name is not None}
     twice = sorted(key for key in moved if values.get(key) is not None)
     if twice:
         raise FedrayError(f"{'' if where == '--option' else where + ': '}{twice[0]} is given twice: as "
                           f"{command_line(twice[0])} and as --option {twice[0]} (or options: {{{twice[0]}: ...}})")
     if not moved:
         return values
-    return {**values, **moved, "options": {key: value for key, value in options.items() if key not in OWNED}}
+    return {**values, **moved, "options": {key: value for key, value in options.items() if owned[key] is None}}

@@ -12,11 +12,13 @@ from fedray.core.options import build
 
 def build_method(config: RunConfig, federation: Federation) -> ClosedFormMethod:
     """``config.method`` (a built-in or a plugin) for the federation's dimension and classes, with the run's seed."""
-    return build(method_class(config.method), config.option_values(), f"--method {config.method}",
-                 dim=federation.dim, num_classes=federation.num_classes, seed=config.seed)
+    cls = method_class(config.method)
+    return build(cls, config.option_values(cls), f"--method {config.method}", dim=federation.dim,
+                 num_classes=federation.num_classes, seed=config.seed)
 
 
 def postprocessing(config: RunConfig) -> Postprocessing:
     """``--postprocessor``'s classes with their options, in order, and the run's seed for their random draws."""
-    return Postprocessing(tuple(build(postprocessor_class(spec), config.option_values(), f"--postprocessor {spec}",
-                                      seed=config.seed) for spec in config.postprocessor_specs()), config.seed)
+    classes = [(spec, postprocessor_class(spec)) for spec in config.postprocessor_specs()]
+    return Postprocessing(tuple(build(cls, config.option_values(cls), f"--postprocessor {spec}", seed=config.seed)
+                                for spec, cls in classes), config.seed)

@@ -21,10 +21,11 @@ def local_sgd_settings(config: RunConfig) -> LocalSGD:
 
 def training_algorithm(config: RunConfig) -> FederatedAlgorithm:
     """``--method`` (TCT: ``--base``) with its options."""
-    return build(config.algorithm_class(), config.option_values(), f"--method {config.training_algorithm}",
-                 seed=config.seed)
+    cls = config.algorithm_class()
+    return build(cls, config.option_values(cls), f"--method {config.training_algorithm}", seed=config.seed)
 
 
 def server_optimizer(config: RunConfig) -> ServerOptimizer:
     """``--server-optimizer`` (or the method's own) with its options, fresh: no state."""
-    return build(config.server_optimizer_class(), config.option_values(), f"--server-optimizer {config.server_optimizer}")
+    cls = config.server_optimizer_class()
+    return build(cls, config.option_values(cls), f"--server-optimizer {config.server_optimizer}")
