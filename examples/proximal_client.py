@@ -1,18 +1,20 @@
-"""A client algorithm in one file: FedProx's proximal term (Li et al., MLSys 2020) written as a plugin.
+"""A client's own objective in one file: FedProx's proximal term (Li et al., MLSys 2020) written as a plugin.
 
-    fedray run --method fedavg --client-algorithm examples/proximal_client.py:Proximal --option mu=0.1 ...
+    fedray run --method examples/proximal_client.py:Proximal --option mu=0.1 ...
 
-Every path that trains (heads on features, SphereFed's projection, fine-tuning
-on images, TCT's stage 1) runs the client's local SGD by autograd with the
-run's client algorithm as hooks: ``loss(output, labels)`` for a batch,
-``correct(gradient, value, start, correction)`` for each parameter's gradient
-before the step (``start`` is the round's global value, ``correction`` SCAFFOLD's
-c − c_i when the method is scaffold) and ``new_control`` for SCAFFOLD's c_i⁺.
-Here each gradient gets μ(θ − θ₀), the gradient of (μ/2)‖θ − θ₀‖², so the
-plugin trains exactly as ``--method fedprox --prox-mu μ`` does.
+A training algorithm is a ``fedray.FederatedAlgorithm`` subclass; one that
+changes only what a client does overrides the client's hooks and keeps
+FedAvg's server half. Every path that trains (heads on features, SphereFed's
+projection, fine-tuning on images, TCT's stage 1) runs the client's local SGD
+by autograd with the algorithm's ``loss(output, labels, params, client)`` for a
+batch and ``correct_gradient(name, gradient, value, client)`` for each
+parameter's gradient before the step (``client.start`` holds the model the
+client received). Here each gradient gets μ(θ − θ₀), the gradient of
+(μ/2)‖θ − θ₀‖², so the plugin trains exactly as ``--method fedprox --prox-mu μ``
+does.
 
-The options are the dataclass's own fields with defaults; ``loss`` and
-``prox_mu`` are the run's.
+Its options are the dataclass's own fields with defaults (``--option mu=0.1``;
+``--option Proximal.mu=0.1`` when another class of the run declares a ``mu``).
 """
 
 from dataclasses import dataclass
@@ -24,10 +26,11 @@ import fedray
 
 
 @dataclass(frozen=True)
-class Proximal(fedray.ClientAlgorithm):
+class Proximal(fedray.FederatedAlgorithm):
+    """FedAvg's clients with FedProx's proximal term (μ/2)‖θ − θ₀‖² added to their loss."""
+
     mu: Annotated[float, "proximal weight μ"] = 0.01
 
-    def correct(self, gradient: torch.Tensor, value: torch.Tensor, start: torch.Tensor,
-                correction: torch.Tensor | None) -> None:
-        gradient.add_(self.mu * (value - start))
-        super().correct(gradient, value, start, correction)
+    def correct_gradient(self, name: str, gradient: torch.Tensor, value: torch.Tensor,
+                         client: fedray.ClientRound) -> None:
+        gradient.add_(self.mu * (value - client.start[name]))

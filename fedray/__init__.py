@@ -31,7 +31,6 @@ _EXPORTS = {
     "ClientBatch": "fedray.methods.base",
     "Classifier": "fedray.methods.base",
     "ServerOptimizer": "fedray.methods.training.server",
-    "ClientAlgorithm": "fedray.methods.training.client_sgd",
     "FederatedAlgorithm": "fedray.methods.algorithm",
     "ClientRound": "fedray.methods.algorithm",
     "Upload": "fedray.methods.algorithm",

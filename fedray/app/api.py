@@ -59,7 +59,7 @@ def _folder(value: object, where: str) -> str:
 
 
 def _spec(value: str | type, what: str) -> str:
-    """A method, server optimizer or client algorithm given by name, ``module:Class``, ``file.py:Class`` or as the class itself."""
+    """A method, server optimizer or postprocessor given by name, ``module:Class``, ``file.py:Class`` or as the class itself."""
     if isinstance(value, str):
         return value
     if isinstance(value, type):
@@ -86,7 +86,6 @@ def run(
     out: str | Path = "results/run",
     options: dict[str, object] | None = None,
     server_optimizer: str | type | None = None,
-    client_algorithm: str | type | None = None,
     postprocessor: str | type | list[str | type] | None = None,
     address: str | None = None,
     resume: bool = False,
@@ -104,8 +103,9 @@ def run(
     shards get their rows through Ray's object store.
     ``run_options`` are the command line's run options with underscores
     (``clients_per_round=10``, ``rounds=500``, ``lam=0.1``, ``quiet=True``);
-    ``options`` sets a plugin's own options by name (``--option key=value``).
-    ``method``, ``server_optimizer``, ``client_algorithm`` and ``postprocessor`` take a spec or the class itself
+    ``options`` sets a plugin's own options by name (``--option key=value``; ``{"Owner.key": value}`` for one class,
+    as ``--option Owner.key=value``).
+    ``method``, ``server_optimizer`` and ``postprocessor`` take a spec or the class itself
     (``postprocessor`` also a list of them, applied in order).
     Every value is typed and checked as a config file's is, before any work
     (:meth:`fedray.core.options.Option.coerce`, then the command line's checks),
@@ -136,8 +136,6 @@ def run(
               "options": options}
     if server_optimizer is not None:
         values["server_optimizer"] = _spec(server_optimizer, "server optimizer")
-    if client_algorithm is not None:
-        values["client_algorithm"] = _spec(client_algorithm, "client algorithm")
     if postprocessor is not None:
         values["postprocessor"] = _postprocessors(postprocessor)
     resume, address, verbose = RESUME.coerce(resume, RUN), ADDRESS.coerce(address, RUN), VERBOSE.coerce(verbose, RUN)

@@ -1,4 +1,4 @@
-"""``fedray methods``: every built-in method, client algorithm and server optimizer with its options, read from their definitions."""
+"""``fedray methods``: every built-in method, training algorithm and server optimizer with its options, read from their definitions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.base import ClosedFormMethod
 from fedray.engine.config import RUN_OPTIONS, TCT
 from fedray.methods.postprocessor import Postprocessor
-from fedray.methods.training.client_sgd import ClientAlgorithm
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, algorithm_class
 
@@ -34,8 +33,7 @@ def _training_algorithm(name: str) -> list[str]:
 
 
 KINDS = (("closed-form method", ClosedFormMethod, "--method"), ("training algorithm", FederatedAlgorithm, "--method"),
-         ("server optimizer", ServerOptimizer, "--server-optimizer"), ("postprocessor", Postprocessor, "--postprocessor"),
-         ("client algorithm", ClientAlgorithm, "--client-algorithm"))
+         ("server optimizer", ServerOptimizer, "--server-optimizer"), ("postprocessor", Postprocessor, "--postprocessor"))
 """What a researcher's class may be, its base class and the option a run takes it with."""
 
 
@@ -55,7 +53,8 @@ def entry(spec: str) -> str:
             options = [f"      {option.describe()}" for option in options_of(cls).values()] or ["      (no options)"]
             summary = f"; {_summary(cls)}" if _summary(cls) else ""
             return "\n".join([f"  {spec}: a {what} ({flag} {spec}){summary}", *options,
-                              "    set as --option key=value, options: {key: value} in YAML, options.KEY: [...] in a sweep"])
+                              f"    set as --option key=value (or {cls.__name__}.key=value), options: {{key: value}} in YAML, "
+                              "options.KEY: [...] in a sweep"])
     bases = ", ".join(f"fedray.{base.__name__}" for _, base, _ in KINDS)
     raise FedrayError(f"{spec}: {spec.rpartition(':')[2]} is not a subclass of any of {bases}")
 
@@ -74,8 +73,9 @@ def catalogue() -> str:
               "--server-momentum ... or --option server_momentum=...):"]
     for name, cls in SERVER_OPTIMIZERS.items():
         lines += _entry(name, cls)
-    lines += ["", "your own: --method (a fedray.ClosedFormMethod or fedray.FederatedAlgorithm subclass), --server-optimizer",
-              "(a fedray.ServerOptimizer), --client-algorithm (a fedray.ClientAlgorithm: the clients' loss and gradient",
-              "hooks beside a built-in) as module:Class or path/to/file.py:Class (see examples/);",
-              "its options: --option key=value, options: {key: value} in YAML, options.KEY: [...] in a sweep grid"]
+    lines += ["", "your own: --method (a fedray.ClosedFormMethod or fedray.FederatedAlgorithm subclass: a client's own",
+              "loss or gradient correction is one), --server-optimizer (a fedray.ServerOptimizer), --postprocessor",
+              "(a fedray.Postprocessor) as module:Class or path/to/file.py:Class (see examples/);",
+              "its options: --option key=value, options: {key: value} in YAML, options.KEY: [...] in a sweep grid;",
+              "--option Class.key=value gives one to that class only (when two of the run's classes declare key)"]
     return "\n".join(lines)

@@ -34,7 +34,7 @@ SHIPPED = "shipped:"
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
     """``fedray run``'s options, generated from :class:`~fedray.engine.config.RunConfig`: flag, type, choices, help and default."""
-    from fedray.engine.config import GENERAL, GROUPS, RESOURCES, TRAINING, RunConfig, shipped_options
+    from fedray.engine.config import GENERAL, GROUPS, REMOVED, RESOURCES, TRAINING, RunConfig, shipped_options
 
     parser = commands.add_parser("run", help="run one closed-form or gradient-based method on a federation",
                                  description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
@@ -45,7 +45,10 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
         if spec.name == "options":
             parser.add_argument("--option", action="append", metavar="KEY=VALUE",
                                 help="an option of the run's method, algorithm, server optimizer or postprocessor, "
-                                "built-in (--option prox_mu=0.1 is --prox-mu 0.1) or your own (repeatable; see fedray methods)")
+                                "built-in (--option prox_mu=0.1 is --prox-mu 0.1) or your own (repeatable; see fedray "
+                                "methods); OWNER.KEY=VALUE gives it to one class, named by its class name or a "
+                                "built-in's --method name (--option Proximal.mu=0.1, --option fedprox.prox_mu=0.1): "
+                                "needed when two of the run's classes declare KEY")
         else:  # the options of built-in classes, in groups named after their owners, as they come
             group = spec.metadata["group"]
             if group not in groups:
@@ -57,6 +60,8 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
             groups[title] = parser.add_argument_group(title)
         _add_option(groups[title], name, declared, f"{declared.help} (default {declared.default})".replace("%", "%%"),
                     dest=SHIPPED + name, metavar=name.upper())
+    for name in REMOVED:  # refused in one line saying what replaced it (resolve), rather than by argparse
+        parser.add_argument(command_line(name), help=argparse.SUPPRESS)
     groups[TRAINING].add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options)")
     groups[RESOURCES].add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
     groups[GENERAL].add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
@@ -132,13 +137,11 @@ def summary_line(config: RunConfig, last: dict) -> str:
 
 
 def what_ran(config: RunConfig) -> str:
-    """The method, and the server optimizer or client algorithm that replaced its own (``fedavg with server optimizer FedYogi``)."""
-    parts = [display_name(config.method)]
+    """The method, and the server optimizer that replaced its own (``fedavg with server optimizer FedYogi``)."""
+    method = display_name(config.method)
     if config.trains and config.server_optimizer != config.algorithm_class().server_optimizer:
-        parts.append(f"server optimizer {display_name(config.server_optimizer)}")
-    if config.client_algorithm is not None:
-        parts.append(f"client algorithm {display_name(config.client_algorithm)}")
-    return parts[0] + (" with " + " and ".join(parts[1:]) if parts[1:] else "")
+        return f"{method} with server optimizer {display_name(config.server_optimizer)}"
+    return method
 
 
 def _left_by_run(config: RunConfig) -> str:

@@ -7,7 +7,7 @@ its options once, in its ``__init__``::
 
 Each keyword argument with a default is an option: its type (``int``,
 ``float``, ``bool`` or ``str``, optionally ``| None``), its default and, with
-``typing.Annotated``, its help text; a client algorithm, a dataclass, declares
+``typing.Annotated``, its help text; a training algorithm, a dataclass, declares
 them as fields with defaults. Arguments the engine supplies (:data:`SUPPLIED`)
 are not options. ``fedray methods`` lists these, the
 command line and YAML files set them, and :func:`build` checks and coerces the
@@ -28,8 +28,7 @@ from fedray.core.errors import FedrayError, shown
 from fedray.core.numeric_options import check_numeric_option
 
 SUPPLIED = ("dim", "num_classes", "seed")
-"""Constructor arguments the engine fills in: the feature dimension, the class count, the run's seed. A class adds
-its own in a ``supplied`` class attribute (a client algorithm's loss and FedProx's μ)."""
+"""Constructor arguments the engine fills in: the feature dimension, the class count, the run's seed."""
 
 TYPES = (int, float, bool, str)
 TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -99,7 +98,7 @@ def options_of(cls: type) -> dict[str, Option]:
     parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
     # a dataclass's fields are resolved each in its own class's module (a subclass's file need not import the base's types)
     hints = typing.get_type_hints(cls if is_dataclass(cls) else cls.__init__, include_extras=True)
-    return _declared(cls.__qualname__, "constructor argument", parameters, hints, (*SUPPLIED, *getattr(cls, "supplied", ())))
+    return _declared(cls.__qualname__, "constructor argument", parameters, hints, SUPPLIED)
 
 
 def function_options(function: Callable) -> dict[str, Option]:

@@ -15,7 +15,6 @@ import yaml
 
 from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
 from fedray.core.errors import FedrayError, shown
-from fedray.methods.training.client_sgd import ClientAlgorithm
 from fedray.methods.training.modes import FINETUNE_MODES, INITS
 from fedray.methods.training.schedule import SCHEDULES, LrSchedule, parse_milestones
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
@@ -26,6 +25,8 @@ from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_P
 from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.options import Option, option_from_hint, options_of
 from fedray.core.plugins import canonical, display_name, is_plugin, load_class, names_subclass
+from fedray.engine.plugin_options import Owner, checked_options, declarers, split_key, values_for
+from fedray.engine.plugin_options import defaults as plugin_defaults
 from fedray.core.results import EvalPoint
 
 
@@ -211,9 +212,6 @@ class RunConfig:
     quiet: bool = option(False, "no progress bar", GENERAL)
     server_optimizer: str | None = option(None, "fedavg, fedavgm, fedadam, or your own as module:Class or "
                                           "path/to/file.py:Class", TRAINING, unset="the method's own", metavar="OPTIMIZER")
-    client_algorithm: str | None = option(None, "your own client objective, a fedray.ClientAlgorithm subclass, as "
-                                          "module:Class or path/to/file.py:Class", TRAINING,
-                                          unset="the method's own (FedAvg's, FedProx's, SCAFFOLD's)", metavar="ALGORITHM")
     postprocessor: str | None = option(None, "your own fedray.Postprocessor subclasses, each upload through them in "
                                        "order (clipping, noise, quantization...): FILE.py:Class or module:Class, several "
                                        "separated by commas", UPLOADS, unset="none", metavar="CLASS[,CLASS...]")
@@ -233,21 +231,23 @@ class RunConfig:
     def algorithm_class(self) -> type[FederatedAlgorithm]:
         return algorithm_class(self.training_algorithm)
 
-    def plugins(self) -> list[type]:
+    def plugins(self) -> list[Owner]:
         """The run's classes named by ``module:Class`` or ``file.py:Class`` (and the built-in training algorithms
-        written as plugins): their options go in ``options``."""
-        named = [(self.method, algorithm_class if self.trains and self.method != TCT else method_class)]
+        written as plugins), each once, with the flag that names it: their options go in ``options``."""
+        named = [(self.method, "--method", algorithm_class if self.trains and self.method != TCT else method_class)]
         if self.server_optimizer is not None:
-            named.append((self.server_optimizer, server_optimizer_class))
-        if self.client_algorithm is not None:
-            named.append((self.client_algorithm, client_algorithm_class))
+            named.append((self.server_optimizer, "--server-optimizer", server_optimizer_class))
         if self.calibrate is not None:
-            named.append((self.calibrate, method_class))
-        plugins = [load(spec) for spec, load in named if is_plugin(spec)]
-        plugins += [postprocessor_class(spec) for spec in self.postprocessor_specs()]
+            named.append((self.calibrate, "--calibrate", method_class))
+        plugins = [Owner(load(spec), flag) for spec, flag, load in named if is_plugin(spec)]
+        plugins += [Owner(postprocessor_class(spec), "--postprocessor") for spec in self.postprocessor_specs()]
         if isinstance(ALGORITHMS.get(self.training_algorithm), str) and self.trains:
-            plugins.append(self.algorithm_class())
-        return plugins
+            plugins.append(Owner(self.algorithm_class(), "--base" if self.method == TCT else "--method",
+                                 self.training_algorithm))
+        unique: dict[type, Owner] = {}
+        for owner in plugins:  # a postprocessor given twice has its options once
+            unique.setdefault(owner.cls, owner)
+        return list(unique.values())
 
     def postprocessor_specs(self) -> list[str]:
         """``--postprocessor``'s classes, in order."""
@@ -256,10 +256,6 @@ class RunConfig:
     def server_optimizer_class(self) -> type[ServerOptimizer]:
         """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
         return server_optimizer_class(self.server_optimizer or self.algorithm_class().server_optimizer)
-
-    def client_algorithm_class(self) -> type[ClientAlgorithm]:
-        """``--client-algorithm``, a researcher's :class:`ClientAlgorithm` subclass (the run names one)."""
-        return client_algorithm_class(self.client_algorithm)
 
     def validate(self, given: Collection[str] = (), drop_unused: bool = False) -> "RunConfig":
         """This configuration, checked: a bad or contradictory value is refused in one line, and so is an option that
@@ -272,8 +268,6 @@ class RunConfig:
                               f"or your own closed-form method as module:Class or path/to/file.py:Class")
         if self.server_optimizer is not None and not self.trains:
             raise FedrayError(f"--server-optimizer applies to gradient methods, not {self.method}")
-        if self.client_algorithm is not None and not self.trains:
-            raise FedrayError(f"--client-algorithm applies to gradient methods, not {self.method}")
         self._validate_server_optimizer()
         self._validate_options()
         if self.sampling not in (None, *SAMPLINGS):
@@ -387,17 +381,20 @@ class RunConfig:
         return LrSchedule(self.lr_schedule, self.rounds or 1, parse_milestones(self.lr_milestones), self.lr_gamma)
 
     def _validate_options(self) -> None:
-        """Every ``options`` key is an option of one of the run's plugins, and of its type."""
+        """Every ``options`` key is an option of one of the run's plugins, and of its type; a per-owner key
+        (``Owner.x``) is its owner's, and an option several plugins declare must be given per owner
+        (:func:`~fedray.engine.plugin_options.checked_options`)."""
         if not isinstance(self.options, dict):
             raise FedrayError(f"options must be a mapping of option: value, got {self.options!r}")
-        clashing = sorted(set(self.options) & (FIELDS | RESERVED))
+        plain = {key for key in self.options if split_key(key)[0] is None}
+        clashing = sorted({split_key(key)[1] for key in self.options} & (FIELDS | RESERVED))
         if clashing:
             key = clashing[0]
             raise FedrayError(f"--option {key}: {key} is a run option: use {command_line(key)}" if key in FIELDS
                               else f"--option {key}: {key} is a metrics column, not an option name")
         plugins = self.plugins()
-        declared = {name: option for cls in plugins for name, option in options_of(cls).items()}
-        unknown = sorted(set(self.options) - set(declared))
+        declared = declarers(plugins)
+        unknown = sorted(plain - set(declared))
         if unknown:
             elsewhere = [f"; {key} is an option of {', '.join(shipped_options()[key][0])}, not of {self.training_algorithm}"
                          + (f" (the dataset's {key} is given in its spec: ?{key}=...)" if key in DATASET_OPTIONS else "")
@@ -405,7 +402,7 @@ class RunConfig:
             known = (f"; this run's plugins take: {', '.join(declared)}" if declared else
                      "; this run has no plugin options (its built-in classes' options: fedray run --help)")
             raise FedrayError(f"unknown option(s) {', '.join(unknown)} (--option){''.join(elsewhere)}{known}")
-        self.options = {key: declared[key].coerce(value, "--option") for key, value in self.options.items()}
+        self.options = checked_options(self.options, plugins)
 
     def _validate_images(self) -> None:
         """The options of a run on images apply to fine-tuning (and TCT) only; its backbone is one fedray knows."""
@@ -458,15 +455,12 @@ class RunConfig:
         if self.trains:
             values["server_optimizer"] = canonical(self.server_optimizer or self.algorithm_class().server_optimizer)
             values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
-            if self.client_algorithm is not None:
-                values["client_algorithm"] = canonical(self.client_algorithm)
             if self.calibrate is not None:
                 values["calibrate"] = canonical(self.calibrate)
             own = options_of(self.algorithm_class()).get("prox_mu")
             if own is not None:
                 values["prox_mu"] = own.default if self.prox_mu is None else self.prox_mu
-        defaults = {name: option.default for cls in self.plugins() for name, option in options_of(cls).items()
-                    if name not in FIELDS}
+        defaults = {key: value for key, value in plugin_defaults(self.plugins()).items() if split_key(key)[1] not in FIELDS}
         values["options"] = {**defaults, **self.options}
         return replace(self, **values)
 
@@ -479,10 +473,12 @@ class RunConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def option_values(self) -> dict[str, object]:
-        """What a class's options are set from: the run's fields (built-in options such as ``lam``) and ``options``
-        (a plugin's); :func:`~fedray.core.options.build` takes from it the options the class declares."""
-        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}, **self.options}
+    def option_values(self, cls: type) -> dict[str, object]:
+        """What ``cls``'s options are set from: the run's fields (built-in options such as ``lam``) and its ``options``
+        (a plugin's: the plain ones and its own per-owner ones); :func:`~fedray.core.options.build` takes from it the
+        options the class declares."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"},
+                **values_for(cls, self.options)}
 
     def closed_form_methods(self) -> list[str]:
         """The closed-form methods the run solves: its method, or a training run's ``--init`` stage, the ridge probe's
@@ -533,7 +529,7 @@ class RunConfig:
         An option applies when its group does (:meth:`applicable_groups`); an option owned by the built-in classes
         (``lam``, ``gamma``, ``prox_mu``, ``server_momentum``, ...: :func:`owned`) when one of the run's
         :meth:`classes` takes it. A plugin is named by its class name (``method``: ``MyNCM``) with its spec beside it
-        (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise ``server_optimizer`` and ``client_algorithm``.
+        (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise ``server_optimizer``.
         config.yaml keeps every option, to re-run the run.
         """
         groups, taken = self.applicable_groups(), self._taken()
@@ -571,16 +567,7 @@ def server_optimizer_class(spec: str) -> type[ServerOptimizer]:
     return load_class(spec, ServerOptimizer, SERVER_OPTIMIZERS, "server optimizer")
 
 
-def client_algorithm_class(spec: str) -> type[ClientAlgorithm]:
-    """A researcher's :class:`ClientAlgorithm` subclass; the built-in ones are the methods' (``--method``)."""
-    if not is_plugin(spec):
-        raise FedrayError(f"--client-algorithm takes your own fedray.ClientAlgorithm subclass as module:Class or "
-                          f"path/to/file.py:Class, got {spec!r}; the built-in ones come with --method "
-                          f"({', '.join(ALGORITHMS)})")
-    return load_class(spec, ClientAlgorithm, {}, "client algorithm")
-
-
-PLUGIN_FIELDS = ("method", "server_optimizer", "client_algorithm", "calibrate")
+PLUGIN_FIELDS = ("method", "server_optimizer", "calibrate")
 """The options that may name a plugin: its column holds the class name, ``NAME_spec`` the spec."""
 NOT_COLUMNS = ("out", "quiet", "options")
 STAGE_COLUMNS = ("calibrate",)
@@ -595,6 +582,26 @@ RESERVED = {f.name for f in fields(EvalPoint)} | {f"{name}_spec" for name in PLU
 COLUMNS = frozenset(FIELDS | RESERVED)
 """Names no plugin may report a number under (:func:`fedray.report`): the run's columns."""
 PER_ROUND = ("clients_per_round", "participation")
+REMOVED = {
+    "client_algorithm": "write your client's loss or gradient correction as a fedray.FederatedAlgorithm subclass and "
+                        "give it as --method FILE.py:Class (see examples/proximal_client.py)",
+}
+"""Run options fedray no longer has, with what replaced each: the command line, config files, sweeps and
+``fedray.run`` refuse them in one line (:func:`without_removed`)."""
+
+
+def without_removed(values: dict, where: str | None = None) -> dict:
+    """``values`` less the :data:`REMOVED` options: one that is None is dropped (every config.yaml an earlier run wrote
+    holds every option, unset ones as null), one with a value is refused in one line saying what replaced it.
+
+    ``where`` names a file, section or function (``config.yaml``, ``fedray.run``), which spell options as keys;
+    None is the command line, which spells them as flags.
+    """
+    for key in sorted(REMOVED.keys() & values.keys()):
+        if values[key] is not None:
+            spelt = command_line(key) if where is None else f"{where}: {key}"
+            raise FedrayError(f"{spelt} was removed: {REMOVED[key]}")
+    return {key: value for key, value in values.items() if key not in REMOVED}
 
 
 def _run_options() -> dict[str, Option]:
@@ -666,7 +673,9 @@ def load_config_file(path: str | Path) -> dict:
 
 def typed_options(values: dict, where: str, spelling: Spelling) -> dict:
     """Run options (a config file's, ``fedray.run``'s keywords) each as its option's type (:meth:`Option.coerce`), and
-    ``options`` as a mapping; a one-line error naming ``where`` on an unknown name (saying where it belongs) or value."""
+    ``options`` as a mapping; a one-line error naming ``where`` on an unknown name (saying where it belongs), a removed
+    one (:func:`without_removed`) or a value."""
+    values = without_removed(values, where)
     shipped = {key: value for key, value in values.items() if key not in FIELDS and key in shipped_options()}
     unknown = sorted(set(values) - FIELDS - set(shipped))
     if unknown:
@@ -696,8 +705,7 @@ def _where_it_went(key: str, values: dict, spelling: Spelling) -> str:
     method = values.get("method")
     load_method = algorithm_class if method in ALGORITHMS or (isinstance(method, str) and is_plugin(method) and
                                                                 _is_algorithm(method)) else method_class
-    for spec, load in ((method, load_method), (values.get("server_optimizer"), server_optimizer_class),
-                       (values.get("client_algorithm"), client_algorithm_class)):
+    for spec, load in ((method, load_method), (values.get("server_optimizer"), server_optimizer_class)):
         if isinstance(spec, str) and (is_plugin(spec) or isinstance(ALGORITHMS.get(spec), str)):  # feddyn's, fednova's too
             try:
                 owners += [spec] if key in options_of(load(spec)) else []
@@ -729,7 +737,7 @@ def resolve(file_values: dict, cli_values: dict, drop_unused: bool = False, name
     κ and the participation rate are one choice: either on the command line replaces both from the file. An option
     of a built-in class given among ``options`` (``--option prox_mu=0.1``) is that class's run option (``--prox-mu``).
     """
-    file_values, cli_values = _owned_options_moved(file_values), _owned_options_moved(cli_values)
+    file_values, cli_values = _owned_options_moved(file_values), _owned_options_moved(without_removed(cli_values))
     given = {k: v for k, v in cli_values.items() if v is not None}
     if given.keys() & set(PER_ROUND):
         file_values = {k: v for k, v in file_values.items() if k not in PER_ROUND}
@@ -744,16 +752,37 @@ OWNED = {f.name for f in fields(RunConfig) if "owners" in f.metadata}
 """The run options that belong to the built-in classes (:func:`owned`)."""
 
 
+def _owned_key(key: str) -> str | None:
+    """The owned run option an ``options`` key sets (``prox_mu``, ``fedprox.prox_mu``, ``FedProx.prox_mu``: a per-owner
+    key names an owner by its built-in name or class name), else None; a one-line error for one given to a class that
+    does not own it."""
+    owner, name = split_key(key)
+    if name not in OWNED:
+        return None
+    kind, owners, _ = owners_of(name)
+    classes = dict(BUILT_IN_OWNERS)[kind]
+    if owner is not None and owner not in {*owners, *(classes[each].__name__ for each in owners)}:
+        raise FedrayError(f"--option {key}: {name} is an option of the {kind if len(owners) > 1 else kind[:-1]} "
+                          f"{', '.join(owners)}, not of {owner}")
+    return name
+
+
 def _owned_options_moved(values: dict, where: str = "--option") -> dict:
-    """One source's ``values`` with the owned options among its ``options`` moved out, as the run options they are;
-    ``where``: the source, for an error."""
+    """One source's ``values`` with the owned options among its ``options`` moved out, as the run options they are
+    (``--option fedprox.prox_mu=0.1`` too); ``where``: the source, for an error."""
     options = values.get("options") or {}
-    moved = {key: RUN_OPTIONS[key].coerce(value, f"{where} {key}" if where == "--option" else where)
-             for key, value in options.items() if key in OWNED}
+    owned = {key: _owned_key(key) for key in options}
+    named = [name for name in owned.values() if name is not None]
+    if len(set(named)) < len(named):
+        name = next(name for name in named if named.count(name) > 1)
+        raise FedrayError(f"--option {name} is given twice: as " +
+                          " and as ".join(key for key, owned_name in owned.items() if owned_name == name))
+    moved = {name: RUN_OPTIONS[name].coerce(options[key], f"{where} {key}" if where == "--option" else where)
+             for key, name in owned.items() if name is not None}
     twice = sorted(key for key in moved if values.get(key) is not None)
     if twice:
         raise FedrayError(f"{'' if where == '--option' else where + ': '}{twice[0]} is given twice: as "
                           f"{command_line(twice[0])} and as --option {twice[0]} (or options: {{{twice[0]}: ...}})")
     if not moved:
         return values
-    return {**values, **moved, "options": {key: value for key, value in options.items() if key not in OWNED}}
+    return {**values, **moved, "options": {key: value for key, value in options.items() if owned[key] is None}}

@@ -185,8 +185,9 @@ class RunPlan:
 
 def postprocessing(config: RunConfig) -> Postprocessing:
     """``--postprocessor``'s classes with their options, in order, and the run's seed for their random draws."""
-    return Postprocessing(tuple(build(postprocessor_class(spec), config.option_values(), f"--postprocessor {spec}",
-                                      seed=config.seed) for spec in config.postprocessor_specs()), config.seed)
+    classes = [(spec, postprocessor_class(spec)) for spec in config.postprocessor_specs()]
+    return Postprocessing(tuple(build(cls, config.option_values(cls), f"--postprocessor {spec}", seed=config.seed)
+                                for spec, cls in classes), config.seed)
 
 
 def build_method(config: RunConfig, federation: Federation) -> ClosedFormMethod:
@@ -196,7 +197,8 @@ def build_method(config: RunConfig, federation: Federation) -> ClosedFormMethod:
 
 def method_spec(config: RunConfig, name: str) -> MethodSpec:
     """The closed-form method ``name`` (a built-in or a plugin) with the run's options and seed."""
-    return MethodSpec(name, method_class(name), config.option_values(), config.seed)
+    cls = method_class(name)
+    return MethodSpec(name, cls, config.option_values(cls), config.seed)
 
 
 def training_stage(config: RunConfig) -> Training:

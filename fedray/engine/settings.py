@@ -7,11 +7,10 @@ so a plugin's bad option is a one-line error, and again where each path trains.
 from __future__ import annotations
 
 from fedray.engine.config import RunConfig
-from fedray.methods.training.client_sgd import CrossEntropy, WithClientAlgorithm
 from fedray.methods.training.local import LocalSGD
 from fedray.methods.training.server import ServerOptimizer
 from fedray.methods.algorithm import FederatedAlgorithm
-from fedray.core.options import build, options_of
+from fedray.core.options import build
 
 
 def local_sgd_settings(config: RunConfig) -> LocalSGD:
@@ -21,19 +20,12 @@ def local_sgd_settings(config: RunConfig) -> LocalSGD:
 
 
 def training_algorithm(config: RunConfig) -> FederatedAlgorithm:
-    """``--method`` (TCT: ``--base``) with its options; with ``--client-algorithm``, its clients' loss and gradient are
-    that plugin's (built here with a stand-in loss first, to check its options)."""
-    name = config.training_algorithm
-    algorithm = build(config.algorithm_class(), config.option_values(), f"--method {name}", seed=config.seed)
-    if config.client_algorithm is None:
-        return algorithm
-    hooks = config.client_algorithm_class()
-    where = f"--client-algorithm {config.client_algorithm}"
-    built = build(hooks, config.option_values(), where, loss=CrossEntropy(), prox_mu=0.0)
-    options = tuple((option, getattr(built, option)) for option in options_of(hooks))
-    return WithClientAlgorithm(base=algorithm, hooks=hooks, options=options, prox_mu=config.prox_mu or 0.0)
+    """``--method`` (TCT: ``--base``) with its options."""
+    cls = config.algorithm_class()
+    return build(cls, config.option_values(cls), f"--method {config.training_algorithm}", seed=config.seed)
 
 
 def server_optimizer(config: RunConfig) -> ServerOptimizer:
     """``--server-optimizer`` (or the method's own) with its options, fresh: no state."""
-    return build(config.server_optimizer_class(), config.option_values(), f"--server-optimizer {config.server_optimizer}")
+    cls = config.server_optimizer_class()
+    return build(cls, config.option_values(cls), f"--server-optimizer {config.server_optimizer}")

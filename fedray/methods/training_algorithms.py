@@ -137,9 +137,7 @@ def algorithm_class(spec: str) -> type[FederatedAlgorithm]:
 
 def paper_family(algorithm: FederatedAlgorithm) -> str | None:
     """How the papers count an algorithm's training costs: ``fedavg`` (FedAvg, FedAvgM, FedAdam, FedProx: the head each
-    way), ``scaffold`` (twice that), None for the algorithms they do not count (a run's own clients' hooks on a
-    built-in count as the built-in)."""
-    algorithm = getattr(algorithm, "base", algorithm)
+    way), ``scaffold`` (twice that), None for the algorithms they do not count."""
     if type(algorithm) is Scaffold:
         return "scaffold"
     return "fedavg" if type(algorithm) in (FedAvg, FedAvgM, FedAdam, FedProx) else None

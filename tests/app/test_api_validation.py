@@ -29,8 +29,6 @@ NAMED = {  # fedray.run's own parameters that are run options, and what each say
     "method": "fedray.run: method must be a name, 'module:Class', 'file.py:Class' or a class, got {value!r}",
     "server_optimizer": "fedray.run: server optimizer must be a name, 'module:Class', 'file.py:Class' or a class, "
                         "got {value!r}",
-    "client_algorithm": "fedray.run: client algorithm must be a name, 'module:Class', 'file.py:Class' or a class, "
-                        "got {value!r}",
     "dataset": "fedray.run: dataset must be a spec ('synthetic:…', 'parquet:PATH', 'file.py:function', ...) or a "
                "fedray.Federation, got {value!r}",
     "out": "fedray.run: out must be a folder, a str or pathlib.Path, got {value!r}",
@@ -113,7 +111,7 @@ def refusal(key: str, value: object) -> str:
 def test_every_run_option_refuses_values_of_the_wrong_type_as_a_config_file_does(key, engine, tmp_path):
     out = tmp_path / "out"
     for value in wrong_values(key):
-        if key in ("server_optimizer", "client_algorithm") and value is None:
+        if key == "server_optimizer" and value is None:
             continue  # fedray.run's default: the method's own
         message = python_outcome(out, **{key: value})
         assert message == refusal(key, value), (key, value)

@@ -366,7 +366,7 @@ def test_a_runs_files_follow_the_umask(ray_session, umask_027, tmp_path, capsys)
 CLOSED_FORM_OPTIONS = {"lam", "bias", "rf_dim", "rf_sigma", "gamma", "means_per_class"}
 TRAINING_OPTIONS = {"client_lr", "weight_decay", "batch_size", "local_epochs", "client_momentum", "lr_schedule",
                     "lr_milestones", "lr_gamma", "server_lr", "temperature", "init", "init_rounds",
-                    "probe_ridge", "checkpoint_every", "head", "server_optimizer", "client_algorithm"}
+                    "probe_ridge", "checkpoint_every", "head", "server_optimizer"}
 SERVER_OPTIONS = {"server_momentum", "adam_beta1", "adam_beta2", "adam_tau"}
 ALGORITHM_OPTIONS = {"prox_mu"}
 SPHERE_OPTIONS = {"sphere_dim", "sphere_loss"}
@@ -401,7 +401,7 @@ def test_a_plugin_is_named_by_its_class_with_its_spec_beside_it():
     assert (columns["method"], columns["method_spec"], columns["normalize"]) == ("NearestClassMean", ncm, False)
     assert set(columns) == EVERY_RUNS | {"method_spec", "normalize"}
     yogi, proximal = (f"{REPO / 'examples' / name}" for name in ("fedyogi.py:FedYogi", "proximal_client.py:Proximal"))
-    columns = resolve({}, {"method": "fedavg", "server_optimizer": yogi, "client_algorithm": proximal}).metrics_columns()
-    assert (columns["server_optimizer"], columns["server_optimizer_spec"], columns["client_algorithm"],
-            columns["client_algorithm_spec"]) == ("FedYogi", yogi, "Proximal", proximal)
+    columns = resolve({}, {"method": proximal, "server_optimizer": yogi}).metrics_columns()
+    assert (columns["server_optimizer"], columns["server_optimizer_spec"], columns["method"],
+            columns["method_spec"]) == ("FedYogi", yogi, "Proximal", proximal)
     assert {"yogi_beta1", "mu"} <= set(columns) and not SERVER_OPTIONS & set(columns)

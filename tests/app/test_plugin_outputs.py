@@ -409,22 +409,13 @@ def test_a_postprocessor_must_return_the_names_and_shapes_it_got(ray_session, pl
 
 
 ABSTRACT = "import fedray\n\n\nclass HalfDone(fedray.ClosedFormMethod):\n    def solve(self, stats):\n        pass\n"
-NOT_A_DATACLASS = '''
-import fedray
-
-
-class OwnConstructor(fedray.ClientAlgorithm):
-    def __init__(self, mu=0.1):
-        object.__setattr__(self, "mu", mu)
-
-
-class Undecorated(fedray.ClientAlgorithm):
-    mu: float = 0.1
-'''
-
-
 UNDECORATED_ALGORITHM = '''
 import fedray
+
+
+class OwnConstructor(fedray.FederatedAlgorithm):
+    def __init__(self, mu=0.1):
+        object.__setattr__(self, "mu", mu)
 
 
 class Undecorated(fedray.FederatedAlgorithm):
@@ -476,21 +467,13 @@ def test_an_abstract_method_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["OwnConstructor", "Undecorated"])
-def test_a_client_algorithm_that_is_not_a_dataclass_is_one_line(tmp_path, capsys, name):
-    (tmp_path / "hooks.py").write_text(NOT_A_DATACLASS)
-    spec = f"{tmp_path / 'hooks.py'}:{name}"
-    line = refused_to_load(capsys, tmp_path / "out", "--method", "fedavg", "--client-algorithm", spec)
-    assert line == f"{spec}: {name} is not a dataclass: decorate it with @dataclass(frozen=True), as " \
-        "fedray.ClientAlgorithm is (its fields with defaults are its options)"
-
-
-def test_a_training_algorithm_that_is_not_a_dataclass_is_one_line_naming_that(tmp_path, capsys):
+def test_a_training_algorithm_that_is_not_a_dataclass_is_one_line_naming_that(tmp_path, capsys, name):
     """It was refused as "not a subclass of fedray.ClosedFormMethod": a training algorithm that failed to load was
     taken for a closed-form method."""
     (tmp_path / "undecorated.py").write_text(UNDECORATED_ALGORITHM)
-    spec = f"{tmp_path / 'undecorated.py'}:Undecorated"
+    spec = f"{tmp_path / 'undecorated.py'}:{name}"
     assert refused_to_load(capsys, tmp_path / "out", "--method", spec) == \
-        f"{spec}: Undecorated is not a dataclass: decorate it with @dataclass(frozen=True), as " \
+        f"{spec}: {name} is not a dataclass: decorate it with @dataclass(frozen=True), as " \
         "fedray.FederatedAlgorithm is (its fields with defaults are its options)"
 
 

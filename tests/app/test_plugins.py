@@ -1,4 +1,4 @@
-"""A researcher's own method, server optimizer and client algorithm, each one file outside the package, run everywhere
+"""A researcher's own method, server optimizer and training algorithm, each one file outside the package, run everywhere
 a built-in runs.
 
 The examples in ``examples/`` are the plugins: ``nearest_class_mean.py`` re-implements FedNCM,
@@ -234,7 +234,7 @@ def test_fedyogi_follows_its_update_rule():
 
 
 @pytest.mark.slow
-def test_fedyogi_trains_through_the_shards_and_in_a_sweep_with_a_client_algorithm(ray_session, tmp_path, capsys):
+def test_fedyogi_trains_through_the_shards_and_in_a_sweep_with_a_plugin_algorithm(ray_session, tmp_path, capsys):
     rc, _, err = cli(capsys, "run", "--method", "scaffold", "--server-optimizer", YOGI, "--dataset", SPEC, "--rounds", "6",
                      "--eval-every", "3", "--client-lr", "0.01", "--option", "yogi_tau=0.01", "--out", tmp_path / "run", *SMALL_RUN)
     assert rc == 0, err
@@ -243,38 +243,36 @@ def test_fedyogi_trains_through_the_shards_and_in_a_sweep_with_a_client_algorith
     assert {(r["server_optimizer"], r["server_optimizer_spec"], r["server_lr"]) for r in run_rows} == {("FedYogi", YOGI, 0.01)}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({
-        "name": "yogi", "base": {"dataset": SPEC, "method": "fedavg", "server_optimizer": YOGI, "rounds": 4, "eval_every": 2,
-                                 "client_lr": 0.01, "client_algorithm": PROXIMAL, "options.mu": 0.05},
+        "name": "yogi", "base": {"dataset": SPEC, "method": PROXIMAL, "server_optimizer": YOGI, "rounds": 4, "eval_every": 2,
+                                 "client_lr": 0.01, "options.mu": 0.05},
         "grid": {"options.yogi_beta2": [0.9, 0.99]}, "cpus_per_shard": 0.5, "driver_cpus": 0.5,
     }))
     table = sweep(load_sweep(path), tmp_path / "sweeps", quiet=True)
     assert sorted(table["yogi_beta2"].unique().to_list()) == [0.9, 0.99] and table["trial_id"].n_unique() == 2
-    assert set(table["client_algorithm"]) == {"Proximal"} and set(table["client_algorithm_spec"]) == {PROXIMAL}
+    assert set(table["method"]) == {"Proximal"} and set(table["method_spec"]) == {PROXIMAL}
     assert set(table["mu"]) == {0.05}
 
 
-def test_a_client_algorithm_plugin_of_the_proximal_term_trains_as_fedprox_bit_for_bit(ray_session, tmp_path, capsys):
+def test_a_plugin_algorithm_of_the_proximal_term_trains_as_fedprox_bit_for_bit(ray_session, tmp_path, capsys):
     """SphereFed's projection trains by autograd on both sides: the plugin's hook adds μ(θ − θ₀) as the built-in's does."""
     common = ["--head", "sphere", "--sphere-dim", "8", "--dataset", SPEC, "--rounds", "4", "--eval-every", "2",
               "--client-lr", "0.05", *SMALL_RUN]
     assert cli(capsys, "run", *common, "--method", "fedprox", "--prox-mu", "0.1", "--out", tmp_path / "builtin")[0] == 0
-    rc, _, err = cli(capsys, "run", *common, "--method", "fedavg", "--client-algorithm", PROXIMAL, "--option", "mu=0.1",
-                     "--out", tmp_path / "plugin")
+    rc, _, err = cli(capsys, "run", *common, "--method", PROXIMAL, "--option", "mu=0.1", "--out", tmp_path / "plugin")
     assert rc == 0, err
     plugin, builtin = rows(tmp_path / "plugin"), rows(tmp_path / "builtin")
-    assert {(r["method"], r["client_algorithm"], r["client_algorithm_spec"], r["mu"]) for r in plugin} == \
-        {("fedavg", "Proximal", PROXIMAL, 0.1)}
-    assert all("prox_mu" not in r for r in plugin)  # fedavg takes no μ: no column
-    assert {(r["method"], r["prox_mu"], r["client_algorithm"]) for r in builtin} == {("fedprox", 0.1, None)}
-    settings = ("method", "prox_mu", "client_algorithm", "client_algorithm_spec", "mu")
+    assert {(r["method"], r["method_spec"], r["mu"]) for r in plugin} == {("Proximal", PROXIMAL, 0.1)}
+    assert all("prox_mu" not in r for r in plugin)  # the plugin takes no prox_mu: no column
+    assert {(r["method"], r["prox_mu"]) for r in builtin} == {("fedprox", 0.1)}
+    settings = ("method", "method_spec", "prox_mu", "mu")
     assert [{k: v for k, v in r.items() if k not in settings} for r in plugin] == \
         [{k: v for k, v in r.items() if k not in settings} for r in builtin]
     with np.load(tmp_path / "plugin" / "classifier.npz") as ours, np.load(tmp_path / "builtin" / "classifier.npz") as theirs:
         assert sorted(ours) == sorted(theirs) and all(np.array_equal(ours[key], theirs[key]) for key in ours)
 
 
-def test_a_client_algorithm_plugin_declares_its_fields_as_options():
-    proximal = load_class(PROXIMAL, fedray.ClientAlgorithm, {}, "client algorithm")
+def test_a_plugin_algorithm_declares_its_fields_as_options():
+    proximal = load_class(PROXIMAL, fedray.FederatedAlgorithm, {}, "training algorithm")
     assert [o.describe() for o in options_of(proximal).values()] == ["mu: float = 0.01  (proximal weight μ)"]
 
 
@@ -291,15 +289,15 @@ def test_a_client_algorithm_plugin_declares_its_fields_as_options():
     (["--method", "fedprox", "--option", "prox_mu=strong"], ["--option prox_mu: option prox_mu must be a number"]),
     (["--method", "fed3r", "--server-optimizer", YOGI], ["--server-optimizer applies to gradient methods"]),
     (["--method", "fedavg", "--server-optimizer", NCM], ["not a subclass of fedray.ServerOptimizer"]),
-    (["--method", "fed3r", "--client-algorithm", PROXIMAL], ["--client-algorithm applies to gradient methods"]),
     (["--method", "fedadam", "--server-optimizer", YOGI],
      [f"--method fedadam is its own server optimizer (fedadam): --server-optimizer {YOGI} contradicts it"]),
     (["--method", "fedavgm", "--server-optimizer", "fedavg"],
      ["--method fedavgm is its own server optimizer (fedavgm): --server-optimizer fedavg contradicts it"]),
     (["--method", "tct", "--base", "fedadam", "--server-optimizer", YOGI], ["--base fedadam is its own server optimizer"]),
-    (["--method", "fedavg", "--client-algorithm", YOGI], ["not a subclass of fedray.ClientAlgorithm"]),
-    (["--method", "fedavg", "--client-algorithm", "fedprox"], ["--client-algorithm takes your own", "--method"]),
-    (["--method", "fedavg", "--client-algorithm", PROXIMAL, "--option", "mu=strong"], ["option mu must be a number"]),
+    (["--method", PROXIMAL, "--option", "mu=strong"], ["option mu must be a number"]),
+    (["--method", "fedavg", "--client-algorithm", PROXIMAL],
+     ["--client-algorithm was removed: write your client's loss or gradient correction as a fedray.FederatedAlgorithm "
+      "subclass and give it as --method FILE.py:Class (see examples/proximal_client.py)"]),
 ])
 def test_bad_plugins_and_options_are_one_line_errors_before_any_work(capsys, tmp_path, args, needles):
     rc, out, err = cli(capsys, "run", "--dataset", SPEC, "--out", tmp_path / "out", *SMALL_RUN, *args)
@@ -336,7 +334,7 @@ def test_methods_prints_a_plugins_kind_and_options_with_types_defaults_and_help(
     ("nope", "fedray methods: unknown class 'nope'; give a built-in's name (fedray methods lists them) or your own as "
              "path/to/file.py:Class or module:Class"),
     ("fedray.core.plugins:FILE_MODULE", "fedray.core.plugins:FILE_MODULE: FILE_MODULE is not a subclass of any of "
-     "fedray.ClosedFormMethod, fedray.FederatedAlgorithm, fedray.ServerOptimizer, fedray.Postprocessor, fedray.ClientAlgorithm"),
+     "fedray.ClosedFormMethod, fedray.FederatedAlgorithm, fedray.ServerOptimizer, fedray.Postprocessor"),
 ])
 def test_methods_of_something_that_is_not_a_class_is_one_line(capsys, spec, message):
     assert cli(capsys, "methods", spec) == (2, "", f"fedray: error: {message}\n")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.methods.training.client_sgd import ClientAlgorithm, CrossEntropy, WithClientAlgorithm, start_client, train_client
+from fedray.methods.training.client_sgd import CrossEntropy, start_client, train_client
 from fedray.methods.training.heads import ROWS, train_linear_heads
 from fedray.methods.training.local import LocalSGD, client_rng, minibatches
 from fedray.runtime.probing import LocalTrainer
@@ -95,25 +95,25 @@ def test_the_dual_form_is_taken_by_the_built_ins_whose_client_half_it_knows_and_
     assert dual_form(Clipped()) is None
     assert dual_form(FederatedAlgorithm()) is None    # FedAvg's client half, but not the built-in: autograd
     assert dual_form(ScaffoldByAutograd()) is None    # a subclass may change any hook
-    assert dual_form(WithClientAlgorithm(base=FedAvg(), hooks=ClientAlgorithm)) is None
+    assert dual_form(SmoothedProximal()) is None      # its own loss
     assert not FedAvg().stateful and Scaffold().stateful
-    assert not WithClientAlgorithm(base=FedAvg()).stateful and WithClientAlgorithm(base=Scaffold()).stateful
 
 
 @dataclass(frozen=True)
-class Smoothed(ClientAlgorithm):
-    """The cross-entropy with label smoothing 0.2: a client algorithm's own batch loss."""
+class SmoothedProximal(FedProx):
+    """The cross-entropy with label smoothing 0.2 and FedProx's proximal term: a plugin algorithm's own batch loss
+    beside a built-in's gradient correction."""
 
-    def batch_loss(self, output, labels):
+    def loss(self, output, labels, params, client):
         return torch.nn.functional.cross_entropy(output, labels, label_smoothing=0.2)
 
 
-def test_a_client_algorithm_plugin_trains_by_autograd_like_plain_torch():
+def test_a_plugin_algorithms_own_loss_trains_by_autograd_like_plain_torch():
     smoothed = partial(torch.nn.functional.cross_entropy, label_smoothing=0.2)
     sgd = LocalSGD(lr=0.1, weight_decay=1e-3, batch_size=5, epochs=2, momentum=0.5)
     batch, params, _, _ = problem()
     weight, bias = params["weight"], params["bias"]
-    trainer = LocalTrainer(sgd, 3, WithClientAlgorithm(base=FedAvg(), hooks=Smoothed, prox_mu=0.25))
+    trainer = LocalTrainer(sgd, 3, SmoothedProximal(prox_mu=0.25))
     update = trainer.train(batch, {"params": params, "broadcast": {}}, 4, DictStates())
 
     expected_w, expected_b, expected_loss = torch.zeros_like(weight), torch.zeros_like(bias), 0.0

@@ -95,12 +95,11 @@ def test_a_stateful_algorithms_client_states_are_counted_in_the_shards(federatio
 
 
 def test_scaffolds_client_states_are_counted_as_the_path_that_trains_it_keeps_them(federation):
-    """The dual form's SCAFFOLD keeps the gradient rows G (samples × C); the same SCAFFOLD by autograd (a subclass, or
-    with a --client-algorithm) keeps c_i itself, one copy of the head per client: the estimate asks the same decision
+    """The dual form's SCAFFOLD keeps the gradient rows G (samples × C); the same SCAFFOLD by autograd (a subclass)
+    keeps c_i itself, one copy of the head per client: the estimate asks the same decision
     as training (fedray.methods.training.dual_form)."""
     from dataclasses import dataclass
 
-    from fedray.methods.training.client_sgd import ClientAlgorithm, WithClientAlgorithm
     from fedray.methods.training_algorithms import Scaffold
 
     @dataclass(frozen=True)
@@ -118,4 +117,3 @@ def test_scaffolds_client_states_are_counted_as_the_path_that_trains_it_keeps_th
     rows = samples * classes * FLOAT32                        # G: samples × C, plus a block's two copies in flight
     assert rows <= states() == states(Scaffold()) <= 3 * rows < dense
     assert states(MyScaffold()) == states(Scaffold(variant="II")) == pytest.approx(dense)   # option II: autograd
-    assert states(WithClientAlgorithm(base=Scaffold(), hooks=ClientAlgorithm)) == pytest.approx(dense)

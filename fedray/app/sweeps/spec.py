@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
-from fedray.engine.config import FIELDS, did_you_mean, options_mapping, read_yaml_mapping, shipped_options, typed_value
+from fedray.engine.config import (FIELDS, did_you_mean, options_mapping, read_yaml_mapping, shipped_options, typed_value,
+                                  without_removed)
 from fedray.data.registry import OPTION_TYPES, canonical_spec
 from fedray.core.errors import FedrayError
 from fedray.core.plugins import canonical
@@ -96,8 +97,7 @@ def sweep_spec(values: dict, path: Path) -> SweepSpec:
     overlap = sorted((set(base) & set(grid)) | (set(base) & set(random)) | (set(grid) & set(random)))
     if overlap:
         raise FedrayError(f"{path}: option(s) {', '.join(overlap)} given in more than one of base, grid, random")
-    for key, canonical_form in (("dataset", canonical_spec), ("method", canonical), ("server_optimizer", canonical),
-                                 ("client_algorithm", canonical)):
+    for key, canonical_form in (("dataset", canonical_spec), ("method", canonical), ("server_optimizer", canonical)):
         if base.get(key) is not None:
             base[key] = canonical_form(base[key])
         if key in grid:
@@ -154,7 +154,7 @@ def _options(path: Path, values: dict, section: str) -> dict:
     options = values.get(section) or {}
     if not isinstance(options, dict):
         raise FedrayError(f"{path}: {section} must be a mapping of option: value")
-    options = {str(key).replace("-", "_"): value for key, value in options.items()}
+    options = without_removed({str(key).replace("-", "_"): value for key, value in options.items()}, f"{path}: {section}")
     if "options" in options:
         options = _plugin_options_spelt_out(path, options, section)
     # the options of the built-in algorithms shipped as plugins (FedDyn's alpha) live among a run's plugin options

@@ -14,7 +14,6 @@ still found by the trial.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from itertools import product
 
 from fedray.engine.config import RUN_DEFAULTS, RunConfig, resolve
@@ -74,8 +73,8 @@ def check_trial(config: RunConfig) -> None:
     """
     check_spec(config.dataset)
     for name in (name for name in config.closed_form_methods() if name in METHODS):  # a plugin is built by the trial
-        build(method_class(name), replace(config, method=name).option_values(), f"--method {name}",
-              dim=1, num_classes=1, seed=config.seed)
+        cls = method_class(name)
+        build(cls, config.option_values(cls), f"--method {name}", dim=1, num_classes=1, seed=config.seed)
     postprocessing(config)
     if config.trains:
         server_optimizer(config)

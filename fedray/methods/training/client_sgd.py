@@ -8,25 +8,19 @@ and TCT's stage 1 all train a client with :func:`train_client`:
 of :meth:`FederatedAlgorithm.loss` passed through
 :meth:`FederatedAlgorithm.correct_gradient`, then
 :meth:`FederatedAlgorithm.upload`.
-
-:class:`ClientAlgorithm` is the older plugin interface (a client's loss and
-gradient hooks beside a built-in method); :class:`WithClientAlgorithm` runs
-it as the client half of the run's algorithm.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 import torch
 
 from fedray.methods.training.local import LocalSGD, client_rng, minibatches
-from fedray.methods.algorithm import Aggregate, ClientRound, FederatedAlgorithm, Loss, Params, Population, Upload
+from fedray.methods.algorithm import ClientRound, FederatedAlgorithm, Loss, Params, Upload
 from fedray.methods.checks import check_loss, check_same_upload, check_tensors, check_upload
-from fedray.methods.training_algorithms import CONTROL, Scaffold
 
 
 @dataclass(frozen=True)
@@ -116,80 +110,3 @@ def add_upload(sums: Params | None, upload: Upload, algorithm: FederatedAlgorith
         return weighted
     check_same_upload(algorithm, upload.tensors, sums)
     return {name: sums[name] + weighted[name] for name in sums}
-
-
-@dataclass(frozen=True)
-class ClientAlgorithm:
-    """The older client-algorithm plugin: a client's loss and gradient hooks beside a built-in method.
-
-    ``loss`` is the path's batch mean loss (:meth:`batch_loss` returns it);
-    ``prox_mu`` > 0 adds FedProx's (μ/2)‖θ − θ₀‖²; with ``--method scaffold``
-    every gradient also gets c − c_i. Subclass it as a frozen dataclass whose
-    extra fields, with defaults, are its options (``--client-algorithm``);
-    a :class:`~fedray.methods.algorithm.FederatedAlgorithm` is the interface
-    for a whole algorithm (its server half and client state included).
-    """
-
-    supplied: ClassVar[tuple[str, ...]] = ("loss", "prox_mu")
-    """Filled in by the engine, not options: the path's loss and, with ``--method fedprox``, its μ."""
-
-    loss: Loss
-    prox_mu: float = 0.0
-
-    def batch_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The loss a step differentiates: the path's ``loss`` (override to change or add to it)."""
-        return self.loss(output, labels)
-
-    def correct(self, gradient: torch.Tensor, value: torch.Tensor, start: torch.Tensor, correction: torch.Tensor | None) -> None:
-        """Add to one parameter's gradient of the batch loss, in place, μ(θ − θ₀) and then c − c_i (if any)."""
-        if self.prox_mu:
-            gradient.add_(self.prox_mu * (value - start))
-        if correction is not None:
-            gradient.add_(correction)
-
-
-@dataclass(frozen=True)
-class WithClientAlgorithm(FederatedAlgorithm):
-    """A built-in algorithm (``base``: its server half, client state and upload) whose clients' loss and gradient are a
-    :class:`ClientAlgorithm` plugin's (``hooks``, with its ``options``; ``prox_mu``: FedProx's μ)."""
-
-    base: FederatedAlgorithm = FederatedAlgorithm()
-    hooks: type[ClientAlgorithm] = ClientAlgorithm
-    options: tuple[tuple[str, object], ...] = ()
-    prox_mu: float = 0.0
-
-    def _hooks(self, client: ClientRound) -> ClientAlgorithm:
-        return self.hooks(loss=client.path_loss, prox_mu=self.prox_mu, **dict(self.options))
-
-    def init_server_state(self, params: Params) -> Params:
-        return self.base.init_server_state(params)
-
-    def broadcast(self, params: Params, state: Params) -> Params:
-        return self.base.broadcast(params, state)
-
-    def server_update(self, params: Params, total: Aggregate, state: Params,
-                      population: Population) -> tuple[Params, Params]:
-        return self.base.server_update(params, total, state, population)
-
-    def init_client_state(self, start: Params) -> Params | None:
-        return self.base.init_client_state(start)
-
-    @property
-    def needs_start_gradient(self) -> bool:
-        return self.base.needs_start_gradient
-
-    def loss(self, output: torch.Tensor, labels: torch.Tensor, params: Params, client: ClientRound) -> torch.Tensor:
-        return self._hooks(client).batch_loss(output, labels)
-
-    def correct_gradient(self, name: str, gradient: torch.Tensor, value: torch.Tensor, client: ClientRound) -> None:
-        correction = None
-        if isinstance(self.base, Scaffold):
-            correction = client.broadcast[CONTROL + name] - client.state[CONTROL + name]
-        self._hooks(client).correct(gradient, value, client.start[name], correction)
-
-    def upload(self, client: ClientRound, trained: Params) -> tuple[Upload, Params | None]:
-        return self.base.upload(client, trained)
-
-    @property
-    def stateful(self) -> bool:
-        return self.base.stateful

@@ -17,7 +17,7 @@ all clients, Σ n_k (W_k − W₀), is one more GEMM over their concatenated
 samples. SGD momentum keeps the form: the momentum buffer is a sum of such
 gradients, ν W₀ + Xᵀ V. The result equals training each client alone with
 ``torch.optim.SGD`` (with or without momentum) on the same mini-batches
-(tested to float64 round-off). It trains the built-in client algorithms only
+(tested to float64 round-off). It trains the built-in algorithms' clients only
 (cross-entropy, FedProx, SCAFFOLD); :mod:`fedray.methods.training.heads` picks it or
 autograd (:func:`~fedray.methods.training.client_sgd.local_sgd`) per algorithm.
 """
