@@ -12,7 +12,8 @@ import numpy as np
 import polars as pl
 import torch
 
-from fedray.engine.config import Spelling, resolve, typed_options
+from fedray.engine.config import resolve
+from fedray.engine.config_files import Spelling, typed_options
 from fedray.core.federation import Federation
 from fedray.data.memory import memory_label
 from fedray.core.errors import FedrayError, shown

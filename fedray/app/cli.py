@@ -109,7 +109,8 @@ def default_note(spec: Field) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    from fedray.engine.config import load_config_file, resolve, with_shipped_options
+    from fedray.engine.config import resolve
+    from fedray.engine.config_files import load_config_file, with_shipped_options
 
     file_values = load_config_file(args.config) if args.config else {}
     cli_values = {k: v for k, v in vars(args).items()

@@ -18,7 +18,8 @@ import fedray
 import fedray.engine.run_config
 import fedray.app.sweeps.tuning
 from fedray.app.cli import main
-from fedray.engine.config import RUN_OPTIONS, RunConfig, typed_value
+from fedray.engine.config import RUN_OPTIONS, RunConfig
+from fedray.engine.config_files import typed_value
 
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"

@@ -18,7 +18,8 @@ import torch
 import yaml
 
 from fedray.app.cli import main
-from fedray.engine.config import load_config_file, resolve
+from fedray.engine.config import resolve
+from fedray.engine.config_files import load_config_file
 from fedray.data.registry import load_federation
 from tests.local_cluster import free_port
 

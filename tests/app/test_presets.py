@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedray.engine.config import load_config_file, resolve
+from fedray.engine.config import resolve
+from fedray.engine.config_files import load_config_file
 from fedray.engine.run_config import run
 from tests.images import write_image_folder
 

@@ -11,7 +11,8 @@ import fedray
 import fedray.engine.run_config
 from fedray.app.cli import main
 from fedray.app.sweeps.spec import load_sweep
-from fedray.engine.config import REMOVED, load_config_file, resolve
+from fedray.engine.config import REMOVED, resolve
+from fedray.engine.config_files import load_config_file
 
 REPO = Path(__file__).resolve().parents[2]
 PROXIMAL = f"{REPO / 'examples' / 'proximal_client.py'}:Proximal"

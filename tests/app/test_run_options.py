@@ -9,7 +9,8 @@ import pytest
 
 from fedray.app.cli import build_parser, main
 from fedray.app.api import KEYWORD_SPELLING
-from fedray.engine.config import RUN_OPTIONS, RunConfig, load_config_file, resolve, typed_options, typed_value
+from fedray.engine.config import RUN_OPTIONS, RunConfig, resolve
+from fedray.engine.config_files import load_config_file, typed_options, typed_value
 from fedray.core.errors import FedrayError
 from fedray.methods import method_class
 from fedray.core.options import options_of

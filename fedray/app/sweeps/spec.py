@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
-from fedray.engine.config import (FIELDS, did_you_mean, options_mapping, read_yaml_mapping, shipped_options, typed_value,
-                                  without_removed)
+from fedray.engine.config import FIELDS, shipped_options, without_removed
+from fedray.engine.config_files import did_you_mean, options_mapping, read_yaml_mapping, typed_value
 from fedray.data.registry import OPTION_TYPES, canonical_spec
 from fedray.core.errors import FedrayError
 from fedray.core.plugins import canonical
