@@ -11,7 +11,7 @@ from fedray.app.sweeps.spec import load_sweep
 from fedray.app.sweeps.trials import trial_config
 from fedray.engine.config import resolve
 from fedray.engine.config_files import load_config_file
-from fedray.engine.from_config import postprocessing
+from fedray.engine.plan import postprocessing
 from fedray.engine.settings import server_optimizer, training_algorithm
 
 PLUGINS = '''
