@@ -26,6 +26,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from types import FrameType
 
 
 class Terminated(BaseException):
@@ -112,14 +113,29 @@ def _what_is_left(left: Callable[[], str]) -> str:
         return ""
 
 
-def _record_and_raise(signal_number: int, frame: object) -> None:
+AT_FORK = {("logging", "_acquireLock"), ("logging", "_releaseLock")}
+"""Functions ``os.register_at_fork`` runs around a fork (a library's subprocess, Ray's): Python prints an exception
+raised in them ("Exception ignored in ... _releaseLock" and a traceback) and drops it."""
+
+
+def _record_and_raise(signal_number: int, frame: FrameType | None) -> None:
     global _received
     first = _received is None
     if first:
         _received = signal_number
-        if _deferring:
-            return
+        if _deferring or _drops_exceptions(frame):
+            return  # raised by check() or at the block's end, where it cannot be dropped
     raise interrupt_of(signal_number)
+
+
+def _drops_exceptions(frame: FrameType | None) -> bool:
+    """Whether the signal arrived inside an at-fork callback (:data:`AT_FORK`, anywhere up the stack), which would drop
+    an exception raised there."""
+    while frame is not None:
+        if (frame.f_globals.get("__name__"), frame.f_code.co_name) in AT_FORK:
+            return True
+        frame = frame.f_back
+    return False
 
 
 @contextmanager

@@ -57,6 +57,19 @@ def test_an_interrupt_that_a_library_swallowed_is_raised_at_the_next_check():
             interrupts.check()
 
 
+def test_a_signal_in_an_at_fork_callback_is_raised_at_the_next_check_not_dropped_there(capfd):
+    """A SIGTERM arriving while logging's at-fork callback releases its lock (a fork by Ray or a library) raised there
+    would be printed ("Exception ignored in ... _releaseLock", a traceback) and dropped by Python: it waits instead."""
+    namespace = {"__name__": "logging", "signalled": signalled, "signal": signal}
+    exec("def _releaseLock():\n    signalled(signal.SIGTERM)\n    return 'released'\n", namespace)
+    with interrupts.handling_interrupts():
+        assert namespace["_releaseLock"]() == "released"  # the callback finishes
+        assert interrupts.received() == signal.SIGTERM
+        with pytest.raises(Terminated):
+            interrupts.check()
+    assert capfd.readouterr().err == ""
+
+
 def test_a_deferred_signal_is_raised_when_the_step_is_done_and_a_second_one_at_once():
     steps = []
     with interrupts.handling_interrupts():
