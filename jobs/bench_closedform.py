@@ -147,9 +147,8 @@ def one_run(dataset: str) -> dict:
     from fedray.engine.run_config import simulate
     from fedray.runtime.session import init_ray
     from fedray.runtime.evaluator import Evaluator
-    from fedray.engine.plan import build_method
     from fedray.core.results import write_run
-    from fedray.engine.plan import footprints
+    from fedray.engine.plan import plan
     from fedray.runtime import sampling
     from fedray.runtime.shards import ShardPool, peak_memory_bytes
 
@@ -157,7 +156,8 @@ def one_run(dataset: str) -> dict:
     config = RunConfig(method="fed3r", dataset=dataset, clients_per_round=10, eval_every=100, quiet=True,
                        out=tempfile.mkdtemp(prefix="fedray-bench-")).validate().resolved()
     federation = load_federation(dataset)
-    method = build_method(config, federation)
+    run = plan(config, federation)
+    method = run.stages[0].method.build(federation)
     lap("driver_load_s")
     init_ray()
     lap("ray_start_s")
@@ -165,7 +165,7 @@ def one_run(dataset: str) -> dict:
     lap("floor_actor_s")
     driver_started = resident_mb()  # imports, the federation's index and Ray, before any shard
     pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard,
-                           footprints=footprints(config, federation, None))
+                           footprints=run.footprints)
     lap("shard_submit_s")
     evaluator = Evaluator(pool)
     pool.wait()
