@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -118,6 +118,21 @@ class StageCallbacks(LoopCallback):
 
     def stop(self) -> bool:
         return self.callbacks.stopping
+
+
+class Checkpoints(Callback):
+    """``fedray run``'s checkpoints (``--checkpoint-every``): ``save()`` after every ``every``-th round of the training
+    stage's ``rounds`` but its last (the run's results are written then). The engine makes one for each training stage
+    with the saving, which needs what no other callback sees: the training state and the clients' states in the
+    actors."""
+
+    def __init__(self, every: int | None, rounds: range, save: Callable[[], None]) -> None:
+        self.every, self.rounds, self.save = every, rounds, save
+
+    def after_round(self, round: int, stage: str) -> None:
+        number = round - self.rounds.start + 1
+        if stage == "train" and self.every and number % self.every == 0 and number < len(self.rounds):
+            self.save()
 
 
 class ProgressBar(Callback):

@@ -101,15 +101,3 @@ class Report(Callback):
         if self.listener is not None:
             self.listener(point, self.classifier())
 
-
-@dataclass
-class Checkpoints(Callback):
-    """Calls ``save`` after every ``every``-th round but the last (the run's results are written then)."""
-
-    every: int | None
-    total: int
-    save: Callable[[], None] = field(repr=False)
-
-    def after_round(self, number: int) -> None:
-        if self.every and number % self.every == 0 and number < self.total:
-            self.save()

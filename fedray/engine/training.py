@@ -29,7 +29,8 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.config import COLUMNS
-from fedray.engine.round_loop import Callback, Checkpoints, Listener, Report, eval_rounds, run_rounds
+from fedray.engine.callbacks import Callbacks, Checkpoints, StageCallbacks
+from fedray.engine.round_loop import Callback, Listener, Report, eval_rounds, run_rounds
 from fedray.runtime.client_states import ClientStatesLost
 
 
@@ -245,7 +246,9 @@ def train(
         path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing)
         callbacks: list[Callback] = [Report(state.points, None if on_point is None else report_once, path.classifier)]
         if checkpointing is not None:
-            callbacks.append(Checkpoints(checkpointing.every, len(rounds), lambda: save(path)))
+            checkpoints = Checkpoints(checkpointing.every, range(first_round + 1, first_round + len(rounds) + 1),
+                                      lambda: save(path))
+            callbacks.append(StageCallbacks(Callbacks((checkpoints,)), "train", first_round))
         if researcher is not None:  # after the checkpoints: a stop at a checkpoint's round finds it written
             callbacks.append(researcher)
         try:

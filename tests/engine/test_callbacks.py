@@ -118,3 +118,21 @@ def test_a_quiet_run_has_no_bar_and_a_resumed_stage_starts_at_its_done_rounds(ca
     bar.on_end([])
     last = capsys.readouterr().err.split("\r")[-1]
     assert last.startswith("fedavg:  50%") and last.endswith(", at round 14: test accuracy 0.1250, 7 clients seen]\n")
+
+
+def test_checkpoints_are_a_callback_saving_every_kth_training_round_but_not_after_the_last():
+    from fedray.engine.callbacks import Checkpoints
+
+    heard: list[int] = []
+    current = [0]
+    checkpoints = Checkpoints(2, range(4, 11), lambda: heard.append(current[0]))  # 7 training rounds after 3 others
+    for number, stage in [(1, "closed_form"), (2, "closed_form"), (3, "closed_form"), *((r, "train") for r in range(4, 11))]:
+        current[0] = number
+        checkpoints.after_round(number, stage)
+    assert heard == [5, 7, 9], "the 2nd, 4th and 6th training rounds; the 7th is the last: the results are written"
+    heard.clear()
+    last = Checkpoints(3, range(1, 7), lambda: heard.append(current[0]))
+    for number in range(1, 7):
+        current[0] = number
+        last.after_round(number, "train")
+    assert heard == [3]

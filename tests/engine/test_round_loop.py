@@ -6,7 +6,7 @@ import torch
 
 from fedray.methods.base import Classifier
 from fedray.core.results import EvalPoint
-from fedray.engine.round_loop import Callback, Checkpoints, Report, eval_rounds, run_rounds
+from fedray.engine.round_loop import Callback, Report, eval_rounds, run_rounds
 
 
 class RecordingPath:
@@ -66,17 +66,6 @@ def test_resuming_after_round_4_runs_rounds_5_to_7_without_an_initial_row():
     run_rounds(path, ROUNDS, {0, 3, 6, 7}, [Report(points)], done=4)
     assert [p.round for p in points] == [6, 7]
     assert path.calls[0] == "round 5 [5, 15]"
-
-
-def test_checkpoints_every_kth_round_but_not_after_the_last():
-    saved: list[int] = []
-    path = RecordingPath()
-    checkpoints = Checkpoints(2, len(ROUNDS), lambda: saved.append(len([c for c in path.calls if c.startswith("round")])))
-    run_rounds(path, ROUNDS, {7}, [checkpoints])
-    assert saved == [2, 4, 6]
-    path, saved = RecordingPath(), []
-    run_rounds(path, ROUNDS[:6], {6}, [Checkpoints(3, 6, lambda: saved.append(1))])
-    assert saved == [1]
 
 
 def test_report_forwards_every_row_to_its_listener_with_the_classifier_evaluated_there():
