@@ -40,6 +40,9 @@ class Callback:
         """After round ``round`` (numbered as the rows are) of ``stage`` (``closed_form``, ``train``, ``tct_scaffold``),
         after its row when it was evaluated; True stops the run."""
 
+    def on_stage_end(self, stage: str) -> None:
+        """After a stage's rounds, however they ended (the last round, a stop, divergence, an error or an interrupt)."""
+
     def on_end(self, rows: list[dict[str, object]]) -> None:
         """After the run wrote its results: its metrics rows."""
 
@@ -76,6 +79,10 @@ class Callbacks:
         for callback in self.callbacks:
             if callback.after_round(round_number, stage):
                 self.stopping = True
+
+    def stage_end(self, stage: str) -> None:
+        for callback in self.callbacks:
+            callback.on_stage_end(stage)
 
     def end(self, rows: list[dict[str, object]]) -> None:
         for callback in self.callbacks:
@@ -119,6 +126,9 @@ class StageCallbacks(LoopCallback):
     def stop(self) -> bool:
         return self.callbacks.stopping
 
+    def close(self) -> None:
+        self.callbacks.stage_end(self.stage)
+
 
 class Checkpoints(Callback):
     """``fedray run``'s checkpoints (``--checkpoint-every``): ``save()`` after every ``every``-th round of the training
@@ -156,10 +166,8 @@ class ProgressBar(Callback):
     def after_round(self, round: int, stage: str) -> None:
         if self.bar is not None:
             self.bar.update(round - self.first + 1 - self.bar.n)
-            if self.bar.n == self.bar.total:
-                self._close()
 
-    def on_end(self, rows: list[dict[str, object]]) -> None:
+    def on_stage_end(self, stage: str) -> None:
         self._close()
 
     def _close(self) -> None:

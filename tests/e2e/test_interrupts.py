@@ -161,7 +161,7 @@ def test_a_signal_stops_a_run_at_its_last_checkpoint(start, tmp_path, number, co
 def test_a_signal_before_the_first_checkpoint_says_nothing_was_written(start, tmp_path, number, code):
     out, log = tmp_path / "run", tmp_path / "stderr.txt"
     driver = start(out, log, checkpoint_every=100000)
-    wait_until(lambda: "train:" in log.read_text(), driver, log)  # the progress bar: training has started
+    wait_until(lambda: "fedavg:" in log.read_text(), driver, log)  # the progress bar of fedavg: training has started
     processes, exit_code = signal_run(driver, number)
 
     assert exit_code == code, log.read_text()[-3000:]

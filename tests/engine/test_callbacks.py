@@ -115,7 +115,7 @@ def test_a_quiet_run_has_no_bar_and_a_resumed_stage_starts_at_its_done_rounds(ca
     bar.on_evaluation({"round": 14, "accuracy": 0.125, "clients_seen": 7}, None)
     bar.after_round(15, "train")
     assert bar.bar.n == 5
-    bar.on_end([])
+    bar.on_stage_end("train")
     last = capsys.readouterr().err.split("\r")[-1]
     assert last.startswith("fedavg:  50%") and last.endswith(", at round 14: test accuracy 0.1250, 7 clients seen]\n")
 
