@@ -12,6 +12,7 @@ these parts; nothing below the engine sees the configuration.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,11 @@ class Training:
     sphere: Sphere | None = None
     images: Images | None = None
 
+    @property
+    def name(self) -> str:
+        """What it trains with, for its progress bar and memory estimate: the algorithm's name (a plugin's class name)."""
+        return self.algorithm.name or type(self.algorithm).__name__
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -175,6 +181,12 @@ class RunPlan:
         """The closed form training starts from (``--init``), or None."""
         first = self.stages[0]
         return first if isinstance(first, ClosedForm) and self.stage(Training) is not None else None
+
+    @cached_property
+    def init_rounds(self) -> list[np.ndarray]:
+        """The clients of the ``--init`` closed-form stage's rounds (none without one), drawn once: training's rounds
+        and its uploads' round numbers come after them."""
+        return [] if self.init is None else self.sampler.rounds(self.init.rounds)
 
     @property
     def training(self) -> Training:
@@ -254,18 +266,16 @@ def footprints(run: RunPlan, federation: Federation) -> list[Footprint]:
             kept = federation.num_clients if stage.rounds is None else \
                 min(federation.num_clients, stage.rounds * run.sampler.per_round)
             sphere_dim = None if stage.sphere is None else stage.sphere.dim or federation.dim
-            estimated.append(training_footprint(stage.algorithm.name or type(stage.algorithm).__name__, federation,
-                                                stage.algorithm, sphere_dim, kept,
+            estimated.append(training_footprint(stage.name, federation, stage.algorithm, sphere_dim, kept,
                                                 largest_clients(federation, run.sampler.per_round)))
         elif isinstance(stage, (ClosedForm, Calibration, Probe)):
-            method = stage.method
-            dim = federation.dim
-            if isinstance(stage, Calibration) and training is not None and training.sphere is not None:
-                dim = training.sphere.dim or federation.dim
-            label = {ClosedForm: f"{method.name} (--init)" if training is not None else method.name,
-                     Calibration: f"{method.name} (SphereFed's calibration)" if method.name == "ffc" and training
-                     and training.sphere else f"{method.name} (--calibrate)",
-                     Probe: "fed3r (--probe-ridge)"}[type(stage)]
+            method, dim, label = stage.method, federation.dim, stage.method.name
+            if isinstance(stage, Calibration):
+                sphere = training.sphere
+                label += " (--calibrate)" if sphere is None else " (SphereFed's calibration)"
+                dim = federation.dim if sphere is None else sphere.dim or federation.dim
+            elif training is not None:
+                label += " (--init)" if isinstance(stage, ClosedForm) else " (--probe-ridge)"
             options = {key: method.values[key] for key in ("bias", "rf_dim", "means_per_class")}
             estimated.append(closed_form_footprint(label, method.name, federation, dim, block, **options))
     return estimated

@@ -65,11 +65,6 @@ class TrainingOutcome:
     training's, then SphereFed's calibration round of every client)."""
 
 
-def init_schedule(run: RunPlan) -> list[np.ndarray]:
-    """The clients of the ``--init`` closed-form stage's rounds (none without one)."""
-    return [] if run.init is None else run.sampler.rounds(run.init.rounds)
-
-
 def closed_form_stage(run: RunPlan, rounds: list[np.ndarray], pool: ShardPool, evaluator: Evaluator,
                       on_point: Listener | None, uploads: Postprocessing, callbacks: Callbacks,
                       backbone_macs: float | None) -> tuple[Params, Accounting, list[EvalPoint]]:
@@ -116,7 +111,7 @@ def train_in_stages(run: RunPlan, backend: TrainingBackend, embeddings: Embeddin
     """
     callbacks = callbacks or Callbacks()
     backbone_macs = run.backbone_macs if backbone_macs is None else backbone_macs
-    init_rounds = init_schedule(run)
+    init_rounds = run.init_rounds
     if saved is None:
         params, accounting, points = backend.initial_params(run.seed), None, []
         if init_rounds:
@@ -285,7 +280,7 @@ def _fresh_state(params: Params, accounting: Accounting | None, points: list[Eva
 def training_uploads(run: RunPlan) -> Postprocessing:
     """The run's postprocessing as training samples (κ of the K clients a round), its rounds numbered after a
     closed-form ``--init``'s."""
-    return run.sampler.uploads(run.postprocessing, len(init_schedule(run)))
+    return run.sampler.uploads(run.postprocessing, len(run.init_rounds))
 
 
 def training_schedule(run: RunPlan) -> list[np.ndarray]:
@@ -320,10 +315,9 @@ def _train(run: RunPlan, backend: TrainingBackend, state: TrainingState, sizes: 
     training = run.training
     rounds = training_schedule(run)
     checkpointing = Checkpointing(training.checkpoint_every, lambda s: save_checkpoint(run.out, run.identity, s), run.out)
-    name = training.algorithm.name or type(training.algorithm).__name__
     diverged = train(backend, backend.algorithm, training.server_optimizer, state, rounds, sizes, run.eval_every,
                      first_round, checkpointing, on_point, backbone_macs, uploads,
-                     callbacks.loop("train", name, len(rounds), first_round, state.done))
+                     callbacks.loop("train", training.name, len(rounds), first_round, state.done))
     stopped = diverged or callbacks.stopping
     ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
     return TrainingOutcome(state.points, state.params, state.accounting, rounds=rounds[:ran])
