@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import ClassVar, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,8 @@ SPLIT_SCHEMA = pa.schema(
     ]
 )
 """Columns every split table has; loaders may add more (e.g. ``image_id``)."""
+STREAMED_ROWS = 16_384
+"""Samples a shard of a federation that streams its features generates (or reads) at once for statistics."""
 
 
 class FeatureSource(Protocol):
@@ -63,6 +66,10 @@ class Federation:
     table: pa.Table
     source: FeatureSource | None = field(default=None, compare=False)
     spec: str | None = field(default=None, compare=False)
+
+    streams_features: ClassVar[bool] = False
+    """True for a federation too large for its shards to hold its features: they ask its source for a batch's rows
+    each time they need them (each shard still asks only for its own clients')."""
 
     def __post_init__(self) -> None:
         if self.train.num_rows == 0:
@@ -146,13 +153,33 @@ class Federation:
         offsets = self.client_offsets[:-1]
         return self.train.column("client_id").take(pa.array(offsets)).to_pylist()
 
+    @property
+    def num_test(self) -> int:
+        return self.test.num_rows
+
     @cached_property
     def client_num_classes(self) -> np.ndarray:
         """Number of distinct classes each client holds (summing to M)."""
-        clients = self.train.column("client_index").to_numpy().astype(np.int64)
-        labels = self.train.column("label").to_numpy().astype(np.int64)
-        pairs = np.unique(clients * self.num_classes + labels)
-        return np.bincount(pairs // self.num_classes, minlength=self.num_clients)
+        return self.client_class_counts(lambda counts: np.ones_like(counts))
+
+    def client_class_counts(self, weight: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Σ over the classes each client holds of ``weight(n)``, n its samples of that class (ones: its classes)."""
+        out = np.zeros(self.num_clients, dtype=np.result_type(weight(np.ones(1, np.int64))))
+        for first, labels, offsets in self.label_chunks():
+            clients = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+            pairs, counts = np.unique(clients * self.num_classes + labels, return_counts=True)
+            np.add.at(out, first + pairs // self.num_classes, weight(counts))
+        return out
+
+    def label_chunks(self, samples: int = 1 << 22) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(first_client, labels, offsets)`` of consecutive runs of whole clients, about ``samples`` rows each (so a
+        pass over every label holds one run at a time)."""
+        offsets = self.client_offsets
+        cuts = np.searchsorted(offsets, np.arange(samples, offsets[-1], samples), side="right")
+        bounds = np.unique(np.concatenate([[0], cuts, [self.num_clients]]))
+        for first, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            _, labels, run_offsets = self.train_arrays(first, end)
+            yield first, labels.astype(np.int64), run_offsets
 
     def train_arrays(self, first_client: int, end_client: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(sample_ids, labels, offsets)`` of clients ``first_client..end_client-1``."""
@@ -173,7 +200,7 @@ class Federation:
             "clients_K": self.num_clients,
             "classes_C": self.num_classes,
             "train_N": int(sizes.sum()),
-            "test_N": self.test.num_rows,
+            "test_N": self.num_test,
             "client_class_pairs_M": int(self.client_num_classes.sum()),
             "dim_d": self.source.dim if self.source is not None else None,
             "client_size_mean": float(sizes.mean()),

@@ -1,6 +1,7 @@
 """Dataset specs: ``KIND:TARGET[?key=value&...]`` → :class:`Federation`.
 
-  synthetic:NAME    a stand-in of a real split (dim, seed, feature_shift, scale, classes)
+  synthetic:NAME    a stand-in of a real split (dim, seed, feature_shift, scale, classes); with clients=K, a
+                    population of K clients shaped like the split's, of any size (fedray.data.population)
   parquet:PATH      bring-your-own features (see fedray.data.parquet)
   features:PATH     a feature cache written by ``fedray extract`` (an entry, or a cache folder holding one)
   hsu:TRAIN_CSV     a Hsu et al. split file (test=TEST_CSV; default the test.csv beside it;
@@ -30,7 +31,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import pyarrow.compute as pc
 
-from fedray.data import splitters, synthetic
+from fedray.data import population, splitters, synthetic
 from fedray.data.feature_cache import find_entry
 from fedray.core.federation import TRAIN, Federation
 from fedray.data.hsu_csv import hsu_test_csv_beside, load_hsu_split
@@ -105,6 +106,9 @@ def check_spec(spec: str) -> None:
                           f"there is nothing to load it from; run it from Python with fedray.run(dataset=federation)")
     if kind == PLUGIN:
         options = _plugin_options(spec, _dataset_function(spec, target), options)[1]
+    if _is_population(kind, options):
+        population.check(target, options["clients"], options.get("scale", 1.0), options.get("feature_shift", 0.0))
+        options = {k: v for k, v in options.items() if k != "clients"}
     split_options = {k: v for k, v in options.items() if k in RESPLIT_OPTIONS}
     if kind != PLUGIN:
         _no_options(spec, {k: v for k, v in options.items() if k not in split_options and k not in KIND_OPTIONS[kind]})
@@ -130,6 +134,8 @@ def load_federation(spec: str) -> Federation:
         arguments, split_options = _plugin_options(spec, function, options)
         federation = _called(spec, function, arguments)
         return _resplit(spec, federation, split_options) if split_options else federation
+    if _is_population(kind, options):
+        return population.build(target, **options)
     split_options = {k: options.pop(k) for k in RESPLIT_OPTIONS if k in options}
     if kind == "synthetic":
         federation = synthetic.build(target, **options)
@@ -145,6 +151,11 @@ def load_federation(spec: str) -> Federation:
     if split_options:
         federation = _resplit(spec, federation, split_options)
     return replace(federation, spec=canonical_spec(spec))
+
+
+def _is_population(kind: str, options: dict[str, object]) -> bool:
+    """``synthetic:SPLIT?clients=K`` without a re-split: a population of K clients (:mod:`fedray.data.population`)."""
+    return kind == "synthetic" and "clients" in options and "split" not in options
 
 
 def resplit(federation: Federation, **options: object) -> Federation:

@@ -170,9 +170,12 @@ class SyntheticFeatures:
         num_clients = int(self.train_clients.max()) + 1
         return self.feature_shift * torch.randn(num_clients, self.dim, generator=self._generator(2))
 
+    def labels_of(self, split: str, sample_ids: np.ndarray) -> np.ndarray:
+        """The labels of ``split``'s samples ``sample_ids``."""
+        return (self.train_labels if split == TRAIN else self.test_labels)[sample_ids]
+
     def features(self, split: str, sample_ids: np.ndarray) -> torch.Tensor:
         stream = 1 if split == TRAIN else 3
-        labels = torch.from_numpy((self.train_labels if split == TRAIN else self.test_labels).astype(np.int64))
         shift = self._client_shift if split == TRAIN and self.feature_shift > 0 else None
         model = self._model
         sample_ids = np.asarray(sample_ids, dtype=np.int64)
@@ -187,14 +190,15 @@ class SyntheticFeatures:
             noise = torch.randn(BLOCK, self.dim, generator=g) * model["scales"]
             noise += torch.randn(BLOCK, LOW_RANK, generator=g) @ model["low_rank"]
             ids = torch.from_numpy(sample_ids[rows])
-            values = noise[ids - block * BLOCK] + model["base"] + model["means"][labels[ids]]
+            labels = torch.from_numpy(self.labels_of(split, sample_ids[rows]).astype(np.int64))
+            values = noise[ids - block * BLOCK] + model["base"] + model["means"][labels]
             if shift is not None:
                 values += shift[torch.from_numpy(self.train_clients[sample_ids[rows]].astype(np.int64))]
             out[torch.from_numpy(rows)] = values.clamp_(0.0, 6.0)
         return out
 
 
-def _pool_labels(pool: Pool, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def pool_labels(pool: Pool, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Train labels grouped by class (long-tailed counts), and shuffled test labels in proportion."""
     rng = np.random.default_rng([seed, 11])
     train_counts = long_tail_counts(pool.num_train, pool.num_classes, rng)
@@ -272,7 +276,7 @@ def build(
             num_test=max(1, round(pool.num_test * num_train / pool.num_train)),
             num_superclasses=min(pool.num_superclasses, num_classes),
         )
-    labels_by_class, test_labels = _pool_labels(pool, seed)
+    labels_by_class, test_labels = pool_labels(pool, seed)
     ref_order, ref_clients = _assign_clients(
         labels_by_class, reference_sizes, pool.num_classes, reference.tau, np.random.default_rng([seed, 12])
     )

@@ -130,9 +130,7 @@ class FedCOF(ClosedFormMethod[MeanRows]):
         """Mean rows each client uploads (one per class it holds unless several means are asked for)."""
         if self.means_per_class == 1:
             return federation.client_num_classes
-        clients = federation.train.column("client_index").to_numpy().astype(np.int64)
-        pairs, sizes = np.unique(clients * self.num_classes + federation.train.column("label").to_numpy(), return_counts=True)
-        return np.bincount(pairs // self.num_classes, weights=self.subsets_of(sizes), minlength=federation.num_clients)
+        return federation.client_class_counts(self.subsets_of)
 
     def upload_floats(self, federation: Federation) -> np.ndarray:
         return self.rows_per_client(federation) * float(self.dim)

@@ -21,7 +21,7 @@ class Evaluator:
 
     def __init__(self, pool: ShardPool) -> None:
         self.pool = pool
-        self.num_rows = pool.federation.test.num_rows
+        self.num_rows = pool.federation.num_test
         self._feature_map: tuple[FeatureMap, ray.ObjectRef] | None = None
 
     def accuracy(self, feature_map: FeatureMap, classifier: Classifier) -> float:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedray.core.federation import Federation
+from fedray.core.federation import STREAMED_ROWS, Federation
 from fedray.methods.evaluation import CHUNK
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.training.dual_form import dual_form
@@ -106,7 +106,9 @@ def closed_form_footprint(stage: str, method: str, federation: Federation, dim: 
     """The footprint of the built-in closed-form ``method`` (its options ``bias``, ``rf_dim``, ``means_per_class``)
     on ``federation``'s features mapped to ``dim``, in blocks of at most ``block_samples``."""
     terms = _closed_form(method, federation, dim, bias, rf_dim, means_per_class)
-    return Footprint(stage, _data_terms(federation.dim, federation.test.num_rows) + terms, block_samples)
+    if federation.streams_features:  # a block's statistics are computed in runs of about STREAMED_ROWS samples
+        block_samples = min(block_samples, STREAMED_ROWS + largest_clients(federation, 1))
+    return Footprint(stage, _data_terms(federation) + terms, block_samples)
 
 
 def training_footprint(stage: str, federation: Federation, algorithm: FederatedAlgorithm, sphere_dim: int | None,
@@ -116,7 +118,7 @@ def training_footprint(stage: str, federation: Federation, algorithm: FederatedA
     decides what its clients' states weigh; ``kept_clients``: the most clients whose states the shards hold;
     ``round_samples``: the most samples a round gathers."""
     terms = _training_terms(federation, sphere_dim, algorithm, kept_clients)
-    return Footprint(stage, _data_terms(federation.dim, federation.test.num_rows) + terms, round_samples)
+    return Footprint(stage, _data_terms(federation) + terms, round_samples)
 
 
 def largest_clients(federation: Federation, count: int) -> int:
@@ -125,11 +127,15 @@ def largest_clients(federation: Federation, count: int) -> int:
     return int(sizes[:count].sum())
 
 
-def _data_terms(d: int, test_samples: int) -> tuple[Term, ...]:
+def _data_terms(federation: Federation) -> tuple[Term, ...]:
+    """A shard's rows: its features (only their sample ids and labels where the federation streams them) and its
+    block's, and its test rows."""
+    d, test_samples = federation.dim, federation.num_test
+    held = INT64 + (INT64 if federation.streams_features else FLOAT32 * d)
     return (
         Term(f"the training features (N × d float32, d = {d})",
              "use a cluster with more memory, or more shards (--num-shards) to spread them over more nodes",
-             per_sample=FLOAT32 * d + INT64, per_block_sample=FLOAT32 * d + INT64),
+             per_sample=held, per_block_sample=FLOAT32 * d + INT64),
         Term(f"the test features ({test_samples:,} × {d} float32)", "use a cluster with more memory, or more shards",
              per_test_sample=FLOAT32 * d + INT64),
     )
@@ -138,7 +144,7 @@ def _data_terms(d: int, test_samples: int) -> tuple[Term, ...]:
 def _closed_form(method: str, federation: Federation, d: int, bias: bool, rf_dim: int,
                  means_per_class: int) -> tuple[Term, ...]:
     """``method``'s terms on features of dimension ``d``."""
-    classes, tests = federation.num_classes, federation.test.num_rows
+    classes, tests = federation.num_classes, federation.num_test
     fewer_classes = "lower the number of classes C (the schema's fedray.num_classes, or the labels)"
     scores = Term(f"the test scores (8192 × C float32, C = {classes:,})", fewer_classes,
                   per_shard=min(tests, CHUNK) * classes * FLOAT32)
@@ -194,7 +200,7 @@ def _training_terms(federation: Federation, sphere_dim: int | None, algorithm: F
              per_shard=TRAINING_COPIES * parameters, driver=TRAINING_COPIES * parameters),
         Term(f"a round's logits (samples × C float32, C = {classes:,})", "lower --clients-per-round or the number of classes C",
              per_block_sample=LOGIT_COPIES * classes * FLOAT32,
-             per_shard=min(federation.test.num_rows, CHUNK) * classes * FLOAT32),
+             per_shard=min(federation.num_test, CHUNK) * classes * FLOAT32),
     ]
     dual = None if sphere else dual_form(algorithm)
     if dual is not None and dual.control:
@@ -204,7 +210,7 @@ def _training_terms(federation: Federation, sphere_dim: int | None, algorithm: F
                                        {"weight": (d, classes), "bias": (classes,)})):
         # the clients a shard holds, in proportion to its samples; at most the clients --rounds can sample
         terms.append(Term(f"the client states in the shards ({state:,} bytes a client, up to {kept:,} clients)",
-                          "lower --rounds or use another --method", per_sample=state * kept / federation.train.num_rows))
+                          "lower --rounds or use another --method", per_sample=state * kept / int(federation.client_offsets[-1])))
     return tuple(terms)
 
 

@@ -18,7 +18,7 @@ import resource
 from pathlib import Path
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, reduce
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ import ray
 import torch
 from ray.util.placement_group import PlacementGroup
 
-from fedray.core.federation import TEST, TRAIN, Federation
+from fedray.core.federation import STREAMED_ROWS, TEST, TRAIN, FeatureSource, Federation
 from fedray.core.errors import FedrayError
 from fedray.methods.evaluation import EvalRows, eval_bounds
 from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
@@ -113,13 +113,19 @@ class ShardRows:
 
 @dataclass(frozen=True)
 class Rows:
-    """A shard's rows: its clients' features, labels and row offsets, and its test rows' features and labels."""
+    """A shard's rows: its clients' features, labels and row offsets, and its test rows' features and labels.
 
-    features: torch.Tensor
+    For a federation that streams its features (``Federation.streams_features``), ``features`` is None and
+    ``source`` gives the rows of ``sample_ids`` when a batch needs them.
+    """
+
+    features: torch.Tensor | None
     labels: np.ndarray
     offsets: np.ndarray
     test_features: torch.Tensor
     test_labels: np.ndarray
+    source: FeatureSource | None = None
+    sample_ids: np.ndarray | None = None
 
     @classmethod
     def of(cls, federation: Federation, clients: tuple[int, int], tests: tuple[int, int]) -> "Rows":
@@ -127,7 +133,10 @@ class Rows:
         source = federation.require_features()
         sample_ids, labels, offsets = federation.train_arrays(*clients)
         test_ids, test_labels = (column[slice(*tests)] for column in federation.test_arrays())
-        return cls(source.features(TRAIN, sample_ids), labels, offsets, source.features(TEST, test_ids), test_labels)
+        test = source.features(TEST, test_ids)
+        if federation.streams_features:
+            return cls(None, labels, offsets, test, test_labels, source, sample_ids)
+        return cls(source.features(TRAIN, sample_ids), labels, offsets, test, test_labels)
 
 
 @ray.remote(max_restarts=3, max_task_retries=3)
@@ -156,6 +165,7 @@ class ShardActor:
             self.error = str(error)
             return
         self.features, self.offsets = held.features, held.offsets
+        self.source, self.sample_ids = held.source, held.sample_ids
         self.labels = torch.from_numpy(held.labels.astype(np.int64))
         self.test = EvalRows(held.test_features, torch.from_numpy(held.test_labels.astype(np.int64)))
 
@@ -172,6 +182,9 @@ class ShardActor:
         (None: as stored)."""
         local = clients - self.first_client
         rows, offsets = gather_rows(self.offsets, local)
+        if self.features is None:
+            features = self.source.features(TRAIN, self.sample_ids[rows])
+            return ClientBatch(features.to(dtype or features.dtype), self.labels[torch.from_numpy(rows)], offsets, clients)
         dtype = dtype or self.features.dtype
         staging = self._staging_for(len(rows), dtype) if dtype != self.features.dtype else None
         features = gather_features(self.features, self.offsets, local, rows, dtype, staging)
@@ -202,7 +215,18 @@ class ShardActor:
             total = postprocessing.client_sum(uploads, partial(combine_checked, method))
             if total is not None:
                 return total
+        if self.features is None:
+            chunks = (method.client_statistics(self._batch(chunk, method.features_dtype)) for chunk in self._runs(clients))
+            return reduce(partial(combine_checked, method), chunks)
         return method.client_statistics(self._batch(clients, method.features_dtype))
+
+    def _runs(self, clients: np.ndarray) -> list[np.ndarray]:
+        """``clients`` cut into runs of about :data:`STREAMED_ROWS` samples (a client's rows stay in one run), for a
+        shard that streams its features: a block of many clients is then never in memory whole."""
+        local = clients - self.first_client
+        ends = np.cumsum(self.offsets[local + 1] - self.offsets[local])
+        cuts = np.searchsorted(ends, np.arange(STREAMED_ROWS, ends[-1], STREAMED_ROWS), side="left") + 1
+        return np.split(clients, np.unique(cuts[cuts < len(clients)]))
 
     def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int) -> Any:
         """Local training of ``clients`` from what the server sent (``received``), summed as ``trainer.train`` defines;
@@ -273,7 +297,7 @@ class ShardPool(ActorGroup):
         shards = len(bounds) - 1
         bundle = {"CPU": cpus_per_shard}
         cut = f" (--num-shards {num_shards} cut at equal sample counts over {federation.num_clients} clients)" if shards < num_shards else ""
-        tests = eval_bounds(federation.test.num_rows, shards)
+        tests = eval_bounds(federation.num_test, shards)
 
         def check_fit() -> None:
             for footprint in footprints:
