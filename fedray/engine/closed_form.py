@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +73,10 @@ class ClosedFormRounds:
         self.width = method.transform(torch.zeros(1, federation.dim)).shape[-1]
         """The width of the features after the method's transform: the rows of its classifier's weight."""
         self.start = time.perf_counter()
-        self.blocks = self._submit(pool, ray.put(method), rounds, evaluate_at)
+        self.pool, self.method_ref, self.token = pool, ray.put(method), uuid.uuid4().hex
+        self.uploads: list[tuple[int, np.ndarray]] = []
+        """Each block's tag and uploading clients, for a method that keeps a part of them in the shards."""
+        self.blocks = self._submit(pool, self.method_ref, rounds, evaluate_at)
         self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
         self.state: Any = None
         self.reported: dict[str, float] = {}
@@ -106,7 +110,10 @@ class ClosedFormRounds:
             if number in evaluate_at:
                 uploaded, when = np.concatenate(uploads), np.concatenate(upload_rounds)
                 uploads, upload_rounds = [], []
-                total = pool.statistics(method, uploaded, method_ref, self.postprocessing, when) if len(uploaded) else None
+                total = None
+                if len(uploaded):
+                    total = pool.statistics(method, uploaded, method_ref, self.postprocessing, when, (self.token, number))
+                    self.uploads.append((number, uploaded))
                 blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
                                         paper.columns(federation.num_clients), total, len(uploaded))
         return blocks
@@ -122,13 +129,28 @@ class ClosedFormRounds:
             solve_start = time.perf_counter()
             self.state = partial if self.state is None else combine_checked(self.method, self.state, partial)
             state = self.state
-            solved = self.method.solve(state)
+            solved = self._solved(state, block.round)
         block.reported = dict(self.reported)
         classifier = check_classifier(self.method, solved, self.width, self.num_classes, block.round,
                                       lambda: statistics_finite(state))
         self.outcome.classifier = block.classifier = classifier
         self.outcome.solve_s += time.perf_counter() - solve_start
         block.accuracy = self.evaluator.submit(self.method, self.outcome.classifier)
+
+    def _solved(self, state: Any, round_number: int) -> Classifier:
+        """The method's solve of ``state``, after the second pass over what the shards kept up to ``round_number`` if
+        it asks for one."""
+        request = self.method.second_pass_request(state)
+        if request is None:
+            return self.method.solve(state)
+        uploads = [(tag, clients) for tag, clients in self.uploads if tag <= round_number]
+        second = self.pool.second_pass(self.method, self.method_ref, request, self.token, uploads,
+                                       self.postprocessing.per_client).result()
+        return self.method.solve_second(state, second)
+
+    def finish(self) -> None:
+        """Free what the run kept in the shards."""
+        self.pool.forget(self.token)
 
     def run_round(self, number: int, clients: np.ndarray) -> bool:
         return True
@@ -174,8 +196,11 @@ def run_closed_form(
     evaluate_at = eval_rounds(len(rounds), eval_every)
     path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs, postprocessing)
     name = method.name or type(method).__name__
-    run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point, path.classifier),
-                                           callbacks.loop("closed_form", name, len(rounds))])
+    try:
+        run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point, path.classifier),
+                                               callbacks.loop("closed_form", name, len(rounds))])
+    finally:
+        path.finish()
     outcome.rounds = rounds[:outcome.points[-1].round]
     return outcome
 

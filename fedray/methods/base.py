@@ -2,7 +2,10 @@
 
 ``client_statistics`` maps the data of some clients to a statistics object,
 ``combine`` adds two of them (an associative, commutative monoid), ``solve``
-turns the total into a classifier. A shard calls ``client_statistics`` on the
+turns the total into a classifier (a method whose solve needs a second look at
+uploads that grow with the clients keeps them in the shards and asks for a
+second pass: ``kept_in_shards``, ``second_pass_request``, ``second_pass``,
+``solve_second``; FedCOF's means). A shard calls ``client_statistics`` on the
 concatenated samples of many clients at once: for every method here that equals
 combining the clients' individual statistics, and it is one GEMM instead of many.
 
@@ -20,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -92,6 +95,32 @@ class ClosedFormMethod(ABC, Generic[Stats]):
 
     @abstractmethod
     def solve(self, stats: Stats) -> Classifier: ...
+
+    # --- a second pass over what stays in the shards (optional)
+
+    def kept_in_shards(self, stats: Stats) -> tuple[Stats, Any]:
+        """``stats`` (a shard's sum over some clients) split into what travels to the server and what stays in the
+        shard, for :meth:`second_pass`: a part that grows with the clients (FedCOF's received means) whose use needs
+        numbers known only once every upload is in. Default: everything travels, nothing stays (None)."""
+        return stats, None
+
+    def second_pass_request(self, total: Stats) -> Any:
+        """What the server sends the shards, given the total it received, so that they sum what stayed with them
+        (:meth:`second_pass`); None (the default): :meth:`solve` needs no second pass."""
+        return None
+
+    def second_pass(self, request: Any, kept: Any) -> Any:
+        """The second pass over one part ``kept`` (what :meth:`kept_in_shards` kept of some uploads the server has
+        received), given ``request``; a shard adds its parts' results in upload order, and the shards' sums in a
+        fixed tree order, with :meth:`combine_second` (None stands for nothing to add)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps statistics in the shards but has no second_pass")
+
+    def combine_second(self, a: Any, b: Any) -> Any:
+        return a + b
+
+    def solve_second(self, total: Stats, second: Any) -> Classifier:
+        """The classifier from the received ``total`` and the summed second pass."""
+        raise NotImplementedError(f"{type(self).__name__} asks for a second pass but has no solve_second")
 
     def upload_floats(self, federation: Federation) -> np.ndarray:
         """Floats each client uploads (shape (K,)), counted in ``bytes_up`` as float32.

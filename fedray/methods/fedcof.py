@@ -9,6 +9,11 @@ once all means are in, the statistics keep every received (class, count, mean)
 row, and Ĝ is one weighted GEMM over those rows, never a d×d matrix per class:
 since Σ_k n_kc μ_kc = N_c μ_c, the spread term equals
 Σ_rows n w_c μ_kc μ_kcᵀ − Σ_c w_c N_c μ_c μ_cᵀ.
+
+In a run through shards the rows stay in the shards that computed them
+(:meth:`FedCOF.kept_in_shards`): the server receives the class totals and the
+number of means per class, sends back w, and the shards return their part of
+the weighted GEMM (:meth:`FedCOF.second_pass`), so no process holds every mean.
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ class MeanBlock:
 
 @dataclass
 class MeanRows:
-    """Class totals plus every received mean, kept as the blocks they arrived in (no copying on combine)."""
+    """Class totals, the number of means received per class, and every received mean, kept as the blocks they arrived
+    in (no copying on combine; in a run through shards they stay in the shards, see :meth:`FedCOF.kept_in_shards`)."""
 
     counts: torch.Tensor
     sums: torch.Tensor
+    received: torch.Tensor
     blocks: list[MeanBlock]
 
 
@@ -99,10 +106,43 @@ class FedCOF(ClosedFormMethod[MeanRows]):
         row_count, row_sum = class_sums(batch.features, torch.from_numpy(group_of_row), len(groups))
         counts, sums = class_sums(batch.features, batch.labels, self.num_classes)
         row_class = torch.from_numpy(labels[np.unique(group_of_row, return_index=True)[1]]).long()
-        return MeanRows(counts, sums, [MeanBlock(row_class, row_count, row_sum / row_count.unsqueeze(1))])
+        received = torch.bincount(row_class, minlength=self.num_classes).to(torch.float64)
+        return MeanRows(counts, sums, received, [MeanBlock(row_class, row_count, row_sum / row_count.unsqueeze(1))])
 
     def combine(self, a: MeanRows, b: MeanRows) -> MeanRows:
-        return MeanRows(a.counts + b.counts, a.sums + b.sums, a.blocks + b.blocks)
+        return MeanRows(a.counts + b.counts, a.sums + b.sums, a.received + b.received, a.blocks + b.blocks)
+
+    def kept_in_shards(self, stats: MeanRows) -> tuple[MeanRows, list[MeanBlock]]:
+        """The received means stay in the shards (M × d floats: 60 GB at a million iNat-like clients); the server
+        gets the class totals and the number of means per class, which fix each mean's weight."""
+        return MeanRows(stats.counts, stats.sums, stats.received, []), stats.blocks
+
+    def second_pass_request(self, total: MeanRows) -> torch.Tensor | None:
+        """Each class's weight w_c = (N_c − 1)/(K_c − 1) (0 for a class with one mean), once all means are counted."""
+        return None if total.blocks else self.weights(total)
+
+    def second_pass(self, request: torch.Tensor, blocks: list[MeanBlock]) -> torch.Tensor | None:
+        """Σ over the kept means of n w_c μμᵀ (None where none are kept), block after block."""
+        if not blocks:
+            return None
+        total = gram(blocks[0].means, blocks[0].counts * request[blocks[0].classes])
+        for block in blocks[1:]:
+            total += gram(block.means, block.counts * request[block.classes])
+        return total
+
+    def solve_second(self, total: MeanRows, second: torch.Tensor | None) -> Classifier:
+        return self._solve_gram(self._spread(total, second), total.counts, total.sums)
+
+    def weights(self, stats: MeanRows) -> torch.Tensor:
+        """w_c = (N_c − 1)/(K_c − 1) for a class with K_c > 1 received means, else 0."""
+        received = stats.received
+        return torch.where(received > 1, (stats.counts - 1) / (received - 1).clamp(min=1), 0.0).to(torch.float64)
+
+    def _spread(self, stats: MeanRows, weighted_means: torch.Tensor | None) -> torch.Tensor:
+        """The spread from Σ_rows n w_c μμᵀ (``weighted_means``; None: no means) and the class totals."""
+        means = stats.sums / stats.counts.clamp(min=1).unsqueeze(1)
+        between = gram(means, self.weights(stats) * stats.counts)
+        return -between if weighted_means is None else weighted_means - between
 
     def _solve_gram(self, spread: torch.Tensor, counts: torch.Tensor, sums: torch.Tensor) -> Classifier:
         """W from the between-mean spread Σ_c (N_c−1) Σ̂_c (shrinkage and global term added here)."""
@@ -118,13 +158,7 @@ class FedCOF(ClosedFormMethod[MeanRows]):
 
     def spread(self, stats: MeanRows) -> torch.Tensor:
         """Σ_c (N_c−1) Σ̂_c without shrinkage: the between-client-means scatter, weighted."""
-        means = stats.sums / stats.counts.clamp(min=1).unsqueeze(1)
-        received = sum(torch.bincount(block.classes, minlength=self.num_classes) for block in stats.blocks)
-        weight = torch.where(received > 1, (stats.counts - 1) / (received - 1).clamp(min=1), 0.0).to(torch.float64)
-        spread = -gram(means, weight * stats.counts)
-        for block in stats.blocks:
-            spread += gram(block.means, block.counts * weight[block.classes])
-        return spread
+        return self._spread(stats, self.second_pass(self.weights(stats), stats.blocks))
 
     def rows_per_client(self, federation: Federation) -> np.ndarray:
         """Mean rows each client uploads (one per class it holds unless several means are asked for)."""
@@ -158,6 +192,13 @@ class FedCOFOracle(FedCOF):
 
     def combine(self, a: ClassCovarianceSums, b: ClassCovarianceSums) -> ClassCovarianceSums:  # type: ignore[override]
         return ClassCovarianceSums(a.counts + b.counts, a.sums + b.sums, a.gram + b.gram)
+
+    def kept_in_shards(self, stats: ClassCovarianceSums) -> tuple[ClassCovarianceSums, None]:  # type: ignore[override]
+        """Fixed-size sums: everything travels (the base class's default, which FedCOF's means override)."""
+        return stats, None
+
+    def second_pass_request(self, total: ClassCovarianceSums) -> None:  # type: ignore[override]
+        return None
 
     def solve(self, stats: ClassCovarianceSums) -> Classifier:  # type: ignore[override]
         """Σ_c (N_c−1) Σ_c = Σ zzᵀ − Σ_c N_c μ_c μ_cᵀ: the exact pooled within-class scatter."""

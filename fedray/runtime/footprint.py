@@ -6,7 +6,9 @@ M the client-class pairs, N_s a shard's training samples, B the samples of one
 block (the clients a shard serves in one evaluation block, or in one round
 when training: at most N_s, and at most the largest such set of clients):
 
-  every shard   its features and labels (N_s × (4d + 8)); the block's rows gathered
+  every shard   its features and labels (N_s × (4d + 8); N_s × 16 for a federation
+                that streams its features, whose block is then at most
+                STREAMED_ROWS samples plus a client); the block's rows gathered
                 (B × (4d + 8)) and their float64 design (B × 8p, plus the float32
                 output of the method's feature map); four statistics objects at
                 once (a partial received in the tree reduction, its own, their sum,
@@ -18,8 +20,10 @@ when training: at most N_s, and at most the largest such set of clients):
 
 Statistics: fedncm C × d; fed3r and ffc p × p + p × C with p = d (+ 1 with
 --bias); fed3r-rf the same with p = D (plus the d × D random map everywhere);
-fedcof C × d and the received means, at most M × --means-per-class × d (the
-shard that ends the tree reduction holds them all); fedcof-oracle d × d + C × d.
+fedcof C × d and the received means, at most M × --means-per-class × d, which
+stay in the shards that computed them, each keeping at most its budget
+(:mod:`fedray.runtime.kept`; the rest is computed again at each solve);
+fedcof-oracle d × d + C × d.
 A gradient method on features adds its trained parameters P (C(d + 1); with
 --head sphere, l(d + 1) + lC) four times everywhere, its round's logits in a
 shard (5 × B × 4C), and its clients' states in the shards: SCAFFOLD's gradient
@@ -48,6 +52,7 @@ from fedray.core.federation import STREAMED_ROWS, Federation
 from fedray.methods.evaluation import CHUNK
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.training.dual_form import dual_form
+from fedray.runtime.kept import default_budget
 
 FLOAT32, FLOAT64, INT64 = 4, 8, 8
 SHARD_COPIES = 4
@@ -163,8 +168,8 @@ def _closed_form(method: str, federation: Federation, d: int, bias: bool, rf_dim
         sums,
         Term(f"the d × d covariance and Gram matrices (float64, d = {d})", "lower the feature dimension d",
              per_shard=SHARD_COPIES * covariance if oracle else 0, driver=((DRIVER_COPIES if oracle else 0) + 3) * covariance),
-        Term("the received class means (M × d float64 for each mean per class)", "lower --means-per-class",
-             per_shard=means, driver=means),
+        Term("the received class means (M × d float64 for each mean per class, kept in the shards up to their budget)",
+             "lower --means-per-class", per_shard=min(means, default_budget())),
     )
 
 

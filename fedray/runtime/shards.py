@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import resource
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial, reduce
 from typing import Any
@@ -34,6 +34,7 @@ from fedray.methods.checks import combine_checked
 from fedray.methods.postprocessor import Postprocessing
 from fedray.runtime.cluster import check_memory
 from fedray.runtime.client_states import ClientStates
+from fedray.runtime.kept import KeptParts, SecondPass
 from fedray.runtime.footprint import Footprint
 from fedray.runtime.placement import default_count
 from fedray.runtime.actor_group import ActorGroup, Reduction, balanced_bounds, combine_partials, tree_reduce
@@ -152,11 +153,12 @@ class ShardActor:
     :meth:`ShardPool.wait` to raise in the driver as one line.
     """
 
-    def __init__(self, rows: ShardRows, threads: int) -> None:
+    def __init__(self, rows: ShardRows, threads: int, kept_budget: int | None = None) -> None:
         torch.set_num_threads(threads)
         tensor_transfer.register()
         self.first_client = rows.first_client
         self.client_states = ClientStates(lost=ray.get_runtime_context().was_current_actor_reconstructed)
+        self.kept = KeptParts() if kept_budget is None else KeptParts(kept_budget)
         self.error: str | None = None
         self._staging = torch.empty(0)
         try:
@@ -203,22 +205,61 @@ class ShardActor:
         return self._staging[:rows]
 
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None = None,
-                   rounds: np.ndarray | None = None) -> Any:
+                   rounds: np.ndarray | None = None, keep: tuple[str, int] | None = None) -> Any:
         """Statistics summed over ``clients`` (global numbers, in upload order; ``rounds``: when each uploads); None if
         there are none. With a postprocessor that sees each client's upload, client by client through it, summed in
-        that order if it changed any (else the batched statistics, bit for bit those of a run without it)."""
+        that order if it changed any (else the batched statistics, bit for bit those of a run without it).
+
+        ``keep`` (run token, block tag): what the method keeps in the shards (``kept_in_shards``) stays here for
+        :meth:`second_pass`, and only the rest is returned.
+        """
         if not len(clients):
             return None
-        if postprocessing is not None and postprocessing.per_client:
+        per_client = postprocessing is not None and postprocessing.per_client
+        total, kept = None, []
+        for stats in self._uploads(method, clients, postprocessing if per_client else None, rounds):
+            if keep is not None:
+                stats, part = method.kept_in_shards(stats)
+                kept.append(part)
+            total = stats if total is None else combine_checked(method, total, stats)
+        if keep is not None and any(part is not None for part in kept):
+            self.kept.add(*keep, kept, must_keep=per_client)
+        return total
+
+    def _uploads(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None,
+                 rounds: np.ndarray | None) -> Iterator[Any]:
+        """The statistics of ``clients``, as one sum (through ``postprocessing``'s client hooks, if given), or as
+        one per run of clients where this shard streams its features (their sum is the clients')."""
+        if postprocessing is not None:
             uploads = ((client, number, method.client_statistics(self._batch(np.array([client]), method.features_dtype)))
                        for client, number in zip(clients.tolist(), rounds.tolist()))
             total = postprocessing.client_sum(uploads, partial(combine_checked, method))
             if total is not None:
-                return total
-        if self.features is None:
-            chunks = (method.client_statistics(self._batch(chunk, method.features_dtype)) for chunk in self._runs(clients))
-            return reduce(partial(combine_checked, method), chunks)
-        return method.client_statistics(self._batch(clients, method.features_dtype))
+                yield total
+                return
+        for run in self._runs(clients) if self.features is None else [clients]:
+            yield method.client_statistics(self._batch(run, method.features_dtype))
+
+    def second_pass(self, method: ClosedFormMethod, request: Any, token: str, uploads: list[tuple[int, np.ndarray]],
+                    per_client: bool) -> Any:
+        """``method``'s second pass over what its run (``token``) kept here from the blocks ``uploads`` ((tag, this
+        shard's clients that uploaded in it), in order): one ``second_pass`` per kept part, added in order. A part not
+        kept (over the budget, or lost when Ray restarted this shard) is computed again from its clients' rows."""
+        total = None
+        for tag, clients in uploads:
+            parts = self.kept.parts(token, tag)
+            if parts is None and len(clients):
+                if per_client:
+                    raise FedrayError(f"a restarted shard lost the uploads {method.name or type(method).__name__} kept "
+                                      f"in it, which a per-client postprocessor changed: run it again")
+                parts = (method.kept_in_shards(stats)[1] for stats in self._uploads(method, clients, None, None))
+            for part in parts or ():
+                total = combine_partials(total, method.second_pass(request, part), method.combine_second)
+        return total
+
+    def forget(self, token: str) -> None:
+        """Drop what run ``token`` kept here."""
+        self.kept.forget(token)
 
     def _runs(self, clients: np.ndarray) -> list[np.ndarray]:
         """``clients`` cut into runs of about :data:`STREAMED_ROWS` samples (a client's rows stay in one run), for a
@@ -277,6 +318,7 @@ class ShardPool(ActorGroup):
         cpus_per_shard: float = 1,
         trial_group: PlacementGroup | None = None,
         footprints: Sequence[Footprint] = (),
+        kept_budget: int | None = None,
     ) -> "ShardPool":
         """Start the shards in a placement group of their own, or in bundles 1.. of ``trial_group``.
 
@@ -284,7 +326,8 @@ class ShardPool(ActorGroup):
         is the trial's driver), reserved by the sweep with one bundle per
         shard, so trials never compete with each other for shard CPUs.
         ``footprints`` (the run's estimated memory, stage by stage) must fit
-        the cluster before any shard starts.
+        the cluster before any shard starts. ``kept_budget``: bytes each shard keeps for a method's second pass
+        (default :func:`~fedray.runtime.kept.default_budget`; what exceeds it is computed again when needed).
         """
         federation.require_features()
         if trial_group is not None:
@@ -304,7 +347,7 @@ class ShardPool(ActorGroup):
                 check_memory(footprint, np.diff(federation.client_offsets[bounds]), np.diff(tests))
 
         threads = max(1, int(cpus_per_shard))
-        arguments = [(ShardRows.of(federation, (int(a), int(b)), (int(t), int(u))), threads)
+        arguments = [(ShardRows.of(federation, (int(a), int(b)), (int(t), int(u))), threads, kept_budget)
                      for a, b, t, u in zip(bounds[:-1], bounds[1:], tests[:-1], tests[1:])]
         in_memory = {} if federation.spec is not None else {"max_restarts": 0, "max_task_retries": 0}
         pool = cls.launch(ShardActor, bundle, arguments, bounds, what=f"{shards} shard{'s' if shards > 1 else ''}{cut} × "
@@ -327,20 +370,41 @@ class ShardPool(ActorGroup):
         return len(self.actors)
 
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray, method_ref: ray.ObjectRef | None = None,
-                   postprocessing: Postprocessing | None = None, rounds: np.ndarray | None = None) -> Reduction:
+                   postprocessing: Postprocessing | None = None, rounds: np.ndarray | None = None,
+                   keep: tuple[str, int] | None = None) -> Reduction:
         """Submit the statistics of ``clients`` to their shards and tree-reduce the partial sums (``.result()``: the sum).
 
         ``method_ref`` is ``method`` put in the object store (once per run, by a caller that submits many blocks);
-        ``postprocessing``'s client hooks see each upload, made in round ``rounds[i]`` by ``clients[i]``.
+        ``postprocessing``'s client hooks see each upload, made in round ``rounds[i]`` by ``clients[i]``; ``keep``
+        (run token, block tag): what the method keeps in the shards stays there, for :meth:`second_pass`.
         """
         self.wait()
         method_ref = ray.put(method) if method_ref is None else method_ref
         owners = self.owners(clients)
         per_client = postprocessing is not None and postprocessing.per_client
         partials = [(actor.statistics.remote(method_ref, clients[owners == index], postprocessing if per_client else None,
-                                             rounds[owners == index] if per_client else None), actor)
+                                             rounds[owners == index] if per_client else None, keep), actor)
                     for index, actor in enumerate(self.actors)]
         return tree_reduce(method_ref, partials, partial(combine_checked, method))
+
+    def second_pass(self, method: ClosedFormMethod, method_ref: ray.ObjectRef, request: Any, token: str,
+                    uploads: list[tuple[int, np.ndarray]], per_client: bool = False) -> Reduction:
+        """Submit ``method``'s second pass over what run ``token`` kept in the shards from the blocks ``uploads`` ((tag,
+        the clients that uploaded in it)) and tree-reduce the shards' sums (``.result()``: the sum)."""
+        self.wait()
+        adder = ray.put(SecondPass(method))
+        request_ref = ray.put(request)
+        owned = [(tag, self.owners(clients), clients) for tag, clients in uploads]
+        partials = [(actor.second_pass.remote(method_ref, request_ref, token,
+                                              [(tag, clients[owners == index]) for tag, owners, clients in owned],
+                                              per_client), actor)
+                    for index, actor in enumerate(self.actors)]
+        return tree_reduce(adder, partials, method.combine_second)
+
+    def forget(self, token: str) -> None:
+        """Drop what run ``token`` kept in the shards."""
+        for actor in self.actors:
+            actor.forget.remote(token)
 
     def correct(self, feature_map: ray.ObjectRef, classifier: ray.ObjectRef) -> list[ray.ObjectRef]:
         """Each shard's count of the correct predictions of ``classifier`` on its test rows through ``feature_map``,

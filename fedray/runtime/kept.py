@@ -1,0 +1,58 @@
+"""What a closed-form method keeps in a shard for its second pass (FedCOF's received means), within a memory budget.
+
+A method whose solve needs a second look at what clients sent (``ClosedFormMethod.kept_in_shards``) leaves that
+part in the shard that computed it, tagged by the run and the block of rounds it came in. Parts beyond the
+shard's budget are not kept: the second pass computes them again from the clients' rows, in the same runs of
+clients and so to the same bits (as it does after Ray restarted a shard, which lost them).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedray.methods.base import ClosedFormMethod, floats_in
+
+KEPT_SHARE = 8
+"""A shard keeps at most 1/KEPT_SHARE of its machine's memory of parts (the rest is computed again when needed)."""
+
+
+def default_budget() -> int:
+    """Bytes of kept parts a shard holds: :data:`KEPT_SHARE`'s share of this machine's memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // KEPT_SHARE
+
+
+@dataclass(frozen=True)
+class SecondPass:
+    """A method's second-pass sums as the tree reduction adds them (its ``combine``)."""
+
+    method: ClosedFormMethod
+
+    def combine(self, a: Any, b: Any) -> Any:
+        return self.method.combine_second(a, b)
+
+
+@dataclass
+class KeptParts:
+    """Kept parts by run token and block tag: a list per block (one per run of clients), or None where not kept."""
+
+    budget: int = field(default_factory=default_budget)
+    used: int = 0
+    runs: dict[str, dict[int, list[Any] | None]] = field(default_factory=dict)
+
+    def add(self, token: str, tag: int, parts: list[Any], must_keep: bool = False) -> None:
+        """Keep ``parts`` if they fit the budget (or ``must_keep``: they cannot be computed again)."""
+        size = 8 * floats_in(parts)
+        held = must_keep or self.used + size <= self.budget
+        self.used += size if held else 0
+        self.runs.setdefault(token, {})[tag] = parts if held else None
+
+    def parts(self, token: str, tag: int) -> list[Any] | None:
+        """The parts of block ``tag``, None where they were not kept (over the budget, or lost with a restart)."""
+        return self.runs.get(token, {}).get(tag)
+
+    def forget(self, token: str) -> None:
+        """Drop a finished run's parts."""
+        for parts in self.runs.pop(token, {}).values():
+            self.used -= 8 * floats_in(parts) if parts is not None else 0

@@ -1,0 +1,142 @@
+"""A closed-form method's second pass: what grows with the clients (FedCOF's received means) stays in the shards, the
+server sends what the solve needs, the shards return their sums. Parts over a shard's budget, or lost with a restarted
+shard, are computed again from the rows, to the same bits."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from fedray.data import synthetic
+from fedray.data.registry import load_federation
+from fedray.engine.config import RunConfig
+from fedray.engine.plan import build_method
+from fedray.engine.run_config import simulate
+from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
+from fedray.runtime.evaluator import Evaluator
+from fedray.runtime.shards import ShardPool
+from tests.reference import fedcof_algorithm1, features_and_labels, max_relative_difference
+
+
+def run_on(pool, method="fedcof", **options):
+    config = RunConfig(**{"quiet": True, "method": method, "clients_per_round": 20, "eval_every": 4, **options})
+    return simulate(config, build_method(config, pool.federation), pool, Evaluator(pool))[2]
+
+
+@pytest.fixture(scope="module")
+def federation():
+    return synthetic.build("inat-user-120k", dim=16, scale=0.03, classes=30, seed=5)
+
+
+@pytest.fixture(scope="module")
+def kept(ray_session, federation):
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25)
+    yield pool
+    pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def recomputed(ray_session, federation):
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25, kept_budget=0)
+    yield pool
+    pool.shutdown()
+
+
+def test_fedcof_through_the_second_pass_is_its_algorithm_1(kept, federation):
+    outcome = run_on(kept)
+    z, labels, offsets = features_and_labels(federation)
+    reference = fedcof_algorithm1(z, labels, offsets, federation.num_classes, 0.1)
+    assert max_relative_difference(outcome.classifier.weight, reference) <= 1e-8
+
+
+def test_the_driver_receives_no_means(kept, monkeypatch):
+    """The server's state holds class totals and counts of means (C × d), never a received mean."""
+    from fedray.methods.fedcof import FedCOF
+
+    seen = []
+    solve_second = FedCOF.solve_second
+    monkeypatch.setattr(FedCOF, "solve_second", lambda self, total, second: seen.append(total) or solve_second(self, total, second))
+    run_on(kept)
+    assert seen and all(total.blocks == [] for total in seen)
+    assert all(tuple(total.sums.shape) == (30, 16) for total in seen)
+
+
+def test_parts_over_the_budget_are_computed_again_to_the_same_bits(kept, recomputed):
+    held, again = run_on(kept), run_on(recomputed)
+    assert torch.equal(held.classifier.weight, again.classifier.weight)
+    assert [p.accuracy for p in held.points] == [p.accuracy for p in again.points]
+
+
+def test_a_restarted_shard_computes_its_lost_parts_again(kept, federation):
+    clean = run_on(kept)
+    killed = []
+
+    class KillOnce(Evaluator):
+        def submit(self, feature_map, classifier):
+            if not killed:
+                killed.append(True)
+                ray.kill(kept.actors[0], no_restart=False)
+            return super().submit(feature_map, classifier)
+
+    config = RunConfig(quiet=True, method="fedcof", clients_per_round=20, eval_every=4)
+    outcome = simulate(config, build_method(config, federation), kept, KillOnce(kept))[2]
+    assert killed and torch.equal(clean.classifier.weight, outcome.classifier.weight)
+
+
+class SpreadOfClientMeans(ClosedFormMethod):
+    """A plugin with a second pass: each client sends its count and mean feature; the server needs the global mean μ
+    before it can sum Σ_k n_k (μ_k − μ)(μ_k − μ)ᵀ, the between-client scatter. Its 'classifier' is that matrix's
+    diagonal in every class column (a probe of the API, not a classifier)."""
+
+    def client_statistics(self, batch: ClientBatch) -> "Totals":
+        counts = torch.from_numpy(np.diff(batch.offsets)).double()
+        sums = torch.zeros(len(counts), self.dim, dtype=torch.float64).index_add_(0, batch.client_of_row,
+                                                                                   batch.features.double())
+        return Totals(counts.sum(), sums.sum(0), [(counts, sums / counts.unsqueeze(1))])
+
+    def combine(self, a, b):
+        return Totals(a.count + b.count, a.sum + b.sum, a.means + b.means)
+
+    def kept_in_shards(self, stats):
+        return Totals(stats.count, stats.sum, []), stats.means
+
+    def second_pass_request(self, total):
+        return total.sum / total.count
+
+    def second_pass(self, mean, kept):
+        out = torch.zeros(self.dim, self.dim, dtype=torch.float64)
+        for counts, means in kept:
+            out += (means - mean).T @ ((means - mean) * counts.unsqueeze(1))
+        return out
+
+    def solve(self, stats):
+        raise AssertionError("the second pass solves")
+
+    def solve_second(self, total, second):
+        return Classifier(second.diagonal().unsqueeze(1).repeat(1, self.num_classes))
+
+
+@dataclass
+class Totals:
+    count: torch.Tensor
+    sum: torch.Tensor
+    means: list
+
+
+def test_a_plugin_keeps_its_uploads_in_the_shards(ray_session):
+    population = load_federation("synthetic:inat-user-120k?clients=400&dim=6&classes=10&seed=2")
+    pool = ShardPool.start(population, num_shards=2, cpus_per_shard=0.25)
+    try:
+        config = RunConfig(quiet=True, clients_per_round=100, eval_every=2)
+        outcome = simulate(config, SpreadOfClientMeans(6, 10), pool, Evaluator(pool))[2]
+    finally:
+        pool.shutdown()
+    # written out: every client's mean, the global mean, the weighted scatter's diagonal
+    sample_ids, _, offsets = population.train_arrays(0, population.num_clients)
+    z = population.source.features("train", sample_ids).double().numpy()
+    means = np.stack([z[a:b].mean(0) for a, b in zip(offsets[:-1], offsets[1:])])
+    sizes = np.diff(offsets)
+    centred = means - z.mean(0)
+    np.testing.assert_allclose(outcome.classifier.weight[:, 0].numpy(), (sizes[:, None] * centred ** 2).sum(0), rtol=1e-9)
