@@ -18,7 +18,7 @@ import resource
 from pathlib import Path
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial, reduce
+from functools import partial
 from typing import Any
 
 import numpy as np
