@@ -171,7 +171,7 @@ class Federation:
             np.add.at(out, first + pairs // self.num_classes, weight(counts))
         return out
 
-    def label_chunks(self, samples: int = 1 << 22) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    def label_chunks(self, samples: int = 1 << 18) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """``(first_client, labels, offsets)`` of consecutive runs of whole clients, about ``samples`` rows each (so a
         pass over every label holds one run at a time)."""
         offsets = self.client_offsets

@@ -19,9 +19,10 @@ per-sample array of the whole federation:
 - features follow the stand-ins' feature model (:class:`SyntheticFeatures`),
   and the test set is the stand-in's (the real split's test rows).
 
-Random numbers come from generators seeded by (seed, block of
-:data:`~fedray.data.synthetic.BLOCK` row numbers), so the labels and
-features of a client are the same in whichever process generates them.
+A row's label is a pure function of (seed, row number) (a counter-based
+generator), and a client's feature noise comes from a generator seeded by
+(seed, client), so any client's rows are the same in whichever process
+generates them, alone or among others.
 """
 
 from __future__ import annotations
@@ -32,15 +33,32 @@ from urllib.parse import urlencode
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from fedray.core.errors import FedrayError
+from fedray.core.threads import single_threaded
 from fedray.core.federation import TEST, TRAIN, Federation, split_table
-from fedray.data.synthetic import BLOCK, POOLS, SPLITS, Pool, SyntheticFeatures, pool_labels, real_client_sizes
+from fedray.data.synthetic import LOW_RANK, POOLS, SPLITS, Pool, SyntheticFeatures, pool_labels, real_client_sizes
+
+
+def _mixed(values: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer: uint64 values to well-mixed uint64 values (a counter-based generator's core)."""
+    with np.errstate(over="ignore"):
+        x = values.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _uniform(seed: int, stream: int, rows: np.ndarray) -> np.ndarray:
+    """Uniform numbers in [0, 1), one per row number, a pure function of (seed, stream, row)."""
+    key = _mixed(np.array([seed * 64 + stream], dtype=np.uint64))[0]
+    return (_mixed(rows.astype(np.uint64) ^ key) >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 @dataclass(frozen=True)
 class ClassLine:
-    """Labels of a population's training rows, generated block by block from (seed, block)."""
+    """Labels of a population's training rows, each a pure function of (seed, row number): any rows, any process."""
 
     seed: int
     tau: float
@@ -50,45 +68,60 @@ class ClassLine:
 
     def labels(self, first: int, stop: int) -> np.ndarray:
         """Labels (int32) of training rows ``first .. stop-1``."""
-        out = np.empty(stop - first, dtype=np.int32)
-        for block in range(first // BLOCK, -(-stop // BLOCK)):
-            start = block * BLOCK
-            rng = np.random.default_rng([self.seed, 31, block])
-            jitter, noise = rng.random(BLOCK), rng.standard_normal(BLOCK)
-            lo, hi = max(first, start), min(stop, start + BLOCK)
-            rows = np.arange(lo, hi)
-            position = (rows + jitter[rows - start]) / self.num_train + self.tau * noise[rows - start]
-            position = np.abs(position)  # reflected at 0 ...
-            position = np.where(position >= 1, 2 - position, position)  # ... and at 1
-            position = np.clip(position, 0.0, np.nextafter(1.0, 0.0))
-            out[lo - first:hi - first] = np.searchsorted(self.edges, position, side="right") - 1
-        return out
+        return self.labels_at(np.arange(first, stop, dtype=np.int64))
 
     def labels_at(self, rows: np.ndarray) -> np.ndarray:
-        """Labels of any training rows (row numbers, in any order)."""
+        """Labels of any training rows (row numbers, in any order): the class at ``(row + U)/N + tau·ε``, reflected
+        into [0, 1) (ε standard normal by Box-Muller)."""
         rows = np.asarray(rows, dtype=np.int64)
-        if not len(rows):
-            return np.empty(0, dtype=np.int32)
-        first, stop = int(rows.min()), int(rows.max()) + 1
-        if stop - first <= 4 * len(rows) + BLOCK:
-            return self.labels(first, stop)[rows - first]
-        out = np.empty(len(rows), dtype=np.int32)
-        for block in np.unique(rows // BLOCK):
-            mine = rows // BLOCK == block
-            out[mine] = self.labels(int(block) * BLOCK, min(int(block + 1) * BLOCK, self.num_train))[rows[mine] - block * BLOCK]
-        return out
+        jitter, radius, angle = (_uniform(self.seed, stream, rows) for stream in (1, 2, 3))
+        noise = np.sqrt(-2.0 * np.log1p(-radius)) * np.cos(2.0 * np.pi * angle)
+        position = np.abs((rows + jitter) / self.num_train + self.tau * noise)  # reflected at 0 ...
+        position = np.where(position >= 1, 2 - position, position)  # ... and at 1
+        position = np.clip(position, 0.0, np.nextafter(1.0, 0.0))
+        return (np.searchsorted(self.edges, position, side="right") - 1).astype(np.int32)
 
 
 @dataclass
 class PopulationFeatures(SyntheticFeatures):
-    """The stand-ins' feature model over a population: train labels come from its :class:`ClassLine`."""
+    """The stand-ins' feature model over a population, each client's noise drawn from a generator of its own (seeded
+    by (seed, client)): a shard's runs of scattered clients generate just their rows. Test rows are the stand-in's."""
 
     line: ClassLine | None = None
+    offsets: np.ndarray | None = None
 
     def labels_of(self, split: str, sample_ids: np.ndarray) -> np.ndarray:
         if split == TRAIN:
             return self.line.labels_at(sample_ids)
         return super().labels_of(split, sample_ids)
+
+    def features(self, split: str, sample_ids: np.ndarray) -> torch.Tensor:
+        if split != TRAIN:
+            return super().features(split, sample_ids)
+        sample_ids = np.asarray(sample_ids, dtype=np.int64)
+        labels = torch.from_numpy(self.line.labels_at(sample_ids).astype(np.int64))
+        clients = np.searchsorted(self.offsets, sample_ids, side="right") - 1
+        order = np.argsort(clients, kind="stable")
+        present, starts = np.unique(clients[order], return_index=True)
+        seeds = _mixed(present.astype(np.uint64) ^ _mixed(np.array([self.seed * 64 + 5], dtype=np.uint64))[0])
+        out = torch.empty(len(sample_ids), self.dim)
+        with single_threaded():  # a client's few rows: on a busy machine, two threads' handovers cost 50× the work
+            self._fill(out, sample_ids, labels, order, present, starts, seeds)
+        return out
+
+    def _fill(self, out: torch.Tensor, sample_ids: np.ndarray, labels: torch.Tensor, order: np.ndarray,
+              present: np.ndarray, starts: np.ndarray, seeds: np.ndarray) -> None:
+        """``out``'s rows, client after client (``present``, whose rows are ``order[starts[i]:starts[i+1]]``)."""
+        model = self._model
+        for client, seed, start, stop in zip(present.tolist(), seeds.tolist(), starts.tolist(),
+                                             [*starts[1:].tolist(), len(order)]):
+            g = torch.Generator().manual_seed(seed >> 1)  # a non-negative 63-bit seed
+            size = int(self.offsets[client + 1] - self.offsets[client])
+            noise = torch.randn(size, self.dim, generator=g) * model["scales"]
+            noise += torch.randn(size, LOW_RANK, generator=g) @ model["low_rank"]
+            rows = torch.from_numpy(order[start:stop])
+            within = torch.from_numpy(sample_ids[order[start:stop]] - self.offsets[client])
+            out[rows] = (noise[within] + model["base"] + model["means"][labels[rows]]).clamp_(0.0, 6.0)
 
 
 @dataclass(frozen=True)
@@ -156,8 +189,9 @@ def build(split: str, clients: int, dim: int = 1280, seed: int = 0, classes: int
     labels_by_class, test_labels = pool_labels(_test_pool(shape.pool, num_classes), seed)
     counts = np.bincount(labels_by_class, minlength=num_classes)
     line = ClassLine(seed, shape.tau, np.concatenate([[0.0], np.cumsum(counts) / counts.sum()]), pool.num_train)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     source = PopulationFeatures(pool=pool, dim=dim, seed=seed, train_labels=np.zeros(0, np.int32),
-                                test_labels=test_labels, line=line)
+                                test_labels=test_labels, line=line, offsets=offsets)
     n_test = len(test_labels)
     table = split_table(pa.nulls(n_test, pa.string()), np.arange(n_test), test_labels, np.repeat(TEST, n_test))
     options = {"classes": classes, "clients": clients, "dim": dim, "seed": seed}

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -30,6 +28,7 @@ import torch
 
 from fedray.core.accounting import PaperCosts
 from fedray.core.federation import Federation
+from fedray.core.threads import single_threaded
 
 FLOAT_BYTES = 4
 """Uploads are counted as float32 values, the papers' convention."""
@@ -203,26 +202,6 @@ def column_norms(weight: torch.Tensor) -> torch.Tensor:
 def normalize_columns(weight: torch.Tensor) -> torch.Tensor:
     """Each column divided by its norm; all-zero columns (unseen classes) stay zero."""
     return weight / column_norms(weight)
-
-
-@contextmanager
-def single_threaded() -> Iterator[None]:
-    """Torch's CPU work inside on one intra-op thread, the caller's thread count restored after.
-
-    MKL's LAPACK and GEMMs and torch's reductions over more than 32,768
-    elements split their work, and with it the order of their additions, by
-    the number of threads: the same 51 × 51 system solved on 1 and on 2
-    threads differs in the last bits, and a residual summed to ~1e-17 changes
-    sign. The driver's thread count is its machine's (or its Tune trial's
-    CPUs), not the run's configuration, so what it computes for a result row
-    runs here; one thread gives one order, wherever it runs.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def spd_solve(matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:

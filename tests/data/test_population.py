@@ -39,10 +39,19 @@ def test_any_clients_rows_are_the_same_whichever_range_generates_them():
     whole = federation.source.features("train", ids)
     some = np.array([ids[offsets[77]], ids[3], ids[-1], ids[offsets[200]] + 1])
     assert torch.equal(federation.source.features("train", some), whole[torch.from_numpy(some)])
-    # the features are the stand-ins' model with each row's own label: the model fed the labels as a table
-    by_table = synthetic.SyntheticFeatures(federation.source.pool, federation.dim, 4, train_labels=labels,
-                                           test_labels=np.zeros(0, np.int32))
-    assert torch.equal(by_table.features("train", ids), whole)
+    part = federation.source.features("train", part_ids)
+    assert torch.equal(part, whole[offsets[40]:offsets[90]])
+
+
+def test_each_rows_features_are_drawn_for_its_own_label():
+    """With a model whose class means are 3·e_c (no base, almost no noise), a row's largest coordinate is its label."""
+    federation = load_federation("synthetic:inat-user-120k?clients=200&dim=24&classes=20&seed=4")
+    ids, labels, _ = federation.train_arrays(0, federation.num_clients)
+    model = dict(federation.source._model)
+    model.update(means=3 * torch.eye(20, 24), base=torch.zeros(24), scales=torch.full((24,), 1e-6),
+                 low_rank=torch.zeros_like(model["low_rank"]))
+    federation.source.__dict__["_model"] = model
+    assert np.array_equal(federation.source.features("train", ids).argmax(1).numpy(), labels)
 
 
 def test_label_skew_is_the_real_splits():

@@ -1,0 +1,28 @@
+"""Torch's CPU work on one thread where the result or the speed depends on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+@contextmanager
+def single_threaded() -> Iterator[None]:
+    """Torch's CPU work inside on one intra-op thread, the caller's thread count restored after.
+
+    MKL's LAPACK and GEMMs and torch's reductions over more than 32,768
+    elements split their work, and with it the order of their additions, by
+    the number of threads: the same 51 × 51 system solved on 1 and on 2
+    threads differs in the last bits, and a residual summed to ~1e-17 changes
+    sign. The driver's thread count is its machine's (or its Tune trial's
+    CPUs), not the run's configuration, so what it computes for a result row
+    runs here; one thread gives one order, wherever it runs.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,138 @@
+"""Benchmark: FedNCM, Fed3R and FedCOF over populations of 10⁴, 10⁵ and 10⁶ clients.
+
+    python -m jobs.bench_scale [--clients 10000,100000,1000000] [--methods fedncm,fed3r,fedcof] [--dim 1280]
+
+Each point runs one method on ``synthetic:inat-user-120k?clients=K`` (d = 1,280,
+C = 1,203; about 13 samples a client, so 13 million samples at 10⁶), every client
+once, 100 clients per round, evaluation every 10% of the run, in a fresh process
+as ``fedray run`` would (2 shards on a 2-core machine: Ray's default), and
+reports its wall time (the whole process, from the interpreter's start), the
+driver's and the largest shard's peak resident memory, the bytes each client
+uploads and the final accuracy. The shards generate their own clients' rows; the
+driver holds per-client numbers only, so its peak should not grow with K.
+
+``bare_gemm_s`` is the lower bound, for each K, measured in a process of its own
+with every core: generating the same features (the population's own generator)
+and the bare float64 Gram ZᵀZ over them, run by run of rows as the shards do
+(``generate_s``, ``gram_s`` and their sum); ``ratio_vs_bare`` is a point's
+wall time over that sum. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+MB = 2**20
+PER_ROUND = 100
+
+
+def dataset(clients: int, dim: int) -> str:
+    return f"synthetic:inat-user-120k?clients={clients}&dim={dim}"
+
+
+def one_point(method: str, clients: int, dim: int) -> dict:
+    """One run, in this process; its figures."""
+    import ray
+
+    from fedray.data.registry import load_federation
+    from fedray.engine.config import RunConfig
+    from fedray.engine.plan import plan
+    from fedray.engine.run_config import simulate
+    from fedray.runtime.evaluator import Evaluator
+    from fedray.runtime.session import init_ray
+    from fedray.runtime.shards import ShardPool, peak_memory_bytes
+
+    rounds = math.ceil(clients / PER_ROUND)
+    config = RunConfig(method=method, dataset=dataset(clients, dim), clients_per_round=PER_ROUND,
+                       eval_every=max(1, rounds // 10), quiet=True, out=tempfile.mkdtemp(prefix="fedray-scale-"))
+    config = config.validate().resolved()
+    federation = load_federation(config.dataset)
+    run = plan(config, federation)
+    built = run.stages[0].method.build(federation)
+    init_ray()
+    pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, footprints=run.footprints)
+    _, rows, _ = simulate(config, built, pool, Evaluator(pool))
+    shard_peak = max(pool.peak_memory_bytes())
+    pool.shutdown()
+    ray.shutdown()
+    return {
+        "method": method,
+        "clients": clients,
+        "samples": int(federation.client_offsets[-1]),
+        "rounds": rows[-1]["round"],
+        "wall_s": round(time.perf_counter() - STARTED, 1),
+        "clients_per_s": round(clients / (time.perf_counter() - STARTED)),
+        "driver_peak_rss_mb": round(peak_memory_bytes() / MB),
+        "shard_peak_rss_mb": round(shard_peak / MB),
+        "bytes_up_per_client": round(rows[-1]["bytes_up"] / clients),
+        "accuracy": round(rows[-1]["accuracy"], 4),
+    }
+
+
+def bare(clients: int, dim: int) -> dict:
+    """Generating every training feature of the population and the bare float64 ZᵀZ, run by run, in this process."""
+    import numpy as np
+
+    from fedray.core.federation import STREAMED_ROWS, TRAIN
+    from fedray.data.registry import load_federation
+    from fedray.methods.base import gram
+
+    federation = load_federation(dataset(clients, dim))
+    samples = int(federation.client_offsets[-1])
+    total = None
+    generate_s = gram_s = 0.0
+    for start in range(0, samples, STREAMED_ROWS):
+        begun = time.perf_counter()
+        z = federation.source.features(TRAIN, np.arange(start, min(start + STREAMED_ROWS, samples)))
+        generated = time.perf_counter()
+        part = gram(z)
+        total = part if total is None else total.add_(part)
+        gram_s += time.perf_counter() - generated
+        generate_s += generated - begun
+    return {"generate_s": round(generate_s, 1), "gram_s": round(gram_s, 1), "total_s": round(generate_s + gram_s, 1)}
+
+
+def child(*arguments: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "jobs.bench_scale", *arguments], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(arguments)}: exit {done.returncode}\n{done.stderr}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="10000,100000,1000000", help="comma-separated population sizes")
+    parser.add_argument("--methods", default="fedncm,fed3r,fedcof", help="comma-separated methods")
+    parser.add_argument("--dim", type=int, default=1280)
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(one_point(args.one[0], int(args.one[1]), args.dim)))
+        return
+    if args.bare:
+        print(json.dumps(bare(args.bare, args.dim)))
+        return
+    sizes = [int(k) for k in args.clients.split(",")]
+    bare_s = {str(k): child("--bare", str(k), "--dim", str(args.dim)) for k in sizes}
+    points = []
+    for k in sizes:
+        for method in args.methods.split(","):
+            point = child("--one", method, str(k), "--dim", str(args.dim))
+            points.append({**point, "ratio_vs_bare": round(point["wall_s"] / bare_s[str(k)]["total_s"], 2)})
+            print(json.dumps(points[-1]), file=sys.stderr)
+    print(json.dumps({"benchmark": "scale", "dim": args.dim, "clients_per_round": PER_ROUND, "points": points,
+                      "bare_gemm_s": bare_s}))
+
+
+if __name__ == "__main__":
+    main()
