@@ -209,8 +209,11 @@ def _training_terms(federation: Federation, sphere_dim: int | None, algorithm: F
     ]
     dual = None if sphere else dual_form(algorithm)
     if dual is not None and dual.control:
+        # the rows of the clients sampled at least once: in proportion to a shard's samples, at most --rounds' clients
         terms.append(Term("SCAFFOLD's client states in the shards (the gradient rows G: samples × C float32)",
-                          "use another --method", per_sample=classes * FLOAT32, per_block_sample=2 * classes * FLOAT32))
+                          "lower --rounds or use another --method",
+                          per_sample=classes * FLOAT32 * kept / federation.num_clients,
+                          per_block_sample=2 * classes * FLOAT32))
     elif (state := _client_state_bytes(algorithm, {"weight": (d, width), "bias": (width,)} if sphere else
                                        {"weight": (d, classes), "bias": (classes,)})):
         # the clients a shard holds, in proportion to its samples; at most the clients --rounds can sample

@@ -117,3 +117,18 @@ def test_scaffolds_client_states_are_counted_as_the_path_that_trains_it_keeps_th
     rows = samples * classes * FLOAT32                        # G: samples × C, plus a block's two copies in flight
     assert rows <= states() == states(Scaffold()) <= 3 * rows < dense
     assert states(MyScaffold()) == states(Scaffold(variant="II")) == pytest.approx(dense)   # option II: autograd
+
+
+def test_scaffolds_gradient_rows_are_those_of_the_clients_its_rounds_can_sample(federation):
+    """G holds the rows of the clients sampled at least once: with 3 rounds of 10 clients, 30 of the K clients' share of
+    a shard's samples (the rows of a round's block in flight are counted apart, and alike in both)."""
+    classes, clients, samples = federation.num_classes, federation.num_clients, federation.train.num_rows
+
+    def states(**options):
+        scaffold = training(estimate(RunConfig(method="scaffold", **options).validate().resolved(), federation))
+        fedavg = training(estimate(RunConfig(method="fedavg", **options).validate().resolved(), federation))
+        return scaffold.shard(samples, 0) - fedavg.shard(samples, 0)
+
+    every = states()
+    short = states(rounds=3, clients_per_round=10)
+    assert every - short == pytest.approx(samples * classes * FLOAT32 * (1 - 30 / clients))
