@@ -198,3 +198,19 @@ def test_an_export_onto_a_full_disk_leaves_the_previous_directory(small_disk):
         export_parquet_directory(small, out, 50)
     assert hashes(small_disk) == previous
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "parts"], "no temporary directory left"
+
+
+def test_a_population_without_a_per_sample_table_exports_and_reads_back(tmp_path):
+    """A population's driver never builds its per-sample table (``train`` raises): the export streams it anyway."""
+    population = load_federation("synthetic:inat-user-120k?clients=300&dim=4&classes=20&seed=4")
+    with pytest.raises(FedrayError, match="no per-sample table"):
+        population.train
+    export_parquet_directory(population, tmp_path / "parts", 500)
+    back = load_federation(f"parquet:{tmp_path / 'parts'}")
+    assert back.client_ids == population.client_ids and np.array_equal(back.client_offsets, population.client_offsets)
+    ids, labels, _ = back.train_arrays(0, back.num_clients)
+    source_ids, source_labels, _ = population.train_arrays(0, population.num_clients)
+    assert np.array_equal(labels, source_labels)
+    assert torch.equal(back.source.features(TRAIN, ids), population.source.features(TRAIN, source_ids))
+    assert torch.equal(back.source.features(TEST, back.test_arrays()[0]),
+                       population.source.features(TEST, population.test_arrays()[0]))
