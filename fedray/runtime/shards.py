@@ -411,9 +411,9 @@ class ShardPool(ActorGroup):
         return tree_reduce(adder, partials, method.combine_second)
 
     def forget(self, token: str) -> None:
-        """Drop what run ``token`` kept in the shards."""
-        for actor in self.actors:
-            actor.forget.remote(token)
+        """Drop what run ``token`` kept in the shards, waiting for them: a call still pending when the pool shuts down
+        would be killed with its shard, and Ray would print that it retries it."""
+        ray.get([actor.forget.remote(token) for actor in self.actors])
 
     def correct(self, feature_map: ray.ObjectRef, classifier: ray.ObjectRef) -> list[ray.ObjectRef]:
         """Each shard's count of the correct predictions of ``classifier`` on its test rows through ``feature_map``,
