@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -125,9 +125,9 @@ def export_parquet_directory(federation: Federation, out: Path, partition_size: 
 
     def write(folder: Path) -> None:
         tests = len(federation.test_arrays()[0])
-        parts: Iterator[tuple[Callable[[Path, int, int], None], int, int]] = (
+        parts: list[tuple[Callable[[Path, int, int], None], int, int]] = [
             *((train_part, a, b) for a, b in zip(*_pairs(cuts(offsets, 0, federation.num_clients, partition_size)))),
-            *((test_part, a, min(a + partition_size, tests)) for a in range(0, tests, partition_size)))
+            *((test_part, a, min(a + partition_size, tests)) for a in range(0, tests, partition_size))]
         for number, (part, start, stop) in enumerate(parts):
             part(folder / PART_NAME.format(number), start, stop)
 

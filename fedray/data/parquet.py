@@ -1,7 +1,7 @@
 """Bring-your-own features: Parquet file(s) of (client_id, split, label, features) rows.
 
 The schema and its checks are :mod:`fedray.core.schema`'s (the same as for rows given from Python).
-Several files (a feature cache's parts) are read as one table, in the order given.
+Several files (a feature cache's parts, a directory's parts) are read as one table, in the order given.
 Loading reads the client, split and label columns only; features are read, and
 checked, by whoever needs some rows (:class:`ParquetFeatures`).
 """

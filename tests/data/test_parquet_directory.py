@@ -4,7 +4,6 @@ reads it back, each reader opening only the parts that hold its rows."""
 import re
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
