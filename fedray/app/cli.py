@@ -261,12 +261,18 @@ def _cmd_info(args: argparse.Namespace) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> None:
-    from fedray.data.export import export_parquet
+    from fedray.data.export import check_directory_out, export_parquet, export_parquet_directory
     from fedray.data.registry import load_federation
-    from fedray.core.writable import check_file
+    from fedray.core.writable import check_file, check_folder
 
-    check_file(Path(args.out))
-    export_parquet(load_federation(args.spec), Path(args.out))
+    out = Path(args.out)
+    if args.partition_size is None:
+        check_file(out)
+        export_parquet(load_federation(args.spec), out)
+    else:
+        check_directory_out(out, args.partition_size)
+        check_folder(out)
+        export_parquet_directory(load_federation(args.spec), out, args.partition_size)
     print(f"wrote {args.out}")
 
 
@@ -320,7 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(handler=_cmd_info)
     export = data.add_parser("export", help="write a federation (with features) in the bring-your-own Parquet schema")
     export.add_argument("spec", help="dataset spec")
-    export.add_argument("--out", required=True, help="output .parquet file")
+    export.add_argument("--out", required=True, help="output .parquet file, or directory with --partition-size")
+    export.add_argument("--partition-size", type=int, metavar="N",
+                        help="write a directory of parts of about N samples each (part-00000.parquet, ...), cut at client "
+                        "boundaries, test rows in parts of their own: read as parquet:DIR, each shard reading only its "
+                        "clients' parts")
     export.set_defaults(handler=_cmd_export)
 
     sampling = commands.add_parser("sampling", help="client sampling tools").add_subparsers(dest="sampling_command", required=True)

@@ -2,7 +2,7 @@
 
   synthetic:NAME    a stand-in of a real split (dim, seed, feature_shift, scale, classes); with clients=K, a
                     population of K clients shaped like the split's, of any size (fedray.data.population)
-  parquet:PATH      bring-your-own features (see fedray.data.parquet)
+  parquet:PATH      bring-your-own features (see fedray.data.parquet): a file, or a directory of parts
   features:PATH     a feature cache written by ``fedray extract`` (an entry, or a cache folder holding one)
   hsu:TRAIN_CSV     a Hsu et al. split file (test=TEST_CSV; default the test.csv beside it;
                     images=ROOT&layout=walk|gldv2 to locate its images)

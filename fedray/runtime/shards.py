@@ -36,6 +36,7 @@ from fedray.runtime.cluster import check_memory
 from fedray.runtime.client_states import ClientStates
 from fedray.runtime.kept import KeptParts, SecondPass
 from fedray.runtime.footprint import Footprint
+from fedray.runtime.named_objects import NamedObjects, fetch
 from fedray.runtime.placement import default_count
 from fedray.runtime.actor_group import ActorGroup, Reduction, balanced_bounds, combine_partials, tree_reduce
 from fedray.runtime import tensor_transfer
@@ -85,10 +86,10 @@ class ShardRows:
     Clients ``first_client .. end_client-1`` and test rows ``first_test ..
     end_test-1`` (positions in the federation's test split) of the federation
     that ``spec`` rebuilds (the shard reads only these rows' features), or, for
-    a federation that exists only in memory (``spec`` None), ``held``: a
-    reference to their :class:`Rows`. Ray warns about an actor whose creation
-    arguments live in the object store and may restart, since a lost argument
-    makes the restart fail; so only the first kind of shard restarts.
+    a federation that exists only in memory (``spec`` None), the name of the
+    :class:`~fedray.runtime.named_objects.NamedObjects` holding their
+    :class:`Rows` under ``first_client``: either way a restarted shard loads
+    the same rows again.
     """
 
     first_client: int
@@ -96,17 +97,11 @@ class ShardRows:
     first_test: int
     end_test: int
     spec: str | None = None
-    held: ray.ObjectRef | None = None
-
-    @classmethod
-    def of(cls, federation: Federation, clients: tuple[int, int], tests: tuple[int, int]) -> "ShardRows":
-        if federation.spec is not None:
-            return cls(*clients, *tests, spec=federation.spec)
-        return cls(*clients, *tests, held=ray.put(Rows.of(federation, clients, tests)))
+    stored: str | None = None
 
     def load(self) -> "Rows":
         if self.spec is None:
-            return ray.get(self.held)
+            return fetch(self.stored, self.first_client)
         from fedray.data.registry import load_federation  # the dataset kinds' loaders, needed by this kind of shard only
 
         return Rows.of(load_federation(self.spec), (self.first_client, self.end_client), (self.first_test, self.end_test))
@@ -308,6 +303,8 @@ class ShardPool(ActorGroup):
     """
 
     federation: Federation
+    stored: NamedObjects | None = None
+    """The rows of a federation held in memory (see :class:`ShardRows`), kept for a shard that restarts."""
     loading: list | None = None
 
     @classmethod
@@ -347,12 +344,19 @@ class ShardPool(ActorGroup):
                 check_memory(footprint, np.diff(federation.client_offsets[bounds]), np.diff(tests))
 
         threads = max(1, int(cpus_per_shard))
-        arguments = [(ShardRows.of(federation, (int(a), int(b)), (int(t), int(u))), threads, kept_budget)
-                     for a, b, t, u in zip(bounds[:-1], bounds[1:], tests[:-1], tests[1:])]
-        in_memory = {} if federation.spec is not None else {"max_restarts": 0, "max_task_retries": 0}
-        pool = cls.launch(ShardActor, bundle, arguments, bounds, what=f"{shards} shard{'s' if shards > 1 else ''}{cut} × "
-                          f"{cpus_per_shard:g} CPU", hint="lower --num-shards or --cpus-per-shard", trial_group=trial_group,
-                          before_start=check_fit, actor_options=in_memory, federation=federation)
+        ranges = [((int(a), int(b)), (int(t), int(u))) for a, b, t, u in zip(bounds[:-1], bounds[1:], tests[:-1], tests[1:])]
+        stored = None if federation.spec is not None else NamedObjects.put(
+            {clients[0]: Rows.of(federation, clients, rows) for clients, rows in ranges})
+        where = {"spec": federation.spec} if stored is None else {"stored": stored.name}
+        arguments = [(ShardRows(*clients, *rows, **where), threads, kept_budget) for clients, rows in ranges]
+        try:
+            pool = cls.launch(ShardActor, bundle, arguments, bounds, what=f"{shards} shard{'s' if shards > 1 else ''}{cut} "
+                              f"× {cpus_per_shard:g} CPU", hint="lower --num-shards or --cpus-per-shard",
+                              trial_group=trial_group, before_start=check_fit, federation=federation, stored=stored)
+        except BaseException:
+            if stored is not None:
+                stored.release()
+            raise
         pool.loading = [actor.loaded.remote() for actor in pool.actors]
         return pool
 
@@ -364,6 +368,11 @@ class ShardPool(ActorGroup):
                 if error is not None:
                     raise FedrayError(error)
         return self
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.stored is not None:
+            self.stored.release()
 
     @property
     def num_shards(self) -> int:
@@ -402,9 +411,9 @@ class ShardPool(ActorGroup):
         return tree_reduce(adder, partials, method.combine_second)
 
     def forget(self, token: str) -> None:
-        """Drop what run ``token`` kept in the shards."""
-        for actor in self.actors:
-            actor.forget.remote(token)
+        """Drop what run ``token`` kept in the shards, waiting for them: a call still pending when the pool shuts down
+        would be killed with its shard, and Ray would print that it retries it."""
+        ray.get([actor.forget.remote(token) for actor in self.actors])
 
     def correct(self, feature_map: ray.ObjectRef, classifier: ray.ObjectRef) -> list[ray.ObjectRef]:
         """Each shard's count of the correct predictions of ``classifier`` on its test rows through ``feature_map``,

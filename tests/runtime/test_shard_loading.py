@@ -148,3 +148,53 @@ def test_a_method_asking_for_float64_gets_its_clients_rows_exactly_in_upload_ord
             assert torch.equal(held, expected.to(torch.float64))
     finally:
         pool.shutdown()
+
+
+def kill_one_shard_mid_run(monkeypatch, at_round: int):
+    """``on_evaluation`` for a run that kills (restartably) shard 1 of the run's pool at evaluation row ``at_round``;
+    its ``killed`` lists the rows it killed at."""
+    pools = []
+    start = ShardPool.start.__func__
+
+    def keep(cls, *args, **kwargs):
+        pools.append(start(cls, *args, **kwargs))
+        return pools[-1]
+
+    monkeypatch.setattr(ShardPool, "start", classmethod(keep))
+
+    def kill(row, classifier):
+        if row["round"] == at_round and not kill.killed:
+            ray.kill(pools[0].actors[1], no_restart=False)
+            kill.killed.append(row["round"])
+
+    kill.killed = []
+    return kill
+
+
+RUNS = {  # a closed form, and a training algorithm that keeps a state per client in the shards
+    "fed3r": dict(method="fed3r", clients_per_round=5, eval_every=2),
+    "scaffold": dict(method="scaffold", client_lr=0.05, rounds=6, clients_per_round=6, eval_every=2, checkpoint_every=3),
+}
+
+
+@pytest.mark.slow  # four runs twice, a shard restarting in each
+@pytest.mark.parametrize("method", RUNS)
+@pytest.mark.parametrize("kind", ["spec", "memory"])
+def test_a_shard_killed_mid_run_gives_bitwise_the_unkilled_run(ray_session, tmp_path, monkeypatch, capfd, method, kind):
+    """A federation built in memory has no spec to rebuild its shards from: a restarted shard gets its rows again from
+    Ray's object store, where the pool keeps them (before: the run ended, its actor's worker process dead), and no
+    shard takes a reference in its constructor (Ray's error line about restarting such an actor)."""
+    import fedray
+
+    federation = synthetic.build("inat-user-120k", dim=8, scale=0.02, classes=20)
+    dataset = federation if kind == "spec" else replace(federation, spec=None)
+    options = dict(dataset=dataset, num_shards=2, cpus_per_shard=0.5, quiet=True, **RUNS[method])
+    plain = fedray.run(out=tmp_path / "plain", **options)
+    kill = kill_one_shard_mid_run(monkeypatch, at_round=4)
+    killed = fedray.run(out=tmp_path / "killed", on_evaluation=kill, **options)
+    assert kill.killed == [4]
+    assert "constructor arguments" not in capfd.readouterr().err
+    assert killed.metrics.drop("wall_s", "out", strict=False).rows() == plain.metrics.drop("wall_s", "out", strict=False).rows()
+    assert torch.equal(killed.classifier.weight, plain.classifier.weight)
+    assert (killed.classifier.bias is None and plain.classifier.bias is None) or torch.equal(killed.classifier.bias,
+                                                                                            plain.classifier.bias)

@@ -1,0 +1,54 @@
+"""Objects in Ray's object store that restartable actors fetch by a name, never through their constructor.
+
+Ray cannot restart an actor whose creation arguments hold object references
+(ray-project/ray#53727: it warns about every such actor, in an error line),
+yet a shard of a federation held only in memory must find its rows again
+after a restart. So the references live in a small actor of their own, never
+restarted, that the driver names and keeps on its node (where ``ray.put``
+placed the objects); a restartable actor takes that name (text) and fetches
+its object through it, as often as it starts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class _Keeper:
+    """References by key (given at creation: an actor that never restarts may take them there)."""
+
+    def __init__(self, objects: dict[Any, ray.ObjectRef]) -> None:
+        self.objects = objects
+
+    def reference(self, key: Any) -> list[ray.ObjectRef]:
+        """The reference of ``key``, in a list so that Ray returns it unresolved."""
+        return [self.objects[key]]
+
+
+@dataclass(frozen=True)
+class NamedObjects:
+    """``objects`` put in Ray's object store and kept there until :meth:`release`; :func:`fetch` reads one by key."""
+
+    name: str
+    keeper: Any
+
+    @classmethod
+    def put(cls, objects: dict[Any, Any]) -> "NamedObjects":
+        name = f"fedray-named-{uuid.uuid4().hex}"
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        references = {key: ray.put(value) for key, value in objects.items()}
+        return cls(name, _Keeper.options(name=name, scheduling_strategy=here).remote(references))
+
+    def release(self) -> None:
+        ray.kill(self.keeper)
+
+
+def fetch(name: str, key: Any) -> Any:
+    """The object kept under ``key`` by the :class:`NamedObjects` named ``name``."""
+    return ray.get(ray.get(ray.get_actor(name).reference.remote(key))[0])
