@@ -11,6 +11,11 @@ driver's and the largest shard's peak resident memory, the bytes each client
 uploads and the final accuracy. The shards generate their own clients' rows; the
 driver holds per-client numbers only, so its peak should not grow with K.
 
+With ``--methods fedavg,scaffold,feddyn`` (any training method) each point runs
+100 rounds of 100 clients instead, the clients' states in the shards, and
+reports the same figures (``samples`` none: a training run visits some clients
+many times).
+
 ``bare_gemm_s`` is the lower bound, for each K, measured in a process of its own
 with every core: generating the same features (the population's own generator)
 and the bare float64 Gram ZᵀZ over them, run by run of rows as the shards do
@@ -33,6 +38,8 @@ import tempfile  # noqa: E402
 
 MB = 2**20
 PER_ROUND = 100
+CLOSED_FORM = ("fedncm", "fed3r", "fedcof")
+TRAINING_ROUNDS = 100
 
 
 def dataset(clients: int, dim: int) -> str:
@@ -40,40 +47,40 @@ def dataset(clients: int, dim: int) -> str:
 
 
 def one_point(method: str, clients: int, dim: int) -> dict:
-    """One run, in this process; its figures."""
+    """One run as ``fedray run`` does it, in this process; its figures. A closed-form method sees every client once
+    (evaluation every 10% of its rounds); a training method runs :data:`TRAINING_ROUNDS` rounds (evaluation every 10)."""
     import ray
 
-    from fedray.data.registry import load_federation
     from fedray.engine.config import RunConfig
-    from fedray.engine.plan import plan
-    from fedray.engine.run_config import simulate
-    from fedray.runtime.evaluator import Evaluator
-    from fedray.runtime.session import init_ray
+    from fedray.engine.run_config import run
     from fedray.runtime.shards import ShardPool, peak_memory_bytes
 
-    rounds = math.ceil(clients / PER_ROUND)
+    peaks: list[int] = []
+    shutdown = ShardPool.shutdown
+
+    def measured_shutdown(pool: ShardPool) -> None:  # the shards' peaks, read before the run lets them go
+        peaks.extend(pool.peak_memory_bytes())
+        shutdown(pool)
+
+    ShardPool.shutdown = measured_shutdown
+    training = method not in CLOSED_FORM
+    rounds = TRAINING_ROUNDS if training else math.ceil(clients / PER_ROUND)
     config = RunConfig(method=method, dataset=dataset(clients, dim), clients_per_round=PER_ROUND,
-                       eval_every=max(1, rounds // 10), quiet=True, out=tempfile.mkdtemp(prefix="fedray-scale-"))
-    config = config.validate().resolved()
-    federation = load_federation(config.dataset)
-    run = plan(config, federation)
-    built = run.stages[0].method.build(federation)
-    init_ray()
-    pool = ShardPool.start(federation, config.num_shards, config.cpus_per_shard, footprints=run.footprints)
-    _, rows, _ = simulate(config, built, pool, Evaluator(pool))
-    shard_peak = max(pool.peak_memory_bytes())
-    pool.shutdown()
+                       rounds=rounds if training else None, eval_every=max(1, rounds // 10), quiet=True,
+                       out=tempfile.mkdtemp(prefix="fedray-scale-"))
+    rows = run(config).rows
     ray.shutdown()
+    seconds = time.perf_counter() - STARTED
     return {
         "method": method,
         "clients": clients,
-        "samples": int(federation.client_offsets[-1]),
+        "samples": rows[-1]["samples_seen"] if not training else None,
         "rounds": rows[-1]["round"],
-        "wall_s": round(time.perf_counter() - STARTED, 1),
-        "clients_per_s": round(clients / (time.perf_counter() - STARTED)),
+        "wall_s": round(seconds, 1),
+        "clients_per_s": round(rows[-1]["clients_seen"] / seconds),
         "driver_peak_rss_mb": round(peak_memory_bytes() / MB),
-        "shard_peak_rss_mb": round(shard_peak / MB),
-        "bytes_up_per_client": round(rows[-1]["bytes_up"] / clients),
+        "shard_peak_rss_mb": round(max(peaks) / MB),
+        "bytes_up_per_client": round(rows[-1]["bytes_up"] / rows[-1]["clients_seen"]),
         "accuracy": round(rows[-1]["accuracy"], 4),
     }
 
@@ -122,13 +129,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.bare:
         print(json.dumps(bare(args.bare, args.dim)))
         return
-    sizes = [int(k) for k in args.clients.split(",")]
-    bare_s = {str(k): child("--bare", str(k), "--dim", str(args.dim)) for k in sizes}
+    sizes, methods = [int(k) for k in args.clients.split(",")], args.methods.split(",")
+    closed_form = any(method in CLOSED_FORM for method in methods)
+    bare_s = {str(k): child("--bare", str(k), "--dim", str(args.dim)) for k in sizes} if closed_form else {}
     points = []
     for k in sizes:
-        for method in args.methods.split(","):
+        for method in methods:
             point = child("--one", method, str(k), "--dim", str(args.dim))
-            points.append({**point, "ratio_vs_bare": round(point["wall_s"] / bare_s[str(k)]["total_s"], 2)})
+            if method in CLOSED_FORM:
+                point["ratio_vs_bare"] = round(point["wall_s"] / bare_s[str(k)]["total_s"], 2)
+            points.append(point)
             print(json.dumps(points[-1]), file=sys.stderr)
     print(json.dumps({"benchmark": "scale", "dim": args.dim, "clients_per_round": PER_ROUND, "points": points,
                       "bare_gemm_s": bare_s}))

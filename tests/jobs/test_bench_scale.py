@@ -1,0 +1,26 @@
+"""The scale benchmark runs end to end on small populations and prints its one JSON line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_the_benchmark_prints_one_line_with_every_point():
+    done = subprocess.run([sys.executable, "-m", "jobs.bench_scale", "--clients", "300,600", "--methods", "fedncm,fedcof",
+                           "--dim", "8"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert result["benchmark"] == "scale"
+    assert [(p["method"], p["clients"]) for p in result["points"]] == [
+        ("fedncm", 300), ("fedcof", 300), ("fedncm", 600), ("fedcof", 600)]
+    for point in result["points"]:
+        assert point["rounds"] == point["clients"] // 100 and 0 < point["accuracy"] <= 1
+        assert point["driver_peak_rss_mb"] > 0 and point["shard_peak_rss_mb"] > 0
+        # FedNCM and FedCOF upload one d-float mean per class a client holds: 4 · 8 bytes times M/K
+        assert 32 <= point["bytes_up_per_client"] <= 32 * 20
+    assert set(result["bare_gemm_s"]) == {"300", "600"}
