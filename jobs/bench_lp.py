@@ -25,7 +25,7 @@ import importlib.util
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -50,7 +50,7 @@ T = TypeVar("T")
 
 
 def plain_fedavg(
-    federation: Federation, rounds: list[np.ndarray], sgd: LocalSGD, seed: int, head: Classifier, server_lr: float,
+    federation: Federation, rounds: Sequence[np.ndarray], sgd: LocalSGD, seed: int, head: Classifier, server_lr: float,
 ) -> Classifier:
     """FedAvg-LP as one would write it in plain torch: one client and one mini-batch at a time, in one process.
 
@@ -98,7 +98,7 @@ def plain_fedavg(
 
 
 def pfl_seconds(
-    federation: Federation, rounds: list[np.ndarray], sgd: LocalSGD, head: Classifier, server_lr: float,
+    federation: Federation, rounds: Sequence[np.ndarray], sgd: LocalSGD, head: Classifier, server_lr: float,
 ) -> float | None:
     """Seconds pfl-research takes to simulate ``rounds`` of the same FedAvg-LP on the CPU, or None where it is not installed.
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     evaluator = Evaluator(pool)
     backend = ProbeBackend(pool, sgd, seed, evaluator, FedAvg())
 
-    def train_rounds(schedule: list[np.ndarray]) -> tuple[TrainingState, float]:
+    def train_rounds(schedule: Sequence[np.ndarray]) -> tuple[TrainingState, float]:
         state = TrainingState({"weight": zero.weight.clone(), "bias": zero.bias.clone()}, {}, {},
                               Accounting(np.zeros(federation.num_clients, dtype=bool)))
         started = time.perf_counter()

@@ -4,9 +4,9 @@ from the command line."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import polars as pl
@@ -34,8 +34,9 @@ class RunResult:
     method classifies (Fed3R-RF's random features, SphereFed's normalized projection, TCT's eNTK features)."""
     arrays: dict[str, np.ndarray]
     """classifier.npz's other arrays: what that map needs (``rf_omega``, ``proj_weight``, ``entk_index``, ...)."""
-    rounds: list[np.ndarray]
-    """The clients of each round, numbered as the metrics' ``round``: round r's are ``rounds[r - 1]``."""
+    rounds: Sequence[np.ndarray]
+    """The clients of each round, numbered as the metrics' ``round``: round r's are ``rounds[r - 1]``; drawn as they
+    are read (a :class:`~fedray.runtime.schedules.Schedule`), not held whole."""
     out: Path
     """The run's folder."""
 

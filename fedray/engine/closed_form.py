@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.callbacks import Callbacks
 from fedray.engine.config import COLUMNS
-from fedray.engine.round_loop import Listener, Report, eval_rounds, run_rounds
+from fedray.engine.round_loop import EvalRounds, Listener, Report, run_rounds
 from fedray.runtime.actor_group import Reduction
 from fedray.runtime.shards import ShardPool
 
@@ -29,7 +30,7 @@ from fedray.runtime.shards import ShardPool
 class RunOutcome:
     points: list[EvalPoint] = field(default_factory=list)
     classifier: Classifier | None = None
-    rounds: list[np.ndarray] = field(default_factory=list)
+    rounds: Sequence[np.ndarray] = ()
     """The clients of each round: round r's are ``rounds[r - 1]``."""
     solve_s: float = 0.0
     eval_s: float = 0.0
@@ -63,7 +64,7 @@ class ClosedFormRounds:
     before it waits for this one's, so the shards never wait for a solve.
     """
 
-    def __init__(self, pool: ShardPool, method: ClosedFormMethod, rounds: list[np.ndarray], evaluate_at: set[int],
+    def __init__(self, pool: ShardPool, method: ClosedFormMethod, rounds: Sequence[np.ndarray], evaluate_at: EvalRounds,
                  evaluator: Evaluator, outcome: RunOutcome, backbone_macs: float | None = None,
                  postprocessing: Postprocessing = Postprocessing()) -> None:
         self.method, self.evaluator, self.outcome, self.backbone_macs = method, evaluator, outcome, backbone_macs
@@ -84,8 +85,8 @@ class ClosedFormRounds:
         self.accuracy = float("nan")
         self.evaluated: Classifier | None = None
 
-    def _submit(self, pool: ShardPool, method_ref: ray.ObjectRef, rounds: list[np.ndarray],
-                evaluate_at: set[int]) -> dict[int, _Block]:
+    def _submit(self, pool: ShardPool, method_ref: ray.ObjectRef, rounds: Sequence[np.ndarray],
+                evaluate_at: EvalRounds) -> dict[int, _Block]:
         federation, method = pool.federation, self.method
         sizes = federation.client_sizes
         upload_bytes = method.upload_floats(federation) * FLOAT_BYTES
@@ -176,7 +177,7 @@ class ClosedFormRounds:
 def run_closed_form(
     pool: ShardPool,
     method: ClosedFormMethod,
-    rounds: list[np.ndarray],
+    rounds: Sequence[np.ndarray],
     eval_every: int,
     evaluator: Evaluator,
     on_point: Listener | None = None,
@@ -193,7 +194,7 @@ def run_closed_form(
     """
     callbacks = callbacks or Callbacks()
     outcome = RunOutcome(rounds=rounds)
-    evaluate_at = eval_rounds(len(rounds), eval_every)
+    evaluate_at = EvalRounds(len(rounds), eval_every)
     path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs, postprocessing)
     name = method.name or type(method).__name__
     try:

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
-
 from fedray.core.federation import Federation
 from fedray.core.options import build
 from fedray.engine.config import TCT, RunConfig, postprocessor_class
@@ -29,6 +27,7 @@ from fedray.methods.training.local import LocalSGD
 from fedray.methods.training.server import ServerOptimizer
 from fedray.runtime import sampling
 from fedray.runtime.footprint import Footprint, closed_form_footprint, largest_clients, training_footprint
+from fedray.runtime.schedules import Schedule
 
 
 @dataclass(frozen=True)
@@ -40,9 +39,9 @@ class Sampler:
     with_replacement: bool
     seed: int
 
-    def rounds(self, count: int | None, past_coverage: bool = False) -> list[np.ndarray]:
+    def rounds(self, count: int | None, past_coverage: bool = False) -> Schedule:
         """The clients of each of ``count`` rounds (None: until every client was seen; ``past_coverage``: the count
-        may exceed that)."""
+        may exceed that), drawn as they are read."""
         return sampling.schedule(self.num_clients, self.per_round, self.with_replacement, self.seed, count,
                                  past_coverage=past_coverage)
 
@@ -183,10 +182,16 @@ class RunPlan:
         return first if isinstance(first, ClosedForm) and self.stage(Training) is not None else None
 
     @cached_property
-    def init_rounds(self) -> list[np.ndarray]:
+    def init_rounds(self) -> Schedule:
         """The clients of the ``--init`` closed-form stage's rounds (none without one), drawn once: training's rounds
         and its uploads' round numbers come after them."""
-        return [] if self.init is None else self.sampler.rounds(self.init.rounds)
+        return Schedule.of() if self.init is None else self.sampler.rounds(self.init.rounds)
+
+    @cached_property
+    def training_rounds(self) -> Schedule:
+        """The clients of each training round: ``--rounds`` of them, else until every client was seen (found once, for
+        the checkpoint's check and the training)."""
+        return self.sampler.rounds(self.training.rounds, past_coverage=True)
 
     @property
     def training(self) -> Training:

@@ -10,6 +10,7 @@ for every path.
 
 from __future__ import annotations
 
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -53,12 +54,22 @@ class Callback:
         return False
 
 
-def eval_rounds(num_rounds: int, eval_every: int, initial: bool = False) -> set[int]:
-    """The rounds evaluated: every ``eval_every``-th, the last, and round 0 (the initial model) when ``initial``."""
-    return set(range(eval_every, num_rounds + 1, eval_every)) | {num_rounds} | ({0} if initial else set())
+@dataclass(frozen=True)
+class EvalRounds:
+    """The rounds evaluated, as a rule rather than a set of numbers (a run of any length holds none): every
+    ``every``-th, the ``last``, and round 0 (the initial model) when ``initial``."""
+
+    last: int
+    every: int
+    initial: bool = False
+
+    def __contains__(self, number: int) -> bool:
+        if number == self.last or number == 0 and self.initial:
+            return True
+        return 0 < number <= self.last and number % self.every == 0
 
 
-def run_rounds(path: Rounds, rounds: list[np.ndarray], evaluate_at: set[int], callbacks: list[Callback],
+def run_rounds(path: Rounds, rounds: Sequence[np.ndarray], evaluate_at: Container[int], callbacks: list[Callback],
                done: int = 0) -> bool:
     """Run ``rounds[done:]`` of ``path``; whether it diverged (the run stops at that round, its row says so). A
     callback's :meth:`Callback.stop` ends it at an evaluated round."""

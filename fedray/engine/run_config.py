@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,8 +37,8 @@ class CompletedRun:
     """metrics.parquet's rows."""
     arrays: dict[str, np.ndarray]
     """classifier.npz's arrays: ``W`` and ``bias`` (when there is one), and what else the classifier needs."""
-    rounds: list[np.ndarray]
-    """The clients of each round, numbered as the rows are: round r's are ``rounds[r - 1]``."""
+    rounds: Sequence[np.ndarray]
+    """The clients of each round, numbered as the rows are: round r's are ``rounds[r - 1]`` (drawn as they are read)."""
 
 
 def simulate(
@@ -146,9 +147,9 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     per_round = run.sampler.per_round
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
     if training is not None and training.rounds is not None:  # training runs exactly --rounds rounds
-        sampling.check_schedule(training.rounds, per_round)
+        sampling.check_rounds(training.rounds)
     if stage2 is not None:
-        sampling.check_schedule(stage2.rounds, per_round, "--tct-rounds")
+        sampling.check_rounds(stage2.rounds, "--tct-rounds")
     saved = _saved_state(run, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))

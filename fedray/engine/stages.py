@@ -16,6 +16,7 @@ fine-tuning, then its eNTK and stage-2 stages.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, TypeVar
@@ -34,6 +35,7 @@ from fedray.methods.finetune_model import get_mode, model_structure, trained_nam
 from fedray.engine.checkpoint import RunShape, save_checkpoint
 from fedray.methods.training.local import random_head
 from fedray.runtime.probing import ProbeBackend
+from fedray.runtime.schedules import Schedule
 from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.methods.checks import check_tensors
@@ -60,12 +62,12 @@ class TrainingOutcome:
     ridge_probe_accuracy: float | None = None
     arrays: dict[str, np.ndarray] | None = None
     """What classifier.npz holds, when it is not the trained softmax head."""
-    rounds: list[np.ndarray] = field(default_factory=list)
+    rounds: Schedule = field(default_factory=Schedule.of)
     """The clients of each round, numbered as the rows are: round r's are ``rounds[r - 1]`` (the closed-form stage's,
     training's, then SphereFed's calibration round of every client)."""
 
 
-def closed_form_stage(run: RunPlan, rounds: list[np.ndarray], pool: ShardPool, evaluator: Evaluator,
+def closed_form_stage(run: RunPlan, rounds: Sequence[np.ndarray], pool: ShardPool, evaluator: Evaluator,
                       on_point: Listener | None, uploads: Postprocessing, callbacks: Callbacks,
                       backbone_macs: float | None) -> tuple[Params, Accounting, list[EvalPoint]]:
     """Stage 1: the ``--init`` method's classifier over ``rounds`` as the head, with its rows and accounting."""
@@ -78,7 +80,8 @@ def closed_form_stage(run: RunPlan, rounds: list[np.ndarray], pool: ShardPool, e
     bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
     last = outcome.points[-1]
     seen = np.zeros(federation.num_clients, dtype=bool)
-    seen[np.concatenate(outcome.rounds)] = True
+    for clients in outcome.rounds:
+        seen[clients] = True
     accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down, last.flops_client_avg * last.clients_seen,
                             outcome.paper)
     return {"weight": weight, "bias": bias}, accounting, outcome.points
@@ -135,7 +138,7 @@ def train_in_stages(run: RunPlan, backend: TrainingBackend, embeddings: Embeddin
             calibration, pool, evaluator, outcome, on_point, uploads, *backend.calibration_map(outcome.params)))
         sphere = {} if run.training.sphere is None else backend.sphere_arrays(outcome.params)
         outcome.arrays = {**classifier.arrays(), **method.arrays(), **sphere}
-        outcome.rounds.append(np.arange(len(sizes)))
+        outcome.rounds += [np.arange(len(sizes))]
     probe = run.stage(Probe)
     if probe is not None:
         probe_round = outcome.points[-1].round + 1
@@ -283,11 +286,6 @@ def training_uploads(run: RunPlan) -> Postprocessing:
     return run.sampler.uploads(run.postprocessing, len(run.init_rounds))
 
 
-def training_schedule(run: RunPlan) -> list[np.ndarray]:
-    """The clients of each training round: ``--rounds`` of them, else until every client was seen."""
-    return run.sampler.rounds(run.training.rounds, past_coverage=True)
-
-
 def checkpoint_shape(run: RunPlan, federation: Federation) -> RunShape:
     """What a checkpoint of this training run must fit (checked before any work): the model it trains (linear
     probing's d × C head, SphereFed's l × d projection, the fine-tuned network's state dict), its training
@@ -303,7 +301,7 @@ def checkpoint_shape(run: RunPlan, federation: Federation) -> RunShape:
         else:
             params = random_head(federation.dim, federation.num_classes, run.seed)
         trained = params
-    rounds = len(training_schedule(run))
+    rounds = len(run.training_rounds)
     return RunShape(params, training.algorithm.init_server_state(trained), federation.num_clients, rounds)
 
 
@@ -313,7 +311,7 @@ def _train(run: RunPlan, backend: TrainingBackend, state: TrainingState, sizes: 
     """Training from ``state`` after ``first_round`` rounds of a closed-form stage: the schedule, checkpoints to the
     run's folder, the loop; ``backbone_macs``: F_φ."""
     training = run.training
-    rounds = training_schedule(run)
+    rounds = run.training_rounds
     checkpointing = Checkpointing(training.checkpoint_every, lambda s: save_checkpoint(run.out, run.identity, s), run.out)
     diverged = train(backend, backend.algorithm, training.server_optimizer, state, rounds, sizes, run.eval_every,
                      first_round, checkpointing, on_point, backbone_macs, uploads,

@@ -55,8 +55,9 @@ from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning, tr
 from fedray.engine.training import Accounting, TrainingState
 from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.core.results import EvalPoint
-from fedray.engine.round_loop import Listener, Report, eval_rounds, run_rounds
+from fedray.engine.round_loop import EvalRounds, Listener, Report, run_rounds
 from fedray.methods.entk import EntkSpec, coordinate_index
+from fedray.runtime.schedules import Schedule
 from fedray.runtime.tct_shards import LocalSolver, Normalization, Projection, Stage2Pool
 from fedray.methods.tct_stage2 import objective_from_statistics, solve_stage2, split_model
 
@@ -75,7 +76,7 @@ class Stage2Run:
         """The uploads of the normalization round and the closed form: every client once, in the run's rounds."""
         self.started = time.perf_counter() - points[-1].wall_s
         self.normalization: Normalization | None = None
-        self.scaffold_rounds: list[np.ndarray] = []
+        self.scaffold_rounds = Schedule.of()
 
     def record(self, accounting: Accounting, round_number: int, accuracy: float, stage: str, model: torch.Tensor,
                loss: float | None = None) -> None:
@@ -117,7 +118,7 @@ class Stage2Run:
         rounds = sampler.rounds(self.stage.rounds, past_coverage=True)
         path = ScaffoldRounds(self, normalization, sampler)
         loop = (callbacks or Callbacks()).loop("tct_scaffold", "tct stage 2", len(rounds), self.first_round + 1)
-        diverged = run_rounds(path, rounds, eval_rounds(len(rounds), self.eval_every),
+        diverged = run_rounds(path, rounds, EvalRounds(len(rounds), self.eval_every),
                               [Report(self.points, self.on_point, path.classifier), loop])
         self.scaffold_rounds = rounds[:self.points[-1].round - self.first_round - 1] if diverged else rounds
         return path.model
@@ -222,5 +223,5 @@ def run_tct(run: RunPlan, federation: Federation, on_point: Listener | None = No
     outcome.arrays = {**arrays, "entk_index": index.numpy(), "entk_mean": stage2.normalization.mean.numpy(),
                       "entk_std": stage2.normalization.std.numpy()}
     everyone = np.arange(federation.num_clients)  # the normalization round, then SCAFFOLD's (or the closed form's)
-    outcome.rounds += [everyone, *(stage2.scaffold_rounds if scaffold is not None else [everyone])]
+    outcome.rounds = outcome.rounds + [everyone] + (stage2.scaffold_rounds if scaffold is not None else [everyone])
     return outcome

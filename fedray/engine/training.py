@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable
@@ -30,7 +31,7 @@ from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.config import COLUMNS
 from fedray.engine.callbacks import Callbacks, Checkpoints, StageCallbacks
-from fedray.engine.round_loop import Callback, Listener, Report, eval_rounds, run_rounds
+from fedray.engine.round_loop import Callback, EvalRounds, Listener, Report, run_rounds
 from fedray.runtime.client_states import ClientStatesLost
 
 
@@ -196,7 +197,7 @@ def train(
     algorithm: FederatedAlgorithm,
     server: ServerOptimizer,
     state: TrainingState,
-    rounds: list[np.ndarray],
+    rounds: Sequence[np.ndarray],
     sizes: np.ndarray,
     eval_every: int,
     first_round: int = 0,
@@ -252,7 +253,7 @@ def train(
         if researcher is not None:  # after the checkpoints: a stop at a checkpoint's round finds it written
             callbacks.append(researcher)
         try:
-            return run_rounds(path, rounds, eval_rounds(len(rounds), eval_every, initial=True), callbacks, state.done)
+            return run_rounds(path, rounds, EvalRounds(len(rounds), eval_every, initial=True), callbacks, state.done)
         except ClientStatesLost:
             vars(state).update(vars(copy.deepcopy(recovery)))
             folder = checkpointing.folder if checkpointing else Path()

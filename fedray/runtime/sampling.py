@@ -4,15 +4,19 @@ Without replacement every client takes part exactly once: ⌈K/κ⌉ rounds over
 seeded permutation. With replacement (the FedAvg convention) every round draws
 κ distinct clients uniformly at random, independently of earlier rounds, so a
 closed-form run needs a coupon-collector number of rounds to see every client.
+A schedule is drawn as it is read (:mod:`fedray.runtime.schedules`), bitwise
+the rounds it had when it was built whole; finding where every client was seen,
+here and in :func:`coverage`, takes O(κ) work a round.
 """
 
 from __future__ import annotations
 
-import os
+from functools import partial
 
 import numpy as np
 
 from fedray.core.errors import FedrayError
+from fedray.runtime.schedules import Blocks, Schedule
 
 CHUNK_ROUNDS = 1024
 
@@ -24,19 +28,14 @@ def check_per_round(num_clients: int, per_round: int, option: str = "--clients-p
         raise FedrayError(f"{option} must be between 1 and the {num_clients} clients, got {got}")
 
 
-ROUND_OVERHEAD = 120
-"""Bytes a round of a schedule takes besides its clients' numbers: the array's Python object (112) and the list's slot."""
+MAX_ROUNDS = 2**63 - 1
+"""The most rounds a schedule has (a Python sequence's length is at most this)."""
 
 
-def check_schedule(rounds: int, per_round: int, option: str = "--rounds") -> None:
-    """Refuse ``rounds`` rounds of ``per_round`` clients whose schedule (the driver builds every round's clients
-    before the first round) would not fit this machine's memory; a bound that depends on the machine, not its load."""
-    needed = rounds * (per_round * np.dtype(np.int64).itemsize + ROUND_OVERHEAD)
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if needed > memory:
-        raise FedrayError(f"{option} {rounds}: the driver would hold every round's clients, about {needed / 1e9:.3g} GB "
-                          f"({rounds:,} rounds of {per_round}), more than this machine's {memory / 1e9:.1f} GB of "
-                          f"memory; give fewer rounds")
+def check_rounds(rounds: int, option: str = "--rounds") -> None:
+    """Refuse a schedule of more rounds than a sequence can count (the rounds themselves are made as they are read)."""
+    if rounds > MAX_ROUNDS:
+        raise FedrayError(f"{option} must be at most 2^63 - 1, got {rounds}")
 
 
 def distinct_draws(rng: np.random.Generator, num_clients: int, per_round: int, num_rounds: int) -> np.ndarray:
@@ -57,46 +56,101 @@ def distinct_draws(rng: np.random.Generator, num_clients: int, per_round: int, n
         rounds[clash] = rng.integers(num_clients, size=(len(clash), per_round))
 
 
+class FirstSeen:
+    """The round (0-based) in which each client was first drawn, told the rounds chunk after chunk: O(κ) work a
+    round, whatever K (only the entries not seen before a chunk are sorted)."""
+
+    def __init__(self, num_clients: int) -> None:
+        self.rounds = np.full(num_clients, -1, dtype=np.int64)
+        self.unseen = num_clients
+        self.told = 0
+        """Rounds told so far."""
+        self.last = -1
+        """The round in which the last client seen so far was first drawn: the round every client was seen by, once
+        ``unseen`` is 0."""
+
+    def tell(self, chunk: np.ndarray) -> None:
+        """The next ``len(chunk)`` rounds, one a row."""
+        flat = chunk.ravel()
+        fresh = np.flatnonzero(self.rounds[flat] < 0)
+        clients, first = np.unique(flat[fresh], return_index=True)
+        if len(clients):
+            rounds = self.told + fresh[first] // chunk.shape[1]
+            self.rounds[clients] = rounds
+            self.unseen -= len(clients)
+            self.last = int(rounds.max())
+        self.told += len(chunk)
+
+
 def first_seen_rounds(num_clients: int, per_round: int, rng: np.random.Generator) -> np.ndarray:
     """Round (0-based) in which each client is first drawn, sampling with replacement until all are seen."""
-    first = np.full(num_clients, -1, dtype=np.int64)
-    start = 0
-    while (first < 0).any():
-        rounds = distinct_draws(rng, num_clients, per_round, CHUNK_ROUNDS)
-        clients, position = np.unique(rounds.ravel(), return_index=True)
-        new = first[clients] < 0
-        first[clients[new]] = start + position[new] // per_round
-        start += CHUNK_ROUNDS
-    return first
+    first = FirstSeen(num_clients)
+    while first.unseen:
+        first.tell(distinct_draws(rng, num_clients, per_round, CHUNK_ROUNDS))
+    return first.rounds
+
+
+def permutation(rng: np.random.Generator, num_clients: int) -> np.ndarray:
+    """One pass over the clients without replacement: a seeded permutation."""
+    return rng.permutation(num_clients)
+
+
+class PassRounds:
+    """Without replacement: pass p is the p-th seeded permutation of the clients, cut into rounds of κ (the last one
+    of a pass shorter when κ does not divide K)."""
+
+    def __init__(self, rng: np.random.Generator, num_clients: int, per_round: int) -> None:
+        self.passes = Blocks(rng, partial(permutation, num_clients=num_clients))
+        self.per_round = per_round
+        self.per_pass = -(-num_clients // per_round)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        number, within = divmod(index, self.per_pass)
+        return self.passes[number][within * self.per_round : (within + 1) * self.per_round]
+
+
+class DrawnRounds:
+    """With replacement: every round κ distinct clients, drawn in chunks of ``CHUNK_ROUNDS`` rounds."""
+
+    def __init__(self, rng: np.random.Generator, num_clients: int, per_round: int) -> None:
+        self.num_clients = num_clients
+        self.chunks = Blocks(rng, partial(distinct_draws, num_clients=num_clients, per_round=per_round,
+                                          num_rounds=CHUNK_ROUNDS))
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        chunk, within = divmod(index, CHUNK_ROUNDS)
+        return self.chunks[chunk][within]
+
+    def until_seen(self, most: int | None) -> int:
+        """The rounds until every client was seen, or ``most`` if fewer: one pass over the chunks, each drawn once."""
+        first = FirstSeen(self.num_clients)
+        while first.unseen and (most is None or first.told < most):
+            first.tell(self.chunks[first.told // CHUNK_ROUNDS])
+        needed = first.last + 1 if first.unseen == 0 else first.told
+        return needed if most is None else min(needed, most)
 
 
 def schedule(
     num_clients: int, per_round: int, replacement: bool, seed: int, max_rounds: int | None = None,
     past_coverage: bool = False,
-) -> list[np.ndarray]:
+) -> Schedule:
     """Clients of each round, until every client was seen (or ``max_rounds``).
 
     With ``past_coverage`` (training) the schedule goes on to exactly
     ``max_rounds`` rounds: without replacement in passes over fresh
     permutations. Either way a shorter schedule is a prefix of a longer one.
+    The rounds are drawn as they are read (:class:`~fedray.runtime.schedules.Schedule`): a schedule holds a
+    permutation of the clients or a chunk of rounds, and with replacement the generator's state at each chunk's
+    start, recorded in the one pass that finds where every client was seen.
     """
     check_per_round(num_clients, per_round)
     rng = np.random.default_rng([seed, 21])
     more = past_coverage and max_rounds is not None
     if not replacement:
-        passes = -(-max_rounds // -(-num_clients // per_round)) if more else 1
-        orders = [rng.permutation(num_clients) for _ in range(passes)]
-        rounds = [order[i : i + per_round] for order in orders for i in range(0, num_clients, per_round)]
-        return rounds[:max_rounds]
-    rounds: list[np.ndarray] = []
-    seen = np.zeros(num_clients, dtype=bool)
-    while (more or not seen.all()) and (max_rounds is None or len(rounds) < max_rounds):
-        for row in distinct_draws(rng, num_clients, per_round, CHUNK_ROUNDS):
-            rounds.append(row)
-            seen[row] = True
-            if (seen.all() and not more) or len(rounds) == max_rounds:
-                break
-    return rounds
+        rounds = PassRounds(rng, num_clients, per_round)
+        return Schedule(rounds, range(max_rounds if more else rounds.per_pass)[:max_rounds])
+    drawn = DrawnRounds(rng, num_clients, per_round)
+    return Schedule(drawn, range(max_rounds if more else drawn.until_seen(max_rounds)))
 
 
 def coverage(

@@ -6,7 +6,7 @@ import torch
 
 from fedray.methods.base import Classifier
 from fedray.core.results import EvalPoint
-from fedray.engine.round_loop import Callback, Report, eval_rounds, run_rounds
+from fedray.engine.round_loop import Callback, EvalRounds, Report, run_rounds
 
 
 class RecordingPath:
@@ -38,9 +38,14 @@ ROUNDS = [np.array([number, number + 10]) for number in range(1, 8)]
 
 
 def test_eval_rounds_are_every_kth_the_last_and_optionally_the_start():
-    assert eval_rounds(7, 3) == {3, 6, 7}
-    assert eval_rounds(7, 3, initial=True) == {0, 3, 6, 7}
-    assert eval_rounds(7, 100) == {7}
+    def evaluated(*args, **initial):
+        return [number for number in range(-1, 10) if number in EvalRounds(*args, **initial)]
+
+    assert evaluated(7, 3) == [3, 6, 7]
+    assert evaluated(7, 3, initial=True) == [0, 3, 6, 7]
+    assert evaluated(7, 100) == [7]
+    assert evaluated(0, 3) == [0], "a schedule of no rounds has its row 0"
+    assert 10**18 in EvalRounds(10**18, 10**6) and 10**18 - 1 not in EvalRounds(10**18, 10**6)
 
 
 def test_rows_at_the_start_every_kth_round_and_the_last_in_order():

@@ -24,7 +24,7 @@ from tests.reference import fedavg_by_autograd, max_relative_difference
     (LocalSGD(lr=0.05, batch_size=8, epochs=2, temperature=0.5), 2, True),
 ])
 def test_the_runtime_equals_plain_fedavg(ray_session, small_inat, sgd, shards, scaffold):
-    rounds = sampling.schedule(small_inat.num_clients, 7, True, seed=3, max_rounds=6)
+    rounds = [clients.copy() for clients in sampling.schedule(small_inat.num_clients, 7, True, seed=3, max_rounds=6)]
     # Clients drawn twice make SCAFFOLD use a stored c_i, not only the zero it starts from.
     rounds[4][:2] = rounds[1][:2]
     generator = torch.Generator().manual_seed(1)

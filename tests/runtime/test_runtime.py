@@ -7,7 +7,6 @@ import pytest
 import ray
 import torch
 
-from fedray.core.errors import FedrayError
 from fedray.engine.config import RunConfig
 from fedray.data import synthetic
 from fedray.runtime.evaluator import Evaluator
@@ -156,16 +155,3 @@ def test_shard_layouts_differ_in_float64_round_off_only(pools):
         assert max_relative_difference(other["fedcof"][2].classifier.weight, one["fedcof"][2].classifier.weight) <= 1e-11
         for method in options:
             assert [r["accuracy"] for r in other[method][1]] == [r["accuracy"] for r in one[method][1]]
-
-
-def test_a_schedule_larger_than_the_machines_memory_is_refused(monkeypatch):
-    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1_000_000}  # a machine of 4.096 GB
-    monkeypatch.setattr(sampling.os, "sysconf", pages.__getitem__)
-    sampling.check_schedule(1_000_000, 10)  # 200 bytes a round: 0.2 GB
-    sampling.check_schedule(20_480_000, 10)  # exactly the 4.096 GB
-    with pytest.raises(FedrayError) as refused:
-        sampling.check_schedule(20_480_001, 10)
-    assert str(refused.value) == ("--rounds 20480001: the driver would hold every round's clients, about 4.1 GB "
-                                  "(20,480,001 rounds of 10), more than this machine's 4.1 GB of memory; give fewer rounds")
-    with pytest.raises(FedrayError, match=r"^--tct-rounds 99999999999999999999: .* about 2e\+13 GB "):
-        sampling.check_schedule(99999999999999999999, 10, "--tct-rounds")
