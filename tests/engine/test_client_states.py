@@ -10,7 +10,7 @@ import torch
 
 import fedray.engine.run_config
 from fedray.engine.config import resolve
-from fedray.runtime.shards import ShardPool
+from tests.started_pools import keeping_started_pools
 
 REPO = Path(__file__).resolve().parents[2]
 DATASET = "synthetic:inat-geo-100?dim=8&scale=0.3&classes=6"
@@ -30,14 +30,7 @@ def outputs(out: Path) -> tuple[list[dict], dict[str, np.ndarray]]:
 
 def test_a_shard_killed_mid_run_gives_bitwise_the_uninterrupted_run(ray_session, tmp_path, monkeypatch, capsys):
     fedray.engine.run_config.run(config(tmp_path / "plain"))
-    pools = []
-    start = ShardPool.start.__func__
-
-    def keep(cls, *args, **kwargs):
-        pools.append(start(cls, *args, **kwargs))
-        return pools[-1]
-
-    monkeypatch.setattr(ShardPool, "start", classmethod(keep))
+    pools = keeping_started_pools(monkeypatch)
     killed, reported = [], []
 
     def kill_after_round_4(point, classifier):

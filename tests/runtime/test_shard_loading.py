@@ -18,6 +18,7 @@ from fedray.core.errors import FedrayError
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod
 from fedray.runtime.shards import ShardPool
 from tests.app.test_cli import SMALL_RUN, SPEC, fedray_subprocess
+from tests.started_pools import keeping_started_pools
 
 
 class Rows(ClosedFormMethod):
@@ -153,14 +154,7 @@ def test_a_method_asking_for_float64_gets_its_clients_rows_exactly_in_upload_ord
 def kill_one_shard_mid_run(monkeypatch, at_round: int):
     """``on_evaluation`` for a run that kills (restartably) shard 1 of the run's pool at evaluation row ``at_round``;
     its ``killed`` lists the rows it killed at."""
-    pools = []
-    start = ShardPool.start.__func__
-
-    def keep(cls, *args, **kwargs):
-        pools.append(start(cls, *args, **kwargs))
-        return pools[-1]
-
-    monkeypatch.setattr(ShardPool, "start", classmethod(keep))
+    pools = keeping_started_pools(monkeypatch)
 
     def kill(row, classifier):
         if row["round"] == at_round and not kill.killed:
