@@ -52,6 +52,20 @@ def _load(path: Path) -> dict[int, Params]:
     return saved
 
 
+def _layout(state: Params) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    return {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in state.items()}
+
+
+def _check_alike(states: dict[int, Params], path: Path) -> None:
+    """Every client's state has the same names, shapes and dtypes (an algorithm's states are alike)."""
+    layouts = {client: _layout(state) for client, state in states.items()}
+    first = next(iter(layouts.values()), None)
+    for client, layout in layouts.items():
+        if layout != first:
+            raise FedrayError(f"{path}: the state of client {client} is {layout}, another client's is {first}; "
+                              "delete it and run without --resume to start over")
+
+
 class ClientStatesLost(FedrayError):
     """Raised by a restarted actor whose clients' states are gone until the driver restores them."""
 
@@ -95,5 +109,6 @@ class ClientStates:
         committed: dict[int, Params] = {}
         for path in paths:
             saved = _load(path)
+            _check_alike({**saved, **committed}, path)
             committed.update({int(client): state for client, state in saved.items() if holds(int(client))})
         self.committed, self.pending, self.pending_round, self.lost = committed, {}, None, False

@@ -53,3 +53,10 @@ def test_a_file_of_strings_is_refused_in_one_line(tmp_path):
     path = tmp_path / "checkpoint-clients-r1-0.pt"
     torch.save({3: {"h": "not a tensor"}}, path)
     assert refusal(path) == f"{path}: the state of client 3 is not a mapping of names to tensors; {START_OVER}"
+
+
+def test_a_re_shaped_state_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "checkpoint-clients-r1-0.pt"
+    torch.save({3: {"h": torch.zeros(3)}, 4: {"h": torch.zeros(2)}}, path)
+    assert refusal(path) == (f"{path}: the state of client 4 is {{'h': ((2,), torch.float32)}}, another client's is "
+                             f"{{'h': ((3,), torch.float32)}}; {START_OVER}")
