@@ -1,11 +1,15 @@
 """A file of clients' states read back (a resumed run, a replay) is checked: a damaged one is refused in one line
 naming the file and what is wrong with it, before any state is replaced."""
 
+import re
+
 import pytest
 import torch
 
 from fedray.core.errors import FedrayError
 from fedray.runtime.client_states import ClientStates
+
+from tests.full_disk import fill, hashes, small_disk  # noqa: F401 (a fixture)
 
 START_OVER = "delete it and run without --resume to start over"
 
@@ -60,3 +64,16 @@ def test_a_re_shaped_state_is_refused_in_one_line(tmp_path):
     torch.save({3: {"h": torch.zeros(3)}, 4: {"h": torch.zeros(2)}}, path)
     assert refusal(path) == (f"{path}: the state of client 4 is {{'h': ((2,), torch.float32)}}, another client's is "
                              f"{{'h': ((3,), torch.float32)}}; {START_OVER}")
+
+
+def test_states_onto_a_full_disk_stop_in_one_line_and_leave_the_previous_file(small_disk):
+    path = saved(small_disk)
+    fill(small_disk)
+    previous = hashes(small_disk)
+    states = ClientStates()
+    states.begin_round(2)
+    states.put(5, {"h": torch.zeros(1000)})
+    with pytest.raises(FedrayError) as error:
+        states.save(path)
+    assert re.fullmatch(rf"disk full: writing {re.escape(str(path))} needed [0-9.]+ kB, 0 kB free", str(error.value))
+    assert hashes(small_disk) == previous
