@@ -110,13 +110,13 @@ class ActorGroup:
         """Each actor writes its clients' states (:mod:`fedray.runtime.client_states`) to ``folder/TAG-INDEX.pt``;
         the files' names."""
         names = [f"{tag}-{index}.pt" for index in range(len(self.actors))]
-        ray.get([actor.save_client_states.remote(str(folder / name)) for actor, name in zip(self.actors, names)])
+        fetch([actor.save_client_states.remote(str(folder / name)) for actor, name in zip(self.actors, names)])
         return names
 
     def restore_client_states(self, paths: list[Path]) -> None:
         """Every actor takes its clients' states from ``paths`` (none: no states, as at the start of a run)."""
         names = [str(path) for path in paths]
-        ray.get([actor.restore_client_states.remote(names, int(first), int(end))
+        fetch([actor.restore_client_states.remote(names, int(first), int(end))
                  for actor, first, end in zip(self.actors, self.bounds[:-1], self.bounds[1:])])
 
     def shutdown(self) -> None:

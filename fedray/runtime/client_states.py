@@ -31,6 +31,41 @@ def _save(path: Path, states: dict[int, Params]) -> None:
         torch.save(states, handle)
 
 
+def _load(path: Path) -> dict[int, Params]:
+    """The states of a file of clients' states, or a one-line error naming the file and what is wrong with it."""
+    try:
+        if path.stat().st_size == 0:
+            raise FedrayError(f"{path}: empty file of clients' states; delete it and run without --resume to start over")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except FedrayError:
+        raise
+    except Exception as error:  # the zip and pickle readers raise RuntimeError, EOFError, OSError, ... on damaged files
+        first_line = (str(error).splitlines() or [type(error).__name__])[0]
+        raise FedrayError(f"{path}: damaged file of clients' states ({first_line}); delete it and run without --resume to start over") from None
+    if not isinstance(saved, dict):
+        raise FedrayError(f"{path}: holds a {type(saved).__name__}, not clients' states; delete it and run without --resume to start over")
+    for client, state in saved.items():
+        if not isinstance(client, int) or not isinstance(state, dict) or not all(
+                isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in state.items()):
+            raise FedrayError(f"{path}: the state of client {client!r} is not a mapping of names to tensors; "
+                              "delete it and run without --resume to start over")
+    return saved
+
+
+def _layout(state: Params) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    return {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in state.items()}
+
+
+def _check_alike(states: dict[int, Params], path: Path) -> None:
+    """Every client's state has the same names, shapes and dtypes (an algorithm's states are alike)."""
+    layouts = {client: _layout(state) for client, state in states.items()}
+    first = next(iter(layouts.values()), None)
+    for client, layout in layouts.items():
+        if layout != first:
+            raise FedrayError(f"{path}: the state of client {client} is {layout}, another client's is {first}; "
+                              "delete it and run without --resume to start over")
+
+
 class ClientStatesLost(FedrayError):
     """Raised by a restarted actor whose clients' states are gone until the driver restores them."""
 
@@ -73,6 +108,7 @@ class ClientStates:
         """Replace every state by those of ``paths`` for the clients this actor ``holds`` (no paths: no states)."""
         committed: dict[int, Params] = {}
         for path in paths:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved = _load(path)
+            _check_alike({**saved, **committed}, path)
             committed.update({int(client): state for client, state in saved.items() if holds(int(client))})
         self.committed, self.pending, self.pending_round, self.lost = committed, {}, None, False

@@ -284,6 +284,17 @@ def test_a_checkpoint_as_a_run_writes_it_is_accepted(monkeypatch, tmp_path, caps
     expect_error(capsys, [*SCAFFOLD_RUN, "--out", out, "--resume"], "the checkpoint was accepted: Ray would start here")
 
 
+def test_a_damaged_file_of_clients_states_stops_a_resumed_run_in_one_line(ray_session, tmp_path, capsys):
+    """The shards read their clients' states before any round: a damaged file ended in a 53-72-line traceback."""
+    out = tmp_path / "run"
+    saved_with_client_states(out, scaffold_config(out))
+    written = hashes(out)
+    err = expect_error(capsys, [*SCAFFOLD_RUN, "--out", out, "--resume"])
+    damaged = re.escape(str(out / "checkpoint-clients-r4-")) + "[01]" + re.escape(".pt: damaged file of clients' states (")
+    assert re.fullmatch(f"fedray: error: {damaged}[^\n]*\\); {START_OVER}\n", err), err
+    assert hashes(out) == written, "no round ran: the files are left as they were"
+
+
 def test_a_checkpoint_from_before_the_training_algorithms_is_accepted_by_a_run(monkeypatch, tmp_path, capsys):
     """``backend: {}`` instead of the algorithm's state and the client-state files: FedAvg's, which keeps neither."""
     monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)

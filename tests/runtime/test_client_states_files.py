@@ -1,0 +1,79 @@
+"""A file of clients' states read back (a resumed run, a replay) is checked: a damaged one is refused in one line
+naming the file and what is wrong with it, before any state is replaced."""
+
+import re
+
+import pytest
+import torch
+
+from fedray.core.errors import FedrayError
+from fedray.runtime.client_states import ClientStates
+
+from tests.full_disk import fill, hashes, small_disk  # noqa: F401 (a fixture)
+
+START_OVER = "delete it and run without --resume to start over"
+
+
+def saved(tmp_path):
+    states = ClientStates()
+    states.begin_round(1)
+    states.put(3, {"h": torch.tensor([1.0, 2.0, 3.0])})
+    path = tmp_path / "checkpoint-clients-r1-0.pt"
+    states.save(path)
+    return path
+
+
+def refusal(path) -> str:
+    states = ClientStates()
+    states.committed = {7: {"h": torch.zeros(3)}}
+    with pytest.raises(FedrayError) as error:
+        states.restore([path], lambda client: True)
+    assert list(states.committed) == [7], "a refused file replaces no state"
+    return str(error.value)
+
+
+def test_a_saved_file_gives_the_states_back(tmp_path):
+    states = ClientStates()
+    states.restore([saved(tmp_path)], lambda client: True)
+    assert list(states.committed) == [3]
+    assert torch.equal(states.get(3)["h"], torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_an_empty_file_is_refused_in_one_line(tmp_path):
+    path = saved(tmp_path)
+    path.write_bytes(b"")
+    assert refusal(path) == f"{path}: empty file of clients' states; {START_OVER}"
+
+
+def test_a_truncated_file_is_refused_in_one_line(tmp_path):
+    path = saved(tmp_path)
+    path.write_bytes(path.read_bytes()[:200])
+    message = refusal(path)
+    assert message.startswith(f"{path}: damaged file of clients' states (") and message.endswith(START_OVER)
+    assert "\n" not in message
+
+
+def test_a_file_of_strings_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "checkpoint-clients-r1-0.pt"
+    torch.save({3: {"h": "not a tensor"}}, path)
+    assert refusal(path) == f"{path}: the state of client 3 is not a mapping of names to tensors; {START_OVER}"
+
+
+def test_a_re_shaped_state_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "checkpoint-clients-r1-0.pt"
+    torch.save({3: {"h": torch.zeros(3)}, 4: {"h": torch.zeros(2)}}, path)
+    assert refusal(path) == (f"{path}: the state of client 4 is {{'h': ((2,), torch.float32)}}, another client's is "
+                             f"{{'h': ((3,), torch.float32)}}; {START_OVER}")
+
+
+def test_states_onto_a_full_disk_stop_in_one_line_and_leave_the_previous_file(small_disk):
+    path = saved(small_disk)
+    fill(small_disk)
+    previous = hashes(small_disk)
+    states = ClientStates()
+    states.begin_round(2)
+    states.put(5, {"h": torch.zeros(1000)})
+    with pytest.raises(FedrayError) as error:
+        states.save(path)
+    assert re.fullmatch(rf"disk full: writing {re.escape(str(path))} needed [0-9.]+ kB, 0 kB free", str(error.value))
+    assert hashes(small_disk) == previous
