@@ -52,18 +52,19 @@ def _load(path: Path) -> dict[int, Params]:
     return saved
 
 
-def _layout(state: Params) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    return {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in state.items()}
+def _layout(state: Params) -> dict[str, tuple[int, torch.dtype]]:
+    return {name: (tensor.dim(), tensor.dtype) for name, tensor in state.items()}
 
 
 def _check_alike(states: dict[int, Params], path: Path) -> None:
-    """Every client's state has the same names, shapes and dtypes (an algorithm's states are alike)."""
+    """Every client's state has the same names, numbers of dimensions and dtypes (an algorithm's states are alike; their
+    sizes may depend on the client: SCAFFOLD's gradient rows are one per sample)."""
     layouts = {client: _layout(state) for client, state in states.items()}
     first = next(iter(layouts.values()), None)
     for client, layout in layouts.items():
         if layout != first:
-            raise FedrayError(f"{path}: the state of client {client} is {layout}, another client's is {first}; "
-                              "delete it and run without --resume to start over")
+            raise FedrayError(f"{path}: the state of client {client} has (dimensions, dtype) {layout}, another "
+                              f"client's {first}; delete it and run without --resume to start over")
 
 
 class ClientStatesLost(FedrayError):

@@ -61,9 +61,18 @@ def test_a_file_of_strings_is_refused_in_one_line(tmp_path):
 
 def test_a_re_shaped_state_is_refused_in_one_line(tmp_path):
     path = tmp_path / "checkpoint-clients-r1-0.pt"
-    torch.save({3: {"h": torch.zeros(3)}, 4: {"h": torch.zeros(2)}}, path)
-    assert refusal(path) == (f"{path}: the state of client 4 is {{'h': ((2,), torch.float32)}}, another client's is "
-                             f"{{'h': ((3,), torch.float32)}}; {START_OVER}")
+    torch.save({3: {"h": torch.zeros(3)}, 4: {"h": torch.zeros(3, 1)}}, path)
+    assert refusal(path) == (f"{path}: the state of client 4 has (dimensions, dtype) {{'h': (2, torch.float32)}}, "
+                             f"another client's {{'h': (1, torch.float32)}}; {START_OVER}")
+
+
+def test_states_whose_sizes_depend_on_their_client_are_read(tmp_path):
+    """SCAFFOLD's dual-form state is one gradient row per sample of its client."""
+    path = tmp_path / "checkpoint-clients-r1-0.pt"
+    torch.save({3: {"control.rows": torch.ones(5, 4)}, 4: {"control.rows": torch.ones(1, 4)}}, path)
+    states = ClientStates()
+    states.restore([path], lambda client: True)
+    assert states.get(3)["control.rows"].shape == (5, 4) and states.get(4)["control.rows"].shape == (1, 4)
 
 
 def test_states_onto_a_full_disk_stop_in_one_line_and_leave_the_previous_file(small_disk):
