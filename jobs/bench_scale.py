@@ -105,7 +105,7 @@ def bare(clients: int, dim: int) -> dict:
         total = part if total is None else total.add_(part)
         gram_s += time.perf_counter() - generated
         generate_s += generated - begun
-    return {"generate_s": round(generate_s, 1), "gram_s": round(gram_s, 1), "total_s": round(generate_s + gram_s, 1)}
+    return {"generate_s": round(generate_s, 3), "gram_s": round(gram_s, 3), "total_s": round(generate_s + gram_s, 3)}
 
 
 def child(*arguments: str) -> dict:
@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         for method in methods:
             point = child("--one", method, str(k), "--dim", str(args.dim))
             if method in CLOSED_FORM:
-                point["ratio_vs_bare"] = round(point["wall_s"] / bare_s[str(k)]["total_s"], 2)
+                bare_total = bare_s[str(k)]["total_s"]  # 0 only for a population too small to time
+                point["ratio_vs_bare"] = round(point["wall_s"] / bare_total, 2) if bare_total else None
             points.append(point)
             print(json.dumps(points[-1]), file=sys.stderr)
     print(json.dumps({"benchmark": "scale", "dim": args.dim, "clients_per_round": PER_ROUND, "points": points,
