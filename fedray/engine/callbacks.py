@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
@@ -105,23 +105,28 @@ class Callbacks:
             self.evaluation(point, classifier)
         return both
 
-    def loop(self, stage: str, name: str, rounds: int, first_round: int = 0, done: int = 0) -> "StageCallbacks":
-        """The round loop's side of them for one stage of ``rounds`` rounds (``done`` of them done already) running
-        ``name``, whose round r is the run's ``first_round`` + r; their :meth:`Callback.on_stage` is called here."""
-        self.stage(stage, name, range(first_round + 1, first_round + rounds + 1), done)
-        return StageCallbacks(self, stage, first_round)
+    def loop(self, stage: str, name: str, rounds: int, first_round: int = 0) -> "StageCallbacks":
+        """The round loop's side of them for one stage of ``rounds`` rounds running ``name``, whose round r is the
+        run's ``first_round`` + r; the loop calls their :meth:`Callback.on_stage` when it starts."""
+        return StageCallbacks(self, stage, name, range(first_round + 1, first_round + rounds + 1))
 
 
 @dataclass
 class StageCallbacks(LoopCallback):
-    """:class:`Callbacks` in a stage's round loop (:func:`~fedray.engine.round_loop.run_rounds`)."""
+    """:class:`Callbacks` in a stage's round loop (:func:`~fedray.engine.round_loop.run_rounds`): ``on_stage`` when it
+    starts, ``on_stage_end`` when it ends, however it ends."""
 
-    callbacks: Callbacks = field(default_factory=Callbacks)
-    stage: str = "train"
-    first_round: int = 0
+    callbacks: Callbacks
+    stage: str
+    name: str
+    rounds: range
+    """The stage's rounds, numbered as the rows are."""
+
+    def start(self, done: int) -> None:
+        self.callbacks.stage(self.stage, self.name, self.rounds, done)
 
     def after_round(self, number: int) -> None:
-        self.callbacks.after_round(self.first_round + number, self.stage)
+        self.callbacks.after_round(self.rounds.start - 1 + number, self.stage)
 
     def stop(self) -> bool:
         return self.callbacks.stopping

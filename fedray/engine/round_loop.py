@@ -40,6 +40,10 @@ class Rounds(Protocol):
 class Callback:
     """Hooks of :func:`run_rounds`; each does nothing unless overridden."""
 
+    def start(self, done: int) -> None:
+        """Called first, with the rounds done already; :meth:`close` follows however the loop ends (a progress bar
+        opened here is closed before an interrupt's last line is printed)."""
+
     def on_point(self, point: EvalPoint) -> None:
         """Called with every evaluation row, the diverged one included, in order."""
 
@@ -79,6 +83,8 @@ def run_rounds(path: Rounds, rounds: Sequence[np.ndarray], evaluate_at: Containe
             callback.on_point(point)
 
     try:
+        for callback in callbacks:
+            callback.start(done)
         if done == 0 and 0 in evaluate_at:
             emit(path.point(0))
         for number in range(done + 1, len(rounds) + 1):

@@ -315,7 +315,7 @@ def _train(run: RunPlan, backend: TrainingBackend, state: TrainingState, sizes: 
     checkpointing = Checkpointing(training.checkpoint_every, lambda s: save_checkpoint(run.out, run.identity, s), run.out)
     diverged = train(backend, backend.algorithm, training.server_optimizer, state, rounds, sizes, run.eval_every,
                      first_round, checkpointing, on_point, backbone_macs, uploads,
-                     callbacks.loop("train", training.name, len(rounds), first_round, state.done))
+                     callbacks.loop("train", training.name, len(rounds), first_round))
     stopped = diverged or callbacks.stopping
     ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
     return TrainingOutcome(state.points, state.params, state.accounting, rounds=rounds[:ran])

@@ -136,3 +136,26 @@ def test_checkpoints_are_a_callback_saving_every_kth_training_round_but_not_afte
         current[0] = number
         last.after_round(number, "train")
     assert heard == [3]
+
+
+def test_a_stage_is_opened_inside_the_loop_and_closed_however_it_ends():
+    """``on_stage`` comes from the round loop, inside the part that ends with ``on_stage_end``: an interrupt between
+    preparing a stage and its first round leaves no bar open to print after the stop's last line (CI saw the bar's
+    last state after ``fedray: stopped by SIGTERM``)."""
+    from fedray.engine.callbacks import Callbacks
+    from fedray.engine.round_loop import run_rounds
+
+    class Ends(Log):
+        def on_stage_end(self, stage):
+            self.calls.append(("stage end", stage))
+
+    class Interrupted:
+        def point(self, number, diverged=False):
+            raise KeyboardInterrupt
+
+    log = Ends()
+    loop = Callbacks((log,)).loop("train", "fedavg", 3, first_round=2)
+    assert log.calls == [], "preparing a stage opens nothing"
+    with pytest.raises(KeyboardInterrupt):
+        run_rounds(Interrupted(), [np.arange(2)] * 3, {0, 3}, [loop])
+    assert log.calls == [("stage", "train", "fedavg", range(3, 6), 0), ("stage end", "train")]
