@@ -180,7 +180,15 @@ def handling_interrupts() -> Iterator[None]:
     global _received
     _received = None
     with _handling(HANDLED, _record_and_raise):
-        yield
+        try:
+            yield
+        finally:
+            if _in_main_thread():
+                # The command has ended (and said how): a signal the C handler caught but Python has not run yet is
+                # dropped here, not raised by the default handler put back next (KeyboardInterrupt after the last
+                # line, exit -2 instead of 130).
+                for number in HANDLED:
+                    signal.signal(number, signal.SIG_IGN)
 
 
 def ignoring_interrupts() -> AbstractContextManager[None]:
