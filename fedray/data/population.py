@@ -146,9 +146,10 @@ class Population(Federation):
         raise FedrayError(f"{self.name}: a population of {self.num_clients:,} clients has no per-sample table "
                           f"(its shards generate their own clients' rows)")
 
-    @cached_property
+    @property
     def client_offsets(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        """Its source's: the features of a row are drawn from its offset within its client."""
+        return self.source.offsets
 
     @cached_property
     def client_sizes(self) -> np.ndarray:
