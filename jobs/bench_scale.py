@@ -4,7 +4,8 @@
 
 Each point runs one method on ``synthetic:inat-user-120k?clients=K`` (d = 1,280,
 C = 1,203; about 13 samples a client, so 13 million samples at 10⁶), every client
-once, 100 clients per round, evaluation every 10% of the run, in a fresh process
+once, 100 clients per round, evaluation every 10% of the run (``--evaluations``
+sets how many), in a fresh process
 as ``fedray run`` would (2 shards on a 2-core machine: Ray's default), and
 reports its wall time (the whole process, from the interpreter's start), the
 driver's and the largest shard's peak resident memory, the bytes each client
@@ -12,9 +13,11 @@ uploads and the final accuracy. The shards generate their own clients' rows; the
 driver holds per-client numbers only, so its peak should not grow with K.
 
 With ``--methods fedavg,scaffold,feddyn`` (any training method) each point runs
-100 rounds of 100 clients instead, the clients' states in the shards, and
+100 rounds of 100 clients instead, the clients' states in the shards (at most
+``--client-state-memory`` GB a shard in memory, the rest spilled to disk), and
 reports the same figures (``samples`` none: a training run visits some clients
-many times).
+many times) and, at the end, the states' megabytes in the shards' memory and on
+their disk (``states_memory_mb``, ``states_spilled_mb``).
 
 ``bare_gemm_s`` is the lower bound, for each K, measured in a process of its own
 with every core: generating the same features (the population's own generator)
@@ -46,9 +49,9 @@ def dataset(clients: int, dim: int) -> str:
     return f"synthetic:inat-user-120k?clients={clients}&dim={dim}"
 
 
-def one_point(method: str, clients: int, dim: int) -> dict:
-    """One run as ``fedray run`` does it, in this process; its figures. A closed-form method sees every client once
-    (evaluation every 10% of its rounds); a training method runs :data:`TRAINING_ROUNDS` rounds (evaluation every 10)."""
+def one_point(method: str, clients: int, dim: int, state_memory: float | None, evaluations: int) -> dict:
+    """One run as ``fedray run`` does it, in this process; its figures. A closed-form method sees every client once; a
+    training method runs :data:`TRAINING_ROUNDS` rounds; ``evaluations`` rows, evenly spaced, the last at the end."""
     import ray
 
     from fedray.engine.config import RunConfig
@@ -56,18 +59,20 @@ def one_point(method: str, clients: int, dim: int) -> dict:
     from fedray.runtime.shards import ShardPool, peak_memory_bytes
 
     peaks: list[int] = []
+    states: list[tuple[int, int]] = []
     shutdown = ShardPool.shutdown
 
-    def measured_shutdown(pool: ShardPool) -> None:  # the shards' peaks, read before the run lets them go
+    def measured_shutdown(pool: ShardPool) -> None:  # the shards' figures, read before the run lets them go
         peaks.extend(pool.peak_memory_bytes())
+        states.extend(pool.client_state_sizes())
         shutdown(pool)
 
     ShardPool.shutdown = measured_shutdown
     training = method not in CLOSED_FORM
     rounds = TRAINING_ROUNDS if training else math.ceil(clients / PER_ROUND)
     config = RunConfig(method=method, dataset=dataset(clients, dim), clients_per_round=PER_ROUND,
-                       rounds=rounds if training else None, eval_every=max(1, rounds // 10), quiet=True,
-                       out=tempfile.mkdtemp(prefix="fedray-scale-"))
+                       rounds=rounds if training else None, eval_every=max(1, rounds // evaluations), quiet=True,
+                       out=tempfile.mkdtemp(prefix="fedray-scale-"), client_state_memory=state_memory)
     rows = run(config).rows
     ray.shutdown()
     seconds = time.perf_counter() - STARTED
@@ -82,6 +87,8 @@ def one_point(method: str, clients: int, dim: int) -> dict:
         "shard_peak_rss_mb": round(max(peaks) / MB),
         "bytes_up_per_client": round(rows[-1]["bytes_up"] / rows[-1]["clients_seen"]),
         "accuracy": round(rows[-1]["accuracy"], 4),
+        **({"states_memory_mb": round(sum(held for held, _ in states) / MB),
+            "states_spilled_mb": round(sum(spilled for _, spilled in states) / MB)} if training else {}),
     }
 
 
@@ -120,11 +127,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", default="10000,100000,1000000", help="comma-separated population sizes")
     parser.add_argument("--methods", default="fedncm,fed3r,fedcof", help="comma-separated methods")
     parser.add_argument("--dim", type=int, default=1280)
+    parser.add_argument("--evaluations", type=int, default=10, help="evaluation rows of each run (default 10: every "
+                        "10%% of its rounds)")
+    parser.add_argument("--client-state-memory", type=float, help="GB of clients' states a shard keeps in memory "
+                        "(default: a run's, 1/8 of the machine's memory shared by its shards)")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(one_point(args.one[0], int(args.one[1]), args.dim)))
+        print(json.dumps(one_point(args.one[0], int(args.one[1]), args.dim, args.client_state_memory, args.evaluations)))
         return
     if args.bare:
         print(json.dumps(bare(args.bare, args.dim)))
@@ -135,13 +146,15 @@ def main(argv: list[str] | None = None) -> None:
     points = []
     for k in sizes:
         for method in methods:
-            point = child("--one", method, str(k), "--dim", str(args.dim))
+            memory = [] if args.client_state_memory is None else ["--client-state-memory", str(args.client_state_memory)]
+            point = child("--one", method, str(k), "--dim", str(args.dim), "--evaluations", str(args.evaluations), *memory)
             if method in CLOSED_FORM:
                 bare_total = bare_s[str(k)]["total_s"]  # 0 only for a population too small to time
                 point["ratio_vs_bare"] = round(point["wall_s"] / bare_total, 2) if bare_total else None
             points.append(point)
             print(json.dumps(points[-1]), file=sys.stderr)
-    print(json.dumps({"benchmark": "scale", "dim": args.dim, "clients_per_round": PER_ROUND, "points": points,
+    print(json.dumps({"benchmark": "scale", "dim": args.dim, "clients_per_round": PER_ROUND,
+                      "evaluations": args.evaluations, "client_state_memory_gb": args.client_state_memory, "points": points,
                       "bare_gemm_s": bare_s}))
 
 

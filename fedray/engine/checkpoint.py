@@ -28,12 +28,13 @@ from fedray.data.registry import canonical_spec
 from fedray.core.errors import FedrayError
 from fedray.methods.training.backend import Params
 from fedray.engine.training import CLIENT_STATES, Accounting, TrainingState
+from fedray.runtime.client_states import remove_saved
 from fedray.core.results import EvalPoint, torch_size, write_atomically
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = 2
 """Format 1 (older fedray) pickled fedray's classes; format 2 holds plain data only."""
-FREE_OPTIONS = ("out", "quiet", "checkpoint_every")
+FREE_OPTIONS = ("out", "quiet", "checkpoint_every", "client_state_memory")
 """Options a resumed run may change: they do not change its results."""
 START_OVER = "delete it and run without --resume to start over"
 
@@ -98,7 +99,7 @@ def remove_checkpoint(out: Path) -> None:
     """The checkpoint and the files of its clients' states."""
     (out / CHECKPOINT).unlink(missing_ok=True)
     for path in out.glob(f"{CLIENT_STATES}-r*.pt"):
-        path.unlink(missing_ok=True)
+        remove_saved(path)
 
 
 def checkpoint_stamp(out: Path) -> tuple[int, int] | None:

@@ -206,6 +206,11 @@ class RunConfig:
     cpus_per_trainer: float = option(1.0, "CPUs each trainer requests", RESOURCES)
     num_shards: int | None = option(None, "shard actors", RESOURCES, unset="cluster CPUs / --cpus-per-shard")
     cpus_per_shard: float = option(1.0, "CPUs each shard actor requests", RESOURCES)
+    client_state_memory: float | None = option(None, "GB of clients' states (SCAFFOLD's, FedDyn's) each shard or "
+                                               "trainer keeps in memory; the least recently used beyond it spill to "
+                                               "its node's disk",
+                                               TRAINING, unset="1/8 of the node's memory, shared by the "
+                                               "actors that fill its CPUs", metavar="GB")
     quiet: bool = option(False, "no progress bar", GENERAL)
     server_optimizer: str | None = option(None, "fedavg, fedavgm, fedadam, or your own as module:Class or "
                                           "path/to/file.py:Class", TRAINING, unset="the method's own", metavar="OPTIMIZER")
@@ -281,6 +286,8 @@ class RunConfig:
             raise FedrayError(f"--num-shards must be ≥ 1, got {self.num_shards}")
         if self.cpus_per_shard <= 0:
             raise FedrayError(f"--cpus-per-shard must be > 0, got {self.cpus_per_shard}")
+        if self.client_state_memory is not None and not self.client_state_memory >= 0:
+            raise FedrayError(f"--client-state-memory must be ≥ 0 (GB), got {self.client_state_memory}")
         if self.init not in INITS:
             raise FedrayError(f"--init must be one of {', '.join(INITS)}, got {self.init!r}")
         positive = {"client_lr": self.client_lr, "batch_size": self.batch_size, "local_epochs": self.local_epochs,

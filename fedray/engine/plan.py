@@ -26,6 +26,7 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.training.local import LocalSGD
 from fedray.methods.training.server import ServerOptimizer
 from fedray.runtime import sampling
+from fedray.runtime.kept import default_budget
 from fedray.runtime.footprint import Footprint, closed_form_footprint, largest_clients, training_footprint
 from fedray.runtime.schedules import Schedule
 
@@ -152,6 +153,13 @@ class Shards:
 
     count: int | None
     cpus: float
+    state_memory: int | None = None
+    """Bytes of clients' states each shard keeps in memory (None: :func:`~fedray.runtime.kept.default_budget`)."""
+
+    @property
+    def state_budget(self) -> int:
+        """Bytes of clients' states a shard keeps in memory: ``state_memory``, else its share of the machine's."""
+        return default_budget(self.cpus) if self.state_memory is None else self.state_memory
 
 
 @dataclass(frozen=True)
@@ -255,7 +263,8 @@ def plan(config: RunConfig, federation: Federation, planned: tuple[Stage, ...] |
     sampler = Sampler(federation.num_clients, per_round, config.sampling == "with", config.seed)
     run = RunPlan(Path(config.out), config.to_dict(), config.seed, config.eval_every, config.quiet,
                   config.backbone_macs, sampler, postprocessing(config) if uploads is None else uploads,
-                  Shards(config.num_shards, config.cpus_per_shard), stages(config) if planned is None else planned)
+                  Shards(config.num_shards, config.cpus_per_shard, None if config.client_state_memory is None
+                         else int(config.client_state_memory * 1e9)), stages(config) if planned is None else planned)
     return replace(run, footprints=footprints(run, federation))
 
 
@@ -272,7 +281,8 @@ def footprints(run: RunPlan, federation: Federation) -> list[Footprint]:
                 min(federation.num_clients, stage.rounds * run.sampler.per_round)
             sphere_dim = None if stage.sphere is None else stage.sphere.dim or federation.dim
             estimated.append(training_footprint(stage.name, federation, stage.algorithm, sphere_dim, kept,
-                                                largest_clients(federation, run.sampler.per_round)))
+                                                largest_clients(federation, run.sampler.per_round),
+                                                run.shards.state_budget))
         elif isinstance(stage, (ClosedForm, Calibration, Probe)):
             method, dim, label = stage.method, federation.dim, stage.method.name
             if isinstance(stage, Calibration):

@@ -169,6 +169,7 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
         head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
     else:
         pool = ShardPool.start(federation, run.shards.count, run.shards.cpus, trial_group=trial_group,
+                               state_budget=run.shards.state_memory,
                                footprints=run.footprints)
         try:
             if training is not None:

@@ -229,6 +229,7 @@ def start_finetuning(run: RunPlan, federation: Federation, uploads: Postprocessi
         algorithm=training.algorithm, sphere_loss=None if training.sphere is None else training.sphere.loss,
         postprocessing=uploads,
         trial_group=trial_group,
+        state_budget=run.shards.state_memory,
     )
 
 

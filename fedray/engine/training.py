@@ -30,9 +30,9 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.config import COLUMNS
-from fedray.engine.callbacks import Callbacks, Checkpoints, StageCallbacks
+from fedray.engine.callbacks import Callbacks, Checkpoints
 from fedray.engine.round_loop import Callback, EvalRounds, Listener, Report, run_rounds
-from fedray.runtime.client_states import ClientStatesLost
+from fedray.runtime.client_states import ClientStatesLost, remove_saved
 
 
 @dataclass
@@ -220,7 +220,7 @@ def train(
 
     def restore_states(paths: list[Path]) -> None:
         if algorithm.stateful:  # the actors holding the clients keep their states (fedray.runtime.client_states)
-            backend.pool.restore_client_states(paths)
+            backend.pool.restore_client_states(paths, backend.client_state_layout())
 
     restore_states([checkpointing.folder / name for name in state.client_states] if checkpointing else [])
 
@@ -232,7 +232,7 @@ def train(
         snapshot.client_states = backend.pool.save_client_states(checkpointing.folder, tag) if algorithm.stateful else []
         checkpointing.save(snapshot)
         for name in set(previous) - set(snapshot.client_states):
-            (checkpointing.folder / name).unlink(missing_ok=True)
+            remove_saved(checkpointing.folder / name)
         recovery = copy.deepcopy(snapshot)
 
     reported = len(state.points)  # rows the listener saw: a resumed run's before it stopped, a replay's before it failed
@@ -249,7 +249,7 @@ def train(
         if checkpointing is not None:
             checkpoints = Checkpoints(checkpointing.every, range(first_round + 1, first_round + len(rounds) + 1),
                                       lambda: save(path))
-            callbacks.append(StageCallbacks(Callbacks((checkpoints,)), "train", first_round))
+            callbacks.append(Callbacks((checkpoints,)).loop("train", type(algorithm).__name__, len(rounds), first_round))
         if researcher is not None:  # after the checkpoints: a stop at a checkpoint's round finds it written
             callbacks.append(researcher)
         try:

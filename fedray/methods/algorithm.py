@@ -165,6 +165,18 @@ class FederatedAlgorithm:
         loss over all its samples at the model it received (one more backward pass; SCAFFOLD's option I)."""
         return False
 
+    def meta_client_state(self, shapes: dict[str, tuple[int, ...]]) -> Params | None:
+        """The state this algorithm makes for a client training float32 parameters of ``shapes``, made on PyTorch's
+        meta device (shapes and dtypes, no memory); None for a stateless algorithm, or one whose state cannot be made
+        there."""
+        if not self.stateful:
+            return None
+        params = {name: torch.empty(shape, dtype=torch.float32, device="meta") for name, shape in shapes.items()}
+        try:
+            return self.init_client_state(params)
+        except Exception:  # a plugin's own code, run for real where it trains: here only the shapes are wanted
+            return None
+
     @property
     def stateful(self) -> bool:
         """Whether clients keep a state between participations."""

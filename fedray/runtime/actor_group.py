@@ -13,14 +13,18 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from fedray.core.errors import FedrayError
+from fedray.runtime.client_states import Layout
 from fedray.runtime.placement import reserve, start_actors
+
+CLEAR_TIMEOUT_S = 10
+"""How long a pool's shutdown waits for its actors to delete the clients' states they spilled."""
 
 
 def fetch(refs: list[ray.ObjectRef]) -> list[Any]:
@@ -58,6 +62,8 @@ class ActorGroup:
     group: PlacementGroup
     bundle: dict[str, float]
     trial_group: PlacementGroup | None = None
+    keeps_client_states: ClassVar[bool] = False
+    """Whether its actors hold clients' states (:mod:`fedray.runtime.client_states`), which they delete at shutdown."""
 
     @classmethod
     def launch(
@@ -113,13 +119,19 @@ class ActorGroup:
         fetch([actor.save_client_states.remote(str(folder / name)) for actor, name in zip(self.actors, names)])
         return names
 
-    def restore_client_states(self, paths: list[Path]) -> None:
-        """Every actor takes its clients' states from ``paths`` (none: no states, as at the start of a run)."""
+    def restore_client_states(self, paths: list[Path], layout: Layout | None = None) -> None:
+        """Every actor takes its clients' states from ``paths`` (none: no states, as at the start of a run), each
+        checked against ``layout`` (the shapes of a client's state, -1 where it is the client's samples) when given."""
         names = [str(path) for path in paths]
-        fetch([actor.restore_client_states.remote(names, int(first), int(end))
+        fetch([actor.restore_client_states.remote(names, int(first), int(end), layout)
                  for actor, first, end in zip(self.actors, self.bounds[:-1], self.bounds[1:])])
 
     def shutdown(self) -> None:
+        if self.keeps_client_states:
+            try:  # the states spilled to the nodes' disks; the actors may be gone already (an interrupt, a failure)
+                ray.get([actor.clear_client_states.remote() for actor in self.actors], timeout=CLEAR_TIMEOUT_S)
+            except ray.exceptions.RayError:
+                pass
         for actor in self.actors:
             ray.kill(actor)
         if self.trial_group is None:

@@ -6,24 +6,51 @@ and replaced after each later one. A round's new states stay *pending* until
 the actor's next round begins, so a call that Ray retries recomputes from the
 same states, and a round the driver abandons changes nothing.
 
+An actor keeps the states within a memory budget (``--client-state-memory``):
+beyond it, the least recently used spill to its node's local disk, one
+safetensors file a client, read back when the client is sampled again. A spill
+file is never rewritten: a client's new state is a new file, and the old one is
+unlinked, so a checkpoint hard-links the spilled files it holds rather than
+copying them (``TAG-INDEX.pt`` has the states in memory, ``TAG-INDEX-spilled/``
+the links).
+
 An actor that Ray restarted after a failure has lost its states: its first
 stateful call raises :class:`ClientStatesLost`, and the driver restores every
 actor's states from the run's last checkpoint (or from nothing) and replays the
 rounds since, so the run gives bitwise the result of one that never failed.
-Checkpoints write each actor's states to a file of their own (by client
+Checkpoints write each actor's states to files of their own (by client
 number, so a run resumed with another number of actors reads them too).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 
 from fedray.core.errors import FedrayError
-from fedray.methods.algorithm import Params
+from fedray.methods.algorithm import FederatedAlgorithm, Params
 from fedray.core.results import torch_size, write_atomically
+
+START_OVER = "delete it and run without --resume to start over"
+SPILLED = "-spilled"
+"""A checkpoint file ``NAME.pt``'s folder of spilled states is ``NAME-spilled``."""
+Layout = dict[str, tuple[int, ...]]
+"""A client's state as its tensors' shapes by name."""
+
+
+def meta_layout(algorithm: FederatedAlgorithm, shapes: Layout) -> Layout | None:
+    """The shapes of the state ``algorithm`` makes for parameters of ``shapes`` (None: stateless, or not known)."""
+    state = algorithm.meta_client_state(shapes)
+    return None if state is None else {name: tuple(value.shape) for name, value in state.items()}
 
 
 def _save(path: Path, states: dict[int, Params]) -> None:
@@ -35,36 +62,97 @@ def _load(path: Path) -> dict[int, Params]:
     """The states of a file of clients' states, or a one-line error naming the file and what is wrong with it."""
     try:
         if path.stat().st_size == 0:
-            raise FedrayError(f"{path}: empty file of clients' states; delete it and run without --resume to start over")
+            raise FedrayError(f"{path}: empty file of clients' states; {START_OVER}")
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except FedrayError:
         raise
     except Exception as error:  # the zip and pickle readers raise RuntimeError, EOFError, OSError, ... on damaged files
-        first_line = (str(error).splitlines() or [type(error).__name__])[0]
-        raise FedrayError(f"{path}: damaged file of clients' states ({first_line}); delete it and run without --resume to start over") from None
+        raise FedrayError(f"{path}: damaged file of clients' states ({_first_line(error)}); {START_OVER}") from None
     if not isinstance(saved, dict):
-        raise FedrayError(f"{path}: holds a {type(saved).__name__}, not clients' states; delete it and run without --resume to start over")
+        raise FedrayError(f"{path}: holds a {type(saved).__name__}, not clients' states; {START_OVER}")
     for client, state in saved.items():
         if not isinstance(client, int) or not isinstance(state, dict) or not all(
                 isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in state.items()):
-            raise FedrayError(f"{path}: the state of client {client!r} is not a mapping of names to tensors; "
-                              "delete it and run without --resume to start over")
+            raise FedrayError(f"{path}: the state of client {client!r} is not a mapping of names to tensors; {START_OVER}")
     return saved
 
 
-def _layout(state: Params) -> dict[str, tuple[int, torch.dtype]]:
+def _first_line(error: BaseException) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
+def spilled_folder(path: Path) -> Path:
+    """The folder beside a checkpoint's file of clients' states that holds its spilled states."""
+    return path.with_name(path.stem + SPILLED)
+
+
+def remove_saved(path: Path) -> None:
+    """A checkpoint's file of clients' states and its spilled states."""
+    path.unlink(missing_ok=True)
+    shutil.rmtree(spilled_folder(path), ignore_errors=True)
+
+
+def _spill_name(client: int) -> str:
+    return f"client-{client}.safetensors"
+
+
+def _spilled_client(name: str) -> int | None:
+    stem = name.removeprefix("client-").removesuffix(".safetensors")
+    return int(stem) if stem.isdigit() and name == _spill_name(int(stem)) else None
+
+
+def _read_spilled(path: Path) -> Params:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as error:
+        raise FedrayError(f"{path}: damaged spilled client state ({_first_line(error)}); {START_OVER}") from None
+
+
+def _spilled_layout(path: Path) -> tuple[Layout, dict[str, torch.dtype | str]]:
+    """Shapes and dtypes of a spilled state from its header alone (a truncated file is refused here)."""
+    try:
+        with safe_open(path, "pt") as handle:
+            slices = {name: handle.get_slice(name) for name in handle.keys()}
+            return ({name: tuple(part.get_shape()) for name, part in slices.items()},
+                    {name: _SAFETENSORS_DTYPES.get(part.get_dtype(), part.get_dtype()) for name, part in slices.items()})
+    except (SafetensorError, OSError) as error:
+        raise FedrayError(f"{path}: damaged spilled client state ({_first_line(error)}); {START_OVER}") from None
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _kinds(state: Params) -> dict[str, tuple[int, torch.dtype | str]]:
     return {name: (tensor.dim(), tensor.dtype) for name, tensor in state.items()}
 
 
-def _check_alike(states: dict[int, Params], path: Path) -> None:
-    """Every client's state has the same names, numbers of dimensions and dtypes (an algorithm's states are alike; their
-    sizes may depend on the client: SCAFFOLD's gradient rows are one per sample)."""
-    layouts = {client: _layout(state) for client, state in states.items()}
-    first = next(iter(layouts.values()), None)
-    for client, layout in layouts.items():
-        if layout != first:
-            raise FedrayError(f"{path}: the state of client {client} has (dimensions, dtype) {layout}, another "
-                              f"client's {first}; delete it and run without --resume to start over")
+def _state_bytes(state: Params) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in state.values())
+
+
+def _link(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (the same bytes, no copy), or a copy across file systems."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def _saved_states(path: Path) -> list[tuple[int, Layout, dict[str, tuple[int, torch.dtype | str]], Params | Path]]:
+    """Each client's state in a checkpoint's file (the tensors) and its spilled folder (the file, its header read):
+    (client, shapes, (dimensions, dtype) by name, state)."""
+    found: list[tuple[int, Layout, dict[str, tuple[int, torch.dtype | str]], Params | Path]] = [
+        (int(client), {name: tuple(t.shape) for name, t in state.items()}, _kinds(state), state)
+        for client, state in _load(path).items()]
+    folder = spilled_folder(path)
+    for file in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if (client := _spilled_client(file.name)) is None:
+            raise FedrayError(f"{file}: not a spilled client state (client-K.safetensors); {START_OVER}")
+        shapes, dtypes = _spilled_layout(file)
+        found.append((client, shapes, {name: (len(shapes[name]), dtypes[name]) for name in shapes}, file))
+    return found
 
 
 class ClientStatesLost(FedrayError):
@@ -72,13 +160,21 @@ class ClientStatesLost(FedrayError):
 
 
 class ClientStates:
-    """The states of an actor's clients (client number → named tensors)."""
+    """The states of an actor's clients (client number → named tensors): the most recently used in memory, up to
+    ``budget`` bytes (None: no limit), the rest in ``spill_root``'s folder of this actor (default: the node's
+    temporary folder)."""
 
-    def __init__(self, lost: bool = False) -> None:
-        self.committed: dict[int, Params] = {}
+    def __init__(self, lost: bool = False, budget: int | None = None, spill_root: Path | None = None) -> None:
+        self.committed: OrderedDict[int, Params] = OrderedDict()
+        """The states in memory, least recently used first."""
+        self.held = 0
+        """Their bytes."""
+        self.spilled: dict[int, Path] = {}
         self.pending: dict[int, Params] = {}
         self.pending_round: int | None = None
         self.lost = lost
+        self.budget = budget
+        self.spill_folder = Path(spill_root or tempfile.gettempdir()) / "fedray-client-states" / uuid.uuid4().hex
 
     def begin_round(self, round_number: int) -> None:
         """Start round ``round_number``: the previous round's states become the clients' states (a retried call of
@@ -90,26 +186,101 @@ class ClientStates:
         self.pending, self.pending_round = {}, round_number
 
     def get(self, client: int) -> Params | None:
-        return self.committed.get(client)
+        if client in self.committed:
+            self.committed.move_to_end(client)
+            return self.committed[client]
+        return _read_spilled(self.spilled[client]) if client in self.spilled else None
 
     def put(self, client: int, state: Params | None) -> None:
         if state is not None:
             self.pending[client] = state
 
     def _commit(self) -> None:
-        self.committed.update(self.pending)
+        for client, state in self.pending.items():
+            self._forget(client)
+            self._hold(client, state)
         self.pending = {}
+        self._spill_beyond_budget()
+
+    def _hold(self, client: int, state: Params) -> None:
+        self.committed[client] = state
+        self.held += _state_bytes(state)
+
+    def _forget(self, client: int) -> None:
+        """Drop ``client``'s state (a checkpoint's link to its spilled file keeps that file's bytes)."""
+        if client in self.committed:
+            self.held -= _state_bytes(self.committed.pop(client))
+        if client in self.spilled:
+            self.spilled.pop(client).unlink()
+
+    def _spill_beyond_budget(self) -> None:
+        """Write the least recently used states to disk until those in memory fit the budget."""
+        while self.budget is not None and self.held > self.budget and self.committed:
+            client, state = next(iter(self.committed.items()))
+            path = self.spill_folder / _spill_name(client)
+            try:
+                self.spill_folder.mkdir(parents=True, exist_ok=True)
+                save_file({name: tensor.contiguous() for name, tensor in state.items()}, path)
+            except (SafetensorError, OSError) as error:
+                path.unlink(missing_ok=True)
+                raise FedrayError(f"cannot spill clients' states to {self.spill_folder} ({_first_line(error)}): free "
+                                  "space there, or keep more in memory with --client-state-memory") from None
+            self.spilled[client] = path
+            self.held -= _state_bytes(self.committed.pop(client))
 
     def save(self, path: Path) -> None:
-        """Write every state, the last round's included (the driver checkpoints only after a round is complete)."""
+        """Write every state, the last round's included (the driver checkpoints only after a round is complete): those
+        in memory to ``path``, the spilled ones as hard links in its :func:`spilled_folder`."""
         self._commit()
-        write_atomically(path, lambda temporary: _save(temporary, self.committed), lambda: torch_size(self.committed))
+        folder = spilled_folder(path)
+        shutil.rmtree(folder, ignore_errors=True)
+        if self.spilled:
+            linking = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.tmp")
+            try:
+                linking.mkdir(parents=True)
+                for client, spilled in self.spilled.items():
+                    _link(spilled, linking / _spill_name(client))
+                os.replace(linking, folder)
+            except OSError as error:
+                shutil.rmtree(linking, ignore_errors=True)
+                raise FedrayError(f"cannot write {folder} ({_first_line(error)})") from None
+        write_atomically(path, lambda temporary: _save(temporary, dict(self.committed)), lambda: torch_size(self.committed))
 
-    def restore(self, paths: Iterable[Path], holds: Callable[[int], bool]) -> None:
-        """Replace every state by those of ``paths`` for the clients this actor ``holds`` (no paths: no states)."""
-        committed: dict[int, Params] = {}
+    def restore(self, paths: Iterable[Path], holds: Callable[[int], bool],
+                expected: Callable[[int], Layout | None] = lambda client: None) -> None:
+        """Replace every state by those of ``paths`` (and their spilled folders) for the clients this actor ``holds``
+        (no paths: no states), each checked against the ``expected`` shapes of a client's state (None: not known).
+        Every file is checked before any state is replaced."""
+        restored: dict[int, Params | Path] = {}
+        kinds: dict[str, tuple[int, torch.dtype | str]] | None = None
         for path in paths:
-            saved = _load(path)
-            _check_alike({**saved, **committed}, path)
-            committed.update({int(client): state for client, state in saved.items() if holds(int(client))})
-        self.committed, self.pending, self.pending_round, self.lost = committed, {}, None, False
+            for client, shapes, kind, state in _saved_states(path):
+                kinds = kinds or kind
+                if kind != kinds:
+                    raise FedrayError(f"{path}: the state of client {client} has (dimensions, dtype) {kind}, another "
+                                      f"client's {kinds}; {START_OVER}")
+                if not holds(client):
+                    continue
+                if (wanted := expected(client)) is not None and shapes != wanted:
+                    raise FedrayError(f"{path}: the state of client {client} has shapes {shapes}, where this run's "
+                                      f"algorithm makes {wanted}; {START_OVER}")
+                restored[client] = state
+        self.clear()
+        for client, state in restored.items():
+            if isinstance(state, Path):
+                self.spill_folder.mkdir(parents=True, exist_ok=True)
+                self.spilled[client] = self.spill_folder / _spill_name(client)
+                _link(state, self.spilled[client])
+            else:
+                self._hold(client, state)
+        self._spill_beyond_budget()
+
+    def sizes(self) -> tuple[int, int]:
+        """Bytes of the committed states in memory, and on disk."""
+        return self.held, sum(path.stat().st_size for path in self.spilled.values())
+
+    def clear(self) -> None:
+        """No states (those spilled deleted), as a new actor has."""
+        shutil.rmtree(self.spill_folder, ignore_errors=True)
+        self.committed, self.held, self.spilled = OrderedDict(), 0, {}
+        self.pending, self.pending_round, self.lost = {}, None, False

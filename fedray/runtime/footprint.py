@@ -29,7 +29,8 @@ A gradient method on features adds its trained parameters P (C(d + 1); with
 shard (5 × B × 4C), and its clients' states in the shards: SCAFFOLD's gradient
 rows on a linear head (N_s × 4C), else what the algorithm's
 ``init_client_state`` makes for one client times the clients a shard holds
-(K N_s / N, at most the clients --rounds samples); each closed-form stage it runs (--init,
+(K N_s / N, at most the clients --rounds samples), at most --client-state-memory
+a shard (the rest spill to disk); each closed-form stage it runs (--init,
 --probe-ridge, SphereFed's calibration) is estimated as a stage of its own.
 Measured against shards' peak memory growth past their features (iNat-User-120K
 stand-ins, 2 shards; fed3r, fed3r-rf with D = 1,000 and 3,000, ffc, fedcof,
@@ -46,7 +47,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from fedray.core.federation import STREAMED_ROWS, Federation
 from fedray.methods.evaluation import CHUNK
@@ -79,6 +79,13 @@ class Term:
     per_test_sample: float = 0.0
     """In a shard, per test row it holds."""
     driver: float = 0.0
+    shard_cap: float = float("inf")
+    """The most it weighs in one shard (the clients' states a shard keeps in memory)."""
+
+    def in_shard(self, samples: int, block: int, test_samples: int) -> float:
+        """Bytes in a shard of ``samples`` training rows, a block of ``block`` and ``test_samples`` test rows."""
+        return min(self.shard_cap, self.per_shard + self.per_sample * samples + self.per_block_sample * block
+                   + self.per_test_sample * test_samples)
 
 
 @dataclass(frozen=True)
@@ -92,8 +99,7 @@ class Footprint:
     def shard(self, samples: int, test_samples: int) -> float:
         """Bytes of a shard holding ``samples`` training rows and ``test_samples`` test rows."""
         block = min(samples, self.block_samples)
-        return sum(t.per_shard + t.per_sample * samples + t.per_block_sample * block + t.per_test_sample * test_samples
-                   for t in self.terms)
+        return sum(t.in_shard(samples, block, test_samples) for t in self.terms)
 
     @property
     def driver(self) -> float:
@@ -101,9 +107,9 @@ class Footprint:
 
     def largest(self, shard_samples: np.ndarray, test_samples: int) -> Term:
         """The term that weighs most in the whole run, over the shards holding ``shard_samples`` and the test rows."""
-        blocks = np.minimum(shard_samples, self.block_samples).sum()
-        return max(self.terms, key=lambda t: t.per_shard * len(shard_samples) + t.per_sample * shard_samples.sum()
-                   + t.per_block_sample * blocks + t.per_test_sample * test_samples + t.driver)
+        tests = test_samples / len(shard_samples)
+        return max(self.terms, key=lambda t: t.driver + sum(t.in_shard(int(samples), min(int(samples), self.block_samples),
+                                                                       tests) for samples in shard_samples))
 
 
 def closed_form_footprint(stage: str, method: str, federation: Federation, dim: int, block_samples: int, *,
@@ -117,12 +123,13 @@ def closed_form_footprint(stage: str, method: str, federation: Federation, dim: 
 
 
 def training_footprint(stage: str, federation: Federation, algorithm: FederatedAlgorithm, sphere_dim: int | None,
-                       kept_clients: int, round_samples: int) -> Footprint:
+                       kept_clients: int, round_samples: int, state_budget: float = float("inf")) -> Footprint:
     """The footprint of training a linear head (or SphereFed's l × d projection, ``sphere_dim`` = l) on
     ``federation``'s features with ``algorithm``, whose path (the dual form's compact SCAFFOLD states, or autograd's)
     decides what its clients' states weigh; ``kept_clients``: the most clients whose states the shards hold;
-    ``round_samples``: the most samples a round gathers."""
-    terms = _training_terms(federation, sphere_dim, algorithm, kept_clients)
+    ``round_samples``: the most samples a round gathers; ``state_budget``: the bytes of clients' states a shard keeps in
+    memory (the rest spill to disk)."""
+    terms = _training_terms(federation, sphere_dim, algorithm, kept_clients, state_budget)
     return Footprint(stage, _data_terms(federation) + terms, round_samples)
 
 
@@ -195,7 +202,7 @@ def _ridge(method: str, bias: bool, rf_dim: int, d: int, classes: int, tests: in
 
 
 def _training_terms(federation: Federation, sphere_dim: int | None, algorithm: FederatedAlgorithm,
-                    kept: int) -> tuple[Term, ...]:
+                    kept: int, state_budget: float) -> tuple[Term, ...]:
     d, classes = federation.dim, federation.num_classes
     sphere, width = sphere_dim is not None, sphere_dim or d
     parameters = (width * (d + 1) + width * classes if sphere else classes * (d + 1)) * FLOAT32
@@ -211,14 +218,16 @@ def _training_terms(federation: Federation, sphere_dim: int | None, algorithm: F
     if dual is not None and dual.control:
         # the rows of the clients sampled at least once: in proportion to a shard's samples, at most --rounds' clients
         terms.append(Term("SCAFFOLD's client states in the shards (the gradient rows G: samples × C float32)",
-                          "lower --rounds or use another --method",
-                          per_sample=classes * FLOAT32 * kept / federation.num_clients,
+                          "lower --client-state-memory (the rest spill to disk)",
+                          per_sample=classes * FLOAT32 * kept / federation.num_clients, shard_cap=state_budget))
+        terms.append(Term("SCAFFOLD's gradient rows of a round (samples × C float32)", "lower --clients-per-round",
                           per_block_sample=2 * classes * FLOAT32))
     elif (state := _client_state_bytes(algorithm, {"weight": (d, width), "bias": (width,)} if sphere else
                                        {"weight": (d, classes), "bias": (classes,)})):
         # the clients a shard holds, in proportion to its samples; at most the clients --rounds can sample
         terms.append(Term(f"the client states in the shards ({state:,} bytes a client, up to {kept:,} clients)",
-                          "lower --rounds or use another --method", per_sample=state * kept / int(federation.client_offsets[-1])))
+                          "lower --client-state-memory (the rest spill to disk)",
+                          per_sample=state * kept / int(federation.client_offsets[-1]), shard_cap=state_budget))
     return tuple(terms)
 
 
@@ -231,9 +240,7 @@ def _client_state_bytes(algorithm: FederatedAlgorithm, shapes: dict[str, tuple[i
     """
     if not algorithm.stateful:
         return 0
-    params = {name: torch.empty(shape, dtype=torch.float32, device="meta") for name, shape in shapes.items()}
-    try:
-        state = algorithm.init_client_state(params)
-        return sum(value.numel() * value.element_size() for value in state.values())
-    except Exception:  # the plugin's own code, run again where it trains: here only its size is wanted
-        return sum(value.numel() * value.element_size() for value in params.values())
+    state = algorithm.meta_client_state(shapes)
+    if state is None:
+        return sum(int(np.prod(shape)) * FLOAT32 for shape in shapes.values())
+    return sum(value.numel() * value.element_size() for value in state.values())

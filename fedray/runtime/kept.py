@@ -18,9 +18,11 @@ KEPT_SHARE = 8
 """A shard keeps at most 1/KEPT_SHARE of its machine's memory of parts (the rest is computed again when needed)."""
 
 
-def default_budget() -> int:
-    """Bytes of kept parts a shard holds: :data:`KEPT_SHARE`'s share of this machine's memory."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // KEPT_SHARE
+def default_budget(cpus: float | None = None) -> int:
+    """Bytes of kept parts a shard holds: :data:`KEPT_SHARE`'s share of this machine's memory; with ``cpus``, that
+    share split among the actors of ``cpus`` CPUs each that fill the machine (the clients' states' budget)."""
+    share = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // KEPT_SHARE
+    return share if cpus is None or cpus <= 0 else int(share * min(1.0, cpus / (os.cpu_count() or 1)))
 
 
 @dataclass(frozen=True)

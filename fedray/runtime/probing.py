@@ -18,13 +18,15 @@ import torch
 
 from fedray.core.accounting import PaperCosts
 from fedray.methods.training.backend import RoundUpdate
-from fedray.methods.training.heads import States, train_linear_heads
+from fedray.methods.training.dual_form import dual_form
+from fedray.methods.training.heads import ROWS, States, train_linear_heads
 from fedray.methods.training.local import LocalSGD, random_head
 from fedray.methods.algorithm import FederatedAlgorithm, Params
 from fedray.methods.base import Classifier, ClientBatch
 from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.training_algorithms import paper_family
 from fedray.runtime.evaluator import Evaluator
+from fedray.runtime.client_states import Layout, meta_layout
 from fedray.runtime.shards import ShardPool
 
 
@@ -45,6 +47,15 @@ class LocalTrainer:
         """``received`` holds the model (``params``) and the algorithm's ``broadcast``."""
         return train_linear_heads(batch, received["params"], received["broadcast"], self.sgd, self.algorithm, self.seed,
                                   round_number, states, self.postprocessing)
+
+    def state_layout(self, shapes: Layout) -> Layout | None:
+        """The shapes of a client's state when it trains parameters of ``shapes`` (-1: its samples): SCAFFOLD's dual
+        form keeps its gradient rows (samples × C), an algorithm trained by autograd what its ``init_client_state``
+        makes."""
+        dual = dual_form(self.algorithm)
+        if dual is not None and dual.control:
+            return {ROWS: (-1, shapes["bias"][0])}
+        return meta_layout(self.algorithm, shapes)
 
     def combine(self, a: RoundUpdate, b: RoundUpdate) -> RoundUpdate:
         return a + b
@@ -73,6 +84,9 @@ class ProbeBackend:
 
     def initial_params(self, seed: int) -> Params:
         return random_head(self.dim, self.num_classes, seed)
+
+    def client_state_layout(self) -> Layout | None:
+        return self.trainer.state_layout({name: tuple(value.shape) for name, value in self.initial_params(0).items()})
 
     def with_head(self, params: Params, head: Params) -> Params:
         return {**params, **head}

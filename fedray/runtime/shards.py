@@ -33,8 +33,8 @@ from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
 from fedray.methods.checks import combine_checked
 from fedray.methods.postprocessor import Postprocessing
 from fedray.runtime.cluster import check_memory
-from fedray.runtime.client_states import ClientStates
-from fedray.runtime.kept import KeptParts, SecondPass
+from fedray.runtime.client_states import ClientStates, Layout
+from fedray.runtime.kept import KeptParts, SecondPass, default_budget
 from fedray.runtime.footprint import Footprint
 from fedray.runtime.named_objects import NamedObjects, fetch
 from fedray.runtime.placement import default_count
@@ -148,11 +148,12 @@ class ShardActor:
     :meth:`ShardPool.wait` to raise in the driver as one line.
     """
 
-    def __init__(self, rows: ShardRows, threads: int, kept_budget: int | None = None) -> None:
+    def __init__(self, rows: ShardRows, threads: int, kept_budget: int | None = None,
+                 state_budget: int | None = None) -> None:
         torch.set_num_threads(threads)
         tensor_transfer.register()
         self.first_client = rows.first_client
-        self.client_states = ClientStates(lost=ray.get_runtime_context().was_current_actor_reconstructed)
+        self.client_states = ClientStates(ray.get_runtime_context().was_current_actor_reconstructed, state_budget)
         self.kept = KeptParts() if kept_budget is None else KeptParts(kept_budget)
         self.error: str | None = None
         self._staging = torch.empty(0)
@@ -173,6 +174,10 @@ class ShardActor:
     def peak_memory_bytes(self) -> int:
         """Peak resident memory of this actor's process."""
         return peak_memory_bytes()
+
+    def client_state_sizes(self) -> tuple[int, int]:
+        """Bytes of its clients' states in memory, and spilled to disk."""
+        return self.client_states.sizes()
 
     def _batch(self, clients: np.ndarray, dtype: torch.dtype | None = None) -> ClientBatch:
         """The samples of ``clients`` (global numbers), client after client in the given order, features in ``dtype``
@@ -276,8 +281,18 @@ class ShardActor:
     def save_client_states(self, path: str) -> None:
         self.client_states.save(Path(path))
 
-    def restore_client_states(self, paths: list[str], first: int, end: int) -> None:
-        self.client_states.restore(map(Path, paths), lambda client: first <= client < end)
+    def restore_client_states(self, paths: list[str], first: int, end: int, layout: Layout | None = None) -> None:
+        """The states of ``paths`` for clients ``first`` to ``end`` (this shard's), each of ``layout`` (-1: the
+        client's samples) when given."""
+        def expected(client: int) -> Layout | None:
+            if layout is None:
+                return None
+            samples = int(self.offsets[client - self.first_client + 1] - self.offsets[client - self.first_client])
+            return {name: tuple(samples if size == -1 else size for size in shape) for name, shape in layout.items()}
+        self.client_states.restore(map(Path, paths), lambda client: first <= client < end, expected)
+
+    def clear_client_states(self) -> None:
+        self.client_states.clear()
 
     def combine(self, method: Any, a: Any, b: Any) -> Any:
         """``a`` + ``b`` as ``method`` (a closed-form method, or a trainer) adds them."""
@@ -302,6 +317,8 @@ class ShardPool(ActorGroup):
     :meth:`wait`, called by every method that needs them, waits for them.
     """
 
+    keeps_client_states = True
+
     federation: Federation
     stored: NamedObjects | None = None
     """The rows of a federation held in memory (see :class:`ShardRows`), kept for a shard that restarts."""
@@ -316,6 +333,7 @@ class ShardPool(ActorGroup):
         trial_group: PlacementGroup | None = None,
         footprints: Sequence[Footprint] = (),
         kept_budget: int | None = None,
+        state_budget: int | None = None,
     ) -> "ShardPool":
         """Start the shards in a placement group of their own, or in bundles 1.. of ``trial_group``.
 
@@ -324,7 +342,10 @@ class ShardPool(ActorGroup):
         shard, so trials never compete with each other for shard CPUs.
         ``footprints`` (the run's estimated memory, stage by stage) must fit
         the cluster before any shard starts. ``kept_budget``: bytes each shard keeps for a method's second pass
-        (default :func:`~fedray.runtime.kept.default_budget`; what exceeds it is computed again when needed).
+        (default :func:`~fedray.runtime.kept.default_budget`; what exceeds it is computed again when needed);
+        ``state_budget``: bytes of clients' states each shard keeps in memory (default: that share of the machine's
+        memory split among the shards that fill it; the least recently used beyond it spill to the node's disk,
+        :mod:`fedray.runtime.client_states`).
         """
         federation.require_features()
         if trial_group is not None:
@@ -344,11 +365,12 @@ class ShardPool(ActorGroup):
                 check_memory(footprint, np.diff(federation.client_offsets[bounds]), np.diff(tests))
 
         threads = max(1, int(cpus_per_shard))
+        state_budget = default_budget(cpus_per_shard) if state_budget is None else state_budget
         ranges = [((int(a), int(b)), (int(t), int(u))) for a, b, t, u in zip(bounds[:-1], bounds[1:], tests[:-1], tests[1:])]
         stored = None if federation.spec is not None else NamedObjects.put(
             {clients[0]: Rows.of(federation, clients, rows) for clients, rows in ranges})
         where = {"spec": federation.spec} if stored is None else {"stored": stored.name}
-        arguments = [(ShardRows(*clients, *rows, **where), threads, kept_budget) for clients, rows in ranges]
+        arguments = [(ShardRows(*clients, *rows, **where), threads, kept_budget, state_budget) for clients, rows in ranges]
         try:
             pool = cls.launch(ShardActor, bundle, arguments, bounds, what=f"{shards} shard{'s' if shards > 1 else ''}{cut} "
                               f"× {cpus_per_shard:g} CPU", hint="lower --num-shards or --cpus-per-shard",
@@ -435,4 +457,8 @@ class ShardPool(ActorGroup):
     def peak_memory_bytes(self) -> list[int]:
         self.wait()
         return ray.get([actor.peak_memory_bytes.remote() for actor in self.actors])
+
+    def client_state_sizes(self) -> list[tuple[int, int]]:
+        """Each shard's bytes of clients' states in memory and on disk."""
+        return ray.get([actor.client_state_sizes.remote() for actor in self.actors])
 

@@ -26,6 +26,7 @@ from fedray.methods.algorithm import FederatedAlgorithm, Params
 from fedray.methods.base import ClientBatch, Classifier
 from fedray.methods.postprocessor import Postprocessing
 from fedray.runtime.evaluator import Evaluator
+from fedray.runtime.client_states import Layout, meta_layout
 from fedray.runtime.shards import ShardPool
 from fedray.methods.sphere import fixed_classifier, sphere_logits, sphere_loss
 
@@ -35,6 +36,10 @@ class SphereTrainer(LocalTrainer):
 
     classifier: torch.Tensor | None = None
     loss: str = "mse"
+
+    def state_layout(self, shapes: Layout) -> Layout | None:
+        """Trained by autograd: what the algorithm's ``init_client_state`` makes for the projection."""
+        return meta_layout(self.algorithm, shapes)
 
     def train(self, batch: ClientBatch, received: dict[str, Params], round_number: int, states: States) -> RoundUpdate:
         path_loss = partial(sphere_loss, loss=self.loss, temperature=self.sgd.temperature)

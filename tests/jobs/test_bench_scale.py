@@ -24,3 +24,16 @@ def test_the_benchmark_prints_one_line_with_every_point():
         # FedNCM and FedCOF upload one d-float mean per class a client holds: 4 · 8 bytes times M/K
         assert 32 <= point["bytes_up_per_client"] <= 32 * 20
     assert set(result["bare_gemm_s"]) == {"300", "600"}
+
+
+@pytest.mark.slow
+def test_a_training_point_reports_its_clients_states_in_memory_and_spilled():
+    done = subprocess.run([sys.executable, "-m", "jobs.bench_scale", "--clients", "300", "--methods", "feddyn",
+                           "--dim", "8", "--client-state-memory", "0"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    point, = json.loads(done.stdout.strip().splitlines()[-1])["points"]
+    assert point["rounds"] == 100 and point["samples"] is None
+    # FedDyn keeps ∇L_k (9 × 1,203 float32, 43 kB) for each client sampled in 100 rounds of 100 among 300: all of
+    # them but by a chance of (1 - 100/300)^100; with a budget of 0, every one on disk
+    assert point["states_memory_mb"] == 0
+    assert point["states_spilled_mb"] == round(300 * 9 * 1203 * 4 / 2**20)

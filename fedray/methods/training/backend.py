@@ -66,6 +66,11 @@ class TrainingBackend(Protocol):
         neither is modified."""
         ...
 
+    def client_state_layout(self) -> dict[str, tuple[int, ...]] | None:
+        """The shapes of a client's state, -1 where a size is the client's number of samples; None: not known (a
+        state read back is then only checked to be like the others)."""
+        ...
+
     def model_floats(self) -> int:
         """Floats of the model a participating client receives (what it trains and sends back, buffers included)."""
         ...

@@ -30,6 +30,7 @@ from fedray.methods.finetune_model import (
     sent_names,
     trained_names,
 )
+from fedray.runtime.client_states import Layout, meta_layout
 from fedray.runtime.finetune.pool import TrainerPool
 from fedray.methods.training.backend import Params, RoundUpdate
 from fedray.methods.training.local import LocalSGD
@@ -99,12 +100,14 @@ class FineTuneBackend:
         postprocessing: Postprocessing = Postprocessing(),
         eval_batch_size: int = 64,
         trial_group: PlacementGroup | None = None,
+        state_budget: int | None = None,
     ) -> FineTuneBackend:
         """A backend on a pool of its own (see :meth:`TrainerPool.start`, also for ``trial_group``), shut down with it."""
         get_mode(mode)
         check_sgd(sgd)
         pool = TrainerPool.start(federation, backbone_name, image_size=image_size, num_trainers=num_trainers,
-                                 cpus_per_trainer=cpus_per_trainer, eval_batch_size=eval_batch_size, trial_group=trial_group)
+                                 cpus_per_trainer=cpus_per_trainer, eval_batch_size=eval_batch_size, trial_group=trial_group,
+                                 state_budget=state_budget)
         try:
             return cls(pool, weights_spec, mode, sgd, seed, algorithm=algorithm, sphere_loss=sphere_loss, owns_pool=True,
                        postprocessing=postprocessing)
@@ -134,6 +137,10 @@ class FineTuneBackend:
         else:
             weight, bias = head_init(dim, num_classes, head_seed)
         return {**{name: value.clone() for name, value in self.initial_backbone.items()}, "head.weight": weight, "head.bias": bias}
+
+    def client_state_layout(self) -> Layout | None:
+        """What the algorithm's ``init_client_state`` makes for the trained parameters."""
+        return meta_layout(self.algorithm, {name: tuple(self.state_shapes[name]) for name in self.trained})
 
     def with_head(self, params: Params, head: Params) -> Params:
         """The head is an ``nn.Linear`` (C × d weight): a closed-form stage's d × C weight goes in transposed."""

@@ -26,6 +26,7 @@ from fedray.runtime.finetune.trainer import Trainer, TrainerRows
 from fedray.data.images.backbones import Backbone, get_backbone
 from fedray.data.images.decode import ImageTransform
 from fedray.runtime.held import Held
+from fedray.runtime.kept import default_budget
 from fedray.runtime.actor_group import ActorGroup, balanced_bounds, fetch, tree_reduce
 from fedray.runtime.placement import default_count, gpu_share, trial_bundles
 from fedray.methods.entk import EntkSpec
@@ -48,6 +49,8 @@ def check_images(federation: Federation) -> None:
 class TrainerPool(ActorGroup):
     """The trainers and each trainer's rows (sent with every call: a restarted trainer needs them again)."""
 
+    keeps_client_states = True
+
     federation: Federation
     backbone: Backbone
     image_size: int
@@ -64,13 +67,15 @@ class TrainerPool(ActorGroup):
         cpus_per_trainer: float = 1.0,
         eval_batch_size: int = 64,
         trial_group: PlacementGroup | None = None,
+        state_budget: int | None = None,
     ) -> TrainerPool:
         """Reserve one bundle per trainer and start the trainers (default: one per GPU, else as many as the free CPUs fit).
 
         Inside a Tune trial, the trainers take bundles 1.. of ``trial_group``
         instead (bundle 0 is the trial's driver; see
         :meth:`~fedray.runtime.shards.ShardPool.start`): one trainer per bundle,
-        with its resources, whatever ``num_trainers`` and ``cpus_per_trainer`` say.
+        with its resources, whatever ``num_trainers`` and ``cpus_per_trainer`` say. ``state_budget``: bytes of
+        clients' states each trainer keeps in memory (see :meth:`~fedray.runtime.shards.ShardPool.start`).
         """
         backbone = get_backbone(backbone_name)
         transform = ImageTransform(image_size)
@@ -94,7 +99,9 @@ class TrainerPool(ActorGroup):
         test_bounds = np.linspace(0, federation.test.num_rows, trainers + 1).astype(np.int64)
         rows = [Held.put(TrainerRows.of(federation, (int(bounds[t]), int(bounds[t + 1])), (int(test_bounds[t]), int(test_bounds[t + 1]))))
                 for t in range(trainers)]
-        arguments = [(backbone, federation.num_classes, transform, eval_batch_size, max(1, int(cpus_per_trainer)))] * trainers
+        state_budget = default_budget(cpus_per_trainer) if state_budget is None else state_budget
+        arguments = [(backbone, federation.num_classes, transform, eval_batch_size, max(1, int(cpus_per_trainer)),
+                      state_budget)] * trainers
         return cls.launch(Trainer, bundle, arguments, bounds, what=f"{trainers} trainers × {bundle}",
                           hint="lower num_trainers or cpus_per_trainer", trial_group=trial_group,
                           ready=lambda actors: fetch([actor.describe.remote() for actor in actors]),

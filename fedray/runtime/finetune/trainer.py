@@ -35,7 +35,7 @@ from fedray.data.images.backbones import Backbone
 from fedray.data.images.decode import ImageTransform
 from fedray.runtime.held import Held
 from fedray.runtime.actor_group import combine_partials
-from fedray.runtime.client_states import ClientStates
+from fedray.runtime.client_states import ClientStates, Layout
 from fedray.runtime import tensor_transfer
 from fedray.methods.entk import EntkSpec
 
@@ -65,7 +65,8 @@ class TrainerRows:
 class Trainer:
     """One model replica; its rows arrive, as a :class:`Held` :class:`TrainerRows`, with every call."""
 
-    def __init__(self, backbone: Backbone, num_classes: int, transform: ImageTransform, eval_batch_size: int, threads: int) -> None:
+    def __init__(self, backbone: Backbone, num_classes: int, transform: ImageTransform, eval_batch_size: int, threads: int,
+                 state_budget: int | None = None) -> None:
         torch.set_num_threads(threads)
         tensor_transfer.register()
         self.device = training_device()
@@ -73,7 +74,7 @@ class Trainer:
         self.model = build_model(backbone, num_classes).to(self.device)
         self.eval_batch_size = eval_batch_size
         self.held: Held | None = None
-        self.client_states = ClientStates(lost=ray.get_runtime_context().was_current_actor_reconstructed)
+        self.client_states = ClientStates(ray.get_runtime_context().was_current_actor_reconstructed, state_budget)
 
     def _load(self, held: Held) -> None:
         """Fetch the rows on the first call (after a start or a restart)."""
@@ -111,8 +112,12 @@ class Trainer:
     def save_client_states(self, path: str) -> None:
         self.client_states.save(Path(path))
 
-    def restore_client_states(self, paths: list[str], first: int, end: int) -> None:
-        self.client_states.restore(map(Path, paths), lambda client: first <= client < end)
+    def restore_client_states(self, paths: list[str], first: int, end: int, layout: Layout | None = None) -> None:
+        """The states of ``paths`` for clients ``first`` to ``end``, each of ``layout`` when given."""
+        self.client_states.restore(map(Path, paths), lambda client: first <= client < end, lambda client: layout)
+
+    def clear_client_states(self) -> None:
+        self.client_states.clear()
 
     def correct(self, held: Held, params: Params) -> tuple[int, int]:
         """(correctly classified, total) over this trainer's test rows."""

@@ -1,0 +1,129 @@
+"""A shard keeps its clients' states within a memory budget: the least recently used spill to disk (one safetensors
+file a client) and come back bitwise; a checkpoint hard-links the spilled files instead of copying them; what is
+read back is checked in one line."""
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fedray.core.errors import FedrayError
+from fedray.runtime.client_states import ClientStates, spilled_folder
+
+from tests.full_disk import small_disk  # noqa: F401 (a fixture)
+
+START_OVER = "delete it and run without --resume to start over"
+STATE_BYTES = 4 * 6  # one client's state below: six float32
+
+
+def state(value: float) -> dict[str, torch.Tensor]:
+    return {"h": torch.full((2, 2), value), "b": torch.arange(2, dtype=torch.float32) + value}
+
+
+def states_after(rounds: list[dict[int, float]], budget: int | None, root) -> ClientStates:
+    """States after each round's clients put their new states (round r's committed when round r + 1 begins)."""
+    states = ClientStates(budget=budget, spill_root=root)
+    for number, puts in enumerate(rounds, start=1):
+        states.begin_round(number)
+        for client, value in puts.items():
+            states.put(client, state(value))
+    states.begin_round(len(rounds) + 1)
+    return states
+
+
+def test_states_beyond_the_budget_spill_least_recently_used_first_and_come_back_bitwise(tmp_path):
+    states = states_after([{1: 1.0, 2: 2.0}, {3: 3.0}], budget=2 * STATE_BYTES, root=tmp_path)
+    assert list(states.committed) == [2, 3] and list(states.spilled) == [1]  # client 1 was used least recently
+    assert states.held == 2 * STATE_BYTES
+    assert sorted(path.name for path in states.spill_folder.iterdir()) == ["client-1.safetensors"]
+    for client, value in ((1, 1.0), (2, 2.0), (3, 3.0)):
+        got = states.get(client)
+        assert got.keys() == {"h", "b"} and all(torch.equal(got[name], state(value)[name]) for name in got)
+    assert states.get(4) is None
+
+
+def test_reading_a_state_makes_it_the_most_recently_used(tmp_path):
+    states = states_after([{1: 1.0, 2: 2.0}], budget=2 * STATE_BYTES, root=tmp_path)
+    states.get(1)  # client 1 is sampled again: client 2 is now the least recently used
+    states.begin_round(3)
+    states.put(3, state(3.0))
+    states.begin_round(4)
+    assert list(states.spilled) == [2] and list(states.committed) == [1, 3]
+
+
+def test_a_client_s_new_state_replaces_its_spilled_file(tmp_path):
+    states = states_after([{1: 1.0}, {2: 2.0}, {1: 10.0}], budget=0, root=tmp_path)
+    assert not states.committed and sorted(states.spilled) == [1, 2]
+    assert torch.equal(states.get(1)["h"], torch.full((2, 2), 10.0))
+    assert sorted(path.name for path in states.spill_folder.iterdir()) == ["client-1.safetensors", "client-2.safetensors"]
+
+
+def test_a_retried_round_starts_again_from_the_spilled_states(tmp_path):
+    states = states_after([{1: 1.0}], budget=0, root=tmp_path)
+    states.begin_round(2)
+    states.put(1, state(5.0))
+    states.begin_round(2)  # Ray retried round 2: its pending state is dropped
+    assert torch.equal(states.get(1)["h"], torch.full((2, 2), 1.0))
+
+
+def test_a_checkpoint_links_the_spilled_files_and_keeps_them_when_the_states_move_on(tmp_path):
+    states = states_after([{1: 1.0, 2: 2.0}, {3: 3.0}], budget=2 * STATE_BYTES, root=tmp_path / "spill")
+    path = tmp_path / "out" / "checkpoint-clients-r2-0.pt"
+    states.save(path)
+    linked = spilled_folder(path) / "client-1.safetensors"
+    assert sorted(p.name for p in spilled_folder(path).iterdir()) == ["client-1.safetensors"]
+    assert os.stat(linked).st_ino == os.stat(states.spilled[1]).st_ino, "a hard link, not a copy"
+    assert set(torch.load(path, weights_only=True)) == {2, 3}, "the states in memory are in the file"
+
+    states.begin_round(3)
+    states.put(1, state(7.0))  # client 1 moves on after the checkpoint
+    states.begin_round(4)
+    assert torch.equal(load_file(linked)["h"], torch.full((2, 2), 1.0)), "the checkpoint still holds round 2's state"
+
+    for budget in (None, 0, STATE_BYTES):  # any budget reads the same states back
+        restored = ClientStates(budget=budget, spill_root=tmp_path / f"spill-{budget}")
+        restored.restore([path], lambda client: True)
+        for client, value in ((1, 1.0), (2, 2.0), (3, 3.0)):
+            assert torch.equal(restored.get(client)["b"], state(value)["b"])
+        assert len(restored.committed) == {None: 2, 0: 0, STATE_BYTES: 1}[budget], "spilled files stay spilled"
+
+
+def test_a_damaged_spilled_file_of_a_checkpoint_is_refused_in_one_line_replacing_no_state(tmp_path):
+    states = states_after([{1: 1.0, 2: 2.0}], budget=0, root=tmp_path / "spill")
+    path = tmp_path / "checkpoint-clients-r1-0.pt"
+    states.save(path)
+    damaged = spilled_folder(path) / "client-2.safetensors"
+    data = damaged.read_bytes()
+    os.unlink(damaged)  # a link: write a new file, not through the spill folder's
+    damaged.write_bytes(data[:-3])
+    other = ClientStates()
+    other.committed[7] = state(0.0)
+    with pytest.raises(FedrayError) as error:
+        other.restore([path], lambda client: True)
+    message = str(error.value)
+    assert message.startswith(f"{damaged}: damaged spilled client state (") and message.endswith(START_OVER), message
+    assert "\n" not in message and list(other.committed) == [7]
+
+
+def test_a_state_of_other_shapes_than_the_run_s_is_refused_in_one_line(tmp_path):
+    """Every client's state re-shaped alike: only the algorithm's expected shapes can tell."""
+    path = tmp_path / "checkpoint-clients-r1-0.pt"
+    torch.save({3: {"h": torch.zeros(4, 1)}, 4: {"h": torch.zeros(4, 1)}}, path)
+    with pytest.raises(FedrayError) as error:
+        ClientStates().restore([path], lambda client: True, lambda client: {"h": (2, 2)})
+    assert str(error.value) == (f"{path}: the state of client 3 has shapes {{'h': (4, 1)}}, where this run's algorithm "
+                                f"makes {{'h': (2, 2)}}; {START_OVER}")
+
+
+def test_a_spill_onto_a_full_disk_stops_in_one_line_and_keeps_the_state(small_disk):  # noqa: F811
+    states = ClientStates(budget=0, spill_root=small_disk)
+    states.begin_round(1)
+    states.put(1, {"h": torch.zeros(1_000_000)})  # 4 MB onto a 1 MiB disk
+    with pytest.raises(FedrayError) as error:
+        states.begin_round(2)
+    folder = states.spill_folder
+    message = str(error.value)
+    assert message.startswith(f"cannot spill clients' states to {folder} (") and "No space left on device" in message
+    assert message.endswith("): free space there, or keep more in memory with --client-state-memory")
+    assert list(states.committed) == [1] and not list(folder.iterdir())
