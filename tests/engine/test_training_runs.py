@@ -93,6 +93,8 @@ def test_an_adaptive_server_run_equals_fedavgs_clients_and_the_optimizer_written
     torch.testing.assert_close(torch.from_numpy(completed.arrays["W"]), expected.weight, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(torch.from_numpy(completed.arrays["bias"]), expected.bias, rtol=1e-4, atol=1e-5)
     assert (expected.weight - head.weight).abs().max() > 1e-2, "the head moved"
+    last = completed.rows[-1]  # counted as FedAvg, the head (d·C = 24·60) down and up per participation
+    assert last["comm_floats_fedcof"] == last["comm_floats_fed3r"] == 3 * 10 * 2 * 24 * 60
 
 
 @pytest.mark.slow
