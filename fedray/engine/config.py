@@ -344,7 +344,7 @@ class RunConfig:
         return spec.name in taken if "owners" in spec.metadata else spec.metadata.get("group") in groups
 
     def _validate_server_optimizer(self) -> None:
-        """A method whose server is not plain averaging (fedavgm, fedadam, ...) is its server: another one contradicts it.
+        """A method whose server is not plain averaging (fedavgm, fedadam...) is its server: another one contradicts it.
 
         fedavg, fedprox and scaffold average on the server, so ``--server-optimizer`` replaces their averaging.
         """

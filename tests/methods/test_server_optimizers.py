@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from fedray.core.errors import FedrayError
-from fedray.methods.training.server import (SERVER_OPTIMIZERS, ServerAdagrad, ServerAdam, ServerMomentum, ServerOptimizer,
-                                           ServerSGD, ServerYogi)
+from fedray.methods.training.server import (SERVER_OPTIMIZERS, ServerAdagrad, ServerAdam, ServerMomentum,
+                                           ServerOptimizer, ServerSGD, ServerYogi)
 from fedray.core.options import options_of
 
 DELTAS = [torch.tensor([1.0, -2.0]), torch.tensor([0.5, 0.5]), torch.tensor([-1.0, 4.0])]
@@ -45,7 +45,8 @@ def test_fedadam_follows_reddi_et_al():
 # Reddi et al.'s Algorithm 2 in float64 at options other than the defaults, m and v from 0. The first Δ is zero in
 # its last coordinate (v stays 0 there until a non-zero Δ comes), and the second smaller than the first, so that Yogi's
 # v moves down (v > Δ²) as well as up.
-ADAPTIVE_DELTAS = [torch.tensor(delta, dtype=torch.float64) for delta in ([4.0, -2.0, 0.0], [0.5, 0.25, 3.0], [-1.0, 4.0, -0.5])]
+ADAPTIVE_DELTAS = [torch.tensor(delta, dtype=torch.float64)
+                   for delta in ([4.0, -2.0, 0.0], [0.5, 0.25, 3.0], [-1.0, 4.0, -0.5])]
 ADAPTIVE_OPTIONS = {"server_lr": 0.1, "adam_beta1": 0.8, "adam_tau": 1e-2}
 
 

@@ -82,7 +82,7 @@ class ServerMomentum(ServerOptimizer):
 
 
 class AdaptiveServerOptimizer(ServerOptimizer):
-    """Reddi et al.'s Algorithm 2: m ← β₁ m + (1 − β₁) Δ, θ ← θ + η m / (√v + τ), v as :meth:`second_moment` says.
+    """Reddi et al.'s Algorithm 2: m ← β₁ m + (1 − β₁) Δ, θ ← θ + η m / (√v + τ), v by :meth:`second_moment`.
 
     m and v start at 0 and are not bias-corrected, as in the paper. The three share their options' names
     (``adam_beta1``, ``adam_beta2``, ``adam_tau``): one flag sets β₁ whichever of them runs, and a sweep over the
