@@ -4,6 +4,8 @@ They share no code with fedray's methods: tests compare the two. (The gradient r
 mini-batch order from fedray, so that both see the same samples at each step.)
 """
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -139,10 +141,11 @@ def client_gradient(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias
 
 def fedavg_by_autograd(
     federation: Federation, rounds: list[np.ndarray], sgd: LocalSGD, seed: int, head: Classifier, server_lr: float,
-    scaffold: bool = False,
+    scaffold: bool = False, server: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> Classifier:
     """FedAvg (or SCAFFOLD with a dense c_i per client) written plainly over all clients' features in one process,
-    each client by :func:`train_client_plainly`."""
+    each client by :func:`train_client_plainly`; the server steps by ``server_lr`` along Δ, or along ``server(name, Δ)``
+    (``name`` weight or bias): an adaptive server optimizer written out by a test."""
     sample_ids, labels, offsets = federation.train_arrays(0, federation.num_clients)
     features = federation.require_features().features("train", sample_ids)
     labels = torch.from_numpy(labels.astype(np.int64))
@@ -168,7 +171,11 @@ def fedavg_by_autograd(
             total_w += size * (trained_w - weight)
             total_b += size * (trained_b - bias)
             total_n += size
-        weight += server_lr * total_w / total_n
-        bias += server_lr * total_b / total_n
+        if server is None:
+            weight += server_lr * total_w / total_n
+            bias += server_lr * total_b / total_n
+        else:
+            weight += server_lr * server("weight", total_w / total_n)
+            bias += server_lr * server("bias", total_b / total_n)
         control = (control[0] + control_w / len(labels), control[1] + control_b / len(labels))
     return Classifier(weight, bias)

@@ -212,7 +212,7 @@ class RunConfig:
                                                TRAINING, unset="1/8 of the node's memory, shared by the "
                                                "actors that fill its CPUs", metavar="GB")
     quiet: bool = option(False, "no progress bar", GENERAL)
-    server_optimizer: str | None = option(None, "fedavg, fedavgm, fedadam, or your own as module:Class or "
+    server_optimizer: str | None = option(None, f"{', '.join(SERVER_OPTIMIZERS)}, or your own as module:Class or "
                                           "path/to/file.py:Class", TRAINING, unset="the method's own", metavar="OPTIMIZER")
     postprocessor: str | None = option(None, "your own fedray.Postprocessor subclasses, each upload through them in "
                                        "order (clipping, noise, quantization...): FILE.py:Class or module:Class, several "
@@ -351,7 +351,7 @@ class RunConfig:
         return spec.name in taken if "owners" in spec.metadata else spec.metadata.get("group") in groups
 
     def _validate_server_optimizer(self) -> None:
-        """A method whose server is not plain averaging (fedavgm, fedadam) is its server: another one contradicts it.
+        """A method whose server is not plain averaging (fedavgm, fedadam...) is its server: another one contradicts it.
 
         fedavg, fedprox and scaffold average on the server, so ``--server-optimizer`` replaces their averaging.
         """

@@ -32,7 +32,7 @@ fine-tuning on images):
 4. the uploads are summed where the clients are (inside the shards, then a
    tree of sums): the server sees only their weighted sum, an :class:`Aggregate`;
 5. :meth:`server_update` turns the aggregate into Δ, the step the run's server
-   optimizer takes (``--server-optimizer``: FedAvg's θ + ηΔ, FedAvgM, FedAdam,
+   optimizer takes (``--server-optimizer``: FedAvg's θ + ηΔ, FedAvgM, FedAdam, FedAdagrad, FedYogi,
    a plugin), and the server's next state.
 
 A client's state lives with the client (in the shard or trainer that holds it),

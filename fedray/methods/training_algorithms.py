@@ -46,6 +46,22 @@ class FedAdam(FederatedAlgorithm):
 
 
 @dataclass(frozen=True)
+class FedAdagrad(FederatedAlgorithm):
+    """FedAvg's clients with Adagrad on the server (Reddi et al., ICLR 2021)."""
+
+    name = "fedadagrad"
+    server_optimizer = "fedadagrad"
+
+
+@dataclass(frozen=True)
+class FedYogi(FederatedAlgorithm):
+    """FedAvg's clients with Yogi on the server (Reddi et al., ICLR 2021)."""
+
+    name = "fedyogi"
+    server_optimizer = "fedyogi"
+
+
+@dataclass(frozen=True)
 class FedProx(FederatedAlgorithm):
     """FedProx (Li et al., MLSys 2020): local SGD on the loss + (μ/2)‖θ − θ⁰‖², θ⁰ the model received."""
 
@@ -119,7 +135,7 @@ ENTRY_POINTS = "fedray.training_algorithms"
 plugins (FedDyn, FedNova) in its pyproject.toml, and a researcher's package's the same way."""
 
 BUILT_IN: dict[str, type[FederatedAlgorithm] | str] = {
-    **{cls.name: cls for cls in (FedAvg, FedAvgM, FedAdam, FedProx, Scaffold)},
+    **{cls.name: cls for cls in (FedAvg, FedAvgM, FedAdam, FedAdagrad, FedYogi, FedProx, Scaffold)},
     **registered(ENTRY_POINTS),
 }
 """Every built-in training algorithm by ``--method`` name; those registered as plugins (FedDyn, FedNova) as their
@@ -136,8 +152,8 @@ def algorithm_class(spec: str) -> type[FederatedAlgorithm]:
 
 
 def paper_family(algorithm: FederatedAlgorithm) -> str | None:
-    """How the papers count an algorithm's training costs: ``fedavg`` (FedAvg, FedAvgM, FedAdam, FedProx: the head each
-    way), ``scaffold`` (twice that), None for the algorithms they do not count."""
+    """How the papers count an algorithm's training costs: ``fedavg`` (FedAvg, FedAvgM, FedAdam, FedAdagrad, FedYogi,
+    FedProx: the head each way), ``scaffold`` (twice that), None for the algorithms they do not count."""
     if type(algorithm) is Scaffold:
         return "scaffold"
-    return "fedavg" if type(algorithm) in (FedAvg, FedAvgM, FedAdam, FedProx) else None
+    return "fedavg" if type(algorithm) in (FedAvg, FedAvgM, FedAdam, FedAdagrad, FedYogi, FedProx) else None

@@ -113,7 +113,8 @@ class ProbeBackend:
         """Linear probing as the papers count it, the head being d·C floats (no bias) and its forward d·C multiply-adds:
         FedCOF App. H 2·d·C per participation (SCAFFOLD undefined); Fed3R App. D d·C down and up (Scaffold-LP twice
         that), App. E E·n_k(F_φ + 3·d·C); FedNCM one backbone forward per sample and epoch, as on images.
-        FedAvgM, FedAdam and FedProx clients send and compute what FedAvg's do; the papers count no other algorithm."""
+        FedAvgM, FedAdam, FedAdagrad, FedYogi and FedProx clients send and compute what FedAvg's do; the papers count no
+        other algorithm."""
         family = paper_family(self.algorithm)
         if family is None:
             return PaperCosts()

@@ -77,7 +77,8 @@ def test_run_help_defaults_written_out(capsys, monkeypatch):
     assert shown["--tct-lr"].endswith("(default 5e-05)")
     assert shown["--adam-tau"].endswith("(default 0.001)")
     assert shown["--clients-per-round"].endswith("(default: 10)")
-    assert shown["--server-lr"].endswith("(default: the server optimizer's own: fedavg 1, fedavgm 1, fedadam 0.01)")
+    assert shown["--server-lr"].endswith("(default: the server optimizer's own: fedavg 1, fedavgm 1, fedadam 0.01, "
+                                         "fedadagrad 0.01, fedyogi 0.01)")
     assert shown["--prox-mu"].endswith("(default: 0.01 with fedprox)")
     assert "{constant,cosine,step}" in shown["--lr-schedule"]
 
@@ -177,6 +178,7 @@ def test_unknown_sweep_keys_name_where_they_belong(tmp_path):
 @pytest.mark.parametrize(("method", "server_optimizer"), [
     ("fedavg", YOGI), ("fedprox", "fedadam"), ("scaffold", "fedavgm"),  # plain averaging on the server: replaced
     ("fedadam", "fedadam"), ("fedavgm", "fedavgm"),                     # a method's own server optimizer, named
+    ("fedyogi", "fedyogi"), ("fedprox", "fedadagrad"),
 ])
 def test_a_server_optimizer_replaces_plain_averaging_only(method, server_optimizer):
     config = resolve({}, {"method": method, "server_optimizer": server_optimizer})
@@ -186,9 +188,10 @@ def test_a_server_optimizer_replaces_plain_averaging_only(method, server_optimiz
 OWNED = {  # each option of a built-in class, the classes that declare it, and its default there: written out
     "lam": (["fed3r", "fed3r-rf", "ffc"], 0.01), "bias": (["fed3r", "fed3r-rf", "ffc"], False),
     "rf_dim": (["fed3r-rf"], 5000), "rf_sigma": (["fed3r-rf"], None), "gamma": (["fedcof", "fedcof-oracle"], 0.1),
-    "means_per_class": (["fedcof"], 1), "server_lr": (["fedavg", "fedavgm", "fedadam"], None),
-    "server_momentum": (["fedavgm"], 0.9), "adam_beta1": (["fedadam"], 0.9), "adam_beta2": (["fedadam"], 0.99),
-    "adam_tau": (["fedadam"], 1e-3), "prox_mu": (["fedprox"], None), "variant": (["scaffold"], "I"),
+    "means_per_class": (["fedcof"], 1), "server_lr": (["fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi"], None),
+    "server_momentum": (["fedavgm"], 0.9), "adam_beta1": (["fedadam", "fedadagrad", "fedyogi"], 0.9),
+    "adam_beta2": (["fedadam", "fedyogi"], 0.99), "adam_tau": (["fedadam", "fedadagrad", "fedyogi"], 1e-3),
+    "prox_mu": (["fedprox"], None), "variant": (["scaffold"], "I"),
 }
 
 
@@ -316,7 +319,11 @@ NOT_APPLYING = [
     ({"method": "fedavg", "server_momentum": 0.5},
      "--server-momentum applies to fedavgm (server optimizer), not to this run (--method fedavg with server optimizer fedavg)"),
     ({"method": "fedavgm", "adam_beta1": 0.5},
-     "--adam-beta1 applies to fedadam (server optimizer), not to this run (--method fedavgm with server optimizer fedavgm)"),
+     "--adam-beta1 applies to fedadam, fedadagrad, fedyogi (server optimizers), not to this run (--method fedavgm with "
+     "server optimizer fedavgm)"),
+    ({"method": "fedadagrad", "adam_beta2": 0.5},  # Adagrad's v has no β₂
+     "--adam-beta2 applies to fedadam, fedyogi (server optimizers), not to this run (--method fedadagrad with server "
+     "optimizer fedadagrad)"),
     ({"method": "fedavg", "prox_mu": 0.1}, "--prox-mu applies to fedprox (training algorithm), not to this run (--method fedavg)"),
     ({"method": "fed3r", "sphere_dim": 4}, "--sphere-dim applies to SphereFed (--head sphere), not to this run (--method fed3r)"),
     ({"method": "fedavg", "base": "fedprox"}, "--base applies to --method tct, not to this run (--method fedavg)"),
@@ -344,4 +351,5 @@ def test_an_option_applies_where_a_stage_of_the_run_takes_it():
     assert resolve({}, {"method": "fedavg", "init": "fed3r", "lam": 0.1}).lam == 0.1
     assert resolve({}, {"method": "fedavgm", "server_momentum": 0.5}).server_momentum == 0.5
     assert resolve({}, {"method": "fedavg", "server_optimizer": "fedadam", "adam_beta1": 0.5}).adam_beta1 == 0.5
+    assert resolve({}, {"method": "fedyogi", "adam_beta2": 0.5}).adam_beta2 == 0.5
     assert resolve({}, {"method": "fedavg", "head": "sphere", "sphere_dim": 4}).sphere_dim == 4

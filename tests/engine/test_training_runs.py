@@ -1,4 +1,5 @@
-"""Whole gradient-method runs: IID FedAvg vs centralized logistic regression, two-stage runs, resume, divergence."""
+"""Whole gradient-method runs: IID FedAvg vs centralized logistic regression, FedAdagrad and FedYogi vs a plain loop,
+two-stage runs, resume, divergence."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,9 @@ from fedray.core.errors import FedrayError
 from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedray.engine.training import Accounting, TrainingState
 from fedray.engine.run_config import run
+from fedray.methods.base import Classifier
+from fedray.methods.training.local import LocalSGD, random_head
+from tests.reference import fedavg_by_autograd
 
 SMALL = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
 IID = SMALL + "&seed=3&split=dirichlet_per_class&alpha=1000&clients=100"  # each class spread evenly: near IID
@@ -57,6 +61,40 @@ def test_fedavg_on_an_iid_split_approaches_centralized_logistic_regression(ray_s
     assert [row["round"] for row in rows] == [0, 150, 300]
     assert accuracies[0] < 0.05 < accuracies[1] < accuracies[2]
     assert accuracies[2] == pytest.approx(centralized, abs=0.015), (accuracies, centralized)
+
+
+SECOND_MOMENTS = {  # Reddi et al., Algorithm 2, at β₂ = 0.95
+    "fedadagrad": lambda v, delta: v + delta**2,
+    "fedyogi": lambda v, delta: v - 0.05 * delta**2 * torch.sign(v - delta**2),
+}
+
+
+@pytest.mark.parametrize("method", ["fedyogi", pytest.param("fedadagrad", marks=pytest.mark.slow)])
+def test_an_adaptive_server_run_equals_fedavgs_clients_and_the_optimizer_written_plainly(ray_session, tmp_path, method):
+    """--method fedyogi / fedadagrad: FedAvg's clients, then m ← β₁m + (1 − β₁)Δ, v from Δ², θ ← θ + ηm/(√v + τ), m and
+    v from 0 (examples/fedyogi.py starts v at τ²: not this reference), at options other than the defaults."""
+    config = RunConfig(method=method, dataset=SMALL, out=str(tmp_path / method), rounds=3, eval_every=3, client_lr=0.05,
+                       batch_size=8, local_epochs=2, server_lr=0.05, adam_beta1=0.8, adam_tau=1e-2, seed=4, **COMMON,
+                       **({"adam_beta2": 0.95} if method == "fedyogi" else {}))
+    completed = run(config)
+    moments: dict[str, tuple] = {}
+
+    def server(name: str, delta: torch.Tensor) -> torch.Tensor:
+        m, v = moments.get(name, (0.0, 0.0))
+        m, v = 0.8 * m + 0.2 * delta, SECOND_MOMENTS[method](v, delta)
+        moments[name] = m, v
+        return m / (torch.sqrt(v) + 1e-2)
+
+    federation = load_federation(SMALL)
+    head = Classifier(**random_head(federation.dim, federation.num_classes, seed=4))
+    expected = fedavg_by_autograd(federation, list(completed.rounds), LocalSGD(lr=0.05, batch_size=8, epochs=2), 4,
+                                  head, server_lr=0.05, server=server)
+    assert len(completed.rounds) == 3
+    torch.testing.assert_close(torch.from_numpy(completed.arrays["W"]), expected.weight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(completed.arrays["bias"]), expected.bias, rtol=1e-4, atol=1e-5)
+    assert (expected.weight - head.weight).abs().max() > 1e-2, "the head moved"
+    last = completed.rows[-1]  # counted as FedAvg, the head (d·C = 24·60) down and up per participation
+    assert last["comm_floats_fedcof"] == last["comm_floats_fed3r"] == 3 * 10 * 2 * 24 * 60
 
 
 @pytest.mark.slow

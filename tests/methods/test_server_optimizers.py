@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from fedray.core.errors import FedrayError
-from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerAdam, ServerMomentum, ServerOptimizer, ServerSGD
+from fedray.methods.training.server import (SERVER_OPTIMIZERS, ServerAdagrad, ServerAdam, ServerMomentum,
+                                           ServerOptimizer, ServerSGD, ServerYogi)
 from fedray.core.options import options_of
 
 DELTAS = [torch.tensor([1.0, -2.0]), torch.tensor([0.5, 0.5]), torch.tensor([-1.0, 4.0])]
@@ -41,6 +42,64 @@ def test_fedadam_follows_reddi_et_al():
     torch.testing.assert_close(run(ServerAdam()), theta)
 
 
+# Reddi et al.'s Algorithm 2 in float64 at options other than the defaults, m and v from 0. The first Δ is zero in
+# its last coordinate (v stays 0 there until a non-zero Δ comes), and the second smaller than the first, so that Yogi's
+# v moves down (v > Δ²) as well as up.
+ADAPTIVE_DELTAS = [torch.tensor(delta, dtype=torch.float64)
+                   for delta in ([4.0, -2.0, 0.0], [0.5, 0.25, 3.0], [-1.0, 4.0, -0.5])]
+ADAPTIVE_OPTIONS = {"server_lr": 0.1, "adam_beta1": 0.8, "adam_tau": 1e-2}
+
+
+def run_adaptive(optimizer: ServerOptimizer) -> list[torch.Tensor]:
+    """θ after each of the three steps from θ₀ = (0, 1, −1), the engine's tensors left as they were."""
+    params, thetas = {"w": torch.tensor([0.0, 1.0, -1.0], dtype=torch.float64)}, []
+    for delta in ADAPTIVE_DELTAS:
+        before = params["w"].clone()
+        params_after = optimizer.step(params, {"w": delta.clone()})
+        assert torch.equal(params["w"], before)
+        params = params_after
+        thetas.append(params["w"])
+    return thetas
+
+
+def plain_adaptive(second_moment) -> list[torch.Tensor]:
+    theta, m, v, thetas = torch.tensor([0.0, 1.0, -1.0], dtype=torch.float64), 0.0, 0.0, []
+    for delta in ADAPTIVE_DELTAS:
+        m = 0.8 * m + 0.2 * delta
+        v = second_moment(v, delta)
+        theta = theta + 0.1 * m / (torch.sqrt(v) + 0.01)
+        thetas.append(theta)
+    return thetas
+
+
+def assert_steps_equal(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    for step, (a, e) in enumerate(zip(actual, expected, strict=True), start=1):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12, msg=lambda text: f"step {step}: {text}")
+
+
+def test_fedadagrad_follows_reddi_et_al():
+    assert_steps_equal(run_adaptive(ServerAdagrad(**ADAPTIVE_OPTIONS)), plain_adaptive(lambda v, delta: v + delta**2))
+
+
+def test_fedyogi_follows_reddi_et_al():
+    signs = []
+
+    def yogi(v, delta):
+        signs.append(torch.sign(v - delta**2))
+        return v - (1 - 0.95) * delta**2 * torch.sign(v - delta**2)
+
+    expected = plain_adaptive(yogi)
+    assert (torch.stack(signs) > 0).any() and (torch.stack(signs) < 0).any(), "v moved both ways"
+    assert_steps_equal(run_adaptive(ServerYogi(**ADAPTIVE_OPTIONS, adam_beta2=0.95)), expected)
+    adam = plain_adaptive(lambda v, delta: 0.95 * v + 0.05 * delta**2)
+    assert not torch.allclose(adam[-1], expected[-1], rtol=1e-3), "Yogi's v is not Adam's"
+
+
+def test_fedadam_at_other_options_follows_reddi_et_al_to_float64_round_off():
+    expected = plain_adaptive(lambda v, delta: 0.95 * v + 0.05 * delta**2)
+    assert_steps_equal(run_adaptive(ServerAdam(**ADAPTIVE_OPTIONS, adam_beta2=0.95)), expected)
+
+
 @pytest.mark.parametrize("name", sorted(SERVER_OPTIMIZERS))
 def test_a_zero_update_on_a_fresh_optimizer_changes_nothing(name):
     params = SERVER_OPTIMIZERS[name]().step({"w": torch.tensor([3.0, -1.0])}, {"w": torch.zeros(2)})
@@ -55,6 +114,11 @@ def test_options_are_the_constructor_arguments():
         "adam_tau: float = 0.001  (τ, the adaptivity floor)",
     ]
     assert (ServerSGD().server_lr, ServerAdam().server_lr) == (1.0, 0.01)
+    # Adagrad's v has no β₂; Yogi's options are Adam's, by the same names
+    assert list(options_of(ServerAdagrad)) == ["server_lr", "adam_beta1", "adam_tau"]
+    assert options_of(ServerYogi) == options_of(ServerAdam)
+    assert (ServerAdagrad().server_lr, ServerYogi().server_lr) == (0.01, 0.01)
+    assert (SERVER_OPTIMIZERS["fedadagrad"], SERVER_OPTIMIZERS["fedyogi"]) == (ServerAdagrad, ServerYogi)
 
 
 def test_bad_settings_are_named():

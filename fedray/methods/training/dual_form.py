@@ -1,8 +1,8 @@
 """Which training algorithms linear heads on features train in the dual form: one decision, the engine's.
 
 The dual form (:mod:`fedray.methods.training.local`) trains many clients' softmax
-heads at once, exactly, for client halves it knows: FedAvg's (also FedAvgM's
-and FedAdam's clients), FedProx's and SCAFFOLD's with option-I control
+heads at once, exactly, for client halves it knows: FedAvg's (also FedAvgM's,
+FedAdam's, FedAdagrad's and FedYogi's clients), FedProx's and SCAFFOLD's with option-I control
 variates (option II keeps a dense c_i per client: autograd). It is a fast path, never a different algorithm: it applies to those
 built-in classes as they are built, and a subclass (a plugin may change any
 hook) trains by autograd. Training (:mod:`fedray.methods.training.heads`) and
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedray.methods.algorithm import FederatedAlgorithm
-from fedray.methods.training_algorithms import FedAdam, FedAvg, FedAvgM, FedProx, Scaffold
+from fedray.methods.training_algorithms import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx, FedYogi, Scaffold
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class DualForm:
 def dual_form(algorithm: FederatedAlgorithm) -> DualForm | None:
     """The dual form's settings for ``algorithm`` on linear heads, or None: it trains by autograd."""
     kind = type(algorithm)
-    if kind in (FedAvg, FedAvgM, FedAdam):
+    if kind in (FedAvg, FedAvgM, FedAdam, FedAdagrad, FedYogi):
         return DualForm()
     if kind is FedProx:
         return DualForm(prox_mu=algorithm.prox_mu)

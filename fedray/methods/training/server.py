@@ -2,8 +2,10 @@
 
 Δ is the sample-weighted mean of the clients' (θ_k − θ), a pseudo-gradient
 pointing downhill. FedAvg: θ ← θ + η Δ (η = 1 is plain model averaging).
-FedAvgM: m ← β m + Δ, θ ← θ + η m. FedAdam (Reddi et al., ICLR 2021):
-m ← β₁ m + (1 − β₁) Δ, v ← β₂ v + (1 − β₂) Δ², θ ← θ + η m / (√v + τ).
+FedAvgM: m ← β m + Δ, θ ← θ + η m. FedAdam, FedAdagrad and FedYogi (Reddi et
+al., ICLR 2021, Algorithm 2): m ← β₁ m + (1 − β₁) Δ, θ ← θ + η m / (√v + τ), with
+v ← β₂ v + (1 − β₂) Δ² (Adam), v ← v + Δ² (Adagrad) or
+v ← v − (1 − β₂) Δ² sign(v − Δ²) (Yogi).
 
 A new server optimizer is one subclass of :class:`ServerOptimizer` (see
 ``examples/fedyogi.py``): its options are its constructor's keyword arguments,
@@ -79,25 +81,71 @@ class ServerMomentum(ServerOptimizer):
         return out
 
 
-class ServerAdam(ServerOptimizer):
-    """Adam on −Δ (Reddi et al., ICLR 2021); their usual η = 0.01 (Fed3R's value was not at hand)."""
+class AdaptiveServerOptimizer(ServerOptimizer):
+    """Reddi et al.'s Algorithm 2: m ← β₁ m + (1 − β₁) Δ, θ ← θ + η m / (√v + τ), v by :meth:`second_moment`.
 
-    name = "fedadam"
+    m and v start at 0 and are not bias-corrected, as in the paper. The three share their options' names
+    (``adam_beta1``, ``adam_beta2``, ``adam_tau``): one flag sets β₁ whichever of them runs, and a sweep over the
+    three compares them at the same β and τ.
+    """
+
     default_lr = 0.01
+    """Reddi et al.'s usual η (their tuned values differ by task and optimizer; Fed3R's was not at hand)."""
 
-    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 0.01)"] = None,
-                 adam_beta1: Annotated[float, "β₁"] = 0.9, adam_beta2: Annotated[float, "β₂"] = 0.99,
-                 adam_tau: Annotated[float, "τ, the adaptivity floor"] = 1e-3) -> None:
+    def __init__(self, server_lr: float | None, adam_beta1: float, adam_tau: float) -> None:
         super().__init__(server_lr)
-        self.adam_beta1, self.adam_beta2, self.adam_tau = adam_beta1, adam_beta2, adam_tau
+        self.adam_beta1, self.adam_tau = adam_beta1, adam_tau
+
+    @abstractmethod
+    def second_moment(self, v: torch.Tensor, square: torch.Tensor) -> torch.Tensor:
+        """The next v from the last one and Δ² (elementwise)."""
 
     def step(self, params: Params, delta: Params) -> Params:
         out = {}
         for name, change in delta.items():
             m = self.remember(name, "m", self.adam_beta1 * self.slot(name, "m", change) + (1 - self.adam_beta1) * change)
-            v = self.remember(name, "v", self.adam_beta2 * self.slot(name, "v", change) + (1 - self.adam_beta2) * change**2)
+            v = self.remember(name, "v", self.second_moment(self.slot(name, "v", change), change**2))
             out[name] = params[name] + self.server_lr * m / (v.sqrt() + self.adam_tau)
         return out
 
 
-SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {cls.name: cls for cls in (ServerSGD, ServerMomentum, ServerAdam)}
+class ServerAdam(AdaptiveServerOptimizer):
+    """Adam on −Δ (Reddi et al., ICLR 2021): v ← β₂ v + (1 − β₂) Δ²."""
+
+    name = "fedadam"
+
+    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 0.01)"] = None,
+                 adam_beta1: Annotated[float, "β₁"] = 0.9, adam_beta2: Annotated[float, "β₂"] = 0.99,
+                 adam_tau: Annotated[float, "τ, the adaptivity floor"] = 1e-3) -> None:
+        super().__init__(server_lr, adam_beta1, adam_tau)
+        self.adam_beta2 = adam_beta2
+
+    def second_moment(self, v: torch.Tensor, square: torch.Tensor) -> torch.Tensor:
+        return self.adam_beta2 * v + (1 - self.adam_beta2) * square
+
+
+class ServerAdagrad(AdaptiveServerOptimizer):
+    """Adagrad on −Δ with momentum (Reddi et al., ICLR 2021): v ← v + Δ²; it has no β₂."""
+
+    name = "fedadagrad"
+
+    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 0.01)"] = None,
+                 adam_beta1: Annotated[float, "β₁"] = 0.9,
+                 adam_tau: Annotated[float, "τ, the adaptivity floor"] = 1e-3) -> None:
+        super().__init__(server_lr, adam_beta1, adam_tau)
+
+    def second_moment(self, v: torch.Tensor, square: torch.Tensor) -> torch.Tensor:
+        return v + square
+
+
+class ServerYogi(ServerAdam):
+    """Yogi on −Δ (Reddi et al., ICLR 2021): v ← v − (1 − β₂) Δ² sign(v − Δ²)."""
+
+    name = "fedyogi"
+
+    def second_moment(self, v: torch.Tensor, square: torch.Tensor) -> torch.Tensor:
+        return v - (1 - self.adam_beta2) * square * torch.sign(v - square)
+
+
+SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
+    cls.name: cls for cls in (ServerSGD, ServerMomentum, ServerAdam, ServerAdagrad, ServerYogi)}
