@@ -18,8 +18,8 @@ the weighted GEMM (:meth:`FedCOF.second_pass`), so no process holds every mean.
 With ``between_class`` (FedCOF §4.3, Table 2, App. F: the ablation the paper
 argues against) Ĝ keeps the between-class scatter G_btw = Σ_c N_c(μ_c−μ_g)(μ_c−μ_g)ᵀ
 of Proposition 2 (Eq. 7). Since Σ_c N_c μ_c = N μ_g, G_btw + N μ_g μ_gᵀ =
-Σ_c N_c μ_c μ_cᵀ, so Ĝ = Σ_c (N_c−1) Σ̂_c + Σ_c N_c μ_c μ_cᵀ (shrinkage
-γ Σ_c (N_c−1)⁺ I unchanged): with the exact covariances (the oracle) and γ = 0
+Σ_c N_c μ_c μ_cᵀ, so Ĝ = Σ_c (N_c−1) Σ̂_c + Σ_c N_c μ_c μ_cᵀ (Σ̂_c shrunk by
+γI as without it): with the exact covariances (the oracle) and γ = 0
 it is Σ zzᵀ = ZᵀZ, and W is unregularized ridge's (ZᵀZ)⁻¹ZᵀY, columns normalized.
 """
 
