@@ -144,8 +144,11 @@ class RunConfig:
     rf_dim: int = owned("rf_dim")
     rf_sigma: float | None = owned("rf_sigma", unset="√d, about the distance between samples of unit-spread features; "
                                    "the Fed3R paper used 1000 on MobileNetV2 features")
+    distance: str = owned("distance")
     gamma: float = owned("gamma")
     means_per_class: int = owned("means_per_class")
+    covariance: str = owned("covariance")
+    between_class: bool = owned("between_class")
     client_lr: float = option(0.1, "client SGD learning rate", TRAINING)
     weight_decay: float = option(4e-5, "client SGD weight decay", TRAINING)
     batch_size: int = option(50, "client mini-batch size", TRAINING)

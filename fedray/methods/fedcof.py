@@ -14,6 +14,13 @@ In a run through shards the rows stay in the shards that computed them
 (:meth:`FedCOF.kept_in_shards`): the server receives the class totals and the
 number of means per class, sends back w, and the shards return their part of
 the weighted GEMM (:meth:`FedCOF.second_pass`), so no process holds every mean.
+
+With ``between_class`` (FedCOF §4.3, Table 2, App. F: the ablation the paper
+argues against) Ĝ keeps the between-class scatter G_btw = Σ_c N_c(μ_c−μ_g)(μ_c−μ_g)ᵀ
+of Proposition 2 (Eq. 7). Since Σ_c N_c μ_c = N μ_g, G_btw + N μ_g μ_gᵀ =
+Σ_c N_c μ_c μ_cᵀ, so Ĝ = Σ_c (N_c−1) Σ̂_c + Σ_c N_c μ_c μ_cᵀ (Σ̂_c shrunk by
+γI as without it): with the exact covariances (the oracle) and γ = 0
+it is Σ zzᵀ = ZᵀZ, and W is unregularized ridge's (ZᵀZ)⁻¹ZᵀY, columns normalized.
 """
 
 from __future__ import annotations
@@ -59,6 +66,21 @@ class ClassCovarianceSums:
     gram: torch.Tensor
 
 
+@dataclass
+class ClassSquareSums:
+    """What diagonal or spherical class covariances aggregate to: per class Σ z∘z (C × d), or Σ ‖z‖² (C × 1)."""
+
+    counts: torch.Tensor
+    sums: torch.Tensor
+    squares: torch.Tensor
+
+
+COVARIANCES = ("full", "diagonal", "spherical")
+
+
+BETWEEN_CLASS = "keep the between-class scatter Σ_c N_c(μ_c−μ_g)(μ_c−μ_g)ᵀ in G (FedCOF §4.3, Table 2: ridge's G)"
+
+
 class FedCOF(ClosedFormMethod[MeanRows]):
     """Class covariances estimated from the spread of the clients' class means; W = Ĝ⁻¹[N_c μ_c], columns normalized."""
 
@@ -66,7 +88,8 @@ class FedCOF(ClosedFormMethod[MeanRows]):
     features_dtype = torch.float64
 
     def __init__(self, dim: int, num_classes: int, gamma: Annotated[float, "covariance shrinkage γ (≥ 0)"] = 0.1,
-                 means_per_class: Annotated[int, "means per class per client (Appendix E)"] = 1, seed: int = 0) -> None:
+                 means_per_class: Annotated[int, "means per class per client (Appendix E)"] = 1,
+                 between_class: Annotated[bool, BETWEEN_CLASS] = False, seed: int = 0) -> None:
         super().__init__(dim, num_classes)
         if gamma < 0:
             raise FedrayError(f"--gamma must be ≥ 0, got {gamma}")
@@ -74,6 +97,7 @@ class FedCOF(ClosedFormMethod[MeanRows]):
             raise FedrayError(f"--means-per-class must be ≥ 1, got {means_per_class}")
         self.gamma = gamma
         self.means_per_class = means_per_class
+        self.between_class = between_class
         self.seed = seed
 
     def subsets_of(self, size: np.ndarray) -> np.ndarray:
@@ -145,13 +169,18 @@ class FedCOF(ClosedFormMethod[MeanRows]):
         return -between if weighted_means is None else weighted_means - between
 
     def _solve_gram(self, spread: torch.Tensor, counts: torch.Tensor, sums: torch.Tensor) -> Classifier:
-        """W from the between-mean spread Σ_c (N_c−1) Σ̂_c (shrinkage and global term added here)."""
+        """W from the within-class scatter Σ_c (N_c−1) Σ̂_c (``spread``), to which the global term N μ_g μ_gᵀ is added
+        (with ``between_class``, Σ_c N_c μ_c μ_cᵀ = G_btw + N μ_g μ_gᵀ) and the shrinkage."""
+        if self.between_class:
+            return self._solve(spread + gram(sums, 1 / counts.clamp(min=1)), counts, sums)
         total = counts.sum()
         global_mean = sums.sum(0) / total
-        shrink = self.gamma * (counts - 1).clamp(min=0).sum()
-        gram = spread + total * torch.outer(global_mean, global_mean)
-        gram.diagonal().add_(shrink)
-        return Classifier(normalize_columns(spd_solve(gram, sums.T.contiguous())))
+        return self._solve(spread + total * torch.outer(global_mean, global_mean), counts, sums)
+
+    def _solve(self, second_moments: torch.Tensor, counts: torch.Tensor, sums: torch.Tensor) -> Classifier:
+        """W = (G + γ Σ_c (N_c−1)⁺ I)⁻¹ [N_c μ_c], columns normalized, from G (``second_moments``, shrunk in place)."""
+        second_moments.diagonal().add_(self.gamma * (counts - 1).clamp(min=0).sum())
+        return Classifier(normalize_columns(spd_solve(second_moments, sums.T.contiguous())))
 
     def solve(self, stats: MeanRows) -> Classifier:
         return self._solve_gram(self.spread(stats), stats.counts, stats.sums)
@@ -178,35 +207,79 @@ class FedCOF(ClosedFormMethod[MeanRows]):
                           forward_passes=federation.client_sizes.astype(np.float64))
 
 
+CovarianceSums = ClassCovarianceSums | ClassSquareSums
+
+
 class FedCOFOracle(FedCOF):
-    """FedCOF with clients sharing their full class covariances (the upper bound of the paper)."""
+    """FedCOF with clients sharing their class covariances (the paper's upper bound), or, with ``covariance``, only
+    their diagonals or their spherical part σ²I, σ² = trace/d (FedCOF App. L, Fig. 9 right).
+
+    Each client sends, per class it holds, its count n_kc, mean μ_kc and covariance S_kc (full: d², diagonal: d,
+    spherical: 1 float). The server merges them exactly into the pooled class covariance, (N_c−1) Σ_c =
+    Σ_k [(n_kc−1) S_kc + n_kc μ_kc μ_kcᵀ] − N_c μ_c μ_cᵀ, and Ĝ = Σ_c (N_c−1) Σ_c + N μ_g μ_gᵀ (+ shrinkage, and
+    G_btw with ``between_class``, see the module). Shared diagonals merge into diag(Σ_c) exactly, traces into
+    tr(Σ_c): the server then uses D_c = diag(Σ_c), or D_c = tr(Σ_c)/d · I, in place of Σ_c, its off-diagonal part
+    zero as the clients did not send it (the spread of the means is not used off the diagonal either: that would mix
+    in FedCOF's own estimator), so the ablation isolates the covariance's structure. Only Σ_c (N_c−1) D_c enters Ĝ,
+    and it is a sum over samples: (n_kc−1) S_kc + n_kc μ_kc μ_kcᵀ is the client's Σ zzᵀ over the class (its diagonal
+    Σ z∘z, its trace Σ ‖z‖²), which is what the statistics sum (Σ zzᵀ over all classes for the full matrices).
+    """
 
     name = "fedcof-oracle"
 
-    def __init__(self, dim: int, num_classes: int, gamma: Annotated[float, "covariance shrinkage γ (≥ 0)"] = 0.1) -> None:
-        super().__init__(dim, num_classes, gamma)
+    def __init__(self, dim: int, num_classes: int, gamma: Annotated[float, "covariance shrinkage γ (≥ 0)"] = 0.1,
+                 covariance: Annotated[str, "what clients share of each class covariance: full (d² floats), diagonal "
+                                            "(d) or spherical (1: σ² = trace/d)"] = "full",
+                 between_class: Annotated[bool, BETWEEN_CLASS] = False) -> None:
+        super().__init__(dim, num_classes, gamma, between_class=between_class)
+        if covariance not in COVARIANCES:
+            raise FedrayError(f"--covariance must be {', '.join(COVARIANCES[:-1])} or {COVARIANCES[-1]}, "
+                              f"got {covariance!r}")
+        self.covariance = covariance
 
-    def client_statistics(self, batch: ClientBatch) -> ClassCovarianceSums:  # type: ignore[override]
+    def client_statistics(self, batch: ClientBatch) -> CovarianceSums:  # type: ignore[override]
         counts, sums = class_sums(batch.features, batch.labels, self.num_classes)
-        return ClassCovarianceSums(counts, sums, gram(batch.features))
+        if self.covariance == "full":
+            return ClassCovarianceSums(counts, sums, gram(batch.features))
+        squares = batch.features.to(torch.float64) ** 2
+        if self.covariance == "spherical":
+            squares = squares.sum(1, keepdim=True)
+        per_class = torch.zeros(self.num_classes, squares.shape[1], dtype=torch.float64)
+        return ClassSquareSums(counts, sums, per_class.index_add_(0, batch.labels, squares))
 
-    def combine(self, a: ClassCovarianceSums, b: ClassCovarianceSums) -> ClassCovarianceSums:  # type: ignore[override]
-        return ClassCovarianceSums(a.counts + b.counts, a.sums + b.sums, a.gram + b.gram)
+    def combine(self, a: CovarianceSums, b: CovarianceSums) -> CovarianceSums:  # type: ignore[override]
+        if isinstance(a, ClassCovarianceSums) and isinstance(b, ClassCovarianceSums):
+            return ClassCovarianceSums(a.counts + b.counts, a.sums + b.sums, a.gram + b.gram)
+        assert isinstance(a, ClassSquareSums) and isinstance(b, ClassSquareSums)
+        return ClassSquareSums(a.counts + b.counts, a.sums + b.sums, a.squares + b.squares)
 
-    def kept_in_shards(self, stats: ClassCovarianceSums) -> tuple[ClassCovarianceSums, None]:  # type: ignore[override]
+    def kept_in_shards(self, stats: CovarianceSums) -> tuple[CovarianceSums, None]:  # type: ignore[override]
         """Fixed-size sums: everything travels (the base class's default, which FedCOF's means override)."""
         return stats, None
 
-    def second_pass_request(self, total: ClassCovarianceSums) -> None:  # type: ignore[override]
+    def second_pass_request(self, total: CovarianceSums) -> None:  # type: ignore[override]
         return None
 
-    def solve(self, stats: ClassCovarianceSums) -> Classifier:  # type: ignore[override]
-        """Σ_c (N_c−1) Σ_c = Σ zzᵀ − Σ_c N_c μ_c μ_cᵀ: the exact pooled within-class scatter."""
-        between = gram(stats.sums, 1 / stats.counts.clamp(min=1))
-        return self._solve_gram(stats.gram - between, stats.counts, stats.sums)
+    def solve(self, stats: CovarianceSums) -> Classifier:  # type: ignore[override]
+        """Full: Σ_c (N_c−1) Σ_c = Σ zzᵀ − Σ_c N_c μ_c μ_cᵀ, the exact pooled within-class scatter (with
+        ``between_class``, Ĝ is Σ zzᵀ itself). Diagonal: Σ_c (N_c−1) diag(Σ_c) = diag(Σ_c [Σ z∘z − N_c μ_c∘μ_c]);
+        spherical: Σ_c (N_c−1) tr(Σ_c)/d · I = Σ_c [Σ ‖z‖² − N_c ‖μ_c‖²]/d · I."""
+        if isinstance(stats, ClassCovarianceSums):
+            if self.between_class:
+                return self._solve(stats.gram.clone(), stats.counts, stats.sums)
+            between = gram(stats.sums, 1 / stats.counts.clamp(min=1))
+            return self._solve_gram(stats.gram - between, stats.counts, stats.sums)
+        squared_sums = stats.sums**2 if self.covariance == "diagonal" else (stats.sums**2).sum(1, keepdim=True)
+        scatter = (stats.squares - squared_sums / stats.counts.clamp(min=1).unsqueeze(1)).sum(0)
+        diagonal = scatter if self.covariance == "diagonal" else (scatter / self.dim).expand(self.dim)
+        return self._solve_gram(torch.diag(diagonal), stats.counts, stats.sums)
 
     def upload_floats(self, federation: Federation) -> np.ndarray:
-        return federation.client_num_classes * float(self.dim + self.dim * self.dim)
+        """A mean and a covariance per class held: d + d² floats (full), d + d (diagonal), d + 1 (spherical)."""
+        covariance = {"full": self.dim * self.dim, "diagonal": self.dim, "spherical": 1}[self.covariance]
+        return federation.client_num_classes * float(self.dim + covariance)
 
     def statistics_flops(self, sizes: np.ndarray) -> np.ndarray:
-        return 2.0 * sizes * self.dim * self.dim + sizes * self.dim
+        if self.covariance == "full":
+            return 2.0 * sizes * self.dim * self.dim + sizes * self.dim
+        return 3.0 * sizes * self.dim  # the sums, and the squares and their sums

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import torch
 
 from fedray.core.accounting import PaperCosts
+from fedray.core.errors import FedrayError
 from fedray.core.federation import Federation
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, normalize_columns
 
@@ -18,11 +20,28 @@ class ClassSums:
     sums: torch.Tensor
 
 
+DISTANCES = ("cosine", "euclidean")
+
+
 class FedNCM(ClosedFormMethod[ClassSums]):
-    """Clients send per-class sums and counts; classifier rows are the normalized global means."""
+    """Clients send per-class sums and counts; the server's classifier is built from the global class means μ_c.
+
+    ``distance`` cosine (FedNCM's head): W's columns are the normalized means. Euclidean (the classical nearest class
+    mean the FedNCM paper contrasts it with): W = μ_c and b_c = −‖μ_c‖²/2, since ‖z − μ_c‖² = ‖z‖² − 2(zᵀμ_c −
+    ‖μ_c‖²/2) and ‖z‖² is the same for every class, so the argmax of the scores is the argmin of the distances. A class
+    never seen gets a zero column and bias, as with every method here.
+    """
 
     name = "fedncm"
     features_dtype = torch.float64
+
+    def __init__(self, dim: int, num_classes: int,
+                 distance: Annotated[str, "cosine (normalized class means) or euclidean (argmin ‖z − μ_c‖: "
+                                          "W = μ_c, b_c = −‖μ_c‖²/2)"] = "cosine") -> None:
+        super().__init__(dim, num_classes)
+        if distance not in DISTANCES:
+            raise FedrayError(f"--distance must be {' or '.join(DISTANCES)}, got {distance!r}")
+        self.distance = distance
 
     def client_statistics(self, batch: ClientBatch) -> ClassSums:
         return ClassSums(*class_sums(batch.features, batch.labels, self.num_classes))
@@ -32,6 +51,8 @@ class FedNCM(ClosedFormMethod[ClassSums]):
 
     def solve(self, stats: ClassSums) -> Classifier:
         means = stats.sums / stats.counts.clamp(min=1).unsqueeze(1)
+        if self.distance == "euclidean":
+            return Classifier(means.T.contiguous(), -0.5 * (means * means).sum(1))
         return Classifier(normalize_columns(means.T.contiguous()))
 
     def upload_floats(self, federation: Federation) -> np.ndarray:

@@ -113,10 +113,11 @@ class Footprint:
 
 
 def closed_form_footprint(stage: str, method: str, federation: Federation, dim: int, block_samples: int, *,
-                          bias: bool = False, rf_dim: int = 0, means_per_class: int = 1) -> Footprint:
-    """The footprint of the built-in closed-form ``method`` (its options ``bias``, ``rf_dim``, ``means_per_class``)
-    on ``federation``'s features mapped to ``dim``, in blocks of at most ``block_samples``."""
-    terms = _closed_form(method, federation, dim, bias, rf_dim, means_per_class)
+                          bias: bool = False, rf_dim: int = 0, means_per_class: int = 1,
+                          covariance: str = "full") -> Footprint:
+    """The footprint of the built-in closed-form ``method`` (its options ``bias``, ``rf_dim``, ``means_per_class``,
+    ``covariance``) on ``federation``'s features mapped to ``dim``, in blocks of at most ``block_samples``."""
+    terms = _closed_form(method, federation, dim, bias, rf_dim, means_per_class, covariance)
     if federation.streams_features:  # a block's statistics are computed in runs of about STREAMED_ROWS samples
         block_samples = min(block_samples, STREAMED_ROWS + largest_clients(federation, 1))
     return Footprint(stage, _data_terms(federation) + terms, block_samples)
@@ -154,27 +155,29 @@ def _data_terms(federation: Federation) -> tuple[Term, ...]:
 
 
 def _closed_form(method: str, federation: Federation, d: int, bias: bool, rf_dim: int,
-                 means_per_class: int) -> tuple[Term, ...]:
+                 means_per_class: int, covariance: str) -> tuple[Term, ...]:
     """``method``'s terms on features of dimension ``d``."""
     classes, tests = federation.num_classes, federation.num_test
     fewer_classes = "lower the number of classes C (the schema's fedray.num_classes, or the labels)"
     scores = Term(f"the test scores (8192 × C float32, C = {classes:,})", fewer_classes,
                   per_shard=min(tests, CHUNK) * classes * FLOAT32)
-    class_sums = classes * (d + 1) * FLOAT64
+    oracle = method == "fedcof-oracle"
+    squares = {"diagonal": d, "spherical": 1}.get(covariance, 0) if oracle else 0  # the oracle's class Σ z∘z, Σ ‖z‖²
+    class_sums = classes * (d + 1 + squares) * FLOAT64
     sums = Term(f"the class sums (C × d float64, C = {classes:,}, d = {d})", fewer_classes,
                 per_block_sample=FLOAT64 * d, per_shard=SHARD_COPIES * class_sums, driver=DRIVER_COPIES * class_sums + 2 * classes * d * FLOAT64)
     if method == "fedncm":
         return scores, sums
     if method in ("fed3r", "ffc", "fed3r-rf"):
         return (scores, *_ridge(method, bias, rf_dim, d, classes, tests))
-    oracle = method == "fedcof-oracle"
+    full = oracle and covariance == "full"  # Σ zzᵀ in the statistics
     means = 0 if oracle else int(federation.client_num_classes.sum()) * means_per_class * (d + 2) * FLOAT64
-    covariance = d * d * FLOAT64
+    gram = d * d * FLOAT64
     return (
         scores,
         sums,
         Term(f"the d × d covariance and Gram matrices (float64, d = {d})", "lower the feature dimension d",
-             per_shard=SHARD_COPIES * covariance if oracle else 0, driver=((DRIVER_COPIES if oracle else 0) + 3) * covariance),
+             per_shard=SHARD_COPIES * gram if full else 0, driver=((DRIVER_COPIES if full else 0) + 3) * gram),
         Term("the received class means (M × d float64 for each mean per class, kept in the shards up to their budget)",
              "lower --means-per-class", per_shard=min(means, default_budget())),
     )

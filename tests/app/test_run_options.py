@@ -188,7 +188,9 @@ def test_a_server_optimizer_replaces_plain_averaging_only(method, server_optimiz
 OWNED = {  # each option of a built-in class, the classes that declare it, and its default there: written out
     "lam": (["fed3r", "fed3r-rf", "ffc"], 0.01), "bias": (["fed3r", "fed3r-rf", "ffc"], False),
     "rf_dim": (["fed3r-rf"], 5000), "rf_sigma": (["fed3r-rf"], None), "gamma": (["fedcof", "fedcof-oracle"], 0.1),
-    "means_per_class": (["fedcof"], 1), "server_lr": (["fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi"], None),
+    "means_per_class": (["fedcof"], 1), "distance": (["fedncm"], "cosine"), "covariance": (["fedcof-oracle"], "full"),
+    "between_class": (["fedcof", "fedcof-oracle"], False),
+    "server_lr": (["fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi"], None),
     "server_momentum": (["fedavgm"], 0.9), "adam_beta1": (["fedadam", "fedadagrad", "fedyogi"], 0.9),
     "adam_beta2": (["fedadam", "fedyogi"], 0.99), "adam_tau": (["fedadam", "fedadagrad", "fedyogi"], 1e-3),
     "prox_mu": (["fedprox"], None), "variant": (["scaffold"], "I"),

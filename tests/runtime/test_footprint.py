@@ -60,6 +60,15 @@ def test_the_largest_term_names_what_to_lower(federation):
     assert scaffold.shard(federation.train.num_rows, 0) > state and scaffold.driver < state
 
 
+def test_the_oracle_holds_d_by_d_matrices_in_its_shards_only_with_full_covariances(federation):
+    d, classes = federation.dim, federation.num_classes
+    held = {covariance: estimate(RunConfig(method="fedcof-oracle", covariance=covariance).validate().resolved(),
+                                 federation)[0].shard(0, 0) for covariance in ("full", "diagonal", "spherical")}
+    # 4 copies of a shard's statistics: Σ zzᵀ (d × d) for full covariances, Σ z∘z (C × d) or Σ ‖z‖² (C) otherwise
+    assert held["full"] - held["diagonal"] == 4 * 8 * (d * d - classes * d)
+    assert held["diagonal"] - held["spherical"] == 4 * 8 * classes * (d - 1)
+
+
 @pytest.mark.parametrize("method, options", [pytest.param("fed3r-rf", {"rf_dim": 3000}, marks=pytest.mark.slow), ("fedcof", {})])
 def test_the_estimate_bounds_the_shards_measured_growth(ray_session, federation, method, options):
     """Run the method on 2 shards and compare each shard's peak memory growth past its features with the estimate."""
