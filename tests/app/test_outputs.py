@@ -367,7 +367,7 @@ CLOSED_FORM_OPTIONS = {"lam", "bias", "rf_dim", "rf_sigma", "distance", "gamma",
                        "between_class"}
 TRAINING_OPTIONS = {"client_lr", "weight_decay", "batch_size", "local_epochs", "client_momentum", "lr_schedule",
                     "lr_milestones", "lr_gamma", "server_lr", "temperature", "init", "init_rounds",
-                    "probe_ridge", "checkpoint_every", "head", "server_optimizer"}
+                    "probe_ridge", "checkpoint_every", "client_state_memory", "head", "server_optimizer"}
 SERVER_OPTIONS = {"server_momentum", "adam_beta1", "adam_beta2", "adam_tau"}
 ALGORITHM_OPTIONS = {"prox_mu"}
 SPHERE_OPTIONS = {"sphere_dim", "sphere_loss"}
