@@ -173,9 +173,11 @@ class FederatedAlgorithm:
             return None
         params = {name: torch.empty(shape, dtype=torch.float32, device="meta") for name, shape in shapes.items()}
         try:
-            return self.init_client_state(params)
+            state = self.init_client_state(params)
         except Exception:  # a plugin's own code, run for real where it trains: here only the shapes are wanted
             return None
+        tensors = isinstance(state, dict) and all(isinstance(value, torch.Tensor) for value in state.values())
+        return state if tensors else None  # a wrong state is refused where it trains, in one line
 
     @property
     def stateful(self) -> bool:
