@@ -272,14 +272,17 @@ ROUNDS_DRAWN_FOR_ESTIMATE = 10_000_000
 """The most client draws :func:`largest_round` makes before a run (a second time: the run draws them too)."""
 
 
-def largest_round(rounds: Schedule, federation: Federation, per_round: int) -> int:
-    """Samples of the largest of ``rounds``, each drawn here as the run will draw it (O(κ) memory); the κ largest
-    clients' where that would take more than :data:`ROUNDS_DRAWN_FOR_ESTIMATE` draws. Among a million clients the
-    hundred largest hold some 300,000 samples, a random hundred about 1,300: the bound would refuse a run that fits."""
-    if len(rounds) * per_round > ROUNDS_DRAWN_FOR_ESTIMATE:
+def largest_round(run: RunPlan, stage: Training, federation: Federation) -> int:
+    """Samples of the largest of ``stage``'s rounds, each drawn here as the run will draw it (O(κ) memory); the κ
+    largest clients' where that would take more than :data:`ROUNDS_DRAWN_FOR_ESTIMATE` draws (or ``--rounds`` is
+    beyond what a sequence counts: refused later, in one line). Among a million clients the hundred largest hold
+    some 250,000 samples, a drawn hundred about 1,300: that bound would refuse a run that fits."""
+    per_round = run.sampler.per_round
+    count = len(run.training_rounds) if stage.rounds is None else stage.rounds
+    if count * per_round > ROUNDS_DRAWN_FOR_ESTIMATE:
         return largest_clients(federation, per_round)
     sizes = federation.client_sizes
-    return max((int(sizes[clients].sum()) for clients in rounds), default=0)
+    return max((int(sizes[clients].sum()) for clients in run.training_rounds), default=0)
 
 
 def footprints(run: RunPlan, federation: Federation) -> list[Footprint]:
@@ -295,7 +298,7 @@ def footprints(run: RunPlan, federation: Federation) -> list[Footprint]:
                 min(federation.num_clients, stage.rounds * run.sampler.per_round)
             sphere_dim = None if stage.sphere is None else stage.sphere.dim or federation.dim
             estimated.append(training_footprint(stage.name, federation, stage.algorithm, sphere_dim, kept,
-                                                largest_round(run.training_rounds, federation, run.sampler.per_round),
+                                                largest_round(run, stage, federation),
                                                 run.shards.state_budget))
         elif isinstance(stage, (ClosedForm, Calibration, Probe)):
             method, dim, label = stage.method, federation.dim, stage.method.name
