@@ -50,6 +50,10 @@ class KeptParts:
         self.used += size if held else 0
         self.runs.setdefault(token, {})[tag] = parts if held else None
 
+    def fits(self, size: int) -> bool:
+        """Whether ``size`` more bytes of parts fit the budget."""
+        return self.used + size <= self.budget
+
     def parts(self, token: str, tag: int) -> list[Any] | None:
         """The parts of block ``tag``, None where they were not kept (over the budget, or lost with a restart)."""
         return self.runs.get(token, {}).get(tag)

@@ -29,7 +29,7 @@ from ray.util.placement_group import PlacementGroup
 from fedray.core.federation import STREAMED_ROWS, TEST, TRAIN, FeatureSource, Federation
 from fedray.core.errors import FedrayError
 from fedray.methods.evaluation import EvalRows, eval_bounds
-from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
+from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod, floats_in
 from fedray.methods.checks import combine_checked
 from fedray.methods.postprocessor import Postprocessing
 from fedray.runtime.cluster import check_memory
@@ -216,13 +216,17 @@ class ShardActor:
         if not len(clients):
             return None
         per_client = postprocessing is not None and postprocessing.per_client
-        total, kept = None, []
+        total, kept, size = None, [], 0
         for stats in self._uploads(method, clients, postprocessing if per_client else None, rounds):
             if keep is not None:
                 stats, part = method.kept_in_shards(stats)
-                kept.append(part)
+                if kept is not None:
+                    kept.append(part)
+                    size += 8 * floats_in([part])
+                    if not per_client and not self.kept.fits(size):
+                        kept = None  # dropped run by run, never held whole: the second pass computes this block again
             total = stats if total is None else combine_checked(method, total, stats)
-        if keep is not None and any(part is not None for part in kept):
+        if keep is not None and kept is not None and any(part is not None for part in kept):
             self.kept.add(*keep, kept, must_keep=per_client)
         return total
 

@@ -69,6 +69,19 @@ def test_parts_over_the_budget_are_computed_again_to_the_same_bits(kept, recompu
     assert [p.accuracy for p in held.points] == [p.accuracy for p in again.points]
 
 
+def test_a_budget_that_holds_some_blocks_gives_the_same_bits(ray_session, federation, kept):
+    """Runs of a block are dropped as soon as they pass the budget (a shard never holds a whole block over it: a
+    single block of a million clients' means took 18 GB); the blocks that fit stay."""
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25, kept_budget=50_000)
+    try:
+        partly = run_on(pool)
+    finally:
+        pool.shutdown()
+    held = run_on(kept)
+    assert torch.equal(held.classifier.weight, partly.classifier.weight)
+    assert [p.accuracy for p in held.points] == [p.accuracy for p in partly.points]
+
+
 def test_a_restarted_shard_computes_its_lost_parts_again(kept, federation):
     clean = run_on(kept)
     killed = []
