@@ -89,18 +89,23 @@ def test_the_estimate_bounds_the_shards_measured_growth(ray_session, federation,
     assert (estimated <= grown + 0.5 * GB).all(), "an estimate, not a wild upper bound"
 
 
+def feddyn_state_bytes(federation, **options) -> float:
+    """What FedDyn's clients' states add to a shard holding every training row: its estimate less FedAvg's."""
+    samples = federation.train.num_rows
+    feddyn = training(estimate(RunConfig(method="feddyn", **options).validate().resolved(), federation))
+    fedavg = training(estimate(RunConfig(method="fedavg", **options).validate().resolved(), federation))
+    return feddyn.shard(samples, 0) - fedavg.shard(samples, 0)
+
+
 def test_a_stateful_algorithms_client_states_are_counted_in_the_shards(federation):
     """FedDyn keeps ∇L_k, one copy of the head, for every client it samples: d × C + C float32 each."""
-    d, classes, clients, samples = federation.dim, federation.num_classes, federation.num_clients, federation.train.num_rows
+    d, classes, clients = federation.dim, federation.num_classes, federation.num_clients
 
-    def state_bytes(**options):
-        footprint = training(estimate(RunConfig(method="feddyn", **options).validate().resolved(), federation))
-        fedavg = training(estimate(RunConfig(method="fedavg", **options).validate().resolved(), federation))
-        return footprint.shard(samples, 0) - fedavg.shard(samples, 0)
-
-    assert state_bytes() == pytest.approx(clients * (d * classes + classes) * FLOAT32)
-    assert state_bytes(rounds=3, clients_per_round=10) == pytest.approx(30 * (d * classes + classes) * FLOAT32)
-    assert state_bytes(head="sphere", sphere_dim=16) == pytest.approx(clients * (d * 16 + 16) * FLOAT32)
+    assert feddyn_state_bytes(federation) == pytest.approx(clients * (d * classes + classes) * FLOAT32)
+    assert feddyn_state_bytes(federation, rounds=3, clients_per_round=10) == \
+        pytest.approx(30 * (d * classes + classes) * FLOAT32)
+    assert feddyn_state_bytes(federation, head="sphere", sphere_dim=16) == \
+        pytest.approx(clients * (d * 16 + 16) * FLOAT32)
 
 
 def test_scaffolds_client_states_are_counted_as_the_path_that_trains_it_keeps_them(federation):
@@ -145,18 +150,13 @@ def test_scaffolds_gradient_rows_are_those_of_the_clients_its_rounds_can_sample(
 
 def test_the_client_states_a_shard_keeps_in_memory_are_counted_up_to_its_budget(federation):
     """Beyond ``--client-state-memory`` the states spill to disk: a shard's estimate counts at most that."""
-    d, classes, clients, samples = federation.dim, federation.num_classes, federation.num_clients, federation.train.num_rows
-
-    def state_bytes(**options):
-        feddyn = training(estimate(RunConfig(method="feddyn", **options).validate().resolved(), federation))
-        fedavg = training(estimate(RunConfig(method="fedavg", **options).validate().resolved(), federation))
-        return feddyn.shard(samples, 0) - fedavg.shard(samples, 0)
+    d, classes, clients = federation.dim, federation.num_classes, federation.num_clients
 
     every_state = clients * (d * classes + classes) * FLOAT32
     assert 1e5 < every_state
-    assert state_bytes(client_state_memory=1e-4) == pytest.approx(1e5)  # 0.1 MB
-    assert state_bytes(client_state_memory=0.0) == 0
-    assert state_bytes(client_state_memory=1.0) == pytest.approx(every_state)
+    assert feddyn_state_bytes(federation, client_state_memory=1e-4) == pytest.approx(1e5)  # 0.1 MB
+    assert feddyn_state_bytes(federation, client_state_memory=0.0) == 0
+    assert feddyn_state_bytes(federation, client_state_memory=1.0) == pytest.approx(every_state)
 
 
 def test_feddyn_on_the_full_stand_in_over_2000_rounds_fits_24_gb():
