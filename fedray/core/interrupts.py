@@ -22,7 +22,9 @@ SIGINT, 143 for SIGTERM.
 
 from __future__ import annotations
 
+import ctypes
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -189,6 +191,19 @@ def handling_interrupts() -> Iterator[None]:
                 # line, exit -2 instead of 130).
                 for number in HANDLED:
                     signal.signal(number, signal.SIG_IGN)
+            _forget_unhandled_keyboard_interrupt()
+
+
+def _forget_unhandled_keyboard_interrupt() -> None:
+    """Clear CPython's record that a KeyboardInterrupt left code it ran through ``PyRun_*``.
+
+    A C extension's import can run Python that way (embedded code); a Ctrl-C
+    that lands there leaves a flag that ``python -m`` reads after the command
+    has returned, and it then kills the process with SIGINT: exit -2, not the
+    130 the command chose. Running any code through ``PyRun_*`` resets it.
+    """
+    if sys.implementation.name == "cpython":
+        ctypes.pythonapi.PyRun_SimpleString(b"")
 
 
 def ignoring_interrupts() -> AbstractContextManager[None]:

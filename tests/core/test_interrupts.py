@@ -3,6 +3,8 @@ turned into another error or swallowed by a library, or held while a step must n
 race these; here they happen on purpose)."""
 
 import os
+import subprocess
+import sys
 import signal
 import time
 
@@ -91,3 +93,29 @@ def test_handlers_are_put_back_and_an_error_of_its_own_is_no_stop():
         assert interrupts.signal_behind(ValueError("a real bug")) is None
         interrupts.check()  # no signal: nothing raised
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+EMBEDDED_INTERRUPT = '''
+import ctypes, sys
+from fedray.core import interrupts
+
+run_string = ctypes.pythonapi.PyRun_String  # how a C extension runs embedded Python (pybind11's py::exec does)
+run_string.restype = ctypes.py_object
+run_string.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+with interrupts.handling_interrupts():
+    try:
+        run_string(b"raise KeyboardInterrupt", 257, {}, {})  # a Ctrl-C during such an extension's import
+    except KeyboardInterrupt:
+        code = 130
+sys.exit(code)
+'''
+
+
+def test_an_interrupt_through_an_extension_s_embedded_code_keeps_the_exit_code_under_python_m(tmp_path):
+    """CPython remembers a KeyboardInterrupt that left code run through ``PyRun_*`` and, under ``python -m`` (as the
+    e2e tests start fedray), killed the process with SIGINT after the command had printed its line and chosen 130: it
+    ended with -2 (seen in CI when Ctrl-C landed in torch's import)."""
+    (tmp_path / "embedded_interrupt.py").write_text(EMBEDDED_INTERRUPT)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    finished = subprocess.run([sys.executable, "-m", "embedded_interrupt"], env=environment, capture_output=True)
+    assert finished.returncode == 130, finished.stderr.decode()
