@@ -9,8 +9,11 @@ float64 on the server, and in every shard (the per-class second moments are what
 single pooled Σ zzᵀ; see :mod:`fedray.runtime.footprint`).
 
 The server then samples ``virtual_per_class`` virtual features from each class's Gaussian (every class with at
-least one sample; z = μ_c + L_c ε, ε ~ N(0, I), L_c = V Λ^½ from Σ_c's eigendecomposition, so that a singular Σ_c,
-a class with fewer than d + 1 samples, is sampled too, as numpy's ``multivariate_normal`` does by SVD), in float64,
+least one sample; z = μ_c + Σ_c^½ ε, ε ~ N(0, I), with the symmetric square root Σ_c^½ = V Λ^½ Vᵀ of Σ_c's
+eigendecomposition: a singular Σ_c, a class with fewer than d + 1 samples, is sampled too, as numpy's
+``multivariate_normal`` does by SVD, but unlike numpy's factor V Λ^½, which rotates freely within a nearly repeated
+eigenvalue's eigenvectors, Σ_c^½ is a continuous function of Σ_c, so that statistics summed in another order give the
+same virtual features up to round-off), in float64,
 seeded from the run's seed, class after class, and trains a softmax classifier (W, b) on them by mini-batch SGD
 with momentum (torch.optim.SGD, cross-entropy, reshuffled every epoch from the seed; W and b start at zero, the
 problem being convex), in float32 as a torch linear layer trains, giving the run's classifier (scores z W + b).
@@ -115,9 +118,9 @@ class CCVR(ClosedFormMethod[ClassMoments]):
         with single_threaded():  # the same bits whatever the caller's threads
             for row, label in enumerate(seen):
                 values, vectors = torch.linalg.eigh(covariances[label])
-                factor = vectors * values.clamp(min=0).sqrt()
+                root = (vectors * values.clamp(min=0).sqrt()) @ vectors.T  # Σ_c^½, symmetric
                 noise = torch.randn(self.virtual_per_class, self.dim, generator=generator, dtype=torch.float64)
-                features[row * self.virtual_per_class : (row + 1) * self.virtual_per_class] = means[label] + noise @ factor.T
+                features[row * self.virtual_per_class : (row + 1) * self.virtual_per_class] = means[label] + noise @ root
         labels = torch.tensor(seen, dtype=torch.int64).repeat_interleave(self.virtual_per_class)
         return features, labels
 
