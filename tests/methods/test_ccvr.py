@@ -209,3 +209,47 @@ def test_bad_values_are_refused_in_one_line_before_any_work(ray_session, tmp_pat
         fedray.run(method="ccvr", options=options, dataset=SPEC, quiet=True, out=tmp_path / "run")
     assert str(refused.value) == message
     assert not (tmp_path / "run").exists()
+
+
+def test_the_plan_estimates_ccvr_with_its_virtual_features_alone_and_as_init(small_inat):
+    """The run's plan passes --virtual-per-class to the estimate, for --method ccvr and for --init ccvr."""
+    from fedray.engine.config import RunConfig
+    from fedray.engine.plan import footprints, plan
+
+    def estimated(**options):
+        return footprints(plan(RunConfig(**options).validate().resolved(), small_inat), small_inat)
+
+    few, many = estimated(method="ccvr", virtual_per_class=10)[0], estimated(method="ccvr", virtual_per_class=1010)[0]
+    d, classes = small_inat.dim, small_inat.num_classes
+    assert many.driver - few.driver == classes * 1000 * (8 * d + 4 * d + 8)
+    assert [footprint.stage for footprint in estimated(method="fedavg", init="ccvr")] == ["ccvr (--init)", "fedavg"]
+
+
+def test_the_estimate_bounds_the_shards_measured_growth(ray_session):
+    """As tests/runtime/test_footprint.py checks fedcof: on 2 shards, each shard's peak memory growth past its
+    features is at most the estimate (+ 50 MB of buffers) and not 0.5 GB below it; d = 128 and C = 200 make the class
+    second moments 26 MB a statistics object, 105 MB in a shard's four copies."""
+    from fedray.data import synthetic
+    from fedray.engine.config import RunConfig
+    from fedray.engine.plan import build_method, footprints, plan
+    from fedray.engine.run_config import simulate
+    from fedray.methods.evaluation import eval_bounds
+    from fedray.runtime.evaluator import Evaluator
+    from fedray.runtime.shards import ShardPool
+
+    federation = synthetic.build("inat-user-120k", dim=128, scale=0.05, classes=200, seed=3)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
+    try:
+        loaded = np.array(pool.peak_memory_bytes())
+        config = RunConfig(method="ccvr", quiet=True, virtual_per_class=5, virtual_epochs=1).validate().resolved()
+        footprint, = footprints(plan(config, federation), federation)
+        simulate(config, build_method(config, federation), pool, Evaluator(pool))
+        grown = np.array(pool.peak_memory_bytes()) - loaded
+        samples = np.diff(federation.client_offsets[pool.bounds])
+        tests = np.diff(eval_bounds(federation.test.num_rows, pool.num_shards))
+    finally:
+        pool.shutdown()
+    held = 4 * federation.dim + 8  # a row's features and label, loaded before ``loaded`` was measured
+    estimated = np.array([footprint.shard(int(n), int(t)) - (n + t) * held for n, t in zip(samples, tests)])
+    assert (grown <= estimated + 0.05e9).all(), (grown / 1e9, estimated / 1e9)
+    assert (estimated <= grown + 0.5e9).all(), (grown / 1e9, estimated / 1e9)
