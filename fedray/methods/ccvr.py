@@ -13,15 +13,19 @@ least one sample; z = μ_c + Σ_c^½ ε, ε ~ N(0, I), with the symmetric square
 eigendecomposition: a singular Σ_c, a class with fewer than d + 1 samples, is sampled too, as numpy's
 ``multivariate_normal`` does by SVD, but unlike numpy's factor V Λ^½, which rotates freely within a nearly repeated
 eigenvalue's eigenvectors, Σ_c^½ is a continuous function of Σ_c, so that statistics summed in another order give the
-same virtual features up to round-off), in float64,
-seeded from the run's seed, class after class, and trains a softmax classifier (W, b) on them by mini-batch SGD
-with momentum (torch.optim.SGD, cross-entropy, reshuffled every epoch from the seed; W and b start at zero, the
-problem being convex), in float32 as a torch linear layer trains, giving the run's classifier (scores z W + b).
+same virtual features up to round-off), in float64, seeded from the run's seed (its own stream), class after class,
+and trains a softmax classifier (W, b) over all C classes on them by mini-batch SGD with momentum (torch.optim.SGD,
+cross-entropy, reshuffled every epoch from the seed's shuffling stream; W and b start at zero, the problem being
+convex), on one thread so that its bits do not depend on the caller's threads. The fit runs in float32, as a torch
+linear layer trains and as the head it gives is used (a training run's head and the evaluation are float32): float64
+would double the cost of the largest step for digits the head then drops.
 
-Defaults: the FedCOF authors' public code (dipamgoswami/FedCOF) aggregates the class covariances "similar to CCVR"
-but ships no CCVR sampler or trainer, and Luo et al. published none, so the defaults follow the CCVR paper's
-setting as recalled here (100 virtual features per class) and a plain linear-probe SGD (10 epochs, batch 64,
-lr 0.01, momentum 0.9); every one is an option.
+Defaults: the FedCOF authors' public code (dipamgoswami/FedCOF, Init_FT_LP/federated_main_round.py) aggregates the
+class covariances "similar to CCVR" (Eq. 24, its oracle) and imports torch's MultivariateNormal, but ships no CCVR
+sampler or trainer; Luo et al. published no code, and their paper is not among the papers here. So the default of
+100 virtual features per class is the CCVR paper's setting as recalled, not checked, and the fit is a plain
+linear-probe SGD (10 epochs, batch 64, lr 0.01, momentum 0.9); every one is an option. Cost on the server:
+C·V samples of d floats, and 6·epochs·C·V·d·C FLOPs for the fit, at every evaluation of a closed-form run.
 """
 
 from __future__ import annotations
