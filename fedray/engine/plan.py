@@ -308,6 +308,7 @@ def footprints(run: RunPlan, federation: Federation) -> list[Footprint]:
                 dim = federation.dim if sphere is None else sphere.dim or federation.dim
             elif training is not None:
                 label += " (--init)" if isinstance(stage, ClosedForm) else " (--probe-ridge)"
-            options = {key: method.values[key] for key in ("bias", "rf_dim", "means_per_class", "covariance")}
+            options = {key: method.values[key] for key in ("bias", "rf_dim", "means_per_class", "covariance",
+                                                                "virtual_per_class")}
             estimated.append(closed_form_footprint(label, method.name, federation, dim, block, **options))
     return estimated

@@ -23,7 +23,9 @@ Statistics: fedncm C × d; fed3r and ffc p × p + p × C with p = d (+ 1 with
 fedcof C × d and the received means, at most M × --means-per-class × d, which
 stay in the shards that computed them, each keeping at most its budget
 (:mod:`fedray.runtime.kept`; the rest is computed again at each solve);
-fedcof-oracle d × d + C × d.
+fedcof-oracle d × d + C × d; ccvr C × d × d (each class's Σ zzᵀ: C·d² floats, 16 GB
+in float64 at iNat's C = 1,203 and d = 1,280, in every statistics object) + C × d,
+and on the driver the class covariances and the C × V virtual features.
 A gradient method on features adds its trained parameters P (C(d + 1); with
 --head sphere, l(d + 1) + lC) four times everywhere, its round's logits in a
 shard (5 × B × 4C), and its clients' states in the shards: SCAFFOLD's gradient
@@ -114,10 +116,11 @@ class Footprint:
 
 def closed_form_footprint(stage: str, method: str, federation: Federation, dim: int, block_samples: int, *,
                           bias: bool = False, rf_dim: int = 0, means_per_class: int = 1,
-                          covariance: str = "full") -> Footprint:
+                          covariance: str = "full", virtual_per_class: int = 100) -> Footprint:
     """The footprint of the built-in closed-form ``method`` (its options ``bias``, ``rf_dim``, ``means_per_class``,
-    ``covariance``) on ``federation``'s features mapped to ``dim``, in blocks of at most ``block_samples``."""
-    terms = _closed_form(method, federation, dim, bias, rf_dim, means_per_class, covariance)
+    ``covariance``, ``virtual_per_class``) on ``federation``'s features mapped to ``dim``, in blocks of at most
+    ``block_samples``."""
+    terms = _closed_form(method, federation, dim, bias, rf_dim, means_per_class, covariance, virtual_per_class)
     if federation.streams_features:  # a block's statistics are computed in runs of about STREAMED_ROWS samples
         block_samples = min(block_samples, STREAMED_ROWS + largest_clients(federation, 1))
     return Footprint(stage, _data_terms(federation) + terms, block_samples)
@@ -155,7 +158,7 @@ def _data_terms(federation: Federation) -> tuple[Term, ...]:
 
 
 def _closed_form(method: str, federation: Federation, d: int, bias: bool, rf_dim: int,
-                 means_per_class: int, covariance: str) -> tuple[Term, ...]:
+                 means_per_class: int, covariance: str, virtual_per_class: int = 100) -> tuple[Term, ...]:
     """``method``'s terms on features of dimension ``d``."""
     classes, tests = federation.num_classes, federation.num_test
     fewer_classes = "lower the number of classes C (the schema's fedray.num_classes, or the labels)"
@@ -170,6 +173,8 @@ def _closed_form(method: str, federation: Federation, d: int, bias: bool, rf_dim
         return scores, sums
     if method in ("fed3r", "ffc", "fed3r-rf"):
         return (scores, *_ridge(method, bias, rf_dim, d, classes, tests))
+    if method == "ccvr":
+        return (scores, sums, *_ccvr(d, classes, virtual_per_class))
     full = oracle and covariance == "full"  # Σ zzᵀ in the statistics
     means = 0 if oracle else int(federation.client_num_classes.sum()) * means_per_class * (d + 2) * FLOAT64
     gram = d * d * FLOAT64
@@ -180,6 +185,21 @@ def _closed_form(method: str, federation: Federation, d: int, bias: bool, rf_dim
              per_shard=SHARD_COPIES * gram if full else 0, driver=((DRIVER_COPIES if full else 0) + 3) * gram),
         Term("the received class means (M × d float64 for each mean per class, kept in the shards up to their budget)",
              "lower --means-per-class", per_shard=min(means, default_budget())),
+    )
+
+
+def _ccvr(d: int, classes: int, virtual_per_class: int) -> tuple[Term, ...]:
+    """CCVR's per-class second moments Σ zzᵀ (C × d × d float64) in every statistics object, and on the driver the
+    class covariances and their eigendecomposition (two more C × d × d, one d × d at a time) and the virtual features
+    (C·V rows, float64 and their float32 copy, with their labels)."""
+    moments = classes * d * d * FLOAT64
+    virtual = classes * virtual_per_class * (FLOAT64 * d + FLOAT32 * d + INT64)
+    return (
+        Term(f"the class second moments Σ zzᵀ (C × d × d float64, C = {classes:,}, d = {d})",
+             "lower the feature dimension d or the number of classes C", per_block_sample=FLOAT64 * d,
+             per_shard=SHARD_COPIES * moments, driver=(DRIVER_COPIES + 2) * moments),
+        Term(f"the virtual features (C × V rows, float64 and float32, V = {virtual_per_class:,})",
+             "lower --virtual-per-class", driver=virtual),
     )
 
 

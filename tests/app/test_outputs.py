@@ -364,7 +364,8 @@ def test_a_runs_files_follow_the_umask(ray_session, umask_027, tmp_path, capsys)
 # --- a row's configuration columns: the options that apply to its run ---------------------------------------------
 
 CLOSED_FORM_OPTIONS = {"lam", "bias", "rf_dim", "rf_sigma", "distance", "gamma", "means_per_class", "covariance",
-                       "between_class"}
+                       "between_class", "virtual_per_class", "virtual_epochs", "virtual_lr", "virtual_batch_size",
+                       "virtual_momentum"}
 TRAINING_OPTIONS = {"client_lr", "weight_decay", "batch_size", "local_epochs", "client_momentum", "lr_schedule",
                     "lr_milestones", "lr_gamma", "server_lr", "temperature", "init", "init_rounds",
                     "probe_ridge", "checkpoint_every", "client_state_memory", "head", "server_optimizer"}
@@ -383,6 +384,8 @@ EVERY_RUNS = {"method", "dataset", "clients_per_round", "participation", "sampli
     ({"method": "fed3r-rf"}, EVERY_RUNS | {"lam", "bias", "rf_dim", "rf_sigma"}),
     ({"method": "fedcof"}, EVERY_RUNS | {"gamma", "means_per_class", "between_class"}),
     ({"method": "fedcof-oracle"}, EVERY_RUNS | {"gamma", "covariance", "between_class"}),
+    ({"method": "ccvr"}, EVERY_RUNS | {"virtual_per_class", "virtual_epochs", "virtual_lr", "virtual_batch_size",
+                                       "virtual_momentum"}),
     ({"method": "fedavg"}, EVERY_RUNS | TRAINING_OPTIONS),
     ({"method": "fedadam", "init": "fed3r"}, EVERY_RUNS | TRAINING_OPTIONS | {"lam", "bias", "adam_beta1", "adam_beta2", "adam_tau"}),
     ({"method": "fedavgm", "probe_ridge": True}, EVERY_RUNS | TRAINING_OPTIONS | {"lam", "bias", "server_momentum"}),

@@ -311,7 +311,8 @@ def test_methods_lists_every_builtin_with_its_options(capsys):
     assert rc == 0, err
     for line in ["fed3r", "lam: float = 0.01", "bias: bool = False", "fed3r-rf", "rf_sigma: float | None = None",
                  "fedcof", "gamma: float = 0.1", "means_per_class: int = 1", "between_class: bool = False", "fedncm",
-                 "distance: str = 'cosine'", "ffc", "fedcof-oracle", "covariance: str = 'full'",
+                 "distance: str = 'cosine'", "ffc", "fedcof-oracle", "covariance: str = 'full'", "ccvr",
+                 "virtual_per_class: int = 100",
                  "fedavg", "fedadam", "server_lr: float | None = None", "adam_beta2: float = 0.99",
                  "fedavgm", "server_momentum: float = 0.9", "scaffold", "fedprox", "tct"]:
         assert line in out, line

@@ -190,6 +190,8 @@ OWNED = {  # each option of a built-in class, the classes that declare it, and i
     "rf_dim": (["fed3r-rf"], 5000), "rf_sigma": (["fed3r-rf"], None), "gamma": (["fedcof", "fedcof-oracle"], 0.1),
     "means_per_class": (["fedcof"], 1), "distance": (["fedncm"], "cosine"), "covariance": (["fedcof-oracle"], "full"),
     "between_class": (["fedcof", "fedcof-oracle"], False),
+    "virtual_per_class": (["ccvr"], 100), "virtual_epochs": (["ccvr"], 10), "virtual_lr": (["ccvr"], 0.01),
+    "virtual_batch_size": (["ccvr"], 64), "virtual_momentum": (["ccvr"], 0.9),
     "server_lr": (["fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi"], None),
     "server_momentum": (["fedavgm"], 0.9), "adam_beta1": (["fedadam", "fedadagrad", "fedyogi"], 0.9),
     "adam_beta2": (["fedadam", "fedyogi"], 0.99), "adam_tau": (["fedadam", "fedadagrad", "fedyogi"], 1e-3),

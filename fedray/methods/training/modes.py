@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-INITS = ("random", "fedncm", "fed3r", "fedcof")
+INITS = ("random", "fedncm", "fed3r", "fedcof", "ccvr")
 FINETUNE_MODES = ("ft", "ftlp", "ftfeat")
 """Fine-tuning on images: backbone and head, head only (linear probing on images), backbone only."""
