@@ -77,7 +77,7 @@ def _postprocessors(value: str | type | list | tuple) -> str | None:
     items = value if isinstance(value, (list, tuple)) else [value]
     for item in items:
         if not isinstance(item, (str, type)):
-            raise FedrayError(f"{RUN}: postprocessor must be 'module:Class', 'file.py:Class', a class, or a list of "
+            raise FedrayError(f"{RUN}: postprocessor must be a name, 'module:Class', 'file.py:Class', a class, or a list of "
                               f"them, got {shown(value)}")
     return ",".join(_spec(item, "postprocessor") for item in items) or None
 

@@ -9,7 +9,7 @@ from fedray.methods import METHODS
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.base import ClosedFormMethod
 from fedray.engine.config import RUN_OPTIONS, TCT
-from fedray.methods.postprocessor import Postprocessor
+from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, Postprocessor, postprocessor_class
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, algorithm_class
 
@@ -44,6 +44,8 @@ def entry(spec: str) -> str:
         return "\n".join(_entry(spec, METHODS.get(spec) or SERVER_OPTIMIZERS[spec]))
     if spec in ALGORITHMS:
         return "\n".join(_training_algorithm(spec))
+    if spec in POSTPROCESSORS:
+        return "\n".join(_entry(spec, postprocessor_class(spec)))
     if not is_plugin(spec):
         raise FedrayError(f"fedray methods: unknown class {spec!r}; give a built-in's name (fedray methods lists them) "
                           f"or your own as path/to/file.py:Class or module:Class")
@@ -73,6 +75,10 @@ def catalogue() -> str:
               "--server-momentum ... or --option server_momentum=...):"]
     for name, cls in SERVER_OPTIMIZERS.items():
         lines += _entry(name, cls)
+    if POSTPROCESSORS:
+        lines += ["", "postprocessors (--postprocessor NAME[,NAME...], any method, every upload; options as --option key=value):"]
+        for name in POSTPROCESSORS:
+            lines += _entry(name, postprocessor_class(name))
     lines += ["", "your own: --method (a fedray.ClosedFormMethod or fedray.FederatedAlgorithm subclass: a client's own",
               "loss or gradient correction is one), --server-optimizer (a fedray.ServerOptimizer), --postprocessor",
               "(a fedray.Postprocessor) as module:Class or path/to/file.py:Class (see examples/);",

@@ -17,7 +17,7 @@ from fedray.methods.training.schedule import SCHEDULES, LrSchedule, parse_milest
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods import METHODS, method_class
 from fedray.methods.algorithm import FederatedAlgorithm
-from fedray.methods.postprocessor import Postprocessor
+from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, postprocessor_class
 from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, algorithm_class
 from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.options import Option, option_from_hint, options_of
@@ -222,9 +222,10 @@ class RunConfig:
     quiet: bool = option(False, "no progress bar", GENERAL)
     server_optimizer: str | None = option(None, f"{', '.join(SERVER_OPTIMIZERS)}, or your own as module:Class or "
                                           "path/to/file.py:Class", TRAINING, unset="the method's own", metavar="OPTIMIZER")
-    postprocessor: str | None = option(None, "your own fedray.Postprocessor subclasses, each upload through them in "
-                                       "order (clipping, noise, quantization...): FILE.py:Class or module:Class, several "
-                                       "separated by commas", UPLOADS, unset="none", metavar="CLASS[,CLASS...]")
+    postprocessor: str | None = option(None, "each upload through these in order (clipping, noise, quantization...): "
+                                       f"{', '.join(POSTPROCESSORS) or 'no built-in yet'}, or your own fedray.Postprocessor "
+                                       "subclasses as FILE.py:Class or module:Class, several separated by commas",
+                                       UPLOADS, unset="none", metavar="NAME[,NAME...]")
     options: dict = field(default_factory=dict)
     """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
 
@@ -565,14 +566,6 @@ def _is_algorithm(spec: str) -> bool:
         return names_subclass(spec, FederatedAlgorithm)
     except FedrayError:
         return False  # a module that cannot load: loading it as a closed-form method says so in the same line
-
-
-def postprocessor_class(spec: str) -> type[Postprocessor]:
-    """A researcher's :class:`~fedray.methods.postprocessor.Postprocessor` subclass (none is built in)."""
-    if not is_plugin(spec):
-        raise FedrayError(f"--postprocessor takes your own fedray.Postprocessor subclasses as module:Class or "
-                          f"path/to/file.py:Class, got {spec!r}")
-    return load_class(spec, Postprocessor, {}, "postprocessor")
 
 
 def server_optimizer_class(spec: str) -> type[ServerOptimizer]:

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from fedray.core.federation import Federation
 from fedray.core.options import build
-from fedray.engine.config import TCT, RunConfig, postprocessor_class
+from fedray.engine.config import TCT, RunConfig
 from fedray.engine.settings import local_sgd_settings, server_optimizer, training_algorithm
 from fedray.methods import method_class
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.base import ClosedFormMethod
-from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.postprocessor import Postprocessing, postprocessor_class
 from fedray.methods.training.local import LocalSGD
 from fedray.methods.training.server import ServerOptimizer
 from fedray.runtime import sampling

@@ -48,6 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedray.core.errors import FedrayError
+from fedray.core.plugins import is_plugin, load_class, registered
 from fedray.methods.algorithm import Params, Upload
 from fedray.methods.checks import check_state, check_upload_like
 
@@ -222,3 +224,19 @@ def _same(a: Upload, b: Upload) -> bool:
     original, with its bits, is the one kept)."""
     return a is b or (a.weight == b.weight and a.tensors.keys() == b.tensors.keys()
                       and all(torch.equal(a.tensors[name], b.tensors[name]) for name in a.tensors))
+
+
+ENTRY_POINTS = "fedray.postprocessors"
+"""The entry-point group of the postprocessors installed packages register by ``--postprocessor`` name: fedray's own
+(written as plugins on the public interface, in its pyproject.toml) and a researcher's package's the same way."""
+
+BUILT_IN: dict[str, str] = registered(ENTRY_POINTS)
+"""Every built-in postprocessor by ``--postprocessor`` name, as its ``module:Class``."""
+
+
+def postprocessor_class(spec: str) -> type[Postprocessor]:
+    """The postprocessor ``spec`` names: a built-in, ``module:Class`` or ``path/to/file.py:Class``."""
+    if not is_plugin(spec) and spec not in BUILT_IN:
+        raise FedrayError(f"unknown postprocessor {spec!r}; built-in: {', '.join(BUILT_IN) or 'none'}; "
+                          f"or your own fedray.Postprocessor subclass as module:Class or path/to/file.py:Class")
+    return load_class(BUILT_IN.get(spec, spec), Postprocessor, {}, "postprocessor")

@@ -120,6 +120,6 @@ def test_a_postprocessor_is_given_as_a_class_or_a_list_of_classes(ray_session, t
 
 
 def test_a_postprocessor_that_is_not_a_class_is_one_line(tmp_path):
-    with pytest.raises(fedray.FedrayError, match=r"^fedray.run: postprocessor must be 'module:Class', 'file.py:Class', "
+    with pytest.raises(fedray.FedrayError, match=r"^fedray.run: postprocessor must be a name, 'module:Class', 'file.py:Class', "
                                                  r"a class, or a list of them, got \[<class 'tests.app.test_api.Doubling'>, 3\]$"):
         fedray.run(method="fed3r", dataset=SPEC, out=tmp_path, postprocessor=[Doubling, 3])

@@ -33,7 +33,7 @@ NAMED = {  # fedray.run's own parameters that are run options, and what each say
     "dataset": "fedray.run: dataset must be a spec ('synthetic:…', 'parquet:PATH', 'file.py:function', ...) or a "
                "fedray.Federation, got {value!r}",
     "out": "fedray.run: out must be a folder, a str or pathlib.Path, got {value!r}",
-    "postprocessor": "fedray.run: postprocessor must be 'module:Class', 'file.py:Class', a class, or a list of them, "
+    "postprocessor": "fedray.run: postprocessor must be a name, 'module:Class', 'file.py:Class', a class, or a list of them, "
                      "got {value!r}",
 }
 

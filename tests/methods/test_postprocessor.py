@@ -178,6 +178,6 @@ def test_a_postprocessor_is_checked_before_any_work():
 
     with pytest.raises(FedrayError, match="option noise_std must be ≥ 0"):
         postprocessing(resolve({}, {"method": "fed3r", "postprocessor": NOISE, "options": {"noise_std": "-1"}}))
-    with pytest.raises(FedrayError, match="--postprocessor takes your own fedray.Postprocessor"):
+    with pytest.raises(FedrayError, match="unknown postprocessor 'gaussian'; built-in: .*; or your own fedray.Postprocessor"):
         resolve({}, {"method": "fed3r", "postprocessor": "gaussian"})
     assert isinstance(UploadContext(AGGREGATE, 1, 2, torch.Generator()).generator, torch.Generator)
