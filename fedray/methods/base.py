@@ -178,6 +178,15 @@ def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -
     return counts, sums
 
 
+def class_divisors(counts: torch.Tensor) -> torch.Tensor:
+    """What each class's sums are divided by for its mean: its count, or 1 for a class no client holds (zero sums).
+
+    Not ``counts.clamp(min=1)``: a count may be real and below 1 (FedCOF App. I's noisy counts, ñ = max(n + σ, 0)),
+    and its mean is still sums / ñ. For integer counts the two are the same, bit for bit.
+    """
+    return torch.where(counts > 0, counts, torch.ones_like(counts))
+
+
 def gram(x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """xᵀ diag(weights) x in float64: the hot GEMM of the ridge and covariance statistics.
 

@@ -34,7 +34,8 @@ import torch
 from fedray.core.accounting import PaperCosts
 from fedray.core.federation import Federation
 from fedray.core.errors import FedrayError
-from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, gram, normalize_columns, spd_solve
+from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, class_divisors, class_sums, gram,
+                                 normalize_columns, spd_solve)
 
 
 @dataclass
@@ -164,7 +165,7 @@ class FedCOF(ClosedFormMethod[MeanRows]):
 
     def _spread(self, stats: MeanRows, weighted_means: torch.Tensor | None) -> torch.Tensor:
         """The spread from Σ_rows n w_c μμᵀ (``weighted_means``; None: no means) and the class totals."""
-        means = stats.sums / stats.counts.clamp(min=1).unsqueeze(1)
+        means = stats.sums / class_divisors(stats.counts).unsqueeze(1)
         between = gram(means, self.weights(stats) * stats.counts)
         return -between if weighted_means is None else weighted_means - between
 
@@ -172,7 +173,7 @@ class FedCOF(ClosedFormMethod[MeanRows]):
         """W from the within-class scatter Σ_c (N_c−1) Σ̂_c (``spread``), to which the global term N μ_g μ_gᵀ is added
         (with ``between_class``, Σ_c N_c μ_c μ_cᵀ = G_btw + N μ_g μ_gᵀ) and the shrinkage."""
         if self.between_class:
-            return self._solve(spread + gram(sums, 1 / counts.clamp(min=1)), counts, sums)
+            return self._solve(spread + gram(sums, 1 / class_divisors(counts)), counts, sums)
         total = counts.sum()
         global_mean = sums.sum(0) / total
         return self._solve(spread + total * torch.outer(global_mean, global_mean), counts, sums)

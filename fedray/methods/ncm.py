@@ -11,7 +11,7 @@ import torch
 from fedray.core.accounting import PaperCosts
 from fedray.core.errors import FedrayError
 from fedray.core.federation import Federation
-from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, normalize_columns
+from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_divisors, class_sums, normalize_columns
 
 
 @dataclass
@@ -50,7 +50,7 @@ class FedNCM(ClosedFormMethod[ClassSums]):
         return ClassSums(a.counts + b.counts, a.sums + b.sums)
 
     def solve(self, stats: ClassSums) -> Classifier:
-        means = stats.sums / stats.counts.clamp(min=1).unsqueeze(1)
+        means = stats.sums / class_divisors(stats.counts).unsqueeze(1)
         if self.distance == "euclidean":
             return Classifier(means.T.contiguous(), -0.5 * (means * means).sum(1))
         return Classifier(normalize_columns(means.T.contiguous()))
