@@ -8,8 +8,9 @@ and its dual form, server optimizers, postprocessors, SphereFed's and TCT's
 maths, a run's configuration) → ``fedray.runtime`` (Ray: shards, trainers,
 pools, placement, the cluster, the clients' states) → ``fedray.engine`` (one
 run, its stages, the round loop, checkpoints) → application (``fedray.app``:
-command line, Python API, sweeps, extraction; ``fedray.algorithms``, the
-training algorithms written as plugins; fedray's own top-level modules, the
+command line, Python API, sweeps, extraction; ``fedray.algorithms`` and
+``fedray.postprocessors``, the training algorithms and postprocessors written as
+plugins; fedray's own top-level modules, the
 public interface; jobs, analysis and examples). Every import counts, also one
 inside a function or under ``TYPE_CHECKING``, and importing ``a.b.c`` runs the
 ``__init__`` of ``a.b`` too (one without imports runs nothing of any layer).
@@ -35,6 +36,7 @@ LAYER_OF = {
     "fedray.engine": "engine",
     "fedray.app": "application",
     "fedray.algorithms": "application",
+    "fedray.postprocessors": "application",
     "fedray": "application",
     "jobs": "application",
     "analysis": "application",
@@ -170,13 +172,22 @@ def test_nothing_below_the_engine_names_the_run_configuration():
 
 def test_nothing_below_the_engine_loads_a_higher_layer_by_name():
     """No module of the lower layers names a module of a higher one in a string (``importlib`` or a ``module:Class``
-    spec would load it all the same): the algorithms fedray ships as plugins are found through their entry points."""
+    spec would load it all the same): the algorithms fedray ships as plugins are found through their entry points.
+    An entry-point group's name (``ENTRY_POINTS = "fedray.postprocessors"``) may be a package's: reading the group
+    imports nothing."""
     higher = {layer: [key for key, of in LAYER_OF.items() if LAYERS.index(of) > LAYERS.index(layer) and key != "fedray"]
               for layer in BELOW_ENGINE}
     naming = [f"{module}:{node.lineno} {node.value!r}" for module, path in MODULES.items() if layer_of(module) in BELOW_ENGINE
-              for node in ast.walk(ast.parse(path.read_text()))
-              if isinstance(node, ast.Constant) and isinstance(node.value, str)
+              for tree in [ast.parse(path.read_text())] for groups in [entry_point_groups(tree)]
+              for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and isinstance(node.value, str) and node not in groups
               and any(node.value.partition(":")[0] in (name, *MODULES) and
                       (node.value == name or node.value.startswith((f"{name}.", f"{name}:")))
                       for name in higher[layer_of(module)])]
     assert naming == []
+
+
+def entry_point_groups(tree: ast.Module) -> list[ast.AST]:
+    """The string constants a module assigns to ``ENTRY_POINTS``: entry-point group names."""
+    return [statement.value for statement in tree.body if isinstance(statement, ast.Assign)
+            and any(isinstance(target, ast.Name) and target.id == "ENTRY_POINTS" for target in statement.targets)]

@@ -295,6 +295,8 @@ def test_a_plugin_algorithm_declares_its_fields_as_options():
      ["--method fedavgm is its own server optimizer (fedavgm): --server-optimizer fedavg contradicts it"]),
     (["--method", "tct", "--base", "fedadam", "--server-optimizer", YOGI], ["--base fedadam is its own server optimizer"]),
     (["--method", PROXIMAL, "--option", "mu=strong"], ["option mu must be a number"]),
+    (["--method", "fedcof", "--postprocessor", "count-noise", "--option", "count_noise=laplace"],
+     ["--postprocessor count-noise: option count_noise_epsilon is required"]),
     (["--method", "fedavg", "--client-algorithm", PROXIMAL],
      ["--client-algorithm was removed: write your client's loss or gradient correction as a fedray.FederatedAlgorithm "
       "subclass and give it as --method FILE.py:Class (see examples/proximal_client.py)"]),
@@ -314,7 +316,8 @@ def test_methods_lists_every_builtin_with_its_options(capsys):
                  "distance: str = 'cosine'", "ffc", "fedcof-oracle", "covariance: str = 'full'", "ccvr",
                  "virtual_per_class: int = 100",
                  "fedavg", "fedadam", "server_lr: float | None = None", "adam_beta2: float = 0.99",
-                 "fedavgm", "server_momentum: float = 0.9", "scaffold", "fedprox", "tct"]:
+                 "fedavgm", "server_momentum: float = 0.9", "scaffold", "fedprox", "tct",
+                 "count-noise", "count_noise: str = 'laplace'", "count_noise_epsilon: float | None = None"]:
         assert line in out, line
 
 

@@ -1,0 +1,1 @@
+"""Postprocessors shipped with fedray but written as plugins, against the public interface (``import fedray``) only."""
