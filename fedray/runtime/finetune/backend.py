@@ -72,7 +72,7 @@ class FineTuneBackend:
         federation, backbone = pool.federation, pool.backbone
         weights = load_weights(backbone, weights_spec, seed)
         model = FineTuneModel(feature_model(backbone, weights.state_dict), backbone.dim, federation.num_classes, sgd.temperature)
-        self.flops_per_image = backbone_flops(model, pool.image_size)
+        self.flops_per_image = backbone_flops(model, pool.image_size, backbone.channels)
         self.backbone_parameters = sum(parameter.numel() for parameter in model.backbone.parameters())
         self.entk_num_parameters = entk_num_parameters(model)
         state = model.state_dict()
