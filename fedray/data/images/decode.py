@@ -37,11 +37,11 @@ def grayscale_images(paths: Sequence[str | None], probes: int = GRAYSCALE_PROBES
     count, probed = len(paths), min(probes, len(paths))
     rows = sorted({round(i * (count - 1) / max(probed - 1, 1)) for i in range(probed)})
     modes = []
-    for row in rows:
+    for path in (paths[row] for row in rows if paths[row] is not None):
         try:
-            with Image.open(paths[row]) as image:
+            with Image.open(path) as image:
                 modes.append(image.mode)
-        except (TypeError, AttributeError, OSError, ValueError, Image.DecompressionBombError):
+        except (OSError, ValueError, Image.DecompressionBombError):
             continue
     return bool(modes) and all(mode in GRAYSCALE_MODES for mode in modes)
 
