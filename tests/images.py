@@ -18,8 +18,9 @@ def random_image(rng: np.random.Generator, mode: str = "RGB") -> Image.Image:
     return image.resize((width, height), Image.BILINEAR)
 
 
-def write_image_folder(root: Path, classes: int, train_per_class: int, test_per_class: int, seed: int = 0) -> Path:
-    """ROOT/{train,test}/class_XX/img_N.{jpg,png}: every third image a PNG."""
+def write_image_folder(root: Path, classes: int, train_per_class: int, test_per_class: int, seed: int = 0,
+                       mode: str = "RGB") -> Path:
+    """ROOT/{train,test}/class_XX/img_N.{jpg,png}: every third image a PNG; ``mode`` "L" writes grayscale images."""
     rng = np.random.default_rng(seed)
     for split, count in (("train", train_per_class), ("test", test_per_class)):
         for c in range(classes):
@@ -27,7 +28,7 @@ def write_image_folder(root: Path, classes: int, train_per_class: int, test_per_
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(count):
                 suffix = "png" if i % 3 == 2 else "jpg"
-                random_image(rng).save(folder / f"img_{i}.{suffix}")
+                random_image(rng, mode).save(folder / f"img_{i}.{suffix}")
     return root
 
 

@@ -29,6 +29,8 @@ from fedray.core.results import EvalPoint
 
 TCT = "tct"
 TCT_SOLVERS = ("scaffold", "closed_form", "both")
+TCT_LOSSES = ("mse", "ce")
+ENTK_PARAMS = ("all", "last_layer")
 CLOSED_FORM_MAX_DIM = 10_000
 """Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
 
@@ -203,6 +205,15 @@ class RunConfig:
     tct_projection: int | None = option(None, "stage 2 on a seeded random projection of the eNTK features to D "
                                         "coordinates", TCT_GROUP, unset="no projection")
     tct_lam: float = option(0.0, "ridge λ of the closed-form stage 2 (0: the least-squares solution)", TCT_GROUP)
+    tct_fedavg: bool = option(False, "ablation: stage 2 by FedAvg, SCAFFOLD without its control variates (TCT §5.4's "
+                              "TCT-FedAvg)", TCT_GROUP)
+    tct_no_normalization: bool = option(False, "ablation: stage 2 on the raw eNTK features, without the normalization "
+                                        "round's standardization (TCT §5.4's woN)", TCT_GROUP)
+    tct_loss: str = option("mse", "stage-2 loss: mse (TCT's squared loss on onehot − 1/C) or ce (softmax "
+                           "cross-entropy, the ablation TCT-CE; scaffold only)", TCT_GROUP, choices=TCT_LOSSES)
+    entk_params: str = option("all", "eNTK gradient w.r.t. all parameters, or last_layer: the last layer's weights "
+                              "only, the penultimate features (the ablation TCT-last-layer)", TCT_GROUP,
+                              choices=ENTK_PARAMS)
     backbone: str = option("mobilenet_v2", "mobilenet_v2, squeezenet1_1, resnet18, vit_b_16, or TCT's networks trained "
                            "from scratch: resnet18_cifar, resnet18_cifar_gn, tct_cnn (28-pixel images)", IMAGES)
     weights: str = option("imagenet", "imagenet, random (seeded, NOT pre-trained) or a state-dict file", IMAGES)
@@ -453,7 +464,20 @@ class RunConfig:
             raise FedrayError(f"--tct-solver must be one of {', '.join(TCT_SOLVERS)}, got {self.tct_solver!r}")
         if self.tct_lam < 0:
             raise FedrayError(f"--tct-lam must be ≥ 0, got {self.tct_lam}")
+        if self.tct_loss not in TCT_LOSSES:
+            raise FedrayError(f"--tct-loss must be one of {', '.join(TCT_LOSSES)}, got {self.tct_loss!r}")
+        if self.entk_params not in ENTK_PARAMS:
+            raise FedrayError(f"--entk-params must be one of {', '.join(ENTK_PARAMS)}, got {self.entk_params!r}")
+        if self.tct_loss == "ce" and self.tct_solver != "scaffold":
+            raise FedrayError(f"--tct-loss ce has no closed form: it takes --tct-solver scaffold, not {self.tct_solver}")
+        if self.tct_fedavg and self.tct_solver == "closed_form":
+            raise FedrayError("--tct-fedavg turns off the control variates of stage 2's iterative solver: it takes "
+                              "--tct-solver scaffold or both, not closed_form")
         width = self.tct_projection or self.entk_dim
+        if self.entk_params == "last_layer":  # p of the d head weights: at most the penultimate width
+            from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
+
+            width = self.tct_projection or min(self.entk_dim, get_backbone(self.backbone).dim)
         if self.tct_solver != "scaffold" and width > CLOSED_FORM_MAX_DIM:
             raise FedrayError(f"the closed-form stage 2 solves a {width} × {width} system: give --tct-projection D "
                               f"≤ {CLOSED_FORM_MAX_DIM} (or --entk-dim ≤ {CLOSED_FORM_MAX_DIM})")

@@ -142,6 +142,13 @@ class TctStage2:
     solver: str
     projection: int | None
     lam: float
+    correction: bool = True
+    """SCAFFOLD's control variates (False: ``--tct-fedavg``)."""
+    normalize: bool = True
+    """The normalization round (False: ``--tct-no-normalization``, stage 2 on the raw features)."""
+    loss: str = "mse"
+    last_layer: bool = False
+    """eNTK features w.r.t. the last layer's weights only (``--entk-params last_layer``)."""
 
 
 Stage = ClosedForm | Training | Calibration | Probe | TctStage2
@@ -250,7 +257,8 @@ def stages(config: RunConfig) -> tuple[Stage, ...]:
     if config.method == TCT:
         listed.append(TctStage2(config.entk_dim, config.entk_fp16, config.entk_chunk, config.tct_rounds,
                                 config.tct_local_steps, config.tct_lr, config.tct_solver, config.tct_projection,
-                                config.tct_lam))
+                                config.tct_lam, not config.tct_fedavg, not config.tct_no_normalization,
+                                config.tct_loss, config.entk_params == "last_layer"))
     return tuple(listed)
 
 

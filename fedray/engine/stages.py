@@ -48,7 +48,7 @@ from fedray.engine.round_loop import Listener
 from fedray.runtime.shards import ShardPool
 from fedray.engine.closed_form import everyone_uploads, run_closed_form
 from fedray.engine.calibration import ProjectedCalibration, calibrate
-from fedray.data.images.backbones import get_backbone
+from fedray.data.images.backbones import images_backbone
 from fedray.runtime.sphere import SphereBackend, initial_projection
 
 T = TypeVar("T")
@@ -293,7 +293,7 @@ def checkpoint_shape(run: RunPlan, federation: Federation) -> RunShape:
     algorithm's server state for that model, its K clients and its training rounds."""
     training = run.training
     if training.images is not None:
-        model = model_structure(get_backbone(training.images.backbone), federation.num_classes)
+        model = model_structure(images_backbone(training.images.backbone, federation), federation.num_classes)
         params = model.state_dict()
         trained = {name: params[name] for name in trained_names(model, get_mode(training.images.mode))}
     else:

@@ -10,7 +10,9 @@
    trainers stop and stage-2 shards start on the same client ranges with the
    features handed over (and projected to ``--tct-projection`` coordinates
    when given): they never reach the driver.
-3. One normalization round (every client uploads n_k, Σ z, Σ z²).
+3. One normalization round (every client uploads n_k, Σ z, Σ z²), unless
+   ``--tct-no-normalization``: then no round, and stage 2 runs on the raw
+   features (its μ = 0 and σ = 1, and its rounds are numbered one earlier).
 4. Stage 2 on the standardized features with a bias (the paper's Algorithm 2:
    ψ = (W, b), scores Z̃W + 1bᵀ; a constant-1 coordinate appended to the
    features, see :mod:`fedray.methods.tct_stage2`), by ``--tct-solver``:
@@ -23,12 +25,18 @@
    normalization round: the closed form's row counts stage 1, the eNTK and
    normalization costs and its own upload, not SCAFFOLD's rounds.
 
+TCT's ablations (§5.4, App. B.7) are options of the same stages:
+``--tct-fedavg`` (SCAFFOLD without control variates: FedAvg, c never sent),
+``--tct-no-normalization``, ``--tct-loss ce`` (softmax cross-entropy instead of
+the squared loss; no closed form) and ``--entk-params last_layer`` (the gradient
+w.r.t. the head's weight only: the penultimate features).
+
 Every upload of every stage (stage 1's training, the normalization round, the
 closed form's statistics, each SCAFFOLD round's Δ_k and c_k⁺ − c_k) passes
 through the run's postprocessing, numbered with the run's rounds: the
 normalization is round R + 1 after stage 1's R, the closed form R + 2 and
 SCAFFOLD's round r R + 1 + r (both solvers branch from the normalization, as
-their rows do); the first two are every client once, SCAFFOLD samples κ of K
+their rows do; one less each without the normalization round); the first two are every client once, SCAFFOLD samples κ of K
 with replacement.
 
 The outcome's arrays (``classifier.npz``) hold each solver's weights and bias
@@ -56,7 +64,7 @@ from fedray.engine.training import Accounting, TrainingState
 from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.core.results import EvalPoint
 from fedray.engine.round_loop import EvalRounds, Listener, Report, run_rounds
-from fedray.methods.entk import EntkSpec, coordinate_index
+from fedray.methods.entk import EntkSpec, sample_coordinates
 from fedray.runtime.schedules import Schedule
 from fedray.runtime.tct_shards import LocalSolver, Normalization, Projection, Stage2Pool
 from fedray.methods.tct_stage2 import objective_from_statistics, solve_stage2, split_model
@@ -72,6 +80,8 @@ class Stage2Run:
         self.pool, self.sizes, self.num_classes, self.width = pool, sizes, num_classes, width
         self.points, self.accounting, self.on_point, self.postprocessing = points, accounting, on_point, postprocessing
         self.first_round = points[-1].round
+        self.solvers_start = self.first_round + (1 if stage.normalize else 0)
+        """The run's rounds before the solvers': stage 1's and the normalization round when there is one."""
         self.everyone = postprocessing.sampled(len(sizes), len(sizes), False)
         """The uploads of the normalization round and the closed form: every client once, in the run's rounds."""
         self.started = time.perf_counter() - points[-1].wall_s
@@ -87,7 +97,14 @@ class Stage2Run:
             self.on_point(point, stage2_classifier(model))
 
     def normalize(self) -> ray.ObjectRef:
-        """The normalization round (2p + 1 floats up, 2p down per client); the broadcast (μ, σ) as a ref."""
+        """The normalization round (2p + 1 floats up, 2p down per client); the broadcast (μ, σ) as a ref.
+
+        Without it (``--tct-no-normalization``) μ = 0 and σ = 1, which every use of them ((z − μ)/σ in float64)
+        leaves bit for bit as z: no round, nothing sent."""
+        if not self.stage.normalize:
+            self.normalization = Normalization(torch.zeros(self.width, dtype=torch.float64),
+                                               torch.ones(self.width, dtype=torch.float64))
+            return ray.put(self.normalization)
         normalization = self.pool.normalization(uploads=self.everyone, round_number=self.first_round + 1)
         everyone = np.arange(len(self.sizes))
         clients = len(self.sizes)
@@ -100,27 +117,28 @@ class Stage2Run:
     def closed_form(self, normalization: ray.ObjectRef) -> torch.Tensor:
         """The exact stage-2 minimizer ψ from every client's XᵀX and XᵀY ((p + 1)² + (p + 1)C floats up each), one round."""
         accounting = copy.deepcopy(self.accounting)
-        statistics = self.pool.statistics(normalization, self.everyone, self.first_round + 2)
+        statistics = self.pool.statistics(normalization, self.everyone, self.solvers_start + 1)
         count = int(self.sizes.sum())
         model = solve_stage2(statistics.matrix, statistics.rhs, count, self.stage.lam)
         p = self.width + 1  # the features and the intercept
         accounting.add(np.arange(len(self.sizes)), self.sizes, len(self.sizes) * (p * p + p * self.num_classes) * FLOAT_BYTES,
                        0.0, 2.0 * count * p * (p + self.num_classes))
         loss = objective_from_statistics(statistics.matrix, statistics.rhs, count, self.num_classes, model)
-        self.record(accounting, self.first_round + 2, self.pool.accuracy(normalization, ray.put(model)), "tct_closed_form",
+        self.record(accounting, self.solvers_start + 1, self.pool.accuracy(normalization, ray.put(model)), "tct_closed_form",
                     model, loss)
         return model
 
     def scaffold(self, normalization: ray.ObjectRef, callbacks: Callbacks | None = None) -> torch.Tensor:
-        """TCT's SCAFFOLD from ψ = 0 ((p + 1) × C, float64 on the driver), ``tct_scaffold`` rows every ``--eval-every``
-        rounds; the run's ``callbacks`` hear its rounds (and may stop it at a row)."""
+        """TCT's SCAFFOLD (FedAvg with ``--tct-fedavg``) from ψ = 0 ((p + 1) × C, float64 on the driver),
+        ``tct_scaffold`` rows every ``--eval-every`` rounds; the run's ``callbacks`` hear its rounds (and may stop it at
+        a row)."""
         sampler = replace(self.sampler, with_replacement=True)  # TCT's SCAFFOLD samples with replacement
         rounds = sampler.rounds(self.stage.rounds, past_coverage=True)
         path = ScaffoldRounds(self, normalization, sampler)
-        loop = (callbacks or Callbacks()).loop("tct_scaffold", "tct stage 2", len(rounds), self.first_round + 1)
+        loop = (callbacks or Callbacks()).loop("tct_scaffold", "tct stage 2", len(rounds), self.solvers_start)
         diverged = run_rounds(path, rounds, EvalRounds(len(rounds), self.eval_every),
                               [Report(self.points, self.on_point, path.classifier), loop])
-        self.scaffold_rounds = rounds[:self.points[-1].round - self.first_round - 1] if diverged else rounds
+        self.scaffold_rounds = rounds[:self.points[-1].round - self.solvers_start] if diverged else rounds
         return path.model
 
 
@@ -129,12 +147,13 @@ class ScaffoldRounds:
 
     def __init__(self, run: Stage2Run, normalization: ray.ObjectRef, sampler: Sampler) -> None:
         self.run, self.normalization = run, normalization
-        self.solver = ray.put(LocalSolver(run.stage.local_steps, run.stage.lr))
-        self.uploads = sampler.uploads(run.postprocessing, run.first_round + 1)
+        self.solver = ray.put(LocalSolver(run.stage.local_steps, run.stage.lr, run.stage.correction, run.stage.loss))
+        self.uploads = sampler.uploads(run.postprocessing, run.solvers_start)
         self.weights = run.sizes / run.sizes.sum()
         self.model = torch.zeros(run.width + 1, run.num_classes, dtype=torch.float64)
         self.control = torch.zeros_like(self.model)
-        self.down = self.model.numel() * (1 if sampler.per_round == sampler.num_clients else 2)
+        # c goes down with the model when not everyone takes part, and never without control variates
+        self.down = self.model.numel() * (1 if sampler.per_round == sampler.num_clients or not run.stage.correction else 2)
         self.loss, self.loss_weight = 0.0, 0.0
 
     def run_round(self, number: int, clients: np.ndarray) -> bool:
@@ -150,7 +169,8 @@ class ScaffoldRounds:
         if not bool(torch.isfinite(updated).all()):
             return False
         self.model = updated
-        self.control += sums.control_change.to(torch.float64)
+        if sums.control_change is not None:
+            self.control += sums.control_change.to(torch.float64)
         return True
 
     def point(self, number: int, diverged: bool = False) -> EvalPoint:
@@ -158,7 +178,7 @@ class ScaffoldRounds:
         accuracy = float("nan") if diverged else run.pool.accuracy(self.normalization, ray.put(self.model))
         loss = None if diverged else self.loss / self.loss_weight
         self.loss, self.loss_weight = 0.0, 0.0
-        return run.accounting.point(run.first_round + 1 + number, accuracy, time.perf_counter() - run.started,
+        return run.accounting.point(run.solvers_start + number, accuracy, time.perf_counter() - run.started,
                                     "tct_scaffold", loss, diverged)
 
     def classifier(self) -> Classifier:
@@ -188,13 +208,16 @@ def run_tct(run: RunPlan, federation: Federation, on_point: Listener | None = No
         outcome = finetune(run, backend, uploads, on_point, saved, callbacks)
         if outcome.points[-1].diverged or callbacks.stopping:
             return outcome
-        index = coordinate_index(backend.entk_num_parameters, stage.entk_dim, run.seed)
+        coordinates = backend.entk_head if stage.last_layer else range(backend.entk_num_parameters)
+        index = sample_coordinates(coordinates, stage.entk_dim, run.seed)
         spec = EntkSpec(run.seed, index, stage.entk_chunk, torch.float16 if stage.entk_fp16 else torch.float32)
         params = ray.put(outcome.params)
         train, train_labels = backend.pool.entk(params, spec, TRAIN)
         test, test_labels = backend.pool.entk(params, spec, TEST)
-        # Each client computes its samples' eNTK features: a forward and a backward pass, ~3 forward FLOPs.
-        outcome.accounting.flops += 3.0 * backend.flops_per_image * float(federation.client_sizes.sum())
+        # Each client computes its samples' eNTK features: a forward and a backward pass, ~3 forward FLOPs (the last
+        # layer's: the forward pass, whose penultimate features they are).
+        passes = 1.0 if stage.last_layer else 3.0
+        outcome.accounting.flops += passes * backend.flops_per_image * float(federation.client_sizes.sum())
         bounds, bundle = backend.pool.bounds, backend.pool.bundle
     finally:
         backend.shutdown()
@@ -223,5 +246,6 @@ def run_tct(run: RunPlan, federation: Federation, on_point: Listener | None = No
     outcome.arrays = {**arrays, "entk_index": index.numpy(), "entk_mean": stage2.normalization.mean.numpy(),
                       "entk_std": stage2.normalization.std.numpy()}
     everyone = np.arange(federation.num_clients)  # the normalization round, then SCAFFOLD's (or the closed form's)
-    outcome.rounds = outcome.rounds + [everyone] + (stage2.scaffold_rounds if scaffold is not None else [everyone])
+    outcome.rounds = (outcome.rounds + ([everyone] if stage.normalize else [])
+                      + (stage2.scaffold_rounds if scaffold is not None else [everyone]))
     return outcome

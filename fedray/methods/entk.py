@@ -19,6 +19,13 @@ sampled ones. With the one-output head no coordinate is zero because of the
 head; the head's own are the penultimate features h and a constant 1
 (∂(wᵀh + b)/∂w = h, ∂/∂b = 1).
 
+TCT's last-layer ablation (App. B.7, TCT-last-layer: "the representations
+before the last layer") takes the gradient w.r.t. the head's weight only:
+``head_coordinates`` are those d coordinates of the P, the penultimate features
+h of each sample. The head's bias is left out: its gradient is the constant 1
+that stage 2's intercept already is (standardized it would be 0, raw it would
+duplicate the intercept's column).
+
 ``entk_features`` computes these per-sample gradients batched with
 ``torch.func`` (``vmap(grad(functional_call))``) in chunks of samples;
 ``entk_features_loop`` is the plain one-``autograd.grad``-per-sample reference
@@ -100,6 +107,29 @@ def entk_num_parameters(model: nn.Module) -> int:
     _, head = _last_linear(model)
     one_output = head.in_features + (1 if head.bias is not None else 0)
     return num_parameters(model) - sum(p.numel() for p in head.parameters()) + one_output
+
+
+def head_coordinates(model: nn.Module) -> range:
+    """The d coordinates of the one-output head's weight in the flattened gradient of ``reinitialize_last_layer(model)``.
+
+    ``named_parameters`` order, with the last linear layer's parameters counted
+    at their one-output sizes (d weights, 1 bias), as ``entk_num_parameters``
+    counts them: the eNTK features at these coordinates are the penultimate
+    features h (∂(wᵀh + b)/∂w = h).
+    """
+    name, head = _last_linear(model)
+    start = 0
+    for parameter_name, parameter in model.named_parameters():
+        if parameter_name == f"{name}.weight":
+            return range(start, start + head.in_features)
+        start += 1 if parameter_name == f"{name}.bias" else parameter.numel()
+    raise ValueError(f"the last linear layer {name!r} has no weight among the model's parameters")
+
+
+def sample_coordinates(coordinates: range, p: int, seed: int) -> torch.Tensor:
+    """``p`` of the consecutive ``coordinates`` drawn by ``coordinate_index`` (all of them when p ≥ their number),
+    shifted to where they start: ``range(P)`` gives ``coordinate_index(P, p, seed)`` itself."""
+    return coordinates.start + coordinate_index(len(coordinates), p, seed)
 
 
 def coordinate_index(num_params: int, p: int, seed: int) -> torch.Tensor:

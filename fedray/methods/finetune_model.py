@@ -108,6 +108,7 @@ def sent_names(model: nn.Module, mode: Mode) -> list[str]:
     return trained_names(model, mode) + buffers
 
 
-def backbone_flops(model: FineTuneModel, image_size: int) -> float:
-    """Forward FLOPs of the backbone on one image (torch's counter: 2 per multiply-add of convolutions and matmuls)."""
-    return forward_flops(model.backbone, image_size)
+def backbone_flops(model: FineTuneModel, image_size: int, channels: int = 3) -> float:
+    """Forward FLOPs of the backbone on one image of ``channels`` channels (torch's counter: 2 per multiply-add of
+    convolutions and matmuls)."""
+    return forward_flops(model.backbone, image_size, channels)

@@ -21,6 +21,13 @@ authors' code (``mnist/utils.py``: ``scaffold_update``) has none. With features
 centered over all clients it carries the class prior (see
 ``closed_form_stage2``), which a model without it cannot represent.
 
+The paper's ablations (§5.4, App. B.7) change this problem or its solver: without
+the normalization round the features stay raw (``normalize`` is never applied);
+with ``loss="ce"`` the squared loss gives way to softmax cross-entropy on the
+scores X_k ψ against onehot(y_k) (``targets``, ``client_loss``,
+``local_delta``: still M full-batch steps in float64, no closed form); without
+the control variates SCAFFOLD is FedAvg (``correction`` off in the shards).
+
 Two solvers of the same problem: the paper's communication-efficient SCAFFOLD
 (full-batch local gradient steps with a drift correction, one model up and down
 per round: ``local_delta``, ``control_after``, run by the stage-2 shards of
@@ -43,6 +50,9 @@ from fedray.methods.base import gram, single_threaded, spd_solve
 
 STD_FLOOR = 1e-8
 """Smallest standard deviation a coordinate is divided by (see ``Moments.normalization``)."""
+
+LOSSES = ("mse", "ce")
+"""Stage 2's losses: TCT's squared loss on the centered one-hot targets, or softmax cross-entropy (TCT-CE, App. B.7)."""
 
 ROW_BLOCK = 4096
 """Rows widened to float64 at a time: 50,000 eNTK features of p = 100,000 are 40 GB in float64 at once."""
@@ -87,9 +97,11 @@ def normalize(features: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dty
     return ((features.to(torch.float64) - mean) / std).to(dtype or features.dtype)
 
 
-def targets(labels: torch.Tensor, num_classes: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The regression targets onehot(labels) − 1/C (n × C), TCT's centered one-hot encoding."""
-    return torch.nn.functional.one_hot(labels.long(), num_classes).to(dtype) - 1.0 / num_classes
+def targets(labels: torch.Tensor, num_classes: int, dtype: torch.dtype = torch.float64, loss: str = "mse") -> torch.Tensor:
+    """The targets Y (n × C) of ``loss``: onehot(labels) − 1/C, TCT's centered one-hot encoding, for the squared loss;
+    onehot(labels) for cross-entropy (whose gradient softmax − Y needs rows that sum to 1)."""
+    onehot = torch.nn.functional.one_hot(labels.long(), num_classes).to(dtype)
+    return onehot if loss == "ce" else onehot - 1.0 / num_classes
 
 
 PROJECTION_BLOCK = 4096
@@ -132,24 +144,31 @@ def split_model(model: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return model[:-1], model[-1]
 
 
-def _gradient(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor) -> torch.Tensor:
-    """∇F_k(ψ) = X_kᵀ (X_k ψ − Y_k) / n_k (``features`` = X_k, the design with the intercept)."""
-    return features.T @ (features @ model - target) / len(features)
+def _gradient(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor, loss: str = "mse") -> torch.Tensor:
+    """∇F_k(ψ) = X_kᵀ (X_k ψ − Y_k) / n_k for the squared loss, X_kᵀ (softmax(X_k ψ) − Y_k) / n_k for cross-entropy
+    (``features`` = X_k, the design with the intercept; ``target`` = Y_k of ``targets`` for that loss)."""
+    scores = features @ model
+    residual = torch.softmax(scores, dim=1) - target if loss == "ce" else scores - target
+    return features.T @ residual / len(features)
 
 
-def client_loss(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor) -> float:
-    """F_k(ψ) = ‖X_k ψ − Y_k‖²_F / (2 n_k) (``features`` = X_k = [Z_k, 1]), on one thread (``single_threaded``): the
-    loss a row reports has the same bits whatever the threads of the process computing it."""
+def client_loss(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor, loss: str = "mse") -> float:
+    """F_k(ψ) = ‖X_k ψ − Y_k‖²_F / (2 n_k), or for cross-entropy the mean of logsumexp(x_i ψ) − ⟨x_i ψ, y_i⟩
+    (``features`` = X_k = [Z_k, 1]), on one thread (``single_threaded``): the loss a row reports has the same bits
+    whatever the threads of the process computing it."""
     with single_threaded():
-        return float((features @ model - target).square().sum()) / (2 * len(target))
+        scores = features @ model
+        if loss == "ce":
+            return float((torch.logsumexp(scores, dim=1) - (scores * target).sum(dim=1)).sum()) / len(target)
+        return float((scores - target).square().sum()) / (2 * len(target))
 
 
 def local_delta(features: torch.Tensor, target: torch.Tensor, model: torch.Tensor, correction: torch.Tensor,
-                steps: int, lr: float) -> torch.Tensor:
+                steps: int, lr: float, loss: str = "mse") -> torch.Tensor:
     """A client's y_K − ψ after K = ``steps`` full-batch steps y ← y − η (∇F_k(y) − h_k) from y_0 = ψ (h_k = ``correction``)."""
     local = model
     for _ in range(steps):
-        local = local - lr * (_gradient(features, target, local) - correction)
+        local = local - lr * (_gradient(features, target, local, loss) - correction)
     return local - model
 
 

@@ -97,11 +97,14 @@ class Projection:
 
 @dataclass(frozen=True)
 class LocalSolver:
-    """Stage 2's client settings: K full-batch steps at learning rate η, with or without SCAFFOLD's correction."""
+    """Stage 2's client settings: K full-batch steps at learning rate η on ``loss`` (``mse`` or ``ce``, see
+    :data:`~fedray.methods.tct_stage2.LOSSES`), with SCAFFOLD's correction or without it (FedAvg: no control variates
+    kept, sent or uploaded)."""
 
     steps: int
     lr: float
     correction: bool = True
+    loss: str = "mse"
 
 
 @ray.remote(max_restarts=0)
@@ -144,11 +147,11 @@ class Stage2Shard:
         clients = range(self.first_client, self.first_client + len(self.offsets) - 1)
         return uploads.client_sum(((client, round_number, upload_of(self._rows(client))) for client in clients), add)
 
-    def _client(self, client: int, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
-        """Client ``client``'s design [Z̃_k, 1] and targets, in the shard's compute dtype."""
+    def _client(self, client: int, normalization: Normalization, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Client ``client``'s design [Z̃_k, 1] and targets of ``loss``, in the shard's compute dtype."""
         rows = self._rows(client)
         features = with_intercept(normalize(self.features["train"][rows], *self._on_device(normalization), dtype=self.dtype))
-        return features, targets(self.labels["train"][rows], self.num_classes, self.dtype)
+        return features, targets(self.labels["train"][rows], self.num_classes, self.dtype, loss)
 
     def _on_device(self, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
         return normalization.mean.to(self.device), normalization.std.to(self.device)
@@ -190,11 +193,11 @@ class Stage2Shard:
         model, control = model.to(self.device, self.dtype), control.to(self.device, self.dtype)
         delta, change, loss, total_weight, changed = torch.zeros_like(model), torch.zeros_like(model), 0.0, 0.0, False
         for client, weight in zip(clients.tolist(), weights.tolist()):
-            features, target = self._client(client, normalization)
+            features, target = self._client(client, normalization, solver.loss)
             own = self.controls.get(client, torch.zeros_like(model))
             correction = own - control if solver.correction else torch.zeros_like(model)
-            loss += weight * client_loss(features, target, model)
-            step = local_delta(features, target, model, correction, solver.steps, solver.lr)
+            loss += weight * client_loss(features, target, model, solver.loss)
+            step = local_delta(features, target, model, correction, solver.steps, solver.lr, solver.loss)
             tensors = {"delta": step}
             if solver.correction:
                 updated = control_after(own, control, step, solver.steps, solver.lr)

@@ -374,7 +374,7 @@ ALGORITHM_OPTIONS = {"prox_mu"}
 SPHERE_OPTIONS = {"sphere_dim", "sphere_loss"}
 IMAGE_OPTIONS = {"finetune", "backbone", "weights", "image_size"}
 TCT_OPTIONS = {"base", "entk_dim", "entk_fp16", "entk_chunk", "tct_rounds", "tct_local_steps", "tct_lr", "tct_solver",
-               "tct_projection", "tct_lam"}
+               "tct_projection", "tct_lam", "tct_fedavg", "tct_no_normalization", "tct_loss", "entk_params"}
 EVERY_RUNS = {"method", "dataset", "clients_per_round", "participation", "sampling", "rounds", "eval_every", "seed",
               "backbone_macs", "num_trainers", "cpus_per_trainer", "num_shards", "cpus_per_shard"}
 

@@ -7,7 +7,11 @@ import torch
 import torchvision
 
 from fedray.core.errors import FedrayError
-from fedray.data.images.backbones import BACKBONES, feature_model, get_backbone, load_weights
+from fedray.data.images.backbones import BACKBONES, feature_model, get_backbone, images_backbone, load_weights
+from fedray.data.registry import load_federation
+from fedray.methods.entk import coordinate_index, entk_features, entk_num_parameters, num_parameters, reinitialize_last_layer
+from fedray.methods.finetune_model import build_model
+from tests.images import write_image_folder
 
 
 def penultimate(name: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +59,30 @@ def test_tcts_networks_have_the_published_architectures():
     cnn = get_backbone("tct_cnn").architecture()
     cnn.fc2 = torch.nn.Linear(128, 1)
     rgb_filters = 2 * 32 * 3 * 3
-    assert sum(p.numel() for p in cnn.parameters()) - rgb_filters == 355_073, "TCT's code draws eNTK coordinates of 355,073 parameters"
+    assert sum(p.numel() for p in cnn.parameters()) - rgb_filters == 355_073, "on RGB: two more input channels' filters"
+
+
+AUTHORS_ENTK_PARAMETERS = 355_073
+"""P of TCT's MNIST network with its one-output head (the authors' code): conv1 1·32·3·3 + 32 = 320, conv2
+32·64·3·3 + 64 = 18,496, conv3 64·128·3·3 + 128 = 73,856, fc1 2048·128 + 128 = 262,272, head 128 + 1 = 129."""
+
+
+def test_tct_cnn_on_grayscale_images_is_the_authors_network(tmp_path):
+    assert 320 + 18_496 + 73_856 + 262_272 + 129 == AUTHORS_ENTK_PARAMETERS
+    gray = load_federation(f"imagefolder:{write_image_folder(tmp_path / 'gray', 2, 3, 1, mode='L')}")
+    color = load_federation(f"imagefolder:{write_image_folder(tmp_path / 'color', 2, 3, 1)}")
+    backbone = images_backbone("tct_cnn", gray)
+    assert backbone.channels == 1 and backbone.architecture().conv1.in_channels == 1
+    model = build_model(backbone, num_classes=10)
+    assert entk_num_parameters(model) == AUTHORS_ENTK_PARAMETERS
+    assert num_parameters(reinitialize_last_layer(model, seed=0)) == AUTHORS_ENTK_PARAMETERS
+    features = entk_features(reinitialize_last_layer(model, seed=0), torch.randn(2, 1, 28, 28),
+                             coordinate_index(entk_num_parameters(model), 10**6, seed=0))
+    assert features.shape == (2, AUTHORS_ENTK_PARAMETERS), "the eNTK features have P coordinates"
+    assert images_backbone("tct_cnn", color).channels == 3
+    assert images_backbone("resnet18_cifar", gray).architecture().conv1.in_channels == 1
+    assert images_backbone("squeezenet1_1", gray).channels == 3, "a pretrained RGB network sees RGB replicas"
+    assert get_backbone("tct_cnn").channels == 3
 
 
 def test_networks_trained_from_scratch_have_no_imagenet_weights():

@@ -8,7 +8,7 @@ from torchvision import transforms
 
 from fedray.data.registry import canonical_spec, load_federation
 from fedray.core.errors import FedrayError
-from fedray.data.images.decode import GRAYSCALE, MISSING, UNREADABLE, ImageTransform, load_image
+from fedray.data.images.decode import GRAYSCALE, MISSING, UNREADABLE, ImageTransform, grayscale_images, load_image
 from fedray.data.images.index import resolve_paths, walked_index
 from tests.images import random_image, write_image_folder, write_inat_split
 
@@ -52,6 +52,41 @@ def test_bad_images_are_named_not_raised(tmp_path):
     assert load_image(str(broken), convert, convert.pipeline()) == UNREADABLE
     assert load_image(str(tmp_path / "gone.jpg"), convert, convert.pipeline()) == MISSING
     assert load_image(None, convert, convert.pipeline()) == MISSING
+
+
+def test_a_grayscale_dataset_is_decoded_with_one_channel(tmp_path):
+    """channels=1: PIL's luminance, the ImageNet recipe's crop, normalized by the channels' mean mean and std."""
+    rng = np.random.default_rng(3)
+    gray, color = tmp_path / "gray.png", tmp_path / "color.jpg"
+    random_image(rng, "L").save(gray)
+    random_image(rng).save(color)
+    transform = ImageTransform(size=28, channels=1)
+    resize = int(28 * 256 / 224 + 0.5)
+    for path in (gray, color):
+        expected = transforms.Compose([
+            transforms.Resize(resize), transforms.CenterCrop(28), transforms.ToTensor(),
+            transforms.Normalize([(0.485 + 0.456 + 0.406) / 3], [(0.229 + 0.224 + 0.225) / 3]),
+        ])(Image.open(path).convert("L"))
+        ours = load_image(str(path), transform, transform.pipeline())
+        assert ours.shape == (1, 28, 28)
+        torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
+    assert "channels" not in ImageTransform().key(), "RGB feature caches keep their keys"
+    assert ImageTransform(channels=1).key()["channels"] == 1
+    with pytest.raises(FedrayError, match="1 or 3 channels"):
+        ImageTransform(channels=2)
+
+
+def test_grayscale_datasets_are_told_by_their_images_modes(tmp_path):
+    rng = np.random.default_rng(4)
+    paths = []
+    for i, mode in enumerate(["L"] * 5 + ["RGB"]):
+        paths.append(str(tmp_path / f"{i}.png"))
+        random_image(rng, mode).save(paths[-1])
+    assert grayscale_images(paths[:5]) and grayscale_images(paths[:5] + [None])
+    assert not grayscale_images(paths), "one color image makes a dataset RGB"
+    assert grayscale_images(paths, probes=2) is False, "the first and the last are probed"
+    assert grayscale_images(paths[:5] + paths[:5] + [paths[5]], probes=3) is False
+    assert not grayscale_images([]) and not grayscale_images([None])
 
 
 def test_transform_options_are_checked():

@@ -22,8 +22,9 @@ from fedray.data.images.reader import ImageReader
 from fedray.methods.training.images import images_entk
 from fedray.methods.finetune_model import build_model
 from fedray.data.images.backbones import get_backbone
-from fedray.data.images.decode import ImageTransform
+from fedray.data.images.decode import ImageTransform, load_image
 from fedray.runtime.actor_group import balanced_bounds
+from fedray.data.images.backbones import images_backbone
 from fedray.methods.entk import EntkSpec, coordinate_index
 from fedray.methods.tct_stage2 import normalize
 from tests.methods.tct_stage2_reference import ClientData, closed_form_stage2, normalization
@@ -103,6 +104,92 @@ def test_tct_on_a_label_skewed_split_matches_a_recomputation(ray_session, tmp_pa
         scores = features.numpy() @ arrays[f"W{suffix}"] + arrays[f"bias{suffix}"]
         accuracy = float(scores.argmax(axis=1).__eq__(test_labels).mean())
         assert [row["accuracy"] for row in rows if row["stage"] == stage][-1] == pytest.approx(accuracy, abs=1e-12)
+
+
+AUTHORS_ENTK_PARAMETERS = 355_073
+"""P of TCT's MNIST network with the one-output head: 320 + 18,496 + 73,856 + 262,272 + 129 (conv1 on 1 channel ... head)."""
+
+
+def tct_on_grayscale(tmp_path, capsys, *options: str) -> tuple[list[dict], dict, dict, str]:
+    """A small ``fedray run --method tct`` of tct_cnn on generated 28-pixel grayscale images: rows, arrays, config."""
+    root = write_image_folder(tmp_path / "data", classes=4, train_per_class=40, test_per_class=4, mode="L")
+    dataset = f"imagefolder:{root}?split=classes&classes_per_client=2&clients=10"
+    out = tmp_path / "run"
+    rc = main(["run", "--method", "tct", "--dataset", dataset, "--backbone", "tct_cnn", "--weights", "random",
+               "--image-size", "28", "--rounds", "2", "--eval-every", "2", "--batch-size", "8", "--local-epochs", "1",
+               "--client-lr", "0.01", "--num-trainers", "1", "--entk-chunk", "16", "--tct-rounds", "2",
+               "--tct-local-steps", "10", "--tct-lr", "1e-3", "--quiet", "--out", str(out), *options])
+    assert rc == 0, capsys.readouterr().err
+    with np.load(out / "classifier.npz") as saved:
+        arrays = dict(saved)
+    return (pq.read_table(out / "metrics.parquet").to_pylist(), arrays, yaml.safe_load((out / "config.yaml").read_text()),
+            dataset)
+
+
+@pytest.mark.slow
+def test_tct_last_layer_raw_features_fedavg_on_grayscale_images(ray_session, tmp_path, capsys):
+    """TCT-last-layer, without normalization, stage 2 by FedAvg: the closed form is the ridge solution on the raw
+    penultimate features of the saved network (a plain forward pass), the features' coordinates the head's weights."""
+    rows, arrays, config, dataset = tct_on_grayscale(
+        tmp_path, capsys, "--entk-params", "last_layer", "--tct-no-normalization", "--tct-fedavg", "--entk-dim", "1000",
+        "--tct-solver", "both", "--tct-lam", "0.1")
+    assert [(row["round"], row["stage"]) for row in rows] == [
+        (0, "train"), (2, "train"), (3, "tct_closed_form"), (4, "tct_scaffold")], "no normalization round"
+    assert (config["entk_params"], config["tct_no_normalization"], config["tct_fedavg"], config["tct_loss"]) == \
+        ("last_layer", True, True, "mse")
+    assert (rows[-1]["entk_params"], rows[-1]["tct_no_normalization"], rows[-1]["tct_fedavg"]) == ("last_layer", True, True)
+    # the head's 128 weights follow conv1 … fc1 of the one-channel network, P − 129 of them
+    assert np.array_equal(arrays["entk_index"], np.arange(AUTHORS_ENTK_PARAMETERS - 129, AUTHORS_ENTK_PARAMETERS - 1))
+    assert not arrays["entk_mean"].any() and (arrays["entk_std"] == 1).all()
+
+    federation = load_federation(dataset)
+    model = build_model(images_backbone("tct_cnn", federation), federation.num_classes)
+    model.load_state_dict(torch.load(tmp_path / "run" / "model.pt"))
+    transform = ImageTransform(28, channels=1)
+    images = torch.stack([load_image(path, transform, transform.pipeline())
+                          for path in federation.train.column("image_path").to_pylist()])
+    with torch.no_grad():
+        features = model.eval().backbone(images).double().numpy()
+    labels = federation.train.column("label").to_numpy()
+    design = np.hstack([features, np.ones((len(features), 1))])
+    penalty = np.diag([1.0] * 128 + [0.0])
+    expected = np.linalg.solve(design.T @ design + 0.1 * len(design) * penalty,
+                               design.T @ (np.eye(4)[labels] - 1 / 4))
+    assert np.allclose(arrays["W_closed_form"], expected[:-1], rtol=0, atol=1e-4 * np.abs(expected).max())
+    assert np.allclose(arrays["bias_closed_form"], expected[-1], rtol=0, atol=1e-4 * np.abs(expected).max())
+    assert arrays["W"].shape == (128, 4) and not np.array_equal(arrays["W"], arrays["W_closed_form"])
+
+
+@pytest.mark.slow
+def test_tct_with_cross_entropy_on_grayscale_images(ray_session, tmp_path, capsys):
+    rows, arrays, config, _ = tct_on_grayscale(tmp_path, capsys, "--tct-loss", "ce", "--entk-dim", "500",
+                                               "--tct-rounds", "3", "--eval-every", "1")
+    stage2 = [row for row in rows if row["stage"] == "tct_scaffold"]
+    assert [row["round"] for row in stage2] == [2 + 1 + 1, 2 + 1 + 2, 2 + 1 + 3]
+    assert stage2[0]["train_loss"] == pytest.approx(np.log(4), rel=1e-6), "cross-entropy of ψ = 0: log C"
+    assert stage2[-1]["train_loss"] < stage2[0]["train_loss"]
+    assert config["tct_loss"] == "ce" and rows[-1]["tct_loss"] == "ce"
+    # drawn from the P of the authors' one-channel network
+    assert np.array_equal(arrays["entk_index"], coordinate_index(AUTHORS_ENTK_PARAMETERS, 500, seed=0).numpy())
+
+
+def test_the_ablations_refuse_what_they_cannot_do():
+    with pytest.raises(FedrayError, match="--tct-loss ce has no closed form"):
+        RunConfig(method="tct", tct_loss="ce", tct_solver="both", entk_dim=100).validate()
+    with pytest.raises(FedrayError, match="--tct-loss ce has no closed form"):
+        RunConfig(method="tct", tct_loss="ce", tct_solver="closed_form", entk_dim=100).validate()
+    with pytest.raises(FedrayError, match="--tct-fedavg .* not closed_form"):
+        RunConfig(method="tct", tct_fedavg=True, tct_solver="closed_form", entk_dim=100).validate()
+    with pytest.raises(FedrayError, match="--tct-loss must be one of mse, ce"):
+        RunConfig(method="tct", tct_loss="hinge").validate()
+    with pytest.raises(FedrayError, match="--entk-params must be one of all, last_layer"):
+        RunConfig(method="tct", entk_params="first_layer").validate()
+    with pytest.raises(FedrayError, match="--tct-fedavg applies to --method tct"):
+        RunConfig(method="fedavg", tct_fedavg=True).validate()
+    RunConfig(method="tct", tct_fedavg=True, tct_no_normalization=True, tct_solver="both", entk_dim=100).validate()
+    RunConfig(method="tct", tct_loss="ce").validate()
+    # the last layer's p ≤ d coordinates (1,280 for mobilenet_v2) fit the closed form whatever --entk-dim says
+    RunConfig(method="tct", entk_params="last_layer", tct_solver="both").validate()
 
 
 def test_closed_form_stage2_needs_a_width_it_can_solve():

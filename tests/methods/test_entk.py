@@ -12,8 +12,10 @@ from fedray.methods.entk import (
     entk_features,
     entk_features_loop,
     entk_num_parameters,
+    head_coordinates,
     num_parameters,
     reinitialize_last_layer,
+    sample_coordinates,
 )
 
 ONE_OUTPUT_PARAMETERS = (6 * 3 * 3 * 3 + 6) + 2 * 6 + (8 * 6 * 3 * 3 + 8) + 2 * 8 + (72 * 12 + 12) + (12 + 1)
@@ -178,3 +180,30 @@ def test_entk_parameter_count_of_a_torchvision_backbone() -> None:
     model = build_model(get_backbone("squeezenet1_1"), num_classes=4)
     assert entk_num_parameters(model) == expected
     assert num_parameters(reinitialize_last_layer(model, seed=0)) == expected
+
+
+@pytest.mark.parametrize("p", [100_000, 5])
+def test_last_layer_features_are_the_heads_weight_gradient_by_plain_autograd(inputs: torch.Tensor, p: int) -> None:
+    """TCT-last-layer: the coordinates of the one-output head's weight; per sample, by plain autograd w.r.t. that
+    weight alone (in float64), they are the penultimate features h (∂(wᵀh + b)/∂w = h)."""
+    trained = conv_bn_model().double()
+    model = reinitialize_last_layer(trained, seed=7)
+    inputs = inputs.double()
+    coordinates = head_coordinates(trained)
+    assert coordinates == range(ONE_OUTPUT_PARAMETERS - 13, ONE_OUTPUT_PARAMETERS - 1), "its 12 weights, before its bias"
+    index = sample_coordinates(coordinates, p, seed=3)
+    assert len(index) == min(p, 12) and bool((index >= coordinates.start).all() and (index < coordinates.stop).all())
+    model.eval()
+    head = model[-1]
+    plain = torch.stack([torch.autograd.grad(model(x.unsqueeze(0))[0, 0], head.weight)[0][0] for x in inputs])
+    chosen = index - coordinates.start
+    batched = entk_features(model, inputs, index, chunk_size=4, dtype=torch.float64)
+    assert torch.allclose(batched, plain[:, chosen], rtol=0, atol=1e-14), "float64 round-off (batched vs one at a time)"
+    with torch.no_grad():
+        penultimate = model[:-1](inputs)
+    assert torch.allclose(plain, penultimate, rtol=0, atol=1e-14)
+    assert torch.allclose(autograd_reference(model, inputs, index, logit=0), plain[:, chosen], rtol=0, atol=1e-14)
+
+
+def test_all_coordinates_are_sampled_as_before() -> None:
+    assert torch.equal(sample_coordinates(range(1000), 30, seed=2), coordinate_index(1000, 30, seed=2))

@@ -5,6 +5,7 @@ Z̃W + 1bᵀ, i.e. least squares on the design [Z̃, 1] (``design``), models
 ψ = [W; bᵀ] with the bias as the last row.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -266,3 +267,29 @@ def test_client_loss_has_the_same_bits_on_one_and_two_threads():
     target = targets(labels, NUM_CLASSES, torch.float32)
     one, two = (on_threads(count, lambda: stage2.client_loss(features, target, model)) for count in (1, 2))
     assert one.hex() == two.hex()
+
+
+def test_cross_entropy_targets_are_one_hot():
+    y = targets(torch.tensor([2, 0]), 4, loss="ce")
+    assert torch.equal(y, torch.tensor([[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]], dtype=torch.float64))
+
+
+def test_cross_entropy_local_steps_equal_plain_softmax_gradient_descent(problem):
+    """TCT-CE's client: M full-batch steps of softmax cross-entropy's gradient on [Z, 1], with SCAFFOLD's correction,
+    against numpy; and its loss, the mean of logsumexp(s_i) − s_i,y_i."""
+    client = problem[1]
+    x, labels = design(client.features).numpy(), client.labels.numpy()
+    generator = torch.Generator().manual_seed(9)
+    model = torch.randn(21, NUM_CLASSES, generator=generator, dtype=torch.float64)
+    correction = 0.1 * torch.randn(21, NUM_CLASSES, generator=generator, dtype=torch.float64)
+    expected, onehot = model.numpy(), np.eye(NUM_CLASSES)[labels]
+    for _ in range(30):
+        scores = x @ expected
+        probabilities = np.exp(scores) / np.exp(scores).sum(axis=1, keepdims=True)
+        expected = expected - 0.05 * (x.T @ (probabilities - onehot) / len(x) - correction.numpy())
+    target = targets(client.labels, NUM_CLASSES, loss="ce")
+    delta = stage2.local_delta(design(client.features), target, model, correction, 30, 0.05, loss="ce")
+    assert np.allclose((model + delta).numpy(), expected, rtol=0, atol=1e-12)
+    scores = x @ model.numpy()
+    plain = float(np.mean(np.log(np.exp(scores).sum(axis=1)) - scores[np.arange(len(x)), labels]))
+    assert stage2.client_loss(design(client.features), target, model, loss="ce") == pytest.approx(plain, rel=1e-13)

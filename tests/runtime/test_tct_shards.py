@@ -144,3 +144,121 @@ def test_float16_storage_is_standardized_and_solved_in_float32(ray_session, clie
     for _ in range(3):
         reference.step(list(range(6)))
     assert torch.allclose(model, reference.model.double(), rtol=1e-5, atol=1e-6)
+
+
+# --- TCT's ablations (§5.4, App. B.7) against stage 2 written out in numpy -----------------------------------------
+
+
+def plain_stage2(clients: list[ClientData], schedule, steps: int, lr: float, *, loss: str = "mse",
+                 control_variates: bool = True, normalized: bool = True) -> tuple[np.ndarray, float]:
+    """Stage 2 as a plain loop over clients: (global ψ = [W; bᵀ], the mean F_k at the last round's start, weighted).
+
+    Standardize with the pooled population std floored at 1e-8 (or not at all), append the constant 1, then per round
+    every participant takes ``steps`` full-batch steps y ← y − η (g_k(y) − h_k), g_k the squared loss's
+    X_kᵀ(X_k y − (onehot − 1/C))/n_k or cross-entropy's X_kᵀ(softmax(X_k y) − onehot)/n_k, h_k = c_k − c (SCAFFOLD's
+    option II, c_k⁺ = c_k − c − Δ_k/(Kη)) or 0 (FedAvg); the server averages the deltas by n_k.
+    """
+    raw = [c.features.double().numpy() for c in clients]
+    if normalized:
+        pooled = np.concatenate(raw)
+        mean, std = pooled.mean(axis=0), np.maximum(pooled.std(axis=0), 1e-8)
+        raw = [(z - mean) / std for z in raw]
+    designs = [np.hstack([z, np.ones((len(z), 1))]) for z in raw]
+    onehots = [np.eye(NUM_CLASSES)[c.labels.numpy()] for c in clients]
+    sizes = np.array([len(c.labels) for c in clients], dtype=float)
+    weights = sizes / sizes.sum()
+
+    def gradient(k: int, y: np.ndarray) -> np.ndarray:
+        scores = designs[k] @ y
+        if loss == "ce":
+            exp = np.exp(scores - scores.max(axis=1, keepdims=True))
+            residual = exp / exp.sum(axis=1, keepdims=True) - onehots[k]
+        else:
+            residual = scores - (onehots[k] - 1 / NUM_CLASSES)
+        return designs[k].T @ residual / sizes[k]
+
+    def objective(k: int, y: np.ndarray) -> float:
+        scores = designs[k] @ y
+        if loss == "ce":
+            top = scores.max(axis=1)
+            return float(np.mean(top + np.log(np.exp(scores - top[:, None]).sum(axis=1)) - (scores * onehots[k]).sum(axis=1)))
+        return float(((scores - (onehots[k] - 1 / NUM_CLASSES)) ** 2).sum() / (2 * sizes[k]))
+
+    model = np.zeros((designs[0].shape[1], NUM_CLASSES))
+    control, own = np.zeros_like(model), [np.zeros_like(model) for _ in clients]
+    loss_at_start = 0.0
+    for participants in schedule:
+        participants = sorted(participants.tolist())
+        deltas, change = [], np.zeros_like(model)
+        loss_at_start = sum(weights[k] * objective(k, model) for k in participants) / weights[participants].sum()
+        for k in participants:
+            correction = own[k] - control if control_variates else 0.0
+            y = model
+            for _ in range(steps):
+                y = y - lr * (gradient(k, y) - correction)
+            deltas.append(y - model)
+            if control_variates:
+                updated = own[k] - control - deltas[-1] / (steps * lr)
+                change += weights[k] * (updated - own[k])
+                own[k] = updated
+        model = model + sum(weights[k] * delta for k, delta in zip(participants, deltas)) / weights[participants].sum()
+        control = control + change
+    return model, loss_at_start
+
+
+def plain_stable_lr(clients: list[ClientData], normalized: bool) -> float:
+    """Half the inverse of the largest local curvature of the squared loss on the (raw or standardized) designs."""
+    return stable_lr(standardize_clients(clients)[0] if normalized else clients)
+
+
+@pytest.mark.parametrize("ablation", ["tct_fedavg", "tct_no_normalization", "tct_loss_ce"])
+def test_each_ablation_equals_plain_stage2(ray_session, clients, held_out, ablation):
+    options = {"tct_fedavg": {"tct_fedavg": True}, "tct_no_normalization": {"tct_no_normalization": True},
+               "tct_loss_ce": {"tct_loss": "ce"}}[ablation]
+    normalized = ablation != "tct_no_normalization"
+    lr = plain_stable_lr(clients, normalized)
+    config = RunConfig(method="tct", tct_rounds=6, tct_local_steps=5, tct_lr=lr, clients_per_round=3, eval_every=1,
+                       seed=3, **options)
+    pool = start_pool(ray_session, clients, held_out)
+    try:
+        run = stage2_run(pool, clients, config, width=20)
+        normalization_ref = run.normalize()
+        model = run.scaffold(normalization_ref)
+    finally:
+        pool.shutdown()
+
+    schedule = sampling.schedule(6, 3, True, 3, 6, past_coverage=True)
+    expected, loss = plain_stage2(clients, schedule, 5, lr, loss="ce" if ablation == "tct_loss_ce" else "mse",
+                                  control_variates=ablation != "tct_fedavg", normalized=normalized)
+    assert np.allclose(model.numpy(), expected, rtol=0, atol=1e-10 * np.abs(expected).max())
+    rows = run.points[1:]
+    assert rows[-1].train_loss == pytest.approx(loss, rel=1e-10)
+    floats = (20 + 1) * NUM_CLASSES
+    normalization_up, normalization_down = (6 * (2 * 20 + 1) * 4, 6 * 2 * 20 * 4) if normalized else (0, 0)
+    # with sampling, SCAFFOLD sends c with the model (2 models down); FedAvg has no c to send
+    assert rows[-1].bytes_down == normalization_down + 6 * 3 * floats * 4 * (1 if ablation == "tct_fedavg" else 2)
+    assert rows[-1].bytes_up == normalization_up + 6 * 3 * floats * 4
+    assert [row.round for row in rows] == [7 + (1 if normalized else 0) + r for r in range(1, 7)]
+    if ablation == "tct_no_normalization":
+        assert torch.equal(run.normalization.mean, torch.zeros(20, dtype=torch.float64))
+        assert torch.equal(run.normalization.std, torch.ones(20, dtype=torch.float64))
+    if ablation == "tct_loss_ce":
+        assert rows[0].train_loss == pytest.approx(np.log(NUM_CLASSES), rel=1e-12), "ψ = 0 scores every class alike"
+
+
+def test_closed_form_on_raw_features_equals_plain_least_squares(ray_session, clients, held_out):
+    pool = start_pool(ray_session, clients, held_out)
+    try:
+        run = stage2_run(pool, clients, RunConfig(method="tct", tct_solver="closed_form", tct_no_normalization=True),
+                         width=20)
+        model = run.closed_form(run.normalize())
+    finally:
+        pool.shutdown()
+    features = torch.cat([c.features for c in clients]).numpy()
+    labels = torch.cat([c.labels for c in clients]).numpy()
+    design = np.hstack([features, np.ones((len(features), 1))])
+    expected = np.linalg.lstsq(design, np.eye(NUM_CLASSES)[labels] - 1 / NUM_CLASSES, rcond=None)[0]
+    assert np.allclose(model.numpy(), expected, rtol=0, atol=1e-10 * np.abs(expected).max())
+    row = run.points[-1]
+    assert (row.round, row.stage) == (7 + 1, "tct_closed_form"), "no normalization round before it"
+    assert row.bytes_up == 6 * (21 * 21 + 21 * NUM_CLASSES) * 4

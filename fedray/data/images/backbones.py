@@ -18,9 +18,15 @@ or a file):
   ``Net``): three 3 × 3 stride-2 convolutions (32, 64, 128 channels, ReLU),
   then fc1 (2048 → 128, ReLU) and the classifier, on 28 × 28 images. The
   paper's FMNIST "SimpleCNN" (two convolutions with max pooling, two fully
-  connected layers) is not published; this follows the code. fedray decodes
-  images as RGB, so the first convolution takes 3 channels (a grayscale image
-  replicated to RGB gives the 1-channel network with summed filters).
+  connected layers) is not published; this follows the code. On grayscale
+  images (MNIST, FMNIST) its first convolution takes 1 channel, as the
+  authors' network does (P = 355,073 with TCT's one-output head); on RGB
+  images 3.
+
+The networks trained from scratch take the images' channels: 1 on a dataset
+of grayscale images (:func:`images_backbone`: every probed image has a
+grayscale mode), 3 otherwise. The ImageNet backbones always take RGB, a
+grayscale image replicated to 3 channels, as their weights expect.
 Every replica of a pool is built from the one state dict the driver loaded,
 so all replicas hold bitwise the same weights.
 """
@@ -28,7 +34,8 @@ so all replicas hold bitwise the same weights.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -39,6 +46,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedray.core.errors import FedrayError
+from fedray.core.federation import Federation
+from fedray.data.images.decode import grayscale_images
 
 
 def _strip_mobilenet(model: nn.Module) -> None:
@@ -59,11 +68,11 @@ def _strip_vit(model: nn.Module) -> None:
 
 
 class TctCnn(nn.Module):
-    """TCT code's ``Net`` (mnist/utils.py) on RGB 28 × 28 images; ``fc2`` is the classifier."""
+    """TCT code's ``Net`` (mnist/utils.py) on 28 × 28 images of ``channels`` channels; ``fc2`` is the classifier."""
 
-    def __init__(self, num_classes: int = 10) -> None:
+    def __init__(self, num_classes: int = 10, channels: int = 3) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 32, kernel_size=3, stride=2, padding=1)
+        self.conv1 = nn.Conv2d(channels, 32, kernel_size=3, stride=2, padding=1)
         self.conv2 = nn.Conv2d(32, 64, kernel_size=3, stride=2, padding=1)
         self.conv3 = nn.Conv2d(64, 128, kernel_size=3, stride=2, padding=1)
         self.fc1 = nn.Linear(2048, 128)
@@ -75,10 +84,10 @@ class TctCnn(nn.Module):
         return self.fc2(nn.functional.relu(self.fc1(torch.flatten(x, 1))))
 
 
-def _cifar_resnet18(norm_layer: Callable[[int], nn.Module] | None = None) -> nn.Module:
-    """torchvision's ResNet-18 made the CIFAR ResNet-18: a 3 × 3 stride-1 stem, no max pooling."""
+def _cifar_resnet18(norm_layer: Callable[[int], nn.Module] | None = None, channels: int = 3) -> nn.Module:
+    """torchvision's ResNet-18 made the CIFAR ResNet-18: a 3 × 3 stride-1 stem (on ``channels`` channels), no max pooling."""
     model = torchvision.models.resnet18(weights=None, norm_layer=norm_layer)
-    model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
     model.maxpool = nn.Identity()
     return model
@@ -100,13 +109,17 @@ class Backbone:
     """torchvision's ImageNet weights (``--weights imagenet``); None where the papers train from scratch."""
     strip_head: Callable[[nn.Module], None]
     fixed_size: int | None = None
-    build: Callable[[], nn.Module] | None = None
-    """The architecture, when it is not ``torchvision.models.<name>``."""
+    build: Callable[..., nn.Module] | None = None
+    """The architecture on ``channels`` input channels, when it is not ``torchvision.models.<name>``."""
+    channels: int = 3
+    """Input channels: 3, or 1 for a network trained from scratch on grayscale images (:func:`images_backbone`)."""
 
     def architecture(self) -> nn.Module:
         """The full model (classifier included), randomly initialized."""
         if self.build is not None:
-            return self.build()
+            return self.build(channels=self.channels)
+        if self.channels != 3:
+            raise FedrayError(f"{self.name} takes RGB images (3 channels), not {self.channels}")
         return getattr(torchvision.models, self.name)(weights=None)
 
 
@@ -128,6 +141,22 @@ def get_backbone(name: str) -> Backbone:
     if name not in BACKBONES:
         raise FedrayError(f"unknown backbone {name!r}; known: {', '.join(BACKBONES)}")
     return BACKBONES[name]
+
+
+def for_images(backbone: Backbone, paths: Sequence[str | None]) -> Backbone:
+    """``backbone`` on the images at ``paths``: one input channel when it is trained from scratch (no ImageNet weights)
+    and the images are grayscale (:func:`~fedray.data.images.decode.grayscale_images`), else as it is (RGB)."""
+    if backbone.weights_enum is None and grayscale_images(paths):
+        return replace(backbone, channels=1)
+    return backbone
+
+
+def images_backbone(name: str, federation: Federation) -> Backbone:
+    """The backbone ``name`` as a run fine-tunes it on ``federation``'s training images (:func:`for_images`)."""
+    backbone = get_backbone(name)
+    if "image_path" not in federation.train.column_names:
+        return backbone
+    return for_images(backbone, federation.train.column("image_path").to_pylist())
 
 
 @dataclass(frozen=True)
@@ -199,12 +228,12 @@ def _file_state_dict(backbone: Backbone, path: Path) -> dict[str, torch.Tensor]:
     return state_dict
 
 
-def forward_flops(module: nn.Module, image_size: int) -> float:
-    """FLOPs of ``module``'s forward pass on one image, by torch's FlopCounterMode: 2 per multiply-add of its
-    convolutions and matrix products (batch norm, activations and additions are not counted)."""
+def forward_flops(module: nn.Module, image_size: int, channels: int = 3) -> float:
+    """FLOPs of ``module``'s forward pass on one image of ``channels`` channels, by torch's FlopCounterMode: 2 per
+    multiply-add of its convolutions and matrix products (batch norm, activations and additions are not counted)."""
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
-        module.eval()(torch.zeros(1, 3, image_size, image_size))
+        module.eval()(torch.zeros(1, channels, image_size, image_size))
     return float(counter.get_total_flops())
 
 
@@ -216,7 +245,7 @@ def forward_macs(backbone: Backbone, image_size: int) -> float:
     """
     model = backbone.architecture()
     backbone.strip_head(model)
-    return forward_flops(model, image_size) / 2
+    return forward_flops(model, image_size, backbone.channels) / 2
 
 
 def feature_model(backbone: Backbone, state_dict: dict[str, torch.Tensor]) -> nn.Module:

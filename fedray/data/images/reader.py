@@ -30,7 +30,7 @@ class ImageReader:
         self.paths = paths
         self.transform, self.pipeline = transform, transform.pipeline()
         self.decoders = ThreadPoolExecutor(max_workers=threads)
-        self.image_bytes = 3 * transform.size**2 * 4
+        self.image_bytes = transform.channels * transform.size**2 * 4
 
     def _decode(self, row: int) -> torch.Tensor | str:
         return load_image(self.paths[row], self.transform, self.pipeline)

@@ -40,7 +40,7 @@ from fedray.methods.training_algorithms import FedAvg, paper_family
 from fedray.data.images.backbones import feature_model, load_weights
 from fedray.methods.base import Classifier
 from fedray.methods.sphere import fixed_classifier
-from fedray.methods.entk import entk_num_parameters
+from fedray.methods.entk import entk_num_parameters, head_coordinates
 
 
 def check_sgd(sgd: LocalSGD) -> None:
@@ -72,9 +72,11 @@ class FineTuneBackend:
         federation, backbone = pool.federation, pool.backbone
         weights = load_weights(backbone, weights_spec, seed)
         model = FineTuneModel(feature_model(backbone, weights.state_dict), backbone.dim, federation.num_classes, sgd.temperature)
-        self.flops_per_image = backbone_flops(model, pool.image_size)
+        self.flops_per_image = backbone_flops(model, pool.image_size, backbone.channels)
         self.backbone_parameters = sum(parameter.numel() for parameter in model.backbone.parameters())
         self.entk_num_parameters = entk_num_parameters(model)
+        self.entk_head = head_coordinates(model)
+        """The eNTK coordinates of the one-output head's weight (TCT's last-layer ablation)."""
         state = model.state_dict()
         self.initial_backbone = {name: value for name, value in state.items() if not name.startswith(HEAD)}
         self.state_shapes = {name: value.shape for name, value in state.items()}

@@ -23,7 +23,7 @@ from fedray.core.federation import TEST, TRAIN, Federation
 from fedray.core.errors import FedrayError
 from fedray.methods.training.backend import RoundUpdate
 from fedray.runtime.finetune.trainer import Trainer, TrainerRows
-from fedray.data.images.backbones import Backbone, get_backbone
+from fedray.data.images.backbones import Backbone, get_backbone, images_backbone
 from fedray.data.images.decode import ImageTransform
 from fedray.runtime.held import Held
 from fedray.runtime.kept import default_budget
@@ -78,12 +78,13 @@ class TrainerPool(ActorGroup):
         clients' states each trainer keeps in memory (see :meth:`~fedray.runtime.shards.ShardPool.start`).
         """
         backbone = get_backbone(backbone_name)
-        transform = ImageTransform(image_size)
         if backbone.fixed_size is not None and image_size != backbone.fixed_size:
             raise FedrayError(f"{backbone.name} takes {backbone.fixed_size}-pixel images, got image size {image_size}")
         if cpus_per_trainer <= 0 or eval_batch_size < 1:
             raise FedrayError(f"need cpus_per_trainer > 0 and eval_batch_size ≥ 1, got {cpus_per_trainer} and {eval_batch_size}")
         check_images(federation)
+        backbone = images_backbone(backbone_name, federation)  # one channel for a from-scratch network on grayscale
+        transform = ImageTransform(image_size, channels=backbone.channels)
         if trial_group is not None:
             num_trainers, bundle = trial_bundles(trial_group)
             cpus_per_trainer = bundle.get("CPU", 1.0)
