@@ -153,7 +153,9 @@ class ShardActor:
         torch.set_num_threads(threads)
         tensor_transfer.register()
         self.first_client = rows.first_client
-        self.client_states = ClientStates(ray.get_runtime_context().was_current_actor_reconstructed, state_budget)
+        context = ray.get_runtime_context()
+        self.client_states = ClientStates(context.was_current_actor_reconstructed, state_budget,
+                                          owner=context.get_actor_id())
         self.kept = KeptParts() if kept_budget is None else KeptParts(kept_budget)
         self.error: str | None = None
         self._staging = torch.empty(0)

@@ -89,6 +89,28 @@ def test_a_checkpoint_links_the_spilled_files_and_keeps_them_when_the_states_mov
         assert len(restored.committed) == {None: 2, 0: 0, STATE_BYTES: 1}[budget], "spilled files stay spilled"
 
 
+def test_a_restarted_actor_deletes_what_its_predecessor_spilled_and_no_checkpoint_s_link(tmp_path):
+    """A restarted actor keeps its id: its ClientStates (lost) deletes the folder the killed one spilled into, which no
+    shutdown would ever delete (two OOM kills of a FedDyn run left 9.9 GB in the node's temporary folder)."""
+    killed = ClientStates(budget=0, spill_root=tmp_path / "spill", owner="actor-7")
+    killed.begin_round(1)
+    killed.put(1, state(1.0))
+    killed.put(2, state(2.0))
+    killed.begin_round(2)
+    checkpoint = tmp_path / "out" / "checkpoint-clients-r1-0.pt"
+    killed.save(checkpoint)
+    other = ClientStates(budget=0, spill_root=tmp_path / "spill", owner="actor-8")
+    other.begin_round(1)
+    other.put(5, state(5.0))
+    other.begin_round(2)
+
+    restarted = ClientStates(lost=True, budget=0, spill_root=tmp_path / "spill", owner="actor-7")
+    assert restarted.spill_folder == killed.spill_folder and not killed.spill_folder.exists()
+    assert sorted(p.name for p in (tmp_path / "spill" / "fedray-client-states").iterdir()) == ["actor-8"]
+    restarted.restore([checkpoint], lambda client: True)  # the checkpoint's links survive: the run replays from it
+    assert torch.equal(restarted.get(2)["h"], torch.full((2, 2), 2.0))
+
+
 def test_a_damaged_spilled_file_of_a_checkpoint_is_refused_in_one_line_replacing_no_state(tmp_path):
     states = states_after([{1: 1.0, 2: 2.0}], budget=0, root=tmp_path / "spill")
     path = tmp_path / "checkpoint-clients-r1-0.pt"

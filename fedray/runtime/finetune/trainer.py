@@ -74,7 +74,9 @@ class Trainer:
         self.model = build_model(backbone, num_classes).to(self.device)
         self.eval_batch_size = eval_batch_size
         self.held: Held | None = None
-        self.client_states = ClientStates(ray.get_runtime_context().was_current_actor_reconstructed, state_budget)
+        context = ray.get_runtime_context()
+        self.client_states = ClientStates(context.was_current_actor_reconstructed, state_budget,
+                                          owner=context.get_actor_id())
 
     def _load(self, held: Held) -> None:
         """Fetch the rows on the first call (after a start or a restart)."""
