@@ -71,8 +71,10 @@ def test_summary_numbers(results):
     assert rows["fed3r", 50]["rounds_to_target_mean"] == pytest.approx(10.0)
     assert rows["fedncm", 10]["rounds_to_target_mean"] is None and rows["fedncm", 10]["runs_not_reaching_target"] == 2
     text = summarize.markdown(table, target)
-    assert "| fed3r | 10 | 2 | 75.00 ± 7.07 | 30 | 30.0 | 20 ± 0 | 20.0 |" in text
-    assert "| fedncm | 10 | 2 | 30.00 ± 7.07 | 30 | 30.0 | not reached | — |" in text
+    # the upload per client that took part: 3·10⁷ bytes over 30 clients, 1 MB
+    assert fed3r["upload_bytes_per_client"] == pytest.approx(1e6)
+    assert "| fed3r | 10 | 2 | 75.00 ± 7.07 | 30 | 30.0 | 1 | 20 ± 0 | 20.0 |" in text
+    assert "| fedncm | 10 | 2 | 30.00 ± 7.07 | 30 | 30.0 | 1 | not reached | — |" in text
 
 
 def test_the_default_target_is_reached_by_every_group(results):
