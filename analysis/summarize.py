@@ -10,8 +10,9 @@ upload bytes each run needed to first reach the target accuracy (empty where
 a run never reached it). A group is a method × the swept parameters, or, where
 the rows carry a ``label`` (a job's named configurations, as
 ``jobs.sweep_baselines`` writes them), a label × what varies among its runs
-(the dataset), in the order of the runs' ``trial_id``. The default target is 90% of the lowest final accuracy of
-any run, so that every run reaches it; it is written above the table.
+(the dataset), in the order the runs come in RESULTS. The default target is
+90% of the lowest final accuracy of any run, so that every run reaches it; it
+is written above the table.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def groups_of(results: pl.DataFrame) -> list[str]:
 
 def summarize(results: pl.DataFrame, target: float | None = None) -> tuple[pl.DataFrame, float]:
     groups = groups_of(results)
-    finals = final_rows(results)
+    finals = final_rows(results.with_row_index("position"))
     if target is None:
         target = TARGET_SHARE * finals["accuracy"].min()
     runs = finals.join(reach(results, target), on="trial_id")
@@ -65,11 +66,11 @@ def summarize(results: pl.DataFrame, target: float | None = None) -> tuple[pl.Da
             pl.col("rounds_to_target").std().alias("rounds_to_target_std"),
             pl.col("bytes_to_target").mean().alias("upload_bytes_to_target_mean"),
             pl.col("rounds_to_target").null_count().alias("runs_not_reaching_target"),
-            pl.col("trial_id").min().alias("first_trial"),
+            pl.col("position").min().alias("first_position"),
         )
     )
-    order = ["first_trial"] if "label" in groups else groups
-    return table.sort(order).drop("first_trial"), target
+    order = ["first_position"] if "label" in groups else groups  # a job's labels in its table's order
+    return table.sort(order).drop("first_position"), target
 
 
 def markdown(table: pl.DataFrame, target: float) -> str:

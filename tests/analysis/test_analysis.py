@@ -77,6 +77,24 @@ def test_summary_numbers(results):
     assert "| fedncm | 10 | 2 | 30.00 ± 7.07 | 30 | 30.0 | 1 | not reached | — |" in text
 
 
+def test_labelled_runs_are_grouped_per_label_and_dataset_in_the_order_they_come():
+    """A job's named configurations: the label says what differs between them (a method, its options), so the rows are
+    label × what varies among one label's runs (the dataset), not the options' columns; ordered as the runs came."""
+    rows = [{"trial_id": trial, "label": label, "method": method, "dataset": dataset, "covariance": covariance,
+             "round": 10, "accuracy": 0.5, "bytes_up": 4e6, "clients_seen": 4}
+            for trial, label, method, dataset, covariance in [
+                ("i/1", "fedncm", "fedncm", "inat", None), ("i/2", "oracle (diagonal)", "fedcof-oracle", "inat", "diagonal"),
+                ("i/3", "oracle (full)", "fedcof-oracle", "inat", "full"), ("c/1", "fedncm", "fedncm", "cifar", None),
+                ("c/2", "oracle (diagonal)", "fedcof-oracle", "cifar", "diagonal"),
+                ("c/3", "oracle (full)", "fedcof-oracle", "cifar", "full")]]
+    table, _ = summarize.summarize(pl.DataFrame(rows))
+    assert table.columns[:2] == ["dataset", "label"]
+    assert table.select("dataset", "label").rows() == [
+        ("inat", "fedncm"), ("inat", "oracle (diagonal)"), ("inat", "oracle (full)"),
+        ("cifar", "fedncm"), ("cifar", "oracle (diagonal)"), ("cifar", "oracle (full)")]
+    assert table["upload_bytes_per_client"].to_list() == [1e6] * 6
+
+
 def test_the_default_target_is_reached_by_every_group(results):
     table, target = summarize.summarize(read_results([results]))
     assert target == pytest.approx(0.9 * 0.25)
