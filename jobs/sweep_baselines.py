@@ -1,6 +1,6 @@
 """Every closed-form method, ablation and gradient baseline side by side on the iNat and CIFAR-100 stand-ins, tabled.
 
-    python -m jobs.sweep_baselines [--sections closed-form,gradient] [--dim 256] [--out results/baselines]
+    python -m jobs.sweep_baselines [--sections closed-form,gradient] [--dim 128] [--out results/baselines]
                                    [--quick] [--resume] [--dataset SPEC ...] [--rounds R]
 
 One run per (dataset, configuration), one after another in this process (one
@@ -28,11 +28,12 @@ Configurations (:data:`CONFIGURATIONS`, one :class:`Configuration` a row, in
 table order; ``--sections`` picks which run):
 
 - ``closed-form``: FedNCM (cosine, and the classical Euclidean nearest mean),
-  Fed3R, Fed3R-RF (D = 1,000: :data:`RF_DIM`), FedCOF (and with the between-class scatter
-  kept), FedCOF-oracle with full, diagonal and spherical class covariances
-  (and full with the between-class scatter), CCVR; every option at its
-  default otherwise (FedCOF's γ = 0.1, CCVR's 100 virtual features a class). Each client uploads once, 10 clients a round (Fed3R's
-  setting), one evaluation, at the end.
+  Fed3R, Fed3R-RF (D = 1,000: :data:`RF_DIM`), FedCOF (and with the
+  between-class scatter kept), FedCOF-oracle with full, diagonal and
+  spherical class covariances (and full with the between-class scatter),
+  CCVR; every other option at its default (FedCOF's γ = 0.1, CCVR's 100
+  virtual features a class). Each client uploads once, 10 clients a round
+  (Fed3R's setting), one evaluation, at the end.
 - ``gradient``: FedAvg, FedAvgM, FedAdam, FedAdagrad, FedYogi, FedProx,
   SCAFFOLD, FedDyn, FedNova as linear probing from a random head, and each
   as the second stage after Fed3R (``--init fed3r``: Fed3R until every client
@@ -56,9 +57,9 @@ tenth of the rounds.
 The full setting (the default) is 18 gradient runs of 5,000 or 1,500 rounds on
 each dataset, and each ``--init fed3r`` run first draws clients with
 replacement until every one was seen (about 9,000 rounds of 10 on iNat): hours
-on a 2-core machine. ``--quick`` is a smoke run of every
-section: 20 training rounds, d = 16, one shard a run, on a 2% iNat stand-in
-of 60 classes and the CIFAR-100 stand-in over 10 clients.
+on a 2-core machine. ``--quick`` is a smoke run of every section: 20 training
+rounds, d = 16, one shard a run, on a 2% iNat stand-in of 60 classes and the
+CIFAR-100 stand-in over 10 clients.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis.summarize import write_summary
+from fedray.core.results import write_atomically
 
 SECTIONS = ("closed-form", "gradient", "noise")
 DIM = 128
@@ -120,12 +122,12 @@ GRADIENT = [
                     {"init": "fed3r", "client_lr": INIT_LR, "temperature": INIT_TEMPERATURE}) for name in GRADIENT_METHODS),
 ]
 
-# ── noise ───────────────────────────────────────────────────────────────────────────────────────────────────────
+# ── noise ────────────────────────────────────────────────────────────
 # Rows that add a postprocessor to a closed-form method; one entry each, e.g.
 #   Configuration("fedcof + count noise (ε = 0.5)", "fedcof", "noise",
 #                 options={"count_noise": "gaussian", "count_noise_epsilon": 0.5}, postprocessor="count-noise"),
 NOISE: list[Configuration] = []
-# ────────────────────────────────────────────────────────────────────────────────────────────────────────────────
+# ────────────────────────────────────────────────────────────────────
 
 CONFIGURATIONS = [*CLOSED_FORM, *GRADIENT, *NOISE]
 
@@ -246,8 +248,11 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     started = time.perf_counter()
     print(f"{len(configurations)} configurations × {len(sets)} datasets: " + ", ".join(d.spec for d in sets), flush=True)
+    if not (args.quick or args.dataset):
+        print(f"every method at d = {args.dim}, the papers' 1,280 reduced: CCVR's class second moments (C·d² float64) "
+              f"do not fit this machine at 1,280 (see the module's docstring)", flush=True)
     results = sweep(configurations, sets, out, args.quick, args.resume)
-    results.write_parquet(out / "results.parquet")
+    write_atomically(out / "results.parquet", results.write_parquet)
     print(write_summary(results, out / "analysis"))
     print(f"{len(results['trial_id'].unique())} runs in {math.ceil(time.perf_counter() - started)} s; "
           f"tables: {out / 'analysis'}, rows: {out / 'results.parquet'}")
