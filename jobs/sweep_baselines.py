@@ -1,7 +1,7 @@
 """Every closed-form method, ablation and gradient baseline side by side on the iNat and CIFAR-100 stand-ins, tabled.
 
     python -m jobs.sweep_baselines [--sections closed-form,gradient] [--dim 128] [--out results/baselines]
-                                   [--quick] [--resume] [--dataset SPEC ...] [--rounds R]
+                                   [--quick] [--resume] [--datasets inat,cifar100] [--dataset SPEC ...] [--rounds R]
 
 One run per (dataset, configuration), one after another in this process (one
 embedded Ray for all of them), each writing ``OUT/<dataset>/<NN>-<label>/``
@@ -226,8 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sections", default="closed-form,gradient",
                         help=f"comma-separated, of {', '.join(SECTIONS)} (default %(default)s)")
     parser.add_argument("--dim", type=int, default=DIM, help="feature dimension of both stand-ins (default %(default)s)")
+    parser.add_argument("--datasets", default="inat,cifar100", help="which stand-ins, comma-separated (default %(default)s)")
     parser.add_argument("--dataset", action="append", metavar="SPEC",
-                        help="run on this dataset instead of the two stand-ins (repeatable)")
+                        help="run on this dataset instead of the stand-ins (repeatable)")
     parser.add_argument("--rounds", type=int, help="training rounds of the gradient runs (default: 5000 iNat, 1500 CIFAR-100)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny stand-ins, 20 training rounds")
     parser.add_argument("--resume", action="store_true", help="keep the runs already finished under --out")
@@ -238,6 +239,10 @@ def main(argv: list[str] | None = None) -> None:
     if unknown or not sections:
         parser.error(f"--sections takes {', '.join(SECTIONS)}, got {args.sections!r}")
     sets = QUICK if args.quick else datasets(args.dim)
+    keys = [key.strip() for key in args.datasets.split(",") if key.strip()]
+    if not keys or set(keys) - {d.key for d in sets}:
+        parser.error(f"--datasets takes {', '.join(d.key for d in sets)}, got {args.datasets!r}")
+    sets = [d for d in sets if d.key in keys]
     if args.dataset:
         sets = [replace(sets[0], key=f"data{number}", spec=spec) for number, spec in enumerate(args.dataset)]
     if args.rounds is not None:
