@@ -11,7 +11,8 @@ from fedray.core.results import EvalPoint
 
 RESULTS, METRICS = "results.parquet", "metrics.parquet"
 METRIC_COLUMNS = tuple(f.name for f in fields(EvalPoint))
-NOT_PARAMETERS = {*METRIC_COLUMNS, "trial_id", "sweep", "method", "seed", "out", "quiet", "num_shards", "cpus_per_shard"}
+NOT_PARAMETERS = {*METRIC_COLUMNS, "trial_id", "sweep", "method", "seed", "out", "quiet", "num_shards", "cpus_per_shard",
+                  "label", "section"}
 
 
 def result_files(paths: list[str | Path]) -> list[Path]:
@@ -41,19 +42,23 @@ def read_results(paths: list[str | Path]) -> pl.DataFrame:
     return pl.concat(frames, how="diagonal_relaxed").sort(["trial_id", "round"])
 
 
-def varying_parameters(results: pl.DataFrame) -> list[str]:
+def varying_parameters(results: pl.DataFrame, by: str = "method") -> list[str]:
     """The configuration columns that vary across runs: the sweep's axes.
 
     A run's row holds only the options that apply to its method (a null elsewhere, e.g. ``lam`` on a FedAvg row
     beside Fed3R's), so a column varies when it takes two values among one method's runs (null counted), or two
     values that are not null across methods; a null beside a value of another method is not a difference.
+    ``by="label"`` (runs named by a job's configurations, e.g. ``"fedcof-oracle (diagonal)"``): only what varies
+    among one label's runs (its dataset); what differs between labels is the label's to say.
     """
     candidates = [c for c in results.columns if c not in NOT_PARAMETERS]
     if not candidates:
         return []
-    per_method = results.group_by("method").agg(pl.col(candidates).n_unique()).select(pl.col(candidates).max())
+    per_group = results.group_by(by).agg(pl.col(candidates).n_unique()).select(pl.col(candidates).max())
+    if by != "method":
+        return [c for c in candidates if per_group[c].item() > 1]
     across = results.select(pl.col(candidates).drop_nulls().n_unique())
-    return [c for c in candidates if per_method[c].item() > 1 or across[c].item() > 1]
+    return [c for c in candidates if per_group[c].item() > 1 or across[c].item() > 1]
 
 
 def final_rows(results: pl.DataFrame) -> pl.DataFrame:

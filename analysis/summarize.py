@@ -4,10 +4,15 @@
 
 RESULTS are sweep ``results.parquet`` files, run ``metrics.parquet`` files or
 folders holding them. Writes ``DIR/summary.csv`` and ``DIR/summary.md`` with,
-per group: the number of seeds, the final accuracy, and the rounds and upload
-bytes each run needed to first reach the target accuracy (empty where a run
-never reached it). The default target is 90% of the lowest final accuracy of
-any run, so that every run reaches it; it is written above the table.
+per group: the number of seeds, the final accuracy, the upload (in all, and
+per client that took part: ``bytes_up / clients_seen``), and the rounds and
+upload bytes each run needed to first reach the target accuracy (empty where
+a run never reached it). A group is a method × the swept parameters, or, where
+the rows carry a ``label`` (a job's named configurations, as
+``jobs.sweep_baselines`` writes them), a label × what varies among its runs
+(the dataset), in the order the runs come in RESULTS. The default target is
+90% of the lowest final accuracy of any run, so that every run reaches it; it
+is written above the table.
 """
 
 from __future__ import annotations
@@ -34,9 +39,17 @@ def reach(results: pl.DataFrame, target: float) -> pl.DataFrame:
     return runs.join(first, on="trial_id", how="left")
 
 
+def groups_of(results: pl.DataFrame) -> list[str]:
+    """The columns that make a row of the table: the label and what varies among one label's runs where the runs
+    are labelled, else the method and the swept parameters."""
+    if "label" in results.columns:
+        return [*varying_parameters(results, by="label"), "label"]
+    return ["method", *varying_parameters(results)]
+
+
 def summarize(results: pl.DataFrame, target: float | None = None) -> tuple[pl.DataFrame, float]:
-    groups = ["method", *varying_parameters(results)]
-    finals = final_rows(results)
+    groups = groups_of(results)
+    finals = final_rows(results.with_row_index("position"))
     if target is None:
         target = TARGET_SHARE * finals["accuracy"].min()
     runs = finals.join(reach(results, target), on="trial_id")
@@ -48,20 +61,22 @@ def summarize(results: pl.DataFrame, target: float | None = None) -> tuple[pl.Da
             pl.col("accuracy").std().fill_null(0.0).alias("accuracy_std"),
             pl.col("round").mean().alias("rounds"),
             pl.col("bytes_up").mean().alias("upload_bytes"),
+            (pl.col("bytes_up") / pl.col("clients_seen")).mean().alias("upload_bytes_per_client"),
             pl.col("rounds_to_target").mean().alias("rounds_to_target_mean"),
             pl.col("rounds_to_target").std().alias("rounds_to_target_std"),
             pl.col("bytes_to_target").mean().alias("upload_bytes_to_target_mean"),
             pl.col("rounds_to_target").null_count().alias("runs_not_reaching_target"),
+            pl.col("position").min().alias("first_position"),
         )
-        .sort(groups)
     )
-    return table, target
+    order = ["first_position"] if "label" in groups else groups  # a job's labels in its table's order
+    return table.sort(order).drop("first_position"), target
 
 
 def markdown(table: pl.DataFrame, target: float) -> str:
-    """The table for a paper draft: accuracy in %, traffic in MB, ± over seeds."""
+    """The table for a paper draft: accuracy in %, traffic in MB (per client to 4 significant digits), ± over seeds."""
     groups = [c for c in table.columns if c not in ("seeds",) and not c.startswith(("accuracy", "rounds", "upload", "runs_"))]
-    header = [*groups, "seeds", "final accuracy (%)", "rounds", "upload (MB)", f"rounds to {100 * target:.2f}%", f"upload to {100 * target:.2f}% (MB)"]
+    header = [*groups, "seeds", "final accuracy (%)", "rounds", "upload (MB)", "upload per client (MB)", f"rounds to {100 * target:.2f}%", f"upload to {100 * target:.2f}% (MB)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table.iter_rows(named=True):
         reached = row["rounds_to_target_mean"] is not None
@@ -70,6 +85,7 @@ def markdown(table: pl.DataFrame, target: float) -> str:
             f"{100 * row['accuracy_mean']:.2f} ± {100 * row['accuracy_std']:.2f}",
             f"{row['rounds']:.0f}",
             f"{row['upload_bytes'] / 1e6:.1f}",
+            f"{row['upload_bytes_per_client'] / 1e6:.4g}",
             f"{row['rounds_to_target_mean']:.0f} ± {row['rounds_to_target_std'] or 0:.0f}" if reached else "not reached",
             f"{row['upload_bytes_to_target_mean'] / 1e6:.1f}" if reached else "—",
         ]

@@ -71,8 +71,28 @@ def test_summary_numbers(results):
     assert rows["fed3r", 50]["rounds_to_target_mean"] == pytest.approx(10.0)
     assert rows["fedncm", 10]["rounds_to_target_mean"] is None and rows["fedncm", 10]["runs_not_reaching_target"] == 2
     text = summarize.markdown(table, target)
-    assert "| fed3r | 10 | 2 | 75.00 ± 7.07 | 30 | 30.0 | 20 ± 0 | 20.0 |" in text
-    assert "| fedncm | 10 | 2 | 30.00 ± 7.07 | 30 | 30.0 | not reached | — |" in text
+    # the upload per client that took part: 3·10⁷ bytes over 30 clients, 1 MB
+    assert fed3r["upload_bytes_per_client"] == pytest.approx(1e6)
+    assert "| fed3r | 10 | 2 | 75.00 ± 7.07 | 30 | 30.0 | 1 | 20 ± 0 | 20.0 |" in text
+    assert "| fedncm | 10 | 2 | 30.00 ± 7.07 | 30 | 30.0 | 1 | not reached | — |" in text
+
+
+def test_labelled_runs_are_grouped_per_label_and_dataset_in_the_order_they_come():
+    """A job's named configurations: the label says what differs between them (a method, its options), so the rows are
+    label × what varies among one label's runs (the dataset), not the options' columns; ordered as the runs came."""
+    rows = [{"trial_id": trial, "label": label, "method": method, "dataset": dataset, "covariance": covariance,
+             "round": 10, "accuracy": 0.5, "bytes_up": 4e6, "clients_seen": 4}
+            for trial, label, method, dataset, covariance in [
+                ("i/1", "fedncm", "fedncm", "inat", None), ("i/2", "oracle (diagonal)", "fedcof-oracle", "inat", "diagonal"),
+                ("i/3", "oracle (full)", "fedcof-oracle", "inat", "full"), ("c/1", "fedncm", "fedncm", "cifar", None),
+                ("c/2", "oracle (diagonal)", "fedcof-oracle", "cifar", "diagonal"),
+                ("c/3", "oracle (full)", "fedcof-oracle", "cifar", "full")]]
+    table, _ = summarize.summarize(pl.DataFrame(rows))
+    assert table.columns[:2] == ["dataset", "label"]
+    assert table.select("dataset", "label").rows() == [
+        ("inat", "fedncm"), ("inat", "oracle (diagonal)"), ("inat", "oracle (full)"),
+        ("cifar", "fedncm"), ("cifar", "oracle (diagonal)"), ("cifar", "oracle (full)")]
+    assert table["upload_bytes_per_client"].to_list() == [1e6] * 6
 
 
 def test_the_default_target_is_reached_by_every_group(results):
