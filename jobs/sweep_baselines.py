@@ -123,10 +123,15 @@ GRADIENT = [
 ]
 
 # ── noise ────────────────────────────────────────────────────────────
-# Rows that add a postprocessor to a closed-form method; one entry each, e.g.
-#   Configuration("fedcof + count noise (ε = 0.5)", "fedcof", "noise",
-#                 options={"count_noise": "gaussian", "count_noise_epsilon": 0.5}, postprocessor="count-noise"),
-NOISE: list[Configuration] = []
+NOISE_EPSILONS = (0.1, 0.3, 0.5, 0.7, 0.9)
+"""FedCOF App. I, Fig. 6: the noise intensities ε of the robustness curve (lower is noisier)."""
+NOISE = [
+    Configuration(f"fedcof + {kind} count noise (ε = {epsilon})", "fedcof", "noise",
+                  options={"count_noise": kind, "count_noise_epsilon": epsilon}, postprocessor="count-noise")
+    for kind in ("uniform", "gaussian", "laplace") for epsilon in NOISE_EPSILONS
+]
+"""FedCOF with each client's class counts perturbed (ñ = max(n + σ, 0), the means as they are), the paper's three noises
+at its five intensities: the curve against the noiseless ``fedcof`` row of the closed-form section."""
 # ────────────────────────────────────────────────────────────────────
 
 CONFIGURATIONS = [*CLOSED_FORM, *GRADIENT, *NOISE]

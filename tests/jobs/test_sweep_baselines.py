@@ -22,6 +22,10 @@ def test_the_tables_sections_hold_the_papers_methods_and_ablations():
     names = ["fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi", "fedprox", "scaffold", "feddyn", "fednova"]
     assert sorted(c.method for c in gradient if "init" not in c.run_options) == sorted(names)
     assert sorted(c.method for c in gradient if c.run_options.get("init") == "fed3r") == sorted(names)
+    noise = [(c.method, c.postprocessor, c.options["count_noise"], c.options["count_noise_epsilon"])
+             for c in CONFIGURATIONS if c.section == "noise"]
+    assert sorted(noise) == sorted(("fedcof", "count-noise", kind, epsilon) for kind in ("uniform", "gaussian", "laplace")
+                                   for epsilon in (0.1, 0.3, 0.5, 0.7, 0.9)), "FedCOF App. I, Fig. 6"
 
 
 @pytest.mark.parametrize("quick", [False, True])
