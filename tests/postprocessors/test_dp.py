@@ -12,6 +12,7 @@ import scipy.optimize
 import scipy.stats
 import torch
 
+import fedray
 from fedray.core.errors import FedrayError
 from fedray.core.reports import reporting
 from fedray.engine.config import resolve
@@ -131,6 +132,35 @@ def runs(tmp_path: Path, name: str, method: str, **options) -> list[dict]:
                           "postprocessor": SPEC, "options": {key: str(value) for key, value in options.items()}})
     run(config)
     return pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
+
+
+class ClipOnly(fedray.Postprocessor):
+    """Only the features hook: each row clipped to ``radius`` (no noise)."""
+
+    def __init__(self, radius: float = 1.0) -> None:
+        super().__init__()
+        self.radius = radius
+
+    def features(self, features: torch.Tensor) -> torch.Tensor:
+        norms = torch.linalg.vector_norm(features, dim=1, keepdim=True)
+        return torch.where(norms > self.radius, features * (self.radius / norms), features)
+
+
+def classifier_of(tmp_path: Path, name: str, **values) -> dict[str, np.ndarray]:
+    config = resolve({}, {"method": "fedncm", "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+    run(config)
+    return dict(np.load(tmp_path / name / "classifier.npz"))
+
+
+def test_a_features_hook_that_reaches_no_row_is_the_plain_run_bit_for_bit_and_one_that_does_is_not(ray_session, tmp_path):
+    """Through the shards: a clip above every row's norm changes no bit (the batched sum stands), a clip below does."""
+    clip = {"postprocessor": "tests.postprocessors.test_dp:ClipOnly"}
+    plain = classifier_of(tmp_path, "plain")
+    loose = classifier_of(tmp_path, "loose", **clip, options={"radius": "1e9"})
+    tight = classifier_of(tmp_path, "tight", **clip, options={"radius": "0.01"})
+    assert plain.keys() == loose.keys() and all(np.array_equal(plain[key], loose[key]) for key in plain)
+    assert np.abs(plain["W"] - tight["W"]).max() > 1e-3
 
 
 def test_a_fed3r_run_reports_the_epsilon_of_one_release_in_every_row(ray_session, tmp_path):
