@@ -6,7 +6,11 @@ calibration, the ridge probe, TCT's stage 2) passes through each postprocessor's
 :meth:`Postprocessor.client` on its way out, and the server's sum of the
 uploads through each one's :meth:`Postprocessor.aggregate` before it is used,
 in the order given (``--postprocessor a.py:Clip,b.py:Noise``). This is where
-clipping, noise, quantization and secure-aggregation masks go.
+clipping, noise, quantization and secure-aggregation masks go. A closed-form
+method's upload is a sum over its samples, so a bound on each sample's
+contribution is set before the sum: :meth:`Postprocessor.features` maps each
+client's feature rows before its statistics are computed (differential
+privacy's clipping to a norm R, :mod:`fedray.postprocessors.dp`).
 
 **What the server sums.** A client's hook gets the :class:`~fedray.Upload`
 itself: its named tensors (:func:`flatten`: a statistics dataclass's fields, a
@@ -88,8 +92,16 @@ class Postprocessor:
 
     @property
     def per_client(self) -> bool:
-        """Whether :meth:`client` changes uploads (by default: whether the subclass overrides it)."""
-        return type(self).client is not Postprocessor.client
+        """Whether :meth:`client` or :meth:`features` changes uploads (by default: whether the subclass overrides
+        either)."""
+        return type(self).client is not Postprocessor.client or type(self).features is not Postprocessor.features
+
+    def features(self, features: torch.Tensor) -> torch.Tensor:
+        """A client's feature rows (one sample each, in the method's ``features_dtype``) before a closed-form method
+        computes its statistics from them, in the shards: a per-sample contribution bound (clipping each row to a norm)
+        goes here, since the upload holds only sums. Return a new tensor of the same shape and dtype (``features`` is
+        not to be changed); rows it returns unchanged keep their bits. Not applied at test time, nor to training."""
+        return features
 
     def client(self, upload: Upload, context: UploadContext) -> Upload:
         """One client's upload as it leaves the client: its tensors and the weight the server sums them with; return a
@@ -164,6 +176,20 @@ class Postprocessing:
         seed = np.random.SeedSequence((self.seed, round_number, client + 1, index)).generate_state(2, np.uint64)[0]
         return torch.Generator().manual_seed(int(seed) & (2**63 - 1))
 
+    def features(self, features: torch.Tensor) -> torch.Tensor:
+        """A closed-form client's feature rows through every postprocessor's :meth:`Postprocessor.features`, in order;
+        ``features`` itself when none overrides it."""
+        for postprocessor in self.postprocessors:
+            if type(postprocessor).features is not Postprocessor.features:
+                returned = postprocessor.features(features)
+                if not isinstance(returned, torch.Tensor) or returned.shape != features.shape \
+                        or returned.dtype != features.dtype or not bool(torch.isfinite(returned).all()):
+                    raise FedrayError(f"postprocessor {type(postprocessor).__name__}.features returned "
+                                      f"{_described(returned)}; expected finite {features.dtype} rows of shape "
+                                      f"{tuple(features.shape)}")
+                features = returned
+        return features
+
     def client(self, upload: Upload, client: int, round_number: int, weighted: bool = True) -> Upload:
         """``upload`` through every postprocessor's client hook: ``upload`` itself (the same object) when none has one
         or none changed a bit of it, else a new one. ``weighted`` false: a closed-form upload, whose weight stays 1."""
@@ -217,6 +243,12 @@ class Postprocessing:
     def load_state_dict(self, states: list[Params]) -> None:
         for postprocessor, state in zip(self.postprocessors, states):
             postprocessor.state = dict(state)
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} of shape {tuple(value.shape)}" + ("" if bool(torch.isfinite(value).all()) else " (not finite)")
+    return type(value).__name__
 
 
 def _same(a: Upload, b: Upload) -> bool:

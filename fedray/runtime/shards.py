@@ -17,7 +17,7 @@ from __future__ import annotations
 import resource
 from pathlib import Path
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -235,16 +235,23 @@ class ShardActor:
     def _uploads(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None,
                  rounds: np.ndarray | None) -> Iterator[Any]:
         """The statistics of ``clients``, as one sum (through ``postprocessing``'s client hooks, if given), or as
-        one per run of clients where this shard streams its features (their sum is the clients')."""
+        one per run of clients where this shard streams its features (their sum is the clients'); the feature rows
+        through ``postprocessing``'s feature hooks either way (a feature map that changes no row changes no bit)."""
+        def batch(rows: np.ndarray) -> ClientBatch:
+            batch = self._batch(rows, method.features_dtype)
+            if postprocessing is None:
+                return batch
+            return replace(batch, features=postprocessing.features(batch.features))
+
         if postprocessing is not None:
-            uploads = ((client, number, method.client_statistics(self._batch(np.array([client]), method.features_dtype)))
+            uploads = ((client, number, method.client_statistics(batch(np.array([client]))))
                        for client, number in zip(clients.tolist(), rounds.tolist()))
             total = postprocessing.client_sum(uploads, partial(combine_checked, method))
             if total is not None:
                 yield total
                 return
         for run in self._runs(clients) if self.features is None else [clients]:
-            yield method.client_statistics(self._batch(run, method.features_dtype))
+            yield method.client_statistics(batch(run))
 
     def second_pass(self, method: ClosedFormMethod, request: Any, token: str, uploads: list[tuple[int, np.ndarray]],
                     per_client: bool) -> Any:

@@ -1,0 +1,216 @@
+"""dp (sample-level DP for FedNCM and Fed3R): ε from dp-accounting against the analytic Gaussian mechanism (Balle & Wang
+2018) computed here with scipy, calibration, the clip, central and distributed noise of the same variance, runs whose
+rows carry dp_epsilon and dp_delta, and the one-line refusals."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import scipy.optimize
+import scipy.stats
+import torch
+
+import fedray
+from fedray.core.errors import FedrayError
+from fedray.core.reports import reporting
+from fedray.engine.config import resolve
+from fedray.engine.plan import postprocessing
+from fedray.engine.run_config import run
+from fedray.methods.ncm import ClassSums
+from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.ridge import RidgeStatistics
+from fedray.postprocessors.dp import GaussianMechanism, calibrated, epsilon
+
+SPEC = "fedray.postprocessors.dp:GaussianMechanism"
+DATASET = "synthetic:inat-geo-100?dim=24&scale=0.3&classes=20"
+
+
+def analytic_epsilon(mu: float, delta: float) -> float:
+    """The exact ε(δ) of a Gaussian mechanism whose sensitivity is ``mu`` standard deviations (Balle & Wang 2018, Thm 8):
+    δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ), solved for ε."""
+    norm = scipy.stats.norm
+    return scipy.optimize.brentq(lambda eps: norm.cdf(mu / 2 - eps / mu) - math.exp(eps + norm.logcdf(-mu / 2 - eps / mu))
+                                 - delta, 0.0, 200.0, xtol=1e-12)
+
+
+def one_release(noise: float) -> float:
+    """An upload's two tensors, each of multiplier σ, are one Gaussian mechanism of sensitivity √2/σ std devs."""
+    return math.sqrt(2) / noise
+
+
+@pytest.mark.parametrize("noise, delta", [(0.7, 1e-5), (1.0, 1e-5), (2.0, 1e-6), (5.0, 1e-3), (3.0, 1e-8)])
+def test_the_accountants_epsilon_is_the_analytic_gaussian_mechanisms(noise, delta):
+    """PLD: within 0.5% and not below (it is an upper bound); RDP: an upper bound, looser."""
+    exact = analytic_epsilon(one_release(noise), delta)
+    pld = epsilon(noise, delta, "pld")
+    assert exact * (1 - 1e-6) <= pld <= exact * 1.005
+    assert exact < epsilon(noise, delta, "rdp") < exact * 1.5
+
+
+@pytest.mark.parametrize("target, delta", [(0.5, 1e-5), (2.0, 1e-5), (8.0, 1e-6)])
+def test_a_calibrated_noise_gives_back_its_budget(target, delta):
+    noise = calibrated(target, delta)
+    assert target * 0.99 <= analytic_epsilon(one_release(noise), delta) <= target
+    built = GaussianMechanism(clip_norm=1.0, dp_delta=delta, dp_epsilon=target)
+    assert built.noise == noise
+
+
+def test_the_clip_bounds_each_row_and_leaves_rows_within_it_bit_for_bit():
+    rows = torch.from_numpy(np.random.default_rng(0).normal(size=(50, 7)) * np.linspace(0.05, 1.0, 50)[:, None])
+    clipped = GaussianMechanism(clip_norm=1.5, dp_delta=1e-5, dp_noise=1.0).features(rows)
+    norms = torch.linalg.vector_norm(rows, dim=1)
+    inside = norms <= 1.5
+    assert 0 < int(inside.sum()) < 50
+    assert torch.equal(clipped[inside], rows[inside])
+    assert torch.allclose(torch.linalg.vector_norm(clipped[~inside], dim=1), torch.full(((~inside).sum(),), 1.5,
+                                                                                          dtype=torch.float64), atol=1e-12)
+    cos = torch.nn.functional.cosine_similarity(clipped[~inside], rows[~inside], dim=1)
+    assert torch.allclose(cos, torch.ones_like(cos), atol=1e-12)
+
+
+KAPPA, NOISE, CLIP = 8, 1.3, 0.7
+
+
+def noise_draws(placement: str, upload, blocks: int = 300) -> dict[str, np.ndarray]:
+    """The noise in ``blocks`` blocks' sums of κ zero uploads, by tensor name."""
+    pipeline = Postprocessing((GaussianMechanism(clip_norm=CLIP, dp_delta=1e-5, dp_noise=NOISE, dp_placement=placement),),
+                              seed=3).sampled(100, KAPPA, False)
+    pipeline.features(torch.zeros(1, upload.sums.shape[1] if hasattr(upload, "sums") else upload.gram.shape[0],
+                                  dtype=torch.float64))
+    draws: dict[str, list] = {}
+    for block in range(blocks):
+        total = None
+        for client in range(KAPPA):
+            stats = pipeline.statistics(upload, block * KAPPA + client, block)
+            total = stats if total is None else type(stats)(*(a + b for a, b in zip(vars(total).values(), vars(stats).values())))
+        with reporting({}):
+            noisy = pipeline.aggregate(total, block, KAPPA)
+        for name, value in vars(noisy).items():
+            draws.setdefault(name, []).append(value.numpy())
+    return {name: np.stack(values) for name, values in draws.items()}
+
+
+def test_central_and_distributed_noise_have_the_same_total_variance():
+    """κ clients' shares σΔ/√κ sum to the central σΔ: both placements' block noise is N(0, (σΔ)²) per entry (KS over
+    thousands of draws), Δ = R for FedNCM's sums and Fed3R's ZᵀY, R² for ZᵀZ (diagonal and off-diagonal alike); a
+    distribution of the wrong variance (σΔ/√κ, one client's share) is rejected. Counts: clamped at 0 after the noise."""
+    ncm = ClassSums(torch.zeros(4, dtype=torch.float64), torch.zeros(4, 5, dtype=torch.float64))
+    ridge = RidgeStatistics(torch.zeros(5, 5, dtype=torch.float64), torch.zeros(5, 4, dtype=torch.float64))
+    for placement in ("central", "distributed"):
+        sums, gram = noise_draws(placement, ncm), noise_draws(placement, ridge, blocks=120)
+        expected = {"sums": NOISE * CLIP, "targets": NOISE * CLIP}
+        for name, values in (("sums", sums["sums"]), ("targets", gram["targets"])):
+            assert scipy.stats.kstest(values.ravel(), scipy.stats.norm(scale=expected[name]).cdf).pvalue > 1e-3
+        assert scipy.stats.kstest(sums["sums"].ravel(),
+                                  scipy.stats.norm(scale=NOISE * CLIP / math.sqrt(KAPPA)).cdf).pvalue < 1e-9
+        counts = sums["counts"].ravel()  # max(N(0, σ²), 0): half zeros, the rest the positive half of N(0, σ²)
+        assert abs((counts == 0).mean() - 0.5) < 0.05
+        assert scipy.stats.kstest(counts[counts > 0], scipy.stats.halfnorm(scale=NOISE).cdf).pvalue > 1e-3
+        # ZᵀZ: symmetric noise, projected onto the PSD cone; before the projection each upper entry is N(0, (σR²)²):
+        # checked on the symmetric part's eigenvalues being ≥ 0 and on the unprojected draws below.
+        assert np.allclose(gram["gram"], np.swapaxes(gram["gram"], 1, 2))
+        assert np.linalg.eigvalsh(gram["gram"]).min() > -1e-12
+
+
+def test_the_gram_noise_is_symmetric_with_every_upper_entry_of_variance_sigma_r_squared_squared():
+    from fedray.postprocessors.dp import noisy
+    generator = torch.Generator().manual_seed(0)
+    scale = NOISE * CLIP**2
+    draws = np.stack([noisy({"gram": torch.zeros(6, 6, dtype=torch.float64)}, {"gram": scale}, generator)["gram"].numpy()
+                      for _ in range(400)])
+    assert np.array_equal(draws, np.swapaxes(draws, 1, 2))
+    upper = np.triu_indices(6, 1)
+    for values in (draws[:, upper[0], upper[1]].ravel(), np.diagonal(draws, axis1=1, axis2=2).ravel()):
+        assert scipy.stats.kstest(values, scipy.stats.norm(scale=scale).cdf).pvalue > 1e-3
+
+
+def runs(tmp_path: Path, name: str, method: str, **options) -> list[dict]:
+    config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "postprocessor": SPEC, "options": {key: str(value) for key, value in options.items()}})
+    run(config)
+    return pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
+
+
+class ClipOnly(fedray.Postprocessor):
+    """Only the features hook: each row clipped to ``radius`` (no noise)."""
+
+    def __init__(self, radius: float = 1.0) -> None:
+        super().__init__()
+        self.radius = radius
+
+    def features(self, features: torch.Tensor) -> torch.Tensor:
+        norms = torch.linalg.vector_norm(features, dim=1, keepdim=True)
+        return torch.where(norms > self.radius, features * (self.radius / norms), features)
+
+
+def classifier_of(tmp_path: Path, name: str, **values) -> dict[str, np.ndarray]:
+    config = resolve({}, {"method": "fedncm", "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+    run(config)
+    return dict(np.load(tmp_path / name / "classifier.npz"))
+
+
+def test_a_features_hook_that_reaches_no_row_is_the_plain_run_bit_for_bit_and_one_that_does_is_not(ray_session, tmp_path):
+    """Through the shards: a clip above every row's norm changes no bit (the batched sum stands), a clip below does."""
+    clip = {"postprocessor": "tests.postprocessors.test_dp:ClipOnly"}
+    plain = classifier_of(tmp_path, "plain")
+    loose = classifier_of(tmp_path, "loose", **clip, options={"radius": "1e9"})
+    tight = classifier_of(tmp_path, "tight", **clip, options={"radius": "0.01"})
+    assert plain.keys() == loose.keys() and all(np.array_equal(plain[key], loose[key]) for key in plain)
+    assert np.abs(plain["W"] - tight["W"]).max() > 1e-3
+
+
+def test_a_fed3r_run_reports_the_epsilon_of_one_release_in_every_row(ray_session, tmp_path):
+    rows = runs(tmp_path, "central", "fed3r", clip_norm=2.0, dp_noise=2.0, dp_delta=1e-5)
+    exact = analytic_epsilon(one_release(2.0), 1e-5)
+    assert [row["round"] for row in rows] == [3, 6]
+    assert all(row["dp_delta"] == 1e-5 and exact <= row["dp_epsilon"] <= exact * 1.005 for row in rows)
+    assert all(0 < row["accuracy"] <= 1 for row in rows)
+
+
+def test_a_distributed_fedncm_run_reports_each_blocks_own_noise(ray_session, tmp_path):
+    """Blocks of 24 new uploaders at κ = 8 carry 3 κ-shares of noise: multiplier σ√3."""
+    rows = runs(tmp_path, "distributed", "fedncm", clip_norm=2.0, dp_noise=1.0, dp_delta=1e-5, dp_placement="distributed")
+    exact = analytic_epsilon(one_release(math.sqrt(3)), 1e-5)
+    assert all(exact <= row["dp_epsilon"] <= exact * 1.005 for row in rows)
+    assert all(0 < row["accuracy"] <= 1 for row in rows)
+
+
+@pytest.mark.parametrize("method, error", [
+    ("fedcof", "an upload of counts, sums, received, .* is not supported; sample-level DP covers fedncm's class sums"),
+])
+def test_a_method_whose_upload_is_not_a_sum_stops_at_its_first_upload(ray_session, tmp_path, method, error):
+    with pytest.raises(FedrayError, match=rf"^--postprocessor dp: {error}"):
+        runs(tmp_path, method, method, clip_norm=1.0, dp_noise=1.0, dp_delta=1e-5)
+    assert not (tmp_path / method / "metrics.parquet").exists()
+
+
+def test_a_bias_column_the_clip_does_not_bound_is_refused():
+    pipeline = Postprocessing((GaussianMechanism(clip_norm=1.0, dp_delta=1e-5, dp_noise=1.0),), seed=0)
+    pipeline.features(torch.zeros(3, 5, dtype=torch.float64))
+    stats = RidgeStatistics(torch.zeros(6, 6, dtype=torch.float64), torch.zeros(6, 2, dtype=torch.float64))
+    with pytest.raises(FedrayError, match=r"^--postprocessor dp: statistics of width 6 from clipped features of width 5"):
+        pipeline.statistics(stats, 0, 1)
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"clip_norm": "1", "dp_epsilon": "1"}, "option dp_delta is required"),
+    ({"dp_delta": "1e-5", "dp_epsilon": "1"}, "option clip_norm is required"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_epsilon": "1", "dp_noise": "2"},
+     r"give one of option dp_epsilon .* got both"),
+    ({"clip_norm": "1", "dp_delta": "1e-5"}, r"give one of option dp_epsilon .* got neither"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_epsilon": "1e-4"},
+     r"no noise multiplier up to 1000 meets dp_epsilon=0.0001 at dp_delta=1e-05"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "0"}, r"option dp_noise must be > 0 \(σ = 0 is no privacy"),
+    ({"clip_norm": "1", "dp_delta": "1.5", "dp_noise": "1"}, r"option dp_delta must be in \(0, 1\), got 1.5"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_unit": "client"},
+     "option dp_unit must be sample, got 'client' \\(client-level DP is not supported yet\\)"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_placement": "local"},
+     "option dp_placement must be central or distributed"),
+])
+def test_options_are_checked_before_any_work(options, error):
+    with pytest.raises(FedrayError, match=rf"^--postprocessor {SPEC}: {error}"):
+        postprocessing(resolve({}, {"method": "fed3r", "postprocessor": SPEC, "options": options}))
