@@ -36,8 +36,9 @@ def report(**scalars: float) -> None:
         if name in reserved:
             raise FedrayError(f"fedray.report({name}=...): {name} is a column of metrics.parquet already; "
                               "report under another name")
-        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-            raise FedrayError(f"fedray.report({name}=...): got {value!r}; expected a finite number")
+        if isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
+            raise FedrayError(f"fedray.report({name}=...): got {value!r}; expected a number (not NaN; ±inf is one, "
+                              f"as a DP run's ε = ∞ without noise)")
         into[name] = float(value)
 
 

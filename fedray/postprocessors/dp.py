@@ -46,7 +46,8 @@ Fed3R's Cholesky solve is defined; FedNCM's noisy counts are clamped at 0 (a cla
 
 **Budget.** Give δ (``dp_delta``) and either ε (``dp_epsilon``: σ is the smallest multiplier in [0.1, 1000] whose
 ε(δ) is at most ε, by ``calibrate_dp_mechanism``; a budget that needs more than 1000 is refused) or σ
-(``dp_noise`` > 0: ε is computed); σ = 0 is refused (no privacy: run without the postprocessor). The accountant is
+(``dp_noise``: ε is computed). σ = 0 (``dp_noise=0``) is no privacy, ε = ∞: no noise is drawn
+and no sum projected, so with a clip no row reaches the run is the plain run bit for bit. The accountant is
 the PLD one (near exact for the Gaussian mechanism, value discretization 1e-3) or ``dp_accountant=rdp``.
 
 Not supported yet, refused in one line: ``dp_unit=client`` (client-level DP) and any upload other than FedNCM's and
@@ -136,11 +137,10 @@ class GaussianMechanism(fedray.Postprocessor):
         if (dp_epsilon is None) == (dp_noise is None):
             raise ValueError("give one of option dp_epsilon (the budget; the noise is calibrated) or option dp_noise "
                              f"(the noise multiplier; ε is computed), got {'both' if dp_noise is not None else 'neither'}")
-        if dp_noise is not None and not (dp_noise > 0 and math.isfinite(dp_noise)):
-            raise ValueError(f"option dp_noise must be > 0 (σ = 0 is no privacy: run without --postprocessor dp), "
-                             f"got {dp_noise}")
+        if dp_noise is not None and not (dp_noise >= 0 and math.isfinite(dp_noise)):
+            raise ValueError(f"option dp_noise must be ≥ 0 (0: no privacy, ε = ∞), got {dp_noise}")
         if dp_epsilon is not None and not (dp_epsilon > 0 and math.isfinite(dp_epsilon)):
-            raise ValueError(f"option dp_epsilon must be > 0, got {dp_epsilon}")
+            raise ValueError(f"option dp_epsilon must be > 0 (no privacy: dp_noise=0), got {dp_epsilon}")
         self.clip_norm, self.delta, self.placement, self.kind = float(clip_norm), float(dp_delta), dp_placement, dp_accountant
         self.noise = float(dp_noise) if dp_noise is not None else calibrated(dp_epsilon, self.delta, dp_accountant)
         self.clipped_width: int | None = None
@@ -172,7 +172,7 @@ class GaussianMechanism(fedray.Postprocessor):
             raise fedray.FedrayError(f"{NAME}: statistics of width {width} from clipped features of width "
                                      f"{self.clipped_width}: a bias column (fed3r --bias) or a feature map (fed3r-rf) "
                                      f"the clip does not bound; run without them")
-        if self.placement == "central":
+        if self.placement == "central" or self.noise == 0:
             return upload
         share = 1 / math.sqrt(context.sampling.per_round)
         return fedray.Upload(noisy(upload.tensors, {name: scale * share for name, scale in scales.items()},
@@ -180,6 +180,9 @@ class GaussianMechanism(fedray.Postprocessor):
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         scales = self.scales(total)
+        if self.noise == 0:
+            fedray.report(dp_epsilon=math.inf, dp_delta=self.delta)
+            return total
         if self.placement == "central":
             total, multiplier = noisy(total, scales, context.generator), self.noise
         else:

@@ -46,11 +46,12 @@ def test_reported_numbers_are_collected_where_the_engine_listens_and_refused_els
         with pytest.raises(FedrayError, match=r"^fedray.report\(accuracy=...\): accuracy is a column of metrics.parquet "
                                               r"already; report under another name$"):
             report(accuracy=1.0)
-        with pytest.raises(FedrayError, match=r"expected a finite number"):
+        with pytest.raises(FedrayError, match=r"expected a number \(not NaN"):
             report(eps=float("nan"))
-        with pytest.raises(FedrayError, match=r"expected a finite number"):
+        with pytest.raises(FedrayError, match=r"expected a number \(not NaN"):
             report(flag=True)
-    assert into == {"eta": 3.0, "eps": 0.5}
+        report(epsilon=float("inf"))  # a DP run without noise: ε = ∞
+    assert into == {"eta": 3.0, "eps": 0.5, "epsilon": float("inf")}
     with pytest.raises(FedrayError, match=r"^fedray.report\(...\) is for the server's hooks"):
         report(eta=1.0)
 

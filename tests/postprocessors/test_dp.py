@@ -163,6 +163,17 @@ def test_a_features_hook_that_reaches_no_row_is_the_plain_run_bit_for_bit_and_on
     assert np.abs(plain["W"] - tight["W"]).max() > 1e-3
 
 
+@pytest.mark.parametrize("budget", [{"dp_noise": "0"}, {"dp_noise": "0", "dp_placement": "distributed"}])
+def test_no_noise_with_a_clip_no_row_reaches_is_the_plain_run_bit_for_bit(ray_session, tmp_path, budget):
+    """σ = 0 draws nothing and projects nothing: the classifier is the plain run's, every row says ε = ∞."""
+    plain = classifier_of(tmp_path, "plain")
+    private = classifier_of(tmp_path, "private", postprocessor=SPEC,
+                            options={"clip_norm": "1e9", "dp_delta": "1e-5", **budget})
+    assert plain.keys() == private.keys() and all(np.array_equal(plain[key], private[key]) for key in plain)
+    rows = pq.read_table(tmp_path / "private" / "metrics.parquet").to_pylist()
+    assert rows and all(row["dp_epsilon"] == math.inf and row["dp_delta"] == 1e-5 for row in rows)
+
+
 def test_a_fed3r_run_reports_the_epsilon_of_one_release_in_every_row(ray_session, tmp_path):
     rows = runs(tmp_path, "central", "fed3r", clip_norm=2.0, dp_noise=2.0, dp_delta=1e-5)
     exact = analytic_epsilon(one_release(2.0), 1e-5)
@@ -204,7 +215,8 @@ def test_a_bias_column_the_clip_does_not_bound_is_refused():
     ({"clip_norm": "1", "dp_delta": "1e-5"}, r"give one of option dp_epsilon .* got neither"),
     ({"clip_norm": "1", "dp_delta": "1e-5", "dp_epsilon": "1e-4"},
      r"no noise multiplier up to 1000 meets dp_epsilon=0.0001 at dp_delta=1e-05"),
-    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "0"}, r"option dp_noise must be > 0 \(σ = 0 is no privacy"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "-1"}, r"option dp_noise must be ≥ 0 \(0: no privacy, ε = ∞\)"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_epsilon": "0"}, r"option dp_epsilon must be > 0 \(no privacy: dp_noise=0\)"),
     ({"clip_norm": "1", "dp_delta": "1.5", "dp_noise": "1"}, r"option dp_delta must be in \(0, 1\), got 1.5"),
     ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_unit": "client"},
      "option dp_unit must be sample, got 'client' \\(client-level DP is not supported yet\\)"),
