@@ -40,6 +40,16 @@ checked (b ≤ 53 − ⌈log₂ n⌉); the server reduces it mod 2^b in int64 an
 the plain sum of the survivors' quantized integers bit for bit (``tests/postprocessors/test_secagg.py``). Only
 float64 uploads added by the server are accepted: a training update (float32, weighted by n_k) or an upload
 with integer tensors (FedCOF's class indices, concatenated, not added) is refused in one line.
+
+**Cost model** (reported by the aggregate, columns of metrics.parquet, for the group of the row's last block or
+round): what a participant sends, in bytes, by Bonawitz et al.'s four rounds with d neighbours (n − 1, or k):
+``secagg_key_bytes`` its two public keys (2 · 32), ``secagg_share_bytes`` its encrypted shares of its two
+secrets to each neighbour and one share per neighbour at unmasking (3 · 32 · d, the mean over the group),
+``secagg_masked_bytes`` its masked vector (⌈m · b / 8⌉ for m values), and their sum
+``secagg_bytes_per_participant``; the server's work, ``secagg_server_reconstructions`` (one secret per
+participant: a survivor's self-mask seed, a dropped client's key) and ``secagg_server_prg_values`` (the mask
+values it expands: m per survivor plus m per surviving neighbour of each dropped client, O(m n²) for SecAgg,
+O(m n k) for SecAgg+); and ``secagg_dropped``.
 """
 
 from __future__ import annotations
@@ -54,6 +64,10 @@ import fedray
 
 RING_BITS_MAX = 53
 """float64 holds every integer below 2^53: a group's masked sum must stay below it."""
+KEY_BYTES = 32
+"""A public key (X25519), of the two each client advertises."""
+SHARE_BYTES = 32
+"""A Shamir share of a 256-bit seed."""
 
 
 class SecureAggregation(fedray.Postprocessor):
@@ -120,6 +134,7 @@ class SecureAggregation(fedray.Postprocessor):
                     sums -= group.pair_mask(other, client, size)
         sums &= group.ring_mask
         survivors = int((~group.dropped).sum())
+        fedray.report(**group.costs(size))
         return _unflat(total, names, sums.astype(np.float64) * group.step - survivors * self.clip)
 
 
@@ -133,7 +148,7 @@ class Group:
         self.participants = context.participants
         self.position = {client: position for position, client in enumerate(self.participants)}
         n, bits = len(self.participants), secagg.bits
-        self.seed, self.ring_mask = context.shared_seed, (1 << bits) - 1
+        self.seed, self.bits, self.ring_mask = context.shared_seed, bits, (1 << bits) - 1
         where = f"--postprocessor secagg: round {context.round}, {n} participants"
         if n << bits > 1 << RING_BITS_MAX:
             raise fedray.FedrayError(f"{where}: their masked sum reaches {n} · 2^{bits}, beyond float64's exact "
@@ -166,16 +181,32 @@ class Group:
         return [self.participants[self.ring_order[(place + step) % n]]
                 for step in (*range(-self.half, 0), *range(1, self.half + 1))]
 
+    def surviving_neighbours(self) -> np.ndarray:
+        """How many of each participant's neighbours survive: who hold the shares of its seeds."""
+        return np.array([sum(not self.dropped[self.position[other]] for other in self.neighbours(position))
+                         for position in range(len(self.participants))], dtype=np.int64)
+
     def check_recoverable(self, round_number: int) -> None:
-        """That every participant has ≥ t surviving neighbours (who hold the shares of its seeds), else one line."""
-        for position, client in enumerate(self.participants):
-            alive = sum(not self.dropped[self.position[other]] for other in self.neighbours(position))
+        """That every participant has ≥ t surviving neighbours, else one line."""
+        for position, (client, alive) in enumerate(zip(self.participants, self.surviving_neighbours())):
             if alive < self.threshold and len(self.participants) > 1:
                 what = "dropped" if self.dropped[position] else "survived"
                 raise fedray.FedrayError(f"--postprocessor secagg: round {round_number}: client {client} {what} with "
                                          f"only {alive} surviving neighbours, fewer than secagg_threshold="
                                          f"{self.threshold}: the server cannot unmask the sum "
                                          f"({int(self.dropped.sum())} of {len(self.participants)} dropped)")
+
+    def costs(self, size: int) -> dict[str, float]:
+        """The cost model's columns for a vector of ``size`` values (see the module docstring)."""
+        degrees = np.array([len(self.neighbours(position)) for position in range(len(self.participants))])
+        survivors, alive = ~self.dropped, self.surviving_neighbours()
+        masked = math.ceil(size * self.bits / 8)
+        shares = float(np.mean(3 * SHARE_BYTES * degrees))
+        return {"secagg_masked_bytes": masked, "secagg_key_bytes": 2 * KEY_BYTES, "secagg_share_bytes": shares,
+                "secagg_bytes_per_participant": masked + 2 * KEY_BYTES + shares,
+                "secagg_dropped": int(self.dropped.sum()),
+                "secagg_server_prg_values": size * int(survivors.sum() + alive[self.dropped].sum()),
+                "secagg_server_reconstructions": len(self.participants)}
 
     def quantize(self, values: np.ndarray) -> np.ndarray:
         return np.rint((np.clip(values, -self.clip, self.clip) + self.clip) / self.step).astype(np.int64)

@@ -12,10 +12,12 @@ import torch
 
 import fedray
 from fedray.core.errors import FedrayError
+from fedray.core.reports import reporting
 from fedray.engine.config import resolve
 from fedray.engine.plan import postprocessing
 from fedray.engine.run_config import run
 from fedray.methods.ncm import ClassSums
+from fedray.methods import postprocessor as postprocessor_module
 from fedray.methods.postprocessor import Postprocessing
 from fedray.postprocessors.secagg import SecureAggregation
 
@@ -57,12 +59,14 @@ def plain_quantized_sum(clients: list[int], survivors: np.ndarray, clip: float, 
                        for name in ("counts", "sums")))
 
 
-def secure_sum(clients: list[int], **options) -> tuple[ClassSums, list[ClassSums]]:
-    """The aggregate the server gets from ``clients``' uploads added in float64, and the uploads."""
+def secure_sum(clients: list[int], reported: dict | None = None, **options) -> tuple[ClassSums, list[ClassSums]]:
+    """The aggregate the server gets from ``clients``' uploads added in float64 (what it reports into ``reported``),
+    and the uploads."""
     process = Postprocessing((SecureAggregation(**options),), SEED).among(clients, ROUND)
     sent = [process.statistics(upload(client), client, ROUND) for client in clients]
     total = ClassSums(sum(s.counts for s in sent), sum(s.sums for s in sent))
-    return process.aggregate(total, ROUND, len(clients)), sent
+    with reporting({} if reported is None else reported):
+        return process.aggregate(total, ROUND, len(clients)), sent
 
 
 CLIENTS = [3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610]
@@ -86,6 +90,19 @@ def test_the_unmasked_sum_is_the_plain_quantized_sum_bit_for_bit(neighbours, dro
             assert values.max() > 2**30
         else:
             assert not values.any()
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_cost_model_is_the_papers_counts(dropout):
+    """m = 20 values (5 counts, 5 × 3 sums) on 40 bits, 12 participants each with 11 neighbours: two 32-byte keys,
+    3 · 32 bytes of shares per neighbour, the masked vector; the server expands m values per survivor's self-mask
+    and per (dropped, surviving) pair, and reconstructs one secret per participant."""
+    reported: dict[str, float] = {}
+    secure_sum(CLIENTS, reported, secagg_clip=5.0, secagg_bits=40, secagg_dropout=dropout, secagg_threshold=2)
+    d = int(dropped(12, dropout).sum())
+    assert reported == {"secagg_masked_bytes": 100, "secagg_key_bytes": 64, "secagg_share_bytes": 96 * 11,
+                        "secagg_bytes_per_participant": 100 + 64 + 96 * 11, "secagg_dropped": d,
+                        "secagg_server_prg_values": 20 * ((12 - d) + d * (12 - d)), "secagg_server_reconstructions": 12}
 
 
 def test_the_default_value_bits_are_the_most_the_groups_sum_fits():
@@ -186,3 +203,22 @@ def test_a_fed3r_run_through_secagg_is_the_run_through_plain_quantized_sums_bit_
     assert all(np.array_equal(secure[1][key], quantized[1][key]) for key in secure[1])
     assert not all(np.array_equal(secure[1][key], plain[1][key]) for key in secure[1])
     assert all(np.allclose(secure[1][key], plain[1][key], atol=1e-4) for key in secure[1])
+
+
+@pytest.fixture
+def secagg_registered(monkeypatch):
+    """``secagg`` by name as pyproject.toml registers it (an install made before it was added does not list it)."""
+    monkeypatch.setitem(postprocessor_module.BUILT_IN, "secagg", SPEC)
+
+
+@pytest.mark.parametrize("given", [{}, {"postprocessor": "secagg"}])
+def test_secure_aggregation_adds_secagg_last_and_once(secagg_registered, given):
+    config = resolve({}, {"method": "fed3r", "secure_aggregation": True, "options": {"secagg_clip": "3"}, **given})
+    built = postprocessing(config).postprocessors
+    assert config.postprocessor == "secagg" and len(built) == 1 and isinstance(built[0], SecureAggregation)
+    assert built[0].clip == 3.0 and built[0].bits == 48
+
+
+def test_secure_aggregation_without_its_clip_stops_before_any_work(secagg_registered):
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: option secagg_clip is required"):
+        postprocessing(resolve({}, {"method": "fed3r", "secure_aggregation": True}))
