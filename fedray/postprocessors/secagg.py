@@ -8,7 +8,8 @@ nothing else, bit for bit; the masks are real (expanded from seeds), the key agr
 make them secret are not run, only their effect.
 
 **Quantization.** Each value x of a client's upload is clipped to [−C, C] (``secagg_clip``) and sent as the
-integer q = rint((x + C) / Δ) in [0, 2^v − 1], Δ = 2C / (2^v − 1), on v bits (``secagg_value_bits``). The sum
+integer q = rint((x + C) / Δ) in [0, 2^v − 1], Δ = 2C / (2^v − 1), on v bits (``secagg_value_bits``), in the
+ring Z_{2^b} (``secagg_bits``; by default b = 53 − ⌈log₂ n⌉, the largest float64 sums exactly). The sum
 of the n participants' integers must fit the ring: n · (2^v − 1) ≤ 2^b − 1. Given v, a group whose sum could
 exceed it stops the run in one line before any mask is drawn (the ring never wraps silently); by default v is
 the largest that fits the group's n. The server decodes the ring's sum S of the s survivors' integers as
@@ -75,7 +76,8 @@ class SecureAggregation(fedray.Postprocessor):
 
     def __init__(self, secagg_clip: Annotated[float | None, "the clipping range C: each value clipped to [−C, C] "
                                                            "before quantization (> 0; required)"] = None,
-                 secagg_bits: Annotated[int, "b: the ring Z_2^b the masked sums live in (1 to 53)"] = 48,
+                 secagg_bits: Annotated[int | None, "b: the ring Z_2^b the masked sums live in (1 to 53; by default "
+                                                    "the largest whose n-fold sum float64 holds exactly)"] = None,
                  secagg_value_bits: Annotated[int | None, "v: the bits of each quantized value (1 ≤ v ≤ b; by "
                                                          "default the most that fit the group's sum)"] = None,
                  secagg_dropout: Annotated[float, "the probability that a participant drops before sending "
@@ -88,10 +90,10 @@ class SecureAggregation(fedray.Postprocessor):
         if secagg_clip is None or not 0 < secagg_clip < math.inf:
             raise ValueError(f"option secagg_clip is required and must be a finite number > 0 (the range [−C, C] "
                              f"each value is clipped to), got {secagg_clip}")
-        if not 1 <= secagg_bits <= RING_BITS_MAX:
+        if secagg_bits is not None and not 1 <= secagg_bits <= RING_BITS_MAX:
             raise ValueError(f"option secagg_bits must be from 1 to {RING_BITS_MAX}, got {secagg_bits}")
-        if secagg_value_bits is not None and not 1 <= secagg_value_bits <= secagg_bits:
-            raise ValueError(f"option secagg_value_bits must be from 1 to secagg_bits={secagg_bits}, "
+        if secagg_value_bits is not None and not 1 <= secagg_value_bits <= (secagg_bits or RING_BITS_MAX):
+            raise ValueError(f"option secagg_value_bits must be from 1 to secagg_bits={secagg_bits or RING_BITS_MAX}, "
                              f"got {secagg_value_bits}")
         if not 0 <= secagg_dropout < 1:
             raise ValueError(f"option secagg_dropout must be in [0, 1), got {secagg_dropout}")
@@ -147,7 +149,8 @@ class Group:
                                      "are summed together (training rounds, TCT); secagg applies to closed-form methods")
         self.participants = context.participants
         self.position = {client: position for position, client in enumerate(self.participants)}
-        n, bits = len(self.participants), secagg.bits
+        n = len(self.participants)
+        bits = secagg.bits if secagg.bits is not None else RING_BITS_MAX - math.ceil(math.log2(n))
         self.seed, self.bits, self.ring_mask = context.shared_seed, bits, (1 << bits) - 1
         where = f"--postprocessor secagg: round {context.round}, {n} participants"
         if n << bits > 1 << RING_BITS_MAX:

@@ -105,11 +105,16 @@ def test_the_cost_model_is_the_papers_counts(dropout):
                         "secagg_server_prg_values": 20 * ((12 - d) + d * (12 - d)), "secagg_server_reconstructions": 12}
 
 
-def test_the_default_value_bits_are_the_most_the_groups_sum_fits():
+def test_the_default_ring_and_value_bits_are_the_most_the_groups_sum_fits():
     total, _ = secure_sum(CLIENTS[:5], secagg_clip=5.0, secagg_bits=24)
     # 5 · (2^v − 1) ≤ 2^24 − 1: v = 21
     expected = plain_quantized_sum(CLIENTS[:5], np.ones(5, bool), 5.0, 21)
     assert torch.equal(total.sums, expected.sums) and torch.equal(total.counts, expected.counts)
+    # by default b = 53 − ⌈log₂ 12⌉ = 49 and 12 · (2^v − 1) ≤ 2^49 − 1: v = 45
+    total, sent = secure_sum(CLIENTS, secagg_clip=5.0)
+    expected = plain_quantized_sum(CLIENTS, np.ones(12, bool), 5.0, 45)
+    assert torch.equal(total.sums, expected.sums) and torch.equal(total.counts, expected.counts)
+    assert max(float(stats.sums.max()) for stats in sent) < 2**49 and max(float(stats.sums.max()) for stats in sent) > 2**46
 
 
 def test_a_sum_that_could_overflow_the_ring_stops_in_one_line():
@@ -216,7 +221,7 @@ def test_secure_aggregation_adds_secagg_last_and_once(secagg_registered, given):
     config = resolve({}, {"method": "fed3r", "secure_aggregation": True, "options": {"secagg_clip": "3"}, **given})
     built = postprocessing(config).postprocessors
     assert config.postprocessor == "secagg" and len(built) == 1 and isinstance(built[0], SecureAggregation)
-    assert built[0].clip == 3.0 and built[0].bits == 48
+    assert built[0].clip == 3.0 and built[0].bits is None
 
 
 def test_secure_aggregation_without_its_clip_stops_before_any_work(secagg_registered):
