@@ -242,7 +242,7 @@ class RunConfig:
     secure_aggregation: bool = option(False, f"uploads summed by secure aggregation (SecAgg, SecAgg+ with --option "
                                       f"secagg_neighbours=k), simulated exactly: --postprocessor {SECAGG} added last; "
                                       f"its options secagg_clip (required), secagg_bits, secagg_value_bits, "
-                                      f"secagg_dropout, secagg_threshold as --option key=value", GENERAL)
+                                      f"secagg_dropout, secagg_threshold as --option key=value", UPLOADS)
     options: dict = field(default_factory=dict)
     """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
 
