@@ -73,10 +73,11 @@ class UploadContext:
     block's last round for its aggregate), how many ``clients`` it sums, the ``generator`` of its random draws, and the
     stage's :class:`Sampling` (K, κ, with or without replacement).
 
-    ``participants``: the clients whose uploads are summed into the same aggregate as this one (sorted; a training
-    round's clients, a closed-form block's), and ``shared_seed`` a seed the same for all of them and their aggregate
-    (from the run's seed, the aggregate's round and the postprocessor's place): what clients agree on without talking,
-    such as secure aggregation's pairwise masks. Empty and 0 where a stage does not tell them."""
+    ``participants``: the clients whose uploads are summed into the same aggregate as this one (sorted: a closed-form
+    evaluation block's uploaders, or everyone in SphereFed's calibration and the ridge probe), and ``shared_seed`` a
+    seed the same for all of them and their aggregate (from the run's seed, the aggregate's round and the
+    postprocessor's place): what clients agree on without talking, such as secure aggregation's pairwise masks.
+    Empty and 0 where a stage does not tell them yet (training rounds, TCT's stage 2)."""
 
     client: int
     round: int
