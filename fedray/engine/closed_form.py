@@ -47,6 +47,7 @@ class _Block:
     paper: dict[str, float | None]
     total: Reduction | None
     uploads: int = 0
+    postprocessing: Postprocessing | None = None  # the run's, among the block's uploaders
     accuracy: PendingAccuracy | None = None
     classifier: Classifier | None = None
     reported: dict[str, float] = field(default_factory=dict)
@@ -111,12 +112,12 @@ class ClosedFormRounds:
             if number in evaluate_at:
                 uploaded, when = np.concatenate(uploads), np.concatenate(upload_rounds)
                 uploads, upload_rounds = [], []
-                total = None
+                total, group = None, self.postprocessing.among(uploaded, number)
                 if len(uploaded):
-                    total = pool.statistics(method, uploaded, method_ref, self.postprocessing, when, (self.token, number))
+                    total = pool.statistics(method, uploaded, method_ref, group, when, (self.token, number))
                     self.uploads.append((number, uploaded))
                 blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
-                                        paper.columns(federation.num_clients), total, len(uploaded))
+                                        paper.columns(federation.num_clients), total, len(uploaded), group)
         return blocks
 
     def _solve(self, block: _Block) -> None:
@@ -126,7 +127,7 @@ class ClosedFormRounds:
             return
         partial, block.total = block.total.result(), None  # its sums go into the state: the store may free them
         with reporting(self.reported, COLUMNS):
-            partial = self.postprocessing.aggregate(partial, block.round, block.uploads)
+            partial = block.postprocessing.aggregate(partial, block.round, block.uploads)
             solve_start = time.perf_counter()
             self.state = partial if self.state is None else combine_checked(self.method, self.state, partial)
             state = self.state
@@ -210,6 +211,6 @@ def everyone_uploads(pool: ShardPool, method: ClosedFormMethod, postprocessing: 
     """One round in which every client uploads ``method``'s statistics (SphereFed's calibration, the ridge probe):
     their sum as the server receives it, through the run's postprocessors."""
     everyone = np.arange(pool.federation.num_clients)
-    uploads = postprocessing.sampled(len(everyone), len(everyone), False)
+    uploads = postprocessing.sampled(len(everyone), len(everyone), False).among(everyone, round_number)
     total = pool.statistics(method, everyone, postprocessing=uploads, rounds=np.full(len(everyone), round_number)).result()
     return uploads.aggregate(total, round_number, len(everyone))

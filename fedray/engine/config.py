@@ -28,6 +28,8 @@ from fedray.core.results import EvalPoint
 
 
 TCT = "tct"
+SECAGG = "secagg"
+"""The postprocessor --secure-aggregation adds."""
 TCT_SOLVERS = ("scaffold", "closed_form", "both")
 TCT_LOSSES = ("mse", "ce")
 ENTK_PARAMS = ("all", "last_layer")
@@ -237,6 +239,10 @@ class RunConfig:
                                        f"{', '.join(POSTPROCESSORS) or 'no built-in yet'}, or your own fedray.Postprocessor "
                                        "subclasses as FILE.py:Class or module:Class, several separated by commas",
                                        UPLOADS, unset="none", metavar="NAME[,NAME...]")
+    secure_aggregation: bool = option(False, f"uploads summed by secure aggregation (SecAgg, SecAgg+ with --option "
+                                      f"secagg_neighbours=k), simulated exactly: --postprocessor {SECAGG} added last; "
+                                      f"its options secagg_clip (required), secagg_bits, secagg_value_bits, "
+                                      f"secagg_dropout, secagg_threshold as --option key=value", UPLOADS)
     options: dict = field(default_factory=dict)
     """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
 
@@ -272,8 +278,9 @@ class RunConfig:
         return list(unique.values())
 
     def postprocessor_specs(self) -> list[str]:
-        """``--postprocessor``'s classes, in order."""
-        return [] if self.postprocessor is None else [spec.strip() for spec in self.postprocessor.split(",") if spec.strip()]
+        """``--postprocessor``'s classes, in order, and ``secagg`` last with ``--secure-aggregation`` (once)."""
+        specs = [] if self.postprocessor is None else [spec.strip() for spec in self.postprocessor.split(",") if spec.strip()]
+        return specs + [SECAGG] if self.secure_aggregation and SECAGG not in specs else specs
 
     def server_optimizer_class(self) -> type[ServerOptimizer]:
         """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
@@ -485,7 +492,7 @@ class RunConfig:
     def resolved(self) -> "RunConfig":
         """Method-dependent defaults filled in: sampling (with replacement for training), server lr, FedProx μ."""
         values = {"sampling": self.sampling or ("with" if self.trains else "without"), "method": canonical(self.method)}
-        if self.postprocessor is not None:
+        if self.postprocessor_specs():
             values["postprocessor"] = ",".join(canonical(spec) for spec in self.postprocessor_specs())
         if self.method == TCT:
             values["finetune"] = self.finetune or "ft"
@@ -540,7 +547,7 @@ class RunConfig:
         :meth:`classes`.)
         """
         groups = {GENERAL, SAMPLING, RESOURCES}
-        if self.postprocessor is not None:
+        if self.postprocessor_specs():
             groups.add(UPLOADS)
         if self.trains:
             groups.add(TRAINING)

@@ -75,13 +75,21 @@ class Sampling:
 class UploadContext:
     """Where an upload is: ``client`` (:data:`AGGREGATE` for the server's sum), the ``round`` it belongs to (a closed-form
     block's last round for its aggregate), how many ``clients`` it sums, the ``generator`` of its random draws, and the
-    stage's :class:`Sampling` (K, κ, with or without replacement)."""
+    stage's :class:`Sampling` (K, κ, with or without replacement).
+
+    ``participants``: the clients whose uploads are summed into the same aggregate as this one (sorted: a closed-form
+    evaluation block's uploaders, or everyone in SphereFed's calibration and the ridge probe), and ``shared_seed`` a
+    seed the same for all of them and their aggregate (from the run's seed, the aggregate's round and the
+    postprocessor's place): what clients agree on without talking, such as secure aggregation's pairwise masks.
+    Empty and 0 where a stage does not tell them yet (training rounds, TCT's stage 2)."""
 
     client: int
     round: int
     clients: int
     generator: torch.Generator
     sampling: Sampling = Sampling()
+    participants: tuple[int, ...] = ()
+    shared_seed: int = 0
 
 
 class Postprocessor:
@@ -161,6 +169,8 @@ class Postprocessing:
     seed: int = 0
     sampling: Sampling = Sampling()
     first_round: int = 0
+    participants: tuple[int, ...] = ()
+    group_round: int = 0
 
     @property
     def per_client(self) -> bool:
@@ -170,6 +180,18 @@ class Postprocessing:
         """The same postprocessors (and their state) for a stage that draws ``per_round`` of ``population`` clients,
         its round r being the run's ``first_round`` + r."""
         return dataclasses.replace(self, sampling=Sampling(population, per_round, replacement), first_round=first_round)
+
+    def among(self, participants: Iterable[int], round_number: int) -> "Postprocessing":
+        """The same postprocessors (and their state) for the uploads of ``participants``, summed into one aggregate of
+        the stage's round ``round_number``: their contexts' ``participants`` and ``shared_seed``."""
+        return dataclasses.replace(self, participants=tuple(sorted(int(client) for client in participants)),
+                                   group_round=self.first_round + round_number)
+
+    def _shared_seed(self, index: int) -> int:
+        if not self.participants:
+            return 0
+        return int(np.random.SeedSequence((self.seed, self.group_round, index, 0)).generate_state(2, np.uint64)[0]
+                   & (2**63 - 1))
 
     def _generator(self, round_number: int, client: int, index: int) -> torch.Generator:
         """``round_number``: the run's."""
@@ -198,7 +220,8 @@ class Postprocessing:
         current, round_number = upload, self.first_round + round_number
         for index, postprocessor in enumerate(self.postprocessors):
             if postprocessor.per_client:
-                context = UploadContext(client, round_number, 1, self._generator(round_number, client, index), self.sampling)
+                context = UploadContext(client, round_number, 1, self._generator(round_number, client, index), self.sampling,
+                                        self.participants, self._shared_seed(index))
                 current = check_upload_like(postprocessor, current, postprocessor.client(current, context), weighted,
                                             f"round {round_number}, client {client}")
         return upload if _same(current, upload) else current
@@ -230,7 +253,7 @@ class Postprocessing:
         tensors, round_number = flatten(total), self.first_round + round_number
         for index, postprocessor in enumerate(self.postprocessors):
             context = UploadContext(AGGREGATE, round_number, clients, self._generator(round_number, AGGREGATE, index),
-                                    self.sampling)
+                                    self.sampling, self.participants, self._shared_seed(index))
             returned = postprocessor.aggregate(tensors, context)
             tensors = check_upload_like(postprocessor, Upload(tensors, 1.0), Upload(returned, 1.0), False,
                                         f"round {round_number}", method="aggregate").tensors

@@ -1,0 +1,250 @@
+"""Secure aggregation (SecAgg, Bonawitz et al. 2017; SecAgg+, Bell et al. 2020) simulated exactly, without its cryptography.
+
+    fedray run --method fed3r --postprocessor secagg --option secagg_clip=1000 --option secagg_dropout=0.1
+    fedray run --method fedncm --postprocessor secagg --option secagg_clip=1000 --option secagg_neighbours=8
+
+What the server receives is what SecAgg's would: the sum of the clients' quantized uploads in the ring Z_{2^b},
+nothing else, bit for bit; the masks are real (expanded from seeds), the key agreement and secret sharing that
+make them secret are not run, only their effect.
+
+**Quantization.** Each value x of a client's upload is clipped to [−C, C] (``secagg_clip``) and sent as the
+integer q = rint((x + C) / Δ) in [0, 2^v − 1], Δ = 2C / (2^v − 1), on v bits (``secagg_value_bits``), in the
+ring Z_{2^b} (``secagg_bits``; by default b = 53 − ⌈log₂ n⌉, the largest float64 sums exactly). The sum
+of the n participants' integers must fit the ring: n · (2^v − 1) ≤ 2^b − 1. Given v, a group whose sum could
+exceed it stops the run in one line before any mask is drawn (the ring never wraps silently); by default v is
+the largest that fits the group's n. The server decodes the ring's sum S of the s survivors' integers as
+S · Δ − s · C.
+
+**Masks.** Client i sends y_i = q_i + p_i + Σ_{j ∈ N(i), j > i} m_ij − Σ_{j ∈ N(i), j < i} m_ij mod 2^b: a
+self-mask p_i and a pairwise mask m_ij with each neighbour j, each expanded with Philox (counter-based) from
+its own seed, a SeedSequence of the group's shared seed (the run's seed, the aggregate's round, the
+postprocessor's place) and the client numbers. N(i) is every other participant (SecAgg) or, with
+``secagg_neighbours`` k, i's neighbours in a k-regular graph (SecAgg+: a Harary graph, the participants on a
+ring in a seeded random order, each joined to the k/2 before and after it).
+
+**Who the participants are.** Pairwise masks need each client's group: the clients whose uploads the server sums
+into one aggregate (a training round's; a closed-form evaluation block's, its clients uploading in different
+rounds). The engine tells it through :attr:`fedray.UploadContext.participants` and ``shared_seed``; a stage
+that does not (training, TCT) is refused in one line.
+
+**Dropouts.** Each participant drops, independently with probability ``secagg_dropout`` (drawn once per group
+from its shared seed), after the masks are agreed and before its masked upload: it sends zeros (nothing to the
+sum). The server then removes the survivors' self-masks and, for each dropped client j, its pairwise masks
+with its surviving neighbours, as it would from the seeds it reconstructs from the shares held by j's
+neighbours: a participant's seeds can be reconstructed when at least t (``secagg_threshold``, by default a
+majority of a client's neighbours) of its neighbours survive; when one cannot, the server cannot unmask the
+sum and the run stops in one line naming the round (real SecAgg aborts that round).
+
+**Exactness through a float sum.** fedray's server adds uploads as floats (float64 for closed-form statistics).
+The masked integers are held in float64: their sum, below n · 2^b, is exact while n · 2^b ≤ 2^53, which is
+checked (b ≤ 53 − ⌈log₂ n⌉); the server reduces it mod 2^b in int64 and unmasks there, so the unmasked sum is
+the plain sum of the survivors' quantized integers bit for bit (``tests/postprocessors/test_secagg.py``). Only
+float64 uploads added by the server are accepted: a training update (float32, weighted by n_k) or an upload
+with integer tensors (FedCOF's class indices, concatenated, not added) is refused in one line.
+
+**Cost model** (reported by the aggregate, columns of metrics.parquet, for the group of the row's last block or
+round): what a participant sends, in bytes, by Bonawitz et al.'s four rounds with d neighbours (n − 1, or k):
+``secagg_key_bytes`` its two public keys (2 · 32), ``secagg_share_bytes`` its encrypted shares of its two
+secrets to each neighbour and one share per neighbour at unmasking (3 · 32 · d, the mean over the group),
+``secagg_masked_bytes`` its masked vector (⌈m · b / 8⌉ for m values), and their sum
+``secagg_bytes_per_participant``; the server's work, ``secagg_server_reconstructions`` (one secret per
+participant: a survivor's self-mask seed, a dropped client's key) and ``secagg_server_prg_values`` (the mask
+values it expands: m per survivor plus m per surviving neighbour of each dropped client, O(m n²) for SecAgg,
+O(m n k) for SecAgg+); and ``secagg_dropped``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+import numpy as np
+import torch
+
+import fedray
+
+RING_BITS_MAX = 53
+"""float64 holds every integer below 2^53: a group's masked sum must stay below it."""
+KEY_BYTES = 32
+"""A public key (X25519), of the two each client advertises."""
+SHARE_BYTES = 32
+"""A Shamir share of a 256-bit seed."""
+
+
+class SecureAggregation(fedray.Postprocessor):
+    """SecAgg / SecAgg+: each upload quantized into Z_{2^b} and masked; the server unmasks the survivors' sum exactly."""
+
+    def __init__(self, secagg_clip: Annotated[float | None, "the clipping range C: each value clipped to [−C, C] "
+                                                           "before quantization (> 0; required)"] = None,
+                 secagg_bits: Annotated[int | None, "b: the ring Z_2^b the masked sums live in (1 to 53; by default "
+                                                    "the largest whose n-fold sum float64 holds exactly)"] = None,
+                 secagg_value_bits: Annotated[int | None, "v: the bits of each quantized value (1 ≤ v ≤ b; by "
+                                                         "default the most that fit the group's sum)"] = None,
+                 secagg_dropout: Annotated[float, "the probability that a participant drops before sending "
+                                                  "(0 ≤ p < 1)"] = 0.0,
+                 secagg_threshold: Annotated[int | None, "t: the surviving neighbours needed to reconstruct a "
+                                                         "client's seeds (≥ 1; by default a majority)"] = None,
+                 secagg_neighbours: Annotated[int | None, "k: SecAgg+'s neighbours per client in a k-regular graph "
+                                                          "(even, ≥ 2; by default all pairs: SecAgg)"] = None) -> None:
+        super().__init__()
+        if secagg_clip is None or not 0 < secagg_clip < math.inf:
+            raise ValueError(f"option secagg_clip is required and must be a finite number > 0 (the range [−C, C] "
+                             f"each value is clipped to), got {secagg_clip}")
+        if secagg_bits is not None and not 1 <= secagg_bits <= RING_BITS_MAX:
+            raise ValueError(f"option secagg_bits must be from 1 to {RING_BITS_MAX}, got {secagg_bits}")
+        if secagg_value_bits is not None and not 1 <= secagg_value_bits <= (secagg_bits or RING_BITS_MAX):
+            raise ValueError(f"option secagg_value_bits must be from 1 to secagg_bits={secagg_bits or RING_BITS_MAX}, "
+                             f"got {secagg_value_bits}")
+        if not 0 <= secagg_dropout < 1:
+            raise ValueError(f"option secagg_dropout must be in [0, 1), got {secagg_dropout}")
+        if secagg_threshold is not None and secagg_threshold < 1:
+            raise ValueError(f"option secagg_threshold must be ≥ 1, got {secagg_threshold}")
+        if secagg_neighbours is not None and (secagg_neighbours < 2 or secagg_neighbours % 2):
+            raise ValueError(f"option secagg_neighbours must be even and ≥ 2, got {secagg_neighbours}")
+        self.clip, self.bits, self.value_bits = float(secagg_clip), secagg_bits, secagg_value_bits
+        self.dropout, self.threshold, self.neighbours = secagg_dropout, secagg_threshold, secagg_neighbours
+
+    @property
+    def per_client(self) -> bool:
+        return True
+
+    def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
+        group = Group(self, context)
+        names, values = _flat(upload.tensors, f"client {context.client}")
+        position = group.position[context.client]
+        if group.dropped[position]:
+            return fedray.Upload({name: torch.zeros_like(tensor) for name, tensor in upload.tensors.items()},
+                                 upload.weight)
+        quantized = group.quantize(values)
+        masked = (quantized + group.self_mask(context.client, len(values))
+                  + sum((group.pair_mask(context.client, other, len(values)) for other in group.neighbours(position)),
+                        np.zeros(len(values), np.int64))) & group.ring_mask
+        return fedray.Upload(_unflat(upload.tensors, names, masked.astype(np.float64)), upload.weight)
+
+    def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
+        group = Group(self, context)
+        names, values = _flat(total, "the aggregate")
+        group.check_recoverable(context.round)
+        sums = values.astype(np.int64)
+        size = len(sums)
+        for position, client in enumerate(group.participants):
+            if not group.dropped[position]:
+                sums -= group.self_mask(client, size)
+                continue
+            for other in group.neighbours(position):  # the survivors' masks with a dropped client, from its seeds
+                if not group.dropped[group.position[other]]:
+                    sums -= group.pair_mask(other, client, size)
+        sums &= group.ring_mask
+        survivors = int((~group.dropped).sum())
+        fedray.report(**group.costs(size))
+        return _unflat(total, names, sums.astype(np.float64) * group.step - survivors * self.clip)
+
+
+class Group:
+    """The clients summed into one aggregate and what they agree on: the graph, the dropouts, the quantization."""
+
+    def __init__(self, secagg: SecureAggregation, context: fedray.UploadContext) -> None:
+        if not context.participants:
+            raise fedray.FedrayError("--postprocessor secagg: this stage does not tell the postprocessors which clients "
+                                     "are summed together (training rounds, TCT); secagg applies to closed-form methods")
+        self.participants = context.participants
+        self.position = {client: position for position, client in enumerate(self.participants)}
+        n = len(self.participants)
+        bits = secagg.bits if secagg.bits is not None else RING_BITS_MAX - math.ceil(math.log2(n))
+        self.seed, self.bits, self.ring_mask = context.shared_seed, bits, (1 << bits) - 1
+        where = f"--postprocessor secagg: round {context.round}, {n} participants"
+        if n << bits > 1 << RING_BITS_MAX:
+            raise fedray.FedrayError(f"{where}: their masked sum reaches {n} · 2^{bits}, beyond float64's exact "
+                                     f"integers (2^{RING_BITS_MAX}): set secagg_bits ≤ "
+                                     f"{RING_BITS_MAX - math.ceil(math.log2(n))}")
+        fitting = ((1 << bits) - 1) // n  # the largest per-client integer whose n-fold sum fits the ring
+        value_bits = secagg.value_bits if secagg.value_bits is not None else (fitting + 1).bit_length() - 1
+        if value_bits < 1 or n * ((1 << value_bits) - 1) > self.ring_mask:
+            raise fedray.FedrayError(f"{where}: their sum of {value_bits}-bit values can reach "
+                                     f"{n} · (2^{value_bits} − 1), which overflows the ring Z_2^{bits}: set "
+                                     f"secagg_value_bits ≤ {(fitting + 1).bit_length() - 1} or raise secagg_bits")
+        self.clip, self.step = secagg.clip, 2 * secagg.clip / ((1 << value_bits) - 1)
+        degree = n - 1 if secagg.neighbours is None or secagg.neighbours >= n - 1 else secagg.neighbours
+        self.half = None if degree == n - 1 else degree // 2
+        self.threshold = secagg.threshold if secagg.threshold is not None else degree // 2 + 1
+        if self.threshold > max(degree, 1):
+            raise fedray.FedrayError(f"{where}: secagg_threshold={self.threshold} is more than a client's {degree} "
+                                     f"neighbours: no client's seeds could ever be reconstructed")
+        order = np.random.Generator(np.random.Philox(np.random.SeedSequence((self.seed, 2)))).permutation(n)
+        self.ring_order, self.ring_place = order, np.argsort(order)  # SecAgg+'s Harary graph: ring positions
+        uniform = np.random.Generator(np.random.Philox(np.random.SeedSequence((self.seed, 1)))).random(n)
+        self.dropped = uniform < secagg.dropout
+
+    def neighbours(self, position: int) -> list[int]:
+        """The clients that share pairwise masks with the participant at ``position``."""
+        n = len(self.participants)
+        if self.half is None:
+            return [client for other, client in enumerate(self.participants) if other != position]
+        place = self.ring_place[position]
+        return [self.participants[self.ring_order[(place + step) % n]]
+                for step in (*range(-self.half, 0), *range(1, self.half + 1))]
+
+    def surviving_neighbours(self) -> np.ndarray:
+        """How many of each participant's neighbours survive: who hold the shares of its seeds."""
+        return np.array([sum(not self.dropped[self.position[other]] for other in self.neighbours(position))
+                         for position in range(len(self.participants))], dtype=np.int64)
+
+    def check_recoverable(self, round_number: int) -> None:
+        """That every participant has ≥ t surviving neighbours, else one line."""
+        for position, (client, alive) in enumerate(zip(self.participants, self.surviving_neighbours())):
+            if alive < self.threshold and len(self.participants) > 1:
+                what = "dropped" if self.dropped[position] else "survived"
+                raise fedray.FedrayError(f"--postprocessor secagg: round {round_number}: client {client} {what} with "
+                                         f"only {alive} surviving neighbours, fewer than secagg_threshold="
+                                         f"{self.threshold}: the server cannot unmask the sum "
+                                         f"({int(self.dropped.sum())} of {len(self.participants)} dropped)")
+
+    def costs(self, size: int) -> dict[str, float]:
+        """The cost model's columns for a vector of ``size`` values (see the module docstring)."""
+        degrees = np.array([len(self.neighbours(position)) for position in range(len(self.participants))])
+        survivors, alive = ~self.dropped, self.surviving_neighbours()
+        masked = math.ceil(size * self.bits / 8)
+        shares = float(np.mean(3 * SHARE_BYTES * degrees))
+        return {"secagg_masked_bytes": masked, "secagg_key_bytes": 2 * KEY_BYTES, "secagg_share_bytes": shares,
+                "secagg_bytes_per_participant": masked + 2 * KEY_BYTES + shares,
+                "secagg_dropped": int(self.dropped.sum()),
+                "secagg_server_prg_values": size * int(survivors.sum() + alive[self.dropped].sum()),
+                "secagg_server_reconstructions": len(self.participants)}
+
+    def quantize(self, values: np.ndarray) -> np.ndarray:
+        return np.rint((np.clip(values, -self.clip, self.clip) + self.clip) / self.step).astype(np.int64)
+
+    def _expand(self, key: tuple[int, ...], size: int) -> np.ndarray:
+        generator = np.random.Generator(np.random.Philox(np.random.SeedSequence((self.seed, *key))))
+        return generator.integers(0, self.ring_mask, size, dtype=np.int64, endpoint=True)
+
+    def self_mask(self, client: int, size: int) -> np.ndarray:
+        return self._expand((4, client), size)
+
+    def pair_mask(self, client: int, other: int, size: int) -> np.ndarray:
+        """What ``client`` adds for its pair with ``other``: +m when it is the lower number, −m otherwise."""
+        low, high = min(client, other), max(client, other)
+        mask = self._expand((3, low, high), size)
+        return mask if client == low else -mask
+
+
+def _flat(tensors: fedray.Params, where: str) -> tuple[list[str], np.ndarray]:
+    """The upload's tensors by sorted name as one float64 vector; one line when one is not float64."""
+    names = sorted(tensors)
+    for name in names:
+        if tensors[name].dtype != torch.float64:
+            raise fedray.FedrayError(f"--postprocessor secagg: {where}'s {name!r} is {tensors[name].dtype}: secagg masks "
+                                     f"float64 uploads the server adds (fedncm's, fed3r's statistics), not training "
+                                     f"updates nor integer tensors")
+    if not names:
+        return names, np.zeros(0)
+    return names, torch.cat([tensors[name].detach().reshape(-1).cpu() for name in names]).numpy()
+
+
+def _unflat(template: fedray.Params, names: list[str], values: np.ndarray) -> fedray.Params:
+    out, start = {}, 0
+    for name in names:
+        tensor = template[name]
+        out[name] = torch.from_numpy(values[start:start + tensor.numel()].copy()).reshape(tensor.shape)
+        start += tensor.numel()
+    return out

@@ -1,0 +1,229 @@
+"""secagg (SecAgg / SecAgg+ simulated): the server's unmasked sum is the plain sum of the survivors' quantized uploads
+bit for bit, with and without dropouts, over all pairs or a k-regular graph; a client's upload is masked; a sum that
+could overflow the ring or float64's exact integers, a threshold no client can meet, too few survivors and uploads it
+cannot mask stop in one line; a Fed3R run through it is the run through plain quantized sums bit for bit."""
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import fedray
+from fedray.core.errors import FedrayError
+from fedray.core.reports import reporting
+from fedray.engine.config import resolve
+from fedray.engine.plan import postprocessing
+from fedray.engine.run_config import run
+from fedray.methods.ncm import ClassSums
+from fedray.methods import postprocessor as postprocessor_module
+from fedray.methods.postprocessor import Postprocessing
+from fedray.postprocessors.secagg import SecureAggregation
+
+SEED, ROUND = 11, 4
+SPEC = "fedray.postprocessors.secagg:SecureAggregation"
+
+
+def upload(client: int, scale: float = 3.0) -> ClassSums:
+    """A client's class sums, some values beyond a clip of 5 when ``scale`` is large."""
+    rng = np.random.default_rng(client)
+    return ClassSums(torch.from_numpy(rng.integers(0, 4, 5).astype(np.float64)),
+                     torch.from_numpy(rng.normal(scale=scale, size=(5, 3))))
+
+
+def shared_seed(participants_round: int) -> int:
+    """The group's shared seed for the first postprocessor, as UploadContext documents it."""
+    return int(np.random.SeedSequence((SEED, participants_round, 0, 0)).generate_state(2, np.uint64)[0] & (2**63 - 1))
+
+
+def dropped(n: int, rate: float) -> np.ndarray:
+    """Who drops, as documented: one Philox U[0, 1) draw per participant (in sorted order) below the rate."""
+    uniform = np.random.Generator(np.random.Philox(np.random.SeedSequence((shared_seed(ROUND), 1)))).random(n)
+    return uniform < rate
+
+
+def plain_quantized_sum(clients: list[int], survivors: np.ndarray, clip: float, value_bits: int, **kw) -> ClassSums:
+    """Each survivor's values clipped to [−C, C], rounded to integers on 2^v − 1 steps, summed as Python integers,
+    decoded as S·Δ − s·C."""
+    step = 2 * clip / (2**value_bits - 1)
+    total: dict[str, np.ndarray] = {}
+    for client, alive in zip(clients, survivors):
+        if alive:
+            stats = upload(client, **kw)
+            for name in ("counts", "sums"):
+                q = np.rint((np.clip(getattr(stats, name).numpy(), -clip, clip) + clip) / step).astype(np.int64)
+                total[name] = total.get(name, 0) + q.astype(object)
+    s = int(survivors.sum())
+    return ClassSums(*(torch.from_numpy(total[name].astype(np.int64).astype(np.float64) * step - s * clip)
+                       for name in ("counts", "sums")))
+
+
+def secure_sum(clients: list[int], reported: dict | None = None, **options) -> tuple[ClassSums, list[ClassSums]]:
+    """The aggregate the server gets from ``clients``' uploads added in float64 (what it reports into ``reported``),
+    and the uploads."""
+    process = Postprocessing((SecureAggregation(**options),), SEED).among(clients, ROUND)
+    sent = [process.statistics(upload(client), client, ROUND) for client in clients]
+    total = ClassSums(sum(s.counts for s in sent), sum(s.sums for s in sent))
+    with reporting({} if reported is None else reported):
+        return process.aggregate(total, ROUND, len(clients)), sent
+
+
+CLIENTS = [3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610]
+
+
+@pytest.mark.parametrize("neighbours", [None, 6])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_unmasked_sum_is_the_plain_quantized_sum_bit_for_bit(neighbours, dropout):
+    options = dict(secagg_clip=5.0, secagg_bits=40, secagg_value_bits=20, secagg_dropout=dropout,
+                   secagg_neighbours=neighbours, secagg_threshold=2)
+    survivors = ~dropped(len(CLIENTS), dropout)
+    assert survivors.all() == (dropout == 0) and survivors.sum() >= 6  # the seed drops some, not too many
+    total, sent = secure_sum(CLIENTS, **options)
+    expected = plain_quantized_sum(CLIENTS, survivors, 5.0, 20)
+    assert torch.equal(total.counts, expected.counts) and torch.equal(total.sums, expected.sums)
+    assert np.abs(upload(3).sums.numpy()).max() > 5  # clipping was exercised
+    for stats, alive in zip(sent, survivors):
+        values = torch.cat([stats.counts, stats.sums.flatten()])
+        assert torch.equal(values, values.round()) and values.min() >= 0 and values.max() < 2**40
+        if alive:  # masked: spread over the ring, far beyond the 20-bit quantized values
+            assert values.max() > 2**30
+        else:
+            assert not values.any()
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_cost_model_is_the_papers_counts(dropout):
+    """m = 20 values (5 counts, 5 × 3 sums) on 40 bits, 12 participants each with 11 neighbours: two 32-byte keys,
+    3 · 32 bytes of shares per neighbour, the masked vector; the server expands m values per survivor's self-mask
+    and per (dropped, surviving) pair, and reconstructs one secret per participant."""
+    reported: dict[str, float] = {}
+    secure_sum(CLIENTS, reported, secagg_clip=5.0, secagg_bits=40, secagg_dropout=dropout, secagg_threshold=2)
+    d = int(dropped(12, dropout).sum())
+    assert reported == {"secagg_masked_bytes": 100, "secagg_key_bytes": 64, "secagg_share_bytes": 96 * 11,
+                        "secagg_bytes_per_participant": 100 + 64 + 96 * 11, "secagg_dropped": d,
+                        "secagg_server_prg_values": 20 * ((12 - d) + d * (12 - d)), "secagg_server_reconstructions": 12}
+
+
+def test_the_default_ring_and_value_bits_are_the_most_the_groups_sum_fits():
+    total, _ = secure_sum(CLIENTS[:5], secagg_clip=5.0, secagg_bits=24)
+    # 5 · (2^v − 1) ≤ 2^24 − 1: v = 21
+    expected = plain_quantized_sum(CLIENTS[:5], np.ones(5, bool), 5.0, 21)
+    assert torch.equal(total.sums, expected.sums) and torch.equal(total.counts, expected.counts)
+    # by default b = 53 − ⌈log₂ 12⌉ = 49 and 12 · (2^v − 1) ≤ 2^49 − 1: v = 45
+    total, sent = secure_sum(CLIENTS, secagg_clip=5.0)
+    expected = plain_quantized_sum(CLIENTS, np.ones(12, bool), 5.0, 45)
+    assert torch.equal(total.sums, expected.sums) and torch.equal(total.counts, expected.counts)
+    assert max(float(stats.sums.max()) for stats in sent) < 2**49 and max(float(stats.sums.max()) for stats in sent) > 2**46
+
+
+def test_a_sum_that_could_overflow_the_ring_stops_in_one_line():
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: round 4, 12 participants: their sum of 19-bit "
+                                          r"values can reach 12 · \(2\^19 − 1\), which overflows the ring Z_2\^22: set "
+                                          r"secagg_value_bits ≤ 18 or raise secagg_bits$"):
+        secure_sum(CLIENTS, secagg_clip=5.0, secagg_bits=22, secagg_value_bits=19)
+
+
+def test_a_ring_beyond_float64s_exact_integers_stops_in_one_line():
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: round 4, 12 participants: their masked sum reaches "
+                                          r"12 · 2\^50, beyond float64's exact integers \(2\^53\): set secagg_bits ≤ 49$"):
+        secure_sum(CLIENTS, secagg_clip=5.0, secagg_bits=50)
+
+
+def test_a_threshold_above_the_neighbours_stops_in_one_line():
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: round 4, 5 participants: secagg_threshold=5 is "
+                                          r"more than a client's 4 neighbours"):
+        secure_sum(CLIENTS[:5], secagg_clip=5.0, secagg_threshold=5)
+    with pytest.raises(FedrayError, match=r"secagg_threshold=5 is more than a client's 4 neighbours"):
+        secure_sum(CLIENTS, secagg_clip=5.0, secagg_threshold=5, secagg_neighbours=4)
+
+
+def test_too_few_survivors_to_unmask_stop_the_round_in_one_line():
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: round 4: client \d+ (dropped|survived) with only "
+                                          r"\d surviving neighbours, fewer than secagg_threshold=6: the server cannot "
+                                          r"unmask the sum \(\d+ of 12 dropped\)$"):
+        secure_sum(CLIENTS, secagg_clip=5.0, secagg_bits=40, secagg_dropout=0.6)
+
+
+def test_uploads_it_cannot_mask_are_refused_in_one_line():
+    process = Postprocessing((SecureAggregation(secagg_clip=1.0),), SEED).among([0, 1], 1)
+    update = fedray.Upload({"W": torch.zeros(3, 4)}, 5.0)
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: client 0's 'W' is torch.float32: secagg masks "
+                                          r"float64 uploads"):
+        process.client(update, 0, 1)
+    unknown = Postprocessing((SecureAggregation(secagg_clip=1.0),), SEED)
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: this stage does not tell the postprocessors"):
+        unknown.statistics(upload(0), 0, 1)
+
+
+@pytest.mark.parametrize("options, error", [
+    ({}, "option secagg_clip is required"),
+    ({"secagg_clip": "1", "secagg_bits": "0"}, "option secagg_bits must be from 1 to 53, got 0"),
+    ({"secagg_clip": "1", "secagg_bits": "54"}, "option secagg_bits must be from 1 to 53, got 54"),
+    ({"secagg_clip": "1", "secagg_bits": "20", "secagg_value_bits": "21"},
+     "option secagg_value_bits must be from 1 to secagg_bits=20, got 21"),
+    ({"secagg_clip": "1", "secagg_dropout": "1"}, r"option secagg_dropout must be in \[0, 1\), got 1.0"),
+    ({"secagg_clip": "1", "secagg_dropout": "-0.1"}, r"option secagg_dropout must be in \[0, 1\), got -0.1"),
+    ({"secagg_clip": "1", "secagg_threshold": "0"}, "option secagg_threshold must be ≥ 1, got 0"),
+    ({"secagg_clip": "1", "secagg_neighbours": "3"}, "option secagg_neighbours must be even and ≥ 2, got 3"),
+])
+def test_options_are_checked_before_any_work(options, error):
+    with pytest.raises(FedrayError, match=rf"^--postprocessor {SPEC}: {error}"):
+        postprocessing(resolve({}, {"method": "fed3r", "postprocessor": SPEC, "options": options}))
+
+
+class QuantizedSum(fedray.Postprocessor):
+    """The reference: each client sends its quantized integers in the clear, the server decodes their float64 sum."""
+
+    def __init__(self, quantized_clip: float = 1.0, quantized_bits: int = 1) -> None:
+        super().__init__()
+        self.clip, self.step = quantized_clip, 2 * quantized_clip / (2**quantized_bits - 1)
+
+    def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
+        return fedray.Upload({name: torch.round((tensor.clamp(-self.clip, self.clip) + self.clip) / self.step)
+                              for name, tensor in upload.tensors.items()}, upload.weight)
+
+    def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
+        return {name: tensor * self.step - context.clients * self.clip for name, tensor in total.items()}
+
+
+def runs(tmp_path: Path, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
+    config = resolve({}, {"method": "fed3r", "dataset": "synthetic:inat-geo-100?dim=8&scale=0.3&classes=6",
+                          "out": str(tmp_path / name), "clients_per_round": 8, "rounds": 4, "eval_every": 2,
+                          "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+    run(config)
+    rows = pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
+    return [{key: row[key] for key in ("round", "accuracy")} for row in rows], dict(np.load(tmp_path / name /
+                                                                                             "classifier.npz"))
+
+
+def test_a_fed3r_run_through_secagg_is_the_run_through_plain_quantized_sums_bit_for_bit(ray_session, tmp_path):
+    secure = runs(tmp_path, "secagg", postprocessor=SPEC,
+                  options={"secagg_clip": "2000", "secagg_bits": "44", "secagg_value_bits": "36"})
+    quantized = runs(tmp_path, "quantized", postprocessor="tests.postprocessors.test_secagg:QuantizedSum",
+                     options={"quantized_clip": "2000", "quantized_bits": "36"})
+    plain = runs(tmp_path, "plain")
+    assert [row["round"] for row in secure[0]] == [2, 4]
+    assert secure[0] == quantized[0] and secure[1].keys() == quantized[1].keys()
+    assert all(np.array_equal(secure[1][key], quantized[1][key]) for key in secure[1])
+    assert not all(np.array_equal(secure[1][key], plain[1][key]) for key in secure[1])
+    assert all(np.allclose(secure[1][key], plain[1][key], atol=1e-4) for key in secure[1])
+
+
+@pytest.fixture
+def secagg_registered(monkeypatch):
+    """``secagg`` by name as pyproject.toml registers it (an install made before it was added does not list it)."""
+    monkeypatch.setitem(postprocessor_module.BUILT_IN, "secagg", SPEC)
+
+
+@pytest.mark.parametrize("given", [{}, {"postprocessor": "secagg"}])
+def test_secure_aggregation_adds_secagg_last_and_once(secagg_registered, given):
+    config = resolve({}, {"method": "fed3r", "secure_aggregation": True, "options": {"secagg_clip": "3"}, **given})
+    built = postprocessing(config).postprocessors
+    assert config.postprocessor == "secagg" and len(built) == 1 and isinstance(built[0], SecureAggregation)
+    assert built[0].clip == 3.0 and built[0].bits is None
+
+
+def test_secure_aggregation_without_its_clip_stops_before_any_work(secagg_registered):
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: option secagg_clip is required"):
+        postprocessing(resolve({}, {"method": "fed3r", "secure_aggregation": True}))
