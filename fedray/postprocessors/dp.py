@@ -32,8 +32,8 @@ Gaussian mechanism of multiplier σ/√2). ``dp_placement``:
 - ``distributed``: each client adds its share, standard deviation σ·Δ_t/√κ (κ the clients per round), so a block of
   κ uploads carries the central variance σ²Δ_t², and a block of b uploads b/κ of it: the accountant is given the
   block's own multiplier σ·√(b/κ) (a block of fewer than κ new uploaders, as when clients are drawn again, is less
-  private, and the reported ε says so). Its guarantee assumes the server sees only the sum (secure aggregation, not
-  built in yet) and clients that add their noise.
+  private, and the reported ε says so). Its guarantee assumes the server sees only the sum (what `--secure-aggregation`
+  simulates) and clients that add their noise.
 
 **Releases.** A closed-form run releases each client's statistics once (a client uploads once), in one block; the
 blocks hold disjoint samples, so by parallel composition a sample's ε is its block's: the run's ``dp_epsilon`` is the
