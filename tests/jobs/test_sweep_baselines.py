@@ -57,7 +57,8 @@ def test_a_quick_run_tables_one_row_per_configuration_with_its_upload(ray_sessio
     sweep_baselines.main(["--quick", "--sections", "closed-form,gradient", "--dataset", TINY, "--out", str(tmp_path)])
     printed = capsys.readouterr().out
     table = pl.read_csv(tmp_path / "analysis" / "summary.csv")
-    assert table["label"].to_list() == [c.label for c in CONFIGURATIONS], "one row per configuration, in order"
+    ran = [c.label for c in CONFIGURATIONS if c.section in ("closed-form", "gradient")]
+    assert table["label"].to_list() == ran, "one row per configuration of the sections run, in order"
     assert "| fedcof-oracle (diagonal) |" in printed and "failed" not in printed
     rows = {row["label"]: row for row in table.iter_rows(named=True)}
     clients, m = pairs(TINY)
