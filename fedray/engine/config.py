@@ -480,11 +480,12 @@ class RunConfig:
         if self.tct_fedavg and self.tct_solver == "closed_form":
             raise FedrayError("--tct-fedavg turns off the control variates of stage 2's iterative solver: it takes "
                               "--tct-solver scaffold or both, not closed_form")
-        width = self.tct_projection or self.entk_dim
+        sampled = self.entk_dim
         if self.entk_params == "last_layer":  # p of the d head weights: at most the penultimate width
             from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
 
-            width = self.tct_projection or min(self.entk_dim, get_backbone(self.backbone).dim)
+            sampled = min(sampled, get_backbone(self.backbone).dim)
+        width = self.tct_projection or sampled
         if self.tct_solver != "scaffold" and width > CLOSED_FORM_MAX_DIM:
             raise FedrayError(f"the closed-form stage 2 solves a {width} × {width} system: give --tct-projection D "
                               f"≤ {CLOSED_FORM_MAX_DIM} (or --entk-dim ≤ {CLOSED_FORM_MAX_DIM})")

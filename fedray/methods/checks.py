@@ -168,6 +168,18 @@ def check_like(obj: object, method: str, value: object, like: Params, what: str)
     return value
 
 
+def check_features(postprocessor: object, got: torch.Tensor, returned: object) -> torch.Tensor:
+    """What ``postprocessor.features`` returned for the rows ``got``: finite rows of ``got``'s shape and dtype."""
+    expected = f"finite {got.dtype} rows of shape {_shape(got.shape)}"
+    if not isinstance(returned, torch.Tensor):
+        _refuse(postprocessor, "features", _what(returned), expected)
+    if returned.shape != got.shape or returned.dtype != got.dtype:
+        _refuse(postprocessor, "features", f"{returned.dtype} rows of shape {_shape(returned.shape)}", expected)
+    if not bool(returned.isfinite().all()):
+        _refuse(postprocessor, "features", "rows with NaN or inf", expected)
+    return returned
+
+
 def check_upload_like(postprocessor: object, got: Upload, returned: object, weighted: bool, where: str,
                       method: str = "client") -> Upload:
     """A postprocessor's ``returned`` upload for ``got`` (``where``: the round and client, in errors): a

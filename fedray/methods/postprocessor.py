@@ -55,7 +55,7 @@ import torch
 from fedray.core.errors import FedrayError
 from fedray.core.plugins import is_plugin, load_class, registered
 from fedray.methods.algorithm import Params, Upload
-from fedray.methods.checks import check_state, check_upload_like
+from fedray.methods.checks import check_features, check_state, check_upload_like
 
 AGGREGATE = -1
 """The client number the aggregate's generator is seeded with."""
@@ -188,28 +188,18 @@ class Postprocessing:
                                    group_round=self.first_round + round_number)
 
     def _shared_seed(self, index: int) -> int:
-        if not self.participants:
-            return 0
-        return int(np.random.SeedSequence((self.seed, self.group_round, index, 0)).generate_state(2, np.uint64)[0]
-                   & (2**63 - 1))
+        return _seed(self.seed, self.group_round, index, 0) if self.participants else 0
 
     def _generator(self, round_number: int, client: int, index: int) -> torch.Generator:
         """``round_number``: the run's."""
-        seed = np.random.SeedSequence((self.seed, round_number, client + 1, index)).generate_state(2, np.uint64)[0]
-        return torch.Generator().manual_seed(int(seed) & (2**63 - 1))
+        return torch.Generator().manual_seed(_seed(self.seed, round_number, client + 1, index))
 
     def features(self, features: torch.Tensor) -> torch.Tensor:
         """A closed-form client's feature rows through every postprocessor's :meth:`Postprocessor.features`, in order;
         ``features`` itself when none overrides it."""
         for postprocessor in self.postprocessors:
             if type(postprocessor).features is not Postprocessor.features:
-                returned = postprocessor.features(features)
-                if not isinstance(returned, torch.Tensor) or returned.shape != features.shape \
-                        or returned.dtype != features.dtype or not bool(torch.isfinite(returned).all()):
-                    raise FedrayError(f"postprocessor {type(postprocessor).__name__}.features returned "
-                                      f"{_described(returned)}; expected finite {features.dtype} rows of shape "
-                                      f"{tuple(features.shape)}")
-                features = returned
+                features = check_features(postprocessor, features, postprocessor.features(features))
         return features
 
     def client(self, upload: Upload, client: int, round_number: int, weighted: bool = True) -> Upload:
@@ -268,10 +258,9 @@ class Postprocessing:
             postprocessor.state = dict(state)
 
 
-def _described(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} of shape {tuple(value.shape)}" + ("" if bool(torch.isfinite(value).all()) else " (not finite)")
-    return type(value).__name__
+def _seed(*entropy: int) -> int:
+    """A 63-bit seed from ``entropy`` (the run's seed, a round, ...), independent of any other tuple's."""
+    return int(np.random.SeedSequence(entropy).generate_state(2, np.uint64)[0]) & (2**63 - 1)
 
 
 def _same(a: Upload, b: Upload) -> bool:

@@ -1,6 +1,8 @@
 """The checks of what the engine receives, on the built-ins: they pass what fedray's own methods and algorithms return
 (a run of each plugin kind that fails them is in tests/app/test_plugin_outputs.py)."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from fedray.methods.base import ClientBatch, Classifier
 from fedray.methods.checks import check_classifier, check_like, check_state, combine_checked, statistics_finite
 from fedray.methods.fedcof import FedCOF
 from fedray.methods.ncm import ClassSums, FedNCM
+from fedray.methods.postprocessor import Postprocessing, Postprocessor
 
 
 def batch(clients: list[int], sizes: list[int], dim: int = 3, classes: int = 4) -> ClientBatch:
@@ -57,3 +60,26 @@ def test_names_and_shapes_and_states():
     check_state(owner, "step", {"weight": {"m": torch.zeros(3, 4)}}, "tensors in dicts by name")
     with pytest.raises(FedrayError, match=r"its state holds a ndarray at weight.m after step"):
         check_state(owner, "step", {"weight": {"m": np.zeros(3)}}, "tensors in dicts by name")
+
+
+class Halving(Postprocessor):
+    def __init__(self, returned=None) -> None:
+        super().__init__()
+        self.returned = returned
+
+    def features(self, features: torch.Tensor) -> torch.Tensor:
+        return features / 2 if self.returned is None else self.returned
+
+
+@pytest.mark.parametrize("returned, got", [
+    ("rows", "a str"),
+    (torch.zeros(4, 3, dtype=torch.float32), "torch.float32 rows of shape (4, 3)"),
+    (torch.zeros(2, 3, dtype=torch.float64), "torch.float64 rows of shape (2, 3)"),
+    (torch.full((4, 3), float("nan"), dtype=torch.float64), "rows with NaN or inf"),
+])
+def test_a_features_hook_must_return_finite_rows_of_the_rows_shape_and_dtype(returned, got):
+    rows = torch.ones(4, 3, dtype=torch.float64)
+    assert torch.equal(Postprocessing((Halving(),)).features(rows), torch.full((4, 3), 0.5, dtype=torch.float64))
+    with pytest.raises(FedrayError, match=rf"^the plugin tests.methods.test_checks:Halving: features returned {re.escape(got)}; expected finite "
+                                          rf"torch.float64 rows of shape \(4, 3\)$"):
+        Postprocessing((Halving(returned),)).features(rows)
