@@ -170,9 +170,9 @@ class Group:
         if self.threshold > max(degree, 1):
             raise fedray.FedrayError(f"{where}: secagg_threshold={self.threshold} is more than a client's {degree} "
                                      f"neighbours: no client's seeds could ever be reconstructed")
-        order = np.random.Generator(np.random.Philox(np.random.SeedSequence((self.seed, 2)))).permutation(n)
+        order = self._generator(2).permutation(n)
         self.ring_order, self.ring_place = order, np.argsort(order)  # SecAgg+'s Harary graph: ring positions
-        uniform = np.random.Generator(np.random.Philox(np.random.SeedSequence((self.seed, 1)))).random(n)
+        uniform = self._generator(1).random(n)
         self.dropped = uniform < secagg.dropout
 
     def neighbours(self, position: int) -> list[int]:
@@ -214,9 +214,12 @@ class Group:
     def quantize(self, values: np.ndarray) -> np.ndarray:
         return np.rint((np.clip(values, -self.clip, self.clip) + self.clip) / self.step).astype(np.int64)
 
+    def _generator(self, *key: int) -> np.random.Generator:
+        """The group's stream ``key`` (1: dropouts, 2: the ring order, 3 and 4: masks), Philox from the shared seed."""
+        return np.random.Generator(np.random.Philox(np.random.SeedSequence((self.seed, *key))))
+
     def _expand(self, key: tuple[int, ...], size: int) -> np.ndarray:
-        generator = np.random.Generator(np.random.Philox(np.random.SeedSequence((self.seed, *key))))
-        return generator.integers(0, self.ring_mask, size, dtype=np.int64, endpoint=True)
+        return self._generator(*key).integers(0, self.ring_mask, size, dtype=np.int64, endpoint=True)
 
     def self_mask(self, client: int, size: int) -> np.ndarray:
         return self._expand((4, client), size)
