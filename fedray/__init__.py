@@ -7,7 +7,7 @@ The public interface, for a researcher's own methods and for notebooks::
     class MyMethod(fedray.ClosedFormMethod): ...        # client_statistics, combine, solve
     class MyServer(fedray.ServerOptimizer): ...          # step(params, delta) -> params
     class MyAlgorithm(fedray.FederatedAlgorithm): ...   # a training algorithm: client half, server half, client state
-    class MyNoise(fedray.Postprocessor): ...             # client(upload, context), aggregate(total, context)
+    class MyNoise(fedray.Postprocessor): ...             # start(stages), client(upload, context), aggregate(total, context)
     fedray.report(eta_g=1.7)                             # in a server-side hook: a column of metrics.parquet
     result = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
     result.metrics, result.classifier                    # a polars DataFrame, the final fedray.Classifier
@@ -39,6 +39,8 @@ _EXPORTS = {
     "Params": "fedray.methods.algorithm",
     "Postprocessor": "fedray.methods.postprocessor",
     "UploadContext": "fedray.methods.postprocessor",
+    "StageUploads": "fedray.methods.postprocessor",
+    "Sampling": "fedray.methods.postprocessor",
     "report": "fedray.core.reports",
     "Callback": "fedray.engine.callbacks",
     "FedrayError": "fedray.core.errors",

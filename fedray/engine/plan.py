@@ -22,7 +22,7 @@ from fedray.engine.settings import local_sgd_settings, server_optimizer, trainin
 from fedray.methods import method_class
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.base import ClosedFormMethod
-from fedray.methods.postprocessor import Postprocessing, postprocessor_class
+from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads, postprocessor_class
 from fedray.methods.training.local import LocalSGD
 from fedray.methods.training.server import ServerOptimizer
 from fedray.runtime import sampling
@@ -214,12 +214,58 @@ class RunPlan:
         assert training is not None, "a training plan"
         return training
 
+    def stage_uploads(self) -> tuple[StageUploads, ...]:
+        """What each stage will upload, for the postprocessors' :meth:`~fedray.Postprocessor.start`."""
+        sampler, everyone = self.sampler, self.sampler.num_clients
+        drawn = Sampling(everyone, sampler.per_round, sampler.with_replacement)
+        once = Sampling(everyone, everyone, False)
+        told: list[StageUploads] = []
+        for stage in self.stages:
+            if isinstance(stage, ClosedForm):
+                rounds = len(self.init_rounds) if self.init is not None else len(sampler.rounds(stage.rounds))
+                told.append(closed_form_uploads("init" if self.init is not None else "closed form", drawn, rounds,
+                                                self.eval_every))
+            elif isinstance(stage, Training):
+                told.append(training_uploads("training", drawn, len(self.training_rounds)))
+            elif isinstance(stage, (Calibration, Probe)):
+                told.append(StageUploads("calibration" if isinstance(stage, Calibration) else "ridge probe", False, once,
+                                         1, everyone, everyone))
+            elif isinstance(stage, TctStage2):
+                if stage.normalize:
+                    told.append(StageUploads("tct normalization", False, once, 1, everyone, everyone))
+                if stage.solver in ("closed_form", "both"):
+                    told.append(StageUploads("tct closed form", False, once, 1, everyone, everyone))
+                if stage.solver in ("scaffold", "both"):
+                    told.append(training_uploads("tct stage 2", drawn, stage.rounds))
+        return tuple(told)
+
+
+def training_uploads(stage: str, sampling: Sampling, rounds: int) -> StageUploads:
+    """A training stage's uploads: κ a round; without replacement a pass's last round holds K mod κ when κ does not
+    divide K and the stage reaches it."""
+    population, per_round = sampling.population, sampling.per_round
+    short = population % per_round
+    smallest = short if short and not sampling.replacement and rounds >= -(-population // per_round) else per_round
+    return StageUploads(stage, True, sampling, rounds, per_round, smallest)
+
+
+def closed_form_uploads(stage: str, sampling: Sampling, rounds: int, eval_every: int) -> StageUploads:
+    """A closed form's uploads, every client's once, summed an evaluation block of ``eval_every`` rounds at a time
+    (the last block ending with the last round); without replacement the last block holds what is left."""
+    population, per_round = sampling.population, sampling.per_round
+    group = min(population, per_round * eval_every)
+    if sampling.replacement:
+        return StageUploads(stage, False, sampling, rounds, group, None)
+    uploads = min(population, rounds * per_round)
+    last = uploads - (-(-rounds // eval_every) - 1) * per_round * eval_every
+    return StageUploads(stage, False, sampling, rounds, group, min(group, last))
+
 
 def postprocessing(config: RunConfig) -> Postprocessing:
     """``--postprocessor``'s classes with their options, in order, and the run's seed for their random draws."""
     classes = [(spec, postprocessor_class(spec)) for spec in config.postprocessor_specs()]
     return Postprocessing(tuple(build(cls, config.option_values(cls), f"--postprocessor {spec}", seed=config.seed)
-                                for spec, cls in classes), config.seed)
+                                for spec, cls in classes), config.seed, tuple(spec for spec, _ in classes))
 
 
 def build_method(config: RunConfig, federation: Federation) -> ClosedFormMethod:

@@ -150,6 +150,7 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
         sampling.check_rounds(training.rounds)
     if stage2 is not None:
         sampling.check_rounds(stage2.rounds, "--tct-rounds")
+    run.postprocessing.start(run.stage_uploads())  # a postprocessor's refusal, in one line, before any work
     saved = _saved_state(run, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))

@@ -31,6 +31,13 @@ it keeps between rounds goes in ``self.state`` (named tensors), which
 checkpoints save. What a hook returns is checked where it arrives: the names,
 shapes and dtypes it got, finite values, a finite weight > 0.
 
+Before any work (in the driver, before the data reaches the shards),
+:meth:`Postprocessor.start` is told what each stage of the run will upload
+(:class:`StageUploads`: closed-form statistics or training updates, the
+sampling, the rounds, how many uploads an aggregate sums): the place to refuse
+a run the postprocessor cannot serve, in one line, and to fix what depends on
+the whole run (a noise multiplier calibrated to a budget over its releases).
+
 Where the sums are (fedray sums uploads inside the shards): a postprocessor
 whose :attr:`~Postprocessor.per_client` is true makes every client's upload
 exist on its own (closed-form statistics are then also computed client by
@@ -72,6 +79,27 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class StageUploads:
+    """What one stage of a run will send through the postprocessors, as the plan knows it before the run
+    (:meth:`Postprocessor.start`).
+
+    ``stage`` names it (``closed form``, ``init`` (a closed form before training), ``training``, ``calibration``,
+    ``ridge probe``, ``tct normalization``, ``tct closed form``, ``tct stage 2``); ``training``: its uploads are
+    training updates, weighted, summed into one aggregate a round, rather than closed-form statistics (each client's
+    once, summed into one aggregate an evaluation block); ``sampling``: how its clients are drawn; ``rounds``: its
+    rounds (a closed form's: until every client was seen, or its budget); ``group``: the most uploads an aggregate
+    sums, and ``smallest_group`` the fewest (None where only the run's draws tell: a closed form's blocks under
+    sampling with replacement hold the clients drawn for the first time)."""
+
+    stage: str
+    training: bool
+    sampling: Sampling
+    rounds: int
+    group: int
+    smallest_group: int | None
+
+
+@dataclass(frozen=True)
 class UploadContext:
     """Where an upload is: ``client`` (:data:`AGGREGATE` for the server's sum), the ``round`` it belongs to (a closed-form
     block's last round for its aggregate), how many ``clients`` it sums, the ``generator`` of its random draws, and the
@@ -103,6 +131,11 @@ class Postprocessor:
         """Whether :meth:`client` or :meth:`features` changes uploads (by default: whether the subclass overrides
         either)."""
         return type(self).client is not Postprocessor.client or type(self).features is not Postprocessor.features
+
+    def start(self, stages: tuple[StageUploads, ...]) -> None:
+        """Told once, in the driver, before any work: what each stage of the run will upload, in order. Raise
+        :class:`~fedray.FedrayError` (or ``ValueError``) with one line to refuse the run; set what depends on the whole
+        run here (the copies the shards use are made after it)."""
 
     def features(self, features: torch.Tensor) -> torch.Tensor:
         """A client's feature rows (one sample each, in the method's ``features_dtype``) before a closed-form method
@@ -167,6 +200,8 @@ class Postprocessing:
 
     postprocessors: Sequence[Postprocessor] = ()
     seed: int = 0
+    names: Sequence[str] = ()
+    """How the run named each postprocessor (``--postprocessor NAME``), for its errors."""
     sampling: Sampling = Sampling()
     first_round: int = 0
     participants: tuple[int, ...] = ()
@@ -193,6 +228,16 @@ class Postprocessing:
     def _generator(self, round_number: int, client: int, index: int) -> torch.Generator:
         """``round_number``: the run's."""
         return torch.Generator().manual_seed(_seed(self.seed, round_number, client + 1, index))
+
+    def start(self, stages: tuple[StageUploads, ...]) -> None:
+        """Every postprocessor told the run's stages (:meth:`Postprocessor.start`), in order; a ``ValueError`` it
+        raises becomes a one-line :class:`FedrayError` naming it."""
+        for index, postprocessor in enumerate(self.postprocessors):
+            try:
+                postprocessor.start(stages)
+            except ValueError as error:
+                name = self.names[index] if index < len(self.names) else type(postprocessor).__name__
+                raise FedrayError(f"--postprocessor {name}: {error}") from None
 
     def features(self, features: torch.Tensor) -> torch.Tensor:
         """A closed-form client's feature rows through every postprocessor's :meth:`Postprocessor.features`, in order;
