@@ -15,16 +15,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+import shutil
+
 import numpy as np
 import ray
-from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fedray.core.errors import FedrayError
-from fedray.runtime.client_states import Layout
+from fedray.runtime.client_states import Layout, spill_folder
 from fedray.runtime.placement import reserve, start_actors
 
 CLEAR_TIMEOUT_S = 10
 """How long a pool's shutdown waits for its actors to delete the clients' states they spilled."""
+REMOVE_TIMEOUT_S = 60
+"""How long it waits for the folders of actors gone for good to be deleted (a task starts a worker for it: seconds on
+a busy node)."""
 
 
 def fetch(refs: list[ray.ObjectRef]) -> list[Any]:
@@ -128,14 +134,39 @@ class ActorGroup:
 
     def shutdown(self) -> None:
         if self.keeps_client_states:
-            try:  # the states spilled to the nodes' disks; the actors may be gone already (an interrupt, a failure)
-                ray.get([actor.clear_client_states.remote() for actor in self.actors], timeout=CLEAR_TIMEOUT_S)
-            except ray.exceptions.RayError:
-                pass
+            self._clear_client_states()
         for actor in self.actors:
             ray.kill(actor)
         if self.trial_group is None:
             remove_placement_group(self.group)
+
+    def _clear_client_states(self) -> None:
+        """Each actor deletes the clients' states it spilled to its node's disk; for an actor gone for good (killed and
+        not restarted: the run ended on it) a task on its bundle's node deletes its folder, named by the actor's id."""
+        gone = []
+        for index, (actor, cleared) in enumerate([(actor, actor.clear_client_states.remote()) for actor in self.actors]):
+            try:
+                ray.get(cleared, timeout=CLEAR_TIMEOUT_S)
+            except ray.exceptions.RayActorError:
+                gone.append(index)
+            except ray.exceptions.RayError:  # an interrupt, a timeout: the actor's own folder is left as it is
+                pass
+        if not gone:
+            return
+        nodes = placement_group_table(self.group)["bundles_to_node_id"]
+        first = 0 if self.trial_group is None else 1
+        removals = [remove_spilled.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[first + index], soft=False))
+                    .remote(self.actors[index]._actor_id.hex()) for index in gone]  # the id its runtime context gave it
+        try:
+            ray.get(removals, timeout=REMOVE_TIMEOUT_S)
+        except ray.exceptions.RayError:  # the node is gone too, and its disk with it
+            pass
+
+
+@ray.remote(num_cpus=0)
+def remove_spilled(owner: str) -> None:
+    """Delete the folder of clients' states the actor ``owner`` spilled on this node."""
+    shutil.rmtree(spill_folder(owner), ignore_errors=True)
 
 
 def combine_partials(a: Any, b: Any, add: Callable[[Any, Any], Any] = operator.add) -> Any:

@@ -159,6 +159,15 @@ class ClientStatesLost(FedrayError):
     """Raised by a restarted actor whose clients' states are gone until the driver restores them."""
 
 
+SPILL_FOLDERS = "fedray-client-states"
+"""The folder of a node's temporary folder that holds each actor's folder of spilled states."""
+
+
+def spill_folder(owner: str, spill_root: Path | None = None) -> Path:
+    """Where the actor ``owner`` spills its clients' states: ``spill_root`` (default: the node's temporary folder)."""
+    return Path(spill_root or tempfile.gettempdir()) / SPILL_FOLDERS / owner
+
+
 class ClientStates:
     """The states of an actor's clients (client number → named tensors): the most recently used in memory, up to
     ``budget`` bytes (None: no limit), the rest in ``spill_root``'s folder of this actor (default: the node's
@@ -180,7 +189,7 @@ class ClientStates:
         self.pending_round: int | None = None
         self.lost = lost
         self.budget = budget
-        self.spill_folder = Path(spill_root or tempfile.gettempdir()) / "fedray-client-states" / (owner or uuid.uuid4().hex)
+        self.spill_folder = spill_folder(owner or uuid.uuid4().hex, spill_root)
         if lost:
             shutil.rmtree(self.spill_folder, ignore_errors=True)
 

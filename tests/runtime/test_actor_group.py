@@ -1,5 +1,9 @@
 """The actor group under every pool: client ranges, the fixed-order tree reduction, and no placement group left behind."""
 
+import shutil
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import ray
@@ -7,6 +11,7 @@ from ray.util import placement_group_table
 
 from fedray.core.errors import FedrayError
 from fedray.runtime.actor_group import ActorGroup, balanced_bounds, tree_reduce
+from fedray.runtime.client_states import spill_folder
 
 
 @ray.remote(num_cpus=0)
@@ -60,3 +65,38 @@ def test_a_failed_check_releases_the_group_before_any_actor_starts(ray_session):
         ActorGroup.launch(Holder, {"CPU": 0.01}, [(0, 1)], np.array([0, 1]), what="1 holder", hint="none",
                           before_start=refuse)
     assert live_groups() == before
+
+
+@ray.remote(num_cpus=0)
+class Spiller:
+    """Has spilled a client's state into its folder (named by its actor id, as a shard's), deleted at shutdown."""
+
+    def __init__(self) -> None:
+        self.folder = spill_folder(ray.get_runtime_context().get_actor_id())
+        self.folder.mkdir(parents=True)
+        (self.folder / "client-1.safetensors").write_bytes(b"state")
+
+    def spilled_into(self) -> str:
+        return str(self.folder)
+
+    def clear_client_states(self) -> None:
+        shutil.rmtree(self.folder)
+
+
+class SpillingGroup(ActorGroup):
+    keeps_client_states = True
+
+
+def test_shutdown_deletes_the_spilled_states_of_an_actor_killed_for_good_too(ray_session):
+    group = SpillingGroup.launch(Spiller, {"CPU": 0.01}, [(), ()], np.array([0, 1, 2]), what="2 spillers", hint="none")
+    folders = [Path(path) for path in ray.get([actor.spilled_into.remote() for actor in group.actors])]
+    assert all(folder.is_dir() for folder in folders)
+    ray.kill(group.actors[0], no_restart=True)  # its shutdown never runs: the run ended on it
+    while True:
+        try:
+            ray.get(group.actors[0].spilled_into.remote())
+            time.sleep(0.1)
+        except ray.exceptions.RayActorError:
+            break
+    group.shutdown()
+    assert not folders[0].exists() and not folders[1].exists()
