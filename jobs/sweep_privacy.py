@@ -92,7 +92,8 @@ def clip_for(spec: str) -> tuple[float, float, int]:
 
 
 def label(method: str, epsilon: float | None) -> str:
-    return method if epsilon is None else f"{method}, ε = {'∞' if math.isinf(epsilon) else f'{epsilon:g}'}"
+    """``fed3r``, ``fed3r, ε = 0.5``, ``fed3r, ε = inf``: also the run's folder name (``01-fed3r-inf``)."""
+    return method if epsilon is None else f"{method}, ε = {epsilon:g}"
 
 
 def budget(epsilon: float) -> dict:

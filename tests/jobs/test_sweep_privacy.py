@@ -35,7 +35,7 @@ def test_the_grid_is_every_method_at_every_epsilon_and_resolves(dp_fedavg_regist
         assert [c.run_options.get("dp_noise") for c in runs] == [None, 0.0, None, None, None, None, None]
         assert {c.run_options.get("clip_norm") for c in runs[1:]} == {1.0 if method == "fedavg" else 20.5}
         assert all(c.run_options["dp_delta"] == 1e-6 for c in runs[1:]) and "dp_delta" not in runs[0].run_options
-        assert [c.after for c in runs] == [None, None] + [f"{method}, ε = ∞"] * 5
+        assert [c.after for c in runs] == [None, None] + [f"{method}, ε = inf"] * 5
         for configuration in runs:
             check(run_keywords(configuration, QUICK[0], True))
 
@@ -65,7 +65,7 @@ def test_a_quick_run_is_the_plain_run_at_infinite_epsilon_and_spends_at_most_eac
     rows = pl.read_parquet(tmp_path / "results.parquet")
     finals = {(row["method"], row["target_epsilon"]): row for row in rows.iter_rows(named=True)}  # one evaluation a run
     assert len(finals) == rows.height
-    refused = "[8/9] data · fedcof, ε = ∞: failed: --postprocessor dp: an upload of counts, sums" in printed
+    refused = "[8/9] data · fedcof, ε = inf: failed: --postprocessor dp: an upload of counts, sums" in printed
     private = ["fedncm", "fed3r"] + ([] if refused else ["fedcof"])
     for method in private:
         plain, infinite, noisy = finals[method, None], finals[method, math.inf], finals[method, 2.0]
@@ -73,7 +73,7 @@ def test_a_quick_run_is_the_plain_run_at_infinite_epsilon_and_spends_at_most_eac
         assert 0 < noisy["dp_epsilon"] <= 2.0 and noisy["dp_delta"] == 1e-5 and noisy["clip_norm"] == summary["clip_norm"]
         assert summary["infinite_equals_plain"][method] is True
     if refused:  # today's dp refuses FedCOF's class means: its plain row stays, its other budgets are skipped
-        assert "[9/9] data · fedcof, ε = 2: skipped, as fedcof, ε = ∞ failed" in printed
+        assert "[9/9] data · fedcof, ε = 2: skipped, as fedcof, ε = inf failed" in printed
         assert ("fedcof", None) in finals and summary["skipped"] == ["fedcof"]
         assert table.row(2)[0] == "fedcof" and table.row(2)[2:] == (None, None)
         assert table.row(2)[1] == pytest.approx(finals["fedcof", None]["accuracy"], rel=1e-12)
