@@ -137,8 +137,9 @@ def accuracy_table(finals: pl.DataFrame, methods: list[str], epsilons: list[floa
 
 def markdown(table: pl.DataFrame, clip: float, delta: float) -> str:
     header = table.columns
-    lines = [f"Accuracy (%) by ε (δ = {delta:g}; closed-form clip R = {clip:g}, FedAvg's update clip {UPDATE_CLIP:g})",
-             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    clips = f"closed-form clip R = {clip:g}" + (f", FedAvg's update clip {UPDATE_CLIP:g}" if TRAINING in table["method"] else "")
+    lines = [f"Accuracy (%) by ε (δ = {delta:g}; {clips}; —: refused or failed)", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table.iter_rows():
         lines.append("| " + " | ".join([row[0], *("—" if v is None else f"{100 * v:.2f}" for v in row[1:])]) + " |")
     return "\n".join(lines) + "\n"
@@ -159,6 +160,7 @@ def plot(table: pl.DataFrame, epsilons: list[float], path: Path) -> None:
             axes.axhline(100 * row[PLAIN], color=colour, linestyle="--", linewidth=1,
                          label=f"{row['method']}, no DP" + ("" if points else " (DP refused)"))
     axes.set_xscale("log")
+    axes.minorticks_off()
     axes.set_xticks(finite, [f"{e:g}" for e in finite])
     axes.set_xlabel("ε (sample-level, δ fixed)")
     axes.set_ylabel("test accuracy (%)")
