@@ -95,6 +95,9 @@ class Configuration:
     run_options: dict = field(default_factory=dict)
     options: dict = field(default_factory=dict)
     postprocessor: str | None = None
+    after: str | None = None
+    """The label of a configuration this one runs only after (on the same dataset): where that one failed, this one is
+    skipped (a postprocessor that refuses a method refuses it once)."""
 
 
 RF_DIM = 1000
@@ -203,10 +206,15 @@ def sweep(configurations: list[Configuration], sets: list[Dataset], out: Path, q
     runs = [(dataset, index, configuration) for dataset in sets for index, configuration in enumerate(configurations)]
     for dataset, _, configuration in runs:
         check(run_keywords(configuration, dataset, quick))
-    frames = []
+    frames, failed = [], set()
     for number, (dataset, index, configuration) in enumerate(runs, start=1):
         folder = out / dataset.key / folder_name(index, configuration.label)
         started = time.perf_counter()
+        if (dataset.key, configuration.after) in failed:
+            print(f"[{number}/{len(runs)}] {dataset.key} · {configuration.label}: skipped, as {configuration.after} "
+                  "failed", flush=True)
+            failed.add((dataset.key, configuration.label))
+            continue
         if resume and (folder / "metrics.parquet").exists():
             metrics, note = pl.read_parquet(folder / "metrics.parquet"), "kept"
         else:
@@ -214,6 +222,7 @@ def sweep(configurations: list[Configuration], sets: list[Dataset], out: Path, q
                 metrics, note = fedray.run(out=folder, **run_keywords(configuration, dataset, quick)).metrics, "ran"
             except FedrayError as error:  # one configuration that does not fit is one missing row, not a lost sweep
                 print(f"[{number}/{len(runs)}] {dataset.key} · {configuration.label}: failed: {error}", flush=True)
+                failed.add((dataset.key, configuration.label))
                 continue
         last = metrics.row(-1, named=True)
         print(f"[{number}/{len(runs)}] {dataset.key} · {configuration.label}: accuracy {100 * last['accuracy']:.2f}%, "

@@ -30,6 +30,17 @@ from fedray.core.results import EvalPoint
 TCT = "tct"
 SECAGG = "secagg"
 """The postprocessor --secure-aggregation adds."""
+DP, DP_FEDAVG = "dp", "dp-fedavg"
+"""The postprocessors the DP flags add: sample-level DP on a closed-form method's statistics, DP-FedAvg on a training
+method's updates."""
+DP_OPTIONS = ("clip_norm", "dp_unit", "dp_epsilon", "dp_delta", "dp_noise", "dp_placement")
+"""The DP flags (``--clip-norm``, ``--dp-*``): run options that are the options of the run's DP postprocessor, by the
+names its constructor declares."""
+DP_REPORTED = ("dp_epsilon", "dp_delta")
+"""What a DP postprocessor reports in every row (the ε spent, at most the ε asked, and δ): in metrics.parquet these
+columns hold the report, not the budget asked (config.yaml keeps that)."""
+DP_UNITS = ("sample", "client")
+DP_PLACEMENTS = ("central", "distributed")
 TCT_SOLVERS = ("scaffold", "closed_form", "both")
 TCT_LOSSES = ("mse", "ce")
 ENTK_PARAMS = ("all", "last_layer")
@@ -239,6 +250,22 @@ class RunConfig:
                                        f"{', '.join(POSTPROCESSORS) or 'no built-in yet'}, or your own fedray.Postprocessor "
                                        "subclasses as FILE.py:Class or module:Class, several separated by commas",
                                        UPLOADS, unset="none", metavar="NAME[,NAME...]")
+    clip_norm: float | None = option(None, "differential privacy (README: Privacy): each sample's features clipped to "
+                                     "norm ≤ R (a training method: each client's update). Any --clip-norm or --dp-* adds "
+                                     f"--postprocessor {DP} ({DP_FEDAVG} for a training method) after yours and before "
+                                     f"{SECAGG}, with these as its options", UPLOADS, unset="no DP", metavar="R")
+    dp_unit: str | None = option(None, "what DP protects: one sample, or all of one client's data", UPLOADS,
+                                 choices=DP_UNITS, unset="the DP postprocessor's own, sample for dp")
+    dp_epsilon: float | None = option(None, "DP budget ε at --dp-delta: the noise is calibrated to it (or give "
+                                      "--dp-noise); the rows' dp_epsilon is the ε spent", UPLOADS,
+                                      unset="none: give --dp-noise", metavar="EPSILON")
+    dp_delta: float | None = option(None, "δ of the (ε, δ) guarantee, below 1/samples (e.g. 1e-5); required with DP",
+                                    UPLOADS, unset="none", metavar="DELTA")
+    dp_noise: float | None = option(None, "DP noise multiplier σ (the noise's std is σ × the sensitivity), ε computed; "
+                                    "0: no noise, ε = ∞", UPLOADS, unset="calibrated to --dp-epsilon", metavar="SIGMA")
+    dp_placement: str | None = option(None, "who adds the DP noise: the server, to each aggregate, or each client its "
+                                      "share σ/√κ", UPLOADS, choices=DP_PLACEMENTS,
+                                      unset="the DP postprocessor's own, central for dp")
     secure_aggregation: bool = option(False, f"uploads summed by secure aggregation (SecAgg, SecAgg+ with --option "
                                       f"secagg_neighbours=k), simulated exactly: --postprocessor {SECAGG} added last; "
                                       f"its options secagg_clip (required), secagg_bits, secagg_value_bits, "
@@ -278,9 +305,32 @@ class RunConfig:
         return list(unique.values())
 
     def postprocessor_specs(self) -> list[str]:
-        """``--postprocessor``'s classes, in order, and ``secagg`` last with ``--secure-aggregation`` (once)."""
+        """``--postprocessor``'s classes, in order; with a DP flag (:meth:`dp_options`) the DP postprocessor
+        (:meth:`dp_postprocessor`) after them and before ``secagg``, unless one of them takes DP options already (``dp``
+        given by name, or your own); and ``secagg`` last with ``--secure-aggregation`` (once)."""
         specs = [] if self.postprocessor is None else [spec.strip() for spec in self.postprocessor.split(",") if spec.strip()]
+        if self.dp_options() and not any(set(DP_OPTIONS) & options_of(postprocessor_class(spec)).keys() for spec in specs):
+            specs.insert(specs.index(SECAGG) if SECAGG in specs else len(specs), self.dp_postprocessor())
         return specs + [SECAGG] if self.secure_aggregation and SECAGG not in specs else specs
+
+    def dp_options(self) -> dict[str, object]:
+        """The DP flags set (:data:`DP_OPTIONS` that are not None)."""
+        return {name: getattr(self, name) for name in DP_OPTIONS if getattr(self, name) is not None}
+
+    def dp_postprocessor(self) -> str:
+        """The postprocessor a DP flag adds: ``dp-fedavg`` when the run trains, else ``dp``."""
+        return DP_FEDAVG if self.trains else DP
+
+    def _dp_defaults(self) -> dict[str, object]:
+        """The DP options left unset, at the default of the run's postprocessor that declares them (dp's central and
+        sample), so that config.yaml and the metrics columns say what ran."""
+        unset = {name for name in DP_OPTIONS if getattr(self, name) is None}
+        found: dict[str, object] = {}
+        for spec in self.postprocessor_specs():
+            for name, declared in options_of(postprocessor_class(spec)).items():
+                if name in unset:
+                    found.setdefault(name, declared.default)
+        return found
 
     def server_optimizer_class(self) -> type[ServerOptimizer]:
         """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
@@ -338,6 +388,7 @@ class RunConfig:
         if self.sphere_loss not in SPHERE_LOSSES:
             raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
         self._validate_client_optimizer()
+        self._validate_dp()
         if self.method == TCT:
             self._validate_tct()
         if self.calibrate is not None:
@@ -406,6 +457,19 @@ class RunConfig:
             milestones = (0,)
         if self.lr_schedule == "step" and (not milestones or min(milestones) < 1):
             raise FedrayError(f"--lr-milestones takes comma-separated training rounds ≥ 1, got {self.lr_milestones!r}")
+
+    def _validate_dp(self) -> None:
+        """Each DP flag given is an option of one of the run's postprocessors: none is dropped unseen. (Its value is
+        the postprocessor's to check, when it is built.)"""
+        given = self.dp_options()
+        if not given:
+            return
+        specs = self.postprocessor_specs()
+        declared = {name for spec in specs for name in options_of(postprocessor_class(spec))}
+        missing = [name for name in given if name not in declared]
+        if missing:
+            raise FedrayError(f"{command_line(missing[0])}: no postprocessor of this run takes {missing[0]} "
+                              f"(--postprocessor {','.join(specs)})")
 
     def lr_schedule_of_run(self) -> LrSchedule:
         """The client learning-rate schedule (cosine over ``--rounds``); the configuration is validated."""
@@ -495,6 +559,7 @@ class RunConfig:
         values = {"sampling": self.sampling or ("with" if self.trains else "without"), "method": canonical(self.method)}
         if self.postprocessor_specs():
             values["postprocessor"] = ",".join(canonical(spec) for spec in self.postprocessor_specs())
+            values.update(self._dp_defaults())
         if self.method == TCT:
             values["finetune"] = self.finetune or "ft"
         if self.trains:
@@ -577,11 +642,12 @@ class RunConfig:
         (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise ``server_optimizer``.
         config.yaml keeps every option, to re-run the run.
         """
-        groups, taken = self.applicable_groups(), self._taken()
+        groups, taken, private = self.applicable_groups(), self._taken(), bool(self.dp_options())
         columns: dict[str, object] = {}
         for spec in fields(self):
             if spec.name in NOT_COLUMNS or not self._applies(spec, groups, taken) or \
-                    spec.name in STAGE_COLUMNS and getattr(self, spec.name) is None:
+                    spec.name in STAGE_COLUMNS and getattr(self, spec.name) is None or \
+                    spec.name in DP_OPTIONS and not private:
                 continue
             value = getattr(self, spec.name)
             if spec.name in PLUGIN_FIELDS and isinstance(value, str) and is_plugin(value):
@@ -616,8 +682,9 @@ IMAGE_OPTIONS = ("backbone", "weights", "image_size")
 RESERVED = {f.name for f in fields(EvalPoint)} | {f"{name}_spec" for name in PLUGIN_FIELDS} | \
     {"ridge_probe_accuracy", "trial_id", "sweep"}
 """Metrics columns: no option may take their names, since options become columns too."""
-COLUMNS = frozenset(FIELDS | RESERVED)
-"""Names no plugin may report a number under (:func:`fedray.report`): the run's columns."""
+COLUMNS = frozenset(FIELDS | RESERVED) - set(DP_REPORTED)
+"""Names no plugin may report a number under (:func:`fedray.report`): the run's columns, but what a DP postprocessor
+reports (:data:`DP_REPORTED`)."""
 PER_ROUND = ("clients_per_round", "participation")
 REMOVED = {
     "client_algorithm": "write your client's loss or gradient correction as a fedray.FederatedAlgorithm subclass and "
@@ -679,9 +746,11 @@ OWNED = {f.name for f in fields(RunConfig) if "owners" in f.metadata}
 
 def _owned_key(key: str) -> str | None:
     """The owned run option an ``options`` key sets (``prox_mu``, ``fedprox.prox_mu``, ``FedProx.prox_mu``: a per-owner
-    key names an owner by its built-in name or class name), else None; a one-line error for one given to a class that
-    does not own it."""
+    key names an owner by its built-in name or class name; a DP flag's plain key, ``clip_norm``), else None; a one-line
+    error for one given to a class that does not own it."""
     owner, name = split_key(key)
+    if owner is None and name in DP_OPTIONS:  # a DP postprocessor's option, as given before the DP flags
+        return name
     if name not in OWNED:
         return None
     kind, owners, _ = owners_of(name)
@@ -694,7 +763,8 @@ def _owned_key(key: str) -> str | None:
 
 def _owned_options_moved(values: dict, where: str = "--option") -> dict:
     """One source's ``values`` with the owned options among its ``options`` moved out, as the run options they are
-    (``--option fedprox.prox_mu=0.1`` too); ``where``: the source, for an error."""
+    (``--option fedprox.prox_mu=0.1`` too, and the DP postprocessor's ``--option clip_norm=1``, which is ``--clip-norm
+    1``); ``where``: the source, for an error."""
     options = values.get("options") or {}
     owned = {key: _owned_key(key) for key in options}
     named = [name for name in owned.values() if name is not None]
