@@ -18,6 +18,7 @@ from fedray.core.reports import reporting
 from fedray.engine.config import resolve
 from fedray.engine.plan import postprocessing
 from fedray.engine.run_config import run
+from fedray.methods.fedcof import MeanBlock, MeanRows
 from fedray.methods.ncm import ClassSums
 from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.ridge import RidgeStatistics
@@ -190,13 +191,117 @@ def test_a_distributed_fedncm_run_reports_each_blocks_own_noise(ray_session, tmp
     assert all(0 < row["accuracy"] <= 1 for row in rows)
 
 
-@pytest.mark.parametrize("method, error", [
-    ("fedcof", "an upload of counts, sums, received, .* is not supported; sample-level DP covers fedncm's class sums"),
+def test_an_upload_that_is_not_a_sum_stops_at_its_first_upload(ray_session, tmp_path):
+    """fedcof-oracle's covariances: refused on the first client, nothing written."""
+    with pytest.raises(FedrayError, match=r"^--postprocessor dp: an upload of counts, sums, gram is not supported"):
+        runs(tmp_path, "oracle", "fedcof-oracle", clip_norm=1.0, dp_noise=1.0, dp_delta=1e-5)
+    assert not (tmp_path / "oracle" / "metrics.parquet").exists()
+
+
+# --- FedCOF: per mean row, noisy count and sum, released above a threshold
+
+
+def mean_rows(classes: list[int], counts: list[float], sums: np.ndarray, num_classes: int) -> MeanRows:
+    """A FedCOF client's upload holding ``classes`` with ``counts`` and class ``sums`` (rows), as client_statistics
+    makes it."""
+    totals = torch.zeros(num_classes, dtype=torch.float64)
+    totals[classes] = torch.tensor(counts, dtype=torch.float64)
+    class_sums = torch.zeros(num_classes, sums.shape[1], dtype=torch.float64)
+    class_sums[classes] = torch.from_numpy(sums)
+    block = MeanBlock(torch.tensor(classes), totals[classes], class_sums[classes] / totals[classes].unsqueeze(1))
+    return MeanRows(totals, class_sums, (totals > 0).to(torch.float64), [block])
+
+
+def test_fedcofs_rows_are_the_gaussian_mechanism_with_thresholding_written_out():
+    """The client hook against the mechanism written out here from the same seeded generator: r count draws N(0, σ²),
+    then r × d sum draws N(0, (σR)²); rows with ñ ≥ τ = 1 + σ Φ⁻¹(1 − δ/2) released as (ñ, s̃/ñ), the others count 0,
+    mean 0, not received; the class totals those of the released rows."""
+    noise, clip, delta = 2.0, 1.5, 1e-5
+    sums = np.random.default_rng(1).normal(size=(4, 3))
+    stats = mean_rows([1, 2, 4, 6], [1.0, 3.0, 12.0, 7.0], sums, 8)
+    pipeline = Postprocessing((GaussianMechanism(clip_norm=clip, dp_delta=delta, dp_noise=noise,
+                                                 dp_placement="distributed"),), seed=5).sampled(100, 10, False)
+    pipeline.features(torch.zeros(1, 3, dtype=torch.float64))
+    out = pipeline.statistics(stats, 17, 2)
+
+    generator = pipeline._generator(2, 17, 0)
+    count = np.array([1.0, 3.0, 12.0, 7.0]) + noise * torch.randn(4, generator=generator, dtype=torch.float64).numpy()
+    total = sums + noise * clip * torch.randn((4, 3), generator=generator, dtype=torch.float64).numpy()
+    threshold = 1 + noise * scipy.stats.norm.isf(delta / 2)
+    released = count >= threshold
+    assert 0 < released.sum() < 4  # the seed releases some rows and not others
+    block = out.blocks[0]
+    assert block.classes.tolist() == [1, 2, 4, 6]
+    assert np.allclose(block.counts.numpy(), np.where(released, count, 0), rtol=0, atol=1e-12)
+    assert np.allclose(block.means.numpy(), np.where(released[:, None], total / np.where(released, count, 1)[:, None], 0),
+                       rtol=1e-12, atol=1e-12)
+    expected_counts, expected_sums = np.zeros(8), np.zeros((8, 3))
+    expected_counts[[1, 2, 4, 6]] = np.where(released, count, 0)
+    expected_sums[[1, 2, 4, 6]] = np.where(released[:, None], total, 0)
+    assert np.allclose(out.counts.numpy(), expected_counts, rtol=0, atol=1e-12)
+    assert np.allclose(out.sums.numpy(), expected_sums, rtol=0, atol=1e-12)
+    expected_received = np.zeros(8)
+    expected_received[[1, 2, 4, 6]] = released
+    assert out.received.numpy().tolist() == expected_received.tolist()
+
+
+@pytest.mark.parametrize("noise, delta, share", [(1.0, 1e-5, 0.5), (3.0, 1e-6, 0.2), (0.5, 1e-3, 0.9)])
+def test_the_threshold_lets_an_absent_class_appear_with_probability_delta_tau(noise, delta, share):
+    """τ = 1 + σΦ⁻¹(1 − δ_τ), δ_τ = share·δ: a row of one sample (the neighbour where the class is absent has no row)
+    clears τ with probability P(1 + N(0, σ²) ≥ τ) = δ_τ, computed here with scipy."""
+    mechanism = GaussianMechanism(clip_norm=1.0, dp_delta=delta, dp_noise=noise, dp_threshold_share=share)
+    tau = mechanism.threshold()
+    assert scipy.stats.norm.sf(tau - 1, scale=noise) == pytest.approx(share * delta, rel=1e-9)
+
+
+def test_fedcofs_epsilon_is_one_release_at_the_accountants_share_of_delta():
+    """With a budget, FedCOF's rows get the σ that meets ε at δ − δ_τ (the analytic Gaussian mechanism's, within PLD's
+    0.5%); the run's FedNCM/Fed3R σ is calibrated at the whole δ."""
+    mechanism = GaussianMechanism(clip_norm=1.0, dp_delta=1e-5, dp_epsilon=2.0, dp_placement="distributed")
+    assert mechanism.rows_noise > mechanism.noise
+    assert 2.0 * 0.99 <= analytic_epsilon(one_release(mechanism.rows_noise), 0.5e-5) <= 2.0
+
+
+def fedcof_classifier(tmp_path: Path, name: str, **values) -> tuple[dict[str, np.ndarray], list[dict]]:
+    config = resolve({}, {"method": "fedcof", "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+    run(config)
+    return dict(np.load(tmp_path / name / "classifier.npz")), pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
+
+
+def test_a_fedcof_run_without_noise_is_the_plain_run_bit_for_bit_and_one_with_noise_reports_its_epsilon(ray_session,
+                                                                                                        tmp_path):
+    """σ = 0 (τ = 1: every row, n ≥ 1, released as it is) with a clip no row reaches: FedCOF's classifier bit for bit,
+    ε = ∞ in every row. σ = 2: every row carries one release's ε at δ/2 and the threshold, and the classifier moved."""
+    plain, _ = fedcof_classifier(tmp_path, "plain")
+    free, free_rows = fedcof_classifier(tmp_path, "free", postprocessor=SPEC, options={
+        "clip_norm": "1e9", "dp_delta": "1e-5", "dp_noise": "0", "dp_placement": "distributed"})
+    assert plain.keys() == free.keys() and all(np.array_equal(plain[key], free[key]) for key in plain)
+    assert free_rows and all(row["dp_epsilon"] == math.inf and row["dp_delta"] == 1e-5 for row in free_rows)
+    noisy_run, rows = fedcof_classifier(tmp_path, "noisy", postprocessor=SPEC, options={
+        "clip_norm": "2", "dp_delta": "1e-5", "dp_noise": "2", "dp_placement": "distributed"})
+    exact = analytic_epsilon(one_release(2.0), 0.5e-5)
+    assert [row["round"] for row in rows] == [3, 6]
+    assert all(row["dp_delta"] == 1e-5 and exact <= row["dp_epsilon"] <= exact * 1.005 for row in rows)
+    assert all(row["dp_threshold"] == pytest.approx(1 + 2 * scipy.stats.norm.isf(0.5e-5)) for row in rows)
+    assert all(0 < row["accuracy"] <= 1 for row in rows)
+    assert np.isfinite(noisy_run["W"]).all() and np.abs(noisy_run["W"] - plain["W"]).max() > 1e-3
+
+
+@pytest.mark.parametrize("values, options, error", [
+    ({}, {}, "fedcof's mean rows reach the server client by client, not summed, .* use dp_placement=distributed"),
+    ({"means_per_class": 2}, {"dp_placement": "distributed"},
+     r"fedcof's upload has several means for a class \(--means-per-class > 1\)"),
 ])
-def test_a_method_whose_upload_is_not_a_sum_stops_at_its_first_upload(ray_session, tmp_path, method, error):
+def test_fedcof_with_central_noise_or_several_means_per_class_stops_at_its_first_upload(ray_session, tmp_path, values,
+                                                                                           options, error):
+    config = resolve({}, {"method": "fedcof", "dataset": DATASET, "out": str(tmp_path / "refused"), "clients_per_round": 8,
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "postprocessor": SPEC, **values,
+                          "options": {"clip_norm": "1", "dp_noise": "1", "dp_delta": "1e-5", **options}})
     with pytest.raises(FedrayError, match=rf"^--postprocessor dp: {error}"):
-        runs(tmp_path, method, method, clip_norm=1.0, dp_noise=1.0, dp_delta=1e-5)
-    assert not (tmp_path / method / "metrics.parquet").exists()
+        run(config)
+    assert not (tmp_path / "refused" / "metrics.parquet").exists()
 
 
 def test_a_bias_column_the_clip_does_not_bound_is_refused():
