@@ -1,11 +1,14 @@
-"""Sample-level differential privacy for closed-form statistics: each sample's features clipped to norm R, Gaussian noise
-on what the clients release, ε(δ) from Google's ``dp-accounting`` (PLD or RDP accountant), reported in every row.
+"""Differential privacy for closed-form statistics, sample- or client-level: each sample's features clipped to norm R
+(and, per client, at most m samples), Gaussian noise on what the clients release, ε(δ) from Google's
+``dp-accounting`` (PLD or RDP accountant), reported in every row.
 
     fedray run --method fed3r --postprocessor dp --option clip_norm=1 --option dp_epsilon=2 --option dp_delta=1e-5
     fedray run --method fedncm --postprocessor dp --option clip_norm=1 --option dp_noise=3 --option dp_delta=1e-5 \\
         --option dp_placement=distributed
     fedray run --method fedcof --postprocessor dp --option clip_norm=1 --option dp_epsilon=2 --option dp_delta=1e-5 \\
         --option dp_placement=distributed
+    fedray run --method fed3r --postprocessor dp --option clip_norm=1 --option dp_epsilon=2 --option dp_delta=1e-5 \\
+        --option dp_unit=client --option dp_client_samples=100
 
 **Contribution bound.** A closed-form upload is a sum over the client's samples, so the bound comes before the sum:
 the :meth:`~fedray.Postprocessor.features` hook clips each feature row z to ‖z‖ ≤ R (``clip_norm``), z·min(1, R/‖z‖),
@@ -40,6 +43,19 @@ replace-one every bound below doubles), per released tensor, in L2 (Frobenius) n
   (their random split moves with every sample), and statistics whose width is not the clipped features' (fed3r
   ``--bias``'s ones column, fed3r-rf's random features, which the clip does not bound).
 
+**Client level** (``dp_unit=client``: one client's data added or removed). Its contribution is bounded first: the
+:meth:`~fedray.Postprocessor.select` hook keeps m = ``dp_client_samples`` of a client's n > m samples, uniformly at
+random (the first m of a permutation drawn from the client's own seeded stream: the same on any shard layout; a client
+of n ≤ m keeps every row, bit for bit), before the clip. A client is then at most m clipped samples, and each
+sensitivity above is m times the sample's, by the triangle inequality over its samples: FedNCM's counts Δ = m (the
+vector (n_c), Σ n_c ≤ m, has ‖·‖₂ ≤ m) and sums Δ = mR (‖Σ_i z_i e_yiᵀ‖_F ≤ Σ ‖z_i‖); Fed3R's ZᵀZ Δ = mR²
+(‖Σ z zᵀ‖_F ≤ Σ ‖z‖²) and ZᵀY Δ = mR. The noise is σ·Δ with these Δ, the multiplier σ and the accounting are the
+sample level's (a client is in one release, each block a disjoint set of clients), and distributed noise assumes,
+as there, that the server sees only the block's sum. FedCOF is refused at client level: its mean rows reach the
+server client by client, so a client's very presence shows unless none of its rows is released (a row of a client
+absent from the neighbouring data set may appear with probability at most δ): no useful release exists, and the
+class bound c it would need buys nothing.
+
 **Mechanism.** Every released tensor t gets Gaussian noise of standard deviation σ·Δ_t, σ the noise multiplier
 (``dp_noise``, or calibrated from ``dp_epsilon``): each tensor is a Gaussian mechanism of multiplier σ, and a sample
 is in both tensors of its client's upload, so the accountant composes the two (``ComposedDpEvent``: the same as one
@@ -67,8 +83,8 @@ Fed3R's Cholesky solve is defined; FedNCM's noisy counts are clamped at 0 (a cla
 and no sum projected (FedCOF: every row released as it is, τ = 1 ≤ n), so with a clip no row reaches the run is
 the plain run bit for bit. The accountant is the PLD one (near exact for the Gaussian mechanism, value discretization 1e-3) or ``dp_accountant=rdp``.
 
-Not supported yet, refused in one line: ``dp_unit=client`` (client-level DP) and any upload other than FedNCM's,
-Fed3R's and FedCOF's (above). Every row reports ``dp_epsilon`` and ``dp_delta``; FedCOF's also ``dp_threshold``
+Not supported, refused in one line: any upload other than FedNCM's, Fed3R's and FedCOF's (above), and FedCOF at
+client level. Every row reports ``dp_epsilon`` and ``dp_delta``; FedCOF's also ``dp_threshold``
 (τ). Noise draws come from the context's generator (the run's seed, round, client or aggregate, place in the list),
 one tensor after another in the order of the upload's names (FedCOF: the rows' counts, then their sums), so a run is
 the same on any layout.
@@ -88,6 +104,7 @@ from dp_accounting import pld, rdp
 import fedray
 
 PLACEMENTS = ("central", "distributed")
+UNITS = ("sample", "client")
 ACCOUNTANTS = ("pld", "rdp")
 NOISE_RANGE = (0.1, 1000.0)
 """The noise multipliers a budget is calibrated within: above the upper end no run learns anything."""
@@ -137,8 +154,9 @@ def calibrated(target: float, delta: float, kind: str = "pld") -> float:
 
 
 class GaussianMechanism(fedray.Postprocessor):
-    """Sample-level (ε, δ)-DP for FedNCM, Fed3R and FedCOF: features clipped to R, Gaussian noise σ·Δ on each released
-    sum (FedCOF: on each mean row's count and sum, a row released above a threshold)."""
+    """(ε, δ)-DP for FedNCM, Fed3R and FedCOF (sample level) or FedNCM and Fed3R (client level: at most m samples a
+    client): features clipped to R, Gaussian noise σ·Δ on each released sum (FedCOF: on each mean row's count and sum,
+    a row released above a threshold)."""
 
     def __init__(self, clip_norm: Annotated[float | None, "R: each sample's features clipped to norm ≤ R (required)"] = None,
                  dp_delta: Annotated[float | None, "δ of the (ε, δ) guarantee, 0 < δ < 1 (required)"] = None,
@@ -146,13 +164,21 @@ class GaussianMechanism(fedray.Postprocessor):
                  dp_noise: Annotated[float | None, "σ: the noise multiplier, std σ·Δ per tensor (or give dp_epsilon)"] = None,
                  dp_placement: Annotated[str, "central (the server, once per block) or distributed (each client, "
                                               "σ/√κ; fedcof: σ, distributed only)"] = "central",
-                 dp_unit: Annotated[str, "what is protected: sample (client: not supported yet)"] = "sample",
+                 dp_unit: Annotated[str, "what is protected: sample (one sample) or client (all of a client's, "
+                                         "at most dp_client_samples)"] = "sample",
                  dp_accountant: Annotated[str, "pld or rdp (dp-accounting)"] = "pld",
                  dp_threshold_share: Annotated[float, "fedcof: the share of δ spent on releasing a mean row only "
-                                                      "when its noisy count clears a threshold, in (0, 1)"] = 0.5) -> None:
+                                                      "when its noisy count clears a threshold, in (0, 1)"] = 0.5,
+                 dp_client_samples: Annotated[int | None, "m: with dp_unit=client, each client's samples bounded to m, "
+                                                          "the excess dropped at random (required there)"] = None) -> None:
         super().__init__()
-        if dp_unit != "sample":
-            raise ValueError(f"option dp_unit must be sample, got {dp_unit!r} (client-level DP is not supported yet)")
+        if dp_unit not in UNITS:
+            raise ValueError(f"option dp_unit must be sample or client, got {dp_unit!r}")
+        if dp_unit == "client" and (dp_client_samples is None or dp_client_samples < 1):
+            raise ValueError(f"option dp_client_samples is required with dp_unit=client: the most samples a client "
+                             f"contributes, m ≥ 1 (its excess dropped at random), got {dp_client_samples}")
+        if dp_unit == "sample" and dp_client_samples is not None:
+            raise ValueError("option dp_client_samples bounds a client's contribution: it needs dp_unit=client")
         if dp_placement not in PLACEMENTS:
             raise ValueError(f"option dp_placement must be central or distributed, got {dp_placement!r}")
         if dp_accountant not in ACCOUNTANTS:
@@ -173,6 +199,8 @@ class GaussianMechanism(fedray.Postprocessor):
         if dp_epsilon is not None and not (dp_epsilon > 0 and math.isfinite(dp_epsilon)):
             raise ValueError(f"option dp_epsilon must be > 0 (no privacy: dp_noise=0), got {dp_epsilon}")
         self.clip_norm, self.delta, self.placement, self.kind = float(clip_norm), float(dp_delta), dp_placement, dp_accountant
+        self.client_samples = dp_client_samples
+        """m with dp_unit=client (None: sample level): every sensitivity is m times the sample's."""
         self.threshold_delta = self.delta * dp_threshold_share
         """δ_τ: the probability bound of a mean row appearing for a class its client does not hold (FedCOF)."""
         self.target = dp_epsilon
@@ -199,6 +227,12 @@ class GaussianMechanism(fedray.Postprocessor):
         not hold (whose row a sample of count 1 would create) appears with probability P(1 + N(0, σ²) ≥ τ) = δ_τ."""
         return 1.0 - self.rows_noise * NormalDist().inv_cdf(self.threshold_delta)
 
+    def select(self, labels: torch.Tensor, context: fedray.UploadContext) -> torch.Tensor | None:
+        """Client level: m of a client's n > m samples, uniformly at random (the first m of a seeded permutation)."""
+        if self.client_samples is None or len(labels) <= self.client_samples:
+            return None
+        return torch.randperm(len(labels), generator=context.generator)[:self.client_samples].sort().values
+
     def features(self, features: torch.Tensor) -> torch.Tensor:
         self.clipped_width = features.shape[1]
         norms = torch.linalg.vector_norm(features, dim=1, keepdim=True)
@@ -212,8 +246,15 @@ class GaussianMechanism(fedray.Postprocessor):
                 f"{NAME}: an upload of {', '.join(tensors) or 'no tensors'} is not supported; sample-level DP covers "
                 f"fedncm's class sums, fed3r's ZᵀZ, ZᵀY and fedcof's mean rows (--means-per-class 1); covariances "
                 f"(fedcof-oracle, ccvr) are not, and training updates need DP-FedAvg")
-        noise = self.rows_noise if frozenset(tensors) == MEAN_ROWS else self.noise
-        return {name: noise * self.clip_norm**power for name, power in powers.items()}
+        if frozenset(tensors) == MEAN_ROWS:
+            if self.client_samples is not None:
+                raise fedray.FedrayError(
+                    f"{NAME}: dp_unit=client with fedcof: its mean rows reach the server client by client, so whether "
+                    f"a client took part shows unless none of its rows is released (with probability 1 − δ); use "
+                    f"dp_unit=sample, or fedncm or fed3r, whose uploads are summed")
+            return {name: self.rows_noise * self.clip_norm**power for name, power in powers.items()}
+        bound = self.client_samples or 1
+        return {name: self.noise * bound * self.clip_norm**power for name, power in powers.items()}
 
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
         scales = self.scales(upload.tensors)

@@ -18,6 +18,7 @@ from fedray.core.reports import reporting
 from fedray.engine.config import resolve
 from fedray.engine.plan import postprocessing
 from fedray.engine.run_config import run
+from fedray.methods.base import ClientBatch
 from fedray.methods.fedcof import MeanBlock, MeanRows
 from fedray.methods.ncm import ClassSums
 from fedray.methods.postprocessor import Postprocessing
@@ -304,6 +305,81 @@ def test_fedcof_with_central_noise_or_several_means_per_class_stops_at_its_first
     assert not (tmp_path / "refused" / "metrics.parquet").exists()
 
 
+# --- client level: at most m samples a client, sensitivities m times the sample's
+
+
+def test_client_level_keeps_m_random_samples_of_a_larger_client_the_same_on_any_layout():
+    """A client of n > m samples keeps the first m of a permutation drawn from its select stream (the run's seed, its
+    round, the client, the place, stream 1), sorted; a client of n ≤ m keeps all (the batch itself); the same rows
+    whether the client is batched with others or alone."""
+    m = 3
+    mechanism = GaussianMechanism(clip_norm=1.0, dp_delta=1e-5, dp_noise=1.0, dp_unit="client", dp_client_samples=m)
+    pipeline = Postprocessing((mechanism,), seed=11).sampled(50, 5, False)
+    sizes, clients, rounds = [7, 2, 5], [4, 9, 30], [1, 1, 2]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    batch = ClientBatch(torch.arange(14, dtype=torch.float64).unsqueeze(1), torch.arange(14) % 4, offsets,
+                        np.array(clients))
+    kept = pipeline.selected(batch, rounds)
+
+    expected = []
+    for client, size, start, round_number in zip(clients, sizes, offsets, rounds):
+        if size <= m:
+            expected.append(np.arange(start, start + size))
+            continue
+        permutation = torch.randperm(size, generator=torch.Generator().manual_seed(
+            int(np.random.SeedSequence((11, round_number, client + 1, 0, 1)).generate_state(2, np.uint64)[0]) & (2**63 - 1)))
+        expected.append(start + np.sort(permutation[:m].numpy()))
+    assert kept.features.flatten().tolist() == np.concatenate(expected).astype(float).tolist()
+    assert kept.offsets.tolist() == [0, 3, 5, 8]
+    alone = pipeline.selected(ClientBatch(batch.features[7:9], batch.labels[7:9], np.array([0, 2]), np.array([9])), [1])
+    assert alone.features.data_ptr() == batch.features[7:9].data_ptr()
+    first = pipeline.selected(ClientBatch(batch.features[:7], batch.labels[:7], np.array([0, 7]), np.array([4])), [1])
+    assert torch.equal(first.features, kept.features[:3])
+
+
+@pytest.mark.parametrize("unit, bound", [("sample", 1), ("client", 40)])
+def test_the_noise_scale_is_sigma_times_the_units_sensitivity(unit, bound):
+    """Sample: Δ = 1, R (FedNCM), R², R (Fed3R). Client of at most m samples: m times each (counts ≤ m in L2 since
+    Σ n_c ≤ m; ‖Σ z e_yᵀ‖_F ≤ Σ ‖z‖ ≤ mR; ‖Σ zzᵀ‖_F ≤ Σ ‖z‖² ≤ mR²)."""
+    options = {"dp_unit": unit, "dp_client_samples": bound} if unit == "client" else {}
+    mechanism = GaussianMechanism(clip_norm=1.5, dp_delta=1e-5, dp_noise=2.0, **options)
+    assert mechanism.scales({"counts": None, "sums": None}) == {"counts": 2.0 * bound, "sums": 2.0 * bound * 1.5}
+    assert mechanism.scales({"gram": None, "targets": None}) == {"gram": 2.0 * bound * 1.5**2,
+                                                                 "targets": 2.0 * bound * 1.5}
+
+
+def test_a_client_level_run_bounds_each_client_and_without_noise_and_bound_is_the_plain_run(ray_session, tmp_path):
+    """m above every client's size and σ = 0: the plain FedNCM run bit for bit. m = 5 (most clients hold more) at
+    σ = 0: the classifier moves (rows dropped), and is the same on 1 and 2 shards (the choice is the client's)."""
+    plain = classifier_of(tmp_path, "plain")
+    private = {"clip_norm": "1e9", "dp_delta": "1e-5", "dp_noise": "0", "dp_unit": "client"}
+    everything = classifier_of(tmp_path, "everything", postprocessor=SPEC,
+                               options={**private, "dp_client_samples": "1000000"})
+    assert all(np.array_equal(plain[key], everything[key]) for key in plain)
+    bounded = classifier_of(tmp_path, "bounded", postprocessor=SPEC, options={**private, "dp_client_samples": "5"})
+    assert np.abs(plain["W"] - bounded["W"]).max() > 1e-3
+    one_shard = classifier_of(tmp_path, "one-shard", postprocessor=SPEC, num_shards=1,
+                              options={**private, "dp_client_samples": "5"})
+    assert np.allclose(one_shard["W"], bounded["W"], rtol=0, atol=1e-12)
+
+
+def test_a_client_level_fed3r_run_reports_one_releases_epsilon(ray_session, tmp_path):
+    """Client level changes Δ, not the multiplier: the same ε as sample level at the same σ."""
+    rows = runs(tmp_path, "client", "fed3r", clip_norm=1.0, dp_noise=2.0, dp_delta=1e-5, dp_unit="client",
+                dp_client_samples=20)
+    exact = analytic_epsilon(one_release(2.0), 1e-5)
+    assert rows and all(row["dp_delta"] == 1e-5 and exact <= row["dp_epsilon"] <= exact * 1.005 for row in rows)
+    assert all(0 < row["accuracy"] <= 1 for row in rows)
+
+
+def test_client_level_fedcof_stops_at_its_first_upload(ray_session, tmp_path):
+    with pytest.raises(FedrayError, match=r"^--postprocessor dp: dp_unit=client with fedcof: its mean rows reach the "
+                                          r"server client by client"):
+        runs(tmp_path, "fedcof", "fedcof", clip_norm=1.0, dp_noise=1.0, dp_delta=1e-5, dp_unit="client",
+             dp_client_samples=10, dp_placement="distributed")
+    assert not (tmp_path / "fedcof" / "metrics.parquet").exists()
+
+
 def test_a_bias_column_the_clip_does_not_bound_is_refused():
     pipeline = Postprocessing((GaussianMechanism(clip_norm=1.0, dp_delta=1e-5, dp_noise=1.0),), seed=0)
     pipeline.features(torch.zeros(3, 5, dtype=torch.float64))
@@ -323,8 +399,14 @@ def test_a_bias_column_the_clip_does_not_bound_is_refused():
     ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "-1"}, r"option dp_noise must be ≥ 0 \(0: no privacy, ε = ∞\)"),
     ({"clip_norm": "1", "dp_delta": "1e-5", "dp_epsilon": "0"}, r"option dp_epsilon must be > 0 \(no privacy: dp_noise=0\)"),
     ({"clip_norm": "1", "dp_delta": "1.5", "dp_noise": "1"}, r"option dp_delta must be in \(0, 1\), got 1.5"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_unit": "user"},
+     "option dp_unit must be sample or client, got 'user'"),
     ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_unit": "client"},
-     "option dp_unit must be sample, got 'client' \\(client-level DP is not supported yet\\)"),
+     r"option dp_client_samples is required with dp_unit=client: .* got None"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_client_samples": "10"},
+     "option dp_client_samples bounds a client's contribution: it needs dp_unit=client"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_threshold_share": "1"},
+     r"option dp_threshold_share must be in \(0, 1\), got 1.0"),
     ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_placement": "local"},
      "option dp_placement must be central or distributed"),
 ])
