@@ -3,6 +3,9 @@
 rows carry dp_epsilon and dp_delta, and the one-line refusals."""
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -413,3 +416,25 @@ def test_a_bias_column_the_clip_does_not_bound_is_refused():
 def test_options_are_checked_before_any_work(options, error):
     with pytest.raises(FedrayError, match=rf"^--postprocessor {SPEC}: {error}"):
         postprocessing(resolve({}, {"method": "fed3r", "postprocessor": SPEC, "options": options}))
+
+
+@pytest.mark.parametrize("options, error", [
+    (["dp_epsilon=1e-4", "dp_delta=1e-5"], "no noise multiplier up to 1000 meets dp_epsilon=0.0001 at dp_delta=1e-05"),
+    (["dp_epsilon=1"], "option dp_delta is required"),
+    (["dp_noise=1", "dp_delta=1e-5", "dp_unit=user"], "option dp_unit must be sample or client, got 'user'"),
+])
+def test_the_cli_refuses_bad_options_in_one_line_and_writes_nothing(tmp_path, options, error):
+    """``python -m fedray run`` in a fresh process: exit 2, one line on stderr naming the postprocessor, no output."""
+    out = tmp_path / "out"
+    arguments = ["run", "--method", "fed3r", "--dataset", DATASET, "--out", str(out), "--postprocessor", "dp",
+                 "--option", "clip_norm=1"]
+    for option in options:
+        arguments += ["--option", option]
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "fedray", *arguments], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fedray: error: --postprocessor dp: {error}"), done.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
