@@ -180,6 +180,20 @@ def check_features(postprocessor: object, got: torch.Tensor, returned: object) -
     return returned
 
 
+def check_selection(postprocessor: object, rows: int, returned: object, where: str) -> torch.Tensor | None:
+    """What ``postprocessor.select`` returned for a client of ``rows`` samples (``where``: the round and client): None,
+    or the int64 indices of the rows kept, increasing, within range, at least one."""
+    expected = f"None or increasing int64 indices of the rows kept, at least one, each in [0, {rows})"
+    if returned is None:
+        return None
+    if not isinstance(returned, torch.Tensor) or returned.dtype != torch.int64 or returned.dim() != 1:
+        _refuse(postprocessor, "select", f"{_what(returned)} ({where})", expected)
+    if not len(returned) or int(returned[0]) < 0 or int(returned[-1]) >= rows or bool((returned.diff() <= 0).any()):
+        _refuse(postprocessor, "select", f"indices {returned.tolist()[:8]}{'...' if len(returned) > 8 else ''} ({where})",
+                expected)
+    return returned
+
+
 def check_upload_like(postprocessor: object, got: Upload, returned: object, weighted: bool, where: str,
                       method: str = "client") -> Upload:
     """A postprocessor's ``returned`` upload for ``got`` (``where``: the round and client, in errors): a

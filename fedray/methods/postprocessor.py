@@ -10,7 +10,11 @@ clipping, noise, quantization and secure-aggregation masks go. A closed-form
 method's upload is a sum over its samples, so a bound on each sample's
 contribution is set before the sum: :meth:`Postprocessor.features` maps each
 client's feature rows before its statistics are computed (differential
-privacy's clipping to a norm R, :mod:`fedray.postprocessors.dp`).
+privacy's clipping to a norm R, :mod:`fedray.postprocessors.dp`), and
+:meth:`Postprocessor.select` may keep a subset of each client's samples before
+that (a bound on a client's contribution: at most m samples, the excess dropped
+at random from the client's generator). Both apply to closed-form statistics
+only (every stage's), in the shards, not at test time nor in training.
 
 **What the server sums.** A client's hook gets the :class:`~fedray.Upload`
 itself: its named tensors (:func:`flatten`: a statistics dataclass's fields, a
@@ -62,7 +66,8 @@ import torch
 from fedray.core.errors import FedrayError
 from fedray.core.plugins import is_plugin, load_class, registered
 from fedray.methods.algorithm import Params, Upload
-from fedray.methods.checks import check_features, check_state, check_upload_like
+from fedray.methods.base import ClientBatch
+from fedray.methods.checks import check_features, check_selection, check_state, check_upload_like
 
 AGGREGATE = -1
 """The client number the aggregate's generator is seeded with."""
@@ -128,9 +133,17 @@ class Postprocessor:
 
     @property
     def per_client(self) -> bool:
-        """Whether :meth:`client` or :meth:`features` changes uploads (by default: whether the subclass overrides
-        either)."""
-        return type(self).client is not Postprocessor.client or type(self).features is not Postprocessor.features
+        """Whether :meth:`client`, :meth:`features` or :meth:`select` changes uploads (by default: whether the subclass
+        overrides any)."""
+        return any(getattr(type(self), hook) is not getattr(Postprocessor, hook) for hook in ("client", "features", "select"))
+
+    def select(self, labels: torch.Tensor, context: UploadContext) -> torch.Tensor | None:
+        """Which of one client's samples (``labels``: its rows' labels, in order) its closed-form statistics are
+        computed from, in the shards before :meth:`features`: the indices of the rows kept (int64, increasing, at
+        least one), or None for all of them (a selection of every row changes no bit). Random choices come from
+        ``context.generator`` (the run's seed, the round the client uploads in, the client and the postprocessor's
+        place; a stream of its own, not the one :meth:`client` gets), so they are the same on any shard layout."""
+        return None
 
     def start(self, stages: tuple[StageUploads, ...]) -> None:
         """Told once, in the driver, before any work: what each stage of the run will upload, in order. Raise
@@ -225,9 +238,33 @@ class Postprocessing:
     def _shared_seed(self, index: int) -> int:
         return _seed(self.seed, self.group_round, index, 0) if self.participants else 0
 
-    def _generator(self, round_number: int, client: int, index: int) -> torch.Generator:
-        """``round_number``: the run's."""
-        return torch.Generator().manual_seed(_seed(self.seed, round_number, client + 1, index))
+    def _generator(self, round_number: int, client: int, index: int, *stream: int) -> torch.Generator:
+        """``round_number``: the run's; ``stream``: (1,) for :meth:`Postprocessor.select`'s, () for the hooks'."""
+        return torch.Generator().manual_seed(_seed(self.seed, round_number, client + 1, index, *stream))
+
+    def selected(self, batch: ClientBatch, rounds: Sequence[int]) -> ClientBatch:
+        """``batch`` (its clients uploading in the stage's ``rounds``) with the rows every postprocessor's
+        :meth:`Postprocessor.select` keeps of each client, in order; ``batch`` itself when none drops a row."""
+        selecting = [(index, postprocessor) for index, postprocessor in enumerate(self.postprocessors)
+                     if type(postprocessor).select is not Postprocessor.select]
+        if not selecting:
+            return batch
+        kept, offsets = [], [0]
+        for position, (client, round_number) in enumerate(zip(batch.clients.tolist(), rounds)):
+            rows = torch.arange(int(batch.offsets[position]), int(batch.offsets[position + 1]))
+            round_number = self.first_round + int(round_number)
+            for index, postprocessor in selecting:
+                context = UploadContext(client, round_number, 1, self._generator(round_number, client, index, 1),
+                                        self.sampling, self.participants, self._shared_seed(index))
+                chosen = check_selection(postprocessor, len(rows), postprocessor.select(batch.labels[rows], context),
+                                         f"round {round_number}, client {client}")
+                rows = rows if chosen is None else rows[chosen]
+            kept.append(rows)
+            offsets.append(offsets[-1] + len(rows))
+        if offsets[-1] == len(batch.labels):
+            return batch
+        index = torch.cat(kept)
+        return ClientBatch(batch.features[index], batch.labels[index], np.array(offsets), batch.clients)
 
     def start(self, stages: tuple[StageUploads, ...]) -> None:
         """Every postprocessor told the run's stages (:meth:`Postprocessor.start`), in order; a ``ValueError`` it

@@ -1,9 +1,14 @@
-"""Sample-level differential privacy for closed-form statistics: each sample's features clipped to norm R, Gaussian noise
-on what the clients release, ε(δ) from Google's ``dp-accounting`` (PLD or RDP accountant), reported in every row.
+"""Differential privacy for closed-form statistics, sample- or client-level: each sample's features clipped to norm R
+(and, per client, at most m samples), Gaussian noise on what the clients release, ε(δ) from Google's
+``dp-accounting`` (PLD or RDP accountant), reported in every row.
 
     fedray run --method fed3r --postprocessor dp --option clip_norm=1 --option dp_epsilon=2 --option dp_delta=1e-5
     fedray run --method fedncm --postprocessor dp --option clip_norm=1 --option dp_noise=3 --option dp_delta=1e-5 \\
         --option dp_placement=distributed
+    fedray run --method fedcof --postprocessor dp --option clip_norm=1 --option dp_epsilon=2 --option dp_delta=1e-5 \\
+        --option dp_placement=distributed
+    fedray run --method fed3r --postprocessor dp --option clip_norm=1 --option dp_epsilon=2 --option dp_delta=1e-5 \\
+        --option dp_unit=client --option dp_client_samples=100
 
 **Contribution bound.** A closed-form upload is a sum over the client's samples, so the bound comes before the sum:
 the :meth:`~fedray.Postprocessor.features` hook clips each feature row z to ‖z‖ ≤ R (``clip_norm``), z·min(1, R/‖z‖),
@@ -17,11 +22,39 @@ replace-one every bound below doubles), per released tensor, in L2 (Frobenius) n
 - Fed3R (``gram``, ``targets``): it adds zzᵀ to ZᵀZ (‖zzᵀ‖_F = ‖z‖² ≤ R², Δ = R²; the noise is a symmetric matrix,
   the upper triangle, diagonal included, drawn i.i.d. and mirrored, which releases the upper triangle, whose norm is
   at most ‖zzᵀ‖_F) and z e_yᵀ to ZᵀY (Δ = R);
-- FedCOF is refused: it releases each client's class means μ = sums/n and counts in clear, and which classes a client
-  holds; a mean is not a sum of per-sample terms (its sensitivity 2R/n grows as n falls, and a class of one sample
-  appears or vanishes with it), so noise on its sums alone would leave the means it sends unprotected. Likewise
-  refused: any other upload (covariances, training updates: DP-FedAvg is issue 28 §2), and statistics whose width is
-  not the clipped features' (fed3r ``--bias``'s ones column, fed3r-rf's random features, which the clip does not bound).
+- FedCOF (``--means-per-class 1``): each client releases, per class c it holds, a row (c, n_c, μ_c). A mean is not a
+  sum (its sensitivity 2R/n grows as n falls), and the set of rows says which classes the client holds, so the
+  release is made of sums and thresholded instead: the row's count n_c (Δ = 1) and sum Σz (Δ = R) get the noise of
+  FedNCM's (ñ = n_c + N(0, σ²), s̃ = Σz + N(0, (σR)²): the same Gaussian mechanism, one row changed by a sample),
+  the row is released only if ñ ≥ τ, as (c, ñ, μ̃ = s̃/ñ), and the client's class totals and ``received`` are those
+  of its released rows (post-processing). A sample whose class has other samples at its client changes a row that
+  exists either way: the accountant's (ε, δ − δ_τ). A sample alone in its class makes a row that the neighbouring
+  data set lacks: it appears with probability P(1 + N(0, σ²) ≥ τ) = δ_τ, whence τ = 1 + σ·Φ⁻¹(1 − δ_τ), δ_τ =
+  ``dp_threshold_share``·δ (Gaussian thresholding: Korolova et al. 2009, Wilson et al. 2020); otherwise nothing of
+  it is seen. The run is (ε, δ)-DP with δ = (δ − δ_τ) + δ_τ, the δ it reports (each neighbouring pair falls in one
+  case, so max would do; the sum is the general argument and is the one reported), ε computed at δ − δ_τ (with a
+  budget, σ is calibrated there). A row not released keeps its place in the upload (a hook returns the shapes it
+  got) with count 0 and mean 0: a real client would not send it, and FedCOF's solve and second pass give it no
+  weight (n·w_c = 0, not in ``received``). Released counts are ≥ τ ≥ 1, so the means are defined and every weight
+  (N_c − 1)/(K_c − 1) is ≥ 0: Ĝ stays positive semidefinite plus γ's shrinkage. Only ``distributed`` placement:
+  the rows reach the server client by client, never summed, so each client adds the full σ (not σ/√κ) and a block's
+  ε is one release's whatever its size; central noise (the server's, on rows it has already seen) is refused.
+- refused: any other upload (covariances, training updates: DP-FedAvg is issue 28 §2), several means per class
+  (their random split moves with every sample), and statistics whose width is not the clipped features' (fed3r
+  ``--bias``'s ones column, fed3r-rf's random features, which the clip does not bound).
+
+**Client level** (``dp_unit=client``: one client's data added or removed). Its contribution is bounded first: the
+:meth:`~fedray.Postprocessor.select` hook keeps m = ``dp_client_samples`` of a client's n > m samples, uniformly at
+random (the first m of a permutation drawn from the client's own seeded stream: the same on any shard layout; a client
+of n ≤ m keeps every row, bit for bit), before the clip. A client is then at most m clipped samples, and each
+sensitivity above is m times the sample's, by the triangle inequality over its samples: FedNCM's counts Δ = m (the
+vector (n_c), Σ n_c ≤ m, has ‖·‖₂ ≤ m) and sums Δ = mR (‖Σ_i z_i e_yiᵀ‖_F ≤ Σ ‖z_i‖); Fed3R's ZᵀZ Δ = mR²
+(‖Σ z zᵀ‖_F ≤ Σ ‖z‖²) and ZᵀY Δ = mR. The noise is σ·Δ with these Δ, the multiplier σ and the accounting are the
+sample level's (a client is in one release, each block a disjoint set of clients), and distributed noise assumes,
+as there, that the server sees only the block's sum. FedCOF is refused at client level: its mean rows reach the
+server client by client, so a client's very presence shows unless none of its rows is released (a row of a client
+absent from the neighbouring data set may appear with probability at most δ): no useful release exists, and the
+class bound c it would need buys nothing.
 
 **Mechanism.** Every released tensor t gets Gaussian noise of standard deviation σ·Δ_t, σ the noise multiplier
 (``dp_noise``, or calibrated from ``dp_epsilon``): each tensor is a Gaussian mechanism of multiplier σ, and a sample
@@ -46,19 +79,22 @@ Fed3R's Cholesky solve is defined; FedNCM's noisy counts are clamped at 0 (a cla
 
 **Budget.** Give δ (``dp_delta``) and either ε (``dp_epsilon``: σ is the smallest multiplier in [0.1, 1000] whose
 ε(δ) is at most ε, by ``calibrate_dp_mechanism``; a budget that needs more than 1000 is refused) or σ
-(``dp_noise``: ε is computed). σ = 0 (``dp_noise=0``) is no privacy, ε = ∞: no noise is drawn
-and no sum projected, so with a clip no row reaches the run is the plain run bit for bit. The accountant is
-the PLD one (near exact for the Gaussian mechanism, value discretization 1e-3) or ``dp_accountant=rdp``.
+(``dp_noise``: ε is computed; FedCOF's ε at δ − δ_τ). σ = 0 (``dp_noise=0``) is no privacy, ε = ∞: no noise is drawn
+and no sum projected (FedCOF: every row released as it is, τ = 1 ≤ n), so with a clip no row reaches the run is
+the plain run bit for bit. The accountant is the PLD one (near exact for the Gaussian mechanism, value discretization 1e-3) or ``dp_accountant=rdp``.
 
-Not supported yet, refused in one line: ``dp_unit=client`` (client-level DP) and any upload other than FedNCM's and
-Fed3R's (above). Noise draws come from the context's generator (the run's seed, round, client or aggregate,
-place in the list), one tensor after another in the order of the upload's names, so a run is the same on any layout.
+Not supported, refused in one line: any upload other than FedNCM's, Fed3R's and FedCOF's (above), and FedCOF at
+client level. Every row reports ``dp_epsilon`` and ``dp_delta``; FedCOF's also ``dp_threshold``
+(τ). Noise draws come from the context's generator (the run's seed, round, client or aggregate, place in the list),
+one tensor after another in the order of the upload's names (FedCOF: the rows' counts, then their sums), so a run is
+the same on any layout.
 """
 
 from __future__ import annotations
 
 import math
-from functools import cache
+from functools import cache, cached_property
+from statistics import NormalDist
 from typing import Annotated
 
 import dp_accounting
@@ -68,13 +104,20 @@ from dp_accounting import pld, rdp
 import fedray
 
 PLACEMENTS = ("central", "distributed")
+UNITS = ("sample", "client")
 ACCOUNTANTS = ("pld", "rdp")
 NOISE_RANGE = (0.1, 1000.0)
 """The noise multipliers a budget is calibrated within: above the upper end no run learns anything."""
 PLD_DISCRETIZATION = 1e-3
 
+MEAN_ROWS = frozenset({"counts", "sums", "received", "blocks.0.classes", "blocks.0.counts", "blocks.0.means"})
+"""A FedCOF client's upload: its class totals, the means it sent per class, and its one block of (class, count, mean)
+rows."""
+MEAN_TOTALS = frozenset({"counts", "sums", "received"})
+"""What the server sums of FedCOF's uploads (the rows stay in the shards): post-processing of the released rows."""
 SENSITIVITY = {frozenset({"counts", "sums"}): {"counts": 0, "sums": 1},
-               frozenset({"gram", "targets"}): {"gram": 2, "targets": 1}}
+               frozenset({"gram", "targets"}): {"gram": 2, "targets": 1},
+               MEAN_ROWS: {"counts": 0, "sums": 1}}
 """The uploads this postprocessor privatizes, each tensor's L2 sensitivity as a power of R (Δ = R^power)."""
 NAME = "--postprocessor dp"
 
@@ -111,19 +154,31 @@ def calibrated(target: float, delta: float, kind: str = "pld") -> float:
 
 
 class GaussianMechanism(fedray.Postprocessor):
-    """Sample-level (ε, δ)-DP for FedNCM and Fed3R: features clipped to R, Gaussian noise σ·Δ on each released sum."""
+    """(ε, δ)-DP for FedNCM, Fed3R and FedCOF (sample level) or FedNCM and Fed3R (client level: at most m samples a
+    client): features clipped to R, Gaussian noise σ·Δ on each released sum (FedCOF: on each mean row's count and sum,
+    a row released above a threshold)."""
 
     def __init__(self, clip_norm: Annotated[float | None, "R: each sample's features clipped to norm ≤ R (required)"] = None,
                  dp_delta: Annotated[float | None, "δ of the (ε, δ) guarantee, 0 < δ < 1 (required)"] = None,
                  dp_epsilon: Annotated[float | None, "ε: calibrate the noise to this budget (or give dp_noise)"] = None,
                  dp_noise: Annotated[float | None, "σ: the noise multiplier, std σ·Δ per tensor (or give dp_epsilon)"] = None,
                  dp_placement: Annotated[str, "central (the server, once per block) or distributed (each client, "
-                                              "σ/√κ)"] = "central",
-                 dp_unit: Annotated[str, "what is protected: sample (client: not supported yet)"] = "sample",
-                 dp_accountant: Annotated[str, "pld or rdp (dp-accounting)"] = "pld") -> None:
+                                              "σ/√κ; fedcof: σ, distributed only)"] = "central",
+                 dp_unit: Annotated[str, "what is protected: sample (one sample) or client (all of a client's, "
+                                         "at most dp_client_samples)"] = "sample",
+                 dp_accountant: Annotated[str, "pld or rdp (dp-accounting)"] = "pld",
+                 dp_threshold_share: Annotated[float, "fedcof: the share of δ spent on releasing a mean row only "
+                                                      "when its noisy count clears a threshold, in (0, 1)"] = 0.5,
+                 dp_client_samples: Annotated[int | None, "m: with dp_unit=client, each client's samples bounded to m, "
+                                                          "the excess dropped at random (required there)"] = None) -> None:
         super().__init__()
-        if dp_unit != "sample":
-            raise ValueError(f"option dp_unit must be sample, got {dp_unit!r} (client-level DP is not supported yet)")
+        if dp_unit not in UNITS:
+            raise ValueError(f"option dp_unit must be sample or client, got {dp_unit!r}")
+        if dp_unit == "client" and (dp_client_samples is None or dp_client_samples < 1):
+            raise ValueError(f"option dp_client_samples is required with dp_unit=client: the most samples a client "
+                             f"contributes, m ≥ 1 (its excess dropped at random), got {dp_client_samples}")
+        if dp_unit == "sample" and dp_client_samples is not None:
+            raise ValueError("option dp_client_samples bounds a client's contribution: it needs dp_unit=client")
         if dp_placement not in PLACEMENTS:
             raise ValueError(f"option dp_placement must be central or distributed, got {dp_placement!r}")
         if dp_accountant not in ACCOUNTANTS:
@@ -134,6 +189,8 @@ class GaussianMechanism(fedray.Postprocessor):
             raise ValueError("option dp_delta is required: the δ of the (ε, δ) guarantee (e.g. 1e-5, below 1/samples)")
         if not 0 < dp_delta < 1:
             raise ValueError(f"option dp_delta must be in (0, 1), got {dp_delta}")
+        if not 0 < dp_threshold_share < 1:
+            raise ValueError(f"option dp_threshold_share must be in (0, 1), got {dp_threshold_share}")
         if (dp_epsilon is None) == (dp_noise is None):
             raise ValueError("give one of option dp_epsilon (the budget; the noise is calibrated) or option dp_noise "
                              f"(the noise multiplier; ε is computed), got {'both' if dp_noise is not None else 'neither'}")
@@ -142,6 +199,11 @@ class GaussianMechanism(fedray.Postprocessor):
         if dp_epsilon is not None and not (dp_epsilon > 0 and math.isfinite(dp_epsilon)):
             raise ValueError(f"option dp_epsilon must be > 0 (no privacy: dp_noise=0), got {dp_epsilon}")
         self.clip_norm, self.delta, self.placement, self.kind = float(clip_norm), float(dp_delta), dp_placement, dp_accountant
+        self.client_samples = dp_client_samples
+        """m with dp_unit=client (None: sample level): every sensitivity is m times the sample's."""
+        self.threshold_delta = self.delta * dp_threshold_share
+        """δ_τ: the probability bound of a mean row appearing for a class its client does not hold (FedCOF)."""
+        self.target = dp_epsilon
         self.noise = float(dp_noise) if dp_noise is not None else calibrated(dp_epsilon, self.delta, dp_accountant)
         self.clipped_width: int | None = None
         """The width of the rows this copy (in a shard) last clipped: a client's statistics must be of that width."""
@@ -150,20 +212,49 @@ class GaussianMechanism(fedray.Postprocessor):
     def per_client(self) -> bool:
         return True
 
+    @cached_property
+    def rows_noise(self) -> float:
+        """σ of FedCOF's mean rows: the accountant has δ − δ_τ, so a budget ε is calibrated at that δ."""
+        if self.target is None:
+            return self.noise
+        try:
+            return calibrated(self.target, self.delta - self.threshold_delta, self.kind)
+        except ValueError as error:
+            raise fedray.FedrayError(f"{NAME}: fedcof's mean rows: {error}") from None
+
+    def threshold(self) -> float:
+        """τ: a mean row is released when its noisy count is ≥ τ = 1 + σ·Φ⁻¹(1 − δ_τ), so that a class its client does
+        not hold (whose row a sample of count 1 would create) appears with probability P(1 + N(0, σ²) ≥ τ) = δ_τ."""
+        return 1.0 - self.rows_noise * NormalDist().inv_cdf(self.threshold_delta)
+
+    def select(self, labels: torch.Tensor, context: fedray.UploadContext) -> torch.Tensor | None:
+        """Client level: m of a client's n > m samples, uniformly at random (the first m of a seeded permutation)."""
+        if self.client_samples is None or len(labels) <= self.client_samples:
+            return None
+        return torch.randperm(len(labels), generator=context.generator)[:self.client_samples].sort().values
+
     def features(self, features: torch.Tensor) -> torch.Tensor:
         self.clipped_width = features.shape[1]
         norms = torch.linalg.vector_norm(features, dim=1, keepdim=True)
         return torch.where(norms > self.clip_norm, features * (self.clip_norm / norms), features)
 
     def scales(self, tensors: fedray.Params) -> dict[str, float]:
-        """σ·Δ_t for each tensor of a FedNCM or Fed3R upload; a one-line error for any other."""
+        """σ·Δ_t for each tensor of a FedNCM, Fed3R or FedCOF upload; a one-line error for any other."""
         powers = SENSITIVITY.get(frozenset(tensors))
         if powers is None:
             raise fedray.FedrayError(
                 f"{NAME}: an upload of {', '.join(tensors) or 'no tensors'} is not supported; sample-level DP covers "
-                f"fedncm's class sums and fed3r's ZᵀZ, ZᵀY (fedcof sends class means and counts, which are not sums of "
-                f"per-sample terms; training updates need DP-FedAvg, not built in yet)")
-        return {name: self.noise * self.clip_norm**power for name, power in powers.items()}
+                f"fedncm's class sums, fed3r's ZᵀZ, ZᵀY and fedcof's mean rows (--means-per-class 1); covariances "
+                f"(fedcof-oracle, ccvr) are not, and training updates need DP-FedAvg")
+        if frozenset(tensors) == MEAN_ROWS:
+            if self.client_samples is not None:
+                raise fedray.FedrayError(
+                    f"{NAME}: dp_unit=client with fedcof: its mean rows reach the server client by client, so whether "
+                    f"a client took part shows unless none of its rows is released (with probability 1 − δ); use "
+                    f"dp_unit=sample, or fedncm or fed3r, whose uploads are summed")
+            return {name: self.rows_noise * self.clip_norm**power for name, power in powers.items()}
+        bound = self.client_samples or 1
+        return {name: self.noise * bound * self.clip_norm**power for name, power in powers.items()}
 
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
         scales = self.scales(upload.tensors)
@@ -172,6 +263,11 @@ class GaussianMechanism(fedray.Postprocessor):
             raise fedray.FedrayError(f"{NAME}: statistics of width {width} from clipped features of width "
                                      f"{self.clipped_width}: a bias column (fed3r --bias) or a feature map (fed3r-rf) "
                                      f"the clip does not bound; run without them")
+        if frozenset(upload.tensors) == MEAN_ROWS:
+            check_mean_rows(upload.tensors, self.placement)
+            if self.rows_noise == 0:
+                return upload
+            return fedray.Upload(released_rows(upload.tensors, scales, self.threshold(), context.generator), upload.weight)
         if self.placement == "central" or self.noise == 0:
             return upload
         share = 1 / math.sqrt(context.sampling.per_round)
@@ -179,6 +275,8 @@ class GaussianMechanism(fedray.Postprocessor):
                                    context.generator), upload.weight)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
+        if frozenset(total) == MEAN_TOTALS:
+            return self.rows_released(total)
         scales = self.scales(total)
         if self.noise == 0:
             fedray.report(dp_epsilon=math.inf, dp_delta=self.delta)
@@ -191,6 +289,45 @@ class GaussianMechanism(fedray.Postprocessor):
         self.state = {"dp_epsilon": torch.tensor(spent, dtype=torch.float64)}
         fedray.report(dp_epsilon=spent, dp_delta=self.delta)
         return well_defined(total)
+
+    def rows_released(self, total: fedray.Params) -> fedray.Params:
+        """FedCOF's block totals, sums of the released rows (post-processing): reported, not changed. Each client noised
+        its own rows with the full σ, so a block's ε is one release's at δ − δ_τ, whatever its size; the row says δ."""
+        spent = math.inf if self.rows_noise == 0 else epsilon(self.rows_noise, self.delta - self.threshold_delta, self.kind)
+        fedray.report(dp_epsilon=spent, dp_delta=self.delta, dp_threshold=self.threshold())
+        return total
+
+
+def check_mean_rows(tensors: fedray.Params, placement: str) -> None:
+    """That a FedCOF upload has one mean row per class held and the noise is the client's, else a one-line error."""
+    if placement == "central":
+        raise fedray.FedrayError(f"{NAME}: fedcof's mean rows reach the server client by client, not summed, so a "
+                                 f"server's noise would come after they are seen: use dp_placement=distributed")
+    classes, counts = tensors["blocks.0.classes"], tensors["counts"]
+    held = torch.nonzero(counts > 0).flatten()
+    if not torch.equal(classes, held) or not torch.equal(tensors["blocks.0.counts"], counts[classes]):
+        raise fedray.FedrayError(f"{NAME}: fedcof's upload has several means for a class (--means-per-class > 1), "
+                                 f"whose split moves with every sample; it privatizes one mean row per class held")
+
+
+def released_rows(tensors: fedray.Params, scales: dict[str, float], threshold: float,
+                  generator: torch.Generator) -> fedray.Params:
+    """A FedCOF client's rows under the Gaussian mechanism with thresholding: for each row (class c, in the order of
+    ``blocks.0.classes``), ñ = n_c + N(0, scales["counts"]²) (r draws), then s̃ = Σz + N(0, scales["sums"]²) (r × d
+    draws), n_c and Σz being the client's class totals; a row is released when ñ ≥ ``threshold``, as (c, ñ, s̃/ñ), and
+    otherwise kept in its place with count 0 and mean 0 (no weight in FedCOF's solve). The class totals and ``received``
+    are those of the released rows."""
+    classes, counts, sums = tensors["blocks.0.classes"], tensors["counts"], tensors["sums"]
+    count = counts[classes] + scales["counts"] * torch.randn(len(classes), generator=generator, dtype=torch.float64)
+    total = sums[classes] + scales["sums"] * torch.randn(sums[classes].shape, generator=generator, dtype=torch.float64)
+    released = count >= threshold
+    count = torch.where(released, count, 0.0)
+    total = torch.where(released.unsqueeze(1), total, 0.0)
+    means = total / torch.where(released, count, 1.0).unsqueeze(1)
+    return {**tensors, "counts": torch.zeros_like(counts).index_copy(0, classes, count),
+            "sums": torch.zeros_like(sums).index_copy(0, classes, total.to(sums.dtype)),
+            "received": torch.zeros_like(tensors["received"]).index_copy(0, classes, released.to(counts.dtype)),
+            "blocks.0.counts": count, "blocks.0.means": means.to(tensors["blocks.0.means"].dtype)}
 
 
 def noisy(tensors: fedray.Params, scales: dict[str, float], generator: torch.Generator) -> fedray.Params:

@@ -235,12 +235,16 @@ class ShardActor:
     def _uploads(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None,
                  rounds: np.ndarray | None) -> Iterator[Any]:
         """The statistics of ``clients``, as one sum (through ``postprocessing``'s client hooks, if given), or as
-        one per run of clients where this shard streams its features (their sum is the clients'); the feature rows
-        through ``postprocessing``'s feature hooks either way (a feature map that changes no row changes no bit)."""
+        one per run of clients where this shard streams its features (their sum is the clients'); each client's rows
+        through ``postprocessing``'s selection and feature hooks either way (a selection of every row and a feature map
+        that changes no row change no bit)."""
+        round_of = {} if rounds is None else dict(zip(clients.tolist(), rounds.tolist()))
+
         def batch(rows: np.ndarray) -> ClientBatch:
             batch = self._batch(rows, method.features_dtype)
             if postprocessing is None:
                 return batch
+            batch = postprocessing.selected(batch, [round_of[client] for client in rows.tolist()])
             return replace(batch, features=postprocessing.features(batch.features))
 
         if postprocessing is not None:

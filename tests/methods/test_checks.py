@@ -71,6 +71,41 @@ class Halving(Postprocessor):
         return features / 2 if self.returned is None else self.returned
 
 
+class KeepEven(Postprocessor):
+    """Keeps a client's even rows (or returns ``returned``)."""
+
+    def __init__(self, returned=None) -> None:
+        super().__init__()
+        self.returned = returned
+
+    def select(self, labels: torch.Tensor, context) -> torch.Tensor | None:
+        return torch.arange(0, len(labels), 2) if self.returned is None else self.returned
+
+
+@pytest.mark.parametrize("returned, got", [
+    ([0, 2], "a list (round 3, client 1)"),
+    (torch.tensor([0, 2], dtype=torch.int32), "a Tensor of shape (2,) (round 3, client 1)"),
+    (torch.tensor([2, 0]), r"indices [2, 0] (round 3, client 1)"),
+    (torch.tensor([0, 4]), r"indices [0, 4] (round 3, client 1)"),
+    (torch.tensor([], dtype=torch.int64), r"indices [] (round 3, client 1)"),
+])
+def test_a_select_hook_keeps_rows_of_each_client_or_stops_in_one_line(returned, got):
+    """Two clients of 4 and 3 rows: the even rows of each are kept (rows 0, 2 | 4, 6), offsets follow; a wrong
+    selection names the plugin, the hook, the round and the client."""
+    batch = ClientBatch(torch.arange(7, dtype=torch.float64).unsqueeze(1), torch.arange(7), np.array([0, 4, 7]),
+                        np.array([0, 1]))
+    kept = Postprocessing((KeepEven(),)).selected(batch, [3, 3])
+    assert kept.labels.tolist() == [0, 2, 4, 6] and kept.offsets.tolist() == [0, 2, 4]
+    assert kept.features.flatten().tolist() == [0.0, 2.0, 4.0, 6.0]
+    everything = Postprocessing((KeepEven(torch.tensor([0, 1, 2, 3])),)).selected(
+        ClientBatch(batch.features[:4], batch.labels[:4], np.array([0, 4]), np.array([0])), [3])
+    assert everything.features.data_ptr() == batch.features.data_ptr()  # all rows kept: the batch itself
+    with pytest.raises(FedrayError, match=rf"^the plugin tests.methods.test_checks:KeepEven: select returned "
+                                          rf"{re.escape(got)}; expected None or increasing int64 indices"):
+        Postprocessing((KeepEven(returned),)).selected(
+            ClientBatch(batch.features[4:], batch.labels[4:], np.array([0, 3]), np.array([1])), [3])
+
+
 @pytest.mark.parametrize("returned, got", [
     ("rows", "a str"),
     (torch.zeros(4, 3, dtype=torch.float32), "torch.float32 rows of shape (4, 3)"),

@@ -3,6 +3,9 @@
 rows carry dp_epsilon and dp_delta, and the one-line refusals."""
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,8 @@ from fedray.core.reports import reporting
 from fedray.engine.config import resolve
 from fedray.engine.plan import postprocessing
 from fedray.engine.run_config import run
+from fedray.methods.base import ClientBatch
+from fedray.methods.fedcof import MeanBlock, MeanRows
 from fedray.methods.ncm import ClassSums
 from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.ridge import RidgeStatistics
@@ -190,13 +195,192 @@ def test_a_distributed_fedncm_run_reports_each_blocks_own_noise(ray_session, tmp
     assert all(0 < row["accuracy"] <= 1 for row in rows)
 
 
-@pytest.mark.parametrize("method, error", [
-    ("fedcof", "an upload of counts, sums, received, .* is not supported; sample-level DP covers fedncm's class sums"),
+def test_an_upload_that_is_not_a_sum_stops_at_its_first_upload(ray_session, tmp_path):
+    """fedcof-oracle's covariances: refused on the first client, nothing written."""
+    with pytest.raises(FedrayError, match=r"^--postprocessor dp: an upload of counts, sums, gram is not supported"):
+        runs(tmp_path, "oracle", "fedcof-oracle", clip_norm=1.0, dp_noise=1.0, dp_delta=1e-5)
+    assert not (tmp_path / "oracle" / "metrics.parquet").exists()
+
+
+# --- FedCOF: per mean row, noisy count and sum, released above a threshold
+
+
+def mean_rows(classes: list[int], counts: list[float], sums: np.ndarray, num_classes: int) -> MeanRows:
+    """A FedCOF client's upload holding ``classes`` with ``counts`` and class ``sums`` (rows), as client_statistics
+    makes it."""
+    totals = torch.zeros(num_classes, dtype=torch.float64)
+    totals[classes] = torch.tensor(counts, dtype=torch.float64)
+    class_sums = torch.zeros(num_classes, sums.shape[1], dtype=torch.float64)
+    class_sums[classes] = torch.from_numpy(sums)
+    block = MeanBlock(torch.tensor(classes), totals[classes], class_sums[classes] / totals[classes].unsqueeze(1))
+    return MeanRows(totals, class_sums, (totals > 0).to(torch.float64), [block])
+
+
+def test_fedcofs_rows_are_the_gaussian_mechanism_with_thresholding_written_out():
+    """The client hook against the mechanism written out here from the same seeded generator: r count draws N(0, σ²),
+    then r × d sum draws N(0, (σR)²); rows with ñ ≥ τ = 1 + σ Φ⁻¹(1 − δ/2) released as (ñ, s̃/ñ), the others count 0,
+    mean 0, not received; the class totals those of the released rows."""
+    noise, clip, delta = 2.0, 1.5, 1e-5
+    sums = np.random.default_rng(1).normal(size=(4, 3))
+    stats = mean_rows([1, 2, 4, 6], [1.0, 3.0, 12.0, 7.0], sums, 8)
+    pipeline = Postprocessing((GaussianMechanism(clip_norm=clip, dp_delta=delta, dp_noise=noise,
+                                                 dp_placement="distributed"),), seed=5).sampled(100, 10, False)
+    pipeline.features(torch.zeros(1, 3, dtype=torch.float64))
+    out = pipeline.statistics(stats, 17, 2)
+
+    generator = pipeline._generator(2, 17, 0)
+    count = np.array([1.0, 3.0, 12.0, 7.0]) + noise * torch.randn(4, generator=generator, dtype=torch.float64).numpy()
+    total = sums + noise * clip * torch.randn((4, 3), generator=generator, dtype=torch.float64).numpy()
+    threshold = 1 + noise * scipy.stats.norm.isf(delta / 2)
+    released = count >= threshold
+    assert 0 < released.sum() < 4  # the seed releases some rows and not others
+    block = out.blocks[0]
+    assert block.classes.tolist() == [1, 2, 4, 6]
+    assert np.allclose(block.counts.numpy(), np.where(released, count, 0), rtol=0, atol=1e-12)
+    assert np.allclose(block.means.numpy(), np.where(released[:, None], total / np.where(released, count, 1)[:, None], 0),
+                       rtol=1e-12, atol=1e-12)
+    expected_counts, expected_sums = np.zeros(8), np.zeros((8, 3))
+    expected_counts[[1, 2, 4, 6]] = np.where(released, count, 0)
+    expected_sums[[1, 2, 4, 6]] = np.where(released[:, None], total, 0)
+    assert np.allclose(out.counts.numpy(), expected_counts, rtol=0, atol=1e-12)
+    assert np.allclose(out.sums.numpy(), expected_sums, rtol=0, atol=1e-12)
+    expected_received = np.zeros(8)
+    expected_received[[1, 2, 4, 6]] = released
+    assert out.received.numpy().tolist() == expected_received.tolist()
+
+
+@pytest.mark.parametrize("noise, delta, share", [(1.0, 1e-5, 0.5), (3.0, 1e-6, 0.2), (0.5, 1e-3, 0.9)])
+def test_the_threshold_lets_an_absent_class_appear_with_probability_delta_tau(noise, delta, share):
+    """τ = 1 + σΦ⁻¹(1 − δ_τ), δ_τ = share·δ: a row of one sample (the neighbour where the class is absent has no row)
+    clears τ with probability P(1 + N(0, σ²) ≥ τ) = δ_τ, computed here with scipy."""
+    mechanism = GaussianMechanism(clip_norm=1.0, dp_delta=delta, dp_noise=noise, dp_threshold_share=share)
+    tau = mechanism.threshold()
+    assert scipy.stats.norm.sf(tau - 1, scale=noise) == pytest.approx(share * delta, rel=1e-9)
+
+
+def test_fedcofs_epsilon_is_one_release_at_the_accountants_share_of_delta():
+    """With a budget, FedCOF's rows get the σ that meets ε at δ − δ_τ (the analytic Gaussian mechanism's, within PLD's
+    0.5%); the run's FedNCM/Fed3R σ is calibrated at the whole δ."""
+    mechanism = GaussianMechanism(clip_norm=1.0, dp_delta=1e-5, dp_epsilon=2.0, dp_placement="distributed")
+    assert mechanism.rows_noise > mechanism.noise
+    assert 2.0 * 0.99 <= analytic_epsilon(one_release(mechanism.rows_noise), 0.5e-5) <= 2.0
+
+
+def fedcof_classifier(tmp_path: Path, name: str, **values) -> tuple[dict[str, np.ndarray], list[dict]]:
+    config = resolve({}, {"method": "fedcof", "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+    run(config)
+    return dict(np.load(tmp_path / name / "classifier.npz")), pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
+
+
+def test_a_fedcof_run_without_noise_is_the_plain_run_bit_for_bit_and_one_with_noise_reports_its_epsilon(ray_session,
+                                                                                                        tmp_path):
+    """σ = 0 (τ = 1: every row, n ≥ 1, released as it is) with a clip no row reaches: FedCOF's classifier bit for bit,
+    ε = ∞ in every row. σ = 2: every row carries one release's ε at δ/2 and the threshold, and the classifier moved."""
+    plain, _ = fedcof_classifier(tmp_path, "plain")
+    free, free_rows = fedcof_classifier(tmp_path, "free", postprocessor=SPEC, options={
+        "clip_norm": "1e9", "dp_delta": "1e-5", "dp_noise": "0", "dp_placement": "distributed"})
+    assert plain.keys() == free.keys() and all(np.array_equal(plain[key], free[key]) for key in plain)
+    assert free_rows and all(row["dp_epsilon"] == math.inf and row["dp_delta"] == 1e-5 for row in free_rows)
+    noisy_run, rows = fedcof_classifier(tmp_path, "noisy", postprocessor=SPEC, options={
+        "clip_norm": "2", "dp_delta": "1e-5", "dp_noise": "2", "dp_placement": "distributed"})
+    exact = analytic_epsilon(one_release(2.0), 0.5e-5)
+    assert [row["round"] for row in rows] == [3, 6]
+    assert all(row["dp_delta"] == 1e-5 and exact <= row["dp_epsilon"] <= exact * 1.005 for row in rows)
+    assert all(row["dp_threshold"] == pytest.approx(1 + 2 * scipy.stats.norm.isf(0.5e-5)) for row in rows)
+    assert all(0 < row["accuracy"] <= 1 for row in rows)
+    assert np.isfinite(noisy_run["W"]).all() and np.abs(noisy_run["W"] - plain["W"]).max() > 1e-3
+
+
+@pytest.mark.parametrize("values, options, error", [
+    ({}, {}, "fedcof's mean rows reach the server client by client, not summed, .* use dp_placement=distributed"),
+    ({"means_per_class": 2}, {"dp_placement": "distributed"},
+     r"fedcof's upload has several means for a class \(--means-per-class > 1\)"),
 ])
-def test_a_method_whose_upload_is_not_a_sum_stops_at_its_first_upload(ray_session, tmp_path, method, error):
+def test_fedcof_with_central_noise_or_several_means_per_class_stops_at_its_first_upload(ray_session, tmp_path, values,
+                                                                                           options, error):
+    config = resolve({}, {"method": "fedcof", "dataset": DATASET, "out": str(tmp_path / "refused"), "clients_per_round": 8,
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "postprocessor": SPEC, **values,
+                          "options": {"clip_norm": "1", "dp_noise": "1", "dp_delta": "1e-5", **options}})
     with pytest.raises(FedrayError, match=rf"^--postprocessor dp: {error}"):
-        runs(tmp_path, method, method, clip_norm=1.0, dp_noise=1.0, dp_delta=1e-5)
-    assert not (tmp_path / method / "metrics.parquet").exists()
+        run(config)
+    assert not (tmp_path / "refused" / "metrics.parquet").exists()
+
+
+# --- client level: at most m samples a client, sensitivities m times the sample's
+
+
+def test_client_level_keeps_m_random_samples_of_a_larger_client_the_same_on_any_layout():
+    """A client of n > m samples keeps the first m of a permutation drawn from its select stream (the run's seed, its
+    round, the client, the place, stream 1), sorted; a client of n ≤ m keeps all (the batch itself); the same rows
+    whether the client is batched with others or alone."""
+    m = 3
+    mechanism = GaussianMechanism(clip_norm=1.0, dp_delta=1e-5, dp_noise=1.0, dp_unit="client", dp_client_samples=m)
+    pipeline = Postprocessing((mechanism,), seed=11).sampled(50, 5, False)
+    sizes, clients, rounds = [7, 2, 5], [4, 9, 30], [1, 1, 2]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    batch = ClientBatch(torch.arange(14, dtype=torch.float64).unsqueeze(1), torch.arange(14) % 4, offsets,
+                        np.array(clients))
+    kept = pipeline.selected(batch, rounds)
+
+    expected = []
+    for client, size, start, round_number in zip(clients, sizes, offsets, rounds):
+        if size <= m:
+            expected.append(np.arange(start, start + size))
+            continue
+        permutation = torch.randperm(size, generator=torch.Generator().manual_seed(
+            int(np.random.SeedSequence((11, round_number, client + 1, 0, 1)).generate_state(2, np.uint64)[0]) & (2**63 - 1)))
+        expected.append(start + np.sort(permutation[:m].numpy()))
+    assert kept.features.flatten().tolist() == np.concatenate(expected).astype(float).tolist()
+    assert kept.offsets.tolist() == [0, 3, 5, 8]
+    alone = pipeline.selected(ClientBatch(batch.features[7:9], batch.labels[7:9], np.array([0, 2]), np.array([9])), [1])
+    assert alone.features.data_ptr() == batch.features[7:9].data_ptr()
+    first = pipeline.selected(ClientBatch(batch.features[:7], batch.labels[:7], np.array([0, 7]), np.array([4])), [1])
+    assert torch.equal(first.features, kept.features[:3])
+
+
+@pytest.mark.parametrize("unit, bound", [("sample", 1), ("client", 40)])
+def test_the_noise_scale_is_sigma_times_the_units_sensitivity(unit, bound):
+    """Sample: Δ = 1, R (FedNCM), R², R (Fed3R). Client of at most m samples: m times each (counts ≤ m in L2 since
+    Σ n_c ≤ m; ‖Σ z e_yᵀ‖_F ≤ Σ ‖z‖ ≤ mR; ‖Σ zzᵀ‖_F ≤ Σ ‖z‖² ≤ mR²)."""
+    options = {"dp_unit": unit, "dp_client_samples": bound} if unit == "client" else {}
+    mechanism = GaussianMechanism(clip_norm=1.5, dp_delta=1e-5, dp_noise=2.0, **options)
+    assert mechanism.scales({"counts": None, "sums": None}) == {"counts": 2.0 * bound, "sums": 2.0 * bound * 1.5}
+    assert mechanism.scales({"gram": None, "targets": None}) == {"gram": 2.0 * bound * 1.5**2,
+                                                                 "targets": 2.0 * bound * 1.5}
+
+
+def test_a_client_level_run_bounds_each_client_and_without_noise_and_bound_is_the_plain_run(ray_session, tmp_path):
+    """m above every client's size and σ = 0: the plain FedNCM run bit for bit. m = 5 (most clients hold more) at
+    σ = 0: the classifier moves (rows dropped), and is the same on 1 and 2 shards (the choice is the client's)."""
+    plain = classifier_of(tmp_path, "plain")
+    private = {"clip_norm": "1e9", "dp_delta": "1e-5", "dp_noise": "0", "dp_unit": "client"}
+    everything = classifier_of(tmp_path, "everything", postprocessor=SPEC,
+                               options={**private, "dp_client_samples": "1000000"})
+    assert all(np.array_equal(plain[key], everything[key]) for key in plain)
+    bounded = classifier_of(tmp_path, "bounded", postprocessor=SPEC, options={**private, "dp_client_samples": "5"})
+    assert np.abs(plain["W"] - bounded["W"]).max() > 1e-3
+    one_shard = classifier_of(tmp_path, "one-shard", postprocessor=SPEC, num_shards=1,
+                              options={**private, "dp_client_samples": "5"})
+    assert np.allclose(one_shard["W"], bounded["W"], rtol=0, atol=1e-12)
+
+
+def test_a_client_level_fed3r_run_reports_one_releases_epsilon(ray_session, tmp_path):
+    """Client level changes Δ, not the multiplier: the same ε as sample level at the same σ."""
+    rows = runs(tmp_path, "client", "fed3r", clip_norm=1.0, dp_noise=2.0, dp_delta=1e-5, dp_unit="client",
+                dp_client_samples=20)
+    exact = analytic_epsilon(one_release(2.0), 1e-5)
+    assert rows and all(row["dp_delta"] == 1e-5 and exact <= row["dp_epsilon"] <= exact * 1.005 for row in rows)
+    assert all(0 < row["accuracy"] <= 1 for row in rows)
+
+
+def test_client_level_fedcof_stops_at_its_first_upload(ray_session, tmp_path):
+    with pytest.raises(FedrayError, match=r"^--postprocessor dp: dp_unit=client with fedcof: its mean rows reach the "
+                                          r"server client by client"):
+        runs(tmp_path, "fedcof", "fedcof", clip_norm=1.0, dp_noise=1.0, dp_delta=1e-5, dp_unit="client",
+             dp_client_samples=10, dp_placement="distributed")
+    assert not (tmp_path / "fedcof" / "metrics.parquet").exists()
 
 
 def test_a_bias_column_the_clip_does_not_bound_is_refused():
@@ -218,11 +402,39 @@ def test_a_bias_column_the_clip_does_not_bound_is_refused():
     ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "-1"}, r"option dp_noise must be ≥ 0 \(0: no privacy, ε = ∞\)"),
     ({"clip_norm": "1", "dp_delta": "1e-5", "dp_epsilon": "0"}, r"option dp_epsilon must be > 0 \(no privacy: dp_noise=0\)"),
     ({"clip_norm": "1", "dp_delta": "1.5", "dp_noise": "1"}, r"option dp_delta must be in \(0, 1\), got 1.5"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_unit": "user"},
+     "option dp_unit must be sample or client, got 'user'"),
     ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_unit": "client"},
-     "option dp_unit must be sample, got 'client' \\(client-level DP is not supported yet\\)"),
+     r"option dp_client_samples is required with dp_unit=client: .* got None"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_client_samples": "10"},
+     "option dp_client_samples bounds a client's contribution: it needs dp_unit=client"),
+    ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_threshold_share": "1"},
+     r"option dp_threshold_share must be in \(0, 1\), got 1.0"),
     ({"clip_norm": "1", "dp_delta": "1e-5", "dp_noise": "1", "dp_placement": "local"},
      "option dp_placement must be central or distributed"),
 ])
 def test_options_are_checked_before_any_work(options, error):
     with pytest.raises(FedrayError, match=rf"^--postprocessor {SPEC}: {error}"):
         postprocessing(resolve({}, {"method": "fed3r", "postprocessor": SPEC, "options": options}))
+
+
+@pytest.mark.parametrize("options, error", [
+    (["dp_epsilon=1e-4", "dp_delta=1e-5"], "no noise multiplier up to 1000 meets dp_epsilon=0.0001 at dp_delta=1e-05"),
+    (["dp_epsilon=1"], "option dp_delta is required"),
+    (["dp_noise=1", "dp_delta=1e-5", "dp_unit=user"], "option dp_unit must be sample or client, got 'user'"),
+])
+def test_the_cli_refuses_bad_options_in_one_line_and_writes_nothing(tmp_path, options, error):
+    """``python -m fedray run`` in a fresh process: exit 2, one line on stderr naming the postprocessor, no output."""
+    out = tmp_path / "out"
+    arguments = ["run", "--method", "fed3r", "--dataset", DATASET, "--out", str(out), "--postprocessor", "dp",
+                 "--option", "clip_norm=1"]
+    for option in options:
+        arguments += ["--option", option]
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "fedray", *arguments], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fedray: error: --postprocessor dp: {error}"), done.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
