@@ -19,7 +19,10 @@ tuple's items, an update's parameters) and its ``weight``. The server receives
 bounds a client's contribution by weight_k · C: DP-FedAvg also bounds (or
 fixes) the weight, which the hook may change. A training algorithm's weight is
 its own (FedAvg: the client's samples n_k); a closed-form method's statistics
-are sums already and are added as they are (weight 1, which stays 1).
+are sums already and are added as they are (weight 1, which stays 1). The
+server divides a training round's sum by the weight
+:meth:`Postprocessor.aggregate_weight` returns (by default Σ_k weight_k as
+received): DP-FedAvg's fixed denominator q·W goes there.
 
 A postprocessor is one subclass with its options as typed keyword arguments of
 its constructor (``--option key=value``), like a server optimizer. Each call
