@@ -223,11 +223,9 @@ class DPFedAvg(fedray.Postprocessor):
         return weight if self.noise == 0 else float(context.sampling.per_round)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
-        rounds = int(self.state["rounds"]) + 1 if "rounds" in self.state else 1
-        self.state = {"rounds": torch.tensor(rounds, dtype=torch.int64)}
-        sampling = context.sampling
+        sampling = context.sampling  # training is the run's only stage here: its round r is the r-th release
         fedray.report(dp_epsilon=epsilon(self.noise * self.accounted, self.delta, self.kind, mode(sampling),
-                                         sampling.population, sampling.per_round, rounds), dp_delta=self.delta)
+                                         sampling.population, sampling.per_round, context.round), dp_delta=self.delta)
         if self.noise == 0 or self.placement == "distributed":
             return total
         return noisy(total, dict.fromkeys(total, self.noise * self.clip_norm), context.generator)

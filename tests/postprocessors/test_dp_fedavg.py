@@ -24,6 +24,7 @@ from fedray.engine.run_config import run
 from fedray.methods.postprocessor import Postprocessing, Sampling
 from fedray.methods.training_algorithms import CONTROL
 from fedray.postprocessors.dp_fedavg import DPFedAvg, calibrated, epsilon
+from fedray.runtime.sampling import schedule
 
 SPEC = "fedray.postprocessors.dp_fedavg:DPFedAvg"
 DATASET = "synthetic:inat-geo-100?dim=24&scale=0.3&classes=20"
@@ -242,6 +243,18 @@ def test_no_noise_with_a_clip_no_upload_reaches_is_the_plain_run_bit_for_bit(ray
     a, b = np.load(tmp_path / "plain" / "classifier.npz"), np.load(tmp_path / "noiseless" / "classifier.npz")
     assert a.files == b.files and all(np.array_equal(a[key], b[key]) for key in a.files)
     assert all(row["dp_epsilon"] == math.inf for row in noiseless[1:])
+
+
+@pytest.mark.parametrize("method", ["fedavg", "feddyn"])
+def test_an_empty_poisson_round_still_releases_noise_and_steps(ray_session, tmp_path, method):
+    """κ = 1: about a third of the rounds are empty; in them the server still adds σS noise and divides by κ, so the
+    model moves (σ = 5: the accuracy changes) where a plain run's stays."""
+    rows = metrics(tmp_path, method, method, clients_per_round=1, rounds=12, eval_every=1,
+                   **private(clip_norm=1, dp_noise=5, dp_delta=DELTA))
+    rounds = schedule(fedray_clients(), 1, True, 0, 12, past_coverage=True, poisson=True)
+    empty = [number + 1 for number, clients in enumerate(rounds) if len(clients) == 0]
+    assert empty and all(np.isfinite(row["dp_epsilon"]) for row in rows[1:])
+    assert sum(rows[number]["accuracy"] != rows[number - 1]["accuracy"] for number in empty) >= len(empty) / 2
 
 
 class SeesControl(DPFedAvg):
