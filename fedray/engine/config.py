@@ -288,7 +288,7 @@ class RunConfig:
 
     def _validate_poisson(self) -> None:
         """Poisson sampling is for training on features: a closed form uploads each client's statistics once (its
-        sampling only orders them), and TCT's stage 2 and fine-tuning on images do not take its empty rounds."""
+        sampling only orders them); TCT's stage 2 and fine-tuning on images are not checked with its empty rounds."""
         if not self.trains or self.init != "random":
             stage = f"--init {self.init}" if self.trains else f"--method {self.method}"
             raise FedrayError(f"--sampling poisson applies to training rounds, not to {stage}'s closed form (each "
