@@ -283,8 +283,10 @@ def _cmd_coverage(args: argparse.Namespace) -> None:
     if args.clients < 1:
         raise FedrayError(f"--clients must be ≥ 1, got {args.clients}")
     check_per_round(args.clients, args.per_round, option="--per-round")
-    result = coverage(args.clients, args.per_round, args.replacement, args.trials, args.seed)
-    print(f"K={args.clients} κ={args.per_round} {'with' if args.replacement else 'without'} replacement, {args.trials} trials")
+    result = coverage(args.clients, args.per_round, args.replacement, args.trials, args.seed, poisson=args.poisson)
+    mode = "Poisson sampling (each client with probability κ/K)" if args.poisson else \
+        f"{'with' if args.replacement else 'without'} replacement"
+    print(f"K={args.clients} κ={args.per_round} {mode}, {args.trials} trials")
     for fraction, (mean, std) in result.items():
         print(f"  {fraction:>4.0%} of clients seen: {mean:9.1f} ± {std:.1f} rounds")
 
@@ -338,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("--clients", type=int, required=True, help="number of clients K")
     cov.add_argument("--per-round", type=int, required=True, help="clients per round κ")
     cov.add_argument("--replacement", action="store_true", help="sample with replacement across rounds")
+    cov.add_argument("--poisson", action="store_true", help="Poisson sampling: each client with probability κ/K a round")
     cov.add_argument("--trials", type=int, default=100, help="number of simulated runs (default %(default)s)")
     cov.add_argument("--seed", type=int, default=0)
     cov.set_defaults(handler=_cmd_coverage)

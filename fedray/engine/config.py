@@ -65,7 +65,7 @@ APPLIES_TO = {UPLOADS: "--postprocessor", TRAINING: "gradient methods", SPHERE: 
               IMAGES: "fine-tuning on images (--finetune, or --method tct)", TCT_GROUP: "--method tct"}
 """What the options of a group that not every run has apply to, for the refusal of one given to another run."""
 
-SAMPLINGS = ("without", "with")
+SAMPLINGS = ("without", "with", "poisson")
 HEADS = ("linear", "sphere")
 SPHERE_LOSSES = ("mse", "ce")
 PLAIN_AVERAGING = "fedavg"
@@ -336,6 +336,17 @@ class RunConfig:
         """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
         return server_optimizer_class(self.server_optimizer or self.algorithm_class().server_optimizer)
 
+    def _validate_poisson(self) -> None:
+        """Poisson sampling is for training on features: a closed form uploads each client's statistics once (its
+        sampling only orders them); TCT's stage 2 and fine-tuning on images are not checked with its empty rounds."""
+        if not self.trains or self.init != "random":
+            stage = f"--init {self.init}" if self.trains else f"--method {self.method}"
+            raise FedrayError(f"--sampling poisson applies to training rounds, not to {stage}'s closed form (each "
+                              f"client uploads once there): use --sampling without or with")
+        if self.method == TCT or self.finetune is not None:
+            raise FedrayError(f"--sampling poisson is not supported with "
+                              f"{'--method tct' if self.method == TCT else '--finetune'} yet: use --sampling with")
+
     def validate(self, given: Collection[str] = (), drop_unused: bool = False) -> "RunConfig":
         """This configuration, checked: a bad or contradictory value is refused in one line, and so is an option that
         does not apply to the run, set to other than its default or named in ``given`` (the command line's flags: a
@@ -350,7 +361,9 @@ class RunConfig:
         self._validate_server_optimizer()
         self._validate_options()
         if self.sampling not in (None, *SAMPLINGS):
-            raise FedrayError(f"--sampling must be 'without' or 'with', got {self.sampling!r}")
+            raise FedrayError(f"--sampling must be 'without', 'with' or 'poisson', got {self.sampling!r}")
+        if self.sampling == "poisson":
+            self._validate_poisson()
         if self.clients_per_round is not None and self.participation is not None:
             raise FedrayError("give --clients-per-round or --participation, not both")
         if self.participation is not None and not 0 < self.participation <= 1:

@@ -33,22 +33,24 @@ from fedray.runtime.schedules import Schedule
 
 @dataclass(frozen=True)
 class Sampler:
-    """How a stage draws its clients: κ of the K clients a round, with or without replacement, from the run's seed."""
+    """How a stage draws its clients: κ of the K clients a round, with or without replacement, or each client with
+    probability κ/K (``poisson``), from the run's seed."""
 
     num_clients: int
     per_round: int
     with_replacement: bool
     seed: int
+    poisson: bool = False
 
     def rounds(self, count: int | None, past_coverage: bool = False) -> Schedule:
         """The clients of each of ``count`` rounds (None: until every client was seen; ``past_coverage``: the count
         may exceed that), drawn as they are read."""
         return sampling.schedule(self.num_clients, self.per_round, self.with_replacement, self.seed, count,
-                                 past_coverage=past_coverage)
+                                 past_coverage=past_coverage, poisson=self.poisson)
 
     def uploads(self, postprocessing: Postprocessing, first_round: int = 0) -> Postprocessing:
         """``postprocessing`` told this sampling, its rounds numbered after ``first_round`` rounds of the run."""
-        return postprocessing.sampled(self.num_clients, self.per_round, self.with_replacement, first_round)
+        return postprocessing.sampled(self.num_clients, self.per_round, self.with_replacement, first_round, self.poisson)
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ class RunPlan:
     def stage_uploads(self) -> tuple[StageUploads, ...]:
         """What each stage will upload, for the postprocessors' :meth:`~fedray.Postprocessor.start`."""
         sampler, everyone = self.sampler, self.sampler.num_clients
-        drawn = Sampling(everyone, sampler.per_round, sampler.with_replacement)
+        drawn = Sampling(everyone, sampler.per_round, sampler.with_replacement or sampler.poisson, sampler.poisson)
         once = Sampling(everyone, everyone, False)
         told: list[StageUploads] = []
         for stage in self.stages:
@@ -242,8 +244,10 @@ class RunPlan:
 
 def training_uploads(stage: str, sampling: Sampling, rounds: int) -> StageUploads:
     """A training stage's uploads: κ a round; without replacement a pass's last round holds K mod κ when κ does not
-    divide K and the stage reaches it."""
+    divide K and the stage reaches it; under Poisson sampling κ on average, and a round may be empty."""
     population, per_round = sampling.population, sampling.per_round
+    if sampling.poisson:
+        return StageUploads(stage, True, sampling, rounds, per_round, 0)
     short = population % per_round
     smallest = short if short and not sampling.replacement and rounds >= -(-population // per_round) else per_round
     return StageUploads(stage, True, sampling, rounds, per_round, smallest)
@@ -314,7 +318,8 @@ def plan(config: RunConfig, federation: Federation, planned: tuple[Stage, ...] |
     checked, before any work; ``planned`` and ``uploads``: its :func:`stages` and :func:`postprocessing` when they were
     built already (before the data was loaded, to refuse a plugin's bad option first)."""
     per_round = config.per_round(federation.num_clients)
-    sampler = Sampler(federation.num_clients, per_round, config.sampling == "with", config.seed)
+    sampler = Sampler(federation.num_clients, per_round, config.sampling == "with", config.seed,
+                      config.sampling == "poisson")
     run = RunPlan(Path(config.out), config.to_dict(), config.seed, config.eval_every, config.quiet,
                   config.backbone_macs, sampler, postprocessing(config) if uploads is None else uploads,
                   Shards(config.num_shards, config.cpus_per_shard, None if config.client_state_memory is None

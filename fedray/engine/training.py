@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from fedray.core.accounting import PaperCosts, PaperTotals
-from fedray.methods.training.backend import Params, TrainingBackend
+from fedray.methods.training.backend import Params, RoundUpdate, TrainingBackend
 from fedray.methods.training.server import ServerOptimizer
-from fedray.methods.algorithm import Aggregate, FederatedAlgorithm, Population
+from fedray.methods.algorithm import Aggregate, ClientRound, FederatedAlgorithm, Population
 from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.checks import check_server_step, check_server_update, check_state, check_tensors
 from fedray.methods.postprocessor import Postprocessing
@@ -105,6 +105,17 @@ class Checkpointing:
     folder: Path
 
 
+def empty_sums(algorithm: FederatedAlgorithm, model: Params, broadcast: Params) -> Params:
+    """The sums of an empty round: zeros of the names, shapes and dtypes of ``algorithm``'s uploads, found by running
+    its :meth:`~fedray.FederatedAlgorithm.upload` on PyTorch's meta device (shapes, no work)."""
+    meta = {name: torch.empty_like(value, device="meta") for name, value in model.items()}
+    start = algorithm.init_client_state(meta) if algorithm.stateful else None
+    client = ClientRound(0, 0, 1, 1, 1.0, meta, {name: value.to("meta") for name, value in broadcast.items()}, start,
+                         path_loss=None, start_gradient=meta if algorithm.needs_start_gradient else None)
+    upload, _ = algorithm.upload(client, meta)
+    return {name: torch.zeros(value.shape, dtype=value.dtype) for name, value in upload.tensors.items()}
+
+
 def _finite(tensors: dict[str, torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors.values())
 
@@ -136,6 +147,11 @@ class TrainingRounds:
         model = self._model()
         broadcast = check_tensors(self.algorithm, "broadcast", self.algorithm.broadcast(model, state.algorithm))
         update = self.backend.train_round(params, broadcast, clients, number)
+        if update is None:  # an empty round (Poisson sampling): the postprocessors still see its sum, all zeros
+            if not self.postprocessing.postprocessors:
+                state.done = number
+                return True
+            update = RoundUpdate(empty_sums(self.algorithm, model, broadcast), 0.0, 0, 0.0, 0)
         state.loss_sum += update.loss_sum
         state.loss_samples += update.samples
         participations = len(clients)
@@ -147,10 +163,14 @@ class TrainingRounds:
         previous = {name: tensor.clone() for name, tensor in params.items()}
         reported = dict(state.reported)
         with reporting(reported, COLUMNS):
+            weight = self.postprocessing.aggregate_weight(update.weight, number, update.clients)
             sums = self.postprocessing.aggregate(update.sums, number, update.clients)
+            if weight == 0:  # nobody took part and no postprocessor set a weight: the round changes nothing
+                state.done, state.reported = number, reported
+                return True
             if bool(np.isfinite(update.loss_sum)) and _finite(sums) and _finite(update.statistics):
                 delta, algorithm_state = check_server_update(self.algorithm, self.algorithm.server_update(
-                    model, Aggregate(sums, update.weight, update.clients), state.algorithm, self.population), model)
+                    model, Aggregate(sums, weight, update.clients), state.algorithm, self.population), model)
                 for name, change in update.statistics.items():
                     params[name] += change / float(update.samples)
                 params.update(check_server_step(self.server, self.server.step(params, delta), params, delta))

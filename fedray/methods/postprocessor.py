@@ -23,7 +23,10 @@ tuple's items, an update's parameters) and its ``weight``. The server receives
 bounds a client's contribution by weight_k · C: DP-FedAvg also bounds (or
 fixes) the weight, which the hook may change. A training algorithm's weight is
 its own (FedAvg: the client's samples n_k); a closed-form method's statistics
-are sums already and are added as they are (weight 1, which stays 1).
+are sums already and are added as they are (weight 1, which stays 1). The
+server divides a training round's sum by the weight
+:meth:`Postprocessor.aggregate_weight` returns (by default Σ_k weight_k as
+received): DP-FedAvg's fixed denominator q·W goes there.
 
 A postprocessor is one subclass with its options as typed keyword arguments of
 its constructor (``--option key=value``), like a server optimizer. Each call
@@ -56,6 +59,7 @@ once a block).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,11 +80,21 @@ AGGREGATE = -1
 @dataclass(frozen=True)
 class Sampling:
     """How a stage's clients are drawn: ``per_round`` (κ) of the ``population`` (K) each round, with or without
-    ``replacement`` across rounds (the clients of one round are always distinct)."""
+    ``replacement`` across rounds (the clients of one round are always distinct).
+
+    ``poisson`` (``--sampling poisson``): each client takes part in each round independently with probability
+    q = κ/K (:attr:`rate`), so κ is the expected number a round and a round may be empty; ``replacement`` is then
+    true (a client may take part in many rounds)."""
 
     population: int = 1
     per_round: int = 1
     replacement: bool = False
+    poisson: bool = False
+
+    @property
+    def rate(self) -> float:
+        """q = κ/K: the chance a given client takes part in a given round (under every mode, on average)."""
+        return self.per_round / self.population
 
 
 @dataclass(frozen=True)
@@ -94,7 +108,9 @@ class StageUploads:
     once, summed into one aggregate an evaluation block); ``sampling``: how its clients are drawn; ``rounds``: its
     rounds (a closed form's: until every client was seen, or its budget); ``group``: the most uploads an aggregate
     sums, and ``smallest_group`` the fewest (None where only the run's draws tell: a closed form's blocks under
-    sampling with replacement hold the clients drawn for the first time)."""
+    sampling with replacement hold the clients drawn for the first time). Under Poisson sampling a training round's
+    ``group`` is κ, the expected number of uploads (any number up to K may come), and ``smallest_group`` 0: a round
+    may be empty, and its aggregate, all zeros, still goes through :meth:`Postprocessor.aggregate`."""
 
     stage: str
     training: bool
@@ -166,6 +182,13 @@ class Postprocessor:
         """The sum of the uploads as the server receives it; return new tensors (``total`` is not to be changed)."""
         return total
 
+    def aggregate_weight(self, weight: float, context: UploadContext) -> float:
+        """The weight a training round's server divides its sum by (:attr:`~fedray.Aggregate.weight`), given the sum
+        of the uploads' weights it received (0 in an empty round): that sum by default. DP-FedAvg's fixed-denominator
+        estimator returns q·W here, a number that does not depend on who took part (the realized sum would tell the
+        server how many did). Called before :meth:`aggregate`, with the same context; not for closed-form stages."""
+        return weight
+
 
 def flatten(value: Any, prefix: str = "") -> Params:
     """The tensors in ``value`` (dataclasses, dicts, lists, tuples of tensors) by their path: ``sums``, ``0.weight``."""
@@ -224,10 +247,12 @@ class Postprocessing:
     def per_client(self) -> bool:
         return any(postprocessor.per_client for postprocessor in self.postprocessors)
 
-    def sampled(self, population: int, per_round: int, replacement: bool, first_round: int = 0) -> "Postprocessing":
-        """The same postprocessors (and their state) for a stage that draws ``per_round`` of ``population`` clients,
-        its round r being the run's ``first_round`` + r."""
-        return dataclasses.replace(self, sampling=Sampling(population, per_round, replacement), first_round=first_round)
+    def sampled(self, population: int, per_round: int, replacement: bool, first_round: int = 0,
+                poisson: bool = False) -> "Postprocessing":
+        """The same postprocessors (and their state) for a stage that draws ``per_round`` of ``population`` clients
+        (``poisson``: each with probability κ/K), its round r being the run's ``first_round`` + r."""
+        return dataclasses.replace(self, sampling=Sampling(population, per_round, replacement or poisson, poisson),
+                                   first_round=first_round)
 
     def among(self, participants: Iterable[int], round_number: int) -> "Postprocessing":
         """The same postprocessors (and their state) for the uploads of ``participants``, summed into one aggregate of
@@ -317,6 +342,21 @@ class Postprocessing:
             changed = changed or processed is not statistics
             total = processed if total is None else add(total, processed)
         return total if changed else None
+
+    def aggregate_weight(self, weight: float, round_number: int, clients: int) -> float:
+        """A training round's weight sum through every postprocessor's :meth:`Postprocessor.aggregate_weight`, in
+        order; ``weight`` itself when none overrides it (a finite number ≥ 0 is required of each)."""
+        round_number = self.first_round + round_number
+        for index, postprocessor in enumerate(self.postprocessors):
+            if type(postprocessor).aggregate_weight is not Postprocessor.aggregate_weight:
+                context = UploadContext(AGGREGATE, round_number, clients, self._generator(round_number, AGGREGATE, index),
+                                        self.sampling, self.participants, self._shared_seed(index))
+                returned = postprocessor.aggregate_weight(weight, context)
+                if not isinstance(returned, (int, float)) or not math.isfinite(returned) or returned < 0:
+                    raise FedrayError(f"{type(postprocessor).__name__}.aggregate_weight returned {returned!r} in round "
+                                      f"{round_number}: a finite weight ≥ 0 is required")
+                weight = float(returned)
+        return weight
 
     def aggregate(self, total: Any, round_number: int, clients: int) -> Any:
         """The server's sum through every postprocessor's aggregate hook; itself when there are none."""

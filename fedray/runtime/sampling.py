@@ -4,6 +4,9 @@ Without replacement every client takes part exactly once: ⌈K/κ⌉ rounds over
 seeded permutation. With replacement (the FedAvg convention) every round draws
 κ distinct clients uniformly at random, independently of earlier rounds, so a
 closed-form run needs a coupon-collector number of rounds to see every client.
+Poisson sampling (the setting of the subsampled-Gaussian privacy analyses)
+takes each client into each round independently with probability q = κ/K: κ
+clients a round on average, and a round may be empty.
 A schedule is drawn as it is read (:mod:`fedray.runtime.schedules`), bitwise
 the rounds it had when it was built whole; finding where every client was seen,
 here and in :func:`coverage`, takes O(κ) work a round.
@@ -130,15 +133,53 @@ class DrawnRounds:
         return needed if most is None else min(needed, most)
 
 
+class PoissonRounds:
+    """Poisson sampling: in every round each client takes part independently with probability q = κ/K, drawn in chunks
+    of ``CHUNK_ROUNDS`` rounds.
+
+    A round draws its size m ~ Binomial(K, q), then a uniform m-subset of the clients (sorted): exactly independent
+    Bernoulli(q) draws per client, since under those P(S) = q^|S| (1 − q)^(K − |S|) depends on S only through |S|,
+    so |S| is Binomial(K, q) and, given |S|, S is uniform among the subsets of that size. O(κ) expected work a round
+    (one binomial and a subset of expected size κ), where a coin per client would be O(K)."""
+
+    def __init__(self, rng: np.random.Generator, num_clients: int, per_round: int) -> None:
+        self.num_clients = num_clients
+        self.chunks = Blocks(rng, partial(poisson_chunk, num_clients=num_clients, rate=per_round / num_clients))
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        chunk, within = divmod(index, CHUNK_ROUNDS)
+        packed = self.chunks[chunk]
+        start, end = packed[within], packed[within + 1]
+        return packed[CHUNK_ROUNDS + 1 + start : CHUNK_ROUNDS + 1 + end]
+
+    def until_seen(self, most: int | None) -> int:
+        """The rounds until every client was seen, or ``most`` if fewer."""
+        first = FirstSeen(self.num_clients)
+        while first.unseen and (most is None or first.told < most):
+            first.tell(self[first.told][None, :])
+        needed = first.last + 1 if first.unseen == 0 else first.told
+        return needed if most is None else min(needed, most)
+
+
+def poisson_chunk(rng: np.random.Generator, num_clients: int, rate: float) -> np.ndarray:
+    """``CHUNK_ROUNDS`` Poisson-sampled rounds packed in one array: the rounds' ``CHUNK_ROUNDS + 1`` offsets, then
+    their clients one round after another (each round's sorted)."""
+    sizes = rng.binomial(num_clients, rate, size=CHUNK_ROUNDS)
+    rounds = [np.sort(rng.choice(num_clients, int(size), replace=False)) for size in sizes]
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    return np.concatenate([offsets, *rounds]).astype(np.int64)
+
+
 def schedule(
     num_clients: int, per_round: int, replacement: bool, seed: int, max_rounds: int | None = None,
-    past_coverage: bool = False,
+    past_coverage: bool = False, poisson: bool = False,
 ) -> Schedule:
     """Clients of each round, until every client was seen (or ``max_rounds``).
 
     With ``past_coverage`` (training) the schedule goes on to exactly
     ``max_rounds`` rounds: without replacement in passes over fresh
     permutations. Either way a shorter schedule is a prefix of a longer one.
+    ``poisson`` (``replacement`` then does not matter): :class:`PoissonRounds`, κ/K the rate.
     The rounds are drawn as they are read (:class:`~fedray.runtime.schedules.Schedule`): a schedule holds a
     permutation of the clients or a chunk of rounds, and with replacement the generator's state at each chunk's
     start, recorded in the one pass that finds where every client was seen.
@@ -146,6 +187,9 @@ def schedule(
     check_per_round(num_clients, per_round)
     rng = np.random.default_rng([seed, 21])
     more = past_coverage and max_rounds is not None
+    if poisson:
+        poisson_rounds = PoissonRounds(np.random.default_rng([seed, 23]), num_clients, per_round)
+        return Schedule(poisson_rounds, range(max_rounds if more else poisson_rounds.until_seen(max_rounds)))
     if not replacement:
         rounds = PassRounds(rng, num_clients, per_round)
         return Schedule(rounds, range(max_rounds if more else rounds.per_pass)[:max_rounds])
@@ -154,9 +198,11 @@ def schedule(
 
 
 def coverage(
-    num_clients: int, per_round: int, replacement: bool, trials: int, seed: int, fractions=(0.25, 0.5, 0.75, 1.0)
+    num_clients: int, per_round: int, replacement: bool, trials: int, seed: int, fractions=(0.25, 0.5, 0.75, 1.0),
+    poisson: bool = False,
 ) -> dict[float, tuple[float, float]]:
-    """Mean and std over ``trials`` of the rounds needed to have seen each fraction of the clients."""
+    """Mean and std over ``trials`` of the rounds needed to have seen each fraction of the clients (``poisson``:
+    sampled as :class:`PoissonRounds`)."""
     check_per_round(num_clients, per_round)
     if trials < 1:
         raise FedrayError(f"--trials must be ≥ 1, got {trials}")
@@ -164,7 +210,13 @@ def coverage(
     results = np.empty((trials, len(fractions)))
     for trial in range(trials):
         rng = np.random.default_rng([seed, 22, trial])
-        if replacement:
+        if poisson:
+            first = FirstSeen(num_clients)
+            drawn = PoissonRounds(rng, num_clients, per_round)
+            while first.unseen:
+                first.tell(drawn[first.told][None, :])
+            results[trial] = np.sort(first.rounds)[needed - 1] + 1
+        elif replacement:
             rounds_seen = np.sort(first_seen_rounds(num_clients, per_round, rng)) + 1
             results[trial] = rounds_seen[needed - 1]
         else:

@@ -95,7 +95,7 @@ def test_python_m_fedray_help():
     ([], "the following arguments are required: command; see fedray --help"),
     (["run", "--lamda", "0.1"], "unrecognized arguments: --lamda 0.1; see fedray run --help"),
     (["run", "--sampling", "sometimes"], "argument --sampling: invalid choice: 'sometimes' (choose from 'without', "
-                                         "'with'); see fedray run --help"),
+                                         "'with', 'poisson'); see fedray run --help"),
     (["data", "info", "x", "--dim", "3"], "unrecognized arguments: --dim 3; see fedray data info --help"),
     (["sampling", "coverage", "--clients", "ten"], "argument --clients: invalid int value: 'ten'; "
                                                    "see fedray sampling coverage --help"),
