@@ -31,9 +31,10 @@ equal only where no update reaches the clip. It runs through the ``dp-fedavg``
 postprocessor (issue 28 §2): the default ``--methods`` includes it only where
 that is registered, and says so otherwise.
 
-A method the DP postprocessor refuses (``dp`` refuses FedCOF, which uploads
-class means, until its sensitivity is derived) is skipped after its first
-refusal, with the postprocessor's one line: its plain row stays.
+FedCOF's mean rows are noised by each client (``--dp-placement distributed``:
+the server sees each client's rows, never their sum). A method the DP
+postprocessor refuses (a plugin's, say) is skipped after its first refusal,
+with the postprocessor's one line: its plain row stays.
 
 Writes ``OUT/results.parquet`` (every row, with ``label``, ``trial_id`` and
 the asked ``target_epsilon``: null for the plain runs), ``OUT/analysis/``
@@ -68,6 +69,8 @@ DELTA = 1e-5
 UPDATE_CLIP = 1.0
 """FedAvg-LP's clip of a client's update (DP-FedAvg's S, in the update's L2 norm)."""
 FEDAVG_ROUNDS = 500
+PLACEMENT = {"fedcof": "distributed"}
+"""FedCOF's mean rows are never summed (the server sees each client's): each client adds the noise, the full σ."""
 SECTION = "privacy"
 PLAIN = "no DP"
 """The table's column of the plain runs."""
@@ -110,7 +113,8 @@ def configurations(methods: list[str], epsilons: list[float], clip: float, delta
         rows.append(Configuration(label(method, None), method, section, dict(base)))
         for epsilon in sorted(epsilons, key=lambda e: (not math.isinf(e), e)):
             rows.append(Configuration(label(method, epsilon), method, section,
-                                      {**base, "clip_norm": bound, "dp_delta": delta, **budget(epsilon)},
+                                      {**base, "clip_norm": bound, "dp_delta": delta, **budget(epsilon),
+                                       **({"dp_placement": PLACEMENT[method]} if method in PLACEMENT else {})},
                                       after=None if math.isinf(epsilon) else first))
     return rows
 

@@ -76,7 +76,9 @@ def test_the_option_spelling_is_the_same_configuration_and_dp_is_added_once(spel
     assert flags.postprocessor == "dp" and options.postprocessor == both.postprocessor == spelling["postprocessor"]
     for config in (options, both):
         assert {name: getattr(config, name) for name in FLAGS} == {name: getattr(flags, name) for name in FLAGS}
-        assert config.options == flags.options == {"dp_accountant": "pld"}
+        # dp's options that are not flags, at their defaults
+        assert config.options == flags.options == {"dp_accountant": "pld", "dp_threshold_share": 0.5,
+                                                   "dp_client_samples": None}
         assert len(postprocessing(config).postprocessors) == 1
 
 
@@ -150,7 +152,7 @@ def test_a_dp_run_from_the_flags_reruns_from_its_config_yaml_to_the_same_bits(ra
     written = yaml.safe_load((tmp_path / "flags" / "config.yaml").read_text())
     assert {name: written[name] for name in FLAGS} == {"clip_norm": 2.5, "dp_delta": 1e-6, "dp_noise": 1.25,
                                                        "dp_placement": "distributed"}
-    assert written["postprocessor"] == "dp" and written["dp_unit"] == "sample" and written["options"] == {"dp_accountant": "pld"}
+    assert written["postprocessor"] == "dp" and written["dp_unit"] == "sample" and written["options"] == {"dp_accountant": "pld", "dp_threshold_share": 0.5, "dp_client_samples": None}
     again = cli_run(capsys, tmp_path / "again", "--config", str(tmp_path / "flags" / "config.yaml"))
     spelt = cli_run(capsys, tmp_path / "spelt", *run, "--postprocessor", "dp",
                     *[f"--option={name}={value}" for name, value in SPELT.items()])
