@@ -39,7 +39,7 @@ replace-one every bound below doubles), per released tensor, in L2 (Frobenius) n
   (N_c − 1)/(K_c − 1) is ≥ 0: Ĝ stays positive semidefinite plus γ's shrinkage. Only ``distributed`` placement:
   the rows reach the server client by client, never summed, so each client adds the full σ (not σ/√κ) and a block's
   ε is one release's whatever its size; central noise (the server's, on rows it has already seen) is refused.
-- refused: any other upload (covariances, training updates: DP-FedAvg is issue 28 §2), several means per class
+- refused: any other upload (covariances, training updates: `--postprocessor dp-fedavg`), several means per class
   (their random split moves with every sample), and statistics whose width is not the clipped features' (fed3r
   ``--bias``'s ones column, fed3r-rf's random features, which the clip does not bound).
 
@@ -208,6 +208,14 @@ class GaussianMechanism(fedray.Postprocessor):
         self.clipped_width: int | None = None
         """The width of the rows this copy (in a shard) last clipped: a client's statistics must be of that width."""
 
+    def start(self, stages: tuple[fedray.StageUploads, ...]) -> None:
+        """A stage of training updates is refused before any work: their DP is DP-FedAvg's."""
+        training = next((told.stage for told in stages if told.training), None)
+        if training is not None:
+            raise ValueError(f"the {training} stage uploads training updates, and this postprocessor privatizes "
+                             f"closed-form statistics; DP for training is --postprocessor dp-fedavg (the DP flags pick "
+                             f"it for a training method)")
+
     @property
     def per_client(self) -> bool:
         return True
@@ -245,7 +253,7 @@ class GaussianMechanism(fedray.Postprocessor):
             raise fedray.FedrayError(
                 f"{NAME}: an upload of {', '.join(tensors) or 'no tensors'} is not supported; sample-level DP covers "
                 f"fedncm's class sums, fed3r's ZᵀZ, ZᵀY and fedcof's mean rows (--means-per-class 1); covariances "
-                f"(fedcof-oracle, ccvr) are not, and training updates need DP-FedAvg")
+                f"(fedcof-oracle, ccvr) are not, and training updates need --postprocessor dp-fedavg")
         if frozenset(tensors) == MEAN_ROWS:
             if self.client_samples is not None:
                 raise fedray.FedrayError(

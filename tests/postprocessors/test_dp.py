@@ -24,7 +24,7 @@ from fedray.engine.run_config import run
 from fedray.methods.base import ClientBatch
 from fedray.methods.fedcof import MeanBlock, MeanRows
 from fedray.methods.ncm import ClassSums
-from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads
 from fedray.methods.ridge import RidgeStatistics
 from fedray.postprocessors.dp import GaussianMechanism, calibrated, epsilon
 
@@ -381,6 +381,16 @@ def test_client_level_fedcof_stops_at_its_first_upload(ray_session, tmp_path):
         runs(tmp_path, "fedcof", "fedcof", clip_norm=1.0, dp_noise=1.0, dp_delta=1e-5, dp_unit="client",
              dp_client_samples=10, dp_placement="distributed")
     assert not (tmp_path / "fedcof" / "metrics.parquet").exists()
+
+
+def test_training_updates_are_refused_before_any_work():
+    told = (StageUploads("init", False, Sampling(10, 2, True), 5, 4, None),
+            StageUploads("training", True, Sampling(10, 2, True), 3, 2, 2))
+    pipeline = Postprocessing((GaussianMechanism(clip_norm=1.0, dp_delta=1e-5, dp_noise=1.0),), seed=0, names=("dp",))
+    pipeline.start(told[:1])  # a closed form alone is served
+    with pytest.raises(FedrayError, match=r"^--postprocessor dp: the training stage uploads training updates, .* "
+                                          r"DP for training is --postprocessor dp-fedavg"):
+        pipeline.start(told)
 
 
 def test_a_bias_column_the_clip_does_not_bound_is_refused():
