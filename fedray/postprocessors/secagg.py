@@ -27,6 +27,12 @@ into one aggregate (a training round's; a closed-form evaluation block's, its cl
 rounds). The engine tells it through :attr:`fedray.UploadContext.participants` and ``shared_seed``; a stage
 that does not (training, TCT) is refused in one line.
 
+**Checked before the run** (:meth:`SecureAggregation.start`): every stage's largest aggregate must fit the ring
+(and float64's exact integers), its smallest must give each client at least t neighbours (a group of one, whose
+sum is its upload, is refused), and SecAgg+'s k must be below the largest group; one line, nothing run or written.
+Where only the run's draws tell the smallest group (a closed form sampled with replacement), each group is checked
+as it forms.
+
 **Dropouts.** Each participant drops, independently with probability ``secagg_dropout`` (drawn once per group
 from its shared seed), after the masks are agreed and before its masked upload: it sends zeros (nothing to the
 sum). The server then removes the survivors' self-masks and, for each dropped client j, its pairwise masks
@@ -108,6 +114,50 @@ class SecureAggregation(fedray.Postprocessor):
     def per_client(self) -> bool:
         return True
 
+    def start(self, stages: tuple[fedray.StageUploads, ...]) -> None:
+        """Refuse, before any work, a run with a stage whose aggregates the ring or the threshold cannot serve: its
+        largest group's sum could overflow the ring, its smallest group leaves a client fewer neighbours than t, or
+        SecAgg+'s k neighbours are more than a group holds. A stage whose smallest group only its draws tell (a closed
+        form sampled with replacement) is checked as each group forms."""
+        for told in stages:
+            largest = f"the {told.stage} stage's aggregates of up to {told.group} uploads"
+            _, _, problem = self.ring(told.group)
+            if problem is not None:
+                raise ValueError(f"{largest}: {problem}")
+            if self.neighbours is not None and self.neighbours >= told.group:
+                raise ValueError(f"{largest}: secagg_neighbours={self.neighbours} is more than a client's "
+                                 f"{told.group - 1} others: leave it out for all pairs (SecAgg)")
+            if told.smallest_group is not None:
+                _, problem = self.graph(told.smallest_group)
+                if problem is not None:
+                    raise ValueError(f"the {told.stage} stage's smallest aggregate of {told.smallest_group} uploads: "
+                                     f"{problem}")
+
+    def ring(self, n: int) -> tuple[int, int, str | None]:
+        """A group of ``n``'s ring bits b and value bits v, and why they cannot serve it (None: they can)."""
+        bits = self.bits if self.bits is not None else RING_BITS_MAX - math.ceil(math.log2(n))
+        if n << bits > 1 << RING_BITS_MAX:
+            return bits, 0, (f"their masked sum reaches {n} · 2^{bits}, beyond float64's exact integers "
+                             f"(2^{RING_BITS_MAX}): set secagg_bits ≤ {RING_BITS_MAX - math.ceil(math.log2(n))}")
+        fitting = ((1 << bits) - 1) // n  # the largest per-client integer whose n-fold sum fits the ring
+        value_bits = self.value_bits if self.value_bits is not None else (fitting + 1).bit_length() - 1
+        if value_bits < 1 or n * ((1 << value_bits) - 1) > (1 << bits) - 1:
+            return bits, value_bits, (f"their sum of {value_bits}-bit values can reach {n} · (2^{value_bits} − 1), "
+                                      f"which overflows the ring Z_2^{bits}: set secagg_value_bits ≤ "
+                                      f"{(fitting + 1).bit_length() - 1} or raise secagg_bits")
+        return bits, value_bits, None
+
+    def graph(self, n: int) -> tuple[int, str | None]:
+        """A group of ``n``'s threshold t, and why no client's seeds could be reconstructed (None: they can): a
+        client's neighbours (n − 1, or k) must be ≥ t, so a group of one is refused (its sum is its upload)."""
+        degree = n - 1 if self.neighbours is None or self.neighbours >= n - 1 else self.neighbours
+        threshold = self.threshold if self.threshold is not None else degree // 2 + 1
+        if threshold > degree:
+            needs = " (a group needs ≥ t + 1 participants)" if degree == n - 1 else ""
+            return threshold, (f"secagg_threshold={threshold} is more than a client's {degree} neighbours: no "
+                               f"client's seeds could ever be reconstructed{needs}")
+        return threshold, None
+
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
         group = Group(self, context)
         names, values = _flat(upload.tensors, f"client {context.client}")
@@ -150,26 +200,15 @@ class Group:
         self.participants = context.participants
         self.position = {client: position for position, client in enumerate(self.participants)}
         n = len(self.participants)
-        bits = secagg.bits if secagg.bits is not None else RING_BITS_MAX - math.ceil(math.log2(n))
-        self.seed, self.bits, self.ring_mask = context.shared_seed, bits, (1 << bits) - 1
         where = f"--postprocessor secagg: round {context.round}, {n} participants"
-        if n << bits > 1 << RING_BITS_MAX:
-            raise fedray.FedrayError(f"{where}: their masked sum reaches {n} · 2^{bits}, beyond float64's exact "
-                                     f"integers (2^{RING_BITS_MAX}): set secagg_bits ≤ "
-                                     f"{RING_BITS_MAX - math.ceil(math.log2(n))}")
-        fitting = ((1 << bits) - 1) // n  # the largest per-client integer whose n-fold sum fits the ring
-        value_bits = secagg.value_bits if secagg.value_bits is not None else (fitting + 1).bit_length() - 1
-        if value_bits < 1 or n * ((1 << value_bits) - 1) > self.ring_mask:
-            raise fedray.FedrayError(f"{where}: their sum of {value_bits}-bit values can reach "
-                                     f"{n} · (2^{value_bits} − 1), which overflows the ring Z_2^{bits}: set "
-                                     f"secagg_value_bits ≤ {(fitting + 1).bit_length() - 1} or raise secagg_bits")
+        bits, value_bits, problem = secagg.ring(n)
+        self.threshold, unreachable = secagg.graph(n)
+        if problem is not None or unreachable is not None:
+            raise fedray.FedrayError(f"{where}: {problem or unreachable}")
+        self.seed, self.bits, self.ring_mask = context.shared_seed, bits, (1 << bits) - 1
         self.clip, self.step = secagg.clip, 2 * secagg.clip / ((1 << value_bits) - 1)
         degree = n - 1 if secagg.neighbours is None or secagg.neighbours >= n - 1 else secagg.neighbours
         self.half = None if degree == n - 1 else degree // 2
-        self.threshold = secagg.threshold if secagg.threshold is not None else degree // 2 + 1
-        if self.threshold > max(degree, 1):
-            raise fedray.FedrayError(f"{where}: secagg_threshold={self.threshold} is more than a client's {degree} "
-                                     f"neighbours: no client's seeds could ever be reconstructed")
         order = self._generator(2).permutation(n)
         self.ring_order, self.ring_place = order, np.argsort(order)  # SecAgg+'s Harary graph: ring positions
         uniform = self._generator(1).random(n)
@@ -192,7 +231,7 @@ class Group:
     def check_recoverable(self, round_number: int) -> None:
         """That every participant has ≥ t surviving neighbours, else one line."""
         for position, (client, alive) in enumerate(zip(self.participants, self.surviving_neighbours())):
-            if alive < self.threshold and len(self.participants) > 1:
+            if alive < self.threshold:
                 what = "dropped" if self.dropped[position] else "survived"
                 raise fedray.FedrayError(f"--postprocessor secagg: round {round_number}: client {client} {what} with "
                                          f"only {alive} surviving neighbours, fewer than secagg_threshold="

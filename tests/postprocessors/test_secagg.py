@@ -14,11 +14,12 @@ import fedray
 from fedray.core.errors import FedrayError
 from fedray.core.reports import reporting
 from fedray.engine.config import resolve
-from fedray.engine.plan import postprocessing
+from fedray.app.cli import main
+from fedray.engine.plan import closed_form_uploads, postprocessing
 from fedray.engine.run_config import run
 from fedray.methods.ncm import ClassSums
 from fedray.methods import postprocessor as postprocessor_module
-from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads
 from fedray.postprocessors.secagg import SecureAggregation
 
 SEED, ROUND = 11, 4
@@ -227,3 +228,69 @@ def test_secure_aggregation_adds_secagg_last_and_once(secagg_registered, given):
 def test_secure_aggregation_without_its_clip_stops_before_any_work(secagg_registered):
     with pytest.raises(FedrayError, match=r"^--postprocessor secagg: option secagg_clip is required"):
         postprocessing(resolve({}, {"method": "fed3r", "secure_aggregation": True}))
+
+
+def training(group: int, smallest: int | None = None) -> fedray.StageUploads:
+    return fedray.StageUploads("training", True, Sampling(100, group, False), 10, group,
+                               group if smallest is None else smallest)
+
+
+@pytest.mark.parametrize("options, stages, error", [
+    # t = 5 needs ≥ 6 participants; the last round of a pass holds 100 mod 8 = 4
+    ({"secagg_threshold": 5}, (training(8, 4),),
+     r"the training stage's smallest aggregate of 4 uploads: secagg_threshold=5 is more than a client's 3 neighbours"),
+    # by default t is a majority of a client's neighbours: a group of one has none
+    ({}, (closed_form_uploads("closed form", Sampling(721, 6, False), 121, 2),),
+     r"the closed form stage's smallest aggregate of 1 uploads: secagg_threshold=1 is more than a client's 0 neighbours"),
+    # SecAgg+ with k = 8 neighbours: t = 6 of them
+    ({"secagg_neighbours": 8, "secagg_threshold": 6}, (training(30), training(20)),
+     None),
+    ({"secagg_neighbours": 8, "secagg_threshold": 9}, (training(30),),
+     r"the training stage's smallest aggregate of 30 uploads: secagg_threshold=9 is more than a client's 8 "
+     r"neighbours: no client's seeds could ever be reconstructed$"),
+    ({"secagg_neighbours": 8}, (training(30), training(8)),
+     r"the training stage's aggregates of up to 8 uploads: secagg_neighbours=8 is more than a client's 7 others"),
+    # 16 · 2^49 = 2^53 fits float64's integers, 2^20 · 2^49 does not
+    ({"secagg_bits": 49}, (training(16), StageUploads("calibration", False, Sampling(2**20, 2**20), 1, 2**20, 2**20)),
+     r"the calibration stage's aggregates of up to 1048576 uploads: their masked sum reaches 1048576 · 2\^49, beyond "
+     r"float64's exact integers \(2\^53\): set secagg_bits ≤ 33"),
+    ({"secagg_bits": 30, "secagg_value_bits": 27}, (training(8), training(9)),
+     r"the training stage's aggregates of up to 9 uploads: their sum of 27-bit values can reach 9 · \(2\^27 − 1\), "
+     r"which overflows the ring Z_2\^30: set secagg_value_bits ≤ 26 or raise secagg_bits"),
+    # a group only the draws tell is checked as it forms
+    ({"secagg_threshold": 5}, (closed_form_uploads("closed form", Sampling(100, 8, True), 30, 2),), None),
+])
+def test_groups_the_ring_or_threshold_cannot_serve_are_refused_before_the_run(options, stages, error):
+    secagg = SecureAggregation(secagg_clip=1.0, **options)
+    if error is None:
+        secagg.start(stages)
+        return
+    with pytest.raises(ValueError, match=f"^{error}"):
+        secagg.start(stages)
+
+
+DATASET = "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6"
+"""721 clients."""
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--method", "fed3r", "--clients-per-round", "8", "--eval-every", "2", "--option", "secagg_threshold=4"],
+     "the closed form stage's smallest aggregate of 1 uploads: secagg_threshold=4 is more than a client's 0 "
+     "neighbours: no client's seeds could ever be reconstructed (a group needs ≥ t + 1 participants)"),
+    (["--method", "fedavg", "--rounds", "3", "--clients-per-round", "6", "--option", "secagg_neighbours=6"],
+     "the training stage's aggregates of up to 6 uploads: secagg_neighbours=6 is more than a client's 5 others: leave "
+     "it out for all pairs (SecAgg)"),
+    (["--method", "fedncm", "--clients-per-round", "721", "--option", "secagg_bits=45"],
+     "the closed form stage's aggregates of up to 721 uploads: their masked sum reaches 721 · 2^45, beyond "
+     "float64's exact integers (2^53): set secagg_bits ≤ 43"),
+])
+def test_the_command_line_refuses_them_in_one_line_with_nothing_written(secagg_registered, capsys, tmp_path, argv,
+                                                                         error):
+    out = tmp_path / "refused"
+    capsys.readouterr()
+    rc = main(["run", "--dataset", DATASET, "--secure-aggregation", "--option", "secagg_clip=10", *argv,
+               "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err == f"fedray: error: --postprocessor secagg: {error}\n"
+    assert not out.exists()
