@@ -105,7 +105,8 @@ class Stage2Run:
             self.normalization = Normalization(torch.zeros(self.width, dtype=torch.float64),
                                                torch.ones(self.width, dtype=torch.float64))
             return ray.put(self.normalization)
-        normalization = self.pool.normalization(uploads=self.everyone, round_number=self.first_round + 1)
+        normalization = self.pool.normalization(uploads=self.everyone.among(range(len(self.sizes)), self.first_round + 1),
+                                                round_number=self.first_round + 1)
         everyone = np.arange(len(self.sizes))
         clients = len(self.sizes)
         samples = float(self.sizes.sum())
@@ -117,7 +118,8 @@ class Stage2Run:
     def closed_form(self, normalization: ray.ObjectRef) -> torch.Tensor:
         """The exact stage-2 minimizer ψ from every client's XᵀX and XᵀY ((p + 1)² + (p + 1)C floats up each), one round."""
         accounting = copy.deepcopy(self.accounting)
-        statistics = self.pool.statistics(normalization, self.everyone, self.solvers_start + 1)
+        statistics = self.pool.statistics(normalization, self.everyone.among(range(len(self.sizes)), self.solvers_start + 1),
+                                          self.solvers_start + 1)
         count = int(self.sizes.sum())
         model = solve_stage2(statistics.matrix, statistics.rhs, count, self.stage.lam)
         p = self.width + 1  # the features and the intercept
@@ -160,7 +162,7 @@ class ScaffoldRounds:
         run, floats = self.run, self.model.numel()
         clients = np.sort(clients)
         sums = run.pool.train(self.solver, self.normalization, ray.put(self.model), ray.put(self.control), clients,
-                              self.weights[clients], self.uploads, number)
+                              self.weights[clients], self.uploads.among(clients, number), number)
         self.loss, self.loss_weight = self.loss + sums.loss, self.loss_weight + sums.weight
         updated = self.model + sums.delta.to(torch.float64) / sums.weight
         flops = 4.0 * run.stage.local_steps * float(run.sizes[clients].sum()) * floats

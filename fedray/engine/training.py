@@ -147,7 +147,11 @@ class TrainingRounds:
         previous = {name: tensor.clone() for name, tensor in params.items()}
         reported = dict(state.reported)
         with reporting(reported, COLUMNS):
-            sums = self.postprocessing.aggregate(update.sums, number, update.clients)
+            participants = self.postprocessing.among(clients, number)
+            sums = participants.aggregate(update.sums, number, update.clients)
+            if participants.exact:  # summed in float64 (Postprocessor.exact_sum): back to the model's dtype
+                dtype = next(iter(model.values())).dtype
+                sums = {name: value.to(dtype) for name, value in sums.items()}
             if bool(np.isfinite(update.loss_sum)) and _finite(sums) and _finite(update.statistics):
                 delta, algorithm_state = check_server_update(self.algorithm, self.algorithm.server_update(
                     model, Aggregate(sums, update.weight, update.clients), state.algorithm, self.population), model)

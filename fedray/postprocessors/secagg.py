@@ -23,9 +23,17 @@ postprocessor's place) and the client numbers. N(i) is every other participant (
 ring in a seeded random order, each joined to the k/2 before and after it).
 
 **Who the participants are.** Pairwise masks need each client's group: the clients whose uploads the server sums
-into one aggregate (a training round's; a closed-form evaluation block's, its clients uploading in different
-rounds). The engine tells it through :attr:`fedray.UploadContext.participants` and ``shared_seed``; a stage
-that does not (training, TCT) is refused in one line.
+into one aggregate (a training round's clients; a closed-form evaluation block's, its clients uploading in different
+rounds; everyone in a calibration, a ridge probe, TCT's normalization and closed form). The engine tells it through
+:attr:`fedray.UploadContext.participants` and ``shared_seed``; an upload without them is refused in one line.
+
+**Training updates.** The server sums a round's updates weighted, Σ_k w_k · Δ_k (FedAvg: w_k = n_k), in float32,
+which cannot add ring elements exactly. secagg asks for exact sums (:attr:`fedray.Postprocessor.exact_sum`): each
+update reaches it as w_k · Δ_k in float64 (every entry: SCAFFOLD's control variates and FedNova's step counts alike),
+is clipped to [−C, C] (so C bounds the *weighted* update's entries), quantized and masked as below, and added as it
+is; the server decodes the sum, divides it by Σ w_k over the survivors (the weights a real deployment would append to
+the masked vector: the server learns the same number), and the training loop casts it back to float32. A dropped
+client's weight does not reach the server either.
 
 **Checked before the run** (:meth:`SecureAggregation.start`): every stage's largest aggregate must fit the ring
 (and float64's exact integers), its smallest must give each client at least t neighbours (a group of one, whose
@@ -43,10 +51,15 @@ sum and the run stops in one line naming the round (real SecAgg aborts that roun
 
 **Exactness through a float sum.** fedray's server adds uploads as floats (float64 for closed-form statistics).
 The masked integers are held in float64: their sum, below n · 2^b, is exact while n · 2^b ≤ 2^53, which is
-checked (b ≤ 53 − ⌈log₂ n⌉); the server reduces it mod 2^b in int64 and unmasks there, so the unmasked sum is
+checked (b ≤ 53 − ⌈log₂ n⌉); the server reduces it mod 2^b in uint64 and unmasks there, so the unmasked sum is
 the plain sum of the survivors' quantized integers bit for bit (``tests/postprocessors/test_secagg.py``). Only
-float64 uploads added by the server are accepted: a training update (float32, weighted by n_k) or an upload
-with integer tensors (FedCOF's class indices, concatenated, not added) is refused in one line.
+float64 uploads added by the server are accepted: an upload with integer tensors is refused in one line. FedCOF's
+is: its server estimates the class covariances from each client's own class means, rows it keeps side by side
+(with their integer class indices), never adds, so no secure sum can carry them; fedcof-oracle's uploads are sums.
+
+**Masks at scale.** The client hooks run in the shards, per aggregate, for its uploaders only: a client expands
+k + 1 masks of m values (all n − 1 pairs for SecAgg), raw Philox words added mod 2^64 in place and reduced mod
+2^b once; the server expands one per survivor (and the dropped clients' pairs).
 
 **Cost model** (reported by the aggregate, columns of metrics.parquet, for the group of the row's last block or
 round): what a participant sends, in bytes, by Bonawitz et al.'s four rounds with d neighbours (n − 1, or k):
@@ -114,6 +127,12 @@ class SecureAggregation(fedray.Postprocessor):
     def per_client(self) -> bool:
         return True
 
+    @property
+    def exact_sum(self) -> bool:
+        """The masked ring elements must be added exactly: a training update reaches :meth:`client` as w_k · Δ_k in
+        float64 and is summed as it is."""
+        return True
+
     def start(self, stages: tuple[fedray.StageUploads, ...]) -> None:
         """Refuse, before any work, a run with a stage whose aggregates the ring or the threshold cannot serve: its
         largest group's sum could overflow the ring, its smallest group leaves a client fewer neighbours than t, or
@@ -162,20 +181,20 @@ class SecureAggregation(fedray.Postprocessor):
         group = Group(self, context)
         names, values = _flat(upload.tensors, f"client {context.client}")
         position = group.position[context.client]
-        if group.dropped[position]:
-            return fedray.Upload({name: torch.zeros_like(tensor) for name, tensor in upload.tensors.items()},
-                                 upload.weight)
-        quantized = group.quantize(values)
-        masked = (quantized + group.self_mask(context.client, len(values))
-                  + sum((group.pair_mask(context.client, other, len(values)) for other in group.neighbours(position)),
-                        np.zeros(len(values), np.int64))) & group.ring_mask
+        if group.dropped[position]:  # nothing reaches the server: not its values, not its weight
+            return fedray.Upload({name: torch.zeros_like(tensor) for name, tensor in upload.tensors.items()}, 0.0)
+        masked = group.quantize(values).view(np.uint64)  # added mod 2^64, reduced mod 2^b once: 2^b divides 2^64
+        masked += group.self_mask(context.client, len(values))
+        for other in group.neighbours(position):
+            group.add_pair_mask(masked, context.client, other)
+        masked &= np.uint64(group.ring_mask)
         return fedray.Upload(_unflat(upload.tensors, names, masked.astype(np.float64)), upload.weight)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         group = Group(self, context)
         names, values = _flat(total, "the aggregate")
         group.check_recoverable(context.round)
-        sums = values.astype(np.int64)
+        sums = values.astype(np.uint64)
         size = len(sums)
         for position, client in enumerate(group.participants):
             if not group.dropped[position]:
@@ -183,8 +202,8 @@ class SecureAggregation(fedray.Postprocessor):
                 continue
             for other in group.neighbours(position):  # the survivors' masks with a dropped client, from its seeds
                 if not group.dropped[group.position[other]]:
-                    sums -= group.pair_mask(other, client, size)
-        sums &= group.ring_mask
+                    group.add_pair_mask(sums, other, client, subtract=True)
+        sums &= np.uint64(group.ring_mask)
         survivors = int((~group.dropped).sum())
         fedray.report(**group.costs(size))
         return _unflat(total, names, sums.astype(np.float64) * group.step - survivors * self.clip)
@@ -258,16 +277,22 @@ class Group:
         return np.random.Generator(np.random.Philox(np.random.SeedSequence((self.seed, *key))))
 
     def _expand(self, key: tuple[int, ...], size: int) -> np.ndarray:
-        return self._generator(*key).integers(0, self.ring_mask, size, dtype=np.int64, endpoint=True)
+        """The mask ``key``: ``size`` raw 64-bit Philox words (uniform; taken mod 2^b when the sum is reduced), the
+        group's stream ``key`` (counter-based: a word costs the same wherever it is in the stream)."""
+        return np.random.Philox(np.random.SeedSequence((self.seed, *key))).random_raw(size)
 
     def self_mask(self, client: int, size: int) -> np.ndarray:
         return self._expand((4, client), size)
 
-    def pair_mask(self, client: int, other: int, size: int) -> np.ndarray:
-        """What ``client`` adds for its pair with ``other``: +m when it is the lower number, −m otherwise."""
+    def add_pair_mask(self, values: np.ndarray, client: int, other: int, subtract: bool = False) -> None:
+        """Add to ``values`` (uint64, in place, mod 2^64) what ``client`` adds for its pair with ``other``: +m when it
+        is the lower number, −m otherwise (the opposite with ``subtract``)."""
         low, high = min(client, other), max(client, other)
-        mask = self._expand((3, low, high), size)
-        return mask if client == low else -mask
+        mask = self._expand((3, low, high), len(values))
+        if (client == low) != subtract:
+            values += mask
+        else:
+            values -= mask
 
 
 def _flat(tensors: fedray.Params, where: str) -> tuple[list[str], np.ndarray]:
@@ -276,8 +301,9 @@ def _flat(tensors: fedray.Params, where: str) -> tuple[list[str], np.ndarray]:
     for name in names:
         if tensors[name].dtype != torch.float64:
             raise fedray.FedrayError(f"--postprocessor secagg: {where}'s {name!r} is {tensors[name].dtype}: secagg masks "
-                                     f"float64 uploads the server adds (fedncm's, fed3r's statistics), not training "
-                                     f"updates nor integer tensors")
+                                     f"float64 uploads the server adds (statistics, weighted training updates), not "
+                                     f"integer tensors (FedCOF's class means are kept side by side, never added: "
+                                     f"fedcof-oracle's statistics are sums)")
     if not names:
         return names, np.zeros(0)
     return names, torch.cat([tensors[name].detach().reshape(-1).cpu() for name in names]).numpy()

@@ -20,6 +20,8 @@ from fedray.engine.run_config import run
 from fedray.methods.ncm import ClassSums
 from fedray.methods import postprocessor as postprocessor_module
 from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads
+from fedray.methods.training.client_sgd import add_upload
+from fedray.methods.training_algorithms import FedAvg
 from fedray.postprocessors.secagg import SecureAggregation
 
 SEED, ROUND = 11, 4
@@ -148,10 +150,10 @@ def test_too_few_survivors_to_unmask_stop_the_round_in_one_line():
 
 def test_uploads_it_cannot_mask_are_refused_in_one_line():
     process = Postprocessing((SecureAggregation(secagg_clip=1.0),), SEED).among([0, 1], 1)
-    update = fedray.Upload({"W": torch.zeros(3, 4)}, 5.0)
-    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: client 0's 'W' is torch.float32: secagg masks "
+    indices = fedray.Upload({"W": torch.zeros(3, 4, dtype=torch.int64)}, 1.0)
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: client 0's 'W' is torch.int64: secagg masks "
                                           r"float64 uploads"):
-        process.client(update, 0, 1)
+        process.client(indices, 0, 1, weighted=False)
     unknown = Postprocessing((SecureAggregation(secagg_clip=1.0),), SEED)
     with pytest.raises(FedrayError, match=r"^--postprocessor secagg: this stage does not tell the postprocessors"):
         unknown.statistics(upload(0), 0, 1)
@@ -294,3 +296,100 @@ def test_the_command_line_refuses_them_in_one_line_with_nothing_written(secagg_r
     assert rc == 2 and err.count("\n") == 1, err
     assert err == f"fedray: error: --postprocessor secagg: {error}\n"
     assert not out.exists()
+
+
+def update(client: int) -> fedray.Upload:
+    """A client's float32 training update (a head's W and b) and its weight n_k: weighted, some entries beyond 30."""
+    rng = np.random.default_rng(100 + client)
+    return fedray.Upload({"weight": torch.from_numpy(rng.normal(scale=0.8, size=(4, 3)).astype(np.float32)),
+                          "bias": torch.from_numpy(rng.normal(scale=0.8, size=3).astype(np.float32))},
+                         float(rng.integers(5, 40)))
+
+
+@pytest.mark.parametrize("neighbours", [None, 6])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_a_training_rounds_unmasked_sum_is_the_plain_sum_of_the_quantized_weighted_updates(neighbours, dropout):
+    clip, step = 30.0, 60.0 / (2**20 - 1)
+    process = Postprocessing((SecureAggregation(secagg_clip=clip, secagg_bits=40, secagg_value_bits=20,
+                                                secagg_dropout=dropout, secagg_neighbours=neighbours,
+                                                secagg_threshold=2),), SEED).among(CLIENTS, ROUND)
+    sums, weight, sent = None, 0.0, []
+    for client in CLIENTS:  # the shards' loop (heads.py): each upload through the hooks, added as they say
+        processed = process.client(update(client), client, ROUND)
+        sums, weight = add_upload(sums, processed, FedAvg(), weighted=not process.exact), weight + processed.weight
+        sent.append(processed)
+    with reporting({}):
+        total = process.aggregate(sums, ROUND, len(CLIENTS))
+    survivors = ~dropped(len(CLIENTS), dropout)
+    expected: dict[str, int] = {}
+    for client, alive in zip(CLIENTS, survivors):  # w_k · Δ_k in float64, clipped, quantized, added as integers
+        if alive:
+            own = update(client)
+            for name, tensor in own.tensors.items():
+                weighted = np.clip(own.weight * tensor.numpy().astype(np.float64), -clip, clip)
+                expected[name] = expected.get(name, 0) + np.rint((weighted + clip) / step).astype(np.int64).astype(object)
+    for name in ("weight", "bias"):
+        decoded = expected[name].astype(np.int64).astype(np.float64) * step - int(survivors.sum()) * clip
+        assert total[name].dtype == torch.float64 and torch.equal(total[name], torch.from_numpy(decoded))
+    assert weight == sum(update(client).weight for client, alive in zip(CLIENTS, survivors) if alive)
+    assert max(float(update(client).weight * update(client).tensors["weight"].abs().max()) for client in CLIENTS) > clip
+    for processed, alive in zip(sent, survivors):
+        values = torch.cat([processed.tensors["weight"].flatten(), processed.tensors["bias"]])
+        assert values.dtype == torch.float64 and torch.equal(values, values.round()) and values.max() < 2**40
+        assert (values.max() > 2**30) if alive else (not values.any() and processed.weight == 0)
+
+
+def test_a_training_round_whose_sum_could_overflow_the_ring_stops_in_one_line():
+    process = Postprocessing((SecureAggregation(secagg_clip=30.0, secagg_bits=24, secagg_value_bits=22),),
+                             SEED).among(CLIENTS, ROUND)
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: round 4, 12 participants: their sum of 22-bit "
+                                          r"values can reach 12 · \(2\^22 − 1\), which overflows the ring Z_2\^24"):
+        process.client(update(3), 3, ROUND)
+
+
+class QuantizedWeighted(fedray.Postprocessor):
+    """The reference for training: each client sends its weighted update's quantized integers in the clear, added
+    exactly; the server decodes their sum."""
+
+    def __init__(self, quantized_clip: float = 1.0, quantized_bits: int = 1) -> None:
+        super().__init__()
+        self.clip, self.step = quantized_clip, 2 * quantized_clip / (2**quantized_bits - 1)
+
+    @property
+    def exact_sum(self) -> bool:
+        return True
+
+    def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
+        return fedray.Upload({name: torch.round((tensor.clamp(-self.clip, self.clip) + self.clip) / self.step)
+                              for name, tensor in upload.tensors.items()}, upload.weight)
+
+    def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
+        return {name: tensor * self.step - context.clients * self.clip for name, tensor in total.items()}
+
+
+def trained(tmp_path: Path, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
+    config = resolve({}, {"dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
+                          "rounds": 4, "eval_every": 2, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "client_lr": 0.05, "local_epochs": 1, "batch_size": 8, **values}, drop_unused=True)
+    run(config)
+    rows = pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
+    return rows, dict(np.load(tmp_path / name / "classifier.npz"))
+
+
+@pytest.mark.parametrize("method", ["fedavg", "scaffold", "fednova"])  # the dual form, with control variates, autograd
+def test_a_training_run_through_secagg_is_the_run_through_exact_quantized_weighted_sums_bit_for_bit(ray_session,
+                                                                                                   tmp_path, method):
+    secure = trained(tmp_path, "secagg", method=method, postprocessor=SPEC,
+                     options={"secagg_clip": "200", "secagg_bits": "48", "secagg_value_bits": "44"})
+    quantized = trained(tmp_path, "quantized", method=method,
+                        postprocessor="tests.postprocessors.test_secagg:QuantizedWeighted",
+                        options={"quantized_clip": "200", "quantized_bits": "44"})
+    assert [row["round"] for row in secure[0]] == [0, 2, 4]
+    assert [row["accuracy"] for row in secure[0]] == [row["accuracy"] for row in quantized[0]]
+    assert all(np.array_equal(secure[1][key], quantized[1][key]) for key in secure[1])
+    assert secure[0][-1]["secagg_dropped"] == 0
+    if method == "fedavg":  # W and b: 8 · 6 + 6 values on 48 bits; close to the plain run, not equal
+        assert secure[0][-1]["secagg_masked_bytes"] == (8 * 6 + 6) * 48 // 8
+        plain = trained(tmp_path, "plain", method=method)
+        assert not all(np.array_equal(secure[1][key], plain[1][key]) for key in secure[1])
+        assert all(np.allclose(secure[1][key], plain[1][key], atol=1e-5) for key in secure[1])
