@@ -3,7 +3,10 @@ bit for bit, with and without dropouts, over all pairs or a k-regular graph; a c
 could overflow the ring or float64's exact integers, a threshold no client can meet, too few survivors and uploads it
 cannot mask stop in one line; a Fed3R run through it is the run through plain quantized sums bit for bit."""
 
+import json
+import os
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -393,3 +396,36 @@ def test_a_training_run_through_secagg_is_the_run_through_exact_quantized_weight
         plain = trained(tmp_path, "plain", method=method)
         assert not all(np.array_equal(secure[1][key], plain[1][key]) for key in secure[1])
         assert all(np.allclose(secure[1][key], plain[1][key], atol=1e-5) for key in secure[1])
+
+
+class Recording(SecureAggregation):
+    """secagg, writing where each client hook ran to ``log``: the process, the client, the round and the group."""
+
+    def __init__(self, log: Annotated[str, "the file the hooks' places are written to"] = "",
+                 secagg_clip: Annotated[float | None, "C"] = None) -> None:
+        super().__init__(secagg_clip=secagg_clip, secagg_neighbours=2)
+        self.log = log
+
+    def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
+        with open(self.log, "a") as log:
+            log.write(json.dumps([os.getpid(), context.client, context.round, list(context.participants)]) + "\n")
+        return super().client(upload, context)
+
+
+def test_the_masks_are_drawn_in_the_shards_for_each_blocks_uploaders_only(ray_session, tmp_path):
+    log = tmp_path / "hooks.log"
+    config = resolve({}, {"method": "fed3r", "dataset": DATASET, "out": str(tmp_path / "run"), "clients_per_round": 8,
+                          "rounds": 5, "eval_every": 2, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "postprocessor": "tests.postprocessors.test_secagg:Recording",
+                          "options": {"log": str(log), "secagg_clip": "2000"}})
+    run(config)
+    hooks = [json.loads(line) for line in log.read_text().splitlines()]
+    rounds = pq.read_table(tmp_path / "run" / "metrics.parquet").column("round").to_pylist()
+    assert rounds == [2, 4, 5] and len(hooks) == 40  # 5 rounds of 8 clients, each uploading once
+    assert os.getpid() not in {pid for pid, *_ in hooks}  # not in the driver: in the shards
+    blocks: dict[int, set[int]] = {}  # the blocks' uploaders: rounds 1–2, 3–4 and 5
+    for _, client, round_number, _ in hooks:
+        blocks.setdefault((round_number + 1) // 2, set()).add(client)
+    assert [len(blocks[block]) for block in (1, 2, 3)] == [16, 16, 8]
+    for _, client, round_number, participants in hooks:  # each hook masked among its block's uploaders, no one else
+        assert participants == sorted(blocks[(round_number + 1) // 2])
