@@ -1,13 +1,13 @@
 """Benchmark: what secure aggregation costs on the iNat stand-in, in accuracy (the value bits) and in wall time (the masks).
 
-    python -m jobs.bench_secagg [--dim 64] [--bits 8 12 16 20 24] [--cost-dim 128] [--neighbours 4]
+    python -m jobs.bench_secagg [--dim 32] [--bits 8 12 16 20 24] [--cost-dim 128] [--neighbours 4]
 
 **Accuracy.** Fed3R and FedCOF-oracle (full class covariances) on ``synthetic:inat-user-120k?dim=D`` (all 9,275
 clients, C = 1,203), 100 clients a round until every client was seen, an evaluation every 10 rounds (aggregates of
 1,000 uploads), plain and through ``secagg`` with v value bits for each v of ``--bits`` and the default (``full``: the
 most an aggregate of 1,000 fits in the ring, 33 of 43 bits). The clip C is the largest entry any client's statistics
 can reach (n_k, and each class's and coordinate's Σ z² and Σ |z| over a client's samples bound every entry of its
-counts, ZᵀZ, ZᵀY, class sums and Σ zzᵀ): nothing is clipped, the loss is the quantization's, a step of 2C / (2^v − 1)
+counts, ZᵀZ, ZᵀY, class sums and Σ zzᵀ): nothing is clipped, the loss is the quantization's, a step of C / (2^(v−1) − 1)
 per entry. The masks do not change the sum (it is exact), so these runs take SecAgg+ with 2 neighbours, the cheapest
 graph. FedCOF itself cannot be measured: its server estimates the class covariances from every client's own class
 means, rows it keeps side by side, never adds, so no secure sum can carry them (secagg refuses their integer class
@@ -100,7 +100,7 @@ def masking_cost(folder: Path, dim: int, neighbours: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dim", type=int, default=64, help="the features' dimension of the accuracy runs")
+    parser.add_argument("--dim", type=int, default=32, help="the features' dimension of the accuracy runs")
     parser.add_argument("--bits", type=int, nargs="*", default=[8, 12, 16, 20, 24], help="value bits v to measure")
     parser.add_argument("--cost-dim", type=int, default=128, help="the features' dimension of the masking cost runs")
     parser.add_argument("--neighbours", type=int, default=4, help="SecAgg+'s k in the masking cost runs")

@@ -8,12 +8,14 @@ nothing else, bit for bit; the masks are real (expanded from seeds), the key agr
 make them secret are not run, only their effect.
 
 **Quantization.** Each value x of a client's upload is clipped to [−C, C] (``secagg_clip``) and sent as the
-integer q = rint((x + C) / Δ) in [0, 2^v − 1], Δ = 2C / (2^v − 1), on v bits (``secagg_value_bits``), in the
-ring Z_{2^b} (``secagg_bits``; by default b = 53 − ⌈log₂ n⌉, the largest float64 sums exactly). The sum
-of the n participants' integers must fit the ring: n · (2^v − 1) ≤ 2^b − 1. Given v, a group whose sum could
-exceed it stops the run in one line before any mask is drawn (the ring never wraps silently); by default v is
-the largest that fits the group's n. The server decodes the ring's sum S of the s survivors' integers as
-S · Δ − s · C.
+integer q = rint(x / Δ) + h in [0, 2^v − 2], Δ = C / h, h = 2^(v−1) − 1, on v bits (``secagg_value_bits``), in
+the ring Z_{2^b} (``secagg_bits``; by default b = 53 − ⌈log₂ n⌉, the largest float64 sums exactly). The grid is
+symmetric with 0 on it (q = h): a zero, most of a sparse upload such as ZᵀY, stays exactly zero, where a grid of
+2^v levels from −C to C would put it halfway between two and round every client's zeros the same way (a bias of
+Δ/2 per client). The sum of the n participants' integers must fit the ring: n · (2^v − 1) ≤ 2^b − 1. Given v, a
+group whose sum could exceed it stops the run in one line before any mask is drawn (the ring never wraps
+silently); by default v is the largest that fits the group's n. The server decodes the ring's sum S of the s
+survivors' integers as (S − s · h) · Δ.
 
 **Masks.** Client i sends y_i = q_i + p_i + Σ_{j ∈ N(i), j > i} m_ij − Σ_{j ∈ N(i), j < i} m_ij mod 2^b: a
 self-mask p_i and a pairwise mask m_ij with each neighbour j, each expanded with Philox (counter-based) from
@@ -97,7 +99,7 @@ class SecureAggregation(fedray.Postprocessor):
                                                            "before quantization (> 0; required)"] = None,
                  secagg_bits: Annotated[int | None, "b: the ring Z_2^b the masked sums live in (1 to 53; by default "
                                                     "the largest whose n-fold sum float64 holds exactly)"] = None,
-                 secagg_value_bits: Annotated[int | None, "v: the bits of each quantized value (1 ≤ v ≤ b; by "
+                 secagg_value_bits: Annotated[int | None, "v: the bits of each quantized value (2 ≤ v ≤ b; by "
                                                          "default the most that fit the group's sum)"] = None,
                  secagg_dropout: Annotated[float, "the probability that a participant drops before sending "
                                                   "(0 ≤ p < 1)"] = 0.0,
@@ -111,8 +113,8 @@ class SecureAggregation(fedray.Postprocessor):
                              f"each value is clipped to), got {secagg_clip}")
         if secagg_bits is not None and not 1 <= secagg_bits <= RING_BITS_MAX:
             raise ValueError(f"option secagg_bits must be from 1 to {RING_BITS_MAX}, got {secagg_bits}")
-        if secagg_value_bits is not None and not 1 <= secagg_value_bits <= (secagg_bits or RING_BITS_MAX):
-            raise ValueError(f"option secagg_value_bits must be from 1 to secagg_bits={secagg_bits or RING_BITS_MAX}, "
+        if secagg_value_bits is not None and not 2 <= secagg_value_bits <= (secagg_bits or RING_BITS_MAX):
+            raise ValueError(f"option secagg_value_bits must be from 2 to secagg_bits={secagg_bits or RING_BITS_MAX}, "
                              f"got {secagg_value_bits}")
         if not 0 <= secagg_dropout < 1:
             raise ValueError(f"option secagg_dropout must be in [0, 1), got {secagg_dropout}")
@@ -160,7 +162,7 @@ class SecureAggregation(fedray.Postprocessor):
                              f"(2^{RING_BITS_MAX}): set secagg_bits ≤ {RING_BITS_MAX - math.ceil(math.log2(n))}")
         fitting = ((1 << bits) - 1) // n  # the largest per-client integer whose n-fold sum fits the ring
         value_bits = self.value_bits if self.value_bits is not None else (fitting + 1).bit_length() - 1
-        if value_bits < 1 or n * ((1 << value_bits) - 1) > (1 << bits) - 1:
+        if value_bits < 2 or n * ((1 << value_bits) - 1) > (1 << bits) - 1:
             return bits, value_bits, (f"their sum of {value_bits}-bit values can reach {n} · (2^{value_bits} − 1), "
                                       f"which overflows the ring Z_2^{bits}: set secagg_value_bits ≤ "
                                       f"{(fitting + 1).bit_length() - 1} or raise secagg_bits")
@@ -206,7 +208,8 @@ class SecureAggregation(fedray.Postprocessor):
         sums &= np.uint64(group.ring_mask)
         survivors = int((~group.dropped).sum())
         fedray.report(**group.costs(size))
-        return _unflat(total, names, sums.astype(np.float64) * group.step - survivors * self.clip)
+        return _unflat(total, names, (sums.astype(np.int64) - survivors * group.half_range).astype(np.float64)
+                       * group.step)
 
 
 class Group:
@@ -225,7 +228,8 @@ class Group:
         if problem is not None or unreachable is not None:
             raise fedray.FedrayError(f"{where}: {problem or unreachable}")
         self.seed, self.bits, self.ring_mask = context.shared_seed, bits, (1 << bits) - 1
-        self.clip, self.step = secagg.clip, 2 * secagg.clip / ((1 << value_bits) - 1)
+        self.half_range = (1 << (value_bits - 1)) - 1  # h: the integer 0 is sent as
+        self.clip, self.step = secagg.clip, secagg.clip / self.half_range
         degree = n - 1 if secagg.neighbours is None or secagg.neighbours >= n - 1 else secagg.neighbours
         self.half = None if degree == n - 1 else degree // 2
         order = self._generator(2).permutation(n)
@@ -270,7 +274,7 @@ class Group:
                 "secagg_server_reconstructions": len(self.participants)}
 
     def quantize(self, values: np.ndarray) -> np.ndarray:
-        return np.rint((np.clip(values, -self.clip, self.clip) + self.clip) / self.step).astype(np.int64)
+        return np.rint(np.clip(values, -self.clip, self.clip) / self.step).astype(np.int64) + self.half_range
 
     def _generator(self, *key: int) -> np.random.Generator:
         """The group's stream ``key`` (1: dropouts, 2: the ring order, 3 and 4: masks), Philox from the shared seed."""

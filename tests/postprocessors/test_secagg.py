@@ -50,18 +50,17 @@ def dropped(n: int, rate: float) -> np.ndarray:
 
 
 def plain_quantized_sum(clients: list[int], survivors: np.ndarray, clip: float, value_bits: int, **kw) -> ClassSums:
-    """Each survivor's values clipped to [−C, C], rounded to integers on 2^v − 1 steps, summed as Python integers,
-    decoded as S·Δ − s·C."""
-    step = 2 * clip / (2**value_bits - 1)
+    """Each survivor's values clipped to [−C, C], rounded to the nearest of the integers −h..h (h = 2^(v−1) − 1, a step
+    Δ = C/h), summed as Python integers, decoded as their sum times Δ."""
+    step = clip / (2**(value_bits - 1) - 1)
     total: dict[str, np.ndarray] = {}
     for client, alive in zip(clients, survivors):
         if alive:
             stats = upload(client, **kw)
             for name in ("counts", "sums"):
-                q = np.rint((np.clip(getattr(stats, name).numpy(), -clip, clip) + clip) / step).astype(np.int64)
+                q = np.rint(np.clip(getattr(stats, name).numpy(), -clip, clip) / step).astype(np.int64)
                 total[name] = total.get(name, 0) + q.astype(object)
-    s = int(survivors.sum())
-    return ClassSums(*(torch.from_numpy(total[name].astype(np.int64).astype(np.float64) * step - s * clip)
+    return ClassSums(*(torch.from_numpy(total[name].astype(np.int64).astype(np.float64) * step)
                        for name in ("counts", "sums")))
 
 
@@ -123,6 +122,26 @@ def test_the_default_ring_and_value_bits_are_the_most_the_groups_sum_fits():
     assert max(float(stats.sums.max()) for stats in sent) < 2**49 and max(float(stats.sums.max()) for stats in sent) > 2**46
 
 
+def test_zeros_stay_exactly_zero_and_the_grid_is_symmetric():
+    """0 is on the grid (q = h): 12 clients' zeros sum to 0, not 12 · Δ/2; ±C are its ends, ±Δ/2 rounds to ±0 or ±Δ."""
+    step = 5.0 / (2**19 - 1)
+    zeros = [ClassSums(torch.zeros(5, dtype=torch.float64), torch.zeros(5, 3, dtype=torch.float64)) for _ in CLIENTS]
+    process = Postprocessing((SecureAggregation(secagg_clip=5.0, secagg_bits=40, secagg_value_bits=20),),
+                             SEED).among(CLIENTS, ROUND)
+    sent = [process.statistics(stats, client, ROUND) for stats, client in zip(zeros, CLIENTS)]
+    with reporting({}):
+        total = process.aggregate(ClassSums(sum(s.counts for s in sent), sum(s.sums for s in sent)), ROUND, 12)
+    assert not total.counts.any() and not total.sums.any()
+    edges = ClassSums(torch.tensor([5.0, -5.0, 7.0, 0.6 * step, -0.4 * step], dtype=torch.float64),
+                      torch.zeros(5, 3, dtype=torch.float64))
+    one = Postprocessing((SecureAggregation(secagg_clip=5.0, secagg_bits=40, secagg_value_bits=20),),
+                         SEED).among([0, 1], ROUND)
+    sent = [one.statistics(edges, 0, ROUND), one.statistics(zeros[0], 1, ROUND)]
+    with reporting({}):
+        total = one.aggregate(ClassSums(sent[0].counts + sent[1].counts, sent[0].sums + sent[1].sums), ROUND, 2)
+    assert total.counts.tolist() == [(2**19 - 1) * step, -(2**19 - 1) * step, (2**19 - 1) * step, step, 0.0]
+
+
 def test_a_sum_that_could_overflow_the_ring_stops_in_one_line():
     with pytest.raises(FedrayError, match=r"^--postprocessor secagg: round 4, 12 participants: their sum of 19-bit "
                                           r"values can reach 12 · \(2\^19 − 1\), which overflows the ring Z_2\^22: set "
@@ -167,7 +186,7 @@ def test_uploads_it_cannot_mask_are_refused_in_one_line():
     ({"secagg_clip": "1", "secagg_bits": "0"}, "option secagg_bits must be from 1 to 53, got 0"),
     ({"secagg_clip": "1", "secagg_bits": "54"}, "option secagg_bits must be from 1 to 53, got 54"),
     ({"secagg_clip": "1", "secagg_bits": "20", "secagg_value_bits": "21"},
-     "option secagg_value_bits must be from 1 to secagg_bits=20, got 21"),
+     "option secagg_value_bits must be from 2 to secagg_bits=20, got 21"),
     ({"secagg_clip": "1", "secagg_dropout": "1"}, r"option secagg_dropout must be in \[0, 1\), got 1.0"),
     ({"secagg_clip": "1", "secagg_dropout": "-0.1"}, r"option secagg_dropout must be in \[0, 1\), got -0.1"),
     ({"secagg_clip": "1", "secagg_threshold": "0"}, "option secagg_threshold must be ≥ 1, got 0"),
@@ -183,14 +202,14 @@ class QuantizedSum(fedray.Postprocessor):
 
     def __init__(self, quantized_clip: float = 1.0, quantized_bits: int = 1) -> None:
         super().__init__()
-        self.clip, self.step = quantized_clip, 2 * quantized_clip / (2**quantized_bits - 1)
+        self.clip, self.step = quantized_clip, quantized_clip / (2**(quantized_bits - 1) - 1)
 
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
-        return fedray.Upload({name: torch.round((tensor.clamp(-self.clip, self.clip) + self.clip) / self.step)
+        return fedray.Upload({name: torch.round(tensor.clamp(-self.clip, self.clip) / self.step)
                               for name, tensor in upload.tensors.items()}, upload.weight)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
-        return {name: tensor * self.step - context.clients * self.clip for name, tensor in total.items()}
+        return {name: tensor * self.step for name, tensor in total.items()}
 
 
 def runs(tmp_path: Path, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
@@ -312,7 +331,7 @@ def update(client: int) -> fedray.Upload:
 @pytest.mark.parametrize("neighbours", [None, 6])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_a_training_rounds_unmasked_sum_is_the_plain_sum_of_the_quantized_weighted_updates(neighbours, dropout):
-    clip, step = 30.0, 60.0 / (2**20 - 1)
+    clip, step = 30.0, 30.0 / (2**19 - 1)
     process = Postprocessing((SecureAggregation(secagg_clip=clip, secagg_bits=40, secagg_value_bits=20,
                                                 secagg_dropout=dropout, secagg_neighbours=neighbours,
                                                 secagg_threshold=2),), SEED).among(CLIENTS, ROUND)
@@ -330,9 +349,9 @@ def test_a_training_rounds_unmasked_sum_is_the_plain_sum_of_the_quantized_weight
             own = update(client)
             for name, tensor in own.tensors.items():
                 weighted = np.clip(own.weight * tensor.numpy().astype(np.float64), -clip, clip)
-                expected[name] = expected.get(name, 0) + np.rint((weighted + clip) / step).astype(np.int64).astype(object)
+                expected[name] = expected.get(name, 0) + np.rint(weighted / step).astype(np.int64).astype(object)
     for name in ("weight", "bias"):
-        decoded = expected[name].astype(np.int64).astype(np.float64) * step - int(survivors.sum()) * clip
+        decoded = expected[name].astype(np.int64).astype(np.float64) * step
         assert total[name].dtype == torch.float64 and torch.equal(total[name], torch.from_numpy(decoded))
     assert weight == sum(update(client).weight for client, alive in zip(CLIENTS, survivors) if alive)
     assert max(float(update(client).weight * update(client).tensors["weight"].abs().max()) for client in CLIENTS) > clip
@@ -356,18 +375,18 @@ class QuantizedWeighted(fedray.Postprocessor):
 
     def __init__(self, quantized_clip: float = 1.0, quantized_bits: int = 1) -> None:
         super().__init__()
-        self.clip, self.step = quantized_clip, 2 * quantized_clip / (2**quantized_bits - 1)
+        self.clip, self.step = quantized_clip, quantized_clip / (2**(quantized_bits - 1) - 1)
 
     @property
     def exact_sum(self) -> bool:
         return True
 
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
-        return fedray.Upload({name: torch.round((tensor.clamp(-self.clip, self.clip) + self.clip) / self.step)
+        return fedray.Upload({name: torch.round(tensor.clamp(-self.clip, self.clip) / self.step)
                               for name, tensor in upload.tensors.items()}, upload.weight)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
-        return {name: tensor * self.step - context.clients * self.clip for name, tensor in total.items()}
+        return {name: tensor * self.step for name, tensor in total.items()}
 
 
 def trained(tmp_path: Path, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
