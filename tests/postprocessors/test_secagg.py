@@ -26,6 +26,13 @@ from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads
 from fedray.methods.training.client_sgd import add_upload
 from fedray.methods.training_algorithms import FedAvg
 from fedray.postprocessors.secagg import SecureAggregation
+from fedray.core.results import EvalPoint
+from fedray.engine.config import RunConfig
+from fedray.engine.plan import Sampler, stages
+from fedray.engine.tct import Stage2Run
+from fedray.engine.training import Accounting
+from tests.methods import test_tct_stage2 as tct_clients
+from tests.runtime import test_tct_shards as tct_shards
 
 SEED, ROUND = 11, 4
 SPEC = "fedray.postprocessors.secagg:SecureAggregation"
@@ -448,3 +455,47 @@ def test_the_masks_are_drawn_in_the_shards_for_each_blocks_uploaders_only(ray_se
     assert [len(blocks[block]) for block in (1, 2, 3)] == [16, 16, 8]
     for _, client, round_number, participants in hooks:  # each hook masked among its block's uploaders, no one else
         assert participants == sorted(blocks[(round_number + 1) // 2])
+
+
+def tct_stage2(clients, held_out, postprocessor: fedray.Postprocessor) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """TCT's stage 2 on the six test clients (normalization, closed form, 8 SCAFFOLD rounds of 3) through
+    ``postprocessor``, on shards of its own (they keep the clients' control variates): the closed form's and
+    SCAFFOLD's models, and the rows."""
+    sizes = np.array([len(c.labels) for c in clients])
+    config = RunConfig(method="tct", tct_solver="both", tct_rounds=8, tct_local_steps=5, tct_lr=0.05,
+                       clients_per_round=3, eval_every=4, seed=3).resolved()
+    sampler = Sampler(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed)
+    start = EvalPoint(7, 0, 0, 0.5, 0.0, 0.0, 0.0, 0.0, "train")
+    pool = tct_shards.start_pool(None, clients, held_out)
+    try:
+        run = Stage2Run(stages(config)[-1], sampler, config.eval_every, pool, sizes, tct_clients.NUM_CLASSES, 20,
+                        [start], Accounting(np.zeros(len(sizes), dtype=bool)),
+                        postprocessing=Postprocessing((postprocessor,), 3))
+        normalization = run.normalize()
+        return run.closed_form(normalization), run.scaffold(normalization), run.points
+    finally:
+        pool.shutdown()
+
+
+def test_tct_stage2_through_secagg_is_stage2_through_exact_quantized_sums_bit_for_bit(ray_session, tct_clients_data,
+                                                                                      tct_held_out):
+    secure = tct_stage2(tct_clients_data, tct_held_out, SecureAggregation(secagg_clip=1e5, secagg_bits=47,
+                                                                          secagg_value_bits=44))
+    quantized = tct_stage2(tct_clients_data, tct_held_out, QuantizedWeighted(quantized_clip=1e5, quantized_bits=44))
+    plain = tct_stage2(tct_clients_data, tct_held_out, fedray.Postprocessor())
+    for got, expected, close in zip(secure[:2], quantized[:2], plain[:2]):
+        assert torch.equal(got, expected) and not torch.equal(got, close) and torch.allclose(got, close, atol=1e-5)
+    assert [row.stage for row in secure[2][1:]] == ["tct_closed_form", "tct_scaffold", "tct_scaffold"]
+    assert all(row.reported["secagg_dropped"] == 0 for row in secure[2][1:])
+    assert secure[2][-1].reported["secagg_server_reconstructions"] == 3  # a SCAFFOLD round's 3 clients
+
+
+@pytest.fixture(scope="module")
+def tct_clients_data():
+    return tct_clients.label_skewed(seed=4)
+
+
+@pytest.fixture(scope="module")
+def tct_held_out():
+    held = tct_clients.label_skewed(seed=5, num_clients=4)
+    return tct_shards.ClientData(torch.cat([c.features for c in held]), torch.cat([c.labels for c in held]))
