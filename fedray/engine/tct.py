@@ -59,6 +59,8 @@ from fedray.engine.plan import RunPlan, Sampler, TctStage2
 from fedray.methods.postprocessor import Postprocessing
 from fedray.core.federation import TEST, TRAIN, Federation
 from fedray.engine.callbacks import Callbacks
+from fedray.engine.config import COLUMNS
+from fedray.core.reports import reporting
 from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning, training_uploads
 from fedray.engine.training import Accounting, TrainingState
 from fedray.methods.base import FLOAT_BYTES, Classifier
@@ -87,11 +89,14 @@ class Stage2Run:
         self.started = time.perf_counter() - points[-1].wall_s
         self.normalization: Normalization | None = None
         self.scaffold_rounds = Schedule.of()
+        self.reported: dict[str, float] = dict(points[-1].reported)
+        """The last number each postprocessor's aggregate reported (:func:`fedray.report`), for stage 2's rows."""
 
     def record(self, accounting: Accounting, round_number: int, accuracy: float, stage: str, model: torch.Tensor,
                loss: float | None = None) -> None:
         """A row of stage 2's ``model`` ψ (its classifier: W and b on the standardized eNTK features)."""
-        point = accounting.point(round_number, accuracy, time.perf_counter() - self.started, stage, loss)
+        point = accounting.point(round_number, accuracy, time.perf_counter() - self.started, stage, loss,
+                                 reported=self.reported)
         self.points.append(point)
         if self.on_point is not None:
             self.on_point(point, stage2_classifier(model))
@@ -105,7 +110,9 @@ class Stage2Run:
             self.normalization = Normalization(torch.zeros(self.width, dtype=torch.float64),
                                                torch.ones(self.width, dtype=torch.float64))
             return ray.put(self.normalization)
-        normalization = self.pool.normalization(uploads=self.everyone, round_number=self.first_round + 1)
+        with reporting(self.reported, COLUMNS):  # a postprocessor's aggregate may report
+            normalization = self.pool.normalization(
+                uploads=self.everyone.among(range(len(self.sizes)), self.first_round + 1), round_number=self.first_round + 1)
         everyone = np.arange(len(self.sizes))
         clients = len(self.sizes)
         samples = float(self.sizes.sum())
@@ -117,7 +124,10 @@ class Stage2Run:
     def closed_form(self, normalization: ray.ObjectRef) -> torch.Tensor:
         """The exact stage-2 minimizer ψ from every client's XᵀX and XᵀY ((p + 1)² + (p + 1)C floats up each), one round."""
         accounting = copy.deepcopy(self.accounting)
-        statistics = self.pool.statistics(normalization, self.everyone, self.solvers_start + 1)
+        with reporting(self.reported, COLUMNS):
+            statistics = self.pool.statistics(normalization,
+                                              self.everyone.among(range(len(self.sizes)), self.solvers_start + 1),
+                                              self.solvers_start + 1)
         count = int(self.sizes.sum())
         model = solve_stage2(statistics.matrix, statistics.rhs, count, self.stage.lam)
         p = self.width + 1  # the features and the intercept
@@ -159,8 +169,9 @@ class ScaffoldRounds:
     def run_round(self, number: int, clients: np.ndarray) -> bool:
         run, floats = self.run, self.model.numel()
         clients = np.sort(clients)
-        sums = run.pool.train(self.solver, self.normalization, ray.put(self.model), ray.put(self.control), clients,
-                              self.weights[clients], self.uploads, number)
+        with reporting(run.reported, COLUMNS):
+            sums = run.pool.train(self.solver, self.normalization, ray.put(self.model), ray.put(self.control), clients,
+                                  self.weights[clients], self.uploads.among(clients, number), number)
         self.loss, self.loss_weight = self.loss + sums.loss, self.loss_weight + sums.weight
         updated = self.model + sums.delta.to(torch.float64) / sums.weight
         flops = 4.0 * run.stage.local_steps * float(run.sizes[clients].sum()) * floats
@@ -179,7 +190,7 @@ class ScaffoldRounds:
         loss = None if diverged else self.loss / self.loss_weight
         self.loss, self.loss_weight = 0.0, 0.0
         return run.accounting.point(run.solvers_start + number, accuracy, time.perf_counter() - run.started,
-                                    "tct_scaffold", loss, diverged)
+                                    "tct_scaffold", loss, diverged, run.reported)
 
     def classifier(self) -> Classifier:
         return stage2_classifier(self.model)

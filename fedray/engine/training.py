@@ -163,8 +163,12 @@ class TrainingRounds:
         previous = {name: tensor.clone() for name, tensor in params.items()}
         reported = dict(state.reported)
         with reporting(reported, COLUMNS):
-            weight = self.postprocessing.aggregate_weight(update.weight, number, update.clients)
-            sums = self.postprocessing.aggregate(update.sums, number, update.clients)
+            participants = self.postprocessing.among(clients, number)
+            weight = participants.aggregate_weight(update.weight, number, update.clients)
+            sums = participants.aggregate(update.sums, number, update.clients)
+            if participants.exact:  # summed in float64 (Postprocessor.exact_sum): back to the model's dtype
+                dtype = next(iter(model.values())).dtype
+                sums = {name: value.to(dtype) for name, value in sums.items()}
             if weight == 0:  # nobody took part and no postprocessor set a weight: the round changes nothing
                 state.done, state.reported = number, reported
                 return True

@@ -195,10 +195,12 @@ def check_selection(postprocessor: object, rows: int, returned: object, where: s
 
 
 def check_upload_like(postprocessor: object, got: Upload, returned: object, weighted: bool, where: str,
-                      method: str = "client") -> Upload:
+                      method: str = "client", may_drop: bool = False) -> Upload:
     """A postprocessor's ``returned`` upload for ``got`` (``where``: the round and client, in errors): a
     :class:`Upload` of tensors with exactly ``got``'s names, shapes and dtypes, finite, with a finite weight > 0 (that
-    stays ``got``'s unless ``weighted``: a closed-form method's statistics and the aggregate are summed as they are)."""
+    stays ``got``'s unless ``weighted``: a closed-form method's statistics and the aggregate are summed as they are);
+    ``may_drop``: or weight 0, an upload that never reaches the server (an exact sum's, see
+    :attr:`~fedray.methods.postprocessor.Postprocessor.exact_sum`)."""
     if method == "client" and not isinstance(returned, Upload):
         _refuse(postprocessor, method, f"{_what(returned)} ({where})",
                 "the fedray.Upload it got, or a new one (tensors and weight)")
@@ -212,9 +214,10 @@ def check_upload_like(postprocessor: object, got: Upload, returned: object, weig
         if tensor.is_floating_point() and not bool(tensor.isfinite().all()) and bool(got.tensors[name].isfinite().all()):
             _refuse(postprocessor, method, f"{name} with NaN or inf ({where}; it got finite values)", "finite values")
     weight = upload.weight
-    if isinstance(weight, bool) or not isinstance(weight, Real) or not (math.isfinite(weight) and weight > 0):
+    dropped = may_drop and weight == 0 and not isinstance(weight, bool)
+    if isinstance(weight, bool) or not isinstance(weight, Real) or not (math.isfinite(weight) and weight > 0 or dropped):
         _refuse(postprocessor, method, f"an Upload of weight {weight!r} ({where})", "a finite number > 0 as its weight")
-    if not weighted and weight != got.weight:
+    if not weighted and weight != got.weight and not dropped:
         _refuse(postprocessor, method, f"an Upload of weight {weight!r} ({where})",
                 f"weight {got.weight:g}: a closed-form method's statistics are summed as they are")
     return upload

@@ -130,7 +130,8 @@ class UploadContext:
     evaluation block's uploaders, or everyone in SphereFed's calibration and the ridge probe), and ``shared_seed`` a
     seed the same for all of them and their aggregate (from the run's seed, the aggregate's round and the
     postprocessor's place): what clients agree on without talking, such as secure aggregation's pairwise masks.
-    Empty and 0 where a stage does not tell them yet (training rounds, TCT's stage 2)."""
+    A training round's are its clients (every backend's, TCT's stage 2 included); empty and 0 where a caller does
+    not tell them (a postprocessor applied by hand)."""
 
     client: int
     round: int
@@ -160,6 +161,17 @@ class Postprocessor:
         ``context.generator`` (the run's seed, the round the client uploads in, the client and the postprocessor's
         place; a stream of its own, not the one :meth:`client` gets), so they are the same on any shard layout."""
         return None
+
+    @property
+    def exact_sum(self) -> bool:
+        """Whether the server must add what :meth:`client` returns exactly, as it is (secure aggregation's masked ring
+        elements), where it would add a training update's w_k · tensors_k in the update's dtype (float32). Then a
+        training upload reaches :meth:`client` with its weight already multiplied in, in float64 (tensors w_k · t_k, the
+        weight w_k), and the shards and the server add the float64 tensors it returns as they are, and its weight (w_k,
+        or 0 for an upload that does not reach the server: a dropped client) into Σ w_k; the aggregate hooks get those
+        float64 sums and the training loop casts them back to the model's dtype. Closed-form statistics (float64, weight
+        1) are unchanged. False by default: a run without such a postprocessor sums as it always did, bit for bit."""
+        return False
 
     def start(self, stages: tuple[StageUploads, ...]) -> None:
         """Told once, in the driver, before any work: what each stage of the run will upload, in order. Raise
@@ -247,6 +259,12 @@ class Postprocessing:
     def per_client(self) -> bool:
         return any(postprocessor.per_client for postprocessor in self.postprocessors)
 
+    @property
+    def exact(self) -> bool:
+        """Whether a client hook asks for exact sums (:attr:`Postprocessor.exact_sum`): a training upload's tensors then
+        leave :meth:`client` as w_k · t_k in float64, to be added as they are."""
+        return any(postprocessor.per_client and postprocessor.exact_sum for postprocessor in self.postprocessors)
+
     def sampled(self, population: int, per_round: int, replacement: bool, first_round: int = 0,
                 poisson: bool = False) -> "Postprocessing":
         """The same postprocessors (and their state) for a stage that draws ``per_round`` of ``population`` clients
@@ -311,16 +329,22 @@ class Postprocessing:
 
     def client(self, upload: Upload, client: int, round_number: int, weighted: bool = True) -> Upload:
         """``upload`` through every postprocessor's client hook: ``upload`` itself (the same object) when none has one
-        or none changed a bit of it, else a new one. ``weighted`` false: a closed-form upload, whose weight stays 1."""
+        or none changed a bit of it, else a new one. ``weighted`` false: a closed-form upload, whose weight stays 1.
+        Before the first hook that asks for exact sums, a weighted upload's weight is multiplied into its tensors, in
+        float64 (:attr:`Postprocessor.exact_sum`): its weight cannot change after that, but to 0 (dropped)."""
         if not self.per_client:
             return upload
         current, round_number = upload, self.first_round + round_number
         for index, postprocessor in enumerate(self.postprocessors):
             if postprocessor.per_client:
+                exact = postprocessor.exact_sum
+                if exact and weighted:
+                    current, weighted = Upload({name: tensor.to(torch.float64) * current.weight
+                                                for name, tensor in current.tensors.items()}, current.weight), False
                 context = UploadContext(client, round_number, 1, self._generator(round_number, client, index), self.sampling,
                                         self.participants, self._shared_seed(index))
                 current = check_upload_like(postprocessor, current, postprocessor.client(current, context), weighted,
-                                            f"round {round_number}, client {client}")
+                                            f"round {round_number}, client {client}", may_drop=exact)
         return upload if _same(current, upload) else current
 
     def statistics(self, statistics: Any, client: int, round_number: int) -> Any:

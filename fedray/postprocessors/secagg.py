@@ -8,12 +8,14 @@ nothing else, bit for bit; the masks are real (expanded from seeds), the key agr
 make them secret are not run, only their effect.
 
 **Quantization.** Each value x of a client's upload is clipped to [−C, C] (``secagg_clip``) and sent as the
-integer q = rint((x + C) / Δ) in [0, 2^v − 1], Δ = 2C / (2^v − 1), on v bits (``secagg_value_bits``), in the
-ring Z_{2^b} (``secagg_bits``; by default b = 53 − ⌈log₂ n⌉, the largest float64 sums exactly). The sum
-of the n participants' integers must fit the ring: n · (2^v − 1) ≤ 2^b − 1. Given v, a group whose sum could
-exceed it stops the run in one line before any mask is drawn (the ring never wraps silently); by default v is
-the largest that fits the group's n. The server decodes the ring's sum S of the s survivors' integers as
-S · Δ − s · C.
+integer q = rint(x / Δ) + h in [0, 2^v − 2], Δ = C / h, h = 2^(v−1) − 1, on v bits (``secagg_value_bits``), in
+the ring Z_{2^b} (``secagg_bits``; by default b = 53 − ⌈log₂ n⌉, the largest float64 sums exactly). The grid is
+symmetric with 0 on it (q = h): a zero, most of a sparse upload such as ZᵀY, stays exactly zero, where a grid of
+2^v levels from −C to C would put it halfway between two and round every client's zeros the same way (a bias of
+Δ/2 per client). The sum of the n participants' integers must fit the ring: n · (2^v − 1) ≤ 2^b − 1. Given v, a
+group whose sum could exceed it stops the run in one line before any mask is drawn (the ring never wraps
+silently); by default v is the largest that fits the group's n. The server decodes the ring's sum S of the s
+survivors' integers as (S − s · h) · Δ.
 
 **Masks.** Client i sends y_i = q_i + p_i + Σ_{j ∈ N(i), j > i} m_ij − Σ_{j ∈ N(i), j < i} m_ij mod 2^b: a
 self-mask p_i and a pairwise mask m_ij with each neighbour j, each expanded with Philox (counter-based) from
@@ -23,9 +25,23 @@ postprocessor's place) and the client numbers. N(i) is every other participant (
 ring in a seeded random order, each joined to the k/2 before and after it).
 
 **Who the participants are.** Pairwise masks need each client's group: the clients whose uploads the server sums
-into one aggregate (a training round's; a closed-form evaluation block's, its clients uploading in different
-rounds). The engine tells it through :attr:`fedray.UploadContext.participants` and ``shared_seed``; a stage
-that does not (training, TCT) is refused in one line.
+into one aggregate (a training round's clients; a closed-form evaluation block's, its clients uploading in different
+rounds; everyone in a calibration, a ridge probe, TCT's normalization and closed form). The engine tells it through
+:attr:`fedray.UploadContext.participants` and ``shared_seed``; an upload without them is refused in one line.
+
+**Training updates.** The server sums a round's updates weighted, Σ_k w_k · Δ_k (FedAvg: w_k = n_k), in float32,
+which cannot add ring elements exactly. secagg asks for exact sums (:attr:`fedray.Postprocessor.exact_sum`): each
+update reaches it as w_k · Δ_k in float64 (every entry: SCAFFOLD's control variates and FedNova's step counts alike),
+is clipped to [−C, C] (so C bounds the *weighted* update's entries), quantized and masked as below, and added as it
+is; the server decodes the sum, divides it by Σ w_k over the survivors (the weights a real deployment would append to
+the masked vector: the server learns the same number), and the training loop casts it back to float32. A dropped
+client's weight does not reach the server either.
+
+**Checked before the run** (:meth:`SecureAggregation.start`): every stage's largest aggregate must fit the ring
+(and float64's exact integers), its smallest must give each client at least t neighbours (a group of one, whose
+sum is its upload, is refused), and SecAgg+'s k must be below the largest group; one line, nothing run or written.
+Where only the run's draws tell the smallest group (a closed form sampled with replacement), each group is checked
+as it forms.
 
 **Dropouts.** Each participant drops, independently with probability ``secagg_dropout`` (drawn once per group
 from its shared seed), after the masks are agreed and before its masked upload: it sends zeros (nothing to the
@@ -37,10 +53,15 @@ sum and the run stops in one line naming the round (real SecAgg aborts that roun
 
 **Exactness through a float sum.** fedray's server adds uploads as floats (float64 for closed-form statistics).
 The masked integers are held in float64: their sum, below n · 2^b, is exact while n · 2^b ≤ 2^53, which is
-checked (b ≤ 53 − ⌈log₂ n⌉); the server reduces it mod 2^b in int64 and unmasks there, so the unmasked sum is
+checked (b ≤ 53 − ⌈log₂ n⌉); the server reduces it mod 2^b in uint64 and unmasks there, so the unmasked sum is
 the plain sum of the survivors' quantized integers bit for bit (``tests/postprocessors/test_secagg.py``). Only
-float64 uploads added by the server are accepted: a training update (float32, weighted by n_k) or an upload
-with integer tensors (FedCOF's class indices, concatenated, not added) is refused in one line.
+float64 uploads added by the server are accepted: an upload with integer tensors is refused in one line. FedCOF's
+is: its server estimates the class covariances from each client's own class means, rows it keeps side by side
+(with their integer class indices), never adds, so no secure sum can carry them; fedcof-oracle's uploads are sums.
+
+**Masks at scale.** The client hooks run in the shards, per aggregate, for its uploaders only: a client expands
+k + 1 masks of m values (all n − 1 pairs for SecAgg), raw Philox words added mod 2^64 in place and reduced mod
+2^b once; the server expands one per survivor (and the dropped clients' pairs).
 
 **Cost model** (reported by the aggregate, columns of metrics.parquet, for the group of the row's last block or
 round): what a participant sends, in bytes, by Bonawitz et al.'s four rounds with d neighbours (n − 1, or k):
@@ -78,7 +99,7 @@ class SecureAggregation(fedray.Postprocessor):
                                                            "before quantization (> 0; required)"] = None,
                  secagg_bits: Annotated[int | None, "b: the ring Z_2^b the masked sums live in (1 to 53; by default "
                                                     "the largest whose n-fold sum float64 holds exactly)"] = None,
-                 secagg_value_bits: Annotated[int | None, "v: the bits of each quantized value (1 ≤ v ≤ b; by "
+                 secagg_value_bits: Annotated[int | None, "v: the bits of each quantized value (2 ≤ v ≤ b; by "
                                                          "default the most that fit the group's sum)"] = None,
                  secagg_dropout: Annotated[float, "the probability that a participant drops before sending "
                                                   "(0 ≤ p < 1)"] = 0.0,
@@ -92,8 +113,8 @@ class SecureAggregation(fedray.Postprocessor):
                              f"each value is clipped to), got {secagg_clip}")
         if secagg_bits is not None and not 1 <= secagg_bits <= RING_BITS_MAX:
             raise ValueError(f"option secagg_bits must be from 1 to {RING_BITS_MAX}, got {secagg_bits}")
-        if secagg_value_bits is not None and not 1 <= secagg_value_bits <= (secagg_bits or RING_BITS_MAX):
-            raise ValueError(f"option secagg_value_bits must be from 1 to secagg_bits={secagg_bits or RING_BITS_MAX}, "
+        if secagg_value_bits is not None and not 2 <= secagg_value_bits <= (secagg_bits or RING_BITS_MAX):
+            raise ValueError(f"option secagg_value_bits must be from 2 to secagg_bits={secagg_bits or RING_BITS_MAX}, "
                              f"got {secagg_value_bits}")
         if not 0 <= secagg_dropout < 1:
             raise ValueError(f"option secagg_dropout must be in [0, 1), got {secagg_dropout}")
@@ -108,24 +129,74 @@ class SecureAggregation(fedray.Postprocessor):
     def per_client(self) -> bool:
         return True
 
+    @property
+    def exact_sum(self) -> bool:
+        """The masked ring elements must be added exactly: a training update reaches :meth:`client` as w_k · Δ_k in
+        float64 and is summed as it is."""
+        return True
+
+    def start(self, stages: tuple[fedray.StageUploads, ...]) -> None:
+        """Refuse, before any work, a run with a stage whose aggregates the ring or the threshold cannot serve: its
+        largest group's sum could overflow the ring, its smallest group leaves a client fewer neighbours than t, or
+        SecAgg+'s k neighbours are more than a group holds. A stage whose smallest group only its draws tell (a closed
+        form sampled with replacement) is checked as each group forms."""
+        for told in stages:
+            largest = f"the {told.stage} stage's aggregates of up to {told.group} uploads"
+            _, _, problem = self.ring(told.group)
+            if problem is not None:
+                raise ValueError(f"{largest}: {problem}")
+            if self.neighbours is not None and self.neighbours >= told.group:
+                raise ValueError(f"{largest}: secagg_neighbours={self.neighbours} is more than a client's "
+                                 f"{told.group - 1} others: leave it out for all pairs (SecAgg)")
+            if told.smallest_group is not None:
+                _, problem = self.graph(told.smallest_group)
+                if problem is not None:
+                    raise ValueError(f"the {told.stage} stage's smallest aggregate of {told.smallest_group} uploads: "
+                                     f"{problem}")
+
+    def ring(self, n: int) -> tuple[int, int, str | None]:
+        """A group of ``n``'s ring bits b and value bits v, and why they cannot serve it (None: they can)."""
+        bits = self.bits if self.bits is not None else RING_BITS_MAX - math.ceil(math.log2(n))
+        if n << bits > 1 << RING_BITS_MAX:
+            return bits, 0, (f"their masked sum reaches {n} · 2^{bits}, beyond float64's exact integers "
+                             f"(2^{RING_BITS_MAX}): set secagg_bits ≤ {RING_BITS_MAX - math.ceil(math.log2(n))}")
+        fitting = ((1 << bits) - 1) // n  # the largest per-client integer whose n-fold sum fits the ring
+        value_bits = self.value_bits if self.value_bits is not None else (fitting + 1).bit_length() - 1
+        if value_bits < 2 or n * ((1 << value_bits) - 1) > (1 << bits) - 1:
+            return bits, value_bits, (f"their sum of {value_bits}-bit values can reach {n} · (2^{value_bits} − 1), "
+                                      f"which overflows the ring Z_2^{bits}: set secagg_value_bits ≤ "
+                                      f"{(fitting + 1).bit_length() - 1} or raise secagg_bits")
+        return bits, value_bits, None
+
+    def graph(self, n: int) -> tuple[int, str | None]:
+        """A group of ``n``'s threshold t, and why no client's seeds could be reconstructed (None: they can): a
+        client's neighbours (n − 1, or k) must be ≥ t, so a group of one is refused (its sum is its upload)."""
+        degree = n - 1 if self.neighbours is None or self.neighbours >= n - 1 else self.neighbours
+        threshold = self.threshold if self.threshold is not None else degree // 2 + 1
+        if threshold > degree:
+            needs = " (a group needs ≥ t + 1 participants)" if degree == n - 1 else ""
+            return threshold, (f"secagg_threshold={threshold} is more than a client's {degree} neighbours: no "
+                               f"client's seeds could ever be reconstructed{needs}")
+        return threshold, None
+
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
         group = Group(self, context)
         names, values = _flat(upload.tensors, f"client {context.client}")
         position = group.position[context.client]
-        if group.dropped[position]:
-            return fedray.Upload({name: torch.zeros_like(tensor) for name, tensor in upload.tensors.items()},
-                                 upload.weight)
-        quantized = group.quantize(values)
-        masked = (quantized + group.self_mask(context.client, len(values))
-                  + sum((group.pair_mask(context.client, other, len(values)) for other in group.neighbours(position)),
-                        np.zeros(len(values), np.int64))) & group.ring_mask
+        if group.dropped[position]:  # nothing reaches the server: not its values, not its weight
+            return fedray.Upload({name: torch.zeros_like(tensor) for name, tensor in upload.tensors.items()}, 0.0)
+        masked = group.quantize(values).view(np.uint64)  # added mod 2^64, reduced mod 2^b once: 2^b divides 2^64
+        masked += group.self_mask(context.client, len(values))
+        for other in group.neighbours(position):
+            group.add_pair_mask(masked, context.client, other)
+        masked &= np.uint64(group.ring_mask)
         return fedray.Upload(_unflat(upload.tensors, names, masked.astype(np.float64)), upload.weight)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         group = Group(self, context)
         names, values = _flat(total, "the aggregate")
         group.check_recoverable(context.round)
-        sums = values.astype(np.int64)
+        sums = values.astype(np.uint64)
         size = len(sums)
         for position, client in enumerate(group.participants):
             if not group.dropped[position]:
@@ -133,11 +204,12 @@ class SecureAggregation(fedray.Postprocessor):
                 continue
             for other in group.neighbours(position):  # the survivors' masks with a dropped client, from its seeds
                 if not group.dropped[group.position[other]]:
-                    sums -= group.pair_mask(other, client, size)
-        sums &= group.ring_mask
+                    group.add_pair_mask(sums, other, client, subtract=True)
+        sums &= np.uint64(group.ring_mask)
         survivors = int((~group.dropped).sum())
         fedray.report(**group.costs(size))
-        return _unflat(total, names, sums.astype(np.float64) * group.step - survivors * self.clip)
+        return _unflat(total, names, (sums.astype(np.int64) - survivors * group.half_range).astype(np.float64)
+                       * group.step)
 
 
 class Group:
@@ -150,26 +222,16 @@ class Group:
         self.participants = context.participants
         self.position = {client: position for position, client in enumerate(self.participants)}
         n = len(self.participants)
-        bits = secagg.bits if secagg.bits is not None else RING_BITS_MAX - math.ceil(math.log2(n))
-        self.seed, self.bits, self.ring_mask = context.shared_seed, bits, (1 << bits) - 1
         where = f"--postprocessor secagg: round {context.round}, {n} participants"
-        if n << bits > 1 << RING_BITS_MAX:
-            raise fedray.FedrayError(f"{where}: their masked sum reaches {n} · 2^{bits}, beyond float64's exact "
-                                     f"integers (2^{RING_BITS_MAX}): set secagg_bits ≤ "
-                                     f"{RING_BITS_MAX - math.ceil(math.log2(n))}")
-        fitting = ((1 << bits) - 1) // n  # the largest per-client integer whose n-fold sum fits the ring
-        value_bits = secagg.value_bits if secagg.value_bits is not None else (fitting + 1).bit_length() - 1
-        if value_bits < 1 or n * ((1 << value_bits) - 1) > self.ring_mask:
-            raise fedray.FedrayError(f"{where}: their sum of {value_bits}-bit values can reach "
-                                     f"{n} · (2^{value_bits} − 1), which overflows the ring Z_2^{bits}: set "
-                                     f"secagg_value_bits ≤ {(fitting + 1).bit_length() - 1} or raise secagg_bits")
-        self.clip, self.step = secagg.clip, 2 * secagg.clip / ((1 << value_bits) - 1)
+        bits, value_bits, problem = secagg.ring(n)
+        self.threshold, unreachable = secagg.graph(n)
+        if problem is not None or unreachable is not None:
+            raise fedray.FedrayError(f"{where}: {problem or unreachable}")
+        self.seed, self.bits, self.ring_mask = context.shared_seed, bits, (1 << bits) - 1
+        self.half_range = (1 << (value_bits - 1)) - 1  # h: the integer 0 is sent as
+        self.clip, self.step = secagg.clip, secagg.clip / self.half_range
         degree = n - 1 if secagg.neighbours is None or secagg.neighbours >= n - 1 else secagg.neighbours
         self.half = None if degree == n - 1 else degree // 2
-        self.threshold = secagg.threshold if secagg.threshold is not None else degree // 2 + 1
-        if self.threshold > max(degree, 1):
-            raise fedray.FedrayError(f"{where}: secagg_threshold={self.threshold} is more than a client's {degree} "
-                                     f"neighbours: no client's seeds could ever be reconstructed")
         order = self._generator(2).permutation(n)
         self.ring_order, self.ring_place = order, np.argsort(order)  # SecAgg+'s Harary graph: ring positions
         uniform = self._generator(1).random(n)
@@ -192,7 +254,7 @@ class Group:
     def check_recoverable(self, round_number: int) -> None:
         """That every participant has ≥ t surviving neighbours, else one line."""
         for position, (client, alive) in enumerate(zip(self.participants, self.surviving_neighbours())):
-            if alive < self.threshold and len(self.participants) > 1:
+            if alive < self.threshold:
                 what = "dropped" if self.dropped[position] else "survived"
                 raise fedray.FedrayError(f"--postprocessor secagg: round {round_number}: client {client} {what} with "
                                          f"only {alive} surviving neighbours, fewer than secagg_threshold="
@@ -212,23 +274,29 @@ class Group:
                 "secagg_server_reconstructions": len(self.participants)}
 
     def quantize(self, values: np.ndarray) -> np.ndarray:
-        return np.rint((np.clip(values, -self.clip, self.clip) + self.clip) / self.step).astype(np.int64)
+        return np.rint(np.clip(values, -self.clip, self.clip) / self.step).astype(np.int64) + self.half_range
 
     def _generator(self, *key: int) -> np.random.Generator:
         """The group's stream ``key`` (1: dropouts, 2: the ring order, 3 and 4: masks), Philox from the shared seed."""
         return np.random.Generator(np.random.Philox(np.random.SeedSequence((self.seed, *key))))
 
     def _expand(self, key: tuple[int, ...], size: int) -> np.ndarray:
-        return self._generator(*key).integers(0, self.ring_mask, size, dtype=np.int64, endpoint=True)
+        """The mask ``key``: ``size`` raw 64-bit Philox words (uniform; taken mod 2^b when the sum is reduced), the
+        group's stream ``key`` (counter-based: a word costs the same wherever it is in the stream)."""
+        return np.random.Philox(np.random.SeedSequence((self.seed, *key))).random_raw(size)
 
     def self_mask(self, client: int, size: int) -> np.ndarray:
         return self._expand((4, client), size)
 
-    def pair_mask(self, client: int, other: int, size: int) -> np.ndarray:
-        """What ``client`` adds for its pair with ``other``: +m when it is the lower number, −m otherwise."""
+    def add_pair_mask(self, values: np.ndarray, client: int, other: int, subtract: bool = False) -> None:
+        """Add to ``values`` (uint64, in place, mod 2^64) what ``client`` adds for its pair with ``other``: +m when it
+        is the lower number, −m otherwise (the opposite with ``subtract``)."""
         low, high = min(client, other), max(client, other)
-        mask = self._expand((3, low, high), size)
-        return mask if client == low else -mask
+        mask = self._expand((3, low, high), len(values))
+        if (client == low) != subtract:
+            values += mask
+        else:
+            values -= mask
 
 
 def _flat(tensors: fedray.Params, where: str) -> tuple[list[str], np.ndarray]:
@@ -237,8 +305,9 @@ def _flat(tensors: fedray.Params, where: str) -> tuple[list[str], np.ndarray]:
     for name in names:
         if tensors[name].dtype != torch.float64:
             raise fedray.FedrayError(f"--postprocessor secagg: {where}'s {name!r} is {tensors[name].dtype}: secagg masks "
-                                     f"float64 uploads the server adds (fedncm's, fed3r's statistics), not training "
-                                     f"updates nor integer tensors")
+                                     f"float64 uploads the server adds (statistics, weighted training updates), not "
+                                     f"integer tensors (FedCOF's class means are kept side by side, never added: "
+                                     f"fedcof-oracle's statistics are sums)")
     if not names:
         return names, np.zeros(0)
     return names, torch.cat([tensors[name].detach().reshape(-1).cpu() for name in names]).numpy()

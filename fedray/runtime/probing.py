@@ -10,7 +10,7 @@ algorithm's server half and the server optimizer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import ray
@@ -80,7 +80,11 @@ class ProbeBackend:
 
     def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
         received = ray.put({"params": params, "broadcast": broadcast})
-        return self.pool.local_train(self.trainer, self.trainer_ref, received, clients, round_number).result()
+        trainer, trainer_ref = self.trainer, self.trainer_ref
+        if trainer.postprocessing.per_client:  # the client hooks told the round's participants (secure aggregation's)
+            trainer = replace(trainer, postprocessing=trainer.postprocessing.among(clients, round_number))
+            trainer_ref = ray.put(trainer)
+        return self.pool.local_train(trainer, trainer_ref, received, clients, round_number).result()
 
     def initial_params(self, seed: int) -> Params:
         return random_head(self.dim, self.num_classes, seed)

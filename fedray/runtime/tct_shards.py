@@ -191,7 +191,10 @@ class Stage2Shard:
         if not len(clients):
             return None
         model, control = model.to(self.device, self.dtype), control.to(self.device, self.dtype)
-        delta, change, loss, total_weight, changed = torch.zeros_like(model), torch.zeros_like(model), 0.0, 0.0, False
+        exact = uploads is not None and uploads.exact  # w_k · t_k in float64, added as they are (Postprocessor.exact_sum)
+        summed = torch.float64 if exact else self.dtype
+        delta, change = torch.zeros_like(model, dtype=summed), torch.zeros_like(model, dtype=summed)
+        loss, total_weight, changed = 0.0, 0.0, False
         for client, weight in zip(clients.tolist(), weights.tolist()):
             features, target = self._client(client, normalization, solver.loss)
             own = self.controls.get(client, torch.zeros_like(model))
@@ -206,9 +209,10 @@ class Stage2Shard:
             upload = Upload(tensors, weight)
             processed = upload if uploads is None else uploads.client(upload, client, round_number)
             changed = changed or processed is not upload
-            delta += processed.weight * processed.tensors["delta"]
+            scale = 1.0 if exact else processed.weight
+            delta += scale * processed.tensors["delta"]
             if solver.correction:
-                change += processed.weight * processed.tensors["control_change"]
+                change += scale * processed.tensors["control_change"]
             total_weight += processed.weight
         return RoundSums(delta.cpu(), total_weight if changed else float(weights.sum()),
                          change.cpu() if solver.correction else None, loss)

@@ -3,7 +3,10 @@ bit for bit, with and without dropouts, over all pairs or a k-regular graph; a c
 could overflow the ring or float64's exact integers, a threshold no client can meet, too few survivors and uploads it
 cannot mask stop in one line; a Fed3R run through it is the run through plain quantized sums bit for bit."""
 
+import json
+import os
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -14,12 +17,22 @@ import fedray
 from fedray.core.errors import FedrayError
 from fedray.core.reports import reporting
 from fedray.engine.config import resolve
-from fedray.engine.plan import postprocessing
+from fedray.app.cli import main
+from fedray.engine.plan import closed_form_uploads, postprocessing
 from fedray.engine.run_config import run
 from fedray.methods.ncm import ClassSums
 from fedray.methods import postprocessor as postprocessor_module
-from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads
+from fedray.methods.training.client_sgd import add_upload
+from fedray.methods.training_algorithms import FedAvg
 from fedray.postprocessors.secagg import SecureAggregation
+from fedray.core.results import EvalPoint
+from fedray.engine.config import RunConfig
+from fedray.engine.plan import Sampler, stages
+from fedray.engine.tct import Stage2Run
+from fedray.engine.training import Accounting
+from tests.methods import test_tct_stage2 as tct_clients
+from tests.runtime import test_tct_shards as tct_shards
 
 SEED, ROUND = 11, 4
 SPEC = "fedray.postprocessors.secagg:SecureAggregation"
@@ -44,18 +57,17 @@ def dropped(n: int, rate: float) -> np.ndarray:
 
 
 def plain_quantized_sum(clients: list[int], survivors: np.ndarray, clip: float, value_bits: int, **kw) -> ClassSums:
-    """Each survivor's values clipped to [−C, C], rounded to integers on 2^v − 1 steps, summed as Python integers,
-    decoded as S·Δ − s·C."""
-    step = 2 * clip / (2**value_bits - 1)
+    """Each survivor's values clipped to [−C, C], rounded to the nearest of the integers −h..h (h = 2^(v−1) − 1, a step
+    Δ = C/h), summed as Python integers, decoded as their sum times Δ."""
+    step = clip / (2**(value_bits - 1) - 1)
     total: dict[str, np.ndarray] = {}
     for client, alive in zip(clients, survivors):
         if alive:
             stats = upload(client, **kw)
             for name in ("counts", "sums"):
-                q = np.rint((np.clip(getattr(stats, name).numpy(), -clip, clip) + clip) / step).astype(np.int64)
+                q = np.rint(np.clip(getattr(stats, name).numpy(), -clip, clip) / step).astype(np.int64)
                 total[name] = total.get(name, 0) + q.astype(object)
-    s = int(survivors.sum())
-    return ClassSums(*(torch.from_numpy(total[name].astype(np.int64).astype(np.float64) * step - s * clip)
+    return ClassSums(*(torch.from_numpy(total[name].astype(np.int64).astype(np.float64) * step)
                        for name in ("counts", "sums")))
 
 
@@ -117,6 +129,26 @@ def test_the_default_ring_and_value_bits_are_the_most_the_groups_sum_fits():
     assert max(float(stats.sums.max()) for stats in sent) < 2**49 and max(float(stats.sums.max()) for stats in sent) > 2**46
 
 
+def test_zeros_stay_exactly_zero_and_the_grid_is_symmetric():
+    """0 is on the grid (q = h): 12 clients' zeros sum to 0, not 12 · Δ/2; ±C are its ends, ±Δ/2 rounds to ±0 or ±Δ."""
+    step = 5.0 / (2**19 - 1)
+    zeros = [ClassSums(torch.zeros(5, dtype=torch.float64), torch.zeros(5, 3, dtype=torch.float64)) for _ in CLIENTS]
+    process = Postprocessing((SecureAggregation(secagg_clip=5.0, secagg_bits=40, secagg_value_bits=20),),
+                             SEED).among(CLIENTS, ROUND)
+    sent = [process.statistics(stats, client, ROUND) for stats, client in zip(zeros, CLIENTS)]
+    with reporting({}):
+        total = process.aggregate(ClassSums(sum(s.counts for s in sent), sum(s.sums for s in sent)), ROUND, 12)
+    assert not total.counts.any() and not total.sums.any()
+    edges = ClassSums(torch.tensor([5.0, -5.0, 7.0, 0.6 * step, -0.4 * step], dtype=torch.float64),
+                      torch.zeros(5, 3, dtype=torch.float64))
+    one = Postprocessing((SecureAggregation(secagg_clip=5.0, secagg_bits=40, secagg_value_bits=20),),
+                         SEED).among([0, 1], ROUND)
+    sent = [one.statistics(edges, 0, ROUND), one.statistics(zeros[0], 1, ROUND)]
+    with reporting({}):
+        total = one.aggregate(ClassSums(sent[0].counts + sent[1].counts, sent[0].sums + sent[1].sums), ROUND, 2)
+    assert total.counts.tolist() == [(2**19 - 1) * step, -(2**19 - 1) * step, (2**19 - 1) * step, step, 0.0]
+
+
 def test_a_sum_that_could_overflow_the_ring_stops_in_one_line():
     with pytest.raises(FedrayError, match=r"^--postprocessor secagg: round 4, 12 participants: their sum of 19-bit "
                                           r"values can reach 12 · \(2\^19 − 1\), which overflows the ring Z_2\^22: set "
@@ -147,10 +179,10 @@ def test_too_few_survivors_to_unmask_stop_the_round_in_one_line():
 
 def test_uploads_it_cannot_mask_are_refused_in_one_line():
     process = Postprocessing((SecureAggregation(secagg_clip=1.0),), SEED).among([0, 1], 1)
-    update = fedray.Upload({"W": torch.zeros(3, 4)}, 5.0)
-    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: client 0's 'W' is torch.float32: secagg masks "
+    indices = fedray.Upload({"W": torch.zeros(3, 4, dtype=torch.int64)}, 1.0)
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: client 0's 'W' is torch.int64: secagg masks "
                                           r"float64 uploads"):
-        process.client(update, 0, 1)
+        process.client(indices, 0, 1, weighted=False)
     unknown = Postprocessing((SecureAggregation(secagg_clip=1.0),), SEED)
     with pytest.raises(FedrayError, match=r"^--postprocessor secagg: this stage does not tell the postprocessors"):
         unknown.statistics(upload(0), 0, 1)
@@ -161,7 +193,7 @@ def test_uploads_it_cannot_mask_are_refused_in_one_line():
     ({"secagg_clip": "1", "secagg_bits": "0"}, "option secagg_bits must be from 1 to 53, got 0"),
     ({"secagg_clip": "1", "secagg_bits": "54"}, "option secagg_bits must be from 1 to 53, got 54"),
     ({"secagg_clip": "1", "secagg_bits": "20", "secagg_value_bits": "21"},
-     "option secagg_value_bits must be from 1 to secagg_bits=20, got 21"),
+     "option secagg_value_bits must be from 2 to secagg_bits=20, got 21"),
     ({"secagg_clip": "1", "secagg_dropout": "1"}, r"option secagg_dropout must be in \[0, 1\), got 1.0"),
     ({"secagg_clip": "1", "secagg_dropout": "-0.1"}, r"option secagg_dropout must be in \[0, 1\), got -0.1"),
     ({"secagg_clip": "1", "secagg_threshold": "0"}, "option secagg_threshold must be ≥ 1, got 0"),
@@ -177,14 +209,14 @@ class QuantizedSum(fedray.Postprocessor):
 
     def __init__(self, quantized_clip: float = 1.0, quantized_bits: int = 1) -> None:
         super().__init__()
-        self.clip, self.step = quantized_clip, 2 * quantized_clip / (2**quantized_bits - 1)
+        self.clip, self.step = quantized_clip, quantized_clip / (2**(quantized_bits - 1) - 1)
 
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
-        return fedray.Upload({name: torch.round((tensor.clamp(-self.clip, self.clip) + self.clip) / self.step)
+        return fedray.Upload({name: torch.round(tensor.clamp(-self.clip, self.clip) / self.step)
                               for name, tensor in upload.tensors.items()}, upload.weight)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
-        return {name: tensor * self.step - context.clients * self.clip for name, tensor in total.items()}
+        return {name: tensor * self.step for name, tensor in total.items()}
 
 
 def runs(tmp_path: Path, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
@@ -227,3 +259,243 @@ def test_secure_aggregation_adds_secagg_last_and_once(secagg_registered, given):
 def test_secure_aggregation_without_its_clip_stops_before_any_work(secagg_registered):
     with pytest.raises(FedrayError, match=r"^--postprocessor secagg: option secagg_clip is required"):
         postprocessing(resolve({}, {"method": "fed3r", "secure_aggregation": True}))
+
+
+def training(group: int, smallest: int | None = None) -> fedray.StageUploads:
+    return fedray.StageUploads("training", True, Sampling(100, group, False), 10, group,
+                               group if smallest is None else smallest)
+
+
+@pytest.mark.parametrize("options, stages, error", [
+    # t = 5 needs ≥ 6 participants; the last round of a pass holds 100 mod 8 = 4
+    ({"secagg_threshold": 5}, (training(8, 4),),
+     r"the training stage's smallest aggregate of 4 uploads: secagg_threshold=5 is more than a client's 3 neighbours"),
+    # by default t is a majority of a client's neighbours: a group of one has none
+    ({}, (closed_form_uploads("closed form", Sampling(721, 6, False), 121, 2),),
+     r"the closed form stage's smallest aggregate of 1 uploads: secagg_threshold=1 is more than a client's 0 neighbours"),
+    # SecAgg+ with k = 8 neighbours: t = 6 of them
+    ({"secagg_neighbours": 8, "secagg_threshold": 6}, (training(30), training(20)),
+     None),
+    ({"secagg_neighbours": 8, "secagg_threshold": 9}, (training(30),),
+     r"the training stage's smallest aggregate of 30 uploads: secagg_threshold=9 is more than a client's 8 "
+     r"neighbours: no client's seeds could ever be reconstructed$"),
+    ({"secagg_neighbours": 8}, (training(30), training(8)),
+     r"the training stage's aggregates of up to 8 uploads: secagg_neighbours=8 is more than a client's 7 others"),
+    # 16 · 2^49 = 2^53 fits float64's integers, 2^20 · 2^49 does not
+    ({"secagg_bits": 49}, (training(16), StageUploads("calibration", False, Sampling(2**20, 2**20), 1, 2**20, 2**20)),
+     r"the calibration stage's aggregates of up to 1048576 uploads: their masked sum reaches 1048576 · 2\^49, beyond "
+     r"float64's exact integers \(2\^53\): set secagg_bits ≤ 33"),
+    ({"secagg_bits": 30, "secagg_value_bits": 27}, (training(8), training(9)),
+     r"the training stage's aggregates of up to 9 uploads: their sum of 27-bit values can reach 9 · \(2\^27 − 1\), "
+     r"which overflows the ring Z_2\^30: set secagg_value_bits ≤ 26 or raise secagg_bits"),
+    # a group only the draws tell is checked as it forms
+    ({"secagg_threshold": 5}, (closed_form_uploads("closed form", Sampling(100, 8, True), 30, 2),), None),
+])
+def test_groups_the_ring_or_threshold_cannot_serve_are_refused_before_the_run(options, stages, error):
+    secagg = SecureAggregation(secagg_clip=1.0, **options)
+    if error is None:
+        secagg.start(stages)
+        return
+    with pytest.raises(ValueError, match=f"^{error}"):
+        secagg.start(stages)
+
+
+DATASET = "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6"
+"""721 clients."""
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--method", "fed3r", "--clients-per-round", "8", "--eval-every", "2", "--option", "secagg_threshold=4"],
+     "the closed form stage's smallest aggregate of 1 uploads: secagg_threshold=4 is more than a client's 0 "
+     "neighbours: no client's seeds could ever be reconstructed (a group needs ≥ t + 1 participants)"),
+    (["--method", "fedavg", "--rounds", "3", "--clients-per-round", "6", "--option", "secagg_neighbours=6"],
+     "the training stage's aggregates of up to 6 uploads: secagg_neighbours=6 is more than a client's 5 others: leave "
+     "it out for all pairs (SecAgg)"),
+    (["--method", "fedncm", "--clients-per-round", "721", "--option", "secagg_bits=45"],
+     "the closed form stage's aggregates of up to 721 uploads: their masked sum reaches 721 · 2^45, beyond "
+     "float64's exact integers (2^53): set secagg_bits ≤ 43"),
+])
+def test_the_command_line_refuses_them_in_one_line_with_nothing_written(secagg_registered, capsys, tmp_path, argv,
+                                                                         error):
+    out = tmp_path / "refused"
+    capsys.readouterr()
+    rc = main(["run", "--dataset", DATASET, "--secure-aggregation", "--option", "secagg_clip=10", *argv,
+               "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err == f"fedray: error: --postprocessor secagg: {error}\n"
+    assert not out.exists()
+
+
+def update(client: int) -> fedray.Upload:
+    """A client's float32 training update (a head's W and b) and its weight n_k: weighted, some entries beyond 30."""
+    rng = np.random.default_rng(100 + client)
+    return fedray.Upload({"weight": torch.from_numpy(rng.normal(scale=0.8, size=(4, 3)).astype(np.float32)),
+                          "bias": torch.from_numpy(rng.normal(scale=0.8, size=3).astype(np.float32))},
+                         float(rng.integers(5, 40)))
+
+
+@pytest.mark.parametrize("neighbours", [None, 6])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_a_training_rounds_unmasked_sum_is_the_plain_sum_of_the_quantized_weighted_updates(neighbours, dropout):
+    clip, step = 30.0, 30.0 / (2**19 - 1)
+    process = Postprocessing((SecureAggregation(secagg_clip=clip, secagg_bits=40, secagg_value_bits=20,
+                                                secagg_dropout=dropout, secagg_neighbours=neighbours,
+                                                secagg_threshold=2),), SEED).among(CLIENTS, ROUND)
+    sums, weight, sent = None, 0.0, []
+    for client in CLIENTS:  # the shards' loop (heads.py): each upload through the hooks, added as they say
+        processed = process.client(update(client), client, ROUND)
+        sums, weight = add_upload(sums, processed, FedAvg(), weighted=not process.exact), weight + processed.weight
+        sent.append(processed)
+    with reporting({}):
+        total = process.aggregate(sums, ROUND, len(CLIENTS))
+    survivors = ~dropped(len(CLIENTS), dropout)
+    expected: dict[str, int] = {}
+    for client, alive in zip(CLIENTS, survivors):  # w_k · Δ_k in float64, clipped, quantized, added as integers
+        if alive:
+            own = update(client)
+            for name, tensor in own.tensors.items():
+                weighted = np.clip(own.weight * tensor.numpy().astype(np.float64), -clip, clip)
+                expected[name] = expected.get(name, 0) + np.rint(weighted / step).astype(np.int64).astype(object)
+    for name in ("weight", "bias"):
+        decoded = expected[name].astype(np.int64).astype(np.float64) * step
+        assert total[name].dtype == torch.float64 and torch.equal(total[name], torch.from_numpy(decoded))
+    assert weight == sum(update(client).weight for client, alive in zip(CLIENTS, survivors) if alive)
+    assert max(float(update(client).weight * update(client).tensors["weight"].abs().max()) for client in CLIENTS) > clip
+    for processed, alive in zip(sent, survivors):
+        values = torch.cat([processed.tensors["weight"].flatten(), processed.tensors["bias"]])
+        assert values.dtype == torch.float64 and torch.equal(values, values.round()) and values.max() < 2**40
+        assert (values.max() > 2**30) if alive else (not values.any() and processed.weight == 0)
+
+
+def test_a_training_round_whose_sum_could_overflow_the_ring_stops_in_one_line():
+    process = Postprocessing((SecureAggregation(secagg_clip=30.0, secagg_bits=24, secagg_value_bits=22),),
+                             SEED).among(CLIENTS, ROUND)
+    with pytest.raises(FedrayError, match=r"^--postprocessor secagg: round 4, 12 participants: their sum of 22-bit "
+                                          r"values can reach 12 · \(2\^22 − 1\), which overflows the ring Z_2\^24"):
+        process.client(update(3), 3, ROUND)
+
+
+class QuantizedWeighted(fedray.Postprocessor):
+    """The reference for training: each client sends its weighted update's quantized integers in the clear, added
+    exactly; the server decodes their sum."""
+
+    def __init__(self, quantized_clip: float = 1.0, quantized_bits: int = 1) -> None:
+        super().__init__()
+        self.clip, self.step = quantized_clip, quantized_clip / (2**(quantized_bits - 1) - 1)
+
+    @property
+    def exact_sum(self) -> bool:
+        return True
+
+    def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
+        return fedray.Upload({name: torch.round(tensor.clamp(-self.clip, self.clip) / self.step)
+                              for name, tensor in upload.tensors.items()}, upload.weight)
+
+    def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
+        return {name: tensor * self.step for name, tensor in total.items()}
+
+
+def trained(tmp_path: Path, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
+    config = resolve({}, {"dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
+                          "rounds": 4, "eval_every": 2, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "client_lr": 0.05, "local_epochs": 1, "batch_size": 8, **values}, drop_unused=True)
+    run(config)
+    rows = pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
+    return rows, dict(np.load(tmp_path / name / "classifier.npz"))
+
+
+@pytest.mark.parametrize("method", ["fedavg", "scaffold", "fednova"])  # the dual form, with control variates, autograd
+def test_a_training_run_through_secagg_is_the_run_through_exact_quantized_weighted_sums_bit_for_bit(ray_session,
+                                                                                                   tmp_path, method):
+    secure = trained(tmp_path, "secagg", method=method, postprocessor=SPEC,
+                     options={"secagg_clip": "200", "secagg_bits": "48", "secagg_value_bits": "44"})
+    quantized = trained(tmp_path, "quantized", method=method,
+                        postprocessor="tests.postprocessors.test_secagg:QuantizedWeighted",
+                        options={"quantized_clip": "200", "quantized_bits": "44"})
+    assert [row["round"] for row in secure[0]] == [0, 2, 4]
+    assert [row["accuracy"] for row in secure[0]] == [row["accuracy"] for row in quantized[0]]
+    assert all(np.array_equal(secure[1][key], quantized[1][key]) for key in secure[1])
+    assert secure[0][-1]["secagg_dropped"] == 0
+    if method == "fedavg":  # W and b: 8 · 6 + 6 values on 48 bits; close to the plain run, not equal
+        assert secure[0][-1]["secagg_masked_bytes"] == (8 * 6 + 6) * 48 // 8
+        plain = trained(tmp_path, "plain", method=method)
+        assert not all(np.array_equal(secure[1][key], plain[1][key]) for key in secure[1])
+        assert all(np.allclose(secure[1][key], plain[1][key], atol=1e-5) for key in secure[1])
+
+
+class Recording(SecureAggregation):
+    """secagg, writing where each client hook ran to ``log``: the process, the client, the round and the group."""
+
+    def __init__(self, log: Annotated[str, "the file the hooks' places are written to"] = "",
+                 secagg_clip: Annotated[float | None, "C"] = None) -> None:
+        super().__init__(secagg_clip=secagg_clip, secagg_neighbours=2)
+        self.log = log
+
+    def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
+        with open(self.log, "a") as log:
+            log.write(json.dumps([os.getpid(), context.client, context.round, list(context.participants)]) + "\n")
+        return super().client(upload, context)
+
+
+def test_the_masks_are_drawn_in_the_shards_for_each_blocks_uploaders_only(ray_session, tmp_path):
+    log = tmp_path / "hooks.log"
+    config = resolve({}, {"method": "fed3r", "dataset": DATASET, "out": str(tmp_path / "run"), "clients_per_round": 8,
+                          "rounds": 5, "eval_every": 2, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "postprocessor": "tests.postprocessors.test_secagg:Recording",
+                          "options": {"log": str(log), "secagg_clip": "2000"}})
+    run(config)
+    hooks = [json.loads(line) for line in log.read_text().splitlines()]
+    rounds = pq.read_table(tmp_path / "run" / "metrics.parquet").column("round").to_pylist()
+    assert rounds == [2, 4, 5] and len(hooks) == 40  # 5 rounds of 8 clients, each uploading once
+    assert os.getpid() not in {pid for pid, *_ in hooks}  # not in the driver: in the shards
+    blocks: dict[int, set[int]] = {}  # the blocks' uploaders: rounds 1–2, 3–4 and 5
+    for _, client, round_number, _ in hooks:
+        blocks.setdefault((round_number + 1) // 2, set()).add(client)
+    assert [len(blocks[block]) for block in (1, 2, 3)] == [16, 16, 8]
+    for _, client, round_number, participants in hooks:  # each hook masked among its block's uploaders, no one else
+        assert participants == sorted(blocks[(round_number + 1) // 2])
+
+
+def tct_stage2(clients, held_out, postprocessor: fedray.Postprocessor) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """TCT's stage 2 on the six test clients (normalization, closed form, 8 SCAFFOLD rounds of 3) through
+    ``postprocessor``, on shards of its own (they keep the clients' control variates): the closed form's and
+    SCAFFOLD's models, and the rows."""
+    sizes = np.array([len(c.labels) for c in clients])
+    config = RunConfig(method="tct", tct_solver="both", tct_rounds=8, tct_local_steps=5, tct_lr=0.05,
+                       clients_per_round=3, eval_every=4, seed=3).resolved()
+    sampler = Sampler(len(sizes), config.per_round(len(sizes)), config.sampling == "with", config.seed)
+    start = EvalPoint(7, 0, 0, 0.5, 0.0, 0.0, 0.0, 0.0, "train")
+    pool = tct_shards.start_pool(None, clients, held_out)
+    try:
+        run = Stage2Run(stages(config)[-1], sampler, config.eval_every, pool, sizes, tct_clients.NUM_CLASSES, 20,
+                        [start], Accounting(np.zeros(len(sizes), dtype=bool)),
+                        postprocessing=Postprocessing((postprocessor,), 3))
+        normalization = run.normalize()
+        return run.closed_form(normalization), run.scaffold(normalization), run.points
+    finally:
+        pool.shutdown()
+
+
+def test_tct_stage2_through_secagg_is_stage2_through_exact_quantized_sums_bit_for_bit(ray_session, tct_clients_data,
+                                                                                      tct_held_out):
+    secure = tct_stage2(tct_clients_data, tct_held_out, SecureAggregation(secagg_clip=1e5, secagg_bits=47,
+                                                                          secagg_value_bits=44))
+    quantized = tct_stage2(tct_clients_data, tct_held_out, QuantizedWeighted(quantized_clip=1e5, quantized_bits=44))
+    plain = tct_stage2(tct_clients_data, tct_held_out, fedray.Postprocessor())
+    for got, expected, close in zip(secure[:2], quantized[:2], plain[:2]):
+        assert torch.equal(got, expected) and not torch.equal(got, close) and torch.allclose(got, close, atol=1e-5)
+    assert [row.stage for row in secure[2][1:]] == ["tct_closed_form", "tct_scaffold", "tct_scaffold"]
+    assert all(row.reported["secagg_dropped"] == 0 for row in secure[2][1:])
+    assert secure[2][-1].reported["secagg_server_reconstructions"] == 3  # a SCAFFOLD round's 3 clients
+
+
+@pytest.fixture(scope="module")
+def tct_clients_data():
+    return tct_clients.label_skewed(seed=4)
+
+
+@pytest.fixture(scope="module")
+def tct_held_out():
+    held = tct_clients.label_skewed(seed=5, num_clients=4)
+    return tct_shards.ClientData(torch.cat([c.features for c in held]), torch.cat([c.labels for c in held]))

@@ -102,11 +102,12 @@ def train_client(
     return check_upload(algorithm, algorithm.upload(client, trained if sent is None else sent(trained)))
 
 
-def add_upload(sums: Params | None, upload: Upload, algorithm: FederatedAlgorithm) -> Params:
+def add_upload(sums: Params | None, upload: Upload, algorithm: FederatedAlgorithm, weighted: bool = True) -> Params:
     """``sums`` + weight × the upload's tensors (a new dict, ``sums`` None the first time), which must have the names
-    and shapes of the sums (``algorithm``'s uploads)."""
-    weighted = {name: upload.weight * tensor for name, tensor in upload.tensors.items()}
+    and shapes of the sums (``algorithm``'s uploads); ``weighted`` false: + the tensors as they are (they hold
+    w_k · t_k already: :attr:`~fedray.methods.postprocessor.Postprocessing.exact`)."""
+    added = {name: upload.weight * tensor if weighted else tensor for name, tensor in upload.tensors.items()}
     if sums is None:
-        return weighted
+        return added
     check_same_upload(algorithm, upload.tensors, sums)
-    return {name: sums[name] + weighted[name] for name in sums}
+    return {name: sums[name] + added[name] for name in sums}

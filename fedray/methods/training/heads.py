@@ -68,7 +68,7 @@ def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: L
         trained = {name: value.clone().requires_grad_() for name, value in params.items()}
         upload, state = train_client(algorithm, round_, trained, lambda p, step: forward(p, x[step]), y, batches, sgd)
         upload = postprocessing.client(upload, client, round_number)
-        sums = add_upload(sums, upload, algorithm)
+        sums = add_upload(sums, upload, algorithm, weighted=not postprocessing.exact)
         weight += upload.weight
         states.put(client, state)
     return RoundUpdate(sums, weight, len(batch.clients), loss_sum, len(batch.labels))
@@ -123,6 +123,6 @@ def _postprocessed(heads: TrainedHeads, batch: ClientBatch, bias: torch.Tensor, 
         upload = Upload(tensors, float(batch.offsets[k + 1] - batch.offsets[k]))
         processed = postprocessing.client(upload, client, round_number)
         changed = changed or processed is not upload
-        sums = add_upload(sums, processed, algorithm)
+        sums = add_upload(sums, processed, algorithm, weighted=not postprocessing.exact)
         weight += processed.weight
     return (sums, weight) if changed else None

@@ -123,7 +123,7 @@ class ClientTrainer:
                 change = size * (model_state[name] - start[name])
                 statistics[name] = change if name not in statistics else statistics[name] + change
             upload = self.training.postprocessing.client(upload, client, round_number)
-            sums = add_upload(sums, upload, self.algorithm)
+            sums = add_upload(sums, upload, self.algorithm, weighted=not self.training.postprocessing.exact)
             weight += upload.weight
             states.put(client, None if state is None else {name: value.cpu() for name, value in state.items()})
             loss_sum += client_loss

@@ -11,6 +11,8 @@ client would exchange in a real deployment, the trained part, is what
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import ray
 import torch
@@ -175,7 +177,11 @@ class FineTuneBackend:
             raise FedrayError(f"a round needs distinct client numbers in 0..{num_clients - 1}, got {clients.tolist()[:10]}")
         self._check(params)
         received = ray.put({"params": params, "broadcast": broadcast})
-        return self.pool.train(self.training_ref, received, clients, round_number)
+        training = self.training_ref
+        if self.training.postprocessing.per_client:  # the client hooks told the round's participants
+            training = ray.put(replace(self.training,
+                                       postprocessing=self.training.postprocessing.among(clients, round_number)))
+        return self.pool.train(training, received, clients, round_number)
 
     def accuracy(self, params: Params) -> float:
         """Top-1 accuracy on the test split, each trainer classifying its share of the test images (eval mode)."""

@@ -1,0 +1,118 @@
+"""Benchmark: what secure aggregation costs on the iNat stand-in, in accuracy (the value bits) and in wall time (the masks).
+
+    python -m jobs.bench_secagg [--dim 32] [--bits 8 12 16 20 24] [--cost-dim 128] [--neighbours 4]
+
+**Accuracy.** Fed3R and FedCOF-oracle (full class covariances) on ``synthetic:inat-user-120k?dim=D`` (all 9,275
+clients, C = 1,203), 100 clients a round until every client was seen, an evaluation every 10 rounds (aggregates of
+1,000 uploads), plain and through ``secagg`` with v value bits for each v of ``--bits`` and the default (``full``: the
+most an aggregate of 1,000 fits in the ring, 33 of 43 bits). The clip C is the largest entry any client's statistics
+can reach (n_k, and each class's and coordinate's Σ z² and Σ |z| over a client's samples bound every entry of its
+counts, ZᵀZ, ZᵀY, class sums and Σ zzᵀ): nothing is clipped, the loss is the quantization's, a step of C / (2^(v−1) − 1)
+per entry. The masks do not change the sum (it is exact), so these runs take SecAgg+ with 2 neighbours, the cheapest
+graph. FedCOF itself cannot be measured: its server estimates the class covariances from every client's own class
+means, rows it keeps side by side, never adds, so no secure sum can carry them (secagg refuses their integer class
+indices in one line); its oracle uploads only sums.
+
+**Masking.** Fed3R over the full stand-in at ``--cost-dim`` (10 clients a round, an evaluation every 100 rounds, as
+``jobs.bench_closedform``), without and with ``--secure-aggregation`` (SecAgg+ with ``--neighbours`` k, 20 value bits),
+each run timed whole in this process (the shards' start and data included, the same for both); the ratio is the cost
+of the masks and of the per-client statistics secure aggregation needs (each client's ZᵀZ on its own rather than one
+GEMM per shard). The masks are drawn in the shards, for each aggregate's uploaders only, per aggregate: a client
+expands k + 1 masks of m = d² + d·C + C values (its self-mask and one per neighbour), the server one per survivor.
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SECAGG = "fedray.postprocessors.secagg:SecureAggregation"
+DATASET = "synthetic:inat-user-120k?dim={dim}"
+
+
+def largest_entry(dataset: str) -> float:
+    """The largest absolute entry any client's Fed3R or FedCOF-oracle statistics can have: max over clients of n_k, of
+    Σ_i z_ia² and of Σ_i |z_ia| (|Σ_i z_ia z_ib| ≤ max(Σ z_a², Σ z_b²), |Σ_i z_ia y_ic| ≤ Σ_i |z_ia|)."""
+    import torch
+
+    from fedray.data.registry import load_federation
+
+    federation = load_federation(dataset)
+    sample_ids, _, offsets = federation.train_arrays(0, federation.num_clients)
+    z = federation.require_features().features("train", sample_ids).to(torch.float64).numpy()
+    starts = np.asarray(offsets[:-1])
+    squares = np.add.reduceat(z * z, starts, axis=0).max()
+    absolute = np.add.reduceat(np.abs(z), starts, axis=0).max()
+    return float(max(np.diff(offsets).max(), squares, absolute))
+
+
+def timed_run(out: Path, **values) -> tuple[float, float]:
+    """Seconds of one run (the whole ``run`` call) and its final accuracy."""
+    import pyarrow.parquet as pq
+
+    from fedray.engine.config import resolve
+    from fedray.engine.run_config import run
+
+    config = resolve({}, {"out": str(out), "quiet": True, **values}, drop_unused=True)
+    start = time.perf_counter()
+    run(config)
+    seconds = time.perf_counter() - start
+    return seconds, float(pq.read_table(out / "metrics.parquet").column("accuracy").to_pylist()[-1])
+
+
+def accuracy_cost(folder: Path, dim: int, bits: list[int]) -> dict:
+    dataset = DATASET.format(dim=dim)
+    clip = largest_entry(dataset)
+    common = {"dataset": dataset, "clients_per_round": 100, "eval_every": 10}
+    table: dict = {"dataset": dataset, "clip": clip, "aggregate": 1000, "neighbours": 2}
+    for method in ("fed3r", "fedcof-oracle"):
+        _, plain = timed_run(folder / f"{method}-plain", method=method, **common)
+        row = {"plain": plain}
+        for value_bits in (*bits, None):
+            options = {"secagg_clip": repr(clip), "secagg_neighbours": "2"}
+            if value_bits is not None:
+                options["secagg_value_bits"] = str(value_bits)
+            name = "full" if value_bits is None else str(value_bits)
+            _, secure = timed_run(folder / f"{method}-{name}", method=method, postprocessor=SECAGG, options=options,
+                                  **common)
+            row[name] = secure
+        table[method] = row
+    return table
+
+
+def masking_cost(folder: Path, dim: int, neighbours: int) -> dict:
+    common = {"method": "fed3r", "dataset": DATASET.format(dim=dim), "clients_per_round": 10, "eval_every": 100}
+    plain_s, plain = timed_run(folder / "cost-plain", **common)
+    options = {"secagg_clip": repr(largest_entry(common["dataset"])), "secagg_neighbours": str(neighbours),
+               "secagg_value_bits": "20"}
+    secure_s, secure = timed_run(folder / "cost-secagg", postprocessor=SECAGG, options=options, **common)
+    return {"dataset": common["dataset"], "neighbours": neighbours, "aggregate": 1000, "plain_s": round(plain_s, 2),
+            "secagg_s": round(secure_s, 2), "ratio": round(secure_s / plain_s, 2), "plain_accuracy": plain,
+            "secagg_accuracy": secure}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dim", type=int, default=32, help="the features' dimension of the accuracy runs")
+    parser.add_argument("--bits", type=int, nargs="*", default=[8, 12, 16, 20, 24], help="value bits v to measure")
+    parser.add_argument("--cost-dim", type=int, default=128, help="the features' dimension of the masking cost runs")
+    parser.add_argument("--neighbours", type=int, default=4, help="SecAgg+'s k in the masking cost runs")
+    parser.add_argument("--skip-accuracy", action="store_true", help="only the masking cost")
+    arguments = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fedray-bench-secagg-") as folder:
+        result = {}
+        if not arguments.skip_accuracy:
+            result["accuracy"] = accuracy_cost(Path(folder), arguments.dim, arguments.bits)
+        result["masking"] = masking_cost(Path(folder), arguments.cost_dim, arguments.neighbours)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
