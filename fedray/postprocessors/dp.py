@@ -153,6 +153,29 @@ def calibrated(target: float, delta: float, kind: str = "pld") -> float:
                                                       dp_accounting.ExplicitBracketInterval(low, high)))
 
 
+def check_options(clip_norm: float | None, clip: str, dp_delta: float | None, dp_epsilon: float | None,
+                  dp_noise: float | None, dp_placement: str, dp_accountant: str, units: str) -> None:
+    """The options every DP postprocessor here takes, refused in one line each: ``clip`` says what ``clip_norm`` bounds,
+    ``units`` what δ is to be below one over."""
+    if dp_placement not in PLACEMENTS:
+        raise ValueError(f"option dp_placement must be central or distributed, got {dp_placement!r}")
+    if dp_accountant not in ACCOUNTANTS:
+        raise ValueError(f"option dp_accountant must be pld or rdp, got {dp_accountant!r}")
+    if clip_norm is None or not clip_norm > 0 or not math.isfinite(clip_norm):
+        raise ValueError(f"option clip_norm is required: {clip} (> 0), got {clip_norm}")
+    if dp_delta is None:
+        raise ValueError(f"option dp_delta is required: the δ of the (ε, δ) guarantee (e.g. 1e-5, below 1/{units})")
+    if not 0 < dp_delta < 1:
+        raise ValueError(f"option dp_delta must be in (0, 1), got {dp_delta}")
+    if (dp_epsilon is None) == (dp_noise is None):
+        raise ValueError("give one of option dp_epsilon (the budget; the noise is calibrated) or option dp_noise "
+                         f"(the noise multiplier; ε is computed), got {'both' if dp_noise is not None else 'neither'}")
+    if dp_noise is not None and not (dp_noise >= 0 and math.isfinite(dp_noise)):
+        raise ValueError(f"option dp_noise must be ≥ 0 (0: no privacy, ε = ∞), got {dp_noise}")
+    if dp_epsilon is not None and not (dp_epsilon > 0 and math.isfinite(dp_epsilon)):
+        raise ValueError(f"option dp_epsilon must be > 0 (no privacy: dp_noise=0), got {dp_epsilon}")
+
+
 class GaussianMechanism(fedray.Postprocessor):
     """(ε, δ)-DP for FedNCM, Fed3R and FedCOF (sample level) or FedNCM and Fed3R (client level: at most m samples a
     client): features clipped to R, Gaussian noise σ·Δ on each released sum (FedCOF: on each mean row's count and sum,
@@ -179,25 +202,10 @@ class GaussianMechanism(fedray.Postprocessor):
                              f"contributes, m ≥ 1 (its excess dropped at random), got {dp_client_samples}")
         if dp_unit == "sample" and dp_client_samples is not None:
             raise ValueError("option dp_client_samples bounds a client's contribution: it needs dp_unit=client")
-        if dp_placement not in PLACEMENTS:
-            raise ValueError(f"option dp_placement must be central or distributed, got {dp_placement!r}")
-        if dp_accountant not in ACCOUNTANTS:
-            raise ValueError(f"option dp_accountant must be pld or rdp, got {dp_accountant!r}")
-        if clip_norm is None or not clip_norm > 0 or not math.isfinite(clip_norm):
-            raise ValueError(f"option clip_norm is required: each sample's feature norm bound R (> 0), got {clip_norm}")
-        if dp_delta is None:
-            raise ValueError("option dp_delta is required: the δ of the (ε, δ) guarantee (e.g. 1e-5, below 1/samples)")
-        if not 0 < dp_delta < 1:
-            raise ValueError(f"option dp_delta must be in (0, 1), got {dp_delta}")
+        check_options(clip_norm, "each sample's feature norm bound R", dp_delta, dp_epsilon, dp_noise, dp_placement,
+                      dp_accountant, "samples")
         if not 0 < dp_threshold_share < 1:
             raise ValueError(f"option dp_threshold_share must be in (0, 1), got {dp_threshold_share}")
-        if (dp_epsilon is None) == (dp_noise is None):
-            raise ValueError("give one of option dp_epsilon (the budget; the noise is calibrated) or option dp_noise "
-                             f"(the noise multiplier; ε is computed), got {'both' if dp_noise is not None else 'neither'}")
-        if dp_noise is not None and not (dp_noise >= 0 and math.isfinite(dp_noise)):
-            raise ValueError(f"option dp_noise must be ≥ 0 (0: no privacy, ε = ∞), got {dp_noise}")
-        if dp_epsilon is not None and not (dp_epsilon > 0 and math.isfinite(dp_epsilon)):
-            raise ValueError(f"option dp_epsilon must be > 0 (no privacy: dp_noise=0), got {dp_epsilon}")
         self.clip_norm, self.delta, self.placement, self.kind = float(clip_norm), float(dp_delta), dp_placement, dp_accountant
         self.client_samples = dp_client_samples
         """m with dp_unit=client (None: sample level): every sensitivity is m times the sample's."""

@@ -60,7 +60,7 @@ import torch
 from dp_accounting import rdp
 
 import fedray
-from fedray.postprocessors.dp import ACCOUNTANTS, NOISE_RANGE, PLACEMENTS, accountant, noisy
+from fedray.postprocessors.dp import NOISE_RANGE, accountant, check_options, noisy
 
 POISSON, WITH, WITHOUT = "poisson", "with", "without"
 
@@ -150,24 +150,8 @@ class DPFedAvg(fedray.Postprocessor):
                                               "σ/√κ; not with --sampling poisson)"] = "central",
                  dp_accountant: Annotated[str, "rdp (every sampling) or pld (poisson and without)"] = "rdp") -> None:
         super().__init__()
-        if dp_placement not in PLACEMENTS:
-            raise ValueError(f"option dp_placement must be central or distributed, got {dp_placement!r}")
-        if dp_accountant not in ACCOUNTANTS:
-            raise ValueError(f"option dp_accountant must be pld or rdp, got {dp_accountant!r}")
-        if clip_norm is None or not clip_norm > 0 or not math.isfinite(clip_norm):
-            raise ValueError(f"option clip_norm is required: the bound S (> 0) on each client's upload norm, got "
-                             f"{clip_norm}")
-        if dp_delta is None:
-            raise ValueError("option dp_delta is required: the δ of the (ε, δ) guarantee (e.g. 1e-5, below 1/clients)")
-        if not 0 < dp_delta < 1:
-            raise ValueError(f"option dp_delta must be in (0, 1), got {dp_delta}")
-        if (dp_epsilon is None) == (dp_noise is None):
-            raise ValueError("give one of option dp_epsilon (the budget; the noise is calibrated) or option dp_noise "
-                             f"(the noise multiplier; ε is computed), got {'both' if dp_noise is not None else 'neither'}")
-        if dp_noise is not None and not (dp_noise >= 0 and math.isfinite(dp_noise)):
-            raise ValueError(f"option dp_noise must be ≥ 0 (0: no privacy, ε = ∞), got {dp_noise}")
-        if dp_epsilon is not None and not (dp_epsilon > 0 and math.isfinite(dp_epsilon)):
-            raise ValueError(f"option dp_epsilon must be > 0 (no privacy: dp_noise=0), got {dp_epsilon}")
+        check_options(clip_norm, "the bound S on each client's upload norm", dp_delta, dp_epsilon, dp_noise,
+                      dp_placement, dp_accountant, "clients")
         self.clip_norm, self.delta, self.placement, self.kind = float(clip_norm), float(dp_delta), dp_placement, dp_accountant
         self.target = dp_epsilon
         self.noise: float | None = None if dp_noise is None else float(dp_noise)
