@@ -166,7 +166,7 @@ def plot(table: pl.DataFrame, epsilons: list[float], path: Path) -> None:
     axes.set_xscale("log")
     axes.minorticks_off()
     axes.set_xticks(finite, [f"{e:g}" for e in finite])
-    axes.set_xlabel("ε (sample-level, δ fixed)")
+    axes.set_xlabel("ε at fixed δ (per sample for the closed forms, per client for FedAvg)")
     axes.set_ylabel("test accuracy (%)")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize="small")
