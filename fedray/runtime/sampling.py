@@ -152,11 +152,16 @@ class PoissonRounds:
         start, end = packed[within], packed[within + 1]
         return packed[CHUNK_ROUNDS + 1 + start : CHUNK_ROUNDS + 1 + end]
 
-    def until_seen(self, most: int | None) -> int:
-        """The rounds until every client was seen, or ``most`` if fewer."""
+    def first_seen(self, most: int | None = None) -> FirstSeen:
+        """The rounds told round by round (their sizes differ) until every client was seen, or ``most`` were told."""
         first = FirstSeen(self.num_clients)
         while first.unseen and (most is None or first.told < most):
             first.tell(self[first.told][None, :])
+        return first
+
+    def until_seen(self, most: int | None) -> int:
+        """The rounds until every client was seen, or ``most`` if fewer."""
+        first = self.first_seen(most)
         needed = first.last + 1 if first.unseen == 0 else first.told
         return needed if most is None else min(needed, most)
 
@@ -211,10 +216,7 @@ def coverage(
     for trial in range(trials):
         rng = np.random.default_rng([seed, 22, trial])
         if poisson:
-            first = FirstSeen(num_clients)
-            drawn = PoissonRounds(rng, num_clients, per_round)
-            while first.unseen:
-                first.tell(drawn[first.told][None, :])
+            first = PoissonRounds(rng, num_clients, per_round).first_seen()
             results[trial] = np.sort(first.rounds)[needed - 1] + 1
         elif replacement:
             rounds_seen = np.sort(first_seen_rounds(num_clients, per_round, rng)) + 1
