@@ -226,7 +226,7 @@ class RunPlan:
             if isinstance(stage, ClosedForm):
                 rounds = len(self.init_rounds) if self.init is not None else len(sampler.rounds(stage.rounds))
                 told.append(closed_form_uploads("init" if self.init is not None else "closed form", drawn, rounds,
-                                                self.eval_every))
+                                                self.eval_every, stage.method.cls.uploads_summed))
             elif isinstance(stage, Training):
                 told.append(training_uploads("training", drawn, len(self.training_rounds)))
             elif isinstance(stage, (Calibration, Probe)):
@@ -253,16 +253,18 @@ def training_uploads(stage: str, sampling: Sampling, rounds: int) -> StageUpload
     return StageUploads(stage, True, sampling, rounds, per_round, smallest)
 
 
-def closed_form_uploads(stage: str, sampling: Sampling, rounds: int, eval_every: int) -> StageUploads:
+def closed_form_uploads(stage: str, sampling: Sampling, rounds: int, eval_every: int,
+                        summed: bool = True) -> StageUploads:
     """A closed form's uploads, every client's once, summed an evaluation block of ``eval_every`` rounds at a time
-    (the last block ending with the last round); without replacement the last block holds what is left."""
+    (the last block ending with the last round); without replacement the last block holds what is left. ``summed``:
+    the method's :attr:`~fedray.ClosedFormMethod.uploads_summed`."""
     population, per_round = sampling.population, sampling.per_round
     group = min(population, per_round * eval_every)
     if sampling.replacement:
-        return StageUploads(stage, False, sampling, rounds, group, None)
+        return StageUploads(stage, False, sampling, rounds, group, None, summed)
     uploads = min(population, rounds * per_round)
     last = uploads - (-(-rounds // eval_every) - 1) * per_round * eval_every
-    return StageUploads(stage, False, sampling, rounds, group, min(group, last))
+    return StageUploads(stage, False, sampling, rounds, group, min(group, last), summed)
 
 
 def postprocessing(config: RunConfig) -> Postprocessing:

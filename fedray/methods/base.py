@@ -77,6 +77,11 @@ class ClosedFormMethod(ABC, Generic[Stats]):
     """The dtype of ``batch.features`` in :meth:`client_statistics`; None: as stored (float32). A method whose
     statistics are float64 sums of the raw features (FedNCM, Fed3R, FedCOF) asks for float64, and the shard copies
     the clients' rows straight into it, in one pass instead of a gather and then a conversion (exact either way)."""
+    uploads_summed: ClassVar[bool] = True
+    """Whether the server only adds the clients' uploads together (FedNCM's class sums, Fed3R's Gram). False where it
+    sees them client by client (FedCOF's mean rows, whose spread is its estimate): a postprocessor that protects only
+    sums (a server's DP noise, secure aggregation) then refuses the run before it starts
+    (:attr:`fedray.StageUploads.summed`)."""
 
     def __init__(self, dim: int, num_classes: int) -> None:
         self.dim = dim

@@ -87,6 +87,7 @@ class FedCOF(ClosedFormMethod[MeanRows]):
 
     name = "fedcof"
     features_dtype = torch.float64
+    uploads_summed = False
 
     def __init__(self, dim: int, num_classes: int, gamma: Annotated[float, "covariance shrinkage γ (≥ 0)"] = 0.1,
                  means_per_class: Annotated[int, "means per class per client (Appendix E)"] = 1,
@@ -227,6 +228,7 @@ class FedCOFOracle(FedCOF):
     """
 
     name = "fedcof-oracle"
+    uploads_summed = True  # sums over samples: Σ zzᵀ, class counts and sums
 
     def __init__(self, dim: int, num_classes: int, gamma: Annotated[float, "covariance shrinkage γ (≥ 0)"] = 0.1,
                  covariance: Annotated[str, "what clients share of each class covariance: full (d² floats), diagonal "

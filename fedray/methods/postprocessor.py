@@ -110,7 +110,9 @@ class StageUploads:
     sums, and ``smallest_group`` the fewest (None where only the run's draws tell: a closed form's blocks under
     sampling with replacement hold the clients drawn for the first time). Under Poisson sampling a training round's
     ``group`` is κ, the expected number of uploads (any number up to K may come), and ``smallest_group`` 0: a round
-    may be empty, and its aggregate, all zeros, still goes through :meth:`Postprocessor.aggregate`."""
+    may be empty, and its aggregate, all zeros, still goes through :meth:`Postprocessor.aggregate`. ``summed``: the
+    server only adds the uploads together; False where it sees them client by client (FedCOF's mean rows: its
+    method's :attr:`~fedray.ClosedFormMethod.uploads_summed`)."""
 
     stage: str
     training: bool
@@ -118,6 +120,7 @@ class StageUploads:
     rounds: int
     group: int
     smallest_group: int | None
+    summed: bool = True
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ and no sum projected (FedCOF: every row released as it is, τ = 1 ≤ n), so wit
 the plain run bit for bit. The accountant is the PLD one (near exact for the Gaussian mechanism, value discretization 1e-3) or ``dp_accountant=rdp``.
 
 Not supported, refused in one line: any upload other than FedNCM's, Fed3R's and FedCOF's (above), and FedCOF at
-client level. Every row reports ``dp_epsilon`` and ``dp_delta``; FedCOF's also ``dp_threshold``
+client level or with central noise (before the run: its method's ``uploads_summed`` is False). Every row reports ``dp_epsilon`` and ``dp_delta``; FedCOF's also ``dp_threshold``
 (τ). Noise draws come from the context's generator (the run's seed, round, client or aggregate, place in the list),
 one tensor after another in the order of the upload's names (FedCOF: the rows' counts, then their sums), so a run is
 the same on any layout.
@@ -217,12 +217,22 @@ class GaussianMechanism(fedray.Postprocessor):
         """The width of the rows this copy (in a shard) last clipped: a client's statistics must be of that width."""
 
     def start(self, stages: tuple[fedray.StageUploads, ...]) -> None:
-        """A stage of training updates is refused before any work: their DP is DP-FedAvg's."""
+        """Refused before any work: a stage of training updates (their DP is DP-FedAvg's), and a stage whose uploads
+        the server sees client by client (FedCOF's mean rows) with a server's noise or at client level."""
         training = next((told.stage for told in stages if told.training), None)
         if training is not None:
             raise ValueError(f"the {training} stage uploads training updates, and this postprocessor privatizes "
                              f"closed-form statistics; DP for training is --postprocessor dp-fedavg (the DP flags pick "
                              f"it for a training method)")
+        apart = next((told.stage for told in stages if not told.summed), None)
+        if apart is not None and self.placement == "central":
+            raise ValueError(f"the {apart} stage's uploads (like fedcof's mean rows) reach the server client by client, "
+                             f"not summed, so a server's noise would come after they are seen: use "
+                             f"dp_placement=distributed")
+        if apart is not None and self.client_samples is not None:
+            raise ValueError(f"dp_unit=client with the {apart} stage's uploads (like fedcof's mean rows), which reach the "
+                             f"server client by client: whether a client took part shows unless none of its rows is "
+                             f"released; use dp_unit=sample, or fedncm or fed3r, whose uploads are summed")
 
     @property
     def per_client(self) -> bool:

@@ -56,8 +56,9 @@ The masked integers are held in float64: their sum, below n · 2^b, is exact whi
 checked (b ≤ 53 − ⌈log₂ n⌉); the server reduces it mod 2^b in uint64 and unmasks there, so the unmasked sum is
 the plain sum of the survivors' quantized integers bit for bit (``tests/postprocessors/test_secagg.py``). Only
 float64 uploads added by the server are accepted: an upload with integer tensors is refused in one line. FedCOF's
-is: its server estimates the class covariances from each client's own class means, rows it keeps side by side
-(with their integer class indices), never adds, so no secure sum can carry them; fedcof-oracle's uploads are sums.
+is, before the run (its ``uploads_summed`` is False): its server estimates the class covariances from each client's
+own class means, rows it keeps side by side (with their integer class indices), never adds, so no secure sum can
+carry them; fedcof-oracle's uploads are sums.
 
 **Masks at scale.** The client hooks run in the shards, per aggregate, for its uploaders only: a client expands
 k + 1 masks of m values (all n − 1 pairs for SecAgg), raw Philox words added mod 2^64 in place and reduced mod
@@ -139,8 +140,13 @@ class SecureAggregation(fedray.Postprocessor):
         """Refuse, before any work, a run with a stage whose aggregates the ring or the threshold cannot serve: its
         largest group's sum could overflow the ring, its smallest group leaves a client fewer neighbours than t, or
         SecAgg+'s k neighbours are more than a group holds. A stage whose smallest group only its draws tell (a closed
-        form sampled with replacement) is checked as each group forms."""
+        form sampled with replacement) is checked as each group forms. A stage whose uploads the server sees client
+        by client (FedCOF's mean rows) is refused: no secure sum carries them."""
         for told in stages:
+            if not told.summed:
+                raise ValueError(f"the {told.stage} stage's uploads (like fedcof's mean rows) are kept side by side by the "
+                                 f"server, never added, so no secure sum carries them (fedcof-oracle's statistics are "
+                                 f"sums)")
             largest = f"the {told.stage} stage's aggregates of up to {told.group} uploads"
             _, _, problem = self.ring(told.group)
             if problem is not None:

@@ -33,7 +33,8 @@ class Telling(fedray.Postprocessor):
         with open(self.log, "a") as log:
             for told in stages:
                 log.write(json.dumps([told.stage, told.training, told.sampling.population, told.sampling.per_round,
-                                      told.sampling.replacement, told.rounds, told.group, told.smallest_group]) + "\n")
+                                      told.sampling.replacement, told.rounds, told.group, told.smallest_group,
+                                      told.summed]) + "\n")
 
 
 class Refusing(fedray.Postprocessor):
@@ -73,15 +74,21 @@ def test_a_closed_form_run_tells_its_one_stage(ray_session, tmp_path):
     # 721 clients, 6 a round without replacement until all are seen: 121 rounds; blocks of 2 rounds (12 uploads),
     # the last block round 121 alone: 721 − 120·6 = 1 upload
     assert told(tmp_path, "fed3r", method="fed3r", eval_every=2) == \
-        [["closed form", False, 721, 6, False, 121, 12, 1]]
+        [["closed form", False, 721, 6, False, 121, 12, 1, True]]
+
+
+def test_fedcofs_uploads_are_told_not_summed(ray_session, tmp_path):
+    # the server sees FedCOF's mean rows client by client (ClosedFormMethod.uploads_summed)
+    assert told(tmp_path, "fedcof", method="fedcof", eval_every=2) == \
+        [["closed form", False, 721, 6, False, 121, 12, 1, False]]
 
 
 def test_a_two_stage_run_tells_its_init_training_and_calibration(ray_session, tmp_path):
     stages = told(tmp_path, "init", method="fedavg", init="fed3r", init_rounds=3, rounds=2, eval_every=3,
                   calibrate="fedncm")
-    assert stages == [["init", False, 721, 6, True, 3, 18, None],        # training samples with replacement
-                      ["training", True, 721, 6, True, 2, 6, 6],
-                      ["calibration", False, 721, 721, False, 1, 721, 721]]
+    assert stages == [["init", False, 721, 6, True, 3, 18, None, True],        # training samples with replacement
+                      ["training", True, 721, 6, True, 2, 6, 6, True],
+                      ["calibration", False, 721, 721, False, 1, 721, 721, True]]
 
 
 def test_a_refusal_in_start_is_one_line_before_anything_is_written(ray_session, tmp_path):

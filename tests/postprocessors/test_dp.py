@@ -18,7 +18,7 @@ import torch
 import fedray
 from fedray.core.errors import FedrayError
 from fedray.core.reports import reporting
-from fedray.engine.config import resolve
+from fedray.engine.config import RunConfig, resolve
 from fedray.engine.plan import postprocessing
 from fedray.engine.run_config import run
 from fedray.methods.base import ClientBatch
@@ -292,20 +292,48 @@ def test_a_fedcof_run_without_noise_is_the_plain_run_bit_for_bit_and_one_with_no
     assert np.isfinite(noisy_run["W"]).all() and np.abs(noisy_run["W"] - plain["W"]).max() > 1e-3
 
 
-@pytest.mark.parametrize("values, options, error", [
-    ({}, {}, "fedcof's mean rows reach the server client by client, not summed, .* use dp_placement=distributed"),
-    ({"means_per_class": 2}, {"dp_placement": "distributed"},
-     r"fedcof's upload has several means for a class \(--means-per-class > 1\)"),
+@pytest.mark.parametrize("options, error", [
+    ({}, r"the closed form stage's uploads \(like fedcof's mean rows\) reach the server client by client, not summed, "
+         r".* use dp_placement=distributed"),
+    ({"dp_unit": "client", "dp_client_samples": "10", "dp_placement": "distributed"},
+     r"dp_unit=client with the closed form stage's uploads \(like fedcof's mean rows\), which reach the server client "
+     r"by client"),
 ])
-def test_fedcof_with_central_noise_or_several_means_per_class_stops_at_its_first_upload(ray_session, tmp_path, values,
-                                                                                           options, error):
-    config = resolve({}, {"method": "fedcof", "dataset": DATASET, "out": str(tmp_path / "refused"), "clients_per_round": 8,
-                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
-                          "postprocessor": SPEC, **values,
-                          "options": {"clip_norm": "1", "dp_noise": "1", "dp_delta": "1e-5", **options}})
+def test_fedcof_with_central_noise_or_at_client_level_is_refused_before_any_work(tmp_path, options, error):
+    """The plan tells dp that FedCOF's uploads are not summed (:attr:`StageUploads.summed`): refused in ``start``,
+    before Ray or a shard is started."""
+    with pytest.raises(FedrayError, match=rf"^--postprocessor {SPEC}: {error}"):
+        run(fedcof_config(tmp_path, {}, {"dp_noise": "1", **options}))
+    assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize("options, error", [
+    ({}, r"fedcof's mean rows reach the server client by client, not summed, .* use dp_placement=distributed"),
+    ({"dp_unit": "client", "dp_client_samples": 10, "dp_placement": "distributed"},
+     r"dp_unit=client with fedcof: its mean rows reach the server client by client"),
+])
+def test_fedcofs_upload_is_refused_at_the_client_where_start_was_not_called(options, error):
+    """Postprocessing driven directly (not through a run, whose ``start`` refuses first) stops at FedCOF's upload."""
+    pipeline = Postprocessing((GaussianMechanism(clip_norm=1.0, dp_delta=1e-5, dp_noise=1.0, **options),),
+                              seed=5).sampled(100, 10, False)
+    pipeline.features(torch.zeros(1, 3, dtype=torch.float64))
     with pytest.raises(FedrayError, match=rf"^--postprocessor dp: {error}"):
-        run(config)
+        pipeline.statistics(mean_rows([1, 2], [2.0, 3.0], np.ones((2, 3)), 4), 17, 2)
+
+
+def test_fedcof_with_several_means_per_class_stops_at_its_first_upload(ray_session, tmp_path):
+    with pytest.raises(FedrayError, match=r"^--postprocessor dp: fedcof's upload has several means for a class "
+                                          r"\(--means-per-class > 1\)"):
+        run(fedcof_config(tmp_path, {"means_per_class": 2}, {"dp_noise": "1", "dp_placement": "distributed"}))
     assert not (tmp_path / "refused" / "metrics.parquet").exists()
+
+
+def fedcof_config(tmp_path: Path, values: dict, options: dict) -> RunConfig:
+    """A FedCOF run through dp into ``tmp_path``/refused, with ``values`` and dp's ``options`` (R = 1, δ = 1e-5)."""
+    return resolve({}, {"method": "fedcof", "dataset": DATASET, "out": str(tmp_path / "refused"), "clients_per_round": 8,
+                        "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                        "postprocessor": SPEC, **values,
+                        "options": {"clip_norm": "1", "dp_delta": "1e-5", **options}})
 
 
 # --- client level: at most m samples a client, sensitivities m times the sample's
@@ -373,14 +401,6 @@ def test_a_client_level_fed3r_run_reports_one_releases_epsilon(ray_session, tmp_
     exact = analytic_epsilon(one_release(2.0), 1e-5)
     assert rows and all(row["dp_delta"] == 1e-5 and exact <= row["dp_epsilon"] <= exact * 1.005 for row in rows)
     assert all(0 < row["accuracy"] <= 1 for row in rows)
-
-
-def test_client_level_fedcof_stops_at_its_first_upload(ray_session, tmp_path):
-    with pytest.raises(FedrayError, match=r"^--postprocessor dp: dp_unit=client with fedcof: its mean rows reach the "
-                                          r"server client by client"):
-        runs(tmp_path, "fedcof", "fedcof", clip_norm=1.0, dp_noise=1.0, dp_delta=1e-5, dp_unit="client",
-             dp_client_samples=10, dp_placement="distributed")
-    assert not (tmp_path / "fedcof" / "metrics.parquet").exists()
 
 
 def test_training_updates_are_refused_before_any_work():

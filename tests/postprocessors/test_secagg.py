@@ -290,6 +290,9 @@ def training(group: int, smallest: int | None = None) -> fedray.StageUploads:
      r"which overflows the ring Z_2\^30: set secagg_value_bits ≤ 26 or raise secagg_bits"),
     # a group only the draws tell is checked as it forms
     ({"secagg_threshold": 5}, (closed_form_uploads("closed form", Sampling(100, 8, True), 30, 2),), None),
+    # FedCOF's mean rows are never added
+    ({}, (closed_form_uploads("closed form", Sampling(100, 8, False), 13, 2, summed=False),),
+     r"the closed form stage's uploads \(like fedcof's mean rows\) are kept side by side by the server, never added"),
 ])
 def test_groups_the_ring_or_threshold_cannot_serve_are_refused_before_the_run(options, stages, error):
     secagg = SecureAggregation(secagg_clip=1.0, **options)
