@@ -170,6 +170,11 @@ class Shards:
         """Bytes of clients' states a shard keeps in memory: ``state_memory``, else its share of the machine's."""
         return default_budget(self.cpus) if self.state_memory is None else self.state_memory
 
+    @property
+    def kept_budget(self) -> int:
+        """Bytes of a method's kept parts (FedCOF's received means) a shard keeps: its share of the machine's memory."""
+        return default_budget(self.cpus)
+
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -371,5 +376,6 @@ def footprints(run: RunPlan, federation: Federation) -> list[Footprint]:
                 label += " (--init)" if isinstance(stage, ClosedForm) else " (--probe-ridge)"
             options = {key: method.values[key] for key in ("bias", "rf_dim", "means_per_class", "covariance",
                                                                 "virtual_per_class")}
-            estimated.append(closed_form_footprint(label, method.name, federation, dim, block, **options))
+            estimated.append(closed_form_footprint(label, method.name, federation, dim, block, **options,
+                                                   kept_budget=run.shards.kept_budget))
     return estimated

@@ -116,11 +116,15 @@ class Footprint:
 
 def closed_form_footprint(stage: str, method: str, federation: Federation, dim: int, block_samples: int, *,
                           bias: bool = False, rf_dim: int = 0, means_per_class: int = 1,
-                          covariance: str = "full", virtual_per_class: int = 100) -> Footprint:
+                          covariance: str = "full", virtual_per_class: int = 100,
+                          kept_budget: int | None = None) -> Footprint:
     """The footprint of the built-in closed-form ``method`` (its options ``bias``, ``rf_dim``, ``means_per_class``,
     ``covariance``, ``virtual_per_class``) on ``federation``'s features mapped to ``dim``, in blocks of at most
-    ``block_samples``."""
-    terms = _closed_form(method, federation, dim, bias, rf_dim, means_per_class, covariance, virtual_per_class)
+    ``block_samples``; ``kept_budget``: the bytes of received means a shard keeps (None: a shard alone on the
+    machine's, :func:`~fedray.runtime.kept.default_budget`)."""
+    kept_budget = default_budget() if kept_budget is None else kept_budget
+    terms = _closed_form(method, federation, dim, bias, rf_dim, means_per_class, covariance, virtual_per_class,
+                         kept_budget)
     if federation.streams_features:  # a block's statistics are computed in runs of about STREAMED_ROWS samples
         block_samples = min(block_samples, STREAMED_ROWS + largest_clients(federation, 1))
     return Footprint(stage, _data_terms(federation) + terms, block_samples)
@@ -158,7 +162,7 @@ def _data_terms(federation: Federation) -> tuple[Term, ...]:
 
 
 def _closed_form(method: str, federation: Federation, d: int, bias: bool, rf_dim: int,
-                 means_per_class: int, covariance: str, virtual_per_class: int = 100) -> tuple[Term, ...]:
+                 means_per_class: int, covariance: str, virtual_per_class: int, kept_budget: int) -> tuple[Term, ...]:
     """``method``'s terms on features of dimension ``d``."""
     classes, tests = federation.num_classes, federation.num_test
     fewer_classes = "lower the number of classes C (the schema's fedray.num_classes, or the labels)"
@@ -184,7 +188,7 @@ def _closed_form(method: str, federation: Federation, d: int, bias: bool, rf_dim
         Term(f"the d × d covariance and Gram matrices (float64, d = {d})", "lower the feature dimension d",
              per_shard=SHARD_COPIES * gram if full else 0, driver=((DRIVER_COPIES if full else 0) + 3) * gram),
         Term("the received class means (M × d float64 for each mean per class, kept in the shards up to their budget)",
-             "lower --means-per-class", per_shard=min(means, default_budget())),
+             "lower --means-per-class", per_shard=min(means, kept_budget)),
     )
 
 

@@ -15,7 +15,8 @@ from typing import Any
 from fedray.methods.base import ClosedFormMethod, floats_in
 
 KEPT_SHARE = 8
-"""A shard keeps at most 1/KEPT_SHARE of its machine's memory of parts (the rest is computed again when needed)."""
+"""The shards filling a machine keep at most 1/KEPT_SHARE of its memory of parts between them (the rest is computed
+again when needed)."""
 
 
 def default_budget(cpus: float | None = None) -> int:

@@ -148,15 +148,14 @@ class ShardActor:
     :meth:`ShardPool.wait` to raise in the driver as one line.
     """
 
-    def __init__(self, rows: ShardRows, threads: int, kept_budget: int | None = None,
-                 state_budget: int | None = None) -> None:
+    def __init__(self, rows: ShardRows, threads: int, kept_budget: int, state_budget: int | None = None) -> None:
         torch.set_num_threads(threads)
         tensor_transfer.register()
         self.first_client = rows.first_client
         context = ray.get_runtime_context()
         self.client_states = ClientStates(context.was_current_actor_reconstructed, state_budget,
                                           owner=context.get_actor_id())
-        self.kept = KeptParts() if kept_budget is None else KeptParts(kept_budget)
+        self.kept = KeptParts(kept_budget)
         self.error: str | None = None
         self._staging = torch.empty(0)
         try:
@@ -359,9 +358,9 @@ class ShardPool(ActorGroup):
         shard, so trials never compete with each other for shard CPUs.
         ``footprints`` (the run's estimated memory, stage by stage) must fit
         the cluster before any shard starts. ``kept_budget``: bytes each shard keeps for a method's second pass
-        (default :func:`~fedray.runtime.kept.default_budget`; what exceeds it is computed again when needed);
-        ``state_budget``: bytes of clients' states each shard keeps in memory (default: that share of the machine's
-        memory split among the shards that fill it; the least recently used beyond it spill to the node's disk,
+        (default :func:`~fedray.runtime.kept.default_budget`'s share of the machine's memory split among the shards
+        that fill it; what exceeds it is computed again when needed); ``state_budget``: bytes of clients' states each
+        shard keeps in memory (default: the same share; the least recently used beyond it spill to the node's disk,
         :mod:`fedray.runtime.client_states`).
         """
         federation.require_features()
@@ -382,6 +381,7 @@ class ShardPool(ActorGroup):
                 check_memory(footprint, np.diff(federation.client_offsets[bounds]), np.diff(tests))
 
         threads = max(1, int(cpus_per_shard))
+        kept_budget = default_budget(cpus_per_shard) if kept_budget is None else kept_budget
         state_budget = default_budget(cpus_per_shard) if state_budget is None else state_budget
         ranges = [((int(a), int(b)), (int(t), int(u))) for a, b, t, u in zip(bounds[:-1], bounds[1:], tests[:-1], tests[1:])]
         stored = None if federation.spec is not None else NamedObjects.put(

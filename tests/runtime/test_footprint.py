@@ -1,5 +1,6 @@
 """The memory estimate: its stages, and that it bounds what a run's shards really grow by."""
 
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -146,6 +147,17 @@ def test_scaffolds_gradient_rows_are_those_of_the_clients_its_rounds_can_sample(
     every = states()
     short = states(rounds=3, clients_per_round=10)
     assert every - short == pytest.approx(samples * classes * FLOAT32 * (1 - 30 / clients))
+
+
+@pytest.mark.parametrize("cpus_per_shard", [1.0, 0.5, 64.0])
+def test_the_received_means_a_shard_keeps_are_counted_up_to_its_share_of_the_machine(federation, cpus_per_shard):
+    """FedCOF's kept means: the shards filling a machine keep an eighth of its memory between them (each in
+    proportion to its CPUs), not an eighth each: sixteen 1-CPU shards on 16 CPUs would otherwise keep twice it."""
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    config = RunConfig(method="fedcof", means_per_class=10_000, cpus_per_shard=cpus_per_shard).validate().resolved()
+    means = next(term for term in estimate(config, federation)[0].terms if term.remedy == "lower --means-per-class")
+    assert means.per_shard == int(machine // 8 * min(1.0, cpus_per_shard / os.cpu_count()))
+    assert means.per_shard < int(federation.client_num_classes.sum()) * 10_000 * (federation.dim + 2) * 8
 
 
 def test_the_client_states_a_shard_keeps_in_memory_are_counted_up_to_its_budget(federation):
