@@ -21,11 +21,12 @@ import numpy as np
 import torch
 
 from fedray.core.accounting import PaperCosts, PaperTotals
+from fedray.core.errors import FedrayError
 from fedray.methods.training.backend import Params, RoundUpdate, TrainingBackend
 from fedray.methods.training.server import ServerOptimizer
 from fedray.methods.algorithm import Aggregate, ClientRound, FederatedAlgorithm, Population
 from fedray.methods.base import FLOAT_BYTES, Classifier
-from fedray.methods.checks import check_server_step, check_server_update, check_state, check_tensors
+from fedray.methods.checks import check_server_step, check_server_update, check_state, check_tensors, owner
 from fedray.methods.postprocessor import Postprocessing
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
@@ -107,12 +108,19 @@ class Checkpointing:
 
 def empty_sums(algorithm: FederatedAlgorithm, model: Params, broadcast: Params) -> Params:
     """The sums of an empty round: zeros of the names, shapes and dtypes of ``algorithm``'s uploads, found by running
-    its :meth:`~fedray.FederatedAlgorithm.upload` on PyTorch's meta device (shapes, no work)."""
+    its :meth:`~fedray.FederatedAlgorithm.upload` on PyTorch's meta device (shapes, no work); one line where it cannot
+    run there (a plugin's upload that reads a value, ``.item()``)."""
     meta = {name: torch.empty_like(value, device="meta") for name, value in model.items()}
-    start = algorithm.init_client_state(meta) if algorithm.stateful else None
-    client = ClientRound(0, 0, 1, 1, 1.0, meta, {name: value.to("meta") for name, value in broadcast.items()}, start,
-                         path_loss=None, start_gradient=meta if algorithm.needs_start_gradient else None)
-    upload, _ = algorithm.upload(client, meta)
+    try:
+        start = algorithm.init_client_state(meta) if algorithm.stateful else None
+        client = ClientRound(0, 0, 1, 1, 1.0, meta, {name: value.to("meta") for name, value in broadcast.items()},
+                             start, path_loss=None, start_gradient=meta if algorithm.needs_start_gradient else None)
+        upload, _ = algorithm.upload(client, meta)
+    except Exception as error:  # a plugin's own code
+        reason = str(error).partition("\n")[0]
+        raise FedrayError(f"{owner(algorithm)}: a round Poisson sampling left empty still sends the postprocessors a sum "
+                          f"of zeros, shaped by running init_client_state and upload on PyTorch's meta device (shapes, "
+                          f"no values), where they failed: {type(error).__name__}: {reason}") from None
     return {name: torch.zeros(value.shape, dtype=value.dtype) for name, value in upload.tensors.items()}
 
 

@@ -2,10 +2,14 @@
 participation counts, the round sizes and pairs of clients and rounds), reproducible, read in any order, refused in one
 line where it does not apply, and empty rounds a no-op step on every training path."""
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import scipy.stats
+
+import fedray
 
 from fedray.core.errors import FedrayError
 from fedray.engine.config import resolve
@@ -115,3 +119,28 @@ def test_empty_rounds_are_a_no_op_step_on_every_training_path(ray_session, tmp_p
     assert all(np.isfinite(row["accuracy"]) for row in rows)
     for number in empty:
         assert rows[number]["accuracy"] == rows[number - 1]["accuracy"]
+
+
+@dataclass(frozen=True)
+class ReadsItsUpload(fedray.FederatedAlgorithm):
+    """FedAvg whose upload reads a value out of its update (``.item()``), which PyTorch's meta device has not."""
+
+    def upload(self, client, trained):
+        upload, state = super().upload(client, trained)
+        largest = max(float(tensor.abs().max().item()) for tensor in upload.tensors.values())
+        return fedray.Upload({name: tensor / max(largest, 1.0) for name, tensor in upload.tensors.items()},
+                             upload.weight), state
+
+
+class Unchanged(fedray.Postprocessor):
+    """Changes nothing: a postprocessor, so that an empty round's sum of zeros is made."""
+
+
+def test_an_upload_the_meta_device_cannot_run_stops_at_the_first_empty_round_in_one_line(ray_session, tmp_path):
+    config = resolve({}, {"method": f"{__name__}:ReadsItsUpload", "dataset": DATASET, "out": str(tmp_path / "out"),
+                          "clients_per_round": 1, "rounds": 30, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "sampling": "poisson", "postprocessor": f"{__name__}:Unchanged"}, drop_unused=True)
+    with pytest.raises(FedrayError, match=r"^the plugin .*:ReadsItsUpload: a round Poisson sampling left empty still "
+                                          r"sends .* where they failed: RuntimeError: .*meta") as raised:
+        run(config)
+    assert "\n" not in str(raised.value)
