@@ -224,7 +224,7 @@ class RunPlan:
     def stage_uploads(self) -> tuple[StageUploads, ...]:
         """What each stage will upload, for the postprocessors' :meth:`~fedray.Postprocessor.start`."""
         sampler, everyone = self.sampler, self.sampler.num_clients
-        drawn = Sampling(everyone, sampler.per_round, sampler.with_replacement or sampler.poisson, sampler.poisson)
+        drawn = Sampling.drawn(everyone, sampler.per_round, sampler.with_replacement, sampler.poisson)
         once = Sampling(everyone, everyone, False)
         told: list[StageUploads] = []
         for stage in self.stages:

@@ -91,6 +91,12 @@ class Sampling:
     replacement: bool = False
     poisson: bool = False
 
+    @classmethod
+    def drawn(cls, population: int, per_round: int, replacement: bool, poisson: bool = False) -> "Sampling":
+        """κ of K clients a round, with or without ``replacement``, or each with probability κ/K (``poisson``, which
+        draws with replacement across rounds)."""
+        return cls(population, per_round, replacement or poisson, poisson)
+
     @property
     def rate(self) -> float:
         """q = κ/K: the chance a given client takes part in a given round (under every mode, on average)."""
@@ -272,7 +278,7 @@ class Postprocessing:
                 poisson: bool = False) -> "Postprocessing":
         """The same postprocessors (and their state) for a stage that draws ``per_round`` of ``population`` clients
         (``poisson``: each with probability κ/K), its round r being the run's ``first_round`` + r."""
-        return dataclasses.replace(self, sampling=Sampling(population, per_round, replacement or poisson, poisson),
+        return dataclasses.replace(self, sampling=Sampling.drawn(population, per_round, replacement, poisson),
                                    first_round=first_round)
 
     def among(self, participants: Iterable[int], round_number: int) -> "Postprocessing":
