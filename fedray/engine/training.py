@@ -118,9 +118,9 @@ def empty_sums(algorithm: FederatedAlgorithm, model: Params, broadcast: Params) 
         upload, _ = algorithm.upload(client, meta)
     except Exception as error:  # a plugin's own code
         reason = str(error).partition("\n")[0]
-        raise FedrayError(f"{owner(algorithm)}: a round Poisson sampling left empty still sends the postprocessors a sum "
-                          f"of zeros, shaped by running init_client_state and upload on PyTorch's meta device (shapes, "
-                          f"no values), where they failed: {type(error).__name__}: {reason}") from None
+        raise FedrayError(f"{owner(algorithm)}: a round Poisson sampling left empty still sends the postprocessors a "
+                          f"sum of zeros, shaped by running init_client_state and upload on PyTorch's meta device "
+                          f"(shapes, no values), where they failed: {type(error).__name__}: {reason}") from None
     return {name: torch.zeros(value.shape, dtype=value.dtype) for name, value in upload.tensors.items()}
 
 

@@ -84,10 +84,10 @@ and no sum projected (FedCOF: every row released as it is, τ = 1 ≤ n), so wit
 the plain run bit for bit. The accountant is the PLD one (near exact for the Gaussian mechanism, value discretization 1e-3) or ``dp_accountant=rdp``.
 
 Not supported, refused in one line: any upload other than FedNCM's, Fed3R's and FedCOF's (above), and FedCOF at
-client level or with central noise (before the run: its method's ``uploads_summed`` is False). Every row reports ``dp_epsilon`` and ``dp_delta``; FedCOF's also ``dp_threshold``
-(τ). Noise draws come from the context's generator (the run's seed, round, client or aggregate, place in the list),
-one tensor after another in the order of the upload's names (FedCOF: the rows' counts, then their sums), so a run is
-the same on any layout.
+client level or with central noise (before the run: its method's ``uploads_summed`` is False). Every row reports
+``dp_epsilon`` and ``dp_delta``; FedCOF's also ``dp_threshold`` (τ). Noise draws come from the context's generator
+(the run's seed, round, client or aggregate, place in the list), one tensor after another in the order of the
+upload's names (FedCOF: the rows' counts, then their sums), so a run is the same on any layout.
 """
 
 from __future__ import annotations
@@ -226,13 +226,13 @@ class GaussianMechanism(fedray.Postprocessor):
                              f"it for a training method)")
         apart = next((told.stage for told in stages if not told.summed), None)
         if apart is not None and self.placement == "central":
-            raise ValueError(f"the {apart} stage's uploads (like fedcof's mean rows) reach the server client by client, "
-                             f"not summed, so a server's noise would come after they are seen: use "
+            raise ValueError(f"the {apart} stage's uploads (like fedcof's mean rows) reach the server client by "
+                             f"client, not summed, so a server's noise would come after they are seen: use "
                              f"dp_placement=distributed")
         if apart is not None and self.client_samples is not None:
-            raise ValueError(f"dp_unit=client with the {apart} stage's uploads (like fedcof's mean rows), which reach the "
-                             f"server client by client: whether a client took part shows unless none of its rows is "
-                             f"released; use dp_unit=sample, or fedncm or fed3r, whose uploads are summed")
+            raise ValueError(f"dp_unit=client with the {apart} stage's uploads (like fedcof's mean rows), which reach "
+                             f"the server client by client: whether a client took part shows unless none of its rows "
+                             f"is released; use dp_unit=sample, or fedncm or fed3r, whose uploads are summed")
 
     @property
     def per_client(self) -> bool:

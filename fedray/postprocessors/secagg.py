@@ -144,9 +144,9 @@ class SecureAggregation(fedray.Postprocessor):
         by client (FedCOF's mean rows) is refused: no secure sum carries them."""
         for told in stages:
             if not told.summed:
-                raise ValueError(f"the {told.stage} stage's uploads (like fedcof's mean rows) are kept side by side by the "
-                                 f"server, never added, so no secure sum carries them (fedcof-oracle's statistics are "
-                                 f"sums)")
+                raise ValueError(f"the {told.stage} stage's uploads (like fedcof's mean rows) are kept side by side "
+                                 f"by the server, never added, so no secure sum carries them (fedcof-oracle's "
+                                 f"statistics are sums)")
             largest = f"the {told.stage} stage's aggregates of up to {told.group} uploads"
             _, _, problem = self.ring(told.group)
             if problem is not None:

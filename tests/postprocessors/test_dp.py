@@ -330,9 +330,9 @@ def test_fedcof_with_several_means_per_class_stops_at_its_first_upload(ray_sessi
 
 def fedcof_config(tmp_path: Path, values: dict, options: dict) -> RunConfig:
     """A FedCOF run through dp into ``tmp_path``/refused, with ``values`` and dp's ``options`` (R = 1, δ = 1e-5)."""
-    return resolve({}, {"method": "fedcof", "dataset": DATASET, "out": str(tmp_path / "refused"), "clients_per_round": 8,
-                        "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
-                        "postprocessor": SPEC, **values,
+    return resolve({}, {"method": "fedcof", "dataset": DATASET, "out": str(tmp_path / "refused"),
+                        "clients_per_round": 8, "rounds": 6, "eval_every": 3, "num_shards": 2,
+                        "cpus_per_shard": 1.0, "quiet": True, "postprocessor": SPEC, **values,
                         "options": {"clip_norm": "1", "dp_delta": "1e-5", **options}})
 
 
