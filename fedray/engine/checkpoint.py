@@ -7,7 +7,8 @@ checkpoint (empty, truncated, foreign, of an older fedray) is refused in one lin
 and so is one whose state is not what a run writes (a file edited by hand):
 every value of the wrong type or out of its range, and, against the run that
 resumes it (:class:`RunShape`, before any work), parameters of other names,
-shapes or dtypes, other clients, training rounds beyond the run's.
+shapes or dtypes, other clients, training rounds beyond the run's, clients'
+states missing or not finite.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from fedray.data.registry import canonical_spec
 from fedray.core.errors import FedrayError
 from fedray.methods.training.backend import Params
 from fedray.engine.training import CLIENT_STATES, Accounting, TrainingState
-from fedray.runtime.client_states import remove_saved
+from fedray.runtime.client_states import check_saved, remove_saved
 from fedray.core.results import EvalPoint, torch_size, write_atomically
 
 CHECKPOINT = "checkpoint.pt"
@@ -86,13 +87,16 @@ def load_checkpoint(out: Path, config: dict, run: RunShape | None = None) -> Tra
         state = _training_state(saved["state"], out)
         if run is not None:
             _check_fits(state, run)
-        return state
     except KeyError as error:
         raise FedrayError(f"{path}: not a complete fedray checkpoint (its state lacks {error}); {START_OVER}") from None
     except (TypeError, AttributeError) as error:
         raise FedrayError(f"{path}: not a fedray checkpoint (its state is malformed: {error}); {START_OVER}") from None
     except FedrayError as error:
         raise FedrayError(f"{path}: {error}; {START_OVER}") from None
+    if run is not None:  # the clients' states as the rest: complete, finite (each error names its file)
+        for name in state.client_states:
+            check_saved(out / name)
+    return state
 
 
 def remove_checkpoint(out: Path) -> None:

@@ -11,8 +11,10 @@ beyond it, the least recently used spill to its node's local disk, one
 safetensors file a client, read back when the client is sampled again. A spill
 file is never rewritten: a client's new state is a new file, and the old one is
 unlinked, so a checkpoint hard-links the spilled files it holds rather than
-copying them (``TAG-INDEX.pt`` has the states in memory, ``TAG-INDEX-spilled/``
-the links).
+copying them (``TAG-INDEX.pt`` has the states in memory and the numbers of the
+clients spilled, ``TAG-INDEX-spilled/`` the links). A checkpoint's states are
+checked before a run resumes from them: every spilled state the file names is
+there and no other, every value finite (:func:`check_saved`).
 
 An actor that Ray restarted after a failure has lost its states: its first
 stateful call raises :class:`ClientStatesLost`, and the driver restores every
@@ -53,28 +55,49 @@ def meta_layout(algorithm: FederatedAlgorithm, shapes: Layout) -> Layout | None:
     return None if state is None else {name: tuple(value.shape) for name, value in state.items()}
 
 
-def _save(path: Path, states: dict[int, Params]) -> None:
+KEPT, SPILLED_CLIENTS = "kept", "spilled"
+"""A file of clients' states holds ``{"kept": {client: state}, "spilled": [client, ...]}``; an earlier fedray's holds
+the kept states alone (``{client: state}``), and which were spilled is not known."""
+
+
+def _save(path: Path, kept: dict[int, Params], spilled: list[int]) -> None:
     with open(path, "wb") as handle:  # through a Python file, so that a full disk raises its OSError
-        torch.save(states, handle)
+        torch.save({KEPT: kept, SPILLED_CLIENTS: spilled}, handle)
 
 
-def _load(path: Path) -> dict[int, Params]:
-    """The states of a file of clients' states, or a one-line error naming the file and what is wrong with it."""
+def _load(path: Path, mmap: bool = False) -> tuple[dict[int, Params], list[int] | None]:
+    """The states in memory of a file of clients' states and the clients it spilled (None: not known), or a one-line
+    error naming the file and what is wrong with it; ``mmap`` maps the file instead of reading it (a check)."""
     try:
         if path.stat().st_size == 0:
             raise FedrayError(f"{path}: empty file of clients' states; {START_OVER}")
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FedrayError:
         raise
     except Exception as error:  # the zip and pickle readers raise RuntimeError, EOFError, OSError, ... on damaged files
         raise FedrayError(f"{path}: damaged file of clients' states ({_first_line(error)}); {START_OVER}") from None
     if not isinstance(saved, dict):
         raise FedrayError(f"{path}: holds a {type(saved).__name__}, not clients' states; {START_OVER}")
-    for client, state in saved.items():
+    kept, spilled = (saved[KEPT], saved[SPILLED_CLIENTS]) if saved.keys() == {KEPT, SPILLED_CLIENTS} else (saved, None)
+    if not isinstance(kept, dict) or spilled is not None and not (
+            isinstance(spilled, list) and all(type(client) is int for client in spilled)):
+        raise FedrayError(f"{path}: its states in memory or its spilled clients are malformed, not clients' states; "
+                          f"{START_OVER}")
+    for client, state in kept.items():
         if not isinstance(client, int) or not isinstance(state, dict) or not all(
                 isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in state.items()):
             raise FedrayError(f"{path}: the state of client {client!r} is not a mapping of names to tensors; {START_OVER}")
-    return saved
+        _check_finite(state, path, client)
+    return kept, spilled
+
+
+def _check_finite(state: Params, file: Path, client: int) -> None:
+    """Every floating-point value of ``client``'s ``state``, read from ``file``, is finite (NaN in a state would only
+    show as a divergence rounds later)."""
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and (bad := int((~torch.isfinite(tensor)).sum())):
+            raise FedrayError(f"{file}: {name!r} of the state of client {client} holds {bad} of {tensor.numel()} "
+                              f"values that are NaN or infinite; {START_OVER}")
 
 
 def _first_line(error: BaseException) -> str:
@@ -143,16 +166,45 @@ def _link(source: Path, target: Path) -> None:
 def _saved_states(path: Path) -> list[tuple[int, Layout, dict[str, tuple[int, torch.dtype | str]], Params | Path]]:
     """Each client's state in a checkpoint's file (the tensors) and its spilled folder (the file, its header read):
     (client, shapes, (dimensions, dtype) by name, state)."""
+    kept, spilled = _load(path)
     found: list[tuple[int, Layout, dict[str, tuple[int, torch.dtype | str]], Params | Path]] = [
         (int(client), {name: tuple(t.shape) for name, t in state.items()}, _kinds(state), state)
-        for client, state in _load(path).items()]
-    folder = spilled_folder(path)
-    for file in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if (client := _spilled_client(file.name)) is None:
-            raise FedrayError(f"{file}: not a spilled client state (client-K.safetensors); {START_OVER}")
+        for client, state in kept.items()]
+    for client, file in _spilled_files(path, spilled):
         shapes, dtypes = _spilled_layout(file)
         found.append((client, shapes, {name: (len(shapes[name]), dtypes[name]) for name in shapes}, file))
     return found
+
+
+def _spilled_files(path: Path, spilled: list[int] | None) -> list[tuple[int, Path]]:
+    """The files of the states ``path`` spilled (by client), each of them there and no other (``spilled`` None: those
+    its folder has, all that an earlier fedray's file tells)."""
+    folder = spilled_folder(path)
+    found = {}
+    for file in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if (client := _spilled_client(file.name)) is None:
+            raise FedrayError(f"{file}: not a spilled client state (client-K.safetensors); {START_OVER}")
+        found[client] = file
+    if spilled is None:
+        return list(found.items())
+    if missing := [client for client in spilled if client not in found]:
+        if len(missing) == len(spilled):
+            what = f"{folder}: missing, with the {len(spilled)} spilled clients' states"
+        else:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            what = f"{folder / _spill_name(missing[0])}: missing{more}, a spilled client's state"
+        raise FedrayError(f"{what} that {path.name} names; {START_OVER}")
+    if foreign := sorted(found.keys() - set(spilled)):
+        raise FedrayError(f"{found[foreign[0]]}: a client's state that {path.name} does not name; {START_OVER}")
+    return [(client, found[client]) for client in spilled]
+
+
+def check_saved(path: Path) -> None:
+    """The file of clients' states ``path`` and its spilled states can be restored: readable, complete, every value
+    finite; a one-line error naming the file that is not. Reads every state once, mapped or one client at a time."""
+    _, spilled = _load(path, mmap=True)  # its states in memory are checked as they are read
+    for client, file in _spilled_files(path, spilled):
+        _check_finite(_read_spilled(file), file, client)
 
 
 class ClientStatesLost(FedrayError):
@@ -261,7 +313,8 @@ class ClientStates:
             except OSError as error:
                 shutil.rmtree(linking, ignore_errors=True)
                 raise FedrayError(f"cannot write {folder} ({_first_line(error)})") from None
-        write_atomically(path, lambda temporary: _save(temporary, dict(self.committed)), lambda: torch_size(self.committed))
+        write_atomically(path, lambda temporary: _save(temporary, dict(self.committed), sorted(self.spilled)),
+                         lambda: torch_size(self.committed))
 
     def restore(self, paths: Iterable[Path], holds: Callable[[int], bool],
                 expected: Callable[[int], Layout | None] = lambda client: None) -> None:

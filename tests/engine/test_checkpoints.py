@@ -51,11 +51,12 @@ def state_as_every_backend_keeps_it() -> TrainingState:
 
 
 def saved_with_client_states(out: Path, config: dict, state: TrainingState | None = None) -> Path:
-    """The state above (or ``state``) saved in ``out``, with the files of its clients' states beside it."""
+    """The state above (or ``state``) saved in ``out``, with the files of its clients' states beside it (no client has
+    one yet, none spilled)."""
     out.mkdir(exist_ok=True)
     state = state or state_as_every_backend_keeps_it()
     for name in state.client_states:
-        (out / name).write_bytes(b"the states of an actor's clients")
+        torch.save({"kept": {}, "spilled": []}, out / name)
     save_checkpoint(out, config, state)
     return out / CHECKPOINT
 
@@ -284,10 +285,15 @@ def test_a_checkpoint_as_a_run_writes_it_is_accepted(monkeypatch, tmp_path, caps
     expect_error(capsys, [*SCAFFOLD_RUN, "--out", out, "--resume"], "the checkpoint was accepted: Ray would start here")
 
 
-def test_a_damaged_file_of_clients_states_stops_a_resumed_run_in_one_line(ray_session, tmp_path, capsys):
-    """The shards read their clients' states before any round: a damaged file ended in a 53-72-line traceback."""
+def test_a_damaged_file_of_clients_states_stops_a_resumed_run_in_one_line_before_ray_starts(monkeypatch, tmp_path,
+                                                                                              capsys):
+    """The clients' states are checked with the rest of the checkpoint: a damaged file ended in a 53-72-line traceback
+    (before the shards read their states before any round)."""
+    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
     out = tmp_path / "run"
     saved_with_client_states(out, scaffold_config(out))
+    for name in ("checkpoint-clients-r4-0.pt", "checkpoint-clients-r4-1.pt"):
+        (out / name).write_bytes(b"the states of an actor's clients")
     written = hashes(out)
     err = expect_error(capsys, [*SCAFFOLD_RUN, "--out", out, "--resume"])
     damaged = re.escape(str(out / "checkpoint-clients-r4-")) + "[01]" + re.escape(".pt: damaged file of clients' states (")

@@ -2,6 +2,7 @@
 resumed bitwise, and their checkpoints' states checked against the run's algorithm."""
 
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,8 +10,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from fedray.app.cli import main
+from fedray.core.errors import FedrayError
+from fedray.core.folder_lock import LOCK
 from fedray.engine.checkpoint import CHECKPOINT
 from fedray.engine.config import RunConfig
 from fedray.engine.run_config import run
@@ -77,9 +81,10 @@ def test_a_checkpoint_whose_states_were_all_re_shaped_stops_a_resumed_run_in_one
         run(replace(FEDDYN, out=str(out)), on_point=stop_at_round_eight)
     files = sorted(out.glob("checkpoint-clients-r*.pt"))
     for path in files:
-        states = torch.load(path, weights_only=True)
-        torch.save({client: {name: value.reshape(value.shape[::-1]) if value.dim() == 2 else value
-                             for name, value in state.items()} for client, state in states.items()}, path)
+        saved = torch.load(path, weights_only=True)
+        saved["kept"] = {client: {name: value.reshape(value.shape[::-1]) if value.dim() == 2 else value
+                                  for name, value in state.items()} for client, state in saved["kept"].items()}
+        torch.save(saved, path)
     arguments = ["run", "--method", "feddyn", "--dataset", SMALL, "--rounds", "12", "--eval-every", "4",
                  "--checkpoint-every", "4", "--num-shards", "2", "--cpus-per-shard", "0.5", "--quiet", "--out", str(out),
                  "--resume"]
@@ -90,3 +95,49 @@ def test_a_checkpoint_whose_states_were_all_re_shaped_stops_a_resumed_run_in_one
     assert re.fullmatch(rf"fedray: error: {re.escape(str(out))}/checkpoint-clients-r4-[01]\.pt: the state of client "
                         rf"[0-9]+ {shapes}; {START_OVER}\n", err), err
     assert (out / CHECKPOINT).is_file()
+
+
+def checkpoint_files(out: Path) -> dict[Path, bytes]:
+    """The files of ``out`` and their bytes (but the lock of the run in it)."""
+    return {path: path.read_bytes() for path in out.rglob("*") if path.is_file() and path.name != LOCK}
+
+
+def work_started(*args, **kwargs):
+    raise AssertionError("the resumed run started Ray: its refusal was not before any work")
+
+
+def test_a_resume_from_spilled_states_that_are_missing_or_not_finite_is_refused_before_any_work(ray_session, tmp_path,
+                                                                                                 monkeypatch):
+    """The probe's reproductions: ``rm -r OUT/checkpoint-clients-r*-spilled`` resumed (exit 0) to weights off by
+    1.2e-2; NaN in a spilled state was replayed, ended "diverged" and deleted the checkpoint it had resumed from."""
+    interrupted = tmp_path / "interrupted"
+    with pytest.raises(Interrupted):
+        run(replace(FEDDYN, out=str(interrupted), client_state_memory=0.0), on_point=stop_at_round_eight)
+    monkeypatch.setattr("fedray.engine.run_config.init_ray", work_started)
+
+    without_folders = tmp_path / "without-folders"
+    shutil.copytree(interrupted, without_folders)
+    spilled = sorted(without_folders.glob("checkpoint-clients-r4-*-spilled"))
+    assert len(spilled) == 2, "both shards spilled every state (--client-state-memory 0)"
+    for folder in spilled:
+        shutil.rmtree(folder)
+    first = spilled[0].name.removesuffix("-spilled")
+    with pytest.raises(FedrayError, match=rf"^{re.escape(str(spilled[0]))}: missing, with the [0-9]+ spilled clients' "
+                                          rf"states that {first}\.pt names; {START_OVER}$"):
+        run(replace(FEDDYN, out=str(without_folders)), resume=True)
+
+    with_nan = tmp_path / "with-nan"
+    shutil.copytree(interrupted, with_nan)
+    file = sorted(with_nan.glob("checkpoint-clients-r4-1-spilled/client-*.safetensors"))[-1]
+    tensors = load_file(file)
+    tensors["dyn.weight"][3, 5] = float("nan")
+    file.unlink()
+    save_file(tensors, file)
+    before = checkpoint_files(with_nan)
+    client = int(file.stem.removeprefix("client-"))
+    with pytest.raises(FedrayError) as error:
+        run(replace(FEDDYN, out=str(with_nan)), resume=True)
+    assert str(error.value) == (f"{file}: 'dyn.weight' of the state of client {client} holds 1 of {24 * 60} values "
+                                f"that are NaN or infinite; {START_OVER}")
+    assert checkpoint_files(with_nan) == before and before.keys() > {with_nan / CHECKPOINT, file}, \
+        "the checkpoint stays as it was"

@@ -3,13 +3,14 @@ file a client) and come back bitwise; a checkpoint hard-links the spilled files 
 read back is checked in one line."""
 
 import os
+import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from fedray.core.errors import FedrayError
-from fedray.runtime.client_states import ClientStates, spilled_folder
+from fedray.runtime.client_states import ClientStates, check_saved, spilled_folder
 
 from tests.full_disk import small_disk  # noqa: F401 (a fixture)
 
@@ -74,7 +75,9 @@ def test_a_checkpoint_links_the_spilled_files_and_keeps_them_when_the_states_mov
     linked = spilled_folder(path) / "client-1.safetensors"
     assert sorted(p.name for p in spilled_folder(path).iterdir()) == ["client-1.safetensors"]
     assert os.stat(linked).st_ino == os.stat(states.spilled[1]).st_ino, "a hard link, not a copy"
-    assert set(torch.load(path, weights_only=True)) == {2, 3}, "the states in memory are in the file"
+    saved = torch.load(path, weights_only=True)
+    assert set(saved["kept"]) == {2, 3}, "the states in memory are in the file"
+    assert saved["spilled"] == [1], "and the clients whose states are spilled (the folder beside it holds them)"
 
     states.begin_round(3)
     states.put(1, state(7.0))  # client 1 moves on after the checkpoint
@@ -126,6 +129,79 @@ def test_a_damaged_spilled_file_of_a_checkpoint_is_refused_in_one_line_replacing
     message = str(error.value)
     assert message.startswith(f"{damaged}: damaged spilled client state (") and message.endswith(START_OVER), message
     assert "\n" not in message and list(other.committed) == [7]
+
+
+def saved_with_spilled(tmp_path):
+    """A checkpoint's file of clients' states: client 1's in memory, clients 2, 3 and 12's spilled."""
+    states = states_after([{2: 2.0, 3: 3.0, 12: 12.0}, {1: 1.0}], budget=STATE_BYTES, root=tmp_path / "spill")
+    path = tmp_path / "out" / "checkpoint-clients-r2-0.pt"
+    states.save(path)
+    assert list(states.committed) == [1] and sorted(states.spilled) == [2, 3, 12]
+    return path
+
+
+def replaced(file, tensors) -> None:
+    """``file`` (a link to a spilled state) replaced by a new file of ``tensors``, the spilled one left as it was."""
+    file.unlink()
+    save_file(tensors, file)
+
+
+def refusals(path) -> list[str]:
+    """The driver's check of ``path`` (before a resumed run starts) and an actor's restore, each a one-line error; the
+    actor's states stay as they were."""
+    messages = []
+    with pytest.raises(FedrayError) as error:
+        check_saved(path)
+    messages.append(str(error.value))
+    other = ClientStates()
+    other.committed[7] = state(0.0)
+    with pytest.raises(FedrayError) as error:
+        other.restore([path], lambda client: True)
+    assert list(other.committed) == [7]
+    return messages + [str(error.value)]
+
+
+def test_a_checkpoint_missing_one_spilled_state_is_refused_naming_it(tmp_path):
+    """It resumed to a different result (weights off by 1.1e-3 after a resumed FedDyn run), as if client 12 had none."""
+    path = saved_with_spilled(tmp_path)
+    (spilled_folder(path) / "client-12.safetensors").unlink()
+    missing = spilled_folder(path) / "client-12.safetensors"
+    assert refusals(path) == [f"{missing}: missing, a spilled client's state that {path.name} names; {START_OVER}"] * 2
+
+
+def test_a_checkpoint_missing_spilled_states_says_how_many(tmp_path):
+    path = saved_with_spilled(tmp_path)
+    for client in (2, 12):
+        (spilled_folder(path) / f"client-{client}.safetensors").unlink()
+    missing = spilled_folder(path) / "client-2.safetensors"
+    assert refusals(path) == [f"{missing}: missing (and 1 more), a spilled client's state that {path.name} names; "
+                              f"{START_OVER}"] * 2
+
+
+def test_a_checkpoint_missing_its_spilled_folder_is_refused_naming_it(tmp_path):
+    """``rm -r OUT/checkpoint-clients-r3-*-spilled``: the resumed run ended with exit 0, its weights off by 1.2e-2."""
+    path = saved_with_spilled(tmp_path)
+    shutil.rmtree(spilled_folder(path))
+    assert refusals(path) == [f"{spilled_folder(path)}: missing, with the 3 spilled clients' states that {path.name} "
+                              f"names; {START_OVER}"] * 2
+
+
+def test_a_spilled_state_the_checkpoint_does_not_name_is_refused(tmp_path):
+    path = saved_with_spilled(tmp_path)
+    foreign = spilled_folder(path) / "client-5.safetensors"
+    save_file(state(5.0), foreign)
+    assert refusals(path) == [f"{foreign}: a client's state that {path.name} does not name; {START_OVER}"] * 2
+
+
+def test_nan_in_a_spilled_state_is_refused_before_a_run_resumes_naming_its_file(tmp_path):
+    """It used to be replayed: the run ended "diverged", and deleted the checkpoint it had resumed from."""
+    path = saved_with_spilled(tmp_path)
+    file = spilled_folder(path) / "client-12.safetensors"
+    replaced(file, {"h": torch.tensor([[1.0, float("nan")], [float("inf"), 4.0]]), "b": torch.zeros(2)})
+    with pytest.raises(FedrayError) as error:
+        check_saved(path)
+    assert str(error.value) == (f"{file}: 'h' of the state of client 12 holds 2 of 4 values that are NaN or infinite; "
+                                f"{START_OVER}")
 
 
 def test_a_state_of_other_shapes_than_the_run_s_is_refused_in_one_line(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedray.core.errors import FedrayError
-from fedray.runtime.client_states import ClientStates
+from fedray.runtime.client_states import ClientStates, check_saved
 
 from tests.full_disk import fill, hashes, small_disk  # noqa: F401 (a fixture)
 
@@ -64,6 +64,19 @@ def test_a_re_shaped_state_is_refused_in_one_line(tmp_path):
     torch.save({3: {"h": torch.zeros(3)}, 4: {"h": torch.zeros(3, 1)}}, path)
     assert refusal(path) == (f"{path}: the state of client 4 has (dimensions, dtype) {{'h': (2, torch.float32)}}, "
                              f"another client's {{'h': (1, torch.float32)}}; {START_OVER}")
+
+
+def test_nan_in_a_state_is_refused_in_one_line_before_a_run_resumes(tmp_path):
+    """As a checkpoint's parameters are (a run replayed it, ended "diverged" and deleted the checkpoint it resumed
+    from)."""
+    path = tmp_path / "checkpoint-clients-r1-0.pt"
+    state = {"h": torch.tensor([1.0, float("nan"), 3.0]), "n": torch.tensor([7])}
+    torch.save({"kept": {3: state}, "spilled": []}, path)
+    expected = f"{path}: 'h' of the state of client 3 holds 1 of 3 values that are NaN or infinite; {START_OVER}"
+    assert refusal(path) == expected
+    with pytest.raises(FedrayError) as error:
+        check_saved(path)  # the driver's check, before any work
+    assert str(error.value) == expected
 
 
 def test_states_whose_sizes_depend_on_their_client_are_read(tmp_path):

@@ -400,7 +400,7 @@ def test_scaffold_keeps_option_ii_control_variates_in_the_trainers_and_resumes_b
     update = first.train_round(initial, Scaffold(variant="II").broadcast(model, server), np.array([2]), 1)
     size, steps = int(images.client_sizes[2]), 3  # 5 samples in batches of 2
     files = first.pool.save_client_states(tmp_path, "first")
-    held = [torch.load(tmp_path / name, weights_only=True) for name in files]
+    held = [torch.load(tmp_path / name, weights_only=True)["kept"] for name in files]
     assert [sorted(states) for states in held] == [[2], []]  # client 2 is the first trainer's
     own = held[0][2]
     assert set(own) == {f"control.{name}" for name in model}
@@ -434,7 +434,7 @@ def test_scaffold_option_i_on_images_keeps_the_gradient_at_the_model_received(po
     initial = ft.initial_params(HEAD_SEED)
     model = {name: initial[name] for name in ft.trained_names}
     update = ft.train_round(initial, Scaffold().broadcast(model, Scaffold().init_server_state(model)), np.array([2]), 1)
-    own = torch.load(tmp_path / ft.pool.save_client_states(tmp_path, "first")[0], weights_only=True)[2]
+    own = torch.load(tmp_path / ft.pool.save_client_states(tmp_path, "first")[0], weights_only=True)["kept"][2]
 
     rows = np.arange(images.client_offsets[2], images.client_offsets[3])
     paths = images.train.column("image_path").to_pylist()
