@@ -326,13 +326,14 @@ class ClientStates:
         for path in paths:
             for client, shapes, kind, state in _saved_states(path):
                 kinds = kinds or kind
+                file = state if isinstance(state, Path) else path  # the file that holds it
                 if kind != kinds:
-                    raise FedrayError(f"{path}: the state of client {client} has (dimensions, dtype) {kind}, another "
+                    raise FedrayError(f"{file}: the state of client {client} has (dimensions, dtype) {kind}, another "
                                       f"client's {kinds}; {START_OVER}")
                 if not holds(client):
                     continue
                 if (wanted := expected(client)) is not None and shapes != wanted:
-                    raise FedrayError(f"{path}: the state of client {client} has shapes {shapes}, where this run's "
+                    raise FedrayError(f"{file}: the state of client {client} has shapes {shapes}, where this run's "
                                       f"algorithm makes {wanted}; {START_OVER}")
                 restored[client] = state
         self.clear()

@@ -204,6 +204,22 @@ def test_nan_in_a_spilled_state_is_refused_before_a_run_resumes_naming_its_file(
                                 f"{START_OVER}")
 
 
+def test_a_re_shaped_spilled_state_is_refused_naming_its_file(tmp_path):
+    """It was reported as the checkpoint's file of the states in memory (checkpoint-clients-r2-0.pt)."""
+    path = saved_with_spilled(tmp_path)
+    file = spilled_folder(path) / "client-12.safetensors"
+    replaced(file, {"h": torch.zeros(1, 4), "b": torch.zeros(2)})
+    states = ClientStates()
+    with pytest.raises(FedrayError) as error:
+        states.restore([path], lambda client: True, lambda client: {"b": (2,), "h": (2, 2)})
+    assert str(error.value) == (f"{file}: the state of client 12 has shapes {{'b': (2,), 'h': (1, 4)}}, where this "
+                                f"run's algorithm makes {{'b': (2,), 'h': (2, 2)}}; {START_OVER}")
+    replaced(file, {"h": torch.zeros(4), "b": torch.zeros(2)})
+    with pytest.raises(FedrayError) as error:
+        states.restore([path], lambda client: True)
+    assert str(error.value).startswith(f"{file}: the state of client 12 has (dimensions, dtype) ")
+
+
 def test_a_state_of_other_shapes_than_the_run_s_is_refused_in_one_line(tmp_path):
     """Every client's state re-shaped alike: only the algorithm's expected shapes can tell."""
     path = tmp_path / "checkpoint-clients-r1-0.pt"
