@@ -14,7 +14,9 @@ unlinked, so a checkpoint hard-links the spilled files it holds rather than
 copying them (``TAG-INDEX.pt`` has the states in memory and the numbers of the
 clients spilled, ``TAG-INDEX-spilled/`` the links). A checkpoint's states are
 checked before a run resumes from them: every spilled state the file names is
-there and no other, every value finite (:func:`check_saved`).
+there and no other, every value finite (:func:`check_saved`). An actor's spill
+folder is its own while it lives; one whose actor is gone (a killed run's) is
+removed when an actor starts on the node (:mod:`fedray.runtime.spill_owners`).
 
 An actor that Ray restarted after a failure has lost its states: its first
 stateful call raises :class:`ClientStatesLost`, and the driver restores every
@@ -33,6 +35,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import IO
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -41,6 +44,7 @@ from safetensors.torch import load_file, save_file
 from fedray.core.errors import FedrayError
 from fedray.methods.algorithm import FederatedAlgorithm, Params
 from fedray.core.results import torch_size, write_atomically
+from fedray.runtime.spill_owners import claim, remove_orphans
 
 START_OVER = "delete it and run without --resume to start over"
 SPILLED = "-spilled"
@@ -242,8 +246,22 @@ class ClientStates:
         self.lost = lost
         self.budget = budget
         self.spill_folder = spill_folder(owner or uuid.uuid4().hex, spill_root)
+        self.ownership: IO[bytes] | None = None
+        """The spill folder's lock, held while this actor has the folder (:mod:`fedray.runtime.spill_owners`)."""
         if lost:
             shutil.rmtree(self.spill_folder, ignore_errors=True)
+        remove_orphans(self.spill_folder.parent, keep=self.spill_folder)
+
+    def _own_spill_folder(self) -> None:
+        """The spill folder, made (and owned) when this actor first needs it."""
+        if self.ownership is None or not self.spill_folder.is_dir():
+            self._disown()
+            self.ownership = claim(self.spill_folder)
+
+    def _disown(self) -> None:
+        if self.ownership is not None:
+            self.ownership.close()
+            self.ownership = None
 
     def begin_round(self, round_number: int) -> None:
         """Start round ``round_number``: the previous round's states become the clients' states (a retried call of
@@ -288,7 +306,7 @@ class ClientStates:
             client, state = next(iter(self.committed.items()))
             path = self.spill_folder / _spill_name(client)
             try:
-                self.spill_folder.mkdir(parents=True, exist_ok=True)
+                self._own_spill_folder()
                 save_file({name: tensor.contiguous() for name, tensor in state.items()}, path)
             except (SafetensorError, OSError) as error:
                 path.unlink(missing_ok=True)
@@ -339,7 +357,7 @@ class ClientStates:
         self.clear()
         for client, state in restored.items():
             if isinstance(state, Path):
-                self.spill_folder.mkdir(parents=True, exist_ok=True)
+                self._own_spill_folder()
                 self.spilled[client] = self.spill_folder / _spill_name(client)
                 _link(state, self.spilled[client])
             else:
@@ -353,5 +371,6 @@ class ClientStates:
     def clear(self) -> None:
         """No states (those spilled deleted), as a new actor has."""
         shutil.rmtree(self.spill_folder, ignore_errors=True)
+        self._disown()
         self.committed, self.held, self.spilled = OrderedDict(), 0, {}
         self.pending, self.pending_round, self.lost = {}, None, False

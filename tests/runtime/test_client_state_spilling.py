@@ -22,6 +22,11 @@ def state(value: float) -> dict[str, torch.Tensor]:
     return {"h": torch.full((2, 2), value), "b": torch.arange(2, dtype=torch.float32) + value}
 
 
+def spilled_files(folder) -> list[str]:
+    """The spilled states in ``folder`` (beside its owner's lock, :mod:`fedray.runtime.spill_owners`)."""
+    return sorted(path.name for path in folder.iterdir() if path.name != ".owner")
+
+
 def states_after(rounds: list[dict[int, float]], budget: int | None, root) -> ClientStates:
     """States after each round's clients put their new states (round r's committed when round r + 1 begins)."""
     states = ClientStates(budget=budget, spill_root=root)
@@ -37,7 +42,7 @@ def test_states_beyond_the_budget_spill_least_recently_used_first_and_come_back_
     states = states_after([{1: 1.0, 2: 2.0}, {3: 3.0}], budget=2 * STATE_BYTES, root=tmp_path)
     assert list(states.committed) == [2, 3] and list(states.spilled) == [1]  # client 1 was used least recently
     assert states.held == 2 * STATE_BYTES
-    assert sorted(path.name for path in states.spill_folder.iterdir()) == ["client-1.safetensors"]
+    assert spilled_files(states.spill_folder) == ["client-1.safetensors"]
     for client, value in ((1, 1.0), (2, 2.0), (3, 3.0)):
         got = states.get(client)
         assert got.keys() == {"h", "b"} and all(torch.equal(got[name], state(value)[name]) for name in got)
@@ -57,7 +62,7 @@ def test_a_client_s_new_state_replaces_its_spilled_file(tmp_path):
     states = states_after([{1: 1.0}, {2: 2.0}, {1: 10.0}], budget=0, root=tmp_path)
     assert not states.committed and sorted(states.spilled) == [1, 2]
     assert torch.equal(states.get(1)["h"], torch.full((2, 2), 10.0))
-    assert sorted(path.name for path in states.spill_folder.iterdir()) == ["client-1.safetensors", "client-2.safetensors"]
+    assert spilled_files(states.spill_folder) == ["client-1.safetensors", "client-2.safetensors"]
 
 
 def test_a_retried_round_starts_again_from_the_spilled_states(tmp_path):
@@ -240,4 +245,4 @@ def test_a_spill_onto_a_full_disk_stops_in_one_line_and_keeps_the_state(small_di
     message = str(error.value)
     assert message.startswith(f"cannot spill clients' states to {folder} (") and "No space left on device" in message
     assert message.endswith("): free space there, or keep more in memory with --client-state-memory")
-    assert list(states.committed) == [1] and not list(folder.iterdir())
+    assert list(states.committed) == [1] and not spilled_files(folder)
