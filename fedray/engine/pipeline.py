@@ -139,9 +139,14 @@ class RunPlan:
 
 def footprints(run: RunPlan, federation: Federation) -> list[Footprint]:
     """The memory each stage of ``run`` needs on ``federation``'s features; none where a stage is not estimated (on
-    images)."""
-    estimated = [stage.footprints(run, federation) for stage in run.stages]
-    return [] if None in estimated else [footprint for stage in estimated for footprint in stage]
+    images), and the stages after it are not asked."""
+    estimated: list[Footprint] = []
+    for stage in run.stages:
+        told = stage.footprints(run, federation)
+        if told is None:  # the stages after it run on what it leaves (a network's embeddings): none is either
+            return []
+        estimated.extend(told)
+    return estimated
 
 
 class StageContext:

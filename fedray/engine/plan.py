@@ -3,10 +3,11 @@
 :func:`plan` turns a resolved :class:`~fedray.engine.config.RunConfig` and the
 federation it runs on into a :class:`RunPlan` of built parts: how clients are
 sampled, the one postprocessing every stage's uploads pass through, the shard
-resources, and the list of stages (a closed form, or ``--init``'s closed form,
-training on a linear head, SphereFed's projection or images, a calibration,
-the ridge probe, TCT's stage 2). The stages, TCT and the memory estimate take
-these parts; nothing below the engine sees the configuration.
+resources, and the list of stages (a closed form, or training on a linear
+head, SphereFed's projection or images from ``--init``'s closed form, then a
+calibration, the ridge probe, TCT's stage 2), which the engine runs in order
+(:mod:`fedray.engine.pipeline`). The stages and the memory estimate take these
+parts; nothing below the engine sees the configuration.
 """
 
 from __future__ import annotations

@@ -81,6 +81,12 @@ def test_a_plan_is_told_and_estimated_stage_by_stage():
     assert run.checkpoint_shape(None) is None, "no stage writes a checkpoint"
     assert footprints(run, None) == ["a", "b", "c"]
     assert footprints(replace(run, stages=(first, Echo(estimated=None))), None) == [], "a stage not estimated"
+
+    class Unasked(Echo):
+        def footprints(self, run, federation):
+            raise AssertionError("a stage after one not estimated runs on what it leaves (images: no features)")
+
+    assert footprints(replace(run, stages=(first, Echo(estimated=None), Unasked())), None) == []
     assert run.rounds(3) is run.rounds(3), "drawn once"
 
 
