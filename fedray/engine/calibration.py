@@ -1,22 +1,33 @@
-"""A calibration after training: a closed form on the features at the trained parameters replaces the classifier.
+"""The closed forms after training, on the features at the trained parameters: a calibration and the ridge probe.
 
-SphereFed's: clients send ZᵀZ and ZᵀY once, Z = normalize(P x + q) of their
-samples; the server's ridge solution replaces the fixed classifier. It runs
-through the same shards as training (the projection is part of the method's
-feature map), as one round with every client; ``--calibrate METHOD`` runs any
-closed-form method the same way.
+A calibration replaces the classifier. SphereFed's: clients send ZᵀZ and ZᵀY
+once, Z = normalize(P x + q) of their samples; the server's ridge solution
+replaces the fixed classifier. It runs through the same shards as training
+(the projection is part of the method's feature map), as one round with every
+client; ``--calibrate METHOD`` runs any closed-form method the same way. The
+ridge probe (``--probe-ridge``) measures the features: Fed3R from every client,
+its accuracy in the last row's ``ridge_probe_accuracy``.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, replace
+
 import numpy as np
 import torch
 
+from fedray.core.federation import Federation
+from fedray.core.reports import reporting
 from fedray.engine.closed_form import everyone_uploads
+from fedray.engine.config import COLUMNS
+from fedray.engine.parts import MethodSpec, Sphere, uploads_of_everyone
+from fedray.engine.pipeline import RunPlan, Stage, StageContext, StageResult
 from fedray.runtime.evaluator import Evaluator
-from fedray.methods.base import Classifier, ClosedFormMethod
-from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
+from fedray.methods.postprocessor import Postprocessing, StageUploads
 from fedray.methods.ridge import FastFederatedCalibration
+from fedray.runtime.footprint import Footprint, largest_clients
 from fedray.runtime.shards import ShardPool
 
 
@@ -47,3 +58,97 @@ def calibrate(pool: ShardPool, evaluator: Evaluator, method: ClosedFormMethod, p
     statistics = everyone_uploads(pool, method, postprocessing, round_number)
     classifier = method.solve(statistics)
     return classifier, evaluator.accuracy(method, classifier)
+
+
+def _block(run: RunPlan, federation: Federation) -> int:
+    """The samples of the largest block of an evaluation's clients: what a closed form's estimate holds at once."""
+    return largest_clients(federation, run.sampler.per_round * run.eval_every)
+
+
+@dataclass(frozen=True)
+class Calibration(Stage):
+    """A closed form after training, on the features at the trained parameters, whose classifier becomes the run's:
+    SphereFed's FFC on the normalized projection (``sphere``), or ``--calibrate METHOD``. A diverged training is not
+    calibrated."""
+
+    method: MethodSpec
+    sphere: Sphere | None = None
+
+    def uploads(self, run: RunPlan) -> tuple[StageUploads, ...]:
+        return (uploads_of_everyone("calibration", run.sampler),)
+
+    def footprints(self, run: RunPlan, federation: Federation) -> tuple[Footprint, ...]:
+        if self.sphere is None:
+            label, dim = f"{self.method.name} (--calibrate)", federation.dim
+        else:
+            label, dim = f"{self.method.name} (SphereFed's calibration)", self.sphere.dim or federation.dim
+        return (self.method.footprint(label, federation, dim, _block(run, federation), run.shards.kept_budget),)
+
+    def run(self, context: StageContext, previous: StageResult) -> StageResult:
+        if previous.points[-1].diverged:
+            return previous
+        backend, params = previous.backend, previous.params
+        classifier, method = previous.embeddings(params, lambda pool, evaluator: self._calibrated(
+            pool, evaluator, previous, context, *backend.calibration_map(params)))
+        sphere = {} if self.sphere is None else backend.sphere_arrays(params)
+        return replace(previous, arrays={**classifier.arrays(), **method.arrays(), **sphere},
+                       rounds=previous.rounds + [np.arange(context.federation.num_clients)])
+
+    def _calibrated(self, pool: ShardPool, evaluator: Evaluator, previous: StageResult, context: StageContext,
+                    weight: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None) -> tuple[Classifier, ClosedFormMethod]:
+        """The calibration's closed form on the pool's features, one round with every client: SphereFed's FFC on
+        normalize(P x + q) with a trained projection (``weight`` P, ``bias`` q), else the stage's method on the
+        features (SphereFed's normalize(x) of the fine-tuned embeddings, ``--calibrate``'s method); a ``calibrated``
+        row; returns the calibrated classifier and the method that maps features for it."""
+        start = time.perf_counter()
+        points, accounting = previous.points, previous.accounting
+        reported = dict(points[-1].reported)
+        federation = pool.federation
+        if weight is None:
+            method = self.method.build(federation)
+        else:
+            lam = self.method.values["lam"]
+            method = ProjectedCalibration(federation.dim, federation.num_classes, lam, weight, bias)
+        with reporting(reported, COLUMNS):  # a postprocessor's aggregate of the calibration's uploads may report
+            classifier, accuracy = calibrate(pool, evaluator, method, context.postprocessing, points[-1].round + 1)
+        everyone = np.arange(federation.num_clients)
+        sizes = federation.client_sizes.astype(np.float64)
+        accounting.add(everyone, federation.client_sizes, float(method.upload_floats(federation).sum()) * FLOAT_BYTES,
+                       0.0, float(method.statistics_flops(sizes).sum()))
+        last = points[-1]
+        point = accounting.point(last.round + 1, accuracy, last.wall_s + time.perf_counter() - start, "calibrated",
+                                 reported=reported)
+        points.append(point)
+        if context.on_point is not None:
+            context.on_point(point, classifier)
+        return classifier, method
+
+
+@dataclass(frozen=True)
+class Probe(Stage):
+    """Fed3R on the features the head was trained on, from every client (``--probe-ridge``: Fed3R Section 5.4's
+    feature-quality probe), in the round after the last row; its accuracy in the last row's
+    ``ridge_probe_accuracy``, with what its uploads' postprocessors report."""
+
+    method: MethodSpec
+
+    def uploads(self, run: RunPlan) -> tuple[StageUploads, ...]:
+        return (uploads_of_everyone("ridge probe", run.sampler),)
+
+    def footprints(self, run: RunPlan, federation: Federation) -> tuple[Footprint, ...]:
+        return (self.method.footprint(f"{self.method.name} (--probe-ridge)", federation, federation.dim,
+                                      _block(run, federation), run.shards.kept_budget),)
+
+    def run(self, context: StageContext, previous: StageResult) -> StageResult:
+        last = previous.points[-1]
+        with reporting(last.reported, COLUMNS):  # the probe's numbers go in the last row, with its accuracy
+            accuracy = previous.embeddings(previous.params, lambda pool, evaluator: self._accuracy(
+                pool, evaluator, context.postprocessing, last.round + 1))
+        return replace(previous, last_columns={**previous.last_columns, "ridge_probe_accuracy": accuracy})
+
+    def _accuracy(self, pool: ShardPool, evaluator: Evaluator, postprocessing: Postprocessing,
+                  round_number: int) -> float:
+        method = self.method.build(pool.federation)
+        statistics = everyone_uploads(pool, method, postprocessing, round_number)
+        return evaluator.accuracy(method, method.solve(statistics))

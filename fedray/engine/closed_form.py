@@ -13,16 +13,20 @@ import ray
 import torch
 
 from fedray.core.accounting import PaperTotals
+from fedray.core.federation import Federation
 from fedray.runtime.evaluator import Evaluator, PendingAccuracy
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.methods.checks import check_classifier, combine_checked, statistics_finite
-from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.postprocessor import Postprocessing, StageUploads
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.callbacks import Callbacks
 from fedray.engine.config import COLUMNS
+from fedray.engine.parts import MethodSpec, closed_form_uploads
+from fedray.engine.pipeline import RunPlan, Stage, StageContext, StageResult
 from fedray.engine.round_loop import EvalRounds, Listener, Report, run_rounds
 from fedray.runtime.actor_group import Reduction
+from fedray.runtime.footprint import Footprint, largest_clients
 from fedray.runtime.shards import ShardPool
 
 
@@ -214,3 +218,49 @@ def everyone_uploads(pool: ShardPool, method: ClosedFormMethod, postprocessing: 
     uploads = postprocessing.sampled(len(everyone), len(everyone), False).among(everyone, round_number)
     total = pool.statistics(method, everyone, postprocessing=uploads, rounds=np.full(len(everyone), round_number)).result()
     return uploads.aggregate(total, round_number, len(everyone))
+
+
+@dataclass(frozen=True)
+class ClosedForm(Stage):
+    """A closed-form stage: ``method`` through the shards over ``rounds`` rounds (None: until every client was seen),
+    evaluated every ``--eval-every``; on its own the run's classifier, or ``--init``'s inside training
+    (:class:`~fedray.engine.stages.Training`), whose head it becomes."""
+
+    method: MethodSpec
+    rounds: int | None
+    built: dict[int, ClosedFormMethod] = field(default_factory=dict, compare=False, repr=False)
+    """The method built on a federation (by its id): once, before any work, to refuse a bad option first."""
+
+    def build(self, federation: Federation) -> ClosedFormMethod:
+        """The method on ``federation``'s features, built once."""
+        if id(federation) not in self.built:
+            self.built[id(federation)] = self.method.build(federation)
+        return self.built[id(federation)]
+
+    def check(self, run: RunPlan, federation: Federation) -> None:
+        self.build(federation)
+
+    def uploads(self, run: RunPlan, label: str = "closed form") -> tuple[StageUploads, ...]:
+        return (closed_form_uploads(label, run.sampler.drawn, len(run.rounds(self.rounds)), run.eval_every,
+                                    self.method.cls.uploads_summed),)
+
+    def footprints(self, run: RunPlan, federation: Federation, label: str | None = None) -> tuple[Footprint, ...]:
+        block = largest_clients(federation, run.sampler.per_round * run.eval_every)
+        return (self.method.footprint(label or self.method.name, federation, federation.dim, block,
+                                      run.shards.kept_budget),)
+
+    def solve(self, context: StageContext, method: ClosedFormMethod, pool: ShardPool, evaluator: Evaluator,
+              backbone_macs: float | None) -> RunOutcome:
+        """The method's rounds on ``pool``'s features, every upload through the run's postprocessing."""
+        run = context.run
+        return run_closed_form(pool, method, run.rounds(self.rounds), run.eval_every, evaluator,
+                               on_point=context.on_point, backbone_macs=backbone_macs,
+                               postprocessing=run.sampler.uploads(context.postprocessing), callbacks=context.callbacks)
+
+    def run(self, context: StageContext, previous: StageResult) -> StageResult:
+        """The run's classifier: its rows, its rounds and its arrays (with the method's own, a random feature map)."""
+        method = self.build(context.federation)
+        outcome = self.solve(context, method, context.pool, context.evaluator, context.run.backbone_macs)
+        resolved = {"num_shards": context.pool.num_shards, "rf_sigma": getattr(method, "rf_sigma", None)}
+        return StageResult(outcome.points, rounds=outcome.rounds, resolved=resolved,
+                           arrays={**outcome.classifier.arrays(), **method.arrays()})

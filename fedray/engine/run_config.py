@@ -15,8 +15,9 @@ from fedray.data.registry import load_federation, recorded_backbone_macs
 from fedray.runtime.evaluator import Evaluator
 from fedray.engine.checkpoint import CHECKPOINT, checkpoint_stamp, load_checkpoint, remove_checkpoint
 from fedray.engine.training import TrainingState
-from fedray.methods.base import Classifier, ClosedFormMethod
-from fedray.engine.plan import RunPlan, TctStage2, Training, plan, postprocessing, stages
+from fedray.methods.base import ClosedFormMethod
+from fedray.engine.pipeline import RunPlan, StageContext, run_stages
+from fedray.engine.plan import plan, postprocessing, stages
 from fedray.methods.postprocessor import Postprocessing
 from fedray.engine.callbacks import Callbacks
 from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
@@ -47,10 +48,10 @@ def simulate(
     pool: ShardPool,
     evaluator: Evaluator,
     on_point: Listener | None = None,
-    uploads: Postprocessing = Postprocessing(),
+    postprocessing: Postprocessing = Postprocessing(),
     callbacks: Callbacks | None = None,
 ) -> tuple[RunConfig, list[dict], RunOutcome]:
-    """Run a closed-form ``method`` on an already started shard pool, every upload through ``uploads``.
+    """Run a closed-form ``method`` on an already started shard pool, every upload through ``postprocessing``.
 
     Returns the configuration with every default resolved (κ unless a rate was
     given, shard count, σ), valid as a ``--config`` file; one metrics row per
@@ -60,12 +61,12 @@ def simulate(
     federation = pool.federation
     per_round = config.per_round(federation.num_clients)
     rounds = sampling.schedule(federation.num_clients, per_round, config.sampling == "with", config.seed, config.rounds)
-    uploads = uploads.sampled(federation.num_clients, per_round, config.sampling == "with")
-    if callbacks is None:  # called on its own (not by run, which passes the run's): the progress bar unless quiet
+    postprocessing = postprocessing.sampled(federation.num_clients, per_round, config.sampling == "with")
+    if callbacks is None:  # the progress bar unless quiet
         callbacks = Callbacks.of_run(None, config.quiet)
         on_point = callbacks.hearing(on_point)
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, on_point=on_point,
-                              backbone_macs=config.backbone_macs, postprocessing=uploads, callbacks=callbacks)
+                              backbone_macs=config.backbone_macs, postprocessing=postprocessing, callbacks=callbacks)
     resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, rf_sigma=getattr(method, "rf_sigma", None))
     return resolved, metrics_rows(resolved, per_round, outcome.points, **stopped_early(callbacks)), outcome
 
@@ -92,12 +93,8 @@ def stopped_early(callbacks: Callbacks | None) -> dict[str, bool]:
 
 
 def _saved_state(run: RunPlan, federation: Federation) -> TrainingState:
-    """The checkpoint in the run's folder, checked against this training run (its model, clients and rounds) before
-    any work."""
-    from fedray.engine.stages import checkpoint_shape
-
-    shape = checkpoint_shape(run, federation) if run.stage(Training) is not None else None
-    return load_checkpoint(run.out, run.identity, shape)
+    """The checkpoint in the run's folder, checked against this run (its model, clients and rounds) before any work."""
+    return load_checkpoint(run.out, run.identity, run.checkpoint_shape(federation))
 
 
 def run(
@@ -135,21 +132,17 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
          resume: bool, federation: Federation | None, verbose: bool, callbacks: Callbacks | None) -> CompletedRun:
     """:func:`run` of a validated ``config`` whose output folder this run holds."""
     out = Path(config.out)
-    uploads = postprocessing(config)  # the run's one postprocessing, every stage's: the plugins' own checks, before any work
+    built = postprocessing(config)  # the run's one postprocessing, every stage's: the plugins' checks, before any work
     planned = stages(config)  # the training algorithm and server optimizer, built with their options before the data
     federation = load_federation(config.dataset) if federation is None else federation
     federation.require_test_rows()
     if config.backbone_macs is None:
         config = replace(config, backbone_macs=recorded_backbone_macs(config.dataset))
-    run = plan(config, federation, planned, uploads)
-    training, stage2 = run.stage(Training), run.stage(TctStage2)
-    method = None if training is not None else run.stages[0].method.build(federation)
+    run = plan(config, federation, planned, built)
     per_round = run.sampler.per_round
     sampling.check_per_round(federation.num_clients, per_round, default=config.clients_per_round is None and config.participation is None)
-    if training is not None and training.rounds is not None:  # training runs exactly --rounds rounds
-        sampling.check_rounds(training.rounds)
-    if stage2 is not None:
-        sampling.check_rounds(stage2.rounds, "--tct-rounds")
+    for stage in run.stages:
+        stage.check(run, federation)
     run.postprocessing.start(run.stage_uploads())  # a postprocessor's refusal, in one line, before any work
     saved = _saved_state(run, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
@@ -158,41 +151,15 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     callbacks.start(config.to_dict())
     on_point = callbacks.hearing(on_point)
     init_ray(address, verbose)
-    model = None
-    if training is not None and training.images is not None:
-        from fedray.engine.stages import finetune_on_images  # these paths' modules (torchvision among them) load only when used
-        from fedray.engine.tct import run_tct
-
-        outcome = (finetune_on_images if stage2 is None else run_tct)(run, federation, on_point, saved, trial_group,
-                                                                      callbacks)
-        resolved = _resolved(config, federation.num_clients)
-        model = outcome.params
-        head = Classifier(model["head.weight"].T.contiguous(), model["head.bias"])
-    else:
-        pool = ShardPool.start(federation, run.shards.count, run.shards.cpus, trial_group=trial_group,
-                               state_budget=run.shards.state_memory,
-                               footprints=run.footprints)
-        try:
-            if training is not None:
-                from fedray.engine.stages import train_on_features
-
-                outcome = train_on_features(run, pool, Evaluator(pool), on_point, saved, callbacks)
-                resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards)
-                head = Classifier(outcome.params["weight"], outcome.params["bias"])
-            else:
-                resolved, rows, closed_form = simulate(config, method, pool, Evaluator(pool), on_point, uploads, callbacks)
-        finally:
-            pool.shutdown()
-    if training is not None:
-        extra = {} if outcome.ridge_probe_accuracy is None else {"ridge_probe_accuracy": outcome.ridge_probe_accuracy}
-        extra.update(stopped_early(callbacks))
-        rows = metrics_rows(resolved, per_round, outcome.points, **extra)
-        arrays, rounds = outcome.arrays or head.arrays(), outcome.rounds
-    else:
-        arrays, rounds = {**closed_form.classifier.arrays(), **method.arrays()}, closed_form.rounds
-    write_run(out, rows, resolved.to_dict(), arrays, model)
+    context = StageContext(run, federation, callbacks, on_point, saved, trial_group)
+    try:
+        result = run_stages(run.stages, context)
+    finally:
+        context.close()
+    resolved = _resolved(config, federation.num_clients, **result.resolved)
+    rows = metrics_rows(resolved, per_round, result.points, **result.last_columns, **stopped_early(callbacks))
+    write_run(out, rows, resolved.to_dict(), result.arrays, result.model)
     if resume or checkpoint_stamp(out) != found_checkpoint:
         remove_checkpoint(out)
     callbacks.end(rows)
-    return CompletedRun(rows, arrays, rounds)
-
+    return CompletedRun(rows, result.arrays, result.rounds)

@@ -1,80 +1,210 @@
-"""One gradient-method run as a pipeline of stages, written once for features and images (:func:`train_in_stages`).
+"""The training stage, written once for features and images: ``--init``'s closed form, then the rounds of training.
 
-The stages are the plan's (:mod:`fedray.engine.plan`). The closed-form stage
-(``--init fedncm|fed3r|fedcof``) runs the method through the shards until every
-client was seen (or ``--init-rounds``); its classifier becomes the softmax head
-that training starts from. Then training, a calibration (SphereFed's FFC with
-``--head sphere``, or ``--calibrate METHOD``) and the ridge probe
-(``--probe-ridge``). The closed-form stages run on an
-:data:`Embeddings`: the shards' own features, or the images embedded by the
-backbone at that moment. Every stage's rows go to one metrics table (``stage``
-column), their traffic and FLOPs accumulate, and training's rounds are
-numbered after the closed-form stage's. TCT (:mod:`fedray.engine.tct`) runs
-fine-tuning, then its eNTK and stage-2 stages.
+The closed-form ``--init`` (fedncm|fed3r|fedcof) runs the method through the
+shards until every client was seen (or ``--init-rounds``); its classifier
+becomes the softmax head that training starts from, and training's rounds are
+numbered after its. Training runs on a linear head, SphereFed's projection
+(on the pool's features) or a network fine-tuned on images
+(:mod:`fedray.engine.finetuning`, loaded only then: torchvision). Its result
+hands the stages after it (a calibration, the ridge probe, TCT's stage 2) the
+trained parameters, the backend that trained them and where the features at
+those parameters are. Every stage's rows go to one metrics table (``stage``
+column), and their traffic and FLOPs accumulate.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from functools import partial
-from typing import Callable, TypeVar
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-from ray.util.placement_group import PlacementGroup
 
-from fedray.engine.config import COLUMNS
-from fedray.core.federation import TEST, TRAIN, Federation
-from fedray.data.memory import with_features
-from fedray.runtime.evaluator import Evaluator
-from fedray.runtime.finetune.backend import FineTuneBackend
-from fedray.methods.training.backend import Params, TrainingBackend
-from fedray.methods.finetune_model import get_mode, model_structure, trained_names
+from fedray.core.federation import Federation
+from fedray.core.results import EvalPoint
 from fedray.engine.checkpoint import RunShape, save_checkpoint
-from fedray.methods.training.local import random_head
+from fedray.engine.closed_form import ClosedForm
+from fedray.engine.parts import Images, Sphere, training_uploads
+from fedray.engine.pipeline import Embeddings, RunPlan, Stage, StageContext, StageResult
+from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
+from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.base import Classifier
+from fedray.methods.checks import check_tensors
+from fedray.methods.postprocessor import Postprocessing, StageUploads
+from fedray.methods.training.backend import Params, TrainingBackend
+from fedray.methods.training.local import LocalSGD, random_head
+from fedray.methods.training.server import ServerOptimizer
+from fedray.runtime import sampling
+from fedray.runtime.footprint import Footprint, largest_clients, training_footprint
+from fedray.runtime.evaluator import Evaluator
 from fedray.runtime.probing import ProbeBackend
 from fedray.runtime.schedules import Schedule
-from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
-from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
-from fedray.methods.checks import check_tensors
-from fedray.methods.postprocessor import Postprocessing
-from fedray.engine.plan import Calibration, Images, Probe, RunPlan, Shards
-from fedray.core.reports import reporting
-from fedray.core.results import EvalPoint
-from fedray.engine.callbacks import Callbacks
-from fedray.engine.round_loop import Listener
 from fedray.runtime.shards import ShardPool
-from fedray.engine.closed_form import everyone_uploads, run_closed_form
-from fedray.engine.calibration import ProjectedCalibration, calibrate
-from fedray.data.images.backbones import images_backbone
 from fedray.runtime.sphere import SphereBackend, initial_projection
 
-T = TypeVar("T")
+ROUNDS_DRAWN_FOR_ESTIMATE = 10_000_000
+"""The most client draws :meth:`Training.largest_round` makes before a run (a second time: the run draws them too)."""
 
 
-@dataclass
-class TrainingOutcome:
-    points: list[EvalPoint]
-    params: Params
-    accounting: Accounting
-    ridge_probe_accuracy: float | None = None
-    arrays: dict[str, np.ndarray] | None = None
-    """What classifier.npz holds, when it is not the trained softmax head."""
-    rounds: Schedule = field(default_factory=Schedule.of)
-    """The clients of each round, numbered as the rows are: round r's are ``rounds[r - 1]`` (the closed-form stage's,
-    training's, then SphereFed's calibration round of every client)."""
+@dataclass(frozen=True, kw_only=True)
+class Training(Stage):
+    """The training stage: the algorithm, its clients' local SGD and the server optimizer, for ``rounds`` rounds (None:
+    until every client was seen); on a linear head, SphereFed's projection (``sphere``) or images (``images``); from
+    the head ``init``'s closed form solves (``--init``), else from a random one."""
+
+    algorithm: FederatedAlgorithm
+    server_optimizer: ServerOptimizer
+    sgd: LocalSGD
+    rounds: int | None
+    checkpoint_every: int | None
+    sphere: Sphere | None = None
+    images: Images | None = None
+    init: ClosedForm | None = None
+
+    @property
+    def name(self) -> str:
+        """What it trains with, for its progress bar and memory estimate: the algorithm's name (a plugin's class
+        name)."""
+        return self.algorithm.name or type(self.algorithm).__name__
+
+    def init_rounds(self, run: RunPlan) -> Schedule:
+        """The clients of the ``--init`` closed form's rounds (none without one): training's come after them."""
+        return Schedule.of() if self.init is None else run.rounds(self.init.rounds)
+
+    def schedule(self, run: RunPlan) -> Schedule:
+        """The clients of each training round: ``--rounds`` of them, else until every client was seen."""
+        return run.rounds(self.rounds, past_coverage=True)
+
+    def postprocessing(self, run: RunPlan) -> Postprocessing:
+        """The run's postprocessing as training samples (κ of the K clients a round), its rounds numbered after
+        ``--init``'s."""
+        return run.sampler.uploads(run.postprocessing, len(self.init_rounds(run)))
+
+    def check(self, run: RunPlan, federation: Federation) -> None:
+        if self.rounds is not None:  # training runs exactly --rounds rounds
+            sampling.check_rounds(self.rounds)
+
+    def uploads(self, run: RunPlan) -> tuple[StageUploads, ...]:
+        init = () if self.init is None else self.init.uploads(run, "init")
+        return (*init, training_uploads("training", run.sampler.drawn, len(self.schedule(run))))
+
+    def footprints(self, run: RunPlan, federation: Federation) -> tuple[Footprint, ...] | None:
+        """``--init``'s and training's; none on images (not estimated)."""
+        if self.images is not None:
+            return None
+        kept = federation.num_clients if self.rounds is None else \
+            min(federation.num_clients, self.rounds * run.sampler.per_round)
+        sphere_dim = None if self.sphere is None else self.sphere.dim or federation.dim
+        training = training_footprint(self.name, federation, self.algorithm, sphere_dim, kept,
+                                      self.largest_round(run, federation), run.shards.state_budget)
+        init = () if self.init is None else self.init.footprints(run, federation, f"{self.init.method.name} (--init)")
+        return (*init, training)
+
+    def largest_round(self, run: RunPlan, federation: Federation) -> int:
+        """Samples of the largest training round, each drawn here as the run will draw it (O(κ) memory); the κ
+        largest clients' where that would take more than :data:`ROUNDS_DRAWN_FOR_ESTIMATE` draws (or ``--rounds`` is
+        beyond what a sequence counts: refused later, in one line). Among a million clients the hundred largest hold
+        some 250,000 samples, a drawn hundred about 1,300: that bound would refuse a run that fits."""
+        per_round = run.sampler.per_round
+        count = len(self.schedule(run)) if self.rounds is None else self.rounds
+        if count * per_round > ROUNDS_DRAWN_FOR_ESTIMATE:
+            return largest_clients(federation, per_round)
+        sizes = federation.client_sizes
+        return max((int(sizes[clients].sum()) for clients in self.schedule(run)), default=0)
+
+    def checkpoint_shape(self, run: RunPlan, federation: Federation) -> RunShape:
+        """What a checkpoint of this training must fit (checked before any work): the model it trains (linear
+        probing's d × C head, SphereFed's l × d projection, the fine-tuned network's state dict), its training
+        algorithm's server state for that model, its K clients and its training rounds."""
+        if self.images is not None:
+            from fedray.engine.finetuning import network_shape  # torchvision loads only for runs on images
+
+            params, trained = network_shape(self.images, federation)
+        else:
+            if self.sphere is not None:
+                params = initial_projection(federation.dim, self.sphere.dim or federation.dim, run.seed)
+            else:
+                params = random_head(federation.dim, federation.num_classes, run.seed)
+            trained = params
+        rounds = len(self.schedule(run))
+        return RunShape(params, self.algorithm.init_server_state(trained), federation.num_clients, rounds)
+
+    def run(self, context: StageContext, previous: StageResult) -> StageResult:
+        """``--init``'s closed form (unless resuming the checkpoint), then training; a researcher's callbacks that stop
+        the closed form end training there. The first stage of a training run: it starts from ``--init``'s head, a
+        random one or the checkpoint, not from ``previous``."""
+        postprocessing = self.postprocessing(context.run)
+        if self.images is not None:
+            from fedray.engine.finetuning import open_network  # torchvision loads only for runs on images
+
+            backend, embeddings, backbone_macs = open_network(self.images, context, sgd=self.sgd,
+                                                              algorithm=self.algorithm, sphere=self.sphere,
+                                                              postprocessing=postprocessing)
+            resolved: dict[str, object] = {}
+        else:
+            backend, embeddings = self._open_head(context, postprocessing), _on_pool(context)
+            backbone_macs, resolved = context.run.backbone_macs, {"num_shards": context.pool.num_shards}
+        result = self._run(context, backend, embeddings, backbone_macs, postprocessing)
+        params = result.params
+        head = Classifier(params["head.weight"].T.contiguous(), params["head.bias"]) if self.images is not None \
+            else Classifier(params["weight"], params["bias"])
+        result.arrays, result.resolved = head.arrays(), resolved
+        result.model = params if self.images is not None else None
+        result.backend, result.embeddings = backend, embeddings
+        return result
+
+    def _open_head(self, context: StageContext, postprocessing: Postprocessing) -> TrainingBackend:
+        """Linear probing (SphereFed: its projection) on the pool's features."""
+        run, federation = context.run, context.federation
+        if self.sphere is not None:
+            return SphereBackend(context.pool, self.sgd, run.seed, context.evaluator, self.algorithm,
+                                 self.sphere.dim or federation.dim, self.sphere.loss, postprocessing)
+        return ProbeBackend(context.pool, self.sgd, run.seed, context.evaluator, self.algorithm,
+                            postprocessing=postprocessing)
+
+    def _run(self, context: StageContext, backend: TrainingBackend, embeddings: Embeddings,
+             backbone_macs: float | None, postprocessing: Postprocessing) -> StageResult:
+        """Training from ``--init``'s head (or the checkpoint), its uploads through ``postprocessing``;
+        ``backbone_macs``: F_φ."""
+        run, callbacks, state = context.run, context.callbacks, context.saved
+        sizes = context.federation.client_sizes
+        init_rounds = self.init_rounds(run)
+        if state is None:
+            params, accounting, points = backend.initial_params(run.seed), None, []
+            if init_rounds:
+                init = self.init
+                head, accounting, points = embeddings(params, lambda pool, evaluator: _initial_head(
+                    init, context, pool, evaluator, backbone_macs))
+                params = backend.with_head(params, head)
+            model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
+            algorithm_state = check_tensors(backend.algorithm, "init_server_state",
+                                            backend.algorithm.init_server_state(model))
+            state = TrainingState(params, {}, algorithm_state,
+                                  accounting or Accounting(np.zeros(len(sizes), dtype=bool)), list(points))
+        first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)
+        if callbacks.stopping:  # stopped in the closed-form stage: its head is the run's
+            return StageResult(state.points, state.accounting, state.params, init_rounds[:first_round])
+        rounds = self.schedule(run)
+        checkpointing = Checkpointing(self.checkpoint_every, lambda s: save_checkpoint(run.out, run.identity, s),
+                                      run.out)
+        diverged = train(backend, backend.algorithm, self.server_optimizer, state, rounds, sizes, run.eval_every,
+                         first_round, checkpointing, context.on_point, backbone_macs, postprocessing,
+                         callbacks.loop("train", self.name, len(rounds), first_round))
+        stopped = diverged or callbacks.stopping
+        ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
+        return StageResult(state.points, state.accounting, state.params, init_rounds[:first_round] + rounds[:ran])
 
 
-def closed_form_stage(run: RunPlan, rounds: Sequence[np.ndarray], pool: ShardPool, evaluator: Evaluator,
-                      on_point: Listener | None, uploads: Postprocessing, callbacks: Callbacks,
-                      backbone_macs: float | None) -> tuple[Params, Accounting, list[EvalPoint]]:
-    """Stage 1: the ``--init`` method's classifier over ``rounds`` as the head, with its rows and accounting."""
+def _on_pool(context: StageContext) -> Embeddings:
+    """The closed-form stages on the pool's own features, whatever the parameters (a linear head is not a feature
+    map; SphereFed's calibration maps them itself)."""
+    return lambda params, work: work(context.pool, context.evaluator)
+
+
+def _initial_head(init: ClosedForm, context: StageContext, pool: ShardPool, evaluator: Evaluator,
+                  backbone_macs: float | None) -> tuple[Params, Accounting, list[EvalPoint]]:
+    """``--init``'s classifier on ``pool``'s features as the head, with its rows and accounting."""
     federation = pool.federation
-    method = run.init.method.build(federation)
-    outcome = run_closed_form(pool, method, rounds, run.eval_every, evaluator, on_point=on_point,
-                              backbone_macs=backbone_macs, postprocessing=uploads, callbacks=callbacks)
+    outcome = init.solve(context, init.method.build(federation), pool, evaluator, backbone_macs)
     classifier: Classifier = outcome.classifier
     weight = classifier.weight.to(torch.float32)
     bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
@@ -82,241 +212,6 @@ def closed_form_stage(run: RunPlan, rounds: Sequence[np.ndarray], pool: ShardPoo
     seen = np.zeros(federation.num_clients, dtype=bool)
     for clients in outcome.rounds:
         seen[clients] = True
-    accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down, last.flops_client_avg * last.clients_seen,
-                            outcome.paper)
+    accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down,
+                            last.flops_client_avg * last.clients_seen, outcome.paper)
     return {"weight": weight, "bias": bias}, accounting, outcome.points
-
-
-def ridge_probe(pool: ShardPool, probe: Probe, evaluator: Evaluator, uploads: Postprocessing, round_number: int) -> float:
-    """Fed3R on the features the head was trained on, from every client (Fed3R Section 5.4's feature-quality probe),
-    their uploads in round ``round_number`` through the run's postprocessors."""
-    method = probe.method.build(pool.federation)
-    statistics = everyone_uploads(pool, method, uploads, round_number)
-    return evaluator.accuracy(method, method.solve(statistics))
-
-
-Embeddings = Callable[[Params, Callable[[ShardPool, Evaluator], T]], T]
-"""Where the closed-form stages run: ``embeddings(params, work)`` runs ``work(pool, evaluator)`` on shards holding the
-features at ``params``: the pool's own features (linear probing, SphereFed), or the images embedded by the backbone of
-``params`` (fine-tuning, :func:`on_embeddings`)."""
-
-
-def train_in_stages(run: RunPlan, backend: TrainingBackend, embeddings: Embeddings, sizes: np.ndarray,
-                    uploads: Postprocessing, on_point: Listener | None = None, saved: TrainingState | None = None,
-                    backbone_macs: float | None = None, callbacks: Callbacks | None = None) -> TrainingOutcome:
-    """A training run's stages, the same on features and on images: the ``--init`` closed form (unless resuming
-    ``saved``), training, a calibration (SphereFed's FFC, ``--calibrate``), the ridge probe (``--probe-ridge``); every
-    stage's uploads through the run's one ``uploads`` (sampled as training samples; the calibration and the probe:
-    every client once).
-
-    ``backbone_macs``: F_φ where the backend measures it (fine-tuning), else the run's. A researcher's ``callbacks``
-    that stop the closed-form stage end the run there: no training.
-    """
-    callbacks = callbacks or Callbacks()
-    backbone_macs = run.backbone_macs if backbone_macs is None else backbone_macs
-    init_rounds = run.init_rounds
-    if saved is None:
-        params, accounting, points = backend.initial_params(run.seed), None, []
-        if init_rounds:
-            head, accounting, points = embeddings(
-                params, lambda pool, evaluator: closed_form_stage(run, init_rounds, pool, evaluator, on_point,
-                                                                  replace(uploads, first_round=0), callbacks,
-                                                                  backbone_macs))
-            params = backend.with_head(params, head)
-        model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
-        algorithm_state = check_tensors(backend.algorithm, "init_server_state", backend.algorithm.init_server_state(model))
-        saved = _fresh_state(params, accounting, points, algorithm_state, len(sizes))
-    first_round = max((p.round for p in saved.points if p.stage == "closed_form"), default=0)
-    if callbacks.stopping:  # stopped in the closed-form stage: its head is the run's
-        outcome = TrainingOutcome(saved.points, saved.params, saved.accounting)
-    else:
-        outcome = _train(run, backend, saved, sizes, on_point, uploads, backbone_macs, callbacks, first_round)
-    outcome.rounds = init_rounds[:first_round] + outcome.rounds
-    calibration = run.stage(Calibration)
-    if calibration is not None and not outcome.points[-1].diverged:
-        classifier, method = embeddings(outcome.params, lambda pool, evaluator: calibration_stage(
-            calibration, pool, evaluator, outcome, on_point, uploads, *backend.calibration_map(outcome.params)))
-        sphere = {} if run.training.sphere is None else backend.sphere_arrays(outcome.params)
-        outcome.arrays = {**classifier.arrays(), **method.arrays(), **sphere}
-        outcome.rounds += [np.arange(len(sizes))]
-    probe = run.stage(Probe)
-    if probe is not None:
-        probe_round = outcome.points[-1].round + 1
-        with reporting(outcome.points[-1].reported, COLUMNS):  # the probe's numbers go in the last row, with its accuracy
-            outcome.ridge_probe_accuracy = embeddings(outcome.params, lambda pool, evaluator: ridge_probe(
-                pool, probe, evaluator, uploads, probe_round))
-    return outcome
-
-
-def train_on_features(
-    run: RunPlan,
-    pool: ShardPool,
-    evaluator: Evaluator,
-    on_point: Listener | None = None,
-    saved: TrainingState | None = None,
-    callbacks: Callbacks | None = None,
-) -> TrainingOutcome:
-    """Linear probing with the plan's training stage on the pool's features, or its ``saved`` state continued;
-    SphereFed (``--head sphere``) trains the projection before the fixed classifier, then calibrates with FFC. Every
-    upload goes through the run's postprocessing."""
-    federation, training = pool.federation, run.training
-    uploads = training_uploads(run)
-    if training.sphere is not None:
-        backend = SphereBackend(pool, training.sgd, run.seed, evaluator, training.algorithm,
-                                training.sphere.dim or federation.dim, training.sphere.loss, uploads)
-    else:
-        backend = ProbeBackend(pool, training.sgd, run.seed, evaluator, training.algorithm, postprocessing=uploads)
-    return train_in_stages(run, backend, lambda params, work: work(pool, evaluator), federation.client_sizes,
-                           uploads, on_point, saved, callbacks=callbacks)
-
-
-def calibration_stage(stage: Calibration, pool: ShardPool, evaluator: Evaluator, outcome: TrainingOutcome,
-                      on_point: Listener | None, uploads: Postprocessing, weight: torch.Tensor | None = None,
-                      bias: torch.Tensor | None = None) -> tuple[Classifier, ClosedFormMethod]:
-    """The calibration's closed form on the pool's features, one round with every client: SphereFed's FFC on
-    normalize(P x + q) with a trained projection (``weight`` P, ``bias`` q), else the stage's method on the features
-    (SphereFed's normalize(x) of the fine-tuned embeddings, ``--calibrate``'s method); a ``calibrated`` row; returns
-    the calibrated classifier and the method that maps features for it."""
-    start = time.perf_counter()
-    reported = dict(outcome.points[-1].reported)
-    federation = pool.federation
-    if weight is None:
-        method = stage.method.build(federation)
-    else:
-        method = ProjectedCalibration(federation.dim, federation.num_classes, stage.method.values["lam"], weight, bias)
-    with reporting(reported, COLUMNS):  # a postprocessor's aggregate of the calibration's uploads may report
-        classifier, accuracy = calibrate(pool, evaluator, method, uploads, outcome.points[-1].round + 1)
-    everyone = np.arange(federation.num_clients)
-    sizes = federation.client_sizes.astype(np.float64)
-    outcome.accounting.add(everyone, federation.client_sizes, float(method.upload_floats(federation).sum()) * FLOAT_BYTES, 0.0,
-                           float(method.statistics_flops(sizes).sum()))
-    last = outcome.points[-1]
-    point = outcome.accounting.point(last.round + 1, accuracy, last.wall_s + time.perf_counter() - start, "calibrated",
-                                     reported=reported)
-    outcome.points.append(point)
-    if on_point is not None:
-        on_point(point, classifier)
-    return classifier, method
-
-
-def finetune_on_images(
-    run: RunPlan,
-    federation: Federation,
-    on_point: Listener | None = None,
-    saved: TrainingState | None = None,
-    trial_group: PlacementGroup | None = None,
-    callbacks: Callbacks | None = None,
-) -> TrainingOutcome:
-    """Fine-tuning of a backbone and head on the federation's images, on a trainer pool of its own (in
-    ``trial_group``'s bundles inside a Tune trial); every upload through the run's postprocessing."""
-    uploads = training_uploads(run)
-    backend = start_finetuning(run, federation, uploads, trial_group)
-    try:
-        return finetune(run, backend, uploads, on_point, saved, callbacks)
-    finally:
-        backend.shutdown()
-
-
-def start_finetuning(run: RunPlan, federation: Federation, uploads: Postprocessing,
-                     trial_group: PlacementGroup | None = None) -> FineTuneBackend:
-    """The run's fine-tuning backend on a trainer pool of its own, or in ``trial_group``'s bundles inside a Tune trial
-    (shut down with ``backend.shutdown()``), its clients' uploads through ``uploads``."""
-    training = run.training
-    images: Images = training.images
-    return FineTuneBackend.start(
-        federation, images.backbone, images.weights, images.mode, training.sgd, run.seed,
-        image_size=images.image_size, num_trainers=images.num_trainers, cpus_per_trainer=images.cpus_per_trainer,
-        algorithm=training.algorithm, sphere_loss=None if training.sphere is None else training.sphere.loss,
-        postprocessing=uploads,
-        trial_group=trial_group,
-        state_budget=run.shards.state_memory,
-    )
-
-
-def finetune(
-    run: RunPlan,
-    backend: FineTuneBackend,
-    uploads: Postprocessing,
-    on_point: Listener | None = None,
-    saved: TrainingState | None = None,
-    callbacks: Callbacks | None = None,
-) -> TrainingOutcome:
-    """Fine-tuning with ``backend`` in :func:`train_in_stages`: SphereFed (``--head sphere``) fine-tunes the backbone
-    under the fixed classifier, then calibrates with FFC on the normalized embeddings.
-
-    A closed-form initialization, the calibration and the ridge probe run on
-    the images embedded by the backbone at that moment, in shards of their own
-    (``--num-shards``, default 1, next to the trainers).
-    """
-    backbone_macs = backend.flops_per_image / 2 if run.backbone_macs is None else run.backbone_macs
-    return train_in_stages(run, backend, partial(on_embeddings, run.shards, backend), backend.pool.federation.client_sizes,
-                           uploads, on_point, saved, backbone_macs, callbacks)
-
-
-def on_embeddings(shards: Shards, backend: FineTuneBackend, params: Params,
-                  work: Callable[[ShardPool, Evaluator], T]) -> T:
-    """``work`` on shards holding the federation's images embedded by the backbone of ``params``.
-
-    Inside a Tune trial the shards share the trainers' bundles, claiming no CPU:
-    trainers and shards take turns (the trainers wait while the shards work).
-    """
-    train_features, _ = backend.embed(params, TRAIN)
-    test_features, _ = backend.embed(params, TEST)
-    embedded = with_features(backend.pool.federation, train_features, test_features)
-    trial_group = backend.pool.trial_group
-    if trial_group is None:
-        pool = ShardPool.start(embedded, shards.count or 1, shards.cpus)
-    else:
-        pool = ShardPool.start(embedded, cpus_per_shard=0, trial_group=trial_group)
-    try:
-        return work(pool, Evaluator(pool))
-    finally:
-        pool.shutdown()
-
-
-def _fresh_state(params: Params, accounting: Accounting | None, points: list[EvalPoint], algorithm_state: Params,
-                 num_clients: int) -> TrainingState:
-    """The state training starts from: after a closed-form stage (its accounting and rows), or from nothing."""
-    accounting = accounting or Accounting(np.zeros(num_clients, dtype=bool))
-    return TrainingState(params, {}, algorithm_state, accounting, list(points))
-
-
-def training_uploads(run: RunPlan) -> Postprocessing:
-    """The run's postprocessing as training samples (κ of the K clients a round), its rounds numbered after a
-    closed-form ``--init``'s."""
-    return run.sampler.uploads(run.postprocessing, len(run.init_rounds))
-
-
-def checkpoint_shape(run: RunPlan, federation: Federation) -> RunShape:
-    """What a checkpoint of this training run must fit (checked before any work): the model it trains (linear
-    probing's d × C head, SphereFed's l × d projection, the fine-tuned network's state dict), its training
-    algorithm's server state for that model, its K clients and its training rounds."""
-    training = run.training
-    if training.images is not None:
-        model = model_structure(images_backbone(training.images.backbone, federation), federation.num_classes)
-        params = model.state_dict()
-        trained = {name: params[name] for name in trained_names(model, get_mode(training.images.mode))}
-    else:
-        if training.sphere is not None:
-            params = initial_projection(federation.dim, training.sphere.dim or federation.dim, run.seed)
-        else:
-            params = random_head(federation.dim, federation.num_classes, run.seed)
-        trained = params
-    rounds = len(run.training_rounds)
-    return RunShape(params, training.algorithm.init_server_state(trained), federation.num_clients, rounds)
-
-
-def _train(run: RunPlan, backend: TrainingBackend, state: TrainingState, sizes: np.ndarray,
-           on_point: Listener | None, uploads: Postprocessing, backbone_macs: float | None, callbacks: Callbacks,
-           first_round: int) -> TrainingOutcome:
-    """Training from ``state`` after ``first_round`` rounds of a closed-form stage: the schedule, checkpoints to the
-    run's folder, the loop; ``backbone_macs``: F_φ."""
-    training = run.training
-    rounds = run.training_rounds
-    checkpointing = Checkpointing(training.checkpoint_every, lambda s: save_checkpoint(run.out, run.identity, s), run.out)
-    diverged = train(backend, backend.algorithm, training.server_optimizer, state, rounds, sizes, run.eval_every,
-                     first_round, checkpointing, on_point, backbone_macs, uploads,
-                     callbacks.loop("train", training.name, len(rounds), first_round))
-    stopped = diverged or callbacks.stopping
-    ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
-    return TrainingOutcome(state.points, state.params, state.accounting, rounds=rounds[:ran])

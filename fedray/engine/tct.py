@@ -48,28 +48,123 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import ray
 import torch
-from ray.util.placement_group import PlacementGroup
 
-from fedray.engine.plan import RunPlan, Sampler, TctStage2
-from fedray.methods.postprocessor import Postprocessing
 from fedray.core.federation import TEST, TRAIN, Federation
+from fedray.core.reports import reporting
+from fedray.core.results import EvalPoint
 from fedray.engine.callbacks import Callbacks
 from fedray.engine.config import COLUMNS
-from fedray.core.reports import reporting
-from fedray.engine.stages import TrainingOutcome, finetune, start_finetuning, training_uploads
-from fedray.engine.training import Accounting, TrainingState
-from fedray.methods.base import FLOAT_BYTES, Classifier
-from fedray.core.results import EvalPoint
+from fedray.engine.parts import Sampler, training_uploads, uploads_of_everyone
+from fedray.engine.pipeline import RunPlan, Stage, StageContext, StageResult
 from fedray.engine.round_loop import EvalRounds, Listener, Report, run_rounds
+from fedray.engine.training import Accounting
+from fedray.methods.base import FLOAT_BYTES, Classifier
 from fedray.methods.entk import EntkSpec, sample_coordinates
+from fedray.methods.postprocessor import Postprocessing, StageUploads
+from fedray.methods.tct_stage2 import objective_from_statistics, solve_stage2, split_model
+from fedray.runtime import sampling
 from fedray.runtime.schedules import Schedule
 from fedray.runtime.tct_shards import LocalSolver, Normalization, Projection, Stage2Pool
-from fedray.methods.tct_stage2 import objective_from_statistics, solve_stage2, split_model
+
+
+@dataclass(frozen=True)
+class Entk:
+    """TCT's eNTK features: ``dim`` coordinates drawn from the run's seed, computed ``chunk`` samples at a time, in
+    float16 (``fp16``) or float32, w.r.t. every weight or the last layer's only (``last_layer``: ``--entk-params
+    last_layer``)."""
+
+    dim: int
+    fp16: bool
+    chunk: int
+    last_layer: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class TctStage2(Stage):
+    """TCT's stage 2 on the eNTK features at the stage-1 weights the training before it leaves (see the module's
+    docstring): ``rounds`` SCAFFOLD rounds of ``local_steps`` steps at ``lr``, or the closed form (``solver``), on
+    features projected to ``projection`` coordinates when given, with ridge ``lam``."""
+
+    entk: Entk
+    rounds: int
+    local_steps: int
+    lr: float
+    solver: str
+    projection: int | None
+    lam: float
+    correction: bool = True
+    """SCAFFOLD's control variates (False: ``--tct-fedavg``)."""
+    normalize: bool = True
+    """The normalization round (False: ``--tct-no-normalization``, stage 2 on the raw features)."""
+    loss: str = "mse"
+
+    def check(self, run: RunPlan, federation: Federation) -> None:
+        sampling.check_rounds(self.rounds, "--tct-rounds")
+
+    def uploads(self, run: RunPlan) -> tuple[StageUploads, ...]:
+        told = []
+        if self.normalize:
+            told.append(uploads_of_everyone("tct normalization", run.sampler))
+        if self.solver in ("closed_form", "both"):
+            told.append(uploads_of_everyone("tct closed form", run.sampler))
+        if self.solver in ("scaffold", "both"):
+            told.append(training_uploads("tct stage 2", run.sampler.drawn, self.rounds))
+        return tuple(told)
+
+    def run(self, context: StageContext, previous: StageResult) -> StageResult:
+        """The eNTK features at stage 1's weights (``previous``'s, on its trainers, which then stop), stage 2; the
+        result's arrays hold stage 2's models. Inside a Tune trial stage 2's shards run in the trial's bundles. Every
+        upload passes through the run's postprocessing (its state carries from stage 1, which has no checkpoint)."""
+        if previous.points[-1].diverged or context.callbacks.stopping:
+            return previous
+        run, federation, backend = context.run, context.federation, previous.backend
+        coordinates = backend.entk_head if self.entk.last_layer else range(backend.entk_num_parameters)
+        index = sample_coordinates(coordinates, self.entk.dim, run.seed)
+        spec = EntkSpec(run.seed, index, self.entk.chunk, torch.float16 if self.entk.fp16 else torch.float32)
+        params = ray.put(previous.params)
+        train, train_labels = backend.pool.entk(params, spec, TRAIN)
+        test, test_labels = backend.pool.entk(params, spec, TEST)
+        # Each client computes its samples' eNTK features: a forward and a backward pass, ~3 forward FLOPs (the last
+        # layer's: the forward pass, whose penultimate features they are).
+        passes = 1.0 if self.entk.last_layer else 3.0
+        previous.accounting.flops += passes * backend.flops_per_image * float(federation.client_sizes.sum())
+        bounds, bundle = backend.pool.bounds, backend.pool.bundle
+        context.release(backend)
+        projection = None if self.projection is None else Projection(self.projection, run.seed)
+        width = len(index) if projection is None else projection.dim
+        pool = Stage2Pool.start(train, train_labels, test, test_labels, bounds, federation.client_offsets,
+                                federation.num_classes, bundle, projection, context.trial_group)
+        try:
+            stage2 = Stage2Run(self, run.sampler, run.eval_every, pool, federation.client_sizes,
+                               federation.num_classes, width, previous.points, previous.accounting, context.on_point,
+                               context.postprocessing)
+            if projection is not None:
+                stage2.accounting.flops += 2.0 * float(federation.client_sizes.sum()) * len(index) * width
+            normalization = stage2.normalize()
+            closed_form = stage2.closed_form(normalization) if self.solver in ("closed_form", "both") else None
+            scaffold = None if self.solver not in ("scaffold", "both") else stage2.scaffold(normalization,
+                                                                                             context.callbacks)
+        finally:
+            pool.shutdown()
+        # W and bias are SCAFFOLD's when it ran, else the closed form's; with both, the closed form's are suffixed.
+        solved = {"": scaffold if scaffold is not None else closed_form}
+        if scaffold is not None and closed_form is not None:
+            solved["_closed_form"] = closed_form
+        arrays: dict[str, np.ndarray] = {}
+        for suffix, model in solved.items():
+            weights, bias = split_model(model)
+            arrays[f"W{suffix}"], arrays[f"bias{suffix}"] = weights.numpy(), bias.numpy()
+        arrays.update({"entk_index": index.numpy(), "entk_mean": stage2.normalization.mean.numpy(),
+                       "entk_std": stage2.normalization.std.numpy()})
+        everyone = np.arange(federation.num_clients)  # the normalization round, then SCAFFOLD's (or the closed form's)
+        rounds = (previous.rounds + ([everyone] if self.normalize else [])
+                  + (stage2.scaffold_rounds if scaffold is not None else [everyone]))
+        return replace(previous, arrays=arrays, rounds=rounds)
 
 
 class Stage2Run:
@@ -158,7 +253,7 @@ class ScaffoldRounds:
     def __init__(self, run: Stage2Run, normalization: ray.ObjectRef, sampler: Sampler) -> None:
         self.run, self.normalization = run, normalization
         self.solver = ray.put(LocalSolver(run.stage.local_steps, run.stage.lr, run.stage.correction, run.stage.loss))
-        self.uploads = sampler.uploads(run.postprocessing, run.solvers_start)
+        self.postprocessing = sampler.uploads(run.postprocessing, run.solvers_start)
         self.weights = run.sizes / run.sizes.sum()
         self.model = torch.zeros(run.width + 1, run.num_classes, dtype=torch.float64)
         self.control = torch.zeros_like(self.model)
@@ -171,7 +266,7 @@ class ScaffoldRounds:
         clients = np.sort(clients)
         with reporting(run.reported, COLUMNS):
             sums = run.pool.train(self.solver, self.normalization, ray.put(self.model), ray.put(self.control), clients,
-                                  self.weights[clients], self.uploads.among(clients, number), number)
+                                  self.weights[clients], self.postprocessing.among(clients, number), number)
         self.loss, self.loss_weight = self.loss + sums.loss, self.loss_weight + sums.weight
         updated = self.model + sums.delta.to(torch.float64) / sums.weight
         flops = 4.0 * run.stage.local_steps * float(run.sizes[clients].sum()) * floats
@@ -200,63 +295,3 @@ def stage2_classifier(model: torch.Tensor) -> Classifier:
     """A stage-2 model ψ = [W; bᵀ] as the classifier of the standardized (projected) eNTK features, copied."""
     weights, bias = split_model(model)
     return Classifier(weights.clone(), bias.clone())
-
-
-def run_tct(run: RunPlan, federation: Federation, on_point: Listener | None = None,
-            saved: TrainingState | None = None, trial_group: PlacementGroup | None = None,
-            callbacks: Callbacks | None = None) -> TrainingOutcome:
-    """Stage 1 (from ``saved`` when resuming), the eNTK features, stage 2; the outcome's arrays hold stage 2's models.
-
-    Inside a Tune trial, stage 1's trainers and then stage 2's shards run in ``trial_group``'s bundles. Every upload
-    of both stages passes through ``postprocessing`` (its state carries from stage 1 to stage 2, which has no
-    checkpoint).
-    """
-    stage: TctStage2 = run.stage(TctStage2)
-    uploads = training_uploads(run)
-    backend = start_finetuning(run, federation, uploads, trial_group)
-    try:
-        callbacks = callbacks or Callbacks()
-        outcome = finetune(run, backend, uploads, on_point, saved, callbacks)
-        if outcome.points[-1].diverged or callbacks.stopping:
-            return outcome
-        coordinates = backend.entk_head if stage.last_layer else range(backend.entk_num_parameters)
-        index = sample_coordinates(coordinates, stage.entk_dim, run.seed)
-        spec = EntkSpec(run.seed, index, stage.entk_chunk, torch.float16 if stage.entk_fp16 else torch.float32)
-        params = ray.put(outcome.params)
-        train, train_labels = backend.pool.entk(params, spec, TRAIN)
-        test, test_labels = backend.pool.entk(params, spec, TEST)
-        # Each client computes its samples' eNTK features: a forward and a backward pass, ~3 forward FLOPs (the last
-        # layer's: the forward pass, whose penultimate features they are).
-        passes = 1.0 if stage.last_layer else 3.0
-        outcome.accounting.flops += passes * backend.flops_per_image * float(federation.client_sizes.sum())
-        bounds, bundle = backend.pool.bounds, backend.pool.bundle
-    finally:
-        backend.shutdown()
-    projection = None if stage.projection is None else Projection(stage.projection, run.seed)
-    width = len(index) if projection is None else projection.dim
-    pool = Stage2Pool.start(train, train_labels, test, test_labels, bounds, federation.client_offsets,
-                            federation.num_classes, bundle, projection, trial_group)
-    try:
-        stage2 = Stage2Run(stage, run.sampler, run.eval_every, pool, federation.client_sizes,
-                           federation.num_classes, width, outcome.points, outcome.accounting, on_point, run.postprocessing)
-        if projection is not None:
-            stage2.accounting.flops += 2.0 * float(federation.client_sizes.sum()) * len(index) * width
-        normalization = stage2.normalize()
-        closed_form = stage2.closed_form(normalization) if stage.solver in ("closed_form", "both") else None
-        scaffold = stage2.scaffold(normalization, callbacks) if stage.solver in ("scaffold", "both") else None
-    finally:
-        pool.shutdown()
-    # W and bias are SCAFFOLD's when it ran, else the closed form's; with both, the closed form's are suffixed.
-    solved = {"": scaffold if scaffold is not None else closed_form}
-    if scaffold is not None and closed_form is not None:
-        solved["_closed_form"] = closed_form
-    arrays: dict[str, np.ndarray] = {}
-    for suffix, model in solved.items():
-        weights, bias = split_model(model)
-        arrays[f"W{suffix}"], arrays[f"bias{suffix}"] = weights.numpy(), bias.numpy()
-    outcome.arrays = {**arrays, "entk_index": index.numpy(), "entk_mean": stage2.normalization.mean.numpy(),
-                      "entk_std": stage2.normalization.std.numpy()}
-    everyone = np.arange(federation.num_clients)  # the normalization round, then SCAFFOLD's (or the closed form's)
-    outcome.rounds = (outcome.rounds + ([everyone] if stage.normalize else [])
-                      + (stage2.scaffold_rounds if scaffold is not None else [everyone]))
-    return outcome

@@ -194,6 +194,7 @@ def test_a_round_s_block_is_the_largest_round_the_schedule_draws():
     population = load_federation(spec)
     config = RunConfig(method="fedavg", dataset=spec, clients_per_round=100, rounds=100).validate().resolved()
     run = plan(config, population)
-    largest = max(int(population.client_sizes[clients].sum()) for clients in run.training_rounds)
+    training, = run.stages
+    largest = max(int(population.client_sizes[clients].sum()) for clients in training.schedule(run))
     footprint, = footprints(run, population)
     assert footprint.block_samples == largest < 10_000 < np.sort(population.client_sizes)[-100:].sum()
