@@ -151,6 +151,7 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     if stage2 is not None:
         sampling.check_rounds(stage2.rounds, "--tct-rounds")
     run.postprocessing.start(run.stage_uploads())  # a postprocessor's refusal, in one line, before any work
+    config = config.recording(run.postprocessing.recorded())  # what config.yaml and the rows say: a calibrated σ
     saved = _saved_state(run, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))
