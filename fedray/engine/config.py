@@ -261,8 +261,10 @@ class RunConfig:
                                       unset="none: give --dp-noise", metavar="EPSILON")
     dp_delta: float | None = option(None, "δ of the (ε, δ) guarantee, below 1/samples (e.g. 1e-5); required with DP",
                                     UPLOADS, unset="none", metavar="DELTA")
-    dp_noise: float | None = option(None, "DP noise multiplier σ (the noise's std is σ × the sensitivity), ε computed; "
-                                    "0: no noise, ε = ∞", UPLOADS, unset="calibrated to --dp-epsilon", metavar="SIGMA")
+    dp_noise: float | None = option(None, "DP noise multiplier σ (the noise's std is σ × the sensitivity), ε computed "
+                                    "(with --dp-epsilon: σ is used, and must meet it); 0: no noise, ε = ∞", UPLOADS,
+                                    unset="calibrated to --dp-epsilon (config.yaml and the rows record it)",
+                                    metavar="SIGMA")
     dp_placement: str | None = option(None, "who adds the DP noise: the server, to each aggregate, or each client its "
                                       "share σ/√κ", UPLOADS, choices=DP_PLACEMENTS,
                                       unset="the DP postprocessor's own, central for dp")
@@ -346,6 +348,18 @@ class RunConfig:
         if self.method == TCT or self.finetune is not None:
             raise FedrayError(f"--sampling poisson is not supported with "
                               f"{'--method tct' if self.method == TCT else '--finetune'} yet: use --sampling with")
+
+    def _default_sampling(self) -> str:
+        """``--sampling`` when none is given: without for a closed form; with for training, or a postprocessor's
+        :attr:`~fedray.Postprocessor.default_sampling` (DP-FedAvg's poisson) where Poisson sampling applies."""
+        if not self.trains:
+            return "without"
+        wanted = {postprocessor_class(spec).default_sampling for spec in self.postprocessor_specs()}
+        try:
+            self._validate_poisson()
+        except FedrayError:
+            return "with"
+        return "poisson" if "poisson" in wanted else "with"
 
     def validate(self, given: Collection[str] = (), drop_unused: bool = False) -> "RunConfig":
         """This configuration, checked: a bad or contradictory value is refused in one line, and so is an option that
@@ -569,7 +583,7 @@ class RunConfig:
 
     def resolved(self) -> "RunConfig":
         """Method-dependent defaults filled in: sampling (with replacement for training), server lr, FedProx μ."""
-        values = {"sampling": self.sampling or ("with" if self.trains else "without"), "method": canonical(self.method)}
+        values = {"sampling": self.sampling or self._default_sampling(), "method": canonical(self.method)}
         if self.postprocessor_specs():
             values["postprocessor"] = ",".join(canonical(spec) for spec in self.postprocessor_specs())
             values.update(self._dp_defaults())
@@ -586,6 +600,14 @@ class RunConfig:
         defaults = {key: value for key, value in plugin_defaults(self.plugins()).items() if split_key(key)[1] not in FIELDS}
         values["options"] = {**defaults, **self.options}
         return replace(self, **values)
+
+    def recording(self, resolved: dict[str, object]) -> "RunConfig":
+        """This configuration with the options the postprocessors resolved before the run
+        (:meth:`~fedray.Postprocessor.recorded`: a calibrated σ as ``dp_noise``, the accountant chosen), in its fields
+        or ``options``: what config.yaml and every row record, and what re-running the record uses."""
+        options = {name: value for name, value in resolved.items() if name not in FIELDS}
+        return replace(self, **{name: value for name, value in resolved.items() if name in FIELDS},
+                       options={**self.options, **options})
 
     def per_round(self, num_clients: int) -> int:
         """κ from --clients-per-round, --participation, or :data:`DEFAULT_PER_ROUND` by default."""

@@ -144,6 +144,7 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     for stage in run.stages:
         stage.check(run, federation)
     run.postprocessing.start(run.stage_uploads())  # a postprocessor's refusal, in one line, before any work
+    config = config.recording(run.postprocessing.recorded())  # what config.yaml and the rows say: a calibrated σ
     saved = _saved_state(run, federation) if resume else None
     found_checkpoint = checkpoint_stamp(out)
     remove_stale_temporaries(out, (*RUN_FILES, CHECKPOINT))

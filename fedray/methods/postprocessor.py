@@ -157,6 +157,10 @@ class Postprocessor:
     def __init__(self) -> None:
         self.state: Params = {}
 
+    default_sampling: str | None = None
+    """The ``--sampling`` a training run with this postprocessor takes when it gives none and Poisson sampling applies
+    to it (None: the run's own default). DP-FedAvg's is ``poisson``, the sampling its usual ε is stated for."""
+
     @property
     def per_client(self) -> bool:
         """Whether :meth:`client`, :meth:`features` or :meth:`select` changes uploads (by default: whether the subclass
@@ -186,6 +190,12 @@ class Postprocessor:
         """Told once, in the driver, before any work: what each stage of the run will upload, in order. Raise
         :class:`~fedray.FedrayError` (or ``ValueError``) with one line to refuse the run; set what depends on the whole
         run here (the copies the shards use are made after it)."""
+
+    def recorded(self) -> dict[str, object]:
+        """What :meth:`start` resolved that the options did not say (a noise multiplier calibrated to a budget, the
+        accountant chosen for the run's sampling), by the names of this class's options: the run writes these values
+        in ``config.yaml`` and in every row, in place of what was given, so that the record re-runs the same."""
+        return {}
 
     def features(self, features: torch.Tensor) -> torch.Tensor:
         """A client's feature rows (one sample each, in the method's ``features_dtype``) before a closed-form method
@@ -327,6 +337,11 @@ class Postprocessing:
             except ValueError as error:
                 name = self.names[index] if index < len(self.names) else type(postprocessor).__name__
                 raise FedrayError(f"--postprocessor {name}: {error}") from None
+
+    def recorded(self) -> dict[str, object]:
+        """What the postprocessors resolved in :meth:`start` (:meth:`Postprocessor.recorded`), by option name."""
+        return {name: value for postprocessor in self.postprocessors
+                for name, value in postprocessor.recorded().items()}
 
     def features(self, features: torch.Tensor) -> torch.Tensor:
         """A closed-form client's feature rows through every postprocessor's :meth:`Postprocessor.features`, in order;

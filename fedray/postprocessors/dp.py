@@ -78,10 +78,14 @@ server's cumulative sum, its solves and evaluations are post-processing and spen
 Fed3R's Cholesky solve is defined; FedNCM's noisy counts are clamped at 0 (a class of count 0 divides its sums by 1).
 
 **Budget.** Give δ (``dp_delta``) and either ε (``dp_epsilon``: σ is the smallest multiplier in [0.1, 1000] whose
-ε(δ) is at most ε, by ``calibrate_dp_mechanism``; a budget that needs more than 1000 is refused) or σ
+ε(δ) is at most ε, by bisection; a budget that needs more than 1000 is refused) or σ
 (``dp_noise``: ε is computed; FedCOF's ε at δ − δ_τ). σ = 0 (``dp_noise=0``) is no privacy, ε = ∞: no noise is drawn
 and no sum projected (FedCOF: every row released as it is, τ = 1 ≤ n), so with a clip no row reaches the run is
-the plain run bit for bit. The accountant is the PLD one (near exact for the Gaussian mechanism, value discretization 1e-3) or ``dp_accountant=rdp``.
+the plain run bit for bit. Both given: σ is used, and the run refused if it spends more than ε (a run's
+``config.yaml`` records both). The accountant is the PLD one (near exact for the Gaussian mechanism, its discretization
+chosen from ε: :mod:`fedray.postprocessors.accounting`) or ``dp_accountant=rdp``. The σ used (FedCOF's: its rows') is
+recorded in ``config.yaml`` and every row (``dp_noise``), beside the clip and the accountant: ``dp_noise=σ`` re-runs
+the run bit for bit.
 
 Not supported, refused in one line: any upload other than FedNCM's, Fed3R's and FedCOF's (above), and FedCOF at
 client level or with central noise (before the run: its method's ``uploads_summed`` is False). Every row reports
@@ -99,16 +103,13 @@ from typing import Annotated
 
 import dp_accounting
 import torch
-from dp_accounting import pld, rdp
 
 import fedray
+from fedray.postprocessors import accounting
+from fedray.postprocessors.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 
 PLACEMENTS = ("central", "distributed")
 UNITS = ("sample", "client")
-ACCOUNTANTS = ("pld", "rdp")
-NOISE_RANGE = (0.1, 1000.0)
-"""The noise multipliers a budget is calibrated within: above the upper end no run learns anything."""
-PLD_DISCRETIZATION = 1e-3
 
 MEAN_ROWS = frozenset({"counts", "sums", "received", "blocks.0.classes", "blocks.0.counts", "blocks.0.means"})
 """A FedCOF client's upload: its class totals, the means it sent per class, and its one block of (class, count, mean)
@@ -127,30 +128,26 @@ def release(noise: float) -> dp_accounting.DpEvent:
     return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(noise)] * 2)
 
 
-def accountant(kind: str) -> dp_accounting.PrivacyAccountant:
-    if kind == "pld":
-        return pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
-    return rdp.RdpAccountant()
-
-
 @cache
-def epsilon(noise: float, delta: float, kind: str = "pld") -> float:
+def epsilon(noise: float, delta: float, kind: str = DEFAULT_ACCOUNTANT) -> float:
     """ε(δ) of one release (:func:`release`) with noise multiplier ``noise``, from ``kind``'s accountant."""
-    spent = accountant(kind)
-    spent.compose(release(noise))
-    return float(spent.get_epsilon(delta))
+    return accounting.spent(release(noise), delta, kind)
 
 
-def calibrated(target: float, delta: float, kind: str = "pld") -> float:
-    """The smallest noise multiplier in :data:`NOISE_RANGE` whose ε(δ) is at most ``target``."""
-    low, high = NOISE_RANGE
-    if epsilon(high, delta, kind) > target:
-        raise ValueError(f"no noise multiplier up to {high:g} meets dp_epsilon={target:g} at dp_delta={delta:g} "
-                         f"(ε there is {epsilon(high, delta, kind):.3g}); ask for a larger ε or δ")
-    if epsilon(low, delta, kind) <= target:
-        return low
-    return float(dp_accounting.calibrate_dp_mechanism(lambda: accountant(kind), release, target, delta,
-                                                      dp_accounting.ExplicitBracketInterval(low, high)))
+def calibrated(target: float, delta: float, kind: str = DEFAULT_ACCOUNTANT) -> float:
+    """The smallest noise multiplier in :data:`~fedray.postprocessors.accounting.NOISE_RANGE` whose ε(δ) is at most
+    ``target``."""
+    return accounting.calibrated(lambda noise: epsilon(noise, delta, kind), target,
+                                 f"no noise multiplier up to {{high:g}} meets dp_epsilon={target:g} at "
+                                 f"dp_delta={delta:g} (ε there is {{spent:.3g}}); ask for a larger ε or δ")
+
+
+def budget_met(noise: float, target: float | None, spent: float, where: str) -> None:
+    """A ``ValueError`` when both a noise multiplier and a budget are given and the noise spends more than the budget
+    (over ``where``): given both, σ is used as it is (a recorded run's ``config.yaml`` re-runs so)."""
+    if target is not None and spent > target:
+        raise ValueError(f"dp_noise={noise!r} spends ε = {spent:.6g} over {where}, more than dp_epsilon={target:g}: "
+                         f"give one of them, or a larger σ")
 
 
 def check_options(clip_norm: float | None, clip: str, dp_delta: float | None, dp_epsilon: float | None,
@@ -167,9 +164,9 @@ def check_options(clip_norm: float | None, clip: str, dp_delta: float | None, dp
         raise ValueError(f"option dp_delta is required: the δ of the (ε, δ) guarantee (e.g. 1e-5, below 1/{units})")
     if not 0 < dp_delta < 1:
         raise ValueError(f"option dp_delta must be in (0, 1), got {dp_delta}")
-    if (dp_epsilon is None) == (dp_noise is None):
+    if dp_epsilon is None and dp_noise is None:
         raise ValueError("give one of option dp_epsilon (the budget; the noise is calibrated) or option dp_noise "
-                         f"(the noise multiplier; ε is computed), got {'both' if dp_noise is not None else 'neither'}")
+                         "(the noise multiplier; ε is computed), got neither")
     if dp_noise is not None and not (dp_noise >= 0 and math.isfinite(dp_noise)):
         raise ValueError(f"option dp_noise must be ≥ 0 (0: no privacy, ε = ∞), got {dp_noise}")
     if dp_epsilon is not None and not (dp_epsilon > 0 and math.isfinite(dp_epsilon)):
@@ -189,7 +186,7 @@ class GaussianMechanism(fedray.Postprocessor):
                                               "σ/√κ; fedcof: σ, distributed only)"] = "central",
                  dp_unit: Annotated[str, "what is protected: sample (one sample) or client (all of a client's, "
                                          "at most dp_client_samples)"] = "sample",
-                 dp_accountant: Annotated[str, "pld or rdp (dp-accounting)"] = "pld",
+                 dp_accountant: Annotated[str, "pld or rdp (dp-accounting)"] = DEFAULT_ACCOUNTANT,
                  dp_threshold_share: Annotated[float, "fedcof: the share of δ spent on releasing a mean row only "
                                                       "when its noisy count clears a threshold, in (0, 1)"] = 0.5,
                  dp_client_samples: Annotated[int | None, "m: with dp_unit=client, each client's samples bounded to m, "
@@ -212,7 +209,11 @@ class GaussianMechanism(fedray.Postprocessor):
         self.threshold_delta = self.delta * dp_threshold_share
         """δ_τ: the probability bound of a mean row appearing for a class its client does not hold (FedCOF)."""
         self.target = dp_epsilon
+        self.noise_given = dp_noise is not None
+        """σ given (with a budget too: σ is used, and the budget checked in :meth:`start`)."""
         self.noise = float(dp_noise) if dp_noise is not None else calibrated(dp_epsilon, self.delta, dp_accountant)
+        self.used: dict[str, object] = {}
+        """What :meth:`start` resolved, as options (:meth:`recorded`)."""
         self.clipped_width: int | None = None
         """The width of the rows this copy (in a shard) last clipped: a client's statistics must be of that width."""
 
@@ -233,6 +234,15 @@ class GaussianMechanism(fedray.Postprocessor):
             raise ValueError(f"dp_unit=client with the {apart} stage's uploads (like fedcof's mean rows), which reach "
                              f"the server client by client: whether a client took part shows unless none of its rows "
                              f"is released; use dp_unit=sample, or fedncm or fed3r, whose uploads are summed")
+        noise, delta = (self.rows_noise, self.delta - self.threshold_delta) if apart else (self.noise, self.delta)
+        if self.noise_given:
+            budget_met(noise, self.target, math.inf if noise == 0 else epsilon(noise, delta, self.kind), "one release")
+        self.used = {"dp_noise": noise}
+
+    def recorded(self) -> dict[str, object]:
+        """σ, calibrated to ``dp_epsilon`` or given (FedCOF's mean rows': the one they get): ``dp_noise=σ`` re-runs
+        the same."""
+        return self.used
 
     @property
     def per_client(self) -> bool:
@@ -241,7 +251,7 @@ class GaussianMechanism(fedray.Postprocessor):
     @cached_property
     def rows_noise(self) -> float:
         """σ of FedCOF's mean rows: the accountant has δ − δ_τ, so a budget ε is calibrated at that δ."""
-        if self.target is None:
+        if self.noise_given:
             return self.noise
         try:
             return calibrated(self.target, self.delta - self.threshold_delta, self.kind)

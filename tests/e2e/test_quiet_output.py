@@ -48,3 +48,16 @@ def test_an_extraction_prints_no_error_or_warning_line(tmp_path, split, weights_
     assert rc == 0, stderr
     assert "features:" in stdout
     assert loud_lines(stderr) == [], stderr
+
+
+def test_a_quiet_dp_fedavg_run_prints_its_result_line_and_nothing_else(tmp_path):
+    """q = 60/1082, σ = 0.5 and the RDP accountant: dp-accounting's series does not converge at orders 1.1 to 1.5
+    there, and it logged a warning for each, every round; a run prints its result line only."""
+    out = tmp_path / "run"
+    rc, stdout, stderr, _ = fedray_subprocess(
+        ["run", "--method", "fedavg", "--dataset", "synthetic:inat-geo-100?dim=8&scale=0.3&classes=10",
+         "--clients-per-round", "60", "--rounds", "2", "--eval-every", "2", "--num-shards", "1", "--clip-norm", "0.5",
+         "--dp-noise", "0.5", "--dp-delta", "1e-5", "--option", "dp_accountant=rdp", "--quiet", "--out", out],
+        timeout=300)
+    assert rc == 0, stderr
+    assert stderr == "" and len(stdout.splitlines()) == 1 and stdout.startswith("fedavg on "), (stdout, stderr)

@@ -17,7 +17,9 @@ from fedray.core.errors import FedrayError
 from fedray.engine.config import RunConfig, resolve
 from fedray.engine.plan import postprocessing
 from fedray.methods import postprocessor as postprocessor_module
-from fedray.postprocessors.dp import GaussianMechanism
+from fedray.methods.postprocessor import Sampling, StageUploads
+from fedray.postprocessors.dp import GaussianMechanism, calibrated
+from fedray.postprocessors.dp_fedavg import calibrated as calibrated_over_rounds
 
 SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
 SMALL_RUN = ["--num-shards", "2", "--cpus-per-shard", "0.5", "--quiet", "--clients-per-round", "8", "--rounds", "6",
@@ -164,3 +166,62 @@ def test_a_dp_run_from_the_flags_reruns_from_its_config_yaml_to_the_same_bits(ra
         assert other_rows == rows and other_arrays.keys() == arrays.keys()
         assert all(other_arrays[key].tobytes() == arrays[key].tobytes() for key in arrays)
     assert plain[1].keys() == arrays.keys() and not np.array_equal(plain[1]["W"], arrays["W"])
+
+
+def test_a_dp_fedavg_run_samples_by_poisson_unless_told_or_poisson_does_not_apply():
+    """DP-FedAvg's usual ε is Poisson sampling's: its default there; with in a plain training run and where Poisson
+    does not apply (fine-tuning on images); what the run says, always."""
+    dp = {"clip_norm": 1.0, "dp_delta": 1e-5, "dp_noise": 1.0}
+    assert resolve({}, {"method": "fedavg", **dp}).sampling == "poisson"
+    assert resolve({}, {"method": "scaffold", "postprocessor": "dp-fedavg",
+                        "options": {name: str(value) for name, value in dp.items()}}).sampling == "poisson"
+    assert resolve({}, {"method": "fedavg", "sampling": "with", **dp}).sampling == "with"
+    assert resolve({}, {"method": "fedavg"}).sampling == "with"
+    on_images = {"finetune": "ft", "dataset": "hsu:train.csv?images=x"}
+    assert resolve({}, {"method": "fedavg", **on_images, **dp}).sampling == "with"
+    assert resolve({}, {"method": "fedncm", **dp}).sampling == "without"
+
+
+def rerun_of_the_record(capsys, tmp_path: Path, run: list[str], budget: float) -> float:
+    """``run`` with ``--dp-epsilon budget``, then its config.yaml and ``--dp-noise σ`` (σ its record): the same rows
+    and bits. Returns σ."""
+    rows, arrays = cli_run(capsys, tmp_path / "budget", *run, f"--dp-epsilon={budget}")
+    written = yaml.safe_load((tmp_path / "budget" / "config.yaml").read_text())
+    noise = written["dp_noise"]
+    assert written["dp_epsilon"] == budget and rows[-1]["dp_epsilon"] <= budget
+    assert all(row["dp_noise"] == noise and row["clip_norm"] == 0.5 for row in rows)
+    for again in (cli_run(capsys, tmp_path / "again", "--config", str(tmp_path / "budget" / "config.yaml")),
+                  cli_run(capsys, tmp_path / "noise", *run, f"--dp-noise={noise!r}")):
+        assert again[0] == rows and again[1].keys() == arrays.keys()
+        assert all(again[1][key].tobytes() == arrays[key].tobytes() for key in arrays)
+    return noise
+
+
+def test_a_closed_forms_calibrated_noise_is_recorded_and_reruns_to_the_same_bits(ray_session, tmp_path, capsys):
+    run = ["--method", "fed3r", "--dataset", SPEC, *SMALL_RUN, "--clip-norm=0.5", "--dp-delta=1e-5"]
+    noise = rerun_of_the_record(capsys, tmp_path, run, 2.0)
+    assert noise == calibrated(2.0, 1e-5, "pld")
+
+
+def test_dp_fedavgs_calibrated_noise_accountant_and_sampling_are_recorded_and_rerun_to_the_same_bits(
+        ray_session, tmp_path, capsys):
+    """No --sampling, no accountant: Poisson and PLD, both in config.yaml and every row, σ calibrated over the run's 6
+    rounds of q = 8/K."""
+    from fedray.data.registry import load_federation
+
+    run = ["--method", "fedavg", "--dataset", SPEC, *SMALL_RUN, "--clip-norm=0.5", "--dp-delta=1e-5"]
+    noise = rerun_of_the_record(capsys, tmp_path, run, 4.0)
+    written = yaml.safe_load((tmp_path / "budget" / "config.yaml").read_text())
+    assert written["sampling"] == "poisson" and written["options"]["dp_accountant"] == "pld"
+    rows = pq.read_table(tmp_path / "budget" / "metrics.parquet").to_pylist()
+    assert all(row["sampling"] == "poisson" and row["dp_accountant"] == "pld" for row in rows)
+    population = load_federation(SPEC).num_clients
+    assert noise == calibrated_over_rounds(4.0, 1e-5, "pld", "poisson", population, 8, 6)
+
+
+def test_a_noise_that_spends_more_than_the_budget_given_with_it_is_refused():
+    with pytest.raises(FedrayError, match=r"^--postprocessor dp: dp_noise=0.5 spends ε = .* over one release, more "
+                                          r"than dp_epsilon=1: give one of them, or a larger σ$"):
+        built = postprocessing(resolve({}, {"method": "fed3r", "clip_norm": 1.0, "dp_delta": 1e-5, "dp_epsilon": 1.0,
+                                            "dp_noise": 0.5}))
+        built.start((StageUploads("closed form", False, Sampling(10, 2), 5, 2, 2),))
