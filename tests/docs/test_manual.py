@@ -5,7 +5,8 @@ A fenced block is read by its language:
 - ``bash``: each command runs in-process, in one folder per test session that the pages share in the manual's
   order (a page may use the files an earlier page wrote): ``fedray ARGS`` (or ``.venv/bin/fedray``) through the
   command line's ``main``, ``python -m MODULE ARGS`` (or ``.venv/bin/python``) as that module's ``__main__``; each must
-  succeed. Any other command is a defect of the page, unless the block is marked.
+  succeed. A command an earlier page ran word for word runs once. Any other command is a defect of the page, unless
+  the block is marked.
 - ``python``: executed in one namespace per page; a block whose first line is ``# NAME.py`` is a file, written to
   the folder as NAME.py (a plugin, a dataset function) and not executed.
 - ``yaml``: a block whose first line is ``# PATH`` is written to the folder as PATH; others are not run.
@@ -94,7 +95,8 @@ def test_every_block_runs_or_says_why_not():
     fedray compare)."""
     for block in (block for page in manual_pages() for block in blocks(page)):
         if block.mark:
-            assert block.mark[0] == "not run" or block.mark[1] == "fedray compare", f"{block}: unknown mark {block.mark}"
+            known = block.mark[0] == "not run" or block.mark[1] == "fedray compare"
+            assert known, f"{block}: unknown mark {block.mark}"
         elif block.language == "bash":
             strangers = [" ".join(words) for words in commands(block.code) if runnable(words) is None]
             assert not strangers, f"{block}: cannot run {strangers}; mark the block <!-- not run: REASON -->"
@@ -155,7 +157,7 @@ def _run_module(args: list[str]) -> None:
         sys.argv = argv
 
 
-def _run_block(block: Block, folder: Path, namespace: dict) -> None:
+def _run_block(block: Block, folder: Path, namespace: dict, done: set[tuple[str, ...]]) -> None:
     first_line = block.code.split("\n", 1)[0]
     if block.language in ("python", "yaml") and re.fullmatch(r"# [\w./-]+\.(py|yaml)", first_line):
         target = folder / first_line[2:]
@@ -166,6 +168,9 @@ def _run_block(block: Block, folder: Path, namespace: dict) -> None:
         exec(compile(block.code, str(block), "exec"), namespace)
     elif block.language == "bash":
         for words in commands(block.code):
+            if tuple(words) in done:  # an earlier block ran this very command: once proves it
+                continue
+            done.add(tuple(words))
             kind, args = runnable(words)
             args = [match for word in args for match in (sorted(glob.glob(word)) if "*" in word else [word])]
             if kind == "fedray":
@@ -174,9 +179,15 @@ def _run_block(block: Block, folder: Path, namespace: dict) -> None:
                 _run_module(args)
 
 
+@pytest.fixture(scope="module")
+def commands_run() -> set[tuple[str, ...]]:
+    """The commands the pages have run so far (the README's and the manual's share some)."""
+    return set()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", manual_pages(), ids=lambda page: page.name)
-def test_the_page_s_blocks_run(page, folder, ray_session, monkeypatch):
+def test_the_page_s_blocks_run(page, folder, commands_run, ray_session, monkeypatch):
     monkeypatch.chdir(folder)
     monkeypatch.syspath_prepend(str(folder))
     namespace: dict = {"__name__": "__manual__"}
@@ -188,4 +199,4 @@ def test_the_page_s_blocks_run(page, folder, ray_session, monkeypatch):
             compare = _has_compare() if compare is None else compare
             if not compare:
                 continue
-        _run_block(block, folder, namespace)
+        _run_block(block, folder, namespace, commands_run)
