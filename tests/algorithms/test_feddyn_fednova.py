@@ -129,7 +129,7 @@ def test_feddyn_takes_its_option_from_the_command_line_and_refuses_a_non_positiv
 
 
 def test_the_readme_s_feddyn_in_one_file_trains_as_the_shipped_one(ray_session, tmp_path):
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text()
     code = readme.split("# my_feddyn.py\n", 1)[1].split("```", 1)[0]
     (tmp_path / "my_feddyn.py").write_text(code)
     shipped = engine_head(tmp_path, "feddyn", 4, 2, alpha=0.1)

@@ -152,7 +152,7 @@ def test_bad_data_from_python_is_one_line_before_any_work(ray_session, toy_modul
 
 
 def test_the_readme_examples_run_as_written(ray_session, tmp_path, monkeypatch, capsys):
-    section = (REPO / "README.md").read_text().split("### Your own data from Python", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "data.md").read_text().split("## Your own data from Python", 1)[1].split("\n## ", 1)[0]
     notebook, dataset_file = (block.split("```", 1)[0] for block in section.split("```python\n")[1:3])
     bash = section.split("```bash\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)

@@ -346,8 +346,8 @@ def test_methods_of_something_that_is_not_a_class_is_one_line(capsys, spec, mess
 
 
 def test_the_readme_example_method_runs_and_is_fedncm(fedncm_run, tmp_path):
-    """The "Write your own method" example of the README, as written there."""
-    readme = (REPO / "README.md").read_text()
+    """The "Write your own method" example of the manual, as written there."""
+    readme = (REPO / "docs" / "plugins.md").read_text()
     code = readme.split("```python\n# my_ncm.py\n", 1)[1].split("```", 1)[0]
     (tmp_path / "my_ncm.py").write_text(code)
     table = fedray.run(method=f"{tmp_path / 'my_ncm.py'}:MyNCM", dataset=SPEC, out=tmp_path / "out", eval_every=3,

@@ -1,13 +1,14 @@
-"""The README's ``ray job submit`` commands, run as a user types them, against a head that ``ray start --head`` started.
+"""The ``ray job submit`` commands of docs/clusters.md, run as a user types them, against a head that ``ray start
+--head`` started.
 
-The commands are read from the README's block and run in bash with only what
+The commands are read from the manual's block and run in bash with only what
 a test must change: the project's environment for ``.venv``, the loopback
 dashboard address for ``HEAD:8265``, a small run for the quickstart, and, on
 ``ray start``, a temp folder and free ports of its own (so that the head is
 no one else's cluster and ends with the test). Nothing about authentication
 is set: the head has Ray 2.60's defaults, a HOME of its own (whose token
 ``ray get-auth-token --generate`` makes), and the client another HOME with no
-token (another machine), so that the README's ``export`` is all it has.
+token (another machine), so that the manual's ``export`` is all it has.
 """
 
 from __future__ import annotations
@@ -40,15 +41,15 @@ MISSING_TOKEN = "AuthenticationError: Authentication required: Unauthorized: Mis
 
 
 def readme_job_commands() -> list[str]:
-    """The commands of the README's job-submission block (the one with ``ray get-auth-token``), comments dropped."""
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
+    """The commands of the manual's job-submission block (the one with ``ray get-auth-token``), comments dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "docs" / "clusters.md").read_text(), flags=re.DOTALL)
     block = next(block for block in blocks if "ray get-auth-token" in block)
     lines = (line.split("#", 1)[0].strip() for line in block.splitlines())
     return [line for line in lines if line]
 
 
 def substituted(command: str, old: str, new: str) -> str:
-    assert old in command, f"{old!r} is not in the README's {command!r}"
+    assert old in command, f"{old!r} is not in the manual's {command!r}"
     return command.replace(old, new)
 
 
@@ -68,7 +69,7 @@ def bash(lines: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
-    """The README's head, from its own lines: activate, make the token, ``ray start --head``. Yields (dashboard, token)."""
+    """The manual's head, from its own lines: activate, make the token, ``ray start --head``. Yields (dashboard, token)."""
     if not ACTIVATE.exists():
         pytest.skip(f"the tests do not run from a virtual environment ({sys.prefix} has no bin/activate)")
     activate, make_token, start = readme_job_commands()[:3]
@@ -97,7 +98,7 @@ def head(tmp_path_factory):
 
 
 def submit(head, client_home: Path, entrypoint: str, *, with_token: bool) -> subprocess.CompletedProcess:
-    """The README's client lines (activate, its ``export`` only ``with_token``, ``ray job submit``) in this clone."""
+    """The manual's client lines (activate, its ``export`` only ``with_token``, ``ray job submit``) in this clone."""
     dashboard, token = head
     activate, export, submit_command = (readme_job_commands()[i] for i in (0, 3, 4))
     activate = substituted(activate, ".venv", str(ACTIVATE.parents[1]))
@@ -126,4 +127,4 @@ def test_without_the_token_export_the_submission_fails_as_the_readme_says(head, 
     done = submit(head, tmp_path, "fedray --help", with_token=False)
     assert done.returncode == 1
     assert MISSING_TOKEN in done.stderr
-    assert MISSING_TOKEN in (REPO / "README.md").read_text().replace("\n", " ")
+    assert MISSING_TOKEN in (REPO / "docs" / "clusters.md").read_text().replace("\n", " ")
