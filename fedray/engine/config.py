@@ -12,8 +12,11 @@ from typing import Any
 
 from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
 from fedray.core.errors import FedrayError
-from fedray.methods.training.modes import FINETUNE_MODES, INITS
-from fedray.methods.training.schedule import SCHEDULES, LrSchedule, parse_milestones
+from fedray.methods.sphere import SphereHead
+from fedray.methods.tct_stage2 import ENTK_PARAMS, LOSSES as TCT_LOSSES, SOLVERS as TCT_SOLVERS, TctStage2Options
+from fedray.methods.training.client_optimizer import ClientOptimizer
+from fedray.methods.training.modes import FINETUNE_MODES, INITS, FineTuning
+from fedray.methods.training.schedule import SCHEDULES, parse_milestones
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods import METHODS, method_class
 from fedray.methods.algorithm import FederatedAlgorithm
@@ -41,9 +44,6 @@ DP_REPORTED = ("dp_epsilon", "dp_delta")
 columns hold the report, not the budget asked (config.yaml keeps that)."""
 DP_UNITS = ("sample", "client")
 DP_PLACEMENTS = ("central", "distributed")
-TCT_SOLVERS = ("scaffold", "closed_form", "both")
-TCT_LOSSES = ("mse", "ce")
-ENTK_PARAMS = ("all", "last_layer")
 CLOSED_FORM_MAX_DIM = 10_000
 """Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
 
@@ -67,7 +67,7 @@ APPLIES_TO = {UPLOADS: "--postprocessor", TRAINING: "gradient methods", SPHERE: 
 
 SAMPLINGS = ("without", "with", "poisson")
 HEADS = ("linear", "sphere")
-SPHERE_LOSSES = ("mse", "ce")
+SPHERE_LOSSES = options_of(SphereHead)["sphere_loss"].choices
 PLAIN_AVERAGING = "fedavg"
 """The server optimizer of fedavg, fedprox and scaffold: the one ``--server-optimizer`` may replace."""
 DEFAULT_PER_ROUND = 10
@@ -92,6 +92,14 @@ BUILT_IN_OWNERS: tuple[tuple[str, dict[str, type]], ...] = (
 """The built-in classes that own run options, by kind and name: an option one of them declares is theirs."""
 BUILT_IN_OPTIONS = tuple((kind, {name: options_of(cls) for name, cls in classes.items()}) for kind, classes in BUILT_IN_OWNERS)
 """Each built-in class's options (:func:`~fedray.core.options.options_of`), read once."""
+COMPONENTS: tuple[tuple[str, str, type], ...] = (
+    (TRAINING, "local SGD", ClientOptimizer),
+    (SPHERE, "SphereFed's head", SphereHead),
+    (IMAGES, "fine-tuning on images", FineTuning),
+    (TCT_GROUP, "TCT's stage 2", TctStage2Options),
+)
+"""The built-in components a run has when their option group applies to it (one class each: the clients' local SGD
+when it trains, ...), with their names: their options are run options in that group (:func:`owned`)."""
 
 
 def owners_of(name: str) -> tuple[str, list[str], list[Option]]:
@@ -122,17 +130,26 @@ def shipped_options() -> dict[str, tuple[tuple[str, ...], Option]]:
 def owned(name: str, *, unset: str | None = None, help: str | None = None) -> Any:
     """A run option that belongs to the built-in classes declaring ``name``: their default (``None`` when ``unset``
     says what the owner does without it; a ``None`` default needs it), their help (unless ``help``), and their names as
-    its group in ``fedray run --help``.
+    its group in ``fedray run --help``; or to a built-in component (:data:`COMPONENTS`): its declaration, in its group.
 
-    So an owner's option is declared once, in its class; ``--option name=value`` sets it too (:func:`resolve`).
+    So an owner's option is declared once, in its class; ``--option name=value`` sets a class's too (:func:`resolve`).
     """
+    component = next(((group, label, cls) for group, label, cls in COMPONENTS if name in options_of(cls)), None)
+    if component is not None:
+        group, label, cls = component
+        declared = options_of(cls)[name]
+        if declared.default is None and declared.unset is None:
+            raise TypeError(f"{cls.__name__}.{name}: say what its None default means (Unset)")
+        return field(default=declared.default, metadata={
+            "help": help or declared.help, "group": group, "unset": declared.unset, "choices": declared.choices,
+            "metavar": declared.metavar, "owners": (label,), "component": cls})
     kind, names, declarations = owners_of(name)
     defaults = {declaration.default for declaration in declarations}
     if unset is None and (len(defaults) != 1 or None in defaults):
         raise TypeError(f"the owners of {name} ({', '.join(names)}): say what its unset value means")
     group = f"{', '.join(names)} ({kind if len(names) > 1 else kind[:-1]})"
-    metadata = {"help": help or declarations[0].help, "group": group, "unset": unset, "choices": None, "metavar": None,
-                "owners": tuple(names)}
+    metadata = {"help": help or declarations[0].help, "group": group, "unset": unset,
+                "choices": declarations[0].choices, "metavar": declarations[0].metavar, "owners": tuple(names)}
     return field(default=None if unset is not None else declarations[0].default, metadata=metadata)
 
 
@@ -169,19 +186,14 @@ class RunConfig:
     virtual_lr: float = owned("virtual_lr")
     virtual_batch_size: int = owned("virtual_batch_size")
     virtual_momentum: float = owned("virtual_momentum")
-    client_lr: float = option(0.1, "client SGD learning rate", TRAINING)
-    weight_decay: float = option(4e-5, "client SGD weight decay", TRAINING)
-    batch_size: int = option(50, "client mini-batch size", TRAINING)
-    local_epochs: int = option(5, "local epochs per round", TRAINING)
-    client_momentum: float = option(0.0, "client SGD momentum, torch's heavy ball; the buffer starts at zero for every "
-                                    "client every round", TRAINING)
-    lr_schedule: str = option("constant", "client learning rate over the training rounds: constant, cosine (annealed to 0 "
-                              "over --rounds) or step (× --lr-gamma after each of --lr-milestones)", TRAINING,
-                              choices=SCHEDULES)
-    lr_milestones: str | None = option(None, "step schedule: comma-separated training rounds after which the rate "
-                                       "decays (\"50,75\")", TRAINING, unset="none; constant and cosine take none",
-                                       metavar="R1,R2,...")
-    lr_gamma: float = option(0.1, "step schedule: the decay factor", TRAINING)
+    client_lr: float = owned("client_lr")
+    weight_decay: float = owned("weight_decay")
+    batch_size: int = owned("batch_size")
+    local_epochs: int = owned("local_epochs")
+    client_momentum: float = owned("client_momentum")
+    lr_schedule: str = owned("lr_schedule")
+    lr_milestones: str | None = owned("lr_milestones")
+    lr_gamma: float = owned("lr_gamma")
     server_lr: float | None = owned("server_lr", help="server learning rate η", unset="the server optimizer's own: " +
                                     ", ".join(f"{name} {cls.default_lr:g}" for name, cls in SERVER_OPTIMIZERS.items()))
     server_momentum: float = owned("server_momentum")
@@ -190,7 +202,7 @@ class RunConfig:
     adam_tau: float = owned("adam_tau")
     prox_mu: float | None = owned("prox_mu", unset=f"{DEFAULT_PROX_MU} with fedprox")
     variant: str = owned("variant")
-    temperature: float = option(1.0, "softmax temperature: logits / T (0.1 suits a closed-form init)", TRAINING)
+    temperature: float = owned("temperature")
     init: str = option("random", "head initialization: random, or a closed-form stage first", TRAINING, choices=INITS)
     init_rounds: int | None = option(None, "round budget of the closed-form stage", TRAINING,
                                      unset="until every client was seen")
@@ -202,35 +214,27 @@ class RunConfig:
     checkpoint_every: int | None = option(500, "write OUT/checkpoint.pt every N rounds", TRAINING)
     head: str = option("linear", "what the gradient methods train on the features: a softmax head, or SphereFed's "
                        "projection before a fixed classifier", TRAINING, choices=HEADS)
-    sphere_dim: int | None = option(None, "dimension l of the sphere", SPHERE, unset="the feature dim")
-    sphere_loss: str = option("mse", "mse (SphereFed's) or ce at --temperature", SPHERE, choices=SPHERE_LOSSES)
+    sphere_dim: int | None = owned("sphere_dim")
+    sphere_loss: str = owned("sphere_loss")
     finetune: str | None = option(None, "ft: backbone and head, ftlp: head only, ftfeat: backbone only", IMAGES,
                                   choices=FINETUNE_MODES, unset="linear probing on features (ft with --method tct)")
     base: str = option("fedavg", "stage-1 algorithm, run for --rounds rounds", TCT_GROUP, choices=tuple(sorted(ALGORITHMS)))
-    entk_dim: int = option(100_000, "eNTK coordinates p drawn from the parameters", TCT_GROUP)
-    entk_fp16: bool = option(False, "store the eNTK features as float16 (half the memory)", TCT_GROUP)
-    entk_chunk: int = option(32, "samples per batched per-sample-gradient call", TCT_GROUP)
-    tct_rounds: int = option(100, "stage-2 SCAFFOLD rounds", TCT_GROUP)
-    tct_local_steps: int = option(500, "stage-2 full-batch local steps M", TCT_GROUP)
-    tct_lr: float = option(5e-5, "stage-2 learning rate η", TCT_GROUP)
-    tct_solver: str = option("scaffold", "stage 2: scaffold (TCT's), closed_form (exact, one round) or both", TCT_GROUP,
-                             choices=TCT_SOLVERS)
-    tct_projection: int | None = option(None, "stage 2 on a seeded random projection of the eNTK features to D "
-                                        "coordinates", TCT_GROUP, unset="no projection")
-    tct_lam: float = option(0.0, "ridge λ of the closed-form stage 2 (0: the least-squares solution)", TCT_GROUP)
-    tct_fedavg: bool = option(False, "ablation: stage 2 by FedAvg, SCAFFOLD without its control variates (TCT §5.4's "
-                              "TCT-FedAvg)", TCT_GROUP)
-    tct_no_normalization: bool = option(False, "ablation: stage 2 on the raw eNTK features, without the normalization "
-                                        "round's standardization (TCT §5.4's woN)", TCT_GROUP)
-    tct_loss: str = option("mse", "stage-2 loss: mse (TCT's squared loss on onehot − 1/C) or ce (softmax "
-                           "cross-entropy, the ablation TCT-CE; scaffold only)", TCT_GROUP, choices=TCT_LOSSES)
-    entk_params: str = option("all", "eNTK gradient w.r.t. all parameters, or last_layer: the last layer's weights "
-                              "only, the penultimate features (the ablation TCT-last-layer)", TCT_GROUP,
-                              choices=ENTK_PARAMS)
-    backbone: str = option("mobilenet_v2", "mobilenet_v2, squeezenet1_1, resnet18, vit_b_16, or TCT's networks trained "
-                           "from scratch: resnet18_cifar, resnet18_cifar_gn, tct_cnn (28-pixel images)", IMAGES)
-    weights: str = option("imagenet", "imagenet, random (seeded, NOT pre-trained) or a state-dict file", IMAGES)
-    image_size: int = option(224, "center-crop size", IMAGES)
+    entk_dim: int = owned("entk_dim")
+    entk_fp16: bool = owned("entk_fp16")
+    entk_chunk: int = owned("entk_chunk")
+    tct_rounds: int = owned("tct_rounds")
+    tct_local_steps: int = owned("tct_local_steps")
+    tct_lr: float = owned("tct_lr")
+    tct_solver: str = owned("tct_solver")
+    tct_projection: int | None = owned("tct_projection")
+    tct_lam: float = owned("tct_lam")
+    tct_fedavg: bool = owned("tct_fedavg")
+    tct_no_normalization: bool = owned("tct_no_normalization")
+    tct_loss: str = owned("tct_loss")
+    entk_params: str = owned("entk_params")
+    backbone: str = owned("backbone")
+    weights: str = owned("weights")
+    image_size: int = owned("image_size")
     backbone_macs: float | None = option(None, "the backbone's forward multiply-adds per sample, F_φ, for "
                                          "macs_client_avg_fed3r (the papers' accounting)", GENERAL,
                                          unset="from the feature cache's manifest; MobileNetV2: 332.9e6 in Fed3R's Table 5")
@@ -426,7 +430,8 @@ class RunConfig:
     def not_used(self, name: str) -> str:
         """The one line refusing the run option ``name``, which does not apply to this run."""
         spec = next(spec for spec in fields(self) if spec.name == name)
-        where = spec.metadata["group"] if "owners" in spec.metadata else APPLIES_TO[spec.metadata["group"]]
+        owned_by_class = "owners" in spec.metadata and "component" not in spec.metadata
+        where = spec.metadata["group"] if owned_by_class else APPLIES_TO[spec.metadata["group"]]
         run = f"--method {self.method}"
         if self.trains and "owners" in spec.metadata and spec.metadata["owners"][0] in SERVER_OPTIMIZERS:
             run += f" with server optimizer {self.server_optimizer or self.algorithm_class().server_optimizer}"
@@ -483,10 +488,6 @@ class RunConfig:
         if missing:
             raise FedrayError(f"{command_line(missing[0])}: no postprocessor of this run takes {missing[0]} "
                               f"(--postprocessor {','.join(specs)})")
-
-    def lr_schedule_of_run(self) -> LrSchedule:
-        """The client learning-rate schedule (cosine over ``--rounds``); the configuration is validated."""
-        return LrSchedule(self.lr_schedule, self.rounds or 1, parse_milestones(self.lr_milestones), self.lr_gamma)
 
     def _validate_options(self) -> None:
         """Every ``options`` key is an option of one of the run's plugins, and of its type; a per-owner key
@@ -639,12 +640,13 @@ class RunConfig:
         return groups
 
     def classes(self) -> list[type]:
-        """The classes the run builds whose options it sets: its closed-form methods, and when it trains its training
-        algorithm and server optimizer."""
+        """The classes the run builds whose options it sets: its closed-form methods, when it trains its training
+        algorithm and server optimizer, and the components of its option groups (:data:`COMPONENTS`)."""
         classes = [method_class(name) for name in self.closed_form_methods()]
         if self.trains:
             classes += [self.algorithm_class(), self.server_optimizer_class()]
-        return classes
+        groups = self.applicable_groups()
+        return classes + [cls for group, _, cls in COMPONENTS if group in groups]
 
     def metrics_columns(self) -> dict[str, object]:
         """The configuration's columns in metrics.parquet: the options that apply to the run, then the plugins' own.
@@ -690,7 +692,7 @@ STAGE_COLUMNS = ("calibrate",)
 """Options that add a stage to a run: a column only of the runs that have it."""
 FIELDS = {f.name for f in fields(RunConfig)}
 RUN_DEFAULTS = {f.name: f.default for f in fields(RunConfig)}
-IMAGE_OPTIONS = ("backbone", "weights", "image_size")
+IMAGE_OPTIONS = tuple(options_of(FineTuning))
 """Options of the network a run fine-tunes on images: a run on features has none (its features were extracted)."""
 RESERVED = {f.name for f in fields(EvalPoint)} | {f"{name}_spec" for name in PLUGIN_FIELDS} | \
     {"ridge_probe_accuracy", "trial_id", "sweep"}
@@ -753,8 +755,9 @@ def resolve(file_values: dict, cli_values: dict, drop_unused: bool = False, name
         raise FedrayError(str(error)) from None
 
 
-OWNED = {f.name for f in fields(RunConfig) if "owners" in f.metadata}
-"""The run options that belong to the built-in classes (:func:`owned`)."""
+OWNED = {f.name for f in fields(RunConfig) if "owners" in f.metadata and "component" not in f.metadata}
+"""The run options that belong to the built-in classes (:func:`owned`) that ``--option`` may set too (not those of
+the components every run of a kind has: they are the run's own)."""
 
 
 def _owned_key(key: str) -> str | None:

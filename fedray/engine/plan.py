@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
+from typing import TypeVar
 
 from fedray.core.federation import Federation
 from fedray.core.options import build
@@ -23,12 +24,17 @@ from fedray.methods import method_class
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.base import ClosedFormMethod
 from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads, postprocessor_class
+from fedray.methods.sphere import SphereHead
+from fedray.methods.tct_stage2 import TctStage2Options
+from fedray.methods.training.modes import FineTuning
 from fedray.methods.training.local import LocalSGD
 from fedray.methods.training.server import ServerOptimizer
 from fedray.runtime import sampling
 from fedray.runtime.kept import default_budget
 from fedray.runtime.footprint import Footprint, closed_form_footprint, largest_clients, training_footprint
 from fedray.runtime.schedules import Schedule
+
+Built = TypeVar("Built")
 
 
 @dataclass(frozen=True)
@@ -290,11 +296,22 @@ def method_spec(config: RunConfig, name: str) -> MethodSpec:
     return MethodSpec(name, cls, config.option_values(cls), config.seed)
 
 
+def component(config: RunConfig, cls: type[Built]) -> Built:
+    """The built-in component ``cls`` (SphereFed's head, fine-tuning, TCT's stage 2) with the run's options."""
+    return build(cls, config.option_values(cls), cls.__name__)
+
+
 def training_stage(config: RunConfig) -> Training:
     """``--method`` (TCT: ``--base``) with its local SGD and server optimizer, each built once with its options."""
-    images = None if config.finetune is None else Images(config.finetune, config.backbone, config.weights,
-                                                         config.image_size, config.num_trainers, config.cpus_per_trainer)
-    sphere = Sphere(config.sphere_dim, config.sphere_loss) if config.head == "sphere" else None
+    images = None
+    if config.finetune is not None:
+        network = component(config, FineTuning)
+        images = Images(config.finetune, network.backbone, network.weights, network.image_size, config.num_trainers,
+                        config.cpus_per_trainer)
+    sphere = None
+    if config.head == "sphere":
+        head = component(config, SphereHead)
+        sphere = Sphere(head.sphere_dim, head.sphere_loss)
     return Training(training_algorithm(config), server_optimizer(config), local_sgd_settings(config), config.rounds,
                     config.checkpoint_every, sphere, images)
 
@@ -312,10 +329,10 @@ def stages(config: RunConfig) -> tuple[Stage, ...]:
     if config.probe_ridge:
         listed.append(Probe(method_spec(config, "fed3r")))
     if config.method == TCT:
-        listed.append(TctStage2(config.entk_dim, config.entk_fp16, config.entk_chunk, config.tct_rounds,
-                                config.tct_local_steps, config.tct_lr, config.tct_solver, config.tct_projection,
-                                config.tct_lam, not config.tct_fedavg, not config.tct_no_normalization,
-                                config.tct_loss, config.entk_params == "last_layer"))
+        tct = component(config, TctStage2Options)
+        listed.append(TctStage2(tct.entk_dim, tct.entk_fp16, tct.entk_chunk, tct.tct_rounds, tct.tct_local_steps,
+                                tct.tct_lr, tct.tct_solver, tct.tct_projection, tct.tct_lam, not tct.tct_fedavg,
+                                not tct.tct_no_normalization, tct.tct_loss, tct.entk_params == "last_layer"))
     return tuple(listed)
 
 

@@ -41,18 +41,51 @@ solvers written for a list of clients in one process).
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
 
 from fedray.core.errors import FedrayError
+from fedray.core.options import Unset
 from fedray.methods.base import gram, single_threaded, spd_solve
 
 STD_FLOOR = 1e-8
 """Smallest standard deviation a coordinate is divided by (see ``Moments.normalization``)."""
 
-LOSSES = ("mse", "ce")
+Loss = Literal["mse", "ce"]
+LOSSES: tuple[str, ...] = typing.get_args(Loss)
 """Stage 2's losses: TCT's squared loss on the centered one-hot targets, or softmax cross-entropy (TCT-CE, App. B.7)."""
+Solver = Literal["scaffold", "closed_form", "both"]
+SOLVERS: tuple[str, ...] = typing.get_args(Solver)
+EntkParams = Literal["all", "last_layer"]
+ENTK_PARAMS: tuple[str, ...] = typing.get_args(EntkParams)
+
+
+@dataclass(frozen=True)
+class TctStage2Options:
+    """TCT's stage 2 (``--method tct``): the eNTK features it is solved on and its solver, as the paper and its
+    ablations (§5.4, App. B.7) choose them."""
+
+    entk_dim: Annotated[int, "eNTK coordinates p drawn from the parameters"] = 100_000
+    entk_fp16: Annotated[bool, "store the eNTK features as float16 (half the memory)"] = False
+    entk_chunk: Annotated[int, "samples per batched per-sample-gradient call"] = 32
+    tct_rounds: Annotated[int, "stage-2 SCAFFOLD rounds"] = 100
+    tct_local_steps: Annotated[int, "stage-2 full-batch local steps M"] = 500
+    tct_lr: Annotated[float, "stage-2 learning rate η"] = 5e-5
+    tct_solver: Annotated[Solver, "stage 2: scaffold (TCT's), closed_form (exact, one round) or both"] = "scaffold"
+    tct_projection: Annotated[int | None, "stage 2 on a seeded random projection of the eNTK features to D coordinates",
+                              Unset("no projection")] = None
+    tct_lam: Annotated[float, "ridge λ of the closed-form stage 2 (0: the least-squares solution)"] = 0.0
+    tct_fedavg: Annotated[bool, "ablation: stage 2 by FedAvg, SCAFFOLD without its control variates (TCT §5.4's "
+                                "TCT-FedAvg)"] = False
+    tct_no_normalization: Annotated[bool, "ablation: stage 2 on the raw eNTK features, without the normalization "
+                                          "round's standardization (TCT §5.4's woN)"] = False
+    tct_loss: Annotated[Loss, "stage-2 loss: mse (TCT's squared loss on onehot − 1/C) or ce (softmax cross-entropy, "
+                              "the ablation TCT-CE; scaffold only)"] = "mse"
+    entk_params: Annotated[EntkParams, "eNTK gradient w.r.t. all parameters, or last_layer: the last layer's weights "
+                                       "only, the penultimate features (the ablation TCT-last-layer)"] = "all"
 
 ROW_BLOCK = 4096
 """Rows widened to float64 at a time: 50,000 eNTK features of p = 100,000 are 40 GB in float64 at once."""
