@@ -200,6 +200,7 @@ class RunConfig:
     adam_beta1: float = owned("adam_beta1")
     adam_beta2: float = owned("adam_beta2")
     adam_tau: float = owned("adam_tau")
+    adam_bias_correction: bool = owned("adam_bias_correction")
     prox_mu: float | None = owned("prox_mu", unset=f"{DEFAULT_PROX_MU} with fedprox")
     variant: str = owned("variant")
     temperature: float = owned("temperature")

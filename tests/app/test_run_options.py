@@ -195,6 +195,7 @@ OWNED = {  # each option of a built-in class, the classes that declare it, and i
     "server_lr": (["fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi"], None),
     "server_momentum": (["fedavgm"], 0.9), "adam_beta1": (["fedadam", "fedadagrad", "fedyogi"], 0.9),
     "adam_beta2": (["fedadam", "fedyogi"], 0.99), "adam_tau": (["fedadam", "fedadagrad", "fedyogi"], 1e-3),
+    "adam_bias_correction": (["fedadam", "fedyogi"], False),
     "prox_mu": (["fedprox"], None), "variant": (["scaffold"], "I"),
     # the components a run has when it trains, on SphereFed's head, fine-tuning on images, with TCT's stage 2
     "client_lr": (["local SGD"], 0.1), "weight_decay": (["local SGD"], 4e-5), "batch_size": (["local SGD"], 50),
