@@ -39,7 +39,8 @@ TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 @dataclass(frozen=True)
 class Unset:
-    """What an option's ``None`` default means, in ``--help``: ``Annotated[int | None, "help", Unset("the feature dim")]``."""
+    """What an option's ``None`` default means, for ``--help``:
+    ``Annotated[int | None, "help", Unset("the feature dim")]``."""
 
     meaning: str
 

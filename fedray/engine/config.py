@@ -7,7 +7,7 @@ import functools
 import math
 import typing
 from collections.abc import Collection, Sequence
-from dataclasses import Field, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
 from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
@@ -154,7 +154,13 @@ def owned(name: str, *, unset: str | None = None, help: str | None = None) -> An
 
 
 @dataclass
-class RunConfig:
+class RunLevel:
+    """The run's own options, as declared: data, sampling, seed, evaluation, resources, output, which classes run.
+
+    :class:`RunConfig` holds them with the built-in classes' and components' options placed among them
+    (:data:`PLACED_AFTER`), and :class:`RunConfigBehaviour`'s methods.
+    """
+
     method: str = option("fed3r", f"{', '.join(sorted([*METHODS, *ALGORITHMS, TCT]))}, or your own closed-form "
                          "method or training algorithm as module:Class or path/to/file.py:Class (see fedray methods)",
                          GENERAL, metavar="METHOD")
@@ -171,39 +177,6 @@ class RunConfig:
                                 unset="until every client was seen")
     eval_every: int = option(100, "evaluate every R rounds and at the end", GENERAL)
     seed: int = option(0, "seed of every random choice of the run", GENERAL)
-    lam: float = owned("lam")
-    bias: bool = owned("bias")
-    rf_dim: int = owned("rf_dim")
-    rf_sigma: float | None = owned("rf_sigma", unset="√d, about the distance between samples of unit-spread features; "
-                                   "the Fed3R paper used 1000 on MobileNetV2 features")
-    distance: str = owned("distance")
-    gamma: float = owned("gamma")
-    means_per_class: int = owned("means_per_class")
-    covariance: str = owned("covariance")
-    between_class: bool = owned("between_class")
-    virtual_per_class: int = owned("virtual_per_class")
-    virtual_epochs: int = owned("virtual_epochs")
-    virtual_lr: float = owned("virtual_lr")
-    virtual_batch_size: int = owned("virtual_batch_size")
-    virtual_momentum: float = owned("virtual_momentum")
-    client_lr: float = owned("client_lr")
-    weight_decay: float = owned("weight_decay")
-    batch_size: int = owned("batch_size")
-    local_epochs: int = owned("local_epochs")
-    client_momentum: float = owned("client_momentum")
-    lr_schedule: str = owned("lr_schedule")
-    lr_milestones: str | None = owned("lr_milestones")
-    lr_gamma: float = owned("lr_gamma")
-    server_lr: float | None = owned("server_lr", help="server learning rate η", unset="the server optimizer's own: " +
-                                    ", ".join(f"{name} {cls.default_lr:g}" for name, cls in SERVER_OPTIMIZERS.items()))
-    server_momentum: float = owned("server_momentum")
-    adam_beta1: float = owned("adam_beta1")
-    adam_beta2: float = owned("adam_beta2")
-    adam_tau: float = owned("adam_tau")
-    adam_bias_correction: bool = owned("adam_bias_correction")
-    prox_mu: float | None = owned("prox_mu", unset=f"{DEFAULT_PROX_MU} with fedprox")
-    variant: str = owned("variant")
-    temperature: float = owned("temperature")
     init: str = option("random", "head initialization: random, or a closed-form stage first", TRAINING, choices=INITS)
     init_rounds: int | None = option(None, "round budget of the closed-form stage", TRAINING,
                                      unset="until every client was seen")
@@ -215,27 +188,9 @@ class RunConfig:
     checkpoint_every: int | None = option(500, "write OUT/checkpoint.pt every N rounds", TRAINING)
     head: str = option("linear", "what the gradient methods train on the features: a softmax head, or SphereFed's "
                        "projection before a fixed classifier", TRAINING, choices=HEADS)
-    sphere_dim: int | None = owned("sphere_dim")
-    sphere_loss: str = owned("sphere_loss")
     finetune: str | None = option(None, "ft: backbone and head, ftlp: head only, ftfeat: backbone only", IMAGES,
                                   choices=FINETUNE_MODES, unset="linear probing on features (ft with --method tct)")
     base: str = option("fedavg", "stage-1 algorithm, run for --rounds rounds", TCT_GROUP, choices=tuple(sorted(ALGORITHMS)))
-    entk_dim: int = owned("entk_dim")
-    entk_fp16: bool = owned("entk_fp16")
-    entk_chunk: int = owned("entk_chunk")
-    tct_rounds: int = owned("tct_rounds")
-    tct_local_steps: int = owned("tct_local_steps")
-    tct_lr: float = owned("tct_lr")
-    tct_solver: str = owned("tct_solver")
-    tct_projection: int | None = owned("tct_projection")
-    tct_lam: float = owned("tct_lam")
-    tct_fedavg: bool = owned("tct_fedavg")
-    tct_no_normalization: bool = owned("tct_no_normalization")
-    tct_loss: str = owned("tct_loss")
-    entk_params: str = owned("entk_params")
-    backbone: str = owned("backbone")
-    weights: str = owned("weights")
-    image_size: int = owned("image_size")
     backbone_macs: float | None = option(None, "the backbone's forward multiply-adds per sample, F_φ, for "
                                          "macs_client_avg_fed3r (the papers' accounting)", GENERAL,
                                          unset="from the feature cache's manifest; MobileNetV2: 332.9e6 in Fed3R's Table 5")
@@ -276,7 +231,12 @@ class RunConfig:
                                       f"its options secagg_clip (required), secagg_bits, secagg_value_bits, "
                                       f"secagg_dropout, secagg_threshold as --option key=value", UPLOADS)
     options: dict = field(default_factory=dict)
-    """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
+    """A plugin's own options by name (``--option key=value``); built-in options are :class:`RunConfig`'s fields."""
+
+
+class RunConfigBehaviour:
+    """What a run's configuration does: validate and resolve itself, say which of its options apply and are columns.
+    The fields are :class:`RunConfig`'s."""
 
     @property
     def trains(self) -> bool:
@@ -671,6 +631,59 @@ class RunConfig:
             else:
                 columns[spec.name] = value
         return {**columns, **self.options}
+
+
+RUN_DEFAULT_NONE = {
+    "rf_sigma": ("√d, about the distance between samples of unit-spread features; the Fed3R paper used 1000 on "
+                 "MobileNetV2 features", None),
+    "server_lr": ("the server optimizer's own: " +
+                  ", ".join(f"{name} {cls.default_lr:g}" for name, cls in SERVER_OPTIMIZERS.items()),
+                  "server learning rate η"),
+    "prox_mu": (f"{DEFAULT_PROX_MU} with fedprox", None),
+}
+"""The built-in classes' options that a run leaves None until :meth:`RunConfigBehaviour.resolved` fills them for its classes
+(their defaults differ by class, or the option is one class's), with what None means and the run's help where it is
+not the owners'."""
+
+
+PLACED_AFTER: dict[str, tuple[type, ...]] = {
+    "seed": (*METHODS.values(), ClientOptimizer, *SERVER_OPTIMIZERS.values(),
+             *(cls for cls in ALGORITHMS.values() if isinstance(cls, type))),
+    "head": (SphereHead,),
+    "base": (TctStage2Options, FineTuning),
+}
+"""The built-in classes and components whose options are run options, after the run option each group follows in
+config.yaml, the metrics columns and ``fedray run --help``."""
+
+
+def _owned_fields(classes: Sequence[type]) -> list[tuple[str, object, Any]]:
+    """``(name, type, field)`` of every option of ``classes`` (:func:`owned`), each once."""
+    made: dict[str, tuple[str, object, Any]] = {}
+    for cls in classes:
+        for name, declared in options_of(cls).items():
+            if name not in made:
+                unset, run_help = RUN_DEFAULT_NONE.get(name, (None, None))
+                kind = declared.type | None if declared.optional or unset is not None else declared.type
+                made[name] = (name, kind, owned(name, unset=unset, help=run_help))
+    return list(made.values())
+
+
+def _run_config_fields() -> list[tuple[str, object, Any]]:
+    """:class:`RunLevel`'s fields with the built-in classes' and components' options placed among them."""
+    hints = typing.get_type_hints(RunLevel)
+    placed: list[tuple[str, object, Any]] = []
+    for spec in fields(RunLevel):
+        copied = field(default=spec.default, metadata=spec.metadata) if spec.default_factory is MISSING else \
+            field(default_factory=spec.default_factory, metadata=spec.metadata)
+        placed += [(spec.name, hints[spec.name], copied), *_owned_fields(PLACED_AFTER.get(spec.name, ()))]
+    return placed
+
+
+RunConfig = make_dataclass("RunConfig", _run_config_fields(), bases=(RunConfigBehaviour,),
+                           namespace={"__module__": __name__, "__doc__": """A run's configuration: the run's own
+    options (:class:`RunLevel`) and, made from their declarations, every option of the built-in classes and
+    components (:data:`PLACED_AFTER`), with :class:`RunConfigBehaviour`'s methods: a new option of one of them is a
+    flag, a YAML and sweep key, a line of ``fedray run --help`` and a metrics column with no other edit."""})
 
 
 def _is_algorithm(spec: str) -> bool:

@@ -110,7 +110,8 @@ def flower_fedadam(server_lr: float, beta_1: float, beta_2: float, tau: float) -
         m_t = np.multiply(beta_1, m_t) + (1 - beta_1) * delta_t
         v_t = np.zeros_like(delta_t) if v_t is None else v_t
         v_t = beta_2 * v_t + (1 - beta_2) * np.multiply(delta_t, delta_t)
-        eta_norm = server_lr * np.sqrt(1 - np.power(beta_2, server_round + 1.0)) / (1 - np.power(beta_1, server_round + 1.0))
+        eta_norm = (server_lr * np.sqrt(1 - np.power(beta_2, server_round + 1.0))
+                    / (1 - np.power(beta_1, server_round + 1.0)))
         current_weights = current_weights + eta_norm * m_t / (np.sqrt(v_t) + tau)
         thetas.append(current_weights)
     return thetas
