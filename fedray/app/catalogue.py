@@ -12,7 +12,7 @@ from fedray.engine.config import TCT
 from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, Postprocessor, postprocessor_class
 from fedray.methods.training.client_optimizer import ClientOptimizer
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
-from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, algorithm_class
+from fedray.methods.training_algorithms import ALIASES, BUILT_IN as ALGORITHMS, algorithm_class, own_server_optimizer
 
 def _summary(cls: type) -> str:
     return cls.__doc__.strip().splitlines()[0] if cls.__doc__ else ""
@@ -23,9 +23,10 @@ def _entry(name: str, cls: type) -> list[str]:
 
 
 def _training_algorithm(name: str) -> list[str]:
-    cls = algorithm_class(name)
+    cls, alias = algorithm_class(name), ALIASES.get(name)
     options = [f"      {option.describe()}" for option in options_of(cls).values()]
-    return [f"  {name:<14} {_summary(cls)} (server optimizer: {cls.server_optimizer})", *options]
+    summary = _summary(cls) if alias is None else alias.summary
+    return [f"  {name:<14} {summary} (server optimizer: {own_server_optimizer(name)})", *options]
 
 
 KINDS = (("closed-form method", ClosedFormMethod, "--method"), ("training algorithm", FederatedAlgorithm, "--method"),

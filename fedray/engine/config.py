@@ -21,7 +21,8 @@ from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods import METHODS, method_class
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, postprocessor_class
-from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, algorithm_class
+from fedray.methods.training_algorithms import (BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, algorithm_class,
+                                               own_server_optimizer)
 from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.options import Option, option_from_hint, options_of
 from fedray.core.plugins import canonical, display_name, is_plugin, load_class, names_subclass
@@ -251,6 +252,11 @@ class RunConfigBehaviour:
     def algorithm_class(self) -> type[FederatedAlgorithm]:
         return algorithm_class(self.training_algorithm)
 
+    @property
+    def own_server_optimizer(self) -> str:
+        """The training algorithm's own server optimizer (fedadam's FedAdam, ...), which --server-optimizer replaces."""
+        return own_server_optimizer(self.training_algorithm)
+
     def plugins(self) -> list[Owner]:
         """The run's classes named by ``module:Class`` or ``file.py:Class`` (and the built-in training algorithms
         written as plugins), each once, with the flag that names it: their options go in ``options``."""
@@ -299,7 +305,7 @@ class RunConfigBehaviour:
 
     def server_optimizer_class(self) -> type[ServerOptimizer]:
         """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
-        return server_optimizer_class(self.server_optimizer or self.algorithm_class().server_optimizer)
+        return server_optimizer_class(self.server_optimizer or self.own_server_optimizer)
 
     def _validate_poisson(self) -> None:
         """Poisson sampling is for training on features: a closed form uploads each client's statistics once (its
@@ -395,7 +401,7 @@ class RunConfigBehaviour:
         where = spec.metadata["group"] if owned_by_class else APPLIES_TO[spec.metadata["group"]]
         run = f"--method {self.method}"
         if self.trains and "owners" in spec.metadata and spec.metadata["owners"][0] in SERVER_OPTIMIZERS:
-            run += f" with server optimizer {self.server_optimizer or self.algorithm_class().server_optimizer}"
+            run += f" with server optimizer {self.server_optimizer or self.own_server_optimizer}"
         return f"{command_line(name)} applies to {where}, not to this run ({run})"
 
     def _taken(self) -> set[str]:
@@ -414,7 +420,7 @@ class RunConfigBehaviour:
         """
         if self.server_optimizer is None or not self.trains:
             return
-        own = self.algorithm_class().server_optimizer
+        own = self.own_server_optimizer
         if own != PLAIN_AVERAGING and canonical(self.server_optimizer) != own:
             flag = f"--base {self.base}" if self.method == TCT else f"--method {self.method}"
             raise FedrayError(f"{flag} is its own server optimizer ({own}): --server-optimizer {self.server_optimizer} "
@@ -538,7 +544,7 @@ class RunConfigBehaviour:
         if self.method == TCT:
             values["finetune"] = self.finetune or "ft"
         if self.trains:
-            values["server_optimizer"] = canonical(self.server_optimizer or self.algorithm_class().server_optimizer)
+            values["server_optimizer"] = canonical(self.server_optimizer or self.own_server_optimizer)
             values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
             if self.calibrate is not None:
                 values["calibrate"] = canonical(self.calibrate)
