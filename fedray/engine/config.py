@@ -8,23 +8,22 @@ import math
 import typing
 from collections.abc import Collection, Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
 from fedray.core.errors import FedrayError
 from fedray.methods.sphere import SphereHead
-from fedray.methods.tct_stage2 import ENTK_PARAMS, LOSSES as TCT_LOSSES, SOLVERS as TCT_SOLVERS, TctStage2Options
+from fedray.methods.tct_stage2 import TctStage2Options
 from fedray.methods.training.client_optimizer import ClientOptimizer
 from fedray.methods.training.modes import FINETUNE_MODES, INITS, FineTuning
-from fedray.methods.training.schedule import SCHEDULES, parse_milestones
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods import METHODS, method_class
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, postprocessor_class
 from fedray.methods.training_algorithms import (BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, algorithm_class,
                                                own_server_optimizer)
-from fedray.core.numeric_options import check_numeric_options, command_line
-from fedray.core.options import Option, option_from_hint, options_of
+from fedray.core.numeric_options import check_numeric_options, check_positive, command_line
+from fedray.core.options import Option, build, option_from_hint, options_of
 from fedray.core.plugins import canonical, display_name, is_plugin, load_class, names_subclass
 from fedray.engine.plugin_options import Owner, checked_options, declarers, split_key, values_for
 from fedray.engine.plugin_options import defaults as plugin_defaults
@@ -45,8 +44,6 @@ DP_REPORTED = ("dp_epsilon", "dp_delta")
 columns hold the report, not the budget asked (config.yaml keeps that)."""
 DP_UNITS = ("sample", "client")
 DP_PLACEMENTS = ("central", "distributed")
-CLOSED_FORM_MAX_DIM = 10_000
-"""Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
 
 
 GENERAL, SAMPLING, UPLOADS, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES = (
@@ -68,11 +65,11 @@ APPLIES_TO = {UPLOADS: "--postprocessor", TRAINING: "gradient methods", SPHERE: 
 
 SAMPLINGS = ("without", "with", "poisson")
 HEADS = ("linear", "sphere")
-SPHERE_LOSSES = options_of(SphereHead)["sphere_loss"].choices
 PLAIN_AVERAGING = "fedavg"
 """The server optimizer of fedavg, fedprox and scaffold: the one ``--server-optimizer`` may replace."""
 DEFAULT_PER_ROUND = 10
 """κ when neither --clients-per-round nor --participation is given."""
+Component = TypeVar("Component")
 
 
 def option(default: object, help: str, group: str | None, *, unset: str | None = None,
@@ -351,17 +348,14 @@ class RunConfigBehaviour:
             raise FedrayError(f"--client-state-memory must be ≥ 0 (GB), got {self.client_state_memory}")
         if self.init not in INITS:
             raise FedrayError(f"--init must be one of {', '.join(INITS)}, got {self.init!r}")
-        positive = {"client_lr": self.client_lr, "batch_size": self.batch_size, "local_epochs": self.local_epochs,
-                    "temperature": self.temperature, "server_lr": self.server_lr, "init_rounds": self.init_rounds,
-                    "checkpoint_every": self.checkpoint_every, "image_size": self.image_size,
-                    "num_trainers": self.num_trainers, "cpus_per_trainer": self.cpus_per_trainer,
-                    "sphere_dim": self.sphere_dim, "entk_dim": self.entk_dim, "entk_chunk": self.entk_chunk,
-                    "tct_rounds": self.tct_rounds, "tct_local_steps": self.tct_local_steps, "tct_lr": self.tct_lr,
-                    "tct_projection": self.tct_projection, "rf_sigma": self.rf_sigma,
-                    "backbone_macs": self.backbone_macs, "lr_gamma": self.lr_gamma}
-        for name, value in positive.items():
-            if value is not None and value <= 0:
-                raise FedrayError(f"{command_line(name)} must be > 0, got {value}")
+        check_positive({"server_lr": self.server_lr, "init_rounds": self.init_rounds,
+                        "checkpoint_every": self.checkpoint_every, "num_trainers": self.num_trainers,
+                        "cpus_per_trainer": self.cpus_per_trainer, "rf_sigma": self.rf_sigma,
+                        "backbone_macs": self.backbone_macs})
+        for _, _, cls in COMPONENTS:  # each checks its own values, whether or not the run has it (refused below then)
+            self.component(cls)
+        if self.trains:
+            self.component(ClientOptimizer).schedule(self.rounds)
         if self.finetune is not None and (self.finetune not in FINETUNE_MODES or not self.trains):
             raise FedrayError(f"--finetune takes {', '.join(FINETUNE_MODES)} with a gradient method, got {self.finetune!r} with {self.method}")
         self._validate_images()
@@ -369,9 +363,6 @@ class RunConfigBehaviour:
             raise FedrayError(f"--head must be linear or sphere, got {self.head!r}")
         if self.head == "sphere":
             self._validate_sphere()
-        if self.sphere_loss not in SPHERE_LOSSES:
-            raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
-        self._validate_client_optimizer()
         self._validate_dp()
         if self.method == TCT:
             self._validate_tct()
@@ -427,22 +418,6 @@ class RunConfigBehaviour:
                               f"contradicts it; give --method fedavg (or fedprox, scaffold) with --server-optimizer "
                               f"{self.server_optimizer}")
 
-    def _validate_client_optimizer(self) -> None:
-        if not 0 <= self.client_momentum < 1:
-            raise FedrayError(f"--client-momentum must be in [0, 1), got {self.client_momentum}")
-        if self.lr_schedule not in SCHEDULES:
-            raise FedrayError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
-        if self.lr_schedule == "cosine" and self.rounds is None:
-            raise FedrayError("--lr-schedule cosine anneals over the run's training rounds: give --rounds")
-        if (self.lr_milestones is not None) != (self.lr_schedule == "step"):
-            raise FedrayError("--lr-schedule step needs --lr-milestones, and --lr-milestones applies to step only")
-        try:
-            milestones = parse_milestones(self.lr_milestones)
-        except ValueError:
-            milestones = (0,)
-        if self.lr_schedule == "step" and (not milestones or min(milestones) < 1):
-            raise FedrayError(f"--lr-milestones takes comma-separated training rounds ≥ 1, got {self.lr_milestones!r}")
-
     def _validate_dp(self) -> None:
         """Each DP flag given is an option of one of the run's postprocessors: none is dropped unseen. (Its value is
         the postprocessor's to check, when it is built.)"""
@@ -488,9 +463,7 @@ class RunConfigBehaviour:
                 raise FedrayError(f"{command_line(given[0])} applies to fine-tuning on images (--finetune, or --method "
                                   f"tct), not to {self.method} on the dataset's features")
             return
-        from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
-
-        get_backbone(self.backbone)
+        self.component(FineTuning).check_backbone()
 
     def _validate_sphere(self) -> None:
         if not self.trains or self.method == TCT or self.init != "random":
@@ -512,28 +485,7 @@ class RunConfigBehaviour:
                               f"as module:Class or path/to/file.py:Class), got {self.base!r}")
         if self.head != "linear":
             raise FedrayError("TCT fine-tunes a linear head on images (stage 1); --head sphere does not apply")
-        if self.tct_solver not in TCT_SOLVERS:
-            raise FedrayError(f"--tct-solver must be one of {', '.join(TCT_SOLVERS)}, got {self.tct_solver!r}")
-        if self.tct_lam < 0:
-            raise FedrayError(f"--tct-lam must be ≥ 0, got {self.tct_lam}")
-        if self.tct_loss not in TCT_LOSSES:
-            raise FedrayError(f"--tct-loss must be one of {', '.join(TCT_LOSSES)}, got {self.tct_loss!r}")
-        if self.entk_params not in ENTK_PARAMS:
-            raise FedrayError(f"--entk-params must be one of {', '.join(ENTK_PARAMS)}, got {self.entk_params!r}")
-        if self.tct_loss == "ce" and self.tct_solver != "scaffold":
-            raise FedrayError(f"--tct-loss ce has no closed form: it takes --tct-solver scaffold, not {self.tct_solver}")
-        if self.tct_fedavg and self.tct_solver == "closed_form":
-            raise FedrayError("--tct-fedavg turns off the control variates of stage 2's iterative solver: it takes "
-                              "--tct-solver scaffold or both, not closed_form")
-        sampled = self.entk_dim
-        if self.entk_params == "last_layer":  # p of the d head weights: at most the penultimate width
-            from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
-
-            sampled = min(sampled, get_backbone(self.backbone).dim)
-        width = self.tct_projection or sampled
-        if self.tct_solver != "scaffold" and width > CLOSED_FORM_MAX_DIM:
-            raise FedrayError(f"the closed-form stage 2 solves a {width} × {width} system: give --tct-projection D "
-                              f"≤ {CLOSED_FORM_MAX_DIM} (or --entk-dim ≤ {CLOSED_FORM_MAX_DIM})")
+        self.component(TctStage2Options).check_fits(self.component(FineTuning).backbone)
 
     def resolved(self) -> "RunConfig":
         """Method-dependent defaults filled in: sampling (with replacement for training), server lr, FedProx μ."""
@@ -608,12 +560,20 @@ class RunConfigBehaviour:
 
     def classes(self) -> list[type]:
         """The classes the run builds whose options it sets: its closed-form methods, when it trains its training
-        algorithm and server optimizer, and the components of its option groups (:data:`COMPONENTS`)."""
+        algorithm and server optimizer, and its :meth:`components`."""
         classes = [method_class(name) for name in self.closed_form_methods()]
         if self.trains:
             classes += [self.algorithm_class(), self.server_optimizer_class()]
+        return classes + self.components()
+
+    def components(self) -> list[type]:
+        """The built-in components of this run: those of its option groups (:data:`COMPONENTS`)."""
         groups = self.applicable_groups()
-        return classes + [cls for group, _, cls in COMPONENTS if group in groups]
+        return [cls for group, _, cls in COMPONENTS if group in groups]
+
+    def component(self, cls: type[Component]) -> Component:
+        """The built-in component ``cls`` with this run's options (its constructor checks them)."""
+        return build(cls, self.option_values(cls), cls.__name__)
 
     def metrics_columns(self) -> dict[str, object]:
         """The configuration's columns in metrics.parquet: the options that apply to the run, then the plugins' own.
@@ -647,9 +607,9 @@ RUN_DEFAULT_NONE = {
                   "server learning rate η"),
     "prox_mu": (f"{DEFAULT_PROX_MU} with fedprox", None),
 }
-"""The built-in classes' options that a run leaves None until :meth:`RunConfigBehaviour.resolved` fills them for its classes
-(their defaults differ by class, or the option is one class's), with what None means and the run's help where it is
-not the owners'."""
+"""The built-in classes' options that a run leaves None until :meth:`RunConfigBehaviour.resolved` fills them for its
+classes (their defaults differ by class, or the option is one class's), with what None means and the run's help where
+it is not the owners'."""
 
 
 PLACED_AFTER: dict[str, tuple[type, ...]] = {

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TypeVar
 
 from fedray.core.federation import Federation
 from fedray.core.options import build
@@ -33,8 +32,6 @@ from fedray.runtime import sampling
 from fedray.runtime.kept import default_budget
 from fedray.runtime.footprint import Footprint, closed_form_footprint, largest_clients, training_footprint
 from fedray.runtime.schedules import Schedule
-
-Built = TypeVar("Built")
 
 
 @dataclass(frozen=True)
@@ -296,21 +293,16 @@ def method_spec(config: RunConfig, name: str) -> MethodSpec:
     return MethodSpec(name, cls, config.option_values(cls), config.seed)
 
 
-def component(config: RunConfig, cls: type[Built]) -> Built:
-    """The built-in component ``cls`` (SphereFed's head, fine-tuning, TCT's stage 2) with the run's options."""
-    return build(cls, config.option_values(cls), cls.__name__)
-
-
 def training_stage(config: RunConfig) -> Training:
     """``--method`` (TCT: ``--base``) with its local SGD and server optimizer, each built once with its options."""
     images = None
     if config.finetune is not None:
-        network = component(config, FineTuning)
+        network = config.component(FineTuning)
         images = Images(config.finetune, network.backbone, network.weights, network.image_size, config.num_trainers,
                         config.cpus_per_trainer)
     sphere = None
     if config.head == "sphere":
-        head = component(config, SphereHead)
+        head = config.component(SphereHead)
         sphere = Sphere(head.sphere_dim, head.sphere_loss)
     return Training(training_algorithm(config), server_optimizer(config), local_sgd_settings(config), config.rounds,
                     config.checkpoint_every, sphere, images)
@@ -329,7 +321,7 @@ def stages(config: RunConfig) -> tuple[Stage, ...]:
     if config.probe_ridge:
         listed.append(Probe(method_spec(config, "fed3r")))
     if config.method == TCT:
-        tct = component(config, TctStage2Options)
+        tct = config.component(TctStage2Options)
         listed.append(TctStage2(tct.entk_dim, tct.entk_fp16, tct.entk_chunk, tct.tct_rounds, tct.tct_local_steps,
                                 tct.tct_lr, tct.tct_solver, tct.tct_projection, tct.tct_lam, not tct.tct_fedavg,
                                 not tct.tct_no_normalization, tct.tct_loss, tct.entk_params == "last_layer"))

@@ -16,8 +16,7 @@ from fedray.core.options import build
 
 def local_sgd_settings(config: RunConfig) -> LocalSGD:
     """The clients' optimizer (:class:`ClientOptimizer`) built from its options, over the run's training rounds."""
-    options: ClientOptimizer = build(ClientOptimizer, config.option_values(ClientOptimizer), "local SGD")
-    return options.local_sgd(config.rounds)
+    return config.component(ClientOptimizer).local_sgd(config.rounds)
 
 
 def training_algorithm(config: RunConfig) -> FederatedAlgorithm:

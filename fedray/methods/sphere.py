@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 import torch
 
 from fedray.core.errors import FedrayError
+from fedray.core.numeric_options import check_positive
 from fedray.core.options import Unset
 
 TIGHT_FRAME_TOLERANCE = 1e-10
@@ -54,6 +55,11 @@ class SphereHead:
 
     sphere_dim: Annotated[int | None, "dimension l of the sphere", Unset("the feature dim")] = None
     sphere_loss: Annotated[Literal["mse", "ce"], "mse (SphereFed's) or ce at --temperature"] = "mse"
+
+    def __post_init__(self) -> None:
+        check_positive({"sphere_dim": self.sphere_dim})
+        if self.sphere_loss not in ("mse", "ce"):
+            raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
 
 
 def sphere_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str, temperature: float) -> torch.Tensor:

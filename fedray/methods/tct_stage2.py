@@ -48,6 +48,7 @@ from typing import Annotated, Literal
 import torch
 
 from fedray.core.errors import FedrayError
+from fedray.core.numeric_options import check_positive
 from fedray.core.options import Unset
 from fedray.methods.base import gram, single_threaded, spd_solve
 
@@ -61,6 +62,8 @@ Solver = Literal["scaffold", "closed_form", "both"]
 SOLVERS: tuple[str, ...] = typing.get_args(Solver)
 EntkParams = Literal["all", "last_layer"]
 ENTK_PARAMS: tuple[str, ...] = typing.get_args(EntkParams)
+CLOSED_FORM_MAX_DIM = 10_000
+"""Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,40 @@ class TctStage2Options:
                               "the ablation TCT-CE; scaffold only)"] = "mse"
     entk_params: Annotated[EntkParams, "eNTK gradient w.r.t. all parameters, or last_layer: the last layer's weights "
                                        "only, the penultimate features (the ablation TCT-last-layer)"] = "all"
+
+    def __post_init__(self) -> None:
+        check_positive({"entk_dim": self.entk_dim, "entk_chunk": self.entk_chunk, "tct_rounds": self.tct_rounds,
+                        "tct_local_steps": self.tct_local_steps, "tct_lr": self.tct_lr,
+                        "tct_projection": self.tct_projection})
+        if self.tct_solver not in SOLVERS:
+            raise FedrayError(f"--tct-solver must be one of {', '.join(SOLVERS)}, got {self.tct_solver!r}")
+        if self.tct_lam < 0:
+            raise FedrayError(f"--tct-lam must be ≥ 0, got {self.tct_lam}")
+        if self.tct_loss not in LOSSES:
+            raise FedrayError(f"--tct-loss must be one of {', '.join(LOSSES)}, got {self.tct_loss!r}")
+        if self.entk_params not in ENTK_PARAMS:
+            raise FedrayError(f"--entk-params must be one of {', '.join(ENTK_PARAMS)}, got {self.entk_params!r}")
+        if self.tct_loss == "ce" and self.tct_solver != "scaffold":
+            raise FedrayError(f"--tct-loss ce has no closed form: it takes --tct-solver scaffold, "
+                              f"not {self.tct_solver}")
+        if self.tct_fedavg and self.tct_solver == "closed_form":
+            raise FedrayError("--tct-fedavg turns off the control variates of stage 2's iterative solver: it takes "
+                              "--tct-solver scaffold or both, not closed_form")
+
+    def check_fits(self, backbone: str) -> None:
+        """A closed-form stage 2 (``tct_solver`` closed_form or both) on ``backbone``'s eNTK features solves a system
+        at most :data:`CLOSED_FORM_MAX_DIM` wide."""
+        if self.tct_solver == "scaffold":
+            return
+        sampled = self.entk_dim
+        if self.entk_params == "last_layer":  # p of the d head weights: at most the penultimate width
+            from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
+
+            sampled = min(sampled, get_backbone(backbone).dim)
+        width = self.tct_projection or sampled
+        if width > CLOSED_FORM_MAX_DIM:
+            raise FedrayError(f"the closed-form stage 2 solves a {width} × {width} system: give --tct-projection D "
+                              f"≤ {CLOSED_FORM_MAX_DIM} (or --entk-dim ≤ {CLOSED_FORM_MAX_DIM})")
 
 ROW_BLOCK = 4096
 """Rows widened to float64 at a time: 50,000 eNTK features of p = 100,000 are 40 GB in float64 at once."""

@@ -50,12 +50,14 @@ THROWAWAY = textwrap.dedent('''
                         "grid": {"throwaway_knob": [0.1, 0.2]}}, Path("sweep"))
     trial = trial_config({**sweep.base, "throwaway_knob": 0.2}, "out")
     print(json.dumps({
-        "help": [line.strip() for line in shown.getvalue().splitlines() if "throwaway-knob" in line or "only this" in line],
+        "help": [line.strip() for line in shown.getvalue().splitlines()
+                 if "throwaway-knob" in line or "only this" in line],
         "methods": [line.strip() for line in catalogue().splitlines() if "throwaway" in line],
         "command_line": command_line.metrics_columns()["throwaway_knob"],
         "yaml": from_file.metrics_columns()["throwaway_knob"],
         "sweep": [sweep.grid["throwaway_knob"], trial.throwaway_knob],
-        "default": resolve({}, {"method": "fedavg", "server_optimizer": "throwaway"}).metrics_columns()["throwaway_knob"],
+        "default": resolve({}, {"method": "fedavg",
+                                "server_optimizer": "throwaway"}).metrics_columns()["throwaway_knob"],
         "other_runs": "throwaway_knob" in resolve({}, {"method": "fedavg"}).metrics_columns(),
     }))
 ''')

@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
+from fedray.core.errors import FedrayError
+from fedray.core.numeric_options import check_positive
 from fedray.core.options import Metavar, Unset
 from fedray.methods.training.local import LocalSGD
-from fedray.methods.training.schedule import LrSchedule, ScheduleKind, parse_milestones
+from fedray.methods.training.schedule import SCHEDULES, LrSchedule, ScheduleKind, parse_milestones
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,27 @@ class ClientOptimizer:
     lr_gamma: Annotated[float, "step schedule: the decay factor"] = 0.1
     temperature: Annotated[float, "softmax temperature: logits / T (0.1 suits a closed-form init)"] = 1.0
 
+    def __post_init__(self) -> None:
+        check_positive({"client_lr": self.client_lr, "batch_size": self.batch_size, "local_epochs": self.local_epochs,
+                        "temperature": self.temperature, "lr_gamma": self.lr_gamma})
+        if not 0 <= self.client_momentum < 1:
+            raise FedrayError(f"--client-momentum must be in [0, 1), got {self.client_momentum}")
+        if self.lr_schedule not in SCHEDULES:
+            raise FedrayError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
+        if (self.lr_milestones is not None) != (self.lr_schedule == "step"):
+            raise FedrayError("--lr-schedule step needs --lr-milestones, and --lr-milestones applies to step only")
+        try:
+            milestones = parse_milestones(self.lr_milestones)
+        except ValueError:
+            milestones = (0,)
+        if self.lr_schedule == "step" and (not milestones or min(milestones) < 1):
+            raise FedrayError(f"--lr-milestones takes comma-separated training rounds ≥ 1, got {self.lr_milestones!r}")
+
     def schedule(self, rounds: int | None) -> LrSchedule:
-        """The learning-rate schedule over the run's ``rounds`` training rounds (the cosine's span; None: one)."""
+        """The learning-rate schedule over the run's ``rounds`` training rounds (None: until every client was seen,
+        which a cosine cannot span)."""
+        if self.lr_schedule == "cosine" and rounds is None:
+            raise FedrayError("--lr-schedule cosine anneals over the run's training rounds: give --rounds")
         return LrSchedule(self.lr_schedule, rounds or 1, parse_milestones(self.lr_milestones), self.lr_gamma)
 
     def local_sgd(self, rounds: int | None) -> LocalSGD:
