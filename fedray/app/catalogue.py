@@ -8,15 +8,11 @@ from fedray.core.plugins import is_plugin, load_class, names_subclass
 from fedray.methods import METHODS
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.base import ClosedFormMethod
-from fedray.engine.config import RUN_OPTIONS, TCT
+from fedray.engine.config import TCT
 from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, Postprocessor, postprocessor_class
+from fedray.methods.training.client_optimizer import ClientOptimizer
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
-from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, algorithm_class
-
-CLIENT_OPTIONS = ("client_lr", "weight_decay", "batch_size", "local_epochs", "client_momentum", "lr_schedule",
-                  "lr_milestones", "lr_gamma", "temperature")
-"""Options of every gradient method's local SGD (run options for now)."""
-
+from fedray.methods.training_algorithms import ALIASES, BUILT_IN as ALGORITHMS, algorithm_class, own_server_optimizer
 
 def _summary(cls: type) -> str:
     return cls.__doc__.strip().splitlines()[0] if cls.__doc__ else ""
@@ -27,9 +23,10 @@ def _entry(name: str, cls: type) -> list[str]:
 
 
 def _training_algorithm(name: str) -> list[str]:
-    cls = algorithm_class(name)
+    cls, alias = algorithm_class(name), ALIASES.get(name)
     options = [f"      {option.describe()}" for option in options_of(cls).values()]
-    return [f"  {name:<14} {_summary(cls)} (server optimizer: {cls.server_optimizer})", *options]
+    summary = _summary(cls) if alias is None else alias.summary
+    return [f"  {name:<14} {summary} (server optimizer: {own_server_optimizer(name)})", *options]
 
 
 KINDS = (("closed-form method", ClosedFormMethod, "--method"), ("training algorithm", FederatedAlgorithm, "--method"),
@@ -69,7 +66,7 @@ def catalogue() -> str:
               "(or the backbone with --finetune):"]
     lines += [line for name in ALGORITHMS for line in _training_algorithm(name)]
     lines += ["    local SGD of every gradient method:"]
-    lines += [f"      {RUN_OPTIONS[name].describe()}" for name in CLIENT_OPTIONS]
+    lines += [f"      {option.describe()}" for option in options_of(ClientOptimizer).values()]
     lines += [f"  {TCT:<14} TCT: fine-tune (--base), eNTK features, stage 2 by SCAFFOLD and/or in closed form (see --help)"]
     lines += ["", "server optimizers (--server-optimizer NAME, any gradient method; default: the method's own; options as "
               "--server-momentum ... or --option server_momentum=...):"]

@@ -140,7 +140,7 @@ def summary_line(config: RunConfig, last: dict) -> str:
 def what_ran(config: RunConfig) -> str:
     """The method, and the server optimizer that replaced its own (``fedavg with server optimizer FedYogi``)."""
     method = display_name(config.method)
-    if config.trains and config.server_optimizer != config.algorithm_class().server_optimizer:
+    if config.trains and config.server_optimizer != config.own_server_optimizer:
         return f"{method} with server optimizer {display_name(config.server_optimizer)}"
     return method
 

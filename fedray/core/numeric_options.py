@@ -38,3 +38,10 @@ def check_numeric_options(values: Mapping[str, object], spelled: Callable[[str],
 def command_line(key: str) -> str:
     """``clients_per_round`` as typed on the command line: ``--clients-per-round``."""
     return "--" + key.replace("_", "-")
+
+
+def check_positive(values: dict[str, object]) -> None:
+    """Each of ``values`` (option name: value) that is set is > 0, else a one-line error naming its flag."""
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise FedrayError(f"{command_line(name)} must be > 0, got {value}")

@@ -6,8 +6,10 @@ its options once, in its ``__init__``::
     def __init__(self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01, bias: bool = False)
 
 Each keyword argument with a default is an option: its type (``int``,
-``float``, ``bool`` or ``str``, optionally ``| None``), its default and, with
-``typing.Annotated``, its help text; a training algorithm, a dataclass, declares
+``float``, ``bool`` or ``str``, optionally ``| None``; a ``Literal`` of strings
+gives its choices), its default and, with ``typing.Annotated``, its help text
+(and, for ``--help``, what a ``None`` default means, :class:`Unset`, and the
+value's name, :class:`Metavar`); a training algorithm, a dataclass, declares
 them as fields with defaults. Arguments the engine supplies (:data:`SUPPLIED`)
 are not options. ``fedray methods`` lists these, the
 command line and YAML files set them, and :func:`build` checks and coerces the
@@ -36,6 +38,21 @@ TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
 @dataclass(frozen=True)
+class Unset:
+    """What an option's ``None`` default means, for ``--help``:
+    ``Annotated[int | None, "help", Unset("the feature dim")]``."""
+
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Metavar:
+    """How ``--help`` names an option's value: ``Annotated[str | None, "help", Metavar("R1,R2,...")]``."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Option:
     name: str
     type: type
@@ -43,6 +60,11 @@ class Option:
     help: str = ""
     optional: bool = False
     """Whether ``None`` is a valid value (the type was ``X | None``)."""
+    choices: tuple[str, ...] | None = None
+    """The values it takes (the type was a ``Literal``); the class or the run checks them, with its own message."""
+    unset: str | None = None
+    """What a ``None`` default means (:class:`Unset`)."""
+    metavar: str | None = None
 
     def describe(self) -> str:
         kind = self.type.__name__ + (" | None" if self.optional else "")
@@ -121,25 +143,35 @@ def _declared(owner: str, what: str, parameters: Iterable[inspect.Parameter], hi
 
 
 def option_from_hint(owner: str, name: str, hint: object, default: object, help_text: str = "") -> Option:
-    """The option ``name`` of type ``hint`` (``Annotated[X | None, "help"]`` or plain) declared by ``owner``."""
-    kind, annotated_help, optional = _unwrap(hint)
+    """The option ``name`` of type ``hint`` (``Annotated[X | None, "help", Unset(...), Metavar(...)]`` or plain)
+    declared by ``owner``."""
+    kind, extras, optional = _unwrap(hint)
+    choices = None
+    if typing.get_origin(kind) is typing.Literal:
+        choices = typing.get_args(kind)
+        kind = str
+        if not all(isinstance(choice, str) for choice in choices):
+            raise TypeError(f"{owner}: a Literal option takes strings, got {choices!r}")
     if kind not in TYPES:
         raise TypeError(f"{owner} must be int, float, bool or str, got {kind!r}")
-    return Option(name, kind, default, help_text or annotated_help, optional)
+    annotated_help = next((extra for extra in extras if isinstance(extra, str)), "")
+    unset = next((extra.meaning for extra in extras if isinstance(extra, Unset)), None)
+    metavar = next((extra.text for extra in extras if isinstance(extra, Metavar)), None)
+    return Option(name, kind, default, help_text or annotated_help, optional, choices, unset, metavar)
 
 
-def _unwrap(hint: object) -> tuple[type, str, bool]:
-    """(type, help, optional) of an annotation such as ``Annotated[float | None, "help"]``."""
-    help_text = ""
+def _unwrap(hint: object) -> tuple[object, tuple, bool]:
+    """(type, ``Annotated``'s extras, optional) of an annotation such as ``Annotated[float | None, "help"]``."""
+    extras: tuple = ()
     if typing.get_origin(hint) is typing.Annotated:
-        hint, *extras = typing.get_args(hint)
-        help_text = next((extra for extra in extras if isinstance(extra, str)), "")
+        hint, *listed = typing.get_args(hint)
+        extras = tuple(listed)
     optional = False
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         members = [member for member in typing.get_args(hint) if member is not type(None)]
         optional = len(members) < len(typing.get_args(hint))
         hint = members[0] if len(members) == 1 else hint
-    return hint, help_text, optional
+    return hint, extras, optional
 
 
 def supplied_arguments(cls: type, **available: object) -> dict[str, object]:

@@ -7,20 +7,23 @@ import functools
 import math
 import typing
 from collections.abc import Collection, Sequence
-from dataclasses import Field, asdict, dataclass, field, fields, replace
-from typing import Any
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass, replace
+from typing import Any, TypeVar
 
 from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
 from fedray.core.errors import FedrayError
-from fedray.methods.training.modes import FINETUNE_MODES, INITS
-from fedray.methods.training.schedule import SCHEDULES, LrSchedule, parse_milestones
+from fedray.methods.sphere import SphereHead
+from fedray.methods.tct_stage2 import TctStage2Options
+from fedray.methods.training.client_optimizer import ClientOptimizer
+from fedray.methods.training.modes import FINETUNE_MODES, INITS, FineTuning
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods import METHODS, method_class
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, postprocessor_class
-from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, algorithm_class
-from fedray.core.numeric_options import check_numeric_options, command_line
-from fedray.core.options import Option, option_from_hint, options_of
+from fedray.methods.training_algorithms import (BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, algorithm_class,
+                                               own_server_optimizer)
+from fedray.core.numeric_options import check_numeric_options, check_positive, command_line
+from fedray.core.options import Option, build, option_from_hint, options_of
 from fedray.core.plugins import canonical, display_name, is_plugin, load_class, names_subclass
 from fedray.engine.plugin_options import Owner, checked_options, declarers, split_key, values_for
 from fedray.engine.plugin_options import defaults as plugin_defaults
@@ -41,11 +44,6 @@ DP_REPORTED = ("dp_epsilon", "dp_delta")
 columns hold the report, not the budget asked (config.yaml keeps that)."""
 DP_UNITS = ("sample", "client")
 DP_PLACEMENTS = ("central", "distributed")
-TCT_SOLVERS = ("scaffold", "closed_form", "both")
-TCT_LOSSES = ("mse", "ce")
-ENTK_PARAMS = ("all", "last_layer")
-CLOSED_FORM_MAX_DIM = 10_000
-"""Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
 
 
 GENERAL, SAMPLING, UPLOADS, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES = (
@@ -67,11 +65,11 @@ APPLIES_TO = {UPLOADS: "--postprocessor", TRAINING: "gradient methods", SPHERE: 
 
 SAMPLINGS = ("without", "with", "poisson")
 HEADS = ("linear", "sphere")
-SPHERE_LOSSES = ("mse", "ce")
 PLAIN_AVERAGING = "fedavg"
 """The server optimizer of fedavg, fedprox and scaffold: the one ``--server-optimizer`` may replace."""
 DEFAULT_PER_ROUND = 10
 """κ when neither --clients-per-round nor --participation is given."""
+Component = TypeVar("Component")
 
 
 def option(default: object, help: str, group: str | None, *, unset: str | None = None,
@@ -92,6 +90,14 @@ BUILT_IN_OWNERS: tuple[tuple[str, dict[str, type]], ...] = (
 """The built-in classes that own run options, by kind and name: an option one of them declares is theirs."""
 BUILT_IN_OPTIONS = tuple((kind, {name: options_of(cls) for name, cls in classes.items()}) for kind, classes in BUILT_IN_OWNERS)
 """Each built-in class's options (:func:`~fedray.core.options.options_of`), read once."""
+COMPONENTS: tuple[tuple[str, str, type], ...] = (
+    (TRAINING, "local SGD", ClientOptimizer),
+    (SPHERE, "SphereFed's head", SphereHead),
+    (IMAGES, "fine-tuning on images", FineTuning),
+    (TCT_GROUP, "TCT's stage 2", TctStage2Options),
+)
+"""The built-in components a run has when their option group applies to it (one class each: the clients' local SGD
+when it trains, ...), with their names: their options are run options in that group (:func:`owned`)."""
 
 
 def owners_of(name: str) -> tuple[str, list[str], list[Option]]:
@@ -122,22 +128,37 @@ def shipped_options() -> dict[str, tuple[tuple[str, ...], Option]]:
 def owned(name: str, *, unset: str | None = None, help: str | None = None) -> Any:
     """A run option that belongs to the built-in classes declaring ``name``: their default (``None`` when ``unset``
     says what the owner does without it; a ``None`` default needs it), their help (unless ``help``), and their names as
-    its group in ``fedray run --help``.
+    its group in ``fedray run --help``; or to a built-in component (:data:`COMPONENTS`): its declaration, in its group.
 
-    So an owner's option is declared once, in its class; ``--option name=value`` sets it too (:func:`resolve`).
+    So an owner's option is declared once, in its class; ``--option name=value`` sets a class's too (:func:`resolve`).
     """
+    component = next(((group, label, cls) for group, label, cls in COMPONENTS if name in options_of(cls)), None)
+    if component is not None:
+        group, label, cls = component
+        declared = options_of(cls)[name]
+        if declared.default is None and declared.unset is None:
+            raise TypeError(f"{cls.__name__}.{name}: say what its None default means (Unset)")
+        return field(default=declared.default, metadata={
+            "help": help or declared.help, "group": group, "unset": declared.unset, "choices": declared.choices,
+            "metavar": declared.metavar, "owners": (label,), "component": cls})
     kind, names, declarations = owners_of(name)
     defaults = {declaration.default for declaration in declarations}
     if unset is None and (len(defaults) != 1 or None in defaults):
         raise TypeError(f"the owners of {name} ({', '.join(names)}): say what its unset value means")
     group = f"{', '.join(names)} ({kind if len(names) > 1 else kind[:-1]})"
-    metadata = {"help": help or declarations[0].help, "group": group, "unset": unset, "choices": None, "metavar": None,
-                "owners": tuple(names)}
+    metadata = {"help": help or declarations[0].help, "group": group, "unset": unset,
+                "choices": declarations[0].choices, "metavar": declarations[0].metavar, "owners": tuple(names)}
     return field(default=None if unset is not None else declarations[0].default, metadata=metadata)
 
 
 @dataclass
-class RunConfig:
+class RunLevel:
+    """The run's own options, as declared: data, sampling, seed, evaluation, resources, output, which classes run.
+
+    :class:`RunConfig` holds them with the built-in classes' and components' options placed among them
+    (:data:`PLACED_AFTER`), and :class:`RunConfigBehaviour`'s methods.
+    """
+
     method: str = option("fed3r", f"{', '.join(sorted([*METHODS, *ALGORITHMS, TCT]))}, or your own closed-form "
                          "method or training algorithm as module:Class or path/to/file.py:Class (see fedray methods)",
                          GENERAL, metavar="METHOD")
@@ -154,43 +175,6 @@ class RunConfig:
                                 unset="until every client was seen")
     eval_every: int = option(100, "evaluate every R rounds and at the end", GENERAL)
     seed: int = option(0, "seed of every random choice of the run", GENERAL)
-    lam: float = owned("lam")
-    bias: bool = owned("bias")
-    rf_dim: int = owned("rf_dim")
-    rf_sigma: float | None = owned("rf_sigma", unset="√d, about the distance between samples of unit-spread features; "
-                                   "the Fed3R paper used 1000 on MobileNetV2 features")
-    distance: str = owned("distance")
-    gamma: float = owned("gamma")
-    means_per_class: int = owned("means_per_class")
-    covariance: str = owned("covariance")
-    between_class: bool = owned("between_class")
-    virtual_per_class: int = owned("virtual_per_class")
-    virtual_epochs: int = owned("virtual_epochs")
-    virtual_lr: float = owned("virtual_lr")
-    virtual_batch_size: int = owned("virtual_batch_size")
-    virtual_momentum: float = owned("virtual_momentum")
-    client_lr: float = option(0.1, "client SGD learning rate", TRAINING)
-    weight_decay: float = option(4e-5, "client SGD weight decay", TRAINING)
-    batch_size: int = option(50, "client mini-batch size", TRAINING)
-    local_epochs: int = option(5, "local epochs per round", TRAINING)
-    client_momentum: float = option(0.0, "client SGD momentum, torch's heavy ball; the buffer starts at zero for every "
-                                    "client every round", TRAINING)
-    lr_schedule: str = option("constant", "client learning rate over the training rounds: constant, cosine (annealed to 0 "
-                              "over --rounds) or step (× --lr-gamma after each of --lr-milestones)", TRAINING,
-                              choices=SCHEDULES)
-    lr_milestones: str | None = option(None, "step schedule: comma-separated training rounds after which the rate "
-                                       "decays (\"50,75\")", TRAINING, unset="none; constant and cosine take none",
-                                       metavar="R1,R2,...")
-    lr_gamma: float = option(0.1, "step schedule: the decay factor", TRAINING)
-    server_lr: float | None = owned("server_lr", help="server learning rate η", unset="the server optimizer's own: " +
-                                    ", ".join(f"{name} {cls.default_lr:g}" for name, cls in SERVER_OPTIMIZERS.items()))
-    server_momentum: float = owned("server_momentum")
-    adam_beta1: float = owned("adam_beta1")
-    adam_beta2: float = owned("adam_beta2")
-    adam_tau: float = owned("adam_tau")
-    prox_mu: float | None = owned("prox_mu", unset=f"{DEFAULT_PROX_MU} with fedprox")
-    variant: str = owned("variant")
-    temperature: float = option(1.0, "softmax temperature: logits / T (0.1 suits a closed-form init)", TRAINING)
     init: str = option("random", "head initialization: random, or a closed-form stage first", TRAINING, choices=INITS)
     init_rounds: int | None = option(None, "round budget of the closed-form stage", TRAINING,
                                      unset="until every client was seen")
@@ -202,35 +186,9 @@ class RunConfig:
     checkpoint_every: int | None = option(500, "write OUT/checkpoint.pt every N rounds", TRAINING)
     head: str = option("linear", "what the gradient methods train on the features: a softmax head, or SphereFed's "
                        "projection before a fixed classifier", TRAINING, choices=HEADS)
-    sphere_dim: int | None = option(None, "dimension l of the sphere", SPHERE, unset="the feature dim")
-    sphere_loss: str = option("mse", "mse (SphereFed's) or ce at --temperature", SPHERE, choices=SPHERE_LOSSES)
     finetune: str | None = option(None, "ft: backbone and head, ftlp: head only, ftfeat: backbone only", IMAGES,
                                   choices=FINETUNE_MODES, unset="linear probing on features (ft with --method tct)")
     base: str = option("fedavg", "stage-1 algorithm, run for --rounds rounds", TCT_GROUP, choices=tuple(sorted(ALGORITHMS)))
-    entk_dim: int = option(100_000, "eNTK coordinates p drawn from the parameters", TCT_GROUP)
-    entk_fp16: bool = option(False, "store the eNTK features as float16 (half the memory)", TCT_GROUP)
-    entk_chunk: int = option(32, "samples per batched per-sample-gradient call", TCT_GROUP)
-    tct_rounds: int = option(100, "stage-2 SCAFFOLD rounds", TCT_GROUP)
-    tct_local_steps: int = option(500, "stage-2 full-batch local steps M", TCT_GROUP)
-    tct_lr: float = option(5e-5, "stage-2 learning rate η", TCT_GROUP)
-    tct_solver: str = option("scaffold", "stage 2: scaffold (TCT's), closed_form (exact, one round) or both", TCT_GROUP,
-                             choices=TCT_SOLVERS)
-    tct_projection: int | None = option(None, "stage 2 on a seeded random projection of the eNTK features to D "
-                                        "coordinates", TCT_GROUP, unset="no projection")
-    tct_lam: float = option(0.0, "ridge λ of the closed-form stage 2 (0: the least-squares solution)", TCT_GROUP)
-    tct_fedavg: bool = option(False, "ablation: stage 2 by FedAvg, SCAFFOLD without its control variates (TCT §5.4's "
-                              "TCT-FedAvg)", TCT_GROUP)
-    tct_no_normalization: bool = option(False, "ablation: stage 2 on the raw eNTK features, without the normalization "
-                                        "round's standardization (TCT §5.4's woN)", TCT_GROUP)
-    tct_loss: str = option("mse", "stage-2 loss: mse (TCT's squared loss on onehot − 1/C) or ce (softmax "
-                           "cross-entropy, the ablation TCT-CE; scaffold only)", TCT_GROUP, choices=TCT_LOSSES)
-    entk_params: str = option("all", "eNTK gradient w.r.t. all parameters, or last_layer: the last layer's weights "
-                              "only, the penultimate features (the ablation TCT-last-layer)", TCT_GROUP,
-                              choices=ENTK_PARAMS)
-    backbone: str = option("mobilenet_v2", "mobilenet_v2, squeezenet1_1, resnet18, vit_b_16, or TCT's networks trained "
-                           "from scratch: resnet18_cifar, resnet18_cifar_gn, tct_cnn (28-pixel images)", IMAGES)
-    weights: str = option("imagenet", "imagenet, random (seeded, NOT pre-trained) or a state-dict file", IMAGES)
-    image_size: int = option(224, "center-crop size", IMAGES)
     backbone_macs: float | None = option(None, "the backbone's forward multiply-adds per sample, F_φ, for "
                                          "macs_client_avg_fed3r (the papers' accounting)", GENERAL,
                                          unset="from the feature cache's manifest; MobileNetV2: 332.9e6 in Fed3R's Table 5")
@@ -273,7 +231,12 @@ class RunConfig:
                                       f"its options secagg_clip (required), secagg_bits, secagg_value_bits, "
                                       f"secagg_dropout, secagg_threshold as --option key=value", UPLOADS)
     options: dict = field(default_factory=dict)
-    """A plugin's own options by name (``--option key=value``); built-in options are the fields above."""
+    """A plugin's own options by name (``--option key=value``); built-in options are :class:`RunConfig`'s fields."""
+
+
+class RunConfigBehaviour:
+    """What a run's configuration does: validate and resolve itself, say which of its options apply and are columns.
+    The fields are :class:`RunConfig`'s."""
 
     @property
     def trains(self) -> bool:
@@ -287,6 +250,11 @@ class RunConfig:
 
     def algorithm_class(self) -> type[FederatedAlgorithm]:
         return algorithm_class(self.training_algorithm)
+
+    @property
+    def own_server_optimizer(self) -> str:
+        """The training algorithm's own server optimizer (fedadam's FedAdam, ...), which --server-optimizer replaces."""
+        return own_server_optimizer(self.training_algorithm)
 
     def plugins(self) -> list[Owner]:
         """The run's classes named by ``module:Class`` or ``file.py:Class`` (and the built-in training algorithms
@@ -336,7 +304,7 @@ class RunConfig:
 
     def server_optimizer_class(self) -> type[ServerOptimizer]:
         """``--server-optimizer``, else the method's own (FedAdam for fedadam, ...)."""
-        return server_optimizer_class(self.server_optimizer or self.algorithm_class().server_optimizer)
+        return server_optimizer_class(self.server_optimizer or self.own_server_optimizer)
 
     def _validate_poisson(self) -> None:
         """Poisson sampling is for training on features: a closed form uploads each client's statistics once (its
@@ -394,17 +362,14 @@ class RunConfig:
             raise FedrayError(f"--client-state-memory must be ≥ 0 (GB), got {self.client_state_memory}")
         if self.init not in INITS:
             raise FedrayError(f"--init must be one of {', '.join(INITS)}, got {self.init!r}")
-        positive = {"client_lr": self.client_lr, "batch_size": self.batch_size, "local_epochs": self.local_epochs,
-                    "temperature": self.temperature, "server_lr": self.server_lr, "init_rounds": self.init_rounds,
-                    "checkpoint_every": self.checkpoint_every, "image_size": self.image_size,
-                    "num_trainers": self.num_trainers, "cpus_per_trainer": self.cpus_per_trainer,
-                    "sphere_dim": self.sphere_dim, "entk_dim": self.entk_dim, "entk_chunk": self.entk_chunk,
-                    "tct_rounds": self.tct_rounds, "tct_local_steps": self.tct_local_steps, "tct_lr": self.tct_lr,
-                    "tct_projection": self.tct_projection, "rf_sigma": self.rf_sigma,
-                    "backbone_macs": self.backbone_macs, "lr_gamma": self.lr_gamma}
-        for name, value in positive.items():
-            if value is not None and value <= 0:
-                raise FedrayError(f"{command_line(name)} must be > 0, got {value}")
+        check_positive({"server_lr": self.server_lr, "init_rounds": self.init_rounds,
+                        "checkpoint_every": self.checkpoint_every, "num_trainers": self.num_trainers,
+                        "cpus_per_trainer": self.cpus_per_trainer, "rf_sigma": self.rf_sigma,
+                        "backbone_macs": self.backbone_macs})
+        for _, _, cls in COMPONENTS:  # each checks its own values, whether or not the run has it (refused below then)
+            self.component(cls)
+        if self.trains:
+            self.component(ClientOptimizer).schedule(self.rounds)
         if self.finetune is not None and (self.finetune not in FINETUNE_MODES or not self.trains):
             raise FedrayError(f"--finetune takes {', '.join(FINETUNE_MODES)} with a gradient method, got {self.finetune!r} with {self.method}")
         self._validate_images()
@@ -412,9 +377,6 @@ class RunConfig:
             raise FedrayError(f"--head must be linear or sphere, got {self.head!r}")
         if self.head == "sphere":
             self._validate_sphere()
-        if self.sphere_loss not in SPHERE_LOSSES:
-            raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
-        self._validate_client_optimizer()
         self._validate_dp()
         if self.method == TCT:
             self._validate_tct()
@@ -440,10 +402,11 @@ class RunConfig:
     def not_used(self, name: str) -> str:
         """The one line refusing the run option ``name``, which does not apply to this run."""
         spec = next(spec for spec in fields(self) if spec.name == name)
-        where = spec.metadata["group"] if "owners" in spec.metadata else APPLIES_TO[spec.metadata["group"]]
+        owned_by_class = "owners" in spec.metadata and "component" not in spec.metadata
+        where = spec.metadata["group"] if owned_by_class else APPLIES_TO[spec.metadata["group"]]
         run = f"--method {self.method}"
         if self.trains and "owners" in spec.metadata and spec.metadata["owners"][0] in SERVER_OPTIMIZERS:
-            run += f" with server optimizer {self.server_optimizer or self.algorithm_class().server_optimizer}"
+            run += f" with server optimizer {self.server_optimizer or self.own_server_optimizer}"
         return f"{command_line(name)} applies to {where}, not to this run ({run})"
 
     def _taken(self) -> set[str]:
@@ -462,28 +425,12 @@ class RunConfig:
         """
         if self.server_optimizer is None or not self.trains:
             return
-        own = self.algorithm_class().server_optimizer
+        own = self.own_server_optimizer
         if own != PLAIN_AVERAGING and canonical(self.server_optimizer) != own:
             flag = f"--base {self.base}" if self.method == TCT else f"--method {self.method}"
             raise FedrayError(f"{flag} is its own server optimizer ({own}): --server-optimizer {self.server_optimizer} "
                               f"contradicts it; give --method fedavg (or fedprox, scaffold) with --server-optimizer "
                               f"{self.server_optimizer}")
-
-    def _validate_client_optimizer(self) -> None:
-        if not 0 <= self.client_momentum < 1:
-            raise FedrayError(f"--client-momentum must be in [0, 1), got {self.client_momentum}")
-        if self.lr_schedule not in SCHEDULES:
-            raise FedrayError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
-        if self.lr_schedule == "cosine" and self.rounds is None:
-            raise FedrayError("--lr-schedule cosine anneals over the run's training rounds: give --rounds")
-        if (self.lr_milestones is not None) != (self.lr_schedule == "step"):
-            raise FedrayError("--lr-schedule step needs --lr-milestones, and --lr-milestones applies to step only")
-        try:
-            milestones = parse_milestones(self.lr_milestones)
-        except ValueError:
-            milestones = (0,)
-        if self.lr_schedule == "step" and (not milestones or min(milestones) < 1):
-            raise FedrayError(f"--lr-milestones takes comma-separated training rounds ≥ 1, got {self.lr_milestones!r}")
 
     def _validate_dp(self) -> None:
         """Each DP flag given is an option of one of the run's postprocessors: none is dropped unseen. (Its value is
@@ -497,10 +444,6 @@ class RunConfig:
         if missing:
             raise FedrayError(f"{command_line(missing[0])}: no postprocessor of this run takes {missing[0]} "
                               f"(--postprocessor {','.join(specs)})")
-
-    def lr_schedule_of_run(self) -> LrSchedule:
-        """The client learning-rate schedule (cosine over ``--rounds``); the configuration is validated."""
-        return LrSchedule(self.lr_schedule, self.rounds or 1, parse_milestones(self.lr_milestones), self.lr_gamma)
 
     def _validate_options(self) -> None:
         """Every ``options`` key is an option of one of the run's plugins, and of its type; a per-owner key
@@ -534,9 +477,7 @@ class RunConfig:
                 raise FedrayError(f"{command_line(given[0])} applies to fine-tuning on images (--finetune, or --method "
                                   f"tct), not to {self.method} on the dataset's features")
             return
-        from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
-
-        get_backbone(self.backbone)
+        self.component(FineTuning).check_backbone()
 
     def _validate_sphere(self) -> None:
         if not self.trains or self.method == TCT or self.init != "random":
@@ -558,28 +499,7 @@ class RunConfig:
                               f"as module:Class or path/to/file.py:Class), got {self.base!r}")
         if self.head != "linear":
             raise FedrayError("TCT fine-tunes a linear head on images (stage 1); --head sphere does not apply")
-        if self.tct_solver not in TCT_SOLVERS:
-            raise FedrayError(f"--tct-solver must be one of {', '.join(TCT_SOLVERS)}, got {self.tct_solver!r}")
-        if self.tct_lam < 0:
-            raise FedrayError(f"--tct-lam must be ≥ 0, got {self.tct_lam}")
-        if self.tct_loss not in TCT_LOSSES:
-            raise FedrayError(f"--tct-loss must be one of {', '.join(TCT_LOSSES)}, got {self.tct_loss!r}")
-        if self.entk_params not in ENTK_PARAMS:
-            raise FedrayError(f"--entk-params must be one of {', '.join(ENTK_PARAMS)}, got {self.entk_params!r}")
-        if self.tct_loss == "ce" and self.tct_solver != "scaffold":
-            raise FedrayError(f"--tct-loss ce has no closed form: it takes --tct-solver scaffold, not {self.tct_solver}")
-        if self.tct_fedavg and self.tct_solver == "closed_form":
-            raise FedrayError("--tct-fedavg turns off the control variates of stage 2's iterative solver: it takes "
-                              "--tct-solver scaffold or both, not closed_form")
-        sampled = self.entk_dim
-        if self.entk_params == "last_layer":  # p of the d head weights: at most the penultimate width
-            from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
-
-            sampled = min(sampled, get_backbone(self.backbone).dim)
-        width = self.tct_projection or sampled
-        if self.tct_solver != "scaffold" and width > CLOSED_FORM_MAX_DIM:
-            raise FedrayError(f"the closed-form stage 2 solves a {width} × {width} system: give --tct-projection D "
-                              f"≤ {CLOSED_FORM_MAX_DIM} (or --entk-dim ≤ {CLOSED_FORM_MAX_DIM})")
+        self.component(TctStage2Options).check_fits(self.component(FineTuning).backbone)
 
     def resolved(self) -> "RunConfig":
         """Method-dependent defaults filled in: sampling (with replacement for training), server lr, FedProx μ."""
@@ -590,7 +510,7 @@ class RunConfig:
         if self.method == TCT:
             values["finetune"] = self.finetune or "ft"
         if self.trains:
-            values["server_optimizer"] = canonical(self.server_optimizer or self.algorithm_class().server_optimizer)
+            values["server_optimizer"] = canonical(self.server_optimizer or self.own_server_optimizer)
             values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
             if self.calibrate is not None:
                 values["calibrate"] = canonical(self.calibrate)
@@ -661,12 +581,21 @@ class RunConfig:
         return groups
 
     def classes(self) -> list[type]:
-        """The classes the run builds whose options it sets: its closed-form methods, and when it trains its training
-        algorithm and server optimizer."""
+        """The classes the run builds whose options it sets: its closed-form methods, when it trains its training
+        algorithm and server optimizer, and its :meth:`components`."""
         classes = [method_class(name) for name in self.closed_form_methods()]
         if self.trains:
             classes += [self.algorithm_class(), self.server_optimizer_class()]
-        return classes
+        return classes + self.components()
+
+    def components(self) -> list[type]:
+        """The built-in components of this run: those of its option groups (:data:`COMPONENTS`)."""
+        groups = self.applicable_groups()
+        return [cls for group, _, cls in COMPONENTS if group in groups]
+
+    def component(self, cls: type[Component]) -> Component:
+        """The built-in component ``cls`` with this run's options (its constructor checks them)."""
+        return build(cls, self.option_values(cls), cls.__name__)
 
     def metrics_columns(self) -> dict[str, object]:
         """The configuration's columns in metrics.parquet: the options that apply to the run, then the plugins' own.
@@ -692,6 +621,59 @@ class RunConfig:
         return {**columns, **self.options}
 
 
+RUN_DEFAULT_NONE = {
+    "rf_sigma": ("√d, about the distance between samples of unit-spread features; the Fed3R paper used 1000 on "
+                 "MobileNetV2 features", None),
+    "server_lr": ("the server optimizer's own: " +
+                  ", ".join(f"{name} {cls.default_lr:g}" for name, cls in SERVER_OPTIMIZERS.items()),
+                  "server learning rate η"),
+    "prox_mu": (f"{DEFAULT_PROX_MU} with fedprox", None),
+}
+"""The built-in classes' options that a run leaves None until :meth:`RunConfigBehaviour.resolved` fills them for its
+classes (their defaults differ by class, or the option is one class's), with what None means and the run's help where
+it is not the owners'."""
+
+
+PLACED_AFTER: dict[str, tuple[type, ...]] = {
+    "seed": (*METHODS.values(), ClientOptimizer, *SERVER_OPTIMIZERS.values(),
+             *(cls for cls in ALGORITHMS.values() if isinstance(cls, type))),
+    "head": (SphereHead,),
+    "base": (TctStage2Options, FineTuning),
+}
+"""The built-in classes and components whose options are run options, after the run option each group follows in
+config.yaml, the metrics columns and ``fedray run --help``."""
+
+
+def _owned_fields(classes: Sequence[type]) -> list[tuple[str, object, Any]]:
+    """``(name, type, field)`` of every option of ``classes`` (:func:`owned`), each once."""
+    made: dict[str, tuple[str, object, Any]] = {}
+    for cls in classes:
+        for name, declared in options_of(cls).items():
+            if name not in made:
+                unset, run_help = RUN_DEFAULT_NONE.get(name, (None, None))
+                kind = declared.type | None if declared.optional or unset is not None else declared.type
+                made[name] = (name, kind, owned(name, unset=unset, help=run_help))
+    return list(made.values())
+
+
+def _run_config_fields() -> list[tuple[str, object, Any]]:
+    """:class:`RunLevel`'s fields with the built-in classes' and components' options placed among them."""
+    hints = typing.get_type_hints(RunLevel)
+    placed: list[tuple[str, object, Any]] = []
+    for spec in fields(RunLevel):
+        copied = field(default=spec.default, metadata=spec.metadata) if spec.default_factory is MISSING else \
+            field(default_factory=spec.default_factory, metadata=spec.metadata)
+        placed += [(spec.name, hints[spec.name], copied), *_owned_fields(PLACED_AFTER.get(spec.name, ()))]
+    return placed
+
+
+RunConfig = make_dataclass("RunConfig", _run_config_fields(), bases=(RunConfigBehaviour,),
+                           namespace={"__module__": __name__, "__doc__": """A run's configuration: the run's own
+    options (:class:`RunLevel`) and, made from their declarations, every option of the built-in classes and
+    components (:data:`PLACED_AFTER`), with :class:`RunConfigBehaviour`'s methods: a new option of one of them is a
+    flag, a YAML and sweep key, a line of ``fedray run --help`` and a metrics column with no other edit."""})
+
+
 def _is_algorithm(spec: str) -> bool:
     """Whether the plugin ``spec`` names a training algorithm (else it must be a closed-form method): by its class
     alone, so that loading it as one reports what is wrong with it (not a dataclass, abstract)."""
@@ -712,7 +694,7 @@ STAGE_COLUMNS = ("calibrate",)
 """Options that add a stage to a run: a column only of the runs that have it."""
 FIELDS = {f.name for f in fields(RunConfig)}
 RUN_DEFAULTS = {f.name: f.default for f in fields(RunConfig)}
-IMAGE_OPTIONS = ("backbone", "weights", "image_size")
+IMAGE_OPTIONS = tuple(options_of(FineTuning))
 """Options of the network a run fine-tunes on images: a run on features has none (its features were extracted)."""
 RESERVED = {f.name for f in fields(EvalPoint)} | {f"{name}_spec" for name in PLUGIN_FIELDS} | \
     {"ridge_probe_accuracy", "trial_id", "sweep"}
@@ -775,8 +757,9 @@ def resolve(file_values: dict, cli_values: dict, drop_unused: bool = False, name
         raise FedrayError(str(error)) from None
 
 
-OWNED = {f.name for f in fields(RunConfig) if "owners" in f.metadata}
-"""The run options that belong to the built-in classes (:func:`owned`)."""
+OWNED = {f.name for f in fields(RunConfig) if "owners" in f.metadata and "component" not in f.metadata}
+"""The run options that belong to the built-in classes (:func:`owned`) that ``--option`` may set too (not those of
+the components every run of a kind has: they are the run's own)."""
 
 
 def _owned_key(key: str) -> str | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fedray.core.federation import Federation
 from fedray.core.options import build
+from fedray.core.plugins import display_name
 from fedray.engine.calibration import Calibration, Probe
 from fedray.engine.closed_form import ClosedForm
 from fedray.engine.config import TCT, RunConfig
@@ -27,6 +28,9 @@ from fedray.engine.stages import Training
 from fedray.methods import method_class
 from fedray.methods.base import ClosedFormMethod
 from fedray.methods.postprocessor import Postprocessing, postprocessor_class
+from fedray.methods.sphere import SphereHead
+from fedray.methods.tct_stage2 import TctStage2Options
+from fedray.methods.training.modes import FineTuning
 
 __all__ = ["ClosedForm", "Calibration", "Images", "MethodSpec", "Probe", "RunPlan", "Sampler", "Shards", "Sphere",
            "Stage", "Training", "closed_form_uploads", "footprints", "plan", "postprocessing", "stages",
@@ -53,12 +57,18 @@ def method_spec(config: RunConfig, name: str) -> MethodSpec:
 
 def training_stage(config: RunConfig) -> Training:
     """``--method`` (TCT: ``--base``) with its local SGD and server optimizer, each built once with its options."""
-    images = None if config.finetune is None else Images(config.finetune, config.backbone, config.weights,
-                                                         config.image_size, config.num_trainers, config.cpus_per_trainer)
-    sphere = Sphere(config.sphere_dim, config.sphere_loss) if config.head == "sphere" else None
+    images = None
+    if config.finetune is not None:
+        network = config.component(FineTuning)
+        images = Images(config.finetune, network.backbone, network.weights, network.image_size, config.num_trainers,
+                        config.cpus_per_trainer)
+    sphere = None
+    if config.head == "sphere":
+        head = config.component(SphereHead)
+        sphere = Sphere(head.sphere_dim, head.sphere_loss)
     return Training(algorithm=training_algorithm(config), server_optimizer=server_optimizer(config),
                     sgd=local_sgd_settings(config), rounds=config.rounds, checkpoint_every=config.checkpoint_every,
-                    sphere=sphere, images=images)
+                    sphere=sphere, images=images, method=display_name(config.training_algorithm))
 
 
 def stages(config: RunConfig) -> tuple[Stage, ...]:
@@ -78,12 +88,12 @@ def stages(config: RunConfig) -> tuple[Stage, ...]:
     if config.method == TCT:
         from fedray.engine.tct import Entk, TctStage2  # torchvision loads only for TCT's runs
 
-        listed.append(TctStage2(entk=Entk(config.entk_dim, config.entk_fp16, config.entk_chunk,
-                                          config.entk_params == "last_layer"),
-                                rounds=config.tct_rounds, local_steps=config.tct_local_steps, lr=config.tct_lr,
-                                solver=config.tct_solver, projection=config.tct_projection, lam=config.tct_lam,
-                                correction=not config.tct_fedavg, normalize=not config.tct_no_normalization,
-                                loss=config.tct_loss))
+        tct = config.component(TctStage2Options)
+        listed.append(TctStage2(entk=Entk(tct.entk_dim, tct.entk_fp16, tct.entk_chunk, tct.entk_params == "last_layer"),
+                                rounds=tct.tct_rounds, local_steps=tct.tct_local_steps, lr=tct.tct_lr,
+                                solver=tct.tct_solver, projection=tct.tct_projection, lam=tct.tct_lam,
+                                correction=not tct.tct_fedavg, normalize=not tct.tct_no_normalization,
+                                loss=tct.tct_loss))
     return tuple(listed)
 
 

@@ -7,6 +7,7 @@ so a plugin's bad option is a one-line error, and again where each path trains.
 from __future__ import annotations
 
 from fedray.engine.config import RunConfig
+from fedray.methods.training.client_optimizer import ClientOptimizer
 from fedray.methods.training.local import LocalSGD
 from fedray.methods.training.server import ServerOptimizer
 from fedray.methods.algorithm import FederatedAlgorithm
@@ -14,9 +15,8 @@ from fedray.core.options import build
 
 
 def local_sgd_settings(config: RunConfig) -> LocalSGD:
-    """The clients' optimizer: learning rate and its schedule, weight decay, batch size, epochs, momentum, temperature."""
-    return LocalSGD(config.client_lr, config.weight_decay, config.batch_size, config.local_epochs, 0.0,
-                    config.temperature, config.client_momentum, config.lr_schedule_of_run())
+    """The clients' optimizer (:class:`ClientOptimizer`) built from its options, over the run's training rounds."""
+    return config.component(ClientOptimizer).local_sgd(config.rounds)
 
 
 def training_algorithm(config: RunConfig) -> FederatedAlgorithm:

@@ -59,12 +59,14 @@ class Training(Stage):
     sphere: Sphere | None = None
     images: Images | None = None
     init: ClosedForm | None = None
+    method: str = ""
+    """The ``--method`` name it trains as (an alias such as fedadam names FedAvg with its server optimizer)."""
 
     @property
     def name(self) -> str:
-        """What it trains with, for its progress bar and memory estimate: the algorithm's name (a plugin's class
+        """What it trains with, for its progress bar and memory estimate: ``--method``'s name (a plugin's class
         name)."""
-        return self.algorithm.name or type(self.algorithm).__name__
+        return self.method or self.algorithm.name or type(self.algorithm).__name__
 
     def init_rounds(self, run: RunPlan) -> Schedule:
         """The clients of the ``--init`` closed form's rounds (none without one): training's come after them."""

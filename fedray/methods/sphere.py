@@ -12,10 +12,14 @@ W, times √(C/d)), then the rows to unit norm, until both hold.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
 
 from fedray.core.errors import FedrayError
+from fedray.core.numeric_options import check_positive
+from fedray.core.options import Unset
 
 TIGHT_FRAME_TOLERANCE = 1e-10
 MAX_ITERATIONS = 10_000
@@ -42,6 +46,20 @@ def fixed_classifier(num_classes: int, dim: int, seed: int) -> torch.Tensor:
 
 def sphere_logits(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(features @ weight.T + bias, dim=1) @ classifier.T
+
+
+@dataclass(frozen=True)
+class SphereHead:
+    """SphereFed's head (``--head sphere``): an l × d projection onto the sphere before the fixed classifier, trained
+    with its loss, then calibrated by FFC."""
+
+    sphere_dim: Annotated[int | None, "dimension l of the sphere", Unset("the feature dim")] = None
+    sphere_loss: Annotated[Literal["mse", "ce"], "mse (SphereFed's) or ce at --temperature"] = "mse"
+
+    def __post_init__(self) -> None:
+        check_positive({"sphere_dim": self.sphere_dim})
+        if self.sphere_loss not in ("mse", "ce"):
+            raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
 
 
 def sphere_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str, temperature: float) -> torch.Tensor:

@@ -41,18 +41,88 @@ solvers written for a list of clients in one process).
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
 
 from fedray.core.errors import FedrayError
+from fedray.core.numeric_options import check_positive
+from fedray.core.options import Unset
 from fedray.methods.base import gram, single_threaded, spd_solve
 
 STD_FLOOR = 1e-8
 """Smallest standard deviation a coordinate is divided by (see ``Moments.normalization``)."""
 
-LOSSES = ("mse", "ce")
+Loss = Literal["mse", "ce"]
+LOSSES: tuple[str, ...] = typing.get_args(Loss)
 """Stage 2's losses: TCT's squared loss on the centered one-hot targets, or softmax cross-entropy (TCT-CE, App. B.7)."""
+Solver = Literal["scaffold", "closed_form", "both"]
+SOLVERS: tuple[str, ...] = typing.get_args(Solver)
+EntkParams = Literal["all", "last_layer"]
+ENTK_PARAMS: tuple[str, ...] = typing.get_args(EntkParams)
+CLOSED_FORM_MAX_DIM = 10_000
+"""Widest stage-2 problem the closed form solves: a 10k × 10k float64 system is 0.8 GB."""
+
+
+@dataclass(frozen=True)
+class TctStage2Options:
+    """TCT's stage 2 (``--method tct``): the eNTK features it is solved on and its solver, as the paper and its
+    ablations (§5.4, App. B.7) choose them."""
+
+    entk_dim: Annotated[int, "eNTK coordinates p drawn from the parameters"] = 100_000
+    entk_fp16: Annotated[bool, "store the eNTK features as float16 (half the memory)"] = False
+    entk_chunk: Annotated[int, "samples per batched per-sample-gradient call"] = 32
+    tct_rounds: Annotated[int, "stage-2 SCAFFOLD rounds"] = 100
+    tct_local_steps: Annotated[int, "stage-2 full-batch local steps M"] = 500
+    tct_lr: Annotated[float, "stage-2 learning rate η"] = 5e-5
+    tct_solver: Annotated[Solver, "stage 2: scaffold (TCT's), closed_form (exact, one round) or both"] = "scaffold"
+    tct_projection: Annotated[int | None, "stage 2 on a seeded random projection of the eNTK features to D coordinates",
+                              Unset("no projection")] = None
+    tct_lam: Annotated[float, "ridge λ of the closed-form stage 2 (0: the least-squares solution)"] = 0.0
+    tct_fedavg: Annotated[bool, "ablation: stage 2 by FedAvg, SCAFFOLD without its control variates (TCT §5.4's "
+                                "TCT-FedAvg)"] = False
+    tct_no_normalization: Annotated[bool, "ablation: stage 2 on the raw eNTK features, without the normalization "
+                                          "round's standardization (TCT §5.4's woN)"] = False
+    tct_loss: Annotated[Loss, "stage-2 loss: mse (TCT's squared loss on onehot − 1/C) or ce (softmax cross-entropy, "
+                              "the ablation TCT-CE; scaffold only)"] = "mse"
+    entk_params: Annotated[EntkParams, "eNTK gradient w.r.t. all parameters, or last_layer: the last layer's weights "
+                                       "only, the penultimate features (the ablation TCT-last-layer)"] = "all"
+
+    def __post_init__(self) -> None:
+        check_positive({"entk_dim": self.entk_dim, "entk_chunk": self.entk_chunk, "tct_rounds": self.tct_rounds,
+                        "tct_local_steps": self.tct_local_steps, "tct_lr": self.tct_lr,
+                        "tct_projection": self.tct_projection})
+        if self.tct_solver not in SOLVERS:
+            raise FedrayError(f"--tct-solver must be one of {', '.join(SOLVERS)}, got {self.tct_solver!r}")
+        if self.tct_lam < 0:
+            raise FedrayError(f"--tct-lam must be ≥ 0, got {self.tct_lam}")
+        if self.tct_loss not in LOSSES:
+            raise FedrayError(f"--tct-loss must be one of {', '.join(LOSSES)}, got {self.tct_loss!r}")
+        if self.entk_params not in ENTK_PARAMS:
+            raise FedrayError(f"--entk-params must be one of {', '.join(ENTK_PARAMS)}, got {self.entk_params!r}")
+        if self.tct_loss == "ce" and self.tct_solver != "scaffold":
+            raise FedrayError(f"--tct-loss ce has no closed form: it takes --tct-solver scaffold, "
+                              f"not {self.tct_solver}")
+        if self.tct_fedavg and self.tct_solver == "closed_form":
+            raise FedrayError("--tct-fedavg turns off the control variates of stage 2's iterative solver: it takes "
+                              "--tct-solver scaffold or both, not closed_form")
+
+    def check_fits(self, backbone: str) -> None:
+        """A closed-form stage 2 (``tct_solver`` closed_form or both) on ``backbone``'s eNTK features solves a system
+        at most :data:`CLOSED_FORM_MAX_DIM` wide."""
+        if self.tct_solver == "scaffold":
+            return
+        sampled = self.entk_dim
+        if self.entk_params == "last_layer":  # p of the d head weights: at most the penultimate width
+            from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
+
+            sampled = min(sampled, get_backbone(backbone).dim)
+        width = self.tct_projection or sampled
+        if width > CLOSED_FORM_MAX_DIM:
+            raise FedrayError(f"the closed-form stage 2 solves a {width} × {width} system: give --tct-projection D "
+                              f"≤ {CLOSED_FORM_MAX_DIM} (or --entk-dim ≤ {CLOSED_FORM_MAX_DIM})")
 
 ROW_BLOCK = 4096
 """Rows widened to float64 at a time: 50,000 eNTK features of p = 100,000 are 40 GB in float64 at once."""

@@ -1,5 +1,8 @@
 """The built-in training algorithms: FedAvg and its server-optimizer variants, FedProx, SCAFFOLD.
 
+FedAvgM, FedAdam, FedAdagrad and FedYogi are FedAvg with another server optimizer: registry entries
+(:data:`ALIASES`), not classes of their own.
+
 FedDyn and FedNova are built in too, but written as plugins against the public
 interface only (``fedray/algorithms/``): the package registers them by name
 (:data:`ENTRY_POINTS`), and they are loaded on first use.
@@ -30,35 +33,13 @@ class FedAvg(FederatedAlgorithm):
 
 
 @dataclass(frozen=True)
-class FedAvgM(FederatedAlgorithm):
-    """FedAvg with server momentum (Hsu et al., 2019): m ← βm + Δ, θ ← θ + ηm."""
+class Alias:
+    """A ``--method`` name for a training algorithm with another server optimizer than its own."""
 
-    name = "fedavgm"
-    server_optimizer = "fedavgm"
-
-
-@dataclass(frozen=True)
-class FedAdam(FederatedAlgorithm):
-    """FedAvg's clients with Adam on the server (Reddi et al., ICLR 2021)."""
-
-    name = "fedadam"
-    server_optimizer = "fedadam"
-
-
-@dataclass(frozen=True)
-class FedAdagrad(FederatedAlgorithm):
-    """FedAvg's clients with Adagrad on the server (Reddi et al., ICLR 2021)."""
-
-    name = "fedadagrad"
-    server_optimizer = "fedadagrad"
-
-
-@dataclass(frozen=True)
-class FedYogi(FederatedAlgorithm):
-    """FedAvg's clients with Yogi on the server (Reddi et al., ICLR 2021)."""
-
-    name = "fedyogi"
-    server_optimizer = "fedyogi"
+    algorithm: type[FederatedAlgorithm]
+    server_optimizer: str
+    summary: str
+    """What ``fedray methods`` says of it."""
 
 
 @dataclass(frozen=True)
@@ -134,26 +115,42 @@ ENTRY_POINTS = "fedray.training_algorithms"
 """The entry-point group of the training algorithms installed packages register by ``--method`` name: fedray's own
 plugins (FedDyn, FedNova) in its pyproject.toml, and a researcher's package's the same way."""
 
-BUILT_IN: dict[str, type[FederatedAlgorithm] | str] = {
-    **{cls.name: cls for cls in (FedAvg, FedAvgM, FedAdam, FedAdagrad, FedYogi, FedProx, Scaffold)},
-    **registered(ENTRY_POINTS),
+ALIASES = {
+    "fedavgm": Alias(FedAvg, "fedavgm", "FedAvg with server momentum (Hsu et al., 2019): m ← βm + Δ, θ ← θ + ηm."),
+    "fedadam": Alias(FedAvg, "fedadam", "FedAvg's clients with Adam on the server (Reddi et al., ICLR 2021)."),
+    "fedadagrad": Alias(FedAvg, "fedadagrad", "FedAvg's clients with Adagrad on the server (Reddi et al., ICLR 2021)."),
+    "fedyogi": Alias(FedAvg, "fedyogi", "FedAvg's clients with Yogi on the server (Reddi et al., ICLR 2021)."),
 }
-"""Every built-in training algorithm by ``--method`` name; those registered as plugins (FedDyn, FedNova) as their
-``module:Class``."""
+"""FedAvg's variants by ``--method`` name: FedAvg with their server optimizer (its options are theirs)."""
+
+BUILT_IN: dict[str, type[FederatedAlgorithm] | Alias | str] = {
+    FedAvg.name: FedAvg, **ALIASES, FedProx.name: FedProx, Scaffold.name: Scaffold, **registered(ENTRY_POINTS),
+}
+"""Every built-in training algorithm by ``--method`` name: a class, an :class:`Alias`, or for those registered as
+plugins (FedDyn, FedNova) their ``module:Class``."""
 
 
 def algorithm_class(spec: str) -> type[FederatedAlgorithm]:
-    """The training algorithm ``spec`` names: a built-in, ``module:Class`` or ``path/to/file.py:Class``."""
+    """The training algorithm ``spec`` names (an alias's algorithm): a built-in, ``module:Class`` or
+    ``path/to/file.py:Class``."""
     builtin = BUILT_IN.get(spec)
+    if isinstance(builtin, Alias):
+        return builtin.algorithm
     if isinstance(builtin, str):
         return load_class(builtin, FederatedAlgorithm, {}, "training algorithm")
     return load_class(spec, FederatedAlgorithm, {name: cls for name, cls in BUILT_IN.items() if isinstance(cls, type)},
                       "training algorithm")
 
 
+def own_server_optimizer(spec: str) -> str:
+    """The server optimizer of the training algorithm ``spec`` names: an alias's, else its class's own."""
+    builtin = BUILT_IN.get(spec)
+    return builtin.server_optimizer if isinstance(builtin, Alias) else algorithm_class(spec).server_optimizer
+
+
 def paper_family(algorithm: FederatedAlgorithm) -> str | None:
-    """How the papers count an algorithm's training costs: ``fedavg`` (FedAvg, FedAvgM, FedAdam, FedAdagrad, FedYogi,
-    FedProx: the head each way), ``scaffold`` (twice that), None for the algorithms they do not count."""
+    """How the papers count an algorithm's training costs: ``fedavg`` (FedAvg, with any server optimizer, and FedProx:
+    the head each way), ``scaffold`` (twice that), None for the algorithms they do not count."""
     if type(algorithm) is Scaffold:
         return "scaffold"
-    return "fedavg" if type(algorithm) in (FedAvg, FedAvgM, FedAdam, FedAdagrad, FedYogi, FedProx) else None
+    return "fedavg" if type(algorithm) in (FedAvg, FedProx) else None

@@ -369,7 +369,7 @@ CLOSED_FORM_OPTIONS = {"lam", "bias", "rf_dim", "rf_sigma", "distance", "gamma",
 TRAINING_OPTIONS = {"client_lr", "weight_decay", "batch_size", "local_epochs", "client_momentum", "lr_schedule",
                     "lr_milestones", "lr_gamma", "server_lr", "temperature", "init", "init_rounds",
                     "probe_ridge", "checkpoint_every", "client_state_memory", "head", "server_optimizer"}
-SERVER_OPTIONS = {"server_momentum", "adam_beta1", "adam_beta2", "adam_tau"}
+SERVER_OPTIONS = {"server_momentum", "adam_beta1", "adam_beta2", "adam_tau", "adam_bias_correction"}
 ALGORITHM_OPTIONS = {"prox_mu"}
 SPHERE_OPTIONS = {"sphere_dim", "sphere_loss"}
 IMAGE_OPTIONS = {"finetune", "backbone", "weights", "image_size"}
@@ -387,7 +387,8 @@ EVERY_RUNS = {"method", "dataset", "clients_per_round", "participation", "sampli
     ({"method": "ccvr"}, EVERY_RUNS | {"virtual_per_class", "virtual_epochs", "virtual_lr", "virtual_batch_size",
                                        "virtual_momentum"}),
     ({"method": "fedavg"}, EVERY_RUNS | TRAINING_OPTIONS),
-    ({"method": "fedadam", "init": "fed3r"}, EVERY_RUNS | TRAINING_OPTIONS | {"lam", "bias", "adam_beta1", "adam_beta2", "adam_tau"}),
+    ({"method": "fedadam", "init": "fed3r"}, EVERY_RUNS | TRAINING_OPTIONS | {"lam", "bias", "adam_beta1", "adam_beta2",
+                                                                        "adam_tau", "adam_bias_correction"}),
     ({"method": "fedavgm", "probe_ridge": True}, EVERY_RUNS | TRAINING_OPTIONS | {"lam", "bias", "server_momentum"}),
     ({"method": "fedprox", "head": "sphere"}, EVERY_RUNS | TRAINING_OPTIONS | SPHERE_OPTIONS | {"lam", "bias", "prox_mu"}),
     ({"method": "tct", "base": "fedprox"}, EVERY_RUNS | TRAINING_OPTIONS | IMAGE_OPTIONS | TCT_OPTIONS | {"prox_mu"}),

@@ -195,7 +195,21 @@ OWNED = {  # each option of a built-in class, the classes that declare it, and i
     "server_lr": (["fedavg", "fedavgm", "fedadam", "fedadagrad", "fedyogi"], None),
     "server_momentum": (["fedavgm"], 0.9), "adam_beta1": (["fedadam", "fedadagrad", "fedyogi"], 0.9),
     "adam_beta2": (["fedadam", "fedyogi"], 0.99), "adam_tau": (["fedadam", "fedadagrad", "fedyogi"], 1e-3),
+    "adam_bias_correction": (["fedadam", "fedyogi"], False),
     "prox_mu": (["fedprox"], None), "variant": (["scaffold"], "I"),
+    # the components a run has when it trains, on SphereFed's head, fine-tuning on images, with TCT's stage 2
+    "client_lr": (["local SGD"], 0.1), "weight_decay": (["local SGD"], 4e-5), "batch_size": (["local SGD"], 50),
+    "local_epochs": (["local SGD"], 5), "client_momentum": (["local SGD"], 0.0),
+    "lr_schedule": (["local SGD"], "constant"), "lr_milestones": (["local SGD"], None),
+    "lr_gamma": (["local SGD"], 0.1), "temperature": (["local SGD"], 1.0),
+    "sphere_dim": (["SphereFed's head"], None), "sphere_loss": (["SphereFed's head"], "mse"),
+    "backbone": (["fine-tuning on images"], "mobilenet_v2"), "weights": (["fine-tuning on images"], "imagenet"),
+    "image_size": (["fine-tuning on images"], 224),
+    **{name: (["TCT's stage 2"], default) for name, default in (
+        ("entk_dim", 100_000), ("entk_fp16", False), ("entk_chunk", 32), ("tct_rounds", 100),
+        ("tct_local_steps", 500), ("tct_lr", 5e-5), ("tct_solver", "scaffold"), ("tct_projection", None),
+        ("tct_lam", 0.0), ("tct_fedavg", False), ("tct_no_normalization", False), ("tct_loss", "mse"),
+        ("entk_params", "all"))},
 }
 
 

@@ -14,7 +14,7 @@ from fedray.runtime.probing import LocalTrainer
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.training.dual_form import DualForm, dual_form
 from fedray.methods.base import ClientBatch
-from fedray.methods.training_algorithms import CONTROL, FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx, FedYogi, Scaffold
+from fedray.methods.training_algorithms import CONTROL, FedAvg, FedProx, Scaffold, algorithm_class
 
 SIZES = np.array([1, 2, 13, 60, 5, 31])
 OFFSETS = np.concatenate([[0], np.cumsum(SIZES)])
@@ -83,8 +83,9 @@ def test_the_dual_form_and_autograd_train_the_same_heads(algorithm, momentum):
 
 
 def test_the_dual_form_is_taken_by_the_built_ins_whose_client_half_it_knows_and_by_nothing_else():
-    assert dual_form(FedAvg()) == dual_form(FedAvgM()) == dual_form(FedAdam()) == DualForm()
-    assert dual_form(FedAdagrad()) == dual_form(FedYogi()) == DualForm()
+    assert dual_form(FedAvg()) == DualForm()
+    for alias in ("fedavgm", "fedadam", "fedadagrad", "fedyogi"):  # FedAvg with another server optimizer
+        assert dual_form(algorithm_class(alias)()) == DualForm()
     assert dual_form(FedProx(prox_mu=0.3)) == DualForm(prox_mu=0.3)
     assert dual_form(Scaffold()) == DualForm(control=True)
 

@@ -1,5 +1,6 @@
 """Server optimizers against their update rules written out by hand over three rounds."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -100,6 +101,42 @@ def test_fedadam_at_other_options_follows_reddi_et_al_to_float64_round_off():
     assert_steps_equal(run_adaptive(ServerAdam(**ADAPTIVE_OPTIONS, adam_beta2=0.95)), expected)
 
 
+def flower_fedadam(server_lr: float, beta_1: float, beta_2: float, tau: float) -> list[np.ndarray]:
+    """Flower 1.x's FedAdam.aggregate_fit (flwr/server/strategy/fedadam.py), its server rounds numbered from 1."""
+    current_weights, m_t, v_t, thetas = np.array([0.0, 1.0, -1.0]), None, None, []
+    for server_round, delta in enumerate(ADAPTIVE_DELTAS, start=1):
+        delta_t = delta.numpy()
+        m_t = np.zeros_like(delta_t) if m_t is None else m_t
+        m_t = np.multiply(beta_1, m_t) + (1 - beta_1) * delta_t
+        v_t = np.zeros_like(delta_t) if v_t is None else v_t
+        v_t = beta_2 * v_t + (1 - beta_2) * np.multiply(delta_t, delta_t)
+        eta_norm = (server_lr * np.sqrt(1 - np.power(beta_2, server_round + 1.0))
+                    / (1 - np.power(beta_1, server_round + 1.0)))
+        current_weights = current_weights + eta_norm * m_t / (np.sqrt(v_t) + tau)
+        thetas.append(current_weights)
+    return thetas
+
+
+def test_fedadam_with_bias_correction_is_flowers_fedadam():
+    adam = ServerAdam(**ADAPTIVE_OPTIONS, adam_beta2=0.95, adam_bias_correction=True)
+    expected = flower_fedadam(server_lr=0.1, beta_1=0.8, beta_2=0.95, tau=1e-2)
+    assert_steps_equal(run_adaptive(adam), [torch.from_numpy(theta) for theta in expected])
+    uncorrected = plain_adaptive(lambda v, delta: 0.95 * v + 0.05 * delta**2)
+    assert not torch.allclose(uncorrected[0], torch.from_numpy(expected[0]), rtol=1e-3), "the correction changes a step"
+
+
+def test_the_bias_correction_counts_steps_across_a_checkpoint():
+    options = {**ADAPTIVE_OPTIONS, "adam_beta2": 0.95, "adam_bias_correction": True}
+    first = ServerAdam(**options)
+    params = first.step({"w": torch.tensor([0.0, 1.0, -1.0], dtype=torch.float64)}, {"w": ADAPTIVE_DELTAS[0].clone()})
+    resumed = ServerAdam(**options)
+    resumed.state = {name: dict(slots) for name, slots in first.state.items()}
+    for delta in ADAPTIVE_DELTAS[1:]:
+        params = resumed.step(params, {"w": delta.clone()})
+    expected = flower_fedadam(server_lr=0.1, beta_1=0.8, beta_2=0.95, tau=1e-2)[-1]
+    torch.testing.assert_close(params["w"], torch.from_numpy(expected), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", sorted(SERVER_OPTIMIZERS))
 def test_a_zero_update_on_a_fresh_optimizer_changes_nothing(name):
     params = SERVER_OPTIMIZERS[name]().step({"w": torch.tensor([3.0, -1.0])}, {"w": torch.zeros(2)})
@@ -112,6 +149,8 @@ def test_options_are_the_constructor_arguments():
         "adam_beta1: float = 0.9  (β₁)",
         "adam_beta2: float = 0.99  (β₂)",
         "adam_tau: float = 0.001  (τ, the adaptivity floor)",
+        "adam_bias_correction: bool = False  (Flower's FedAdam bias correction: step t moves by "
+        "η √(1 − β₂^(t+1)) / (1 − β₁^(t+1)))",
     ]
     assert (ServerSGD().server_lr, ServerAdam().server_lr) == (1.0, 0.01)
     # Adagrad's v has no β₂; Yogi's options are Adam's, by the same names

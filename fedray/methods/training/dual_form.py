@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedray.methods.algorithm import FederatedAlgorithm
-from fedray.methods.training_algorithms import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx, FedYogi, Scaffold
+from fedray.methods.training_algorithms import FedAvg, FedProx, Scaffold
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class DualForm:
 def dual_form(algorithm: FederatedAlgorithm) -> DualForm | None:
     """The dual form's settings for ``algorithm`` on linear heads, or None: it trains by autograd."""
     kind = type(algorithm)
-    if kind in (FedAvg, FedAvgM, FedAdam, FedAdagrad, FedYogi):
+    if kind is FedAvg:
         return DualForm()
     if kind is FedProx:
         return DualForm(prox_mu=algorithm.prox_mu)

@@ -19,9 +19,12 @@ Within a round every client uses the round's rate for all its local steps.
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
-SCHEDULES = ("constant", "cosine", "step")
+ScheduleKind = Literal["constant", "cosine", "step"]
+SCHEDULES: tuple[str, ...] = typing.get_args(ScheduleKind)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ lives in ``self.state`` (tensors in plain dicts), which checkpoints save.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import Annotated, ClassVar
 
@@ -105,23 +106,42 @@ class AdaptiveServerOptimizer(ServerOptimizer):
         for name, change in delta.items():
             m = self.remember(name, "m", self.adam_beta1 * self.slot(name, "m", change) + (1 - self.adam_beta1) * change)
             v = self.remember(name, "v", self.second_moment(self.slot(name, "v", change), change**2))
-            out[name] = params[name] + self.server_lr * m / (v.sqrt() + self.adam_tau)
+            out[name] = params[name] + self.step_size(name) * m / (v.sqrt() + self.adam_tau)
         return out
+
+    def step_size(self, name: str) -> float:
+        """The η that multiplies parameter ``name``'s m / (√v + τ) in this step: ``server_lr``."""
+        return self.server_lr
 
 
 class ServerAdam(AdaptiveServerOptimizer):
-    """Adam on −Δ (Reddi et al., ICLR 2021): v ← β₂ v + (1 − β₂) Δ²."""
+    """Adam on −Δ (Reddi et al., ICLR 2021): v ← β₂ v + (1 − β₂) Δ².
+
+    ``adam_bias_correction`` scales η as Flower's FedAdam does (Kingma & Ba's α_t): step t (1, 2, ...) moves by
+    η √(1 − β₂^(t+1)) / (1 − β₁^(t+1)), t counted per parameter in the optimizer's state (checkpoints keep it).
+    Reddi et al.'s Algorithm 2 has no correction, nor has Flower's FedYogi: off by default.
+    """
 
     name = "fedadam"
 
     def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 0.01)"] = None,
                  adam_beta1: Annotated[float, "β₁"] = 0.9, adam_beta2: Annotated[float, "β₂"] = 0.99,
-                 adam_tau: Annotated[float, "τ, the adaptivity floor"] = 1e-3) -> None:
+                 adam_tau: Annotated[float, "τ, the adaptivity floor"] = 1e-3,
+                 adam_bias_correction: Annotated[bool, "Flower's FedAdam bias correction: step t moves by "
+                                                       "η √(1 − β₂^(t+1)) / (1 − β₁^(t+1))"] = False) -> None:
         super().__init__(server_lr, adam_beta1, adam_tau)
-        self.adam_beta2 = adam_beta2
+        self.adam_beta2, self.adam_bias_correction = adam_beta2, adam_bias_correction
 
     def second_moment(self, v: torch.Tensor, square: torch.Tensor) -> torch.Tensor:
         return self.adam_beta2 * v + (1 - self.adam_beta2) * square
+
+    def step_size(self, name: str) -> float:
+        """``server_lr``; with ``adam_bias_correction``, Flower's η √(1 − β₂^(t+1)) / (1 − β₁^(t+1)) at this step t."""
+        if not self.adam_bias_correction:
+            return self.server_lr
+        count = torch.zeros((), dtype=torch.float64)
+        t = int(self.remember(name, "step", self.slot(name, "step", count) + 1).item())
+        return self.server_lr * math.sqrt(1 - self.adam_beta2 ** (t + 1)) / (1 - self.adam_beta1 ** (t + 1))
 
 
 class ServerAdagrad(AdaptiveServerOptimizer):
