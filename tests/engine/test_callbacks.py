@@ -52,7 +52,7 @@ def test_a_callback_stops_training_at_the_next_evaluation_row_as_a_complete_run(
     stopped = fedray.run(method="fedavg", out=tmp_path / "stopped", rounds=6, eval_every=2, callbacks=[log], **TRAIN)
     rows = stopped.metrics
     assert rows["round"].to_list() == [0, 2, 4]               # asked after round 3: stopped at the row of round 4
-    assert rows["stopped_early"].to_list() == [None, None, True]
+    assert rows["stopped_early"].to_list() == [False, False, True]
     assert [call for call in log.calls if call[0] == "round"][-1] == ("round", 4, "train")
     kept = ["round", "accuracy", "bytes_up", "train_loss", "clients_seen"]
     assert rows.select(kept).rows() == full.metrics.filter(pl.col("round") <= 4).select(kept).rows()
@@ -83,7 +83,7 @@ def test_after_round_numbers_the_rounds_of_both_stages_as_the_rows_do(ray_sessio
 def test_a_closed_form_run_stops_too(ray_session, tmp_path):
     result = fedray.run(method="fedncm", out=tmp_path / "ncm", rounds=9, eval_every=3, callbacks=[Log(stop_after=4)],
                         **SMALL)
-    assert result.metrics["round"].to_list() == [3, 6] and result.metrics["stopped_early"].to_list() == [None, True]
+    assert result.metrics["round"].to_list() == [3, 6] and result.metrics["stopped_early"].to_list() == [False, True]
     assert len(result.rounds) == 6
 
 
