@@ -41,7 +41,7 @@ client's weight does not reach the server either.
 (and float64's exact integers), its smallest must give each client at least t neighbours (a group of one, whose
 sum is its upload, is refused), and SecAgg+'s k must be below the largest group; one line, nothing run or written.
 Where only the run's draws tell the smallest group (a closed form sampled with replacement), each group is checked
-as it forms.
+as it forms. Poisson sampling (``--sampling poisson``) is refused: its rounds may be empty or smaller than t + 1.
 
 **Dropouts.** Each participant drops, independently with probability ``secagg_dropout`` (drawn once per group
 from its shared seed), after the masks are agreed and before its masked upload: it sends zeros (nothing to the
@@ -154,6 +154,11 @@ class SecureAggregation(fedray.Postprocessor):
             if self.neighbours is not None and self.neighbours >= told.group:
                 raise ValueError(f"{largest}: secagg_neighbours={self.neighbours} is more than a client's "
                                  f"{told.group - 1} others: leave it out for all pairs (SecAgg)")
+            if told.sampling.poisson:
+                raise ValueError(f"the {told.stage} stage samples clients by --sampling poisson: each round holds a "
+                                 f"random number of them, which can be none or fewer than the secagg_threshold + 1 a "
+                                 f"group needs to be unmasked (real SecAgg aborts such a round); use --sampling "
+                                 f"without or with (κ = --clients-per-round clients every round)")
             if told.smallest_group is not None:
                 _, problem = self.graph(told.smallest_group)
                 if problem is not None:

@@ -317,6 +317,10 @@ DATASET = "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6"
     (["--method", "fedncm", "--clients-per-round", "721", "--option", "secagg_bits=45"],
      "the closed form stage's aggregates of up to 721 uploads: their masked sum reaches 721 · 2^45, beyond "
      "float64's exact integers (2^53): set secagg_bits ≤ 43"),
+    (["--method", "fedavg", "--rounds", "3", "--clients-per-round", "6", "--sampling", "poisson"],
+     "the training stage samples clients by --sampling poisson: each round holds a random number of them, which can "
+     "be none or fewer than the secagg_threshold + 1 a group needs to be unmasked (real SecAgg aborts such a round); "
+     "use --sampling without or with (κ = --clients-per-round clients every round)"),
 ])
 def test_the_command_line_refuses_them_in_one_line_with_nothing_written(secagg_registered, capsys, tmp_path, argv,
                                                                          error):
