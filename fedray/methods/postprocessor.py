@@ -204,6 +204,13 @@ class Postprocessor:
         """The sum of the uploads as the server receives it; return new tensors (``total`` is not to be changed)."""
         return total
 
+    def dropped(self, context: UploadContext) -> Iterable[int]:
+        """Which of ``context.participants`` never reach the server: the clients whose uploads :meth:`client` turns into
+        nothing (weight 0, secure aggregation's dropouts), told from the aggregate's context alone (its participants,
+        ``shared_seed``), in the driver, so that the rows count only what the server received (``clients_seen``,
+        ``samples_seen``, ``bytes_up``, the papers' communication columns). None by default."""
+        return ()
+
     def aggregate_weight(self, weight: float, context: UploadContext) -> float:
         """The weight a training round's server divides its sum by (:attr:`~fedray.Aggregate.weight`), given the sum
         of the uploads' weights it received (0 in an empty round): that sum by default. DP-FedAvg's fixed-denominator
@@ -385,6 +392,24 @@ class Postprocessing:
             changed = changed or processed is not statistics
             total = processed if total is None else add(total, processed)
         return total if changed else None
+
+    def dropped(self, round_number: int) -> np.ndarray:
+        """The participants (:meth:`among`) whose uploads of the stage's round ``round_number`` some postprocessor's
+        :meth:`Postprocessor.dropped` says never reach the server, sorted; one line where it names a client that is
+        not a participant."""
+        round_number, lost = self.first_round + round_number, set()
+        for index, postprocessor in enumerate(self.postprocessors):
+            if type(postprocessor).dropped is not Postprocessor.dropped:
+                context = UploadContext(AGGREGATE, round_number, len(self.participants),
+                                        self._generator(round_number, AGGREGATE, index), self.sampling,
+                                        self.participants, self._shared_seed(index))
+                named = set(map(int, postprocessor.dropped(context)))
+                if not named <= set(self.participants):
+                    raise FedrayError(f"--postprocessor {self._name(index)}: dropped named clients "
+                                      f"{sorted(named - set(self.participants))[:5]} in round {round_number}; expected "
+                                      f"some of the aggregate's participants (context.participants)")
+                lost |= named
+        return np.array(sorted(lost), dtype=np.int64)
 
     def aggregate_weight(self, weight: float, round_number: int, clients: int) -> float:
         """A training round's weight sum through every postprocessor's :meth:`Postprocessor.aggregate_weight`, in

@@ -49,7 +49,12 @@ sum). The server then removes the survivors' self-masks and, for each dropped cl
 with its surviving neighbours, as it would from the seeds it reconstructs from the shares held by j's
 neighbours: a participant's seeds can be reconstructed when at least t (``secagg_threshold``, by default a
 majority of a client's neighbours) of its neighbours survive; when one cannot, the server cannot unmask the
-sum and the run stops in one line naming the round (real SecAgg aborts that round).
+sum and the run stops in one line naming the round (real SecAgg aborts that round). The rows count what the
+server received (:meth:`SecureAggregation.dropped` tells the engine who drops): a dropped client's upload is not
+in ``clients_seen``, ``samples_seen``, ``bytes_up`` nor the papers' communication columns; it sent none of its
+vector, and its protocol messages before dropping (keys, shares) are SecAgg's overhead, in the cost model's
+columns below. What it computed and received (``flops_client_avg``, ``macs_client_avg_fed3r``,
+``forward_passes``, ``bytes_down``) counts as in a plain run.
 
 **Exactness through a float sum.** fedray's server adds uploads as floats (float64 for closed-form statistics).
 The masked integers are held in float64: their sum, below n · 2^b, is exact while n · 2^b ≤ 2^53, which is
@@ -190,6 +195,13 @@ class SecureAggregation(fedray.Postprocessor):
                                f"client's seeds could ever be reconstructed{needs}")
         return threshold, None
 
+    def dropped(self, context: fedray.UploadContext) -> list[int]:
+        """The participants that drop (:attr:`Group.dropped`): the rows count only the survivors' uploads."""
+        if self.dropout == 0 or not context.participants:
+            return []
+        lost = dropouts(context.shared_seed, len(context.participants), self.dropout)
+        return [client for client, gone in zip(context.participants, lost) if gone]
+
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
         group = Group(self, context)
         names, values = _flat(upload.tensors, f"client {context.client}")
@@ -245,8 +257,7 @@ class Group:
         self.half = None if degree == n - 1 else degree // 2
         order = self._generator(2).permutation(n)
         self.ring_order, self.ring_place = order, np.argsort(order)  # SecAgg+'s Harary graph: ring positions
-        uniform = self._generator(1).random(n)
-        self.dropped = uniform < secagg.dropout
+        self.dropped = dropouts(self.seed, n, secagg.dropout)
 
     def neighbours(self, position: int) -> list[int]:
         """The clients that share pairwise masks with the participant at ``position``."""
@@ -308,6 +319,12 @@ class Group:
             values += mask
         else:
             values -= mask
+
+
+def dropouts(seed: int, n: int, rate: float) -> np.ndarray:
+    """Which of a group's ``n`` participants drop: one U[0, 1) draw each, below ``rate``, from the group's stream 1 of
+    its shared ``seed``."""
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence((seed, 1)))).random(n) < rate
 
 
 def _flat(tensors: fedray.Params, where: str) -> tuple[list[str], np.ndarray]:
