@@ -224,10 +224,11 @@ def _training_state(plain: dict, out: Path) -> TrainingState:
 
 
 def _reported(value: object, name: str) -> dict[str, float]:
-    """The numbers plugins reported by name (a checkpoint from before they could has none)."""
-    if not isinstance(value, dict) or not all(isinstance(key, str) and type(number) is float and math.isfinite(number)
+    """The numbers plugins reported by name (a checkpoint from before they could has none): numbers but NaN, as
+    :func:`fedray.report` takes them (±inf is one: a DP run's ε without noise)."""
+    if not isinstance(value, dict) or not all(isinstance(key, str) and type(number) is float and not math.isnan(number)
                                               for key, number in value.items()):
-        raise FedrayError(f"its {name} are {value!r}, not a mapping of names to finite numbers")
+        raise FedrayError(f"its {name} are {value!r}, not a mapping of names to numbers (not NaN)")
     return dict(value)
 
 

@@ -1,6 +1,7 @@
 """Checkpoint files: plain data loaded without running code from the file, bad files refused in one line, dataset
 specs compared canonically, a checkpoint that does not fit on the disk refused in one line with the previous one kept."""
 
+import math
 import os
 import re
 from dataclasses import fields
@@ -87,6 +88,13 @@ def test_a_checkpoint_is_plain_data_and_gives_the_state_back(tmp_path):
     assert loaded.points == state.points and loaded.points[-1].reported == {"eta_g": 1.5}
     assert [getattr(loaded, f) for f in ("done", "loss_sum", "loss_samples", "wall_s", "eval_s")] == [4, 12.5, 40, 2.5, 0.5]
     assert loaded.reported == {"eta_g": 1.5}   # what plugins reported: a resumed run's rows carry it on
+
+
+def test_a_checkpoint_keeps_an_infinite_reported_number_as_fedray_report_takes_it(tmp_path):
+    state = state_as_every_backend_keeps_it()
+    state.reported = {"dp_epsilon": math.inf, "dp_delta": 1e-5}  # DP without noise: ε = ∞
+    saved_with_client_states(tmp_path, run_config(tmp_path), state)
+    assert load_checkpoint(tmp_path, run_config(tmp_path)).reported == {"dp_epsilon": math.inf, "dp_delta": 1e-5}
 
 
 def test_resume_compares_the_canonical_dataset_spec(tmp_path):
