@@ -23,9 +23,13 @@ from fedray.core.plugins import spec_of
 from fedray.core.results import METRICS
 
 
-@dataclass
+@dataclass(eq=False)
 class RunResult:
-    """What ``fedray.run`` returns: the run's files as Python objects, and the clients of its rounds."""
+    """What ``fedray.run`` returns: the run's files as Python objects, and the clients of its rounds.
+
+    Two results are equal (``==``) when their runs' results are: the same metrics but for ``wall_s`` (time measured on
+    this machine, never the same twice), bitwise the same classifier and arrays, the same rounds; wherever they were
+    written (``out``). The same configuration gives equal results."""
 
     metrics: pl.DataFrame
     """metrics.parquet: one row per evaluation point."""
@@ -39,6 +43,30 @@ class RunResult:
     are read (a :class:`~fedray.runtime.schedules.Schedule`), not held whole."""
     out: Path
     """The run's folder."""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunResult):
+            return NotImplemented
+        return (_measured_aside(self.metrics).equals(_measured_aside(other.metrics))
+                and _same_tensor(self.classifier.weight, other.classifier.weight)
+                and _same_tensor(self.classifier.bias, other.classifier.bias)
+                and self.arrays.keys() == other.arrays.keys()
+                and all(np.array_equal(self.arrays[name], other.arrays[name]) for name in self.arrays)
+                and self.rounds == other.rounds)
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value
+
+
+MEASURED = ("wall_s",)
+"""The metrics columns measured on the machine, not computed: set aside when results are compared."""
+
+
+def _measured_aside(metrics: pl.DataFrame) -> pl.DataFrame:
+    return metrics.drop(MEASURED, strict=False)
+
+
+def _same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is None and b is None or a is not None and b is not None and a.dtype == b.dtype and torch.equal(a, b)
 
 
 Evaluation = Callable[[dict, "Classifier | None"], None]

@@ -66,6 +66,15 @@ def test_a_training_run_reports_its_head_at_each_point(ray_session, tmp_path):
     assert len(result.rounds) == 4 and all(len(np.unique(clients)) == 10 for clients in result.rounds)
 
 
+def test_results_compare_as_values_wherever_they_were_written(ray_session, tmp_path):
+    first = fedray.run(method="fedncm", dataset=SPEC, out=tmp_path / "first", rounds=4, eval_every=2, **SMALL_RUN)
+    second = fedray.run(method="fedncm", dataset=SPEC, out=tmp_path / "second", rounds=4, eval_every=2, **SMALL_RUN)
+    other = fedray.run(method="fedncm", dataset=SPEC, out=tmp_path / "other", rounds=4, eval_every=2, seed=1,
+                       **SMALL_RUN)
+    assert first == second and first.rounds == second.rounds   # the same configuration: equal results
+    assert first != other and first.rounds != other.rounds      # another seed draws other rounds
+
+
 def test_a_sweep_from_python_returns_its_results_table(ray_session, tmp_path):
     table = fedray.sweep({"name": "seeds", "base": {"dataset": SPEC, "method": "fedncm", "eval_every": 100},
                           "grid": {"seed": [0, 1]}, "cpus_per_shard": 0.5, "driver_cpus": 0.5},
