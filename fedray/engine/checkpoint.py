@@ -232,6 +232,14 @@ def _reported(value: object, name: str) -> dict[str, float]:
     return dict(value)
 
 
+def _callback_columns(value: object, where: str) -> dict[str, float | str]:
+    """The columns a researcher's callbacks added to a row (a checkpoint from before they could has none)."""
+    if not isinstance(value, dict) or not all(isinstance(key, str) and type(column) in (float, str)
+                                              for key, column in value.items()):
+        raise FedrayError(f"its {where} callback columns are {value!r}, not a mapping of names to numbers or strings")
+    return dict(value)
+
+
 def _count(value: object, name: str) -> int:
     if type(value) is not int or value < 0:
         raise FedrayError(f"its {name} is {value!r}, not a count (an integer ≥ 0)")
@@ -305,9 +313,11 @@ def _point(row: object, index: int) -> EvalPoint:
                if field.default is MISSING and field.default_factory is MISSING and field.name not in row]
     if missing:
         raise FedrayError(f"its point {index} lacks {missing[0]}")
-    values = {field.name: row.get(field.name, field.default) for field in fields(EvalPoint) if field.name != "reported"}
+    values = {field.name: row.get(field.name, field.default) for field in fields(EvalPoint)
+              if field.name not in ("reported", "callback_columns")}
     where = f"point {index}'s"
     values["reported"] = _reported(row.get("reported", {}), f"{where} reported numbers")
+    values["callback_columns"] = _callback_columns(row.get("callback_columns", {}), where)
     for name in POINT_COUNTS:
         _count(values[name], f"{where} {name}")
     for name in (*POINT_AMOUNTS, *(name for name in POINT_PAPER_AMOUNTS if values[name] is not None)):

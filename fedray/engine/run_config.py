@@ -82,7 +82,7 @@ def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], s
     columns to the final row (null on the others). ``stopped_early``: a researcher's callback stopped the run at the
     last row, whose ``stopped_early`` column is true (false on the rows before it; no such column otherwise)."""
     columns = {**resolved.metrics_columns(), "clients_per_round": per_round}
-    reported = {name: None for point in points for name in point.reported}  # a column from the first report on
+    reported = {name: None for point in points for name in point.added_names()}  # null on the rows without it
     stop = {"stopped_early": False} if stopped_early else {}
     rows = [{**columns, **reported, **point.columns(), **{key: None for key in last}, **stop} for point in points]
     rows[-1].update(last, **{name: True for name in stop})

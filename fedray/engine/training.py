@@ -273,12 +273,17 @@ def train(
         recovery = copy.deepcopy(snapshot)
 
     reported = len(state.points)  # rows the listener saw: a resumed run's before it stopped, a replay's before it failed
+    heard: dict[int, EvalPoint] = {}  # the rows it saw since this call started, by position: a replay asks none again
 
     def report_once(point: EvalPoint, classifier: Classifier | None) -> None:
         nonlocal reported
+        position = len(state.points) - 1
         if len(state.points) > reported:  # Report appended the point: a replayed row is the one reported before
             reported = len(state.points)
             on_point(point, classifier)
+            heard[position] = point
+        elif position in heard:  # the columns the researcher's callbacks added when they heard it
+            point.callback_columns.update(heard[position].callback_columns)
 
     while True:
         path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing)
