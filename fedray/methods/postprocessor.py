@@ -426,9 +426,9 @@ class Postprocessing:
                 if isinstance(returned, bool) or not isinstance(returned, (int, float)) or not math.isfinite(returned) \
                         or not (returned > 0 or nobody):
                     raise FedrayError(f"--postprocessor {self._name(index)}: aggregate_weight returned {returned!r} in "
-                                      f"training round {round_number} (handed {weight:g}); expected a finite weight > 0, "
-                                      f"the number the round's sum is divided by (0 only where it was handed 0: no "
-                                      f"upload arrived)")
+                                      f"training round {round_number} (handed {weight:g}); expected a finite weight "
+                                      f"> 0, the number the round's sum is divided by (0 only where it was handed 0: "
+                                      f"no upload arrived)")
                 weight = float(returned)
         return weight
 

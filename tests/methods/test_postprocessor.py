@@ -123,10 +123,10 @@ def test_an_exact_sums_hook_may_not_change_a_training_uploads_weight_and_says_wh
     from fedray.core.errors import FedrayError
 
     upload = fedray.Upload({"w": torch.ones(2)}, 3.0)
-    with pytest.raises(FedrayError, match=r"^the plugin tests.methods.test_postprocessor:ExactWeigh: client returned an Upload of weight 2.5 \(round 5, "
-                                          r"client 3\); expected weight 3 or 0 \(dropped\): training round 5's update "
-                                          r"reaches --postprocessor ExactWeigh \(exact_sum\) with its weight w_k already "
-                                          r"multiplied into its tensors"):
+    with pytest.raises(FedrayError, match=r"^the plugin tests.methods.test_postprocessor:ExactWeigh: client returned "
+                                          r"an Upload of weight 2.5 \(round 5, client 3\); expected weight 3 or 0 "
+                                          r"\(dropped\): training round 5's update reaches --postprocessor ExactWeigh "
+                                          r"\(exact_sum\) with its weight w_k already multiplied into its tensors"):
         Postprocessing((ExactWeigh(weight=2.5),), 0, first_round=4).client(upload, 3, 1)
     dropped = Postprocessing((ExactWeigh(weight=0.0),), 0).client(upload, 3, 1)
     assert dropped.weight == 0.0 and torch.equal(dropped.tensors["w"], torch.full((2,), 3.0, dtype=torch.float64))
@@ -158,8 +158,8 @@ def test_a_zero_or_negative_aggregate_weight_stops_in_one_line_naming_the_postpr
 def test_a_training_run_whose_postprocessor_divides_by_zero_stops_at_its_first_round(ray_session, tmp_path):
     from fedray.core.errors import FedrayError
 
-    with pytest.raises(FedrayError, match=r"^--postprocessor tests.methods.test_postprocessor:Denominator: aggregate_weight returned 0.0 in training "
-                                          r"round 1 \(handed \d+\)"):
+    with pytest.raises(FedrayError, match=r"^--postprocessor tests.methods.test_postprocessor:Denominator: "
+                                          r"aggregate_weight returned 0.0 in training round 1 \(handed \d+\)"):
         fedray.run(method="fedavg", dataset="synthetic:inat-geo-100?dim=8&scale=0.2&classes=6", out=tmp_path / "run",
                    postprocessor=Denominator, rounds=2, clients_per_round=4, num_shards=1, cpus_per_shard=1.0,
                    quiet=True)
