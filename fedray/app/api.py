@@ -23,9 +23,13 @@ from fedray.core.plugins import spec_of
 from fedray.core.results import METRICS
 
 
-@dataclass
+@dataclass(eq=False)
 class RunResult:
-    """What ``fedray.run`` returns: the run's files as Python objects, and the clients of its rounds."""
+    """What ``fedray.run`` returns: the run's files as Python objects, and the clients of its rounds.
+
+    Two results are equal (``==``) when their runs' results are: the same metrics but for ``wall_s`` (time measured on
+    this machine, never the same twice), bitwise the same classifier and arrays, the same rounds; wherever they were
+    written (``out``). The same configuration gives equal results."""
 
     metrics: pl.DataFrame
     """metrics.parquet: one row per evaluation point."""
@@ -39,6 +43,30 @@ class RunResult:
     are read (a :class:`~fedray.runtime.schedules.Schedule`), not held whole."""
     out: Path
     """The run's folder."""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunResult):
+            return NotImplemented
+        return (_measured_aside(self.metrics).equals(_measured_aside(other.metrics))
+                and _same_tensor(self.classifier.weight, other.classifier.weight)
+                and _same_tensor(self.classifier.bias, other.classifier.bias)
+                and self.arrays.keys() == other.arrays.keys()
+                and all(np.array_equal(self.arrays[name], other.arrays[name]) for name in self.arrays)
+                and self.rounds == other.rounds)
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value
+
+
+MEASURED = ("wall_s",)
+"""The metrics columns measured on the machine, not computed: set aside when results are compared."""
+
+
+def _measured_aside(metrics: pl.DataFrame) -> pl.DataFrame:
+    return metrics.drop(MEASURED, strict=False)
+
+
+def _same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is None and b is None or a is not None and b is not None and a.dtype == b.dtype and torch.equal(a, b)
 
 
 Evaluation = Callable[[dict, "Classifier | None"], None]
@@ -121,9 +149,10 @@ def run(
     classifier evaluated there: a closed form's solve, a training run's head
     (SphereFed: the fixed classifier; TCT's stage 2: its model), yours to keep.
     ``verbose`` shows what Ray's workers print, as ``fedray run --verbose`` does, when this call starts Ray.
-    ``callbacks`` are :class:`fedray.Callback` instances: hooks at the start, at each evaluation row, after each round
-    (one that returns True stops the run at its next evaluation row, a complete run whose last row's
-    ``stopped_early`` is true) and at the end.
+    ``callbacks`` are :class:`fedray.Callback` instances: hooks at the start, at each evaluation row (whose
+    ``on_evaluation`` may return columns to add to it: a macro-F1, a per-class accuracy), after each round (one that
+    returns True stops the run at its next evaluation row, a complete run whose last row's ``stopped_early`` is true)
+    and at the end.
     """
     from fedray.engine.callbacks import Callbacks
     from fedray.engine.run_config import run as run_config  # the engine imports Ray and torch: only when a run starts
@@ -160,12 +189,16 @@ def sweep(
     resume: bool = False,
     address: str | None = None,
     quiet: bool = False,
+    callbacks: list | None = None,
 ) -> pl.DataFrame:
     """Run (or ``resume``) a sweep, as ``fedray sweep`` does: its results table, also written to ``out/NAME/results.parquet``.
 
     ``config`` is a sweep file (YAML) or its content as a mapping (``{"name": ..., "base": {...}, "grid": {...}}``).
+    ``callbacks``: :class:`fedray.Callback` instances, as :func:`run` takes them; each trial runs a copy, and the
+    columns their ``on_evaluation`` returns are columns of the table.
     The arguments are checked as :func:`run`'s are, before any work.
     """
+    from fedray.engine.callbacks import Callbacks
     from fedray.app.sweeps.spec import load_sweep, sweep_spec
     from fedray.app.sweeps.tuning import sweep as run_sweep  # Ray Tune: only when a sweep starts
 
@@ -174,5 +207,6 @@ def sweep(
                           f"got {shown(config)}")
     out = _folder(out, SWEEP)
     resume, quiet, address = RESUME.coerce(resume, SWEEP), QUIET.coerce(quiet, SWEEP), ADDRESS.coerce(address, SWEEP)
+    researcher = Callbacks.checked(callbacks, SWEEP)
     spec = sweep_spec(config, Path("sweep")) if isinstance(config, dict) else load_sweep(config)
-    return run_sweep(spec, out, resume=resume, address=address, quiet=quiet)
+    return run_sweep(spec, out, resume=resume, address=address, quiet=quiet, callbacks=researcher.callbacks)

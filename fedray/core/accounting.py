@@ -63,16 +63,23 @@ class PaperTotals:
     fed3r_macs: float | None = 0.0
     forward_passes: float | None = 0.0
 
-    def add(self, costs: PaperCosts | None, clients: np.ndarray, backbone_macs: float | None) -> None:
-        """Add the computations of ``clients`` (one each; a client may repeat); ``costs`` None: nothing defined."""
+    def add(self, costs: PaperCosts | None, clients: np.ndarray, backbone_macs: float | None,
+            received: np.ndarray | None = None) -> None:
+        """Add the computations of ``clients`` (one each; a client may repeat); ``costs`` None: nothing defined. The
+        communication columns count only the uploads of ``received`` (by default all of ``clients``): those that
+        reached the server (a client that dropped out after computing its upload sent none of it)."""
         costs = costs or PaperCosts()
+        received = clients if received is None else received
         macs = None
         if costs.fed3r_macs is not None and costs.forward_passes is not None and backbone_macs is not None:
             macs = costs.fed3r_macs + costs.backbone_factor * costs.forward_passes * backbone_macs
-        for name, per_client in (("fedcof_floats", costs.fedcof_floats), ("fed3r_floats", costs.fed3r_floats),
-                                 ("fed3r_macs", macs), ("forward_passes", costs.forward_passes)):
+        for name, per_client, counted in (("fedcof_floats", costs.fedcof_floats, received),
+                                          ("fed3r_floats", costs.fed3r_floats, received),
+                                          ("fed3r_macs", macs, clients),
+                                          ("forward_passes", costs.forward_passes, clients)):
             total = getattr(self, name)
-            setattr(self, name, None if total is None or per_client is None else total + float(per_client[clients].sum()))
+            added = None if total is None or per_client is None else total + float(per_client[counted].sum())
+            setattr(self, name, added)
 
     def columns(self, num_clients: int) -> dict[str, float | None]:
         """The metrics columns: MACs averaged over all ``num_clients`` clients (Fed3R's 𝒯·t·κ/K)."""

@@ -9,7 +9,8 @@ so a per-round quantity is its value in the row's round and a cumulative one
 (ε) its total. A client's quantity is aggregated as the server aggregates
 anything: upload it as a tensor (summed with the upload's weight) and report
 the mean in ``server_update``; client-side hooks run in the shards, where
-``fedray.report`` is refused.
+``fedray.report`` is refused. A value is any number but NaN: ±inf is one (a DP
+run's ε without noise), kept in the rows and in checkpoints.
 """
 
 from __future__ import annotations

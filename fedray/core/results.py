@@ -61,13 +61,19 @@ class EvalPoint:
     forward_passes: float | None = None
     reported: dict[str, float] = field(default_factory=dict)
     """What the run's plugins reported (:func:`fedray.report`) up to this row: a column each."""
+    callback_columns: dict[str, float | str] = field(default_factory=dict)
+    """What a researcher's callbacks returned from ``on_evaluation`` at this row: a column each."""
 
     def columns(self) -> dict[str, object]:
-        """The row's columns: its fields, with each reported number as a column of its own."""
-        return {**{name: getattr(self, name) for name in POINT_COLUMNS}, **self.reported}
+        """The row's columns: its fields, then each reported number and each callback's column, a column each."""
+        return {**{name: getattr(self, name) for name in POINT_COLUMNS}, **self.reported, **self.callback_columns}
+
+    def added_names(self) -> tuple[str, ...]:
+        """The names of the columns plugins and callbacks added to this row."""
+        return (*self.reported, *self.callback_columns)
 
 
-POINT_COLUMNS = tuple(f.name for f in fields(EvalPoint) if f.name != "reported")
+POINT_COLUMNS = tuple(f.name for f in fields(EvalPoint) if f.name not in ("reported", "callback_columns"))
 """The columns every evaluation row has (besides the configuration's and what plugins report)."""
 
 

@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from numbers import Real
 
 from tqdm import tqdm
 
 from fedray.core.errors import FedrayError, shown
 from fedray.core.results import EvalPoint
+from fedray.engine.config import COLUMNS
 from fedray.engine.round_loop import Callback as LoopCallback, Listener
 from fedray.methods.base import Classifier
 
@@ -33,8 +36,12 @@ class Callback:
         ``fedavg``, ...), its rounds (numbered as the rows are) and how many of them are done already (a resumed
         run's)."""
 
-    def on_evaluation(self, row: dict[str, object], classifier: Classifier | None) -> None:
-        """At each evaluation row: its columns and the classifier evaluated there (yours to keep)."""
+    def on_evaluation(self, row: dict[str, object], classifier: Classifier | None) -> dict[str, float | str] | None:
+        """At each evaluation row: its columns and the classifier evaluated there (yours to keep). Return a dict to add
+        columns to the row (a macro-F1, a per-class accuracy), in metrics.parquet and a sweep's results.parquet:
+        names that are not the run's columns already, values numbers (NaN refused, ±inf kept, as
+        :func:`fedray.report`'s) or one-line strings of at most 200 characters; a column keeps its kind (number or
+        string) from row to row and is null on the rows that do not return it."""
 
     def after_round(self, round: int, stage: str) -> bool | None:
         """After round ``round`` (numbered as the rows are) of ``stage`` (``closed_form``, ``train``, ``tct_scaffold``),
@@ -47,12 +54,24 @@ class Callback:
         """After the run wrote its results: its metrics rows."""
 
 
+MAX_STRING = 200
+"""The most characters a callback's string column holds: a label, not a log."""
+
+
+def _kind(kind: type) -> str:
+    return "string" if kind is str else "number"
+
+
 @dataclass
 class Callbacks:
     """A run's researcher callbacks as the engine calls them, and whether one asked to stop."""
 
     callbacks: Sequence[Callback] = ()
     stopping: bool = False
+    taken: frozenset[str] = COLUMNS
+    """The run's columns, which no callback column may be named (its configuration's are added when it starts)."""
+    kinds: dict[str, type] = field(default_factory=dict)
+    """Each callback column's kind so far (float or str): a column of one kind in every row."""
 
     @staticmethod
     def checked(callbacks: object, where: str) -> "Callbacks":
@@ -64,6 +83,7 @@ class Callbacks:
         return Callbacks(tuple(callbacks))
 
     def start(self, config: dict[str, object]) -> None:
+        self.taken = self.taken | set(config) | set(config.get("options") or {})
         for callback in self.callbacks:
             callback.on_start(dict(config))
 
@@ -72,8 +92,39 @@ class Callbacks:
             callback.on_stage(stage, name, rounds, done)
 
     def evaluation(self, point: EvalPoint, classifier: Classifier | None) -> None:
+        """Each callback's :meth:`Callback.on_evaluation` of ``point``, the columns it returns added to the point."""
         for callback in self.callbacks:
-            callback.on_evaluation(point.columns(), classifier)
+            returned = callback.on_evaluation(point.columns(), classifier)
+            if returned is not None:
+                point.callback_columns.update(self._checked(callback, returned, point))
+
+    def _checked(self, callback: Callback, returned: object, point: EvalPoint) -> dict[str, float | str]:
+        """``returned`` as columns of ``point``'s row, else one line naming ``callback``, the row and what is wrong."""
+        where = f"{type(callback).__name__}.on_evaluation at round {point.round}"
+        if not isinstance(returned, dict):
+            raise FedrayError(f"{where} returned {shown(returned)}; expected None or a dict of columns "
+                              f"{{name: number or string}}")
+        columns: dict[str, float | str] = {}
+        for name, value in returned.items():
+            if not isinstance(name, str) or not name or name in self.taken or name in point.columns():
+                raise FedrayError(f"{where} returned a column named {name!r}: "
+                                  + ("a column of the run already; name it otherwise" if isinstance(name, str) and name
+                                     else "expected a non-empty string"))
+            if isinstance(value, str):
+                if len(value) > MAX_STRING or "\n" in value:
+                    lines = " of several lines" if "\n" in value else ""
+                    raise FedrayError(f"{where} returned a {len(value)}-character string{lines} as {name}; a string "
+                                      f"column holds one line of at most {MAX_STRING} characters")
+            elif isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
+                raise FedrayError(f"{where} returned {name}={shown(value)}: expected a number (not NaN; ±inf is one) "
+                                  f"or a string")
+            column = value if isinstance(value, str) else float(value)
+            kind = self.kinds.setdefault(name, type(column))
+            if kind is not type(column):
+                raise FedrayError(f"{where} returned {name}={shown(value)}, a {_kind(type(column))}, where earlier "
+                                  f"rows had a {_kind(kind)}: a column holds one kind")
+            columns[name] = column
+        return columns
 
     def after_round(self, round_number: int, stage: str) -> None:
         for callback in self.callbacks:
@@ -95,14 +146,15 @@ class Callbacks:
         return Callbacks(mine if quiet else (ProgressBar(), *mine))
 
     def hearing(self, listener: Listener | None) -> Listener | None:
-        """A listener that passes each evaluation row to ``listener`` (when there is one), then to these callbacks."""
+        """A listener that passes each evaluation row to these callbacks, then, with the columns they added, to
+        ``listener`` (when there is one)."""
         if not self.callbacks:
             return listener
 
         def both(point: EvalPoint, classifier: Classifier | None) -> None:
+            self.evaluation(point, classifier)  # first: the columns they add reach the listener (a sweep's trial)
             if listener is not None:
                 listener(point, classifier)
-            self.evaluation(point, classifier)
         return both
 
     def loop(self, stage: str, name: str, rounds: int, first_round: int = 0) -> "StageCallbacks":

@@ -228,10 +228,19 @@ def _training_state(plain: dict, out: Path) -> TrainingState:
 
 
 def _reported(value: object, name: str) -> dict[str, float]:
-    """The numbers plugins reported by name (a checkpoint from before they could has none)."""
-    if not isinstance(value, dict) or not all(isinstance(key, str) and type(number) is float and math.isfinite(number)
+    """The numbers plugins reported by name (a checkpoint from before they could has none): numbers but NaN, as
+    :func:`fedray.report` takes them (±inf is one: a DP run's ε without noise)."""
+    if not isinstance(value, dict) or not all(isinstance(key, str) and type(number) is float and not math.isnan(number)
                                               for key, number in value.items()):
-        raise FedrayError(f"its {name} are {value!r}, not a mapping of names to finite numbers")
+        raise FedrayError(f"its {name} are {value!r}, not a mapping of names to numbers (not NaN)")
+    return dict(value)
+
+
+def _callback_columns(value: object, where: str) -> dict[str, float | str]:
+    """The columns a researcher's callbacks added to a row (a checkpoint from before they could has none)."""
+    if not isinstance(value, dict) or not all(isinstance(key, str) and type(column) in (float, str)
+                                              for key, column in value.items()):
+        raise FedrayError(f"its {where} callback columns are {value!r}, not a mapping of names to numbers or strings")
     return dict(value)
 
 
@@ -308,9 +317,11 @@ def _point(row: object, index: int) -> EvalPoint:
                if field.default is MISSING and field.default_factory is MISSING and field.name not in row]
     if missing:
         raise FedrayError(f"its point {index} lacks {missing[0]}")
-    values = {field.name: row.get(field.name, field.default) for field in fields(EvalPoint) if field.name != "reported"}
+    values = {field.name: row.get(field.name, field.default) for field in fields(EvalPoint)
+              if field.name not in ("reported", "callback_columns")}
     where = f"point {index}'s"
     values["reported"] = _reported(row.get("reported", {}), f"{where} reported numbers")
+    values["callback_columns"] = _callback_columns(row.get("callback_columns", {}), where)
     for name in POINT_COUNTS:
         _count(values[name], f"{where} {name}")
     for name in (*POINT_AMOUNTS, *(name for name in POINT_PAPER_AMOUNTS if values[name] is not None)):

@@ -39,6 +39,8 @@ class RunOutcome:
     solve_s: float = 0.0
     eval_s: float = 0.0
     paper: PaperTotals = field(default_factory=PaperTotals)
+    dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The clients of ``rounds`` whose statistics never reached the server (secure aggregation's dropouts): not seen."""
 
 
 @dataclass
@@ -52,6 +54,8 @@ class _Block:
     total: Reduction | None
     uploads: int = 0
     postprocessing: Postprocessing | None = None  # the run's, among the block's uploaders
+    dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The block's uploaders whose statistics never reached the server (:meth:`Postprocessing.dropped`)."""
     accuracy: PendingAccuracy | None = None
     classifier: Classifier | None = None
     reported: dict[str, float] = field(default_factory=dict)
@@ -108,20 +112,24 @@ class ClosedFormRounds:
             seen[new] = True
             uploads.append(new)
             upload_rounds.append(np.full(len(new), number))
-            bytes_up += float(upload_bytes[new].sum())
-            flops += float(client_flops[new].sum())
-            paper.add(paper_costs, new, self.backbone_macs)
-            samples += int(sizes[new].sum())
-            clients_seen += len(new)
-            if number in evaluate_at:
-                uploaded, when = np.concatenate(uploads), np.concatenate(upload_rounds)
-                uploads, upload_rounds = [], []
-                total, group = None, self.postprocessing.among(uploaded, number)
-                if len(uploaded):
-                    total = pool.statistics(method, uploaded, method_ref, group, when, (self.token, number))
-                    self.uploads.append((number, uploaded))
-                blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
-                                        paper.columns(federation.num_clients), total, len(uploaded), group)
+            if number not in evaluate_at:
+                continue
+            uploaded, when = np.concatenate(uploads), np.concatenate(upload_rounds)
+            total, group = None, self.postprocessing.among(uploaded, number)
+            lost = group.dropped(number) if len(uploaded) else np.zeros(0, dtype=np.int64)
+            for new in uploads:  # counted round by round, the uploads that reached the server as received
+                received = new[~np.isin(new, lost)] if len(lost) else new
+                bytes_up += float(upload_bytes[received].sum())
+                flops += float(client_flops[new].sum())
+                paper.add(paper_costs, new, self.backbone_macs, received)
+                samples += int(sizes[received].sum())
+                clients_seen += len(received)
+            uploads, upload_rounds = [], []
+            if len(uploaded):
+                total = pool.statistics(method, uploaded, method_ref, group, when, (self.token, number))
+                self.uploads.append((number, uploaded))
+            blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
+                                    paper.columns(federation.num_clients), total, len(uploaded), group, lost)
         return blocks
 
     def _solve(self, block: _Block) -> None:
@@ -207,7 +215,9 @@ def run_closed_form(
                                                callbacks.loop("closed_form", name, len(rounds))])
     finally:
         path.finish()
-    outcome.rounds = rounds[:outcome.points[-1].round]
+    last = outcome.points[-1].round
+    outcome.rounds = rounds[:last]
+    outcome.dropped = np.concatenate([block.dropped for number, block in path.blocks.items() if number <= last])
     return outcome
 
 

@@ -77,18 +77,21 @@ def _resolved(config: RunConfig, num_clients: int, **values: object) -> RunConfi
     return replace(config, clients_per_round=per_round if config.participation is None else None, **values)
 
 
-def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], **last: object) -> list[dict]:
+def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], stopped_early: bool = False,
+                 **last: object) -> list[dict]:
     """One row per point: the configuration's columns (those that apply to the run), then the point's; ``last`` adds
-    columns to the final row."""
+    columns to the final row (null on the others). ``stopped_early``: a researcher's callback stopped the run at the
+    last row, whose ``stopped_early`` column is true (false on the rows before it; no such column otherwise)."""
     columns = {**resolved.metrics_columns(), "clients_per_round": per_round}
-    reported = {name: None for point in points for name in point.reported}  # a column from the first report on
-    rows = [{**columns, **reported, **point.columns(), **{key: None for key in last}} for point in points]
-    rows[-1].update(last)
+    reported = {name: None for point in points for name in point.added_names()}  # null on the rows without it
+    stop = {"stopped_early": False} if stopped_early else {}
+    rows = [{**columns, **reported, **point.columns(), **{key: None for key in last}, **stop} for point in points]
+    rows[-1].update(last, **{name: True for name in stop})
     return rows
 
 
 def stopped_early(callbacks: Callbacks | None) -> dict[str, bool]:
-    """The last row's ``stopped_early`` column, where a researcher's callback stopped the run."""
+    """:func:`metrics_rows`' ``stopped_early``, true where a researcher's callback stopped the run."""
     return {"stopped_early": True} if callbacks is not None and callbacks.stopping else {}
 
 

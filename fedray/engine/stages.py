@@ -214,6 +214,7 @@ def _initial_head(init: ClosedForm, context: StageContext, pool: ShardPool, eval
     seen = np.zeros(federation.num_clients, dtype=bool)
     for clients in outcome.rounds:
         seen[clients] = True
+    seen[outcome.dropped] = False  # their statistics never reached the server
     accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down,
                             last.flops_client_avg * last.clients_seen, outcome.paper)
     return {"weight": weight, "bias": bias}, accounting, outcome.points

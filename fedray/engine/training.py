@@ -48,15 +48,19 @@ class Accounting:
     paper: PaperTotals = field(default_factory=PaperTotals)
 
     def add(self, clients: np.ndarray, sizes: np.ndarray, up: float, down: float, flops: float,
-            paper: PaperCosts | None = None, backbone_macs: float | None = None) -> None:
-        """One computation of each of ``clients``; ``paper`` its papers' costs (None: undefined, those columns go null)."""
-        new = clients[~self.seen[clients]]
+            paper: PaperCosts | None = None, backbone_macs: float | None = None,
+            received: np.ndarray | None = None) -> None:
+        """One computation of each of ``clients``; ``paper`` its papers' costs (None: undefined, those columns go null).
+        ``received``: those of ``clients`` whose uploads reached the server (by default all; ``up`` is theirs): only
+        they are seen, and count in the papers' communication columns."""
+        received = clients if received is None else received
+        new = received[~self.seen[received]]
         self.seen[new] = True
         self.samples_seen += int(sizes[new].sum())
         self.bytes_up += up
         self.bytes_down += down
         self.flops += flops
-        self.paper.add(paper, clients, backbone_macs)
+        self.paper.add(paper, clients, backbone_macs, received)
 
     def point(self, round_number: int, accuracy: float, wall_s: float, stage: str, loss: float | None = None,
               diverged: bool = False, reported: dict[str, float] | None = None) -> EvalPoint:
@@ -162,16 +166,17 @@ class TrainingRounds:
             update = RoundUpdate(empty_sums(self.algorithm, model, broadcast), 0.0, 0, 0.0, 0)
         state.loss_sum += update.loss_sum
         state.loss_samples += update.samples
-        participations = len(clients)
+        participants = self.postprocessing.among(clients, number)
+        lost = participants.dropped(number)  # their uploads never reach the server (secure aggregation's dropouts)
+        received = clients[~np.isin(clients, lost)] if len(lost) else clients
         # A client receives the model and the broadcast and sends one of each entry of the summed uploads.
         down = self.backend.model_floats() + sum(tensor.numel() for tensor in broadcast.values())
         up = sum(tensor.numel() for tensor in (*update.sums.values(), *update.statistics.values()))
-        state.accounting.add(clients, self.sizes, participations * up * FLOAT_BYTES, participations * down * FLOAT_BYTES,
-                             float(self.client_flops[clients].sum()), self.paper_costs, self.backbone_macs)
+        state.accounting.add(clients, self.sizes, len(received) * up * FLOAT_BYTES, len(clients) * down * FLOAT_BYTES,
+                             float(self.client_flops[clients].sum()), self.paper_costs, self.backbone_macs, received)
         previous = {name: tensor.clone() for name, tensor in params.items()}
         reported = dict(state.reported)
         with reporting(reported, COLUMNS):
-            participants = self.postprocessing.among(clients, number)
             weight = participants.aggregate_weight(update.weight, number, update.clients)
             sums = participants.aggregate(update.sums, number, update.clients)
             if participants.exact:  # summed in float64 (Postprocessor.exact_sum): back to the model's dtype
@@ -268,12 +273,17 @@ def train(
         recovery = copy.deepcopy(snapshot)
 
     reported = len(state.points)  # rows the listener saw: a resumed run's before it stopped, a replay's before it failed
+    heard: dict[int, EvalPoint] = {}  # the rows it saw since this call started, by position: a replay asks none again
 
     def report_once(point: EvalPoint, classifier: Classifier | None) -> None:
         nonlocal reported
+        position = len(state.points) - 1
         if len(state.points) > reported:  # Report appended the point: a replayed row is the one reported before
             reported = len(state.points)
             on_point(point, classifier)
+            heard[position] = point
+        elif position in heard:  # the columns the researcher's callbacks added when they heard it
+            point.callback_columns.update(heard[position].callback_columns)
 
     while True:
         path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing)

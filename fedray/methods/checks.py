@@ -194,13 +194,17 @@ def check_selection(postprocessor: object, rows: int, returned: object, where: s
     return returned
 
 
+SUMMED_AS_THEY_ARE = "a closed-form method's statistics are summed as they are"
+"""Why a closed-form upload's weight (and the aggregate's) stays what it was: :func:`check_upload_like`'s default."""
+
+
 def check_upload_like(postprocessor: object, got: Upload, returned: object, weighted: bool, where: str,
-                      method: str = "client", may_drop: bool = False) -> Upload:
+                      method: str = "client", may_drop: bool = False, kept_because: str = SUMMED_AS_THEY_ARE) -> Upload:
     """A postprocessor's ``returned`` upload for ``got`` (``where``: the round and client, in errors): a
     :class:`Upload` of tensors with exactly ``got``'s names, shapes and dtypes, finite, with a finite weight > 0 (that
-    stays ``got``'s unless ``weighted``: a closed-form method's statistics and the aggregate are summed as they are);
-    ``may_drop``: or weight 0, an upload that never reaches the server (an exact sum's, see
-    :attr:`~fedray.methods.postprocessor.Postprocessor.exact_sum`)."""
+    stays ``got``'s unless ``weighted``, for the reason ``kept_because`` says: a closed-form method's statistics and
+    the aggregate are summed as they are); ``may_drop``: or weight 0, an upload that never reaches the server (an exact
+    sum's, see :attr:`~fedray.methods.postprocessor.Postprocessor.exact_sum`)."""
     if method == "client" and not isinstance(returned, Upload):
         _refuse(postprocessor, method, f"{_what(returned)} ({where})",
                 "the fedray.Upload it got, or a new one (tensors and weight)")
@@ -219,7 +223,7 @@ def check_upload_like(postprocessor: object, got: Upload, returned: object, weig
         _refuse(postprocessor, method, f"an Upload of weight {weight!r} ({where})", "a finite number > 0 as its weight")
     if not weighted and weight != got.weight and not dropped:
         _refuse(postprocessor, method, f"an Upload of weight {weight!r} ({where})",
-                f"weight {got.weight:g}: a closed-form method's statistics are summed as they are")
+                f"weight {got.weight:g}{' or 0 (dropped)' if may_drop else ''}: {kept_because}")
     return upload
 
 

@@ -71,7 +71,8 @@ from fedray.core.errors import FedrayError
 from fedray.core.plugins import is_plugin, load_class, registered
 from fedray.methods.algorithm import Params, Upload
 from fedray.methods.base import ClientBatch
-from fedray.methods.checks import check_features, check_selection, check_state, check_upload_like
+from fedray.methods.checks import (SUMMED_AS_THEY_ARE, check_features, check_selection, check_state,
+                                   check_upload_like)
 
 AGGREGATE = -1
 """The client number the aggregate's generator is seeded with."""
@@ -213,6 +214,13 @@ class Postprocessor:
         """The sum of the uploads as the server receives it; return new tensors (``total`` is not to be changed)."""
         return total
 
+    def dropped(self, context: UploadContext) -> Iterable[int]:
+        """Which of ``context.participants`` never reach the server: the clients whose uploads :meth:`client` turns into
+        nothing (weight 0, secure aggregation's dropouts), told from the aggregate's context alone (its participants,
+        ``shared_seed``), in the driver, so that the rows count only what the server received (``clients_seen``,
+        ``samples_seen``, ``bytes_up``, the papers' communication columns). None by default."""
+        return ()
+
     def aggregate_weight(self, weight: float, context: UploadContext) -> float:
         """The weight a training round's server divides its sum by (:attr:`~fedray.Aggregate.weight`), given the sum
         of the uploads' weights it received (0 in an empty round): that sum by default. DP-FedAvg's fixed-denominator
@@ -335,8 +343,11 @@ class Postprocessing:
             try:
                 postprocessor.start(stages)
             except ValueError as error:
-                name = self.names[index] if index < len(self.names) else type(postprocessor).__name__
-                raise FedrayError(f"--postprocessor {name}: {error}") from None
+                raise FedrayError(f"--postprocessor {self._name(index)}: {error}") from None
+
+    def _name(self, index: int) -> str:
+        """How the run named its ``index``-th postprocessor (its class's name where the run did not say)."""
+        return self.names[index] if index < len(self.names) else type(self.postprocessors[index]).__name__
 
     def recorded(self) -> dict[str, object]:
         """What the postprocessors resolved in :meth:`start` (:meth:`Postprocessor.recorded`), by option name."""
@@ -359,16 +370,22 @@ class Postprocessing:
         if not self.per_client:
             return upload
         current, round_number = upload, self.first_round + round_number
+        kept_because = SUMMED_AS_THEY_ARE
         for index, postprocessor in enumerate(self.postprocessors):
             if postprocessor.per_client:
                 exact = postprocessor.exact_sum
                 if exact and weighted:
                     current, weighted = Upload({name: tensor.to(torch.float64) * current.weight
                                                 for name, tensor in current.tensors.items()}, current.weight), False
+                    kept_because = (f"training round {round_number}'s update reaches --postprocessor "
+                                    f"{self._name(index)} (exact_sum) with its weight w_k already multiplied into its "
+                                    f"tensors, so from there on the weight stays w_k, or 0 for an upload that never "
+                                    f"reaches the server; change the weight in a hook before it")
                 context = UploadContext(client, round_number, 1, self._generator(round_number, client, index), self.sampling,
                                         self.participants, self._shared_seed(index))
                 current = check_upload_like(postprocessor, current, postprocessor.client(current, context), weighted,
-                                            f"round {round_number}, client {client}", may_drop=exact)
+                                            f"round {round_number}, client {client}", may_drop=exact,
+                                            kept_because=kept_because)
         return upload if _same(current, upload) else current
 
     def statistics(self, statistics: Any, client: int, round_number: int) -> Any:
@@ -391,18 +408,42 @@ class Postprocessing:
             total = processed if total is None else add(total, processed)
         return total if changed else None
 
+    def dropped(self, round_number: int) -> np.ndarray:
+        """The participants (:meth:`among`) whose uploads of the stage's round ``round_number`` some postprocessor's
+        :meth:`Postprocessor.dropped` says never reach the server, sorted; one line where it names a client that is
+        not a participant."""
+        round_number, lost = self.first_round + round_number, set()
+        for index, postprocessor in enumerate(self.postprocessors):
+            if type(postprocessor).dropped is not Postprocessor.dropped:
+                context = UploadContext(AGGREGATE, round_number, len(self.participants),
+                                        self._generator(round_number, AGGREGATE, index), self.sampling,
+                                        self.participants, self._shared_seed(index))
+                named = set(map(int, postprocessor.dropped(context)))
+                if not named <= set(self.participants):
+                    raise FedrayError(f"--postprocessor {self._name(index)}: dropped named clients "
+                                      f"{sorted(named - set(self.participants))[:5]} in round {round_number}; expected "
+                                      f"some of the aggregate's participants (context.participants)")
+                lost |= named
+        return np.array(sorted(lost), dtype=np.int64)
+
     def aggregate_weight(self, weight: float, round_number: int, clients: int) -> float:
         """A training round's weight sum through every postprocessor's :meth:`Postprocessor.aggregate_weight`, in
-        order; ``weight`` itself when none overrides it (a finite number ≥ 0 is required of each)."""
+        order; ``weight`` itself when none overrides it. Each must return a finite number > 0, or 0 where it was
+        handed 0 (no upload reached the server: the round changes nothing); a 0 for a round whose uploads arrived would
+        make it a silent no-op, and is refused in one line naming the postprocessor."""
         round_number = self.first_round + round_number
         for index, postprocessor in enumerate(self.postprocessors):
             if type(postprocessor).aggregate_weight is not Postprocessor.aggregate_weight:
                 context = UploadContext(AGGREGATE, round_number, clients, self._generator(round_number, AGGREGATE, index),
                                         self.sampling, self.participants, self._shared_seed(index))
                 returned = postprocessor.aggregate_weight(weight, context)
-                if not isinstance(returned, (int, float)) or not math.isfinite(returned) or returned < 0:
-                    raise FedrayError(f"{type(postprocessor).__name__}.aggregate_weight returned {returned!r} in round "
-                                      f"{round_number}: a finite weight ≥ 0 is required")
+                nobody = weight == 0 and returned == 0
+                if isinstance(returned, bool) or not isinstance(returned, (int, float)) or not math.isfinite(returned) \
+                        or not (returned > 0 or nobody):
+                    raise FedrayError(f"--postprocessor {self._name(index)}: aggregate_weight returned {returned!r} in "
+                                      f"training round {round_number} (handed {weight:g}); expected a finite weight "
+                                      f"> 0, the number the round's sum is divided by (0 only where it was handed 0: "
+                                      f"no upload arrived)")
                 weight = float(returned)
         return weight
 

@@ -41,7 +41,7 @@ client's weight does not reach the server either.
 (and float64's exact integers), its smallest must give each client at least t neighbours (a group of one, whose
 sum is its upload, is refused), and SecAgg+'s k must be below the largest group; one line, nothing run or written.
 Where only the run's draws tell the smallest group (a closed form sampled with replacement), each group is checked
-as it forms.
+as it forms. Poisson sampling (``--sampling poisson``) is refused: its rounds may be empty or smaller than t + 1.
 
 **Dropouts.** Each participant drops, independently with probability ``secagg_dropout`` (drawn once per group
 from its shared seed), after the masks are agreed and before its masked upload: it sends zeros (nothing to the
@@ -49,7 +49,12 @@ sum). The server then removes the survivors' self-masks and, for each dropped cl
 with its surviving neighbours, as it would from the seeds it reconstructs from the shares held by j's
 neighbours: a participant's seeds can be reconstructed when at least t (``secagg_threshold``, by default a
 majority of a client's neighbours) of its neighbours survive; when one cannot, the server cannot unmask the
-sum and the run stops in one line naming the round (real SecAgg aborts that round).
+sum and the run stops in one line naming the round (real SecAgg aborts that round). The rows count what the
+server received (:meth:`SecureAggregation.dropped` tells the engine who drops): a dropped client's upload is not
+in ``clients_seen``, ``samples_seen``, ``bytes_up`` nor the papers' communication columns; it sent none of its
+vector, and its protocol messages before dropping (keys, shares) are SecAgg's overhead, in the cost model's
+columns below. What it computed and received (``flops_client_avg``, ``macs_client_avg_fed3r``,
+``forward_passes``, ``bytes_down``) counts as in a plain run.
 
 **Exactness through a float sum.** fedray's server adds uploads as floats (float64 for closed-form statistics).
 The masked integers are held in float64: their sum, below n · 2^b, is exact while n · 2^b ≤ 2^53, which is
@@ -154,6 +159,11 @@ class SecureAggregation(fedray.Postprocessor):
             if self.neighbours is not None and self.neighbours >= told.group:
                 raise ValueError(f"{largest}: secagg_neighbours={self.neighbours} is more than a client's "
                                  f"{told.group - 1} others: leave it out for all pairs (SecAgg)")
+            if told.sampling.poisson:
+                raise ValueError(f"the {told.stage} stage samples clients by --sampling poisson: each round holds a "
+                                 f"random number of them, which can be none or fewer than the secagg_threshold + 1 a "
+                                 f"group needs to be unmasked (real SecAgg aborts such a round); use --sampling "
+                                 f"without or with (κ = --clients-per-round clients every round)")
             if told.smallest_group is not None:
                 _, problem = self.graph(told.smallest_group)
                 if problem is not None:
@@ -184,6 +194,13 @@ class SecureAggregation(fedray.Postprocessor):
             return threshold, (f"secagg_threshold={threshold} is more than a client's {degree} neighbours: no "
                                f"client's seeds could ever be reconstructed{needs}")
         return threshold, None
+
+    def dropped(self, context: fedray.UploadContext) -> list[int]:
+        """The participants that drop (:attr:`Group.dropped`): the rows count only the survivors' uploads."""
+        if self.dropout == 0 or not context.participants:
+            return []
+        lost = dropouts(context.shared_seed, len(context.participants), self.dropout)
+        return [client for client, gone in zip(context.participants, lost) if gone]
 
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
         group = Group(self, context)
@@ -240,8 +257,7 @@ class Group:
         self.half = None if degree == n - 1 else degree // 2
         order = self._generator(2).permutation(n)
         self.ring_order, self.ring_place = order, np.argsort(order)  # SecAgg+'s Harary graph: ring positions
-        uniform = self._generator(1).random(n)
-        self.dropped = uniform < secagg.dropout
+        self.dropped = dropouts(self.seed, n, secagg.dropout)
 
     def neighbours(self, position: int) -> list[int]:
         """The clients that share pairwise masks with the participant at ``position``."""
@@ -303,6 +319,12 @@ class Group:
             values += mask
         else:
             values -= mask
+
+
+def dropouts(seed: int, n: int, rate: float) -> np.ndarray:
+    """Which of a group's ``n`` participants drop: one U[0, 1) draw each, below ``rate``, from the group's stream 1 of
+    its shared ``seed``."""
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence((seed, 1)))).random(n) < rate
 
 
 def _flat(tensors: fedray.Params, where: str) -> tuple[list[str], np.ndarray]:

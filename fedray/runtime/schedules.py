@@ -94,5 +94,14 @@ class Schedule(Sequence[np.ndarray]):
         other = other if isinstance(other, Schedule) else Schedule.of(other)
         return Schedule(Joined((self, other)), range(len(self) + len(other)))
 
+    def __eq__(self, other: object) -> bool:
+        """Equal, as values, to a sequence of the same rounds (another schedule, a list of arrays): the same number of
+        rounds, each of the same clients in the same order. Reads every round of both."""
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(np.array_equal(mine, theirs) for mine, theirs in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and a view of rounds drawn on demand
+
     def __repr__(self) -> str:
         return f"Schedule({len(self)} rounds)"

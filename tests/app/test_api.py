@@ -66,12 +66,35 @@ def test_a_training_run_reports_its_head_at_each_point(ray_session, tmp_path):
     assert len(result.rounds) == 4 and all(len(np.unique(clients)) == 10 for clients in result.rounds)
 
 
-def test_a_sweep_from_python_returns_its_results_table(ray_session, tmp_path):
+def test_results_compare_as_values_wherever_they_were_written(ray_session, tmp_path):
+    first = fedray.run(method="fedncm", dataset=SPEC, out=tmp_path / "first", rounds=4, eval_every=2, **SMALL_RUN)
+    second = fedray.run(method="fedncm", dataset=SPEC, out=tmp_path / "second", rounds=4, eval_every=2, **SMALL_RUN)
+    other = fedray.run(method="fedncm", dataset=SPEC, out=tmp_path / "other", rounds=4, eval_every=2, seed=1,
+                       **SMALL_RUN)
+    assert first == second and first.rounds == second.rounds   # the same configuration: equal results
+    assert first != other and first.rounds != other.rounds      # another seed draws other rounds
+
+
+class Spread(fedray.Callback):
+    """A researcher's column: the largest entry of each row's classifier, and how many rows this copy heard."""
+
+    def __init__(self):
+        self.rows = 0
+
+    def on_evaluation(self, row, classifier):
+        self.rows += 1
+        return {"largest_weight": float(classifier.weight.max()), "rows_heard": self.rows}
+
+
+def test_a_sweep_from_python_returns_its_results_table_with_its_callbacks_columns(ray_session, tmp_path):
     table = fedray.sweep({"name": "seeds", "base": {"dataset": SPEC, "method": "fedncm", "eval_every": 100},
                           "grid": {"seed": [0, 1]}, "cpus_per_shard": 0.5, "driver_cpus": 0.5},
-                         out=tmp_path, quiet=True)
+                         out=tmp_path, quiet=True, callbacks=[Spread()])
     assert table.equals(pl.read_parquet(tmp_path / "seeds" / "results.parquet"))
     assert sorted(table["seed"].to_list()) == [0, 1] and table["trial_id"].n_unique() == 2
+    # one row a trial, after every client was seen: FedNCM's classifier of all 186 clients, whatever the seed
+    assert np.abs(table["largest_weight"].to_numpy() - class_means(np.arange(186)).max()).max() <= 1e-12
+    assert table["rows_heard"].to_list() == [1.0, 1.0]  # each trial ran its own copy of the callback
 
 
 def test_a_sweep_from_python_is_checked_like_a_sweep_file(tmp_path):

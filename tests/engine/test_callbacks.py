@@ -52,7 +52,7 @@ def test_a_callback_stops_training_at_the_next_evaluation_row_as_a_complete_run(
     stopped = fedray.run(method="fedavg", out=tmp_path / "stopped", rounds=6, eval_every=2, callbacks=[log], **TRAIN)
     rows = stopped.metrics
     assert rows["round"].to_list() == [0, 2, 4]               # asked after round 3: stopped at the row of round 4
-    assert rows["stopped_early"].to_list() == [None, None, True]
+    assert rows["stopped_early"].to_list() == [False, False, True]
     assert [call for call in log.calls if call[0] == "round"][-1] == ("round", 4, "train")
     kept = ["round", "accuracy", "bytes_up", "train_loss", "clients_seen"]
     assert rows.select(kept).rows() == full.metrics.filter(pl.col("round") <= 4).select(kept).rows()
@@ -83,8 +83,74 @@ def test_after_round_numbers_the_rounds_of_both_stages_as_the_rows_do(ray_sessio
 def test_a_closed_form_run_stops_too(ray_session, tmp_path):
     result = fedray.run(method="fedncm", out=tmp_path / "ncm", rounds=9, eval_every=3, callbacks=[Log(stop_after=4)],
                         **SMALL)
-    assert result.metrics["round"].to_list() == [3, 6] and result.metrics["stopped_early"].to_list() == [None, True]
+    assert result.metrics["round"].to_list() == [3, 6] and result.metrics["stopped_early"].to_list() == [False, True]
     assert len(result.rounds) == 6
+
+
+class Scores(fedray.Callback):
+    """A researcher's metrics as columns: a number from the classifier at every row, a label from round 2 on."""
+
+    def on_evaluation(self, row, classifier):
+        columns = {"weight_norm": float(classifier.weight.double().norm())}
+        if row["round"] >= 2:
+            columns["phase"] = "late" if row["round"] >= 4 else "early"
+        return columns
+
+
+def test_a_callbacks_columns_land_in_the_rows_and_metrics_parquet(ray_session, tmp_path):
+    heard = []
+    result = fedray.run(method="fedavg", out=tmp_path / "run", rounds=4, eval_every=2, callbacks=[Scores()],
+                        on_evaluation=lambda row, classifier: heard.append(
+                            (row["weight_norm"], row.get("phase"), float(classifier.weight.double().norm()))),
+                        **TRAIN)
+    rows = pl.read_parquet(tmp_path / "run" / "metrics.parquet")
+    assert rows["phase"].to_list() == [None, "early", "late"]
+    assert rows["weight_norm"].to_list() == [norm for norm, _, norm in heard]  # the norm of each row's head
+    assert [phase for _, phase, _ in heard] == [None, "early", "late"]
+    assert result.metrics.equals(rows)
+
+
+class Returns(fedray.Callback):
+    def __init__(self, *returned):
+        self.returned = list(returned)
+
+    def on_evaluation(self, row, classifier):
+        return self.returned.pop(0)
+
+
+@pytest.mark.parametrize("returned, error", [
+    (([1.0],), r"at round 0 returned \[1.0\]; expected None or a dict of columns \{name: number or string\}$"),
+    (({"accuracy": 0.5},), r"at round 0 returned a column named 'accuracy': a column of the run already; name it "
+                           r"otherwise$"),
+    (({"seed": 0.5},), r"at round 0 returned a column named 'seed': a column of the run already"),
+    (({"lam": 0.5},), r"at round 0 returned a column named 'lam': a column of the run already"),
+    (({"f1": float("nan")},), r"at round 0 returned f1=nan: expected a number \(not NaN; ±inf is one\) or a string$"),
+    (({"f1": True},), r"at round 0 returned f1=True: expected a number"),
+    (({"note": "x" * 201},), r"at round 0 returned a 201-character string as note; a string column holds one line of "
+                             r"at most 200 characters$"),
+    (({"note": "a\nb"},), r"at round 0 returned a 3-character string of several lines as note"),
+    (({"f1": 0.5}, {"f1": "high"}), r"at round 2 returned f1='high', a string, where earlier rows had a number: a "
+                                    r"column holds one kind$"),
+])
+def test_a_callbacks_columns_are_checked_in_one_line_naming_it_and_the_row(returned, error):
+    from fedray.core.results import EvalPoint
+    from fedray.engine.callbacks import Callbacks
+
+    callbacks = Callbacks((Returns(*returned),))
+    callbacks.start({"method": "fedavg", "seed": 0, "options": {"lam": 0.1}})
+    with pytest.raises(FedrayError, match=rf"^Returns.on_evaluation {error}"):
+        for number in range(len(returned)):
+            callbacks.evaluation(EvalPoint(number * 2, 4, 40, 0.5, 1.0, 1.0, 1.0, 0.1, "train"), None)
+
+
+def test_inf_is_a_number_a_callback_may_return():
+    from fedray.core.results import EvalPoint
+    from fedray.engine.callbacks import Callbacks
+
+    point = EvalPoint(2, 4, 40, 0.5, 1.0, 1.0, 1.0, 0.1, "train")
+    Callbacks((Returns({"loss_bound": float("inf"), "n": 3}),)).evaluation(point, None)
+    assert point.callback_columns == {"loss_bound": float("inf"), "n": 3.0}
+    assert point.columns()["n"] == 3.0
 
 
 def test_callbacks_must_be_callback_instances(tmp_path):

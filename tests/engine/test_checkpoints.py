@@ -1,6 +1,7 @@
 """Checkpoint files: plain data loaded without running code from the file, bad files refused in one line, dataset
 specs compared canonically, a checkpoint that does not fit on the disk refused in one line with the previous one kept."""
 
+import math
 import os
 import re
 from dataclasses import fields
@@ -44,7 +45,8 @@ def state_as_every_backend_keeps_it() -> TrainingState:
     seen[[3, 10]] = True
     accounting = Accounting(seen, 42, 1e6, 2e6, 3.5e9, PaperTotals(800.0, None, 7e9, 84.0))
     points = [EvalPoint(0, 0, 0, 0.01, 0.0, 0.0, 0.0, 0.1, "train"),
-              EvalPoint(4, 2, 42, 0.25, 1e6, 2e6, 1.75e9, 2.5, "train", 3.2, False, reported={"eta_g": 1.5})]
+              EvalPoint(4, 2, 42, 0.25, 1e6, 2e6, 1.75e9, 2.5, "train", 3.2, False, reported={"eta_g": 1.5},
+                        callback_columns={"macro_f1": 0.125, "phase": "early"})]
     return TrainingState(params, server.state, control, accounting, points, done=4, loss_sum=12.5, loss_samples=40,
                          wall_s=2.5, eval_s=0.5, client_states=["checkpoint-clients-r4-0.pt", "checkpoint-clients-r4-1.pt"],
                          reported={"eta_g": 1.5})
@@ -86,8 +88,16 @@ def test_a_checkpoint_is_plain_data_and_gives_the_state_back(tmp_path):
     counters = [f.name for f in fields(Accounting) if f.name != "seen"]
     assert [getattr(loaded.accounting, name) for name in counters] == [42, 1e6, 2e6, 3.5e9, PaperTotals(800.0, None, 7e9, 84.0)]
     assert loaded.points == state.points and loaded.points[-1].reported == {"eta_g": 1.5}
+    assert loaded.points[-1].callback_columns == {"macro_f1": 0.125, "phase": "early"}  # a researcher's columns
     assert [getattr(loaded, f) for f in ("done", "loss_sum", "loss_samples", "wall_s", "eval_s")] == [4, 12.5, 40, 2.5, 0.5]
     assert loaded.reported == {"eta_g": 1.5}   # what plugins reported: a resumed run's rows carry it on
+
+
+def test_a_checkpoint_keeps_an_infinite_reported_number_as_fedray_report_takes_it(tmp_path):
+    state = state_as_every_backend_keeps_it()
+    state.reported = {"dp_epsilon": math.inf, "dp_delta": 1e-5}  # DP without noise: ε = ∞
+    saved_with_client_states(tmp_path, run_config(tmp_path), state)
+    assert load_checkpoint(tmp_path, run_config(tmp_path)).reported == {"dp_epsilon": math.inf, "dp_delta": 1e-5}
 
 
 def test_resume_compares_the_canonical_dataset_spec(tmp_path):

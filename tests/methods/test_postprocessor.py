@@ -111,6 +111,61 @@ def test_a_closed_form_upload_keeps_weight_one():
         Postprocessing((Weigh(weight=2),), 0).statistics(stats, 3, 1)
 
 
+class ExactWeigh(Weigh):
+    """:class:`Weigh` asking for exact sums, as secure aggregation does: a training upload reaches it weighted."""
+
+    @property
+    def exact_sum(self):
+        return True
+
+
+def test_an_exact_sums_hook_may_not_change_a_training_uploads_weight_and_says_why():
+    from fedray.core.errors import FedrayError
+
+    upload = fedray.Upload({"w": torch.ones(2)}, 3.0)
+    with pytest.raises(FedrayError, match=r"^the plugin tests.methods.test_postprocessor:ExactWeigh: client returned "
+                                          r"an Upload of weight 2.5 \(round 5, client 3\); expected weight 3 or 0 "
+                                          r"\(dropped\): training round 5's update reaches --postprocessor ExactWeigh "
+                                          r"\(exact_sum\) with its weight w_k already multiplied into its tensors"):
+        Postprocessing((ExactWeigh(weight=2.5),), 0, first_round=4).client(upload, 3, 1)
+    dropped = Postprocessing((ExactWeigh(weight=0.0),), 0).client(upload, 3, 1)
+    assert dropped.weight == 0.0 and torch.equal(dropped.tensors["w"], torch.full((2,), 3.0, dtype=torch.float64))
+
+
+class Denominator(fedray.Postprocessor):
+    """Divides every training round's sum by ``weight``."""
+
+    def __init__(self, weight: float = 0.0) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def aggregate_weight(self, weight, context):
+        return self.weight
+
+
+@pytest.mark.parametrize("weight", [0.0, -2.0])
+def test_a_zero_or_negative_aggregate_weight_stops_in_one_line_naming_the_postprocessor(weight):
+    from fedray.core.errors import FedrayError
+
+    named = Postprocessing((Denominator(weight),), 0, names=("my.py:Denominator",), first_round=2)
+    with pytest.raises(FedrayError, match=rf"^--postprocessor my.py:Denominator: aggregate_weight returned {weight} in "
+                                          rf"training round 3 \(handed 12\); expected a finite weight > 0"):
+        named.aggregate_weight(12.0, 1, 4)
+    assert Postprocessing((Denominator(0.0),), 0).aggregate_weight(0.0, 1, 0) == 0.0  # nothing arrived: nothing changes
+    assert Postprocessing((Denominator(2.5),), 0).aggregate_weight(0.0, 1, 0) == 2.5
+
+
+def test_a_training_run_whose_postprocessor_divides_by_zero_stops_at_its_first_round(ray_session, tmp_path):
+    from fedray.core.errors import FedrayError
+
+    with pytest.raises(FedrayError, match=r"^--postprocessor tests.methods.test_postprocessor:Denominator: "
+                                          r"aggregate_weight returned 0.0 in training round 1 \(handed \d+\)"):
+        fedray.run(method="fedavg", dataset="synthetic:inat-geo-100?dim=8&scale=0.2&classes=6", out=tmp_path / "run",
+                   postprocessor=Denominator, rounds=2, clients_per_round=4, num_shards=1, cpus_per_shard=1.0,
+                   quiet=True)
+    assert not (tmp_path / "run" / "metrics.parquet").exists()
+
+
 def runs(tmp_path: Path, method: str, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
     config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / name), "client_lr": 0.01,
                           "clients_per_round": 8, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values},

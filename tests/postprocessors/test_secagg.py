@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -16,6 +17,7 @@ import torch
 import fedray
 from fedray.core.errors import FedrayError
 from fedray.core.reports import reporting
+from fedray.data.registry import load_federation
 from fedray.engine.config import resolve
 from fedray.app.cli import main
 from fedray.engine.plan import closed_form_uploads, postprocessing
@@ -317,6 +319,10 @@ DATASET = "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6"
     (["--method", "fedncm", "--clients-per-round", "721", "--option", "secagg_bits=45"],
      "the closed form stage's aggregates of up to 721 uploads: their masked sum reaches 721 · 2^45, beyond "
      "float64's exact integers (2^53): set secagg_bits ≤ 43"),
+    (["--method", "fedavg", "--rounds", "3", "--clients-per-round", "6", "--sampling", "poisson"],
+     "the training stage samples clients by --sampling poisson: each round holds a random number of them, which can "
+     "be none or fewer than the secagg_threshold + 1 a group needs to be unmasked (real SecAgg aborts such a round); "
+     "use --sampling without or with (κ = --clients-per-round clients every round)"),
 ])
 def test_the_command_line_refuses_them_in_one_line_with_nothing_written(secagg_registered, capsys, tmp_path, argv,
                                                                          error):
@@ -502,3 +508,44 @@ def tct_clients_data():
 def tct_held_out():
     held = tct_clients.label_skewed(seed=5, num_clients=4)
     return tct_shards.ClientData(torch.cat([c.features for c in held]), torch.cat([c.labels for c in held]))
+
+
+def survivors(participants: np.ndarray, group_round: int, rate: float, seed: int = 0) -> np.ndarray:
+    """The documented dropouts of a group: its sorted participants, one Philox U[0, 1) draw each from stream 1 of the
+    group's shared seed (the run's seed, the aggregate's round, the postprocessor's place 0), those at or above
+    ``rate`` surviving."""
+    shared = int(np.random.SeedSequence((seed, group_round, 0, 0)).generate_state(2, np.uint64)[0] & (2**63 - 1))
+    ordered = np.sort(participants)
+    uniform = np.random.Generator(np.random.Philox(np.random.SeedSequence((shared, 1)))).random(len(ordered))
+    return ordered[uniform >= rate]
+
+
+@pytest.mark.parametrize("method, blocks", [("fedncm", ((1, 2), (3, 4))), ("fedavg", ((1,), (2,), (3,)))])
+def test_with_dropouts_the_rows_count_only_the_uploads_that_reached_the_server(ray_session, tmp_path, method, blocks):
+    """fedncm: an evaluation block of 2 rounds is one aggregate; fedavg: a round is. A dropped client's upload is not
+    seen, nor its samples, nor its bytes; what it computed and downloaded is counted as in the plain run."""
+    common = {"method": method, "dataset": DATASET, "clients_per_round": 8, "rounds": len(blocks) * len(blocks[0]),
+              "eval_every": len(blocks[0]), "num_shards": 1, "cpus_per_shard": 1.0, "quiet": True,
+              **({"client_lr": 0.05} if method == "fedavg" else {})}
+    secure = fedray.run(**common, out=tmp_path / "secure", postprocessor=SPEC,
+                        options={"secagg_clip": 1000.0, "secagg_dropout": 0.3, "secagg_threshold": 2})
+    plain = fedray.run(**common, out=tmp_path / "plain")
+    rows = secure.metrics.filter(pl.col("round") > 0).to_dicts()
+    plain_rows = plain.metrics.filter(pl.col("round") > 0).to_dicts()
+    federation = load_federation(DATASET)  # d = 8, C = 6
+    # fedncm uploads a mean of d floats per class it holds (M·d); fedavg its head, W (d × C) and b (C); float32
+    floats = federation.client_num_classes * 8.0 if method == "fedncm" else np.full(federation.num_clients, 8 * 6 + 6.0)
+    seen: set[int] = set()
+    arrived = bytes_up = 0
+    expected = []
+    for block in blocks:
+        participants = np.concatenate([secure.rounds[number - 1] for number in block])
+        alive = survivors(participants, block[-1], 0.3)
+        seen |= set(alive.tolist())
+        arrived += len(alive)
+        bytes_up += 4 * float(floats[alive].sum())
+        expected.append((len(seen), int(federation.client_sizes[sorted(seen)].sum()), bytes_up))
+    assert [(row["clients_seen"], row["samples_seen"], row["bytes_up"]) for row in rows] == expected
+    assert sum(row["secagg_dropped"] for row in rows) == len(blocks) * len(blocks[0]) * 8 - arrived > 0
+    assert [row["bytes_down"] for row in rows] == [row["bytes_down"] for row in plain_rows]
+    assert [row["forward_passes"] for row in rows] == [row["forward_passes"] for row in plain_rows]

@@ -152,3 +152,13 @@ def test_more_rounds_than_a_sequence_counts_are_refused():
     with pytest.raises(FedrayError) as refused:
         sampling.check_rounds(2**63, "--tct-rounds")
     assert str(refused.value) == "--tct-rounds must be at most 2^63 - 1, got 9223372036854775808"
+
+
+def test_schedules_compare_as_the_rounds_they_hold():
+    rounds = sampling.schedule(40, 3, False, 5, 20)
+    again = sampling.schedule(40, 3, False, 5, 20)
+    assert rounds is not again and rounds == again and rounds[:4] == again[:4]
+    assert rounds == [np.array(clients) for clients in again]          # a list of the same rounds
+    assert rounds != sampling.schedule(40, 3, False, 6, 20)             # another seed
+    assert len(rounds) == 14 and rounds != rounds[:13] and rounds[:4] != again[1:5]  # 40 clients, 3 a round
+    assert (rounds == 3) is False

@@ -10,10 +10,11 @@ The sweep ends by combining every trial's ``metrics.parquet`` into
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from ray.util import get_current_placement_group
 
 from fedray.core.errors import FedrayError
 from fedray.core.results import METRICS, remove_stale_temporaries, write_atomically
+from fedray.engine.callbacks import Callback, Callbacks
 from fedray.engine.run_config import run
 from fedray.engine.checkpoint import CHECKPOINT
 from fedray.core.plugins import plugin_failure
@@ -38,7 +40,7 @@ ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
 SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
 
 
-def run_trial(params: dict, folder: str) -> None:
+def run_trial(params: dict, folder: str, callbacks: Sequence[Callback] = ()) -> None:
     """One trial: a ``fedray run`` with ``params``, its shards in this trial's placement group, continued from its
     checkpoint when an interrupted sweep is resumed.
 
@@ -47,12 +49,12 @@ def run_trial(params: dict, folder: str) -> None:
     directory (``get_trial_dir()``) and copies into it now and then: a copy
     made while a checkpoint was there kept that checkpoint beside the finished
     trial's results (the run removes its own, not Tune's copy), and a resumed
-    trial, staged anew, never found its checkpoint.
+    trial, staged anew, never found its checkpoint. Each trial runs its own copy of a researcher's ``callbacks``.
     """
     out = Path(folder) / Path(tune.get_context().get_trial_dir()).name
     config = trial_config(params, out=str(out))
     run(config, trial_group=get_current_placement_group(), on_point=lambda point, _: tune.report(point.columns()),
-        resume=(out / CHECKPOINT).is_file())
+        resume=(out / CHECKPOINT).is_file(), callbacks=Callbacks(tuple(copy.deepcopy(callbacks))))
 
 
 def param_space(spec: SweepSpec) -> dict:
@@ -99,9 +101,11 @@ def _trial_name(spec: SweepSpec, result: tune.Result) -> str:
 
 
 def sweep(
-    spec: SweepSpec, out: str | Path, resume: bool = False, address: str | None = None, quiet: bool = False
+    spec: SweepSpec, out: str | Path, resume: bool = False, address: str | None = None, quiet: bool = False,
+    callbacks: Sequence[Callback] = (),
 ) -> pl.DataFrame:
-    """Run (or resume) the sweep; returns and writes the combined results table.
+    """Run (or resume) the sweep; returns and writes the combined results table. Every trial runs a copy of
+    ``callbacks`` (a researcher's :class:`~fedray.Callback` instances): the columns they add are the table's too.
 
     Every trial's options are checked before Tune starts (:func:`check_trials`).
     A failed trial is named in one line (stderr); when every trial fails,
@@ -113,7 +117,7 @@ def sweep(
     check_trials(spec)
     check_folder(Path(out))
     folder = Path(out).resolve() / spec.name
-    trainable = tune.with_resources(tune.with_parameters(run_trial, folder=str(folder)),
+    trainable = tune.with_resources(tune.with_parameters(run_trial, folder=str(folder), callbacks=tuple(callbacks)),
                                     tune.PlacementGroupFactory(spec.bundles, strategy="PACK"))
     if resume and not tune.Tuner.can_restore(str(folder)):
         raise FedrayError(f"{folder}: no sweep to resume")
