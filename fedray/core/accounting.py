@@ -4,7 +4,7 @@ fedray's documented default is ``bytes_up``/``bytes_down`` (float32 values
 actually sent) and ``flops_client_avg`` (2 FLOPs per multiply-add of the
 clients' statistics or training, backbone excluded, averaged over the clients
 seen). The papers plot other axes; these columns let a user redraw them from
-metrics.parquet (README "Results", table "The papers' accounting"):
+metrics.parquet (the manual, docs/results.md: "The papers' accounting"):
 
 * ``comm_floats_fedcof``: FedCOF Appendix H, floats communicated in total:
   training-free methods upload once per client, nothing down (FedNCM and

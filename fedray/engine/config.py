@@ -208,7 +208,7 @@ class RunLevel:
                                        f"{', '.join(POSTPROCESSORS) or 'no built-in yet'}, or your own fedray.Postprocessor "
                                        "subclasses as FILE.py:Class or module:Class, several separated by commas",
                                        UPLOADS, unset="none", metavar="NAME[,NAME...]")
-    clip_norm: float | None = option(None, "differential privacy (README: Privacy): each sample's features clipped to "
+    clip_norm: float | None = option(None, "differential privacy (docs/privacy.md): each sample's features clipped to "
                                      "norm ≤ R (a training method: each client's update). Any --clip-norm or --dp-* adds "
                                      f"--postprocessor {DP} ({DP_FEDAVG} for a training method) after yours and before "
                                      f"{SECAGG}, with these as its options", UPLOADS, unset="no DP", metavar="R")
