@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import re
+
 from fedray.core.errors import FedrayError
 from fedray.core.options import options_of
 from fedray.core.plugins import is_plugin, load_class, names_subclass
@@ -18,8 +21,19 @@ CLIENT_OPTIONS = ("client_lr", "weight_decay", "batch_size", "local_epochs", "cl
 """Options of every gradient method's local SGD (run options for now)."""
 
 
+MARKUP = ((re.compile(r":[\w:]+:`([^`]+)`"), r"'\1'"), (re.compile(r"``([^`]+)``"), r"'\1'"),
+          (re.compile(r"`([^`]+)`"), r"'\1'"))
+"""A docstring's reStructuredText literals and roles (``x``, `x`, :mod:`x`), as a terminal shows them: 'x'."""
+
+
 def _summary(cls: type) -> str:
-    return cls.__doc__.strip().splitlines()[0] if cls.__doc__ else ""
+    """The first paragraph of ``cls``'s docstring, whole, on one line and without its markup."""
+    if not cls.__doc__:
+        return ""
+    text = " ".join(inspect.cleandoc(cls.__doc__).split("\n\n")[0].split())
+    for pattern, replacement in MARKUP:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def _entry(name: str, cls: type) -> list[str]:
