@@ -16,8 +16,7 @@ import argparse
 
 import polars as pl
 
-from analysis.results import read_results, varying_parameters
-from fedray.core.errors import FedrayError
+from analysis.results import one_line_errors, read_results, varying_parameters
 
 COLUMNS = ("method", "dataset", "round", "accuracy", "clients_seen", "bytes_up", "wall_s")
 """The columns a table needs to be compared."""
@@ -66,10 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors(parser.prog):
         compare(args)
-    except FedrayError as error:
-        raise SystemExit(f"{parser.prog}: error: {error}") from None
 
 
 if __name__ == "__main__":

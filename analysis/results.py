@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 
@@ -16,6 +18,15 @@ SOURCE = "__source"
 METRIC_COLUMNS = tuple(f.name for f in fields(EvalPoint))
 NOT_PARAMETERS = {*METRIC_COLUMNS, "trial_id", "sweep", "method", "seed", "out", "quiet", "num_shards", "cpus_per_shard",
                   "label", "section"}
+
+
+@contextmanager
+def one_line_errors(prog: str) -> Iterator[None]:
+    """A script's bad input (a :class:`FedrayError` inside) ends it with one line, as argparse's errors do."""
+    try:
+        yield
+    except FedrayError as error:
+        raise SystemExit(f"{prog}: error: {error}") from None
 
 
 def result_files(paths: list[str | Path]) -> list[Path]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.results import final_rows, read_results, varying_parameters
+from analysis.results import final_rows, one_line_errors, read_results, varying_parameters
 from fedray.core.errors import FedrayError
 from fedray.core.results import write_atomically
 from fedray.core.writable import check_folder
@@ -138,10 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m analysis.summarize", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors(parser.prog):
         summarize_results(args)
-    except FedrayError as error:
-        raise SystemExit(f"{parser.prog}: error: {error}") from None
 
 
 if __name__ == "__main__":

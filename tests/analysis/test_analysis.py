@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 from PIL import Image
 
-from analysis import plots, summarize
+from analysis import convergence, plots, summarize
 from analysis.results import read_results, varying_parameters
 from fedray.app.cli import main
 from fedray.core.errors import FedrayError
@@ -154,3 +154,11 @@ def test_bad_summarize_options_are_one_line_before_any_work(results, capsys, arg
     args = [arg.format(results=results) for arg in args]
     assert main(["summarize", str(results), *args]) == 2
     assert capsys.readouterr() == ("", f"fedray: error: {message.format(results=results)}\n")
+
+
+@pytest.mark.parametrize("script, args", [(summarize, ["--out", "summary"]), (plots, ["--out", "plots"]),
+                                          (convergence, [])], ids=["summarize", "plots", "convergence"])
+def test_a_script_given_a_bad_path_ends_in_one_line_naming_it(tmp_path, script, args):
+    with pytest.raises(SystemExit) as stopped:
+        script.main([str(tmp_path / "nothing"), *[str(tmp_path / arg) if arg != "--out" else arg for arg in args]])
+    assert str(stopped.value) == f"python -m {script.__name__}: error: {tmp_path / 'nothing'}: no such file or folder"
