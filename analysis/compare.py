@@ -1,25 +1,40 @@
-"""Compare runs: the last evaluation point of each metrics.parquet, as a table.
+"""Compare runs side by side: the last evaluation point of each run, as a table.
 
-    python -m analysis.compare results/quickstart/*/metrics.parquet
+    fedray compare RUN...                    (or: python -m analysis.compare RUN...)
+
+A RUN is a run's folder or its ``metrics.parquet``, a sweep's folder or its
+``results.parquet`` (a row per trial), or any folder of them
+(``fedray compare results/quickstart/*``, or ``results/quickstart``). A row:
+method, dataset, the parameters that vary across the runs (as
+:mod:`analysis.summarize` finds them), final test accuracy in %, rounds,
+clients seen, upload in MB, wall-clock seconds.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import polars as pl
 
+from analysis.results import one_line_errors, read_results, varying_parameters
+
+COLUMNS = ("method", "dataset", "round", "accuracy", "clients_seen", "bytes_up", "wall_s")
+"""The columns a table needs to be compared."""
+
 
 def final_points(paths: list[str]) -> pl.DataFrame:
-    """One row per run: its last evaluation point."""
-    runs = [pl.read_parquet(path).sort("round").tail(1) for path in paths]
-    return pl.concat(runs, how="diagonal_relaxed")
+    """One row per run, in the order ``paths`` gives them: its last evaluation point."""
+    return read_results(paths, required=COLUMNS).group_by("trial_id", maintain_order=True).last()
 
 
 def comparison_table(paths: list[str]) -> pl.DataFrame:
-    return final_points(paths).select(
+    finals = final_points(paths)
+    varying = [*varying_parameters(finals), *(["seed"] if "seed" in finals.columns and finals["seed"].n_unique() > 1
+                                              else [])]
+    return finals.select(
         pl.col("method"),
         pl.col("dataset"),
+        *varying,
         (pl.col("accuracy") * 100).round(2).alias("accuracy_%"),
         pl.col("round").alias("rounds"),
         pl.col("clients_seen"),
@@ -36,11 +51,22 @@ def print_table(table: pl.DataFrame) -> None:
         print(table)
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's arguments (``fedray compare`` and ``python -m analysis.compare`` take the same)."""
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="a run's folder or metrics.parquet, a sweep's folder "
+                        "or results.parquet, or a folder of them")
+
+
+def compare(args: argparse.Namespace) -> None:
+    print_table(comparison_table(args.runs))
+
+
 def main(argv: list[str] | None = None) -> None:
-    paths = sys.argv[1:] if argv is None else argv
-    if not paths:
-        raise SystemExit("usage: python -m analysis.compare METRICS.parquet ...")
-    print_table(comparison_table(paths))
+    parser = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    with one_line_errors(parser.prog):
+        compare(args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import argparse
 import polars as pl
 
 from analysis.compare import print_table
-from analysis.results import read_results
+from analysis.results import one_line_errors, read_results
 
 GRID_POINTS = 8
 
@@ -59,11 +59,12 @@ def evaluation_grid(results: pl.DataFrame, points: int = GRID_POINTS) -> list[in
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.convergence", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="metrics.parquet / results.parquet files or folders of them")
     parser.add_argument("--targets", type=float, nargs="+", default=[0.25, 0.5, 0.75, 0.9])
     args = parser.parse_args(argv)
-    results = run_labels(read_results(args.paths))
+    with one_line_errors(parser.prog):
+        results = run_labels(read_results(args.paths))
     print("accuracy at the same rounds")
     print_table(accuracy_at(results, evaluation_grid(results)))
     print("rounds to reach a fraction of the best final accuracy")

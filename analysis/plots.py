@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import polars as pl
 
-from analysis.results import read_results, varying_parameters
+from analysis.results import one_line_errors, read_results, varying_parameters
 from fedray.core.results import write_atomically
 
 LINESTYLES = ("-", "--", ":", "-.")
@@ -84,12 +84,14 @@ def plot_all(results: pl.DataFrame, out: Path, formats: tuple[str, ...] = ("png"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.plots", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="results.parquet / metrics.parquet files or folders")
     parser.add_argument("--out", required=True, help="folder for the figures")
     parser.add_argument("--format", nargs="+", default=["png", "svg"], choices=["png", "svg", "pdf"])
     args = parser.parse_args(argv)
-    for path in plot_all(read_results(args.results), Path(args.out), tuple(args.format)):
+    with one_line_errors(parser.prog):
+        results = read_results(args.results)
+    for path in plot_all(results, Path(args.out), tuple(args.format)):
         print(path)
 
 

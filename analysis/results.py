@@ -2,44 +2,80 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 
 import polars as pl
 
+from fedray.core.errors import FedrayError
 from fedray.core.results import EvalPoint
 
 RESULTS, METRICS = "results.parquet", "metrics.parquet"
+SOURCE = "__source"
+"""A column that numbers the files read, while their rows are put in order."""
 METRIC_COLUMNS = tuple(f.name for f in fields(EvalPoint))
 NOT_PARAMETERS = {*METRIC_COLUMNS, "trial_id", "sweep", "method", "seed", "out", "quiet", "num_shards", "cpus_per_shard",
                   "label", "section"}
 
 
+@contextmanager
+def one_line_errors(prog: str) -> Iterator[None]:
+    """A script's bad input (a :class:`FedrayError` inside) ends it with one line, as argparse's errors do."""
+    try:
+        yield
+    except FedrayError as error:
+        raise SystemExit(f"{prog}: error: {error}") from None
+
+
 def result_files(paths: list[str | Path]) -> list[Path]:
-    """Each path itself, or the sweep results (else run metrics) found under a folder."""
-    files = []
+    """Each path itself, or the tables found under a folder: every sweep's ``results.parquet``, and every run's
+    ``metrics.parquet`` outside those sweeps' folders (their trials are in their ``results.parquet``). Each file once,
+    in the order given."""
+    files: dict[Path, None] = {}
     for path in map(Path, paths):
         if path.is_dir():
-            found = sorted(path.rglob(RESULTS)) or sorted(path.rglob(METRICS))
-            if not found:
-                raise SystemExit(f"{path}: no {RESULTS} or {METRICS} under this folder")
-            files += found
+            sweeps = sorted(path.rglob(RESULTS))
+            runs = [run for run in sorted(path.rglob(METRICS))
+                    if not any(sweep.parent in run.parents for sweep in sweeps)]
+            if not sweeps and not runs:
+                raise FedrayError(f"{path}: no {RESULTS} or {METRICS} under this folder")
+            files.update(dict.fromkeys(sorted(sweeps + runs)))
         elif path.is_file():
-            files.append(path)
+            files[path] = None
         else:
-            raise SystemExit(f"{path}: no such file or folder")
-    return files
+            raise FedrayError(f"{path}: no such file or folder")
+    return list(files)
 
 
-def read_results(paths: list[str | Path]) -> pl.DataFrame:
-    """All evaluation rows, one ``trial_id`` per run (a run's folder name when it has none)."""
+def read_results(paths: list[str | Path], required: tuple[str, ...] = ("round", "accuracy")) -> pl.DataFrame:
+    """All evaluation rows, one ``trial_id`` per run (a run's folder name when it has none), the runs in the order
+    ``paths`` gives them. A file that is not a table with the ``required`` columns is refused in one line naming it,
+    before any is read."""
+    files = result_files(paths)
+    for file in files:
+        missing = [column for column in required if column not in table_schema(file)]
+        if missing:
+            raise FedrayError(f"{file}: no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}: "
+                              f"not a run's {METRICS} or a sweep's {RESULTS}")
     frames = []
-    for file in result_files(paths):
+    for position, file in enumerate(files):
         frame = pl.read_parquet(file)
         if "trial_id" not in frame.columns:
             frame = frame.with_columns(pl.lit(str(file.parent)).alias("trial_id"))
-        frames.append(frame)
-    return pl.concat(frames, how="diagonal_relaxed").sort(["trial_id", "round"])
+        frames.append(frame.with_columns(pl.lit(position).alias(SOURCE)))
+    results = pl.concat(frames, how="diagonal_relaxed")
+    return results.sort([SOURCE, "trial_id", "round"], maintain_order=True).drop(SOURCE)
+
+
+def table_schema(file: Path) -> pl.Schema:
+    """The columns of the Parquet table ``file``, or a one-line error naming it."""
+    try:
+        return pl.read_parquet_schema(file)
+    except (pl.exceptions.PolarsError, OSError) as error:
+        reason = " ".join(str(error).split())
+        raise FedrayError(f"{file}: not a Parquet table ({reason})") from None
 
 
 def varying_parameters(results: pl.DataFrame, by: str = "method") -> list[str]:

@@ -1,18 +1,19 @@
 """Summary tables of finished runs: per method × swept parameter, mean ± std over seeds.
 
-    python -m analysis.summarize RESULTS... --out DIR [--target 0.5]
+    fedray summarize RESULTS... [--out DIR] [--target 0.5]    (or: python -m analysis.summarize ...)
 
 RESULTS are sweep ``results.parquet`` files, run ``metrics.parquet`` files or
-folders holding them. Writes ``DIR/summary.csv`` and ``DIR/summary.md`` with,
-per group: the number of seeds, the final accuracy, the upload (in all, and
-per client that took part: ``bytes_up / clients_seen``), and the rounds and
-upload bytes each run needed to first reach the target accuracy (empty where
-a run never reached it). A group is a method × the swept parameters, or, where
-the rows carry a ``label`` (a job's named configurations, as
-``jobs.sweep_baselines`` writes them), a label × what varies among its runs
-(the dataset), in the order the runs come in RESULTS. The default target is
-90% of the lowest final accuracy of any run, so that every run reaches it; it
-is written above the table.
+folders holding them (as :mod:`analysis.compare` takes them). Prints a
+markdown table, and with ``--out`` writes it to ``DIR/summary.md`` and as
+``DIR/summary.csv``, with, per group: the number of seeds, the final accuracy,
+the upload (in all, and per client that took part: ``bytes_up /
+clients_seen``), and the rounds and upload bytes each run needed to first
+reach the target accuracy (empty where a run never reached it). A group is a
+method × the swept parameters, or, where the rows carry a ``label`` (a job's
+named configurations, as ``jobs.sweep_baselines`` writes them), a label × what
+varies among its runs (the dataset), in the order the runs come in RESULTS.
+The default target is 90% of the lowest final accuracy of any run, so that
+every run reaches it; it is written above the table.
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.results import final_rows, read_results, varying_parameters
+from analysis.results import final_rows, one_line_errors, read_results, varying_parameters
+from fedray.core.errors import FedrayError
 from fedray.core.results import write_atomically
+from fedray.core.writable import check_folder
 
 TARGET_SHARE = 0.9
+COLUMNS = ("round", "accuracy", "bytes_up", "clients_seen")
+"""The columns a table needs to be summarized (and ``method``, or ``label``)."""
 
 
 def reach(results: pl.DataFrame, target: float) -> pl.DataFrame:
@@ -93,22 +98,48 @@ def markdown(table: pl.DataFrame, target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary_text(results: pl.DataFrame, target: float | None = None) -> tuple[pl.DataFrame, str]:
+    """The summary table and its markdown, the target accuracy written above it."""
+    table, target = summarize(results, target)
+    return table, f"Target accuracy: {100 * target:.2f}%\n\n" + markdown(table, target)
+
+
 def write_summary(results: pl.DataFrame, out: Path, target: float | None = None) -> str:
     """Write ``out/summary.csv`` and ``out/summary.md``; returns the markdown."""
-    table, target = summarize(results, target)
-    text = f"Target accuracy: {100 * target:.2f}%\n\n" + markdown(table, target)
+    table, text = summary_text(results, target)
     write_atomically(out / "summary.csv", table.write_csv)
     write_atomically(out / "summary.md", lambda path: path.write_text(text))
     return text
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's arguments (``fedray summarize`` and ``python -m analysis.summarize`` take the same)."""
+    parser.add_argument("results", nargs="+", metavar="RESULTS", help="a sweep's folder or results.parquet, a run's "
+                        "folder or metrics.parquet, or a folder of them")
+    parser.add_argument("--out", help="also write the table to OUT/summary.md and OUT/summary.csv")
+    parser.add_argument("--target", type=float,
+                        help="target accuracy in [0, 1] (default: 90%% of the lowest final accuracy)")
+
+
+def summarize_results(args: argparse.Namespace) -> None:
+    """Print the summary of ``args.results`` (and write it to ``args.out``)."""
+    if args.target is not None and not 0 <= args.target <= 1:
+        raise FedrayError(f"--target must be an accuracy in [0, 1], got {args.target}")
+    if args.out is not None:
+        check_folder(Path(args.out))
+    results = read_results(args.results, required=COLUMNS)
+    if "method" not in results.columns and "label" not in results.columns:
+        raise FedrayError("no method or label column in the tables given: not runs' metrics.parquet or sweeps' "
+                          "results.parquet")
+    print(write_summary(results, Path(args.out), args.target) if args.out else summary_text(results, args.target)[1])
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="+", help="results.parquet / metrics.parquet files or folders")
-    parser.add_argument("--out", required=True, help="folder for summary.csv and summary.md")
-    parser.add_argument("--target", type=float, help="target accuracy in [0, 1] (default: 90%% of the lowest final accuracy)")
+    parser = argparse.ArgumentParser(prog="python -m analysis.summarize", description=__doc__.splitlines()[0])
+    add_arguments(parser)
     args = parser.parse_args(argv)
-    print(write_summary(read_results(args.results), Path(args.out), args.target))
+    with one_line_errors(parser.prog):
+        summarize_results(args)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from fedray.runtime.evaluator import Evaluator
 from fedray.core.results import write_run
 from fedray.engine.plan import build_method
 from fedray.engine.run_config import simulate
-from fedray.runtime.session import init_ray
+from fedray.runtime.session import init_ray, where_written
 from fedray.runtime.shards import ShardPool
 
 METHODS = ("fedncm", "fed3r", "fedcof")
@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         pool.shutdown()
     print_table(comparison_table(paths))
-    print(f"results: {args.out}/<method>/metrics.parquet (features are synthetic: a stand-in shaped like iNat-User-120K)")
+    folder, note = where_written(args.out)
+    print(f"results: {folder}/<method>/metrics.parquet (features are synthetic: a stand-in shaped like iNat-User-120K)")
+    if note:
+        print(f"note: {note}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import re
+
 from fedray.core.errors import FedrayError
 from fedray.core.options import options_of
 from fedray.core.plugins import is_plugin, load_class, names_subclass
@@ -14,8 +17,19 @@ from fedray.methods.training.client_optimizer import ClientOptimizer
 from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
 from fedray.methods.training_algorithms import ALIASES, BUILT_IN as ALGORITHMS, algorithm_class, own_server_optimizer
 
+MARKUP = ((re.compile(r":[\w:]+:`([^`]+)`"), r"'\1'"), (re.compile(r"``([^`]+)``"), r"'\1'"),
+          (re.compile(r"`([^`]+)`"), r"'\1'"))
+"""A docstring's reStructuredText literals and roles (``x``, `x`, :mod:`x`), as a terminal shows them: 'x'."""
+
+
 def _summary(cls: type) -> str:
-    return cls.__doc__.strip().splitlines()[0] if cls.__doc__ else ""
+    """The first paragraph of ``cls``'s docstring, whole, on one line and without its markup."""
+    if not cls.__doc__:
+        return ""
+    text = " ".join(inspect.cleandoc(cls.__doc__).split("\n\n")[0].split())
+    for pattern, replacement in MARKUP:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def _entry(name: str, cls: type) -> list[str]:

@@ -250,6 +250,23 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     print(f"sweep {spec.name}: {trials} trials, {table.height} evaluation rows → {Path(args.out) / spec.name / RESULTS}")
 
 
+def _analysis_parsers(commands: argparse._SubParsersAction) -> None:
+    """``fedray compare`` and ``fedray summarize``: the commands of :mod:`analysis.compare` and
+    :mod:`analysis.summarize`, with their arguments."""
+    from analysis import compare, summarize
+
+    parser = commands.add_parser("compare", help="finished runs side by side: the last evaluation point of each",
+                                 description="Print one row per run (per trial of a sweep): method, dataset, what "
+                                 "varies across the runs, final test accuracy, rounds, clients seen, upload, "
+                                 "wall-clock seconds. E.g. fedray compare results/quickstart/*")
+    compare.add_arguments(parser)
+    parser.set_defaults(handler=compare.compare)
+    parser = commands.add_parser("summarize", help="per method × swept parameter: mean ± std over seeds, rounds and "
+                                 "upload to a target accuracy", description=summarize.__doc__.splitlines()[0])
+    summarize.add_arguments(parser)
+    parser.set_defaults(handler=summarize.summarize_results)
+
+
 def _cmd_info(args: argparse.Namespace) -> None:
     from fedray.data.parquet import ParquetFeatures
     from fedray.data.registry import load_federation
@@ -313,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(commands)
     _extract_parser(commands)
     _sweep_parser(commands)
+    _analysis_parsers(commands)
     methods = commands.add_parser("methods", help="list the built-in methods and server optimizers with their options",
                                   description="Every built-in closed-form method, gradient method and server optimizer, "
                                   "with its options (type = default). Your own: --method / --server-optimizer "

@@ -9,6 +9,7 @@ checked, by whoever needs some rows (:class:`ParquetFeatures`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,22 +68,23 @@ class ParquetFeatures:
             if rows is not None and self.file_rows is not None and not _any_in(rows, first, first + self.file_rows[number]):
                 first += self.file_rows[number]
                 continue
-            file = pq.ParquetFile(path, buffer_size=1 << 22, pre_buffer=False)
-            for group in range(file.num_row_groups):
-                count = file.metadata.row_group(group).num_rows
-                if rows is None or _any_in(rows, first, first + count):
-                    for batch in file.iter_batches(READ_BATCH, row_groups=[group], columns=["features"]):
-                        stop = first + batch.num_rows
-                        lo, hi = (0, batch.num_rows) if rows is None else np.searchsorted(rows, [first, stop])
-                        if hi > lo:
-                            column = batch.column("features")
-                            ids = np.arange(first, stop) if rows is None else rows[lo:hi]
-                            if not np.array_equal(ids, np.arange(first, stop)):
-                                column = column.take(pa.array(ids - first))
-                            yield slice(lo, hi), checked_features(column, ids, self.dim, self.name)
-                        first = stop
-                else:
-                    first += count
+            with arrow_errors(path):
+                file = pq.ParquetFile(path, buffer_size=1 << 22, pre_buffer=False)
+                for group in range(file.num_row_groups):
+                    count = file.metadata.row_group(group).num_rows
+                    if rows is None or _any_in(rows, first, first + count):
+                        for batch in file.iter_batches(READ_BATCH, row_groups=[group], columns=["features"]):
+                            stop = first + batch.num_rows
+                            lo, hi = (0, batch.num_rows) if rows is None else np.searchsorted(rows, [first, stop])
+                            if hi > lo:
+                                column = batch.column("features")
+                                ids = np.arange(first, stop) if rows is None else rows[lo:hi]
+                                if not np.array_equal(ids, np.arange(first, stop)):
+                                    column = column.take(pa.array(ids - first))
+                                yield slice(lo, hi), checked_features(column, ids, self.dim, self.name)
+                            first = stop
+                    else:
+                        first += count
         if rows is not None and len(rows) and rows[-1] >= first:
             raise FedrayError(f"{self.name}: no row {rows[-1]} (the file has {first})")
 
@@ -106,12 +108,10 @@ def load_parquet(path: str | Path, parts: list[Path] | None = None, name: str | 
     files = [str(part) for part in parts] if parts is not None else [str(path)]
     if parts is None and not path.is_file():
         raise FedrayError(f"{path}: no such file")
-    try:
+    with arrow_errors(path):
         schema = pq.read_schema(files[0], memory_map=True)
         check_columns(str(path), schema.names)
         table = read_files(files, SPLIT_COLUMNS)
-    except (pa.ArrowInvalid, OSError) as error:
-        raise FedrayError(f"{path}: not a readable Parquet file ({error})") from None
     rows, num_classes = split_rows(table, str(path), schema.metadata)
     dim = feature_dim(str(path), schema.field("features").type, lambda: _first_row(files[0]))
     spec = None if parts is not None else f"parquet:{path.resolve()}"
@@ -125,26 +125,44 @@ def _first_row(path: str) -> pa.Array:
 def load_parquet_directory(path: Path) -> Federation:
     """The federation in the parts ``part-NNNNN.parquet`` of the directory ``path`` (as ``fedray data export
     --partition-size`` writes them), read in their order: their client, split and label columns and their row counts,
-    never their features. Every part has the first one's schema, and each client's rows are in one part, so a shard
-    opens only the parts of its clients."""
+    never their features. Every part has the first one's schema and feature length (from its type, or its first row),
+    checked before any part's rows are read, and each client's rows are in one part, so a shard opens only the parts
+    of its clients. A part Arrow cannot read is named, with Arrow's message on one line."""
     files = sorted(entry for entry in path.iterdir() if PART_PATTERN.fullmatch(entry.name))
     if not files:
         raise FedrayError(f"{path}: a directory without parts (part-00000.parquet, ...)")
-    try:
+    with arrow_errors(files[0]):
         schema = pq.read_schema(files[0], memory_map=True)
-        for file in files[1:]:
-            other = pq.read_schema(file, memory_map=True)
-            if not other.equals(schema, check_metadata=True):
-                raise FedrayError(f"{file}: another schema than {files[0].name}'s ({_schema_text(other)} vs {_schema_text(schema)})")
         check_columns(str(path), schema.names)
-        tables = [pq.read_table(file, columns=SPLIT_COLUMNS, memory_map=True) for file in files]
-    except (pa.ArrowInvalid, OSError) as error:
-        raise FedrayError(f"{path}: not a readable Parquet directory ({error})") from None
+        dim = feature_dim(str(files[0]), schema.field("features").type, lambda: _first_row(str(files[0])))
+    for file in files[1:]:
+        with arrow_errors(file):
+            other = pq.read_schema(file, memory_map=True)
+            length = feature_dim(str(file), other.field("features").type, lambda: _first_row(str(file))) \
+                if other.names == schema.names else dim
+        if length != dim:
+            raise FedrayError(f"{file}: features of {length} floats, where {files[0].name}'s have {dim}: every part "
+                              f"of a Parquet directory holds features of one length")
+        if not other.equals(schema, check_metadata=True):
+            raise FedrayError(f"{file}: another schema than {files[0].name}'s ({_schema_text(other)} vs "
+                              f"{_schema_text(schema)})")
+    tables = []
+    for file in files:
+        with arrow_errors(file):
+            tables.append(pq.read_table(file, columns=SPLIT_COLUMNS, memory_map=True))
     _check_clients_in_one_part(files, tables)
     rows, num_classes = split_rows(pa.concat_tables(tables), str(path), schema.metadata)
-    dim = feature_dim(str(path), schema.field("features").type, lambda: _first_row(str(files[0])))
     source = ParquetFeatures([str(file) for file in files], dim, str(path), [table.num_rows for table in tables])
     return Federation(f"parquet:{path}", num_classes, rows, source, spec=f"parquet:{path.resolve()}")
+
+
+@contextmanager
+def arrow_errors(file: Path | str) -> Iterator[None]:
+    """Arrow's failures to read ``file`` as a one-line error naming it, with Arrow's message on one line."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as error:
+        raise FedrayError(f"{file}: not a readable Parquet file ({' '.join(str(error).split())})") from None
 
 
 def _schema_text(schema: pa.Schema) -> str:

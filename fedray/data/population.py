@@ -27,6 +27,7 @@ generates them, alone or among others.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from urllib.parse import urlencode
@@ -165,13 +166,30 @@ class Population(Federation):
         return np.arange(start, stop, dtype=np.int64), self.line.labels(start, stop), offsets
 
 
+DRIVER_BYTES_PER_CLIENT = 48
+"""The driver's peak memory per client of a population, its sizes and offsets and their temporaries while it is built
+and summarized (45.5 bytes measured at K = 10⁷)."""
+
+
+def machine_memory() -> int:
+    """This machine's physical memory, in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def check(split: str, clients: int, scale: float, feature_shift: float) -> None:
-    """What :func:`build` refuses besides :func:`fedray.data.synthetic.check`'s."""
+    """What :func:`build` refuses besides :func:`fedray.data.synthetic.check`'s: also a population whose clients' sizes
+    alone would not fit this machine's memory, before anything is allocated."""
     if split not in SPLITS:
         raise FedrayError(f"synthetic:{split}: clients=K applies to the client splits ({', '.join(SPLITS)}); "
                           f"re-split a labelled dataset with ?split=…&clients=K")
     if clients < 1:
         raise FedrayError(f"synthetic:{split}: clients must be ≥ 1, got {clients}")
+    needed, memory = clients * DRIVER_BYTES_PER_CLIENT, machine_memory()
+    if needed > memory:
+        raise FedrayError(f"synthetic:{split}: clients={clients} needs {needed / 2**30:,.1f} GiB on the driver for the "
+                          f"clients' sizes alone ({DRIVER_BYTES_PER_CLIENT} bytes a client), more than this machine's "
+                          f"{memory / 2**30:,.1f} GiB: lower clients (at most "
+                          f"{memory // DRIVER_BYTES_PER_CLIENT:,} here)")
     if scale != 1:
         raise FedrayError(f"synthetic:{split}: give clients=K or scale, not both")
     if feature_shift != 0:

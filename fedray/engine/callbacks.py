@@ -218,11 +218,16 @@ class ProgressBar(Callback):
     def on_evaluation(self, row: dict[str, object], classifier: Classifier | None) -> None:
         if self.bar is not None:
             self.bar.set_postfix_str(f"at round {row['round']}: test accuracy {row['accuracy']:.4f}, "
-                                     f"{row['clients_seen']} clients seen")
+                                     f"{row['clients_seen']} clients seen", refresh=False)  # drawn with the round
 
     def after_round(self, round: int, stage: str) -> None:
-        if self.bar is not None:
-            self.bar.update(round - self.first + 1 - self.bar.n)
+        if self.bar is None:
+            return
+        done = round - self.first + 1
+        if done < self.bar.total:
+            self.bar.update(done - self.bar.n)
+        else:  # the stage's last round: closing draws the full bar, once (a log, as ray job logs, keeps each drawing)
+            self.bar.n = done
 
     def on_stage_end(self, stage: str) -> None:
         self._close()

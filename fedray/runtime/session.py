@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 
 import ray
 import ray._private.ray_constants
@@ -44,6 +45,22 @@ def check_address(address: str | None = None) -> None:
     given = None if ray.is_initialized() else _cluster_address(address)
     if given is not None:
         check_reachable(*given)
+
+
+WORKING_DIR_COPIES = "/runtime_resources/working_dir_files/"
+"""Where Ray unpacks a job's ``--working-dir`` on the node that runs it (under its session folder)."""
+
+
+def where_written(folder: str | Path) -> tuple[str, str | None]:
+    """``folder`` as an absolute path, and, when it lies in Ray's unpacked copy of a job's ``--working-dir`` (a
+    relative ``--out`` of a command sent with ``ray job submit``), a line saying so: that copy is on the node that ran
+    the job, not where it was sent from, and goes when Ray cleans its session files."""
+    absolute = Path(folder).absolute()
+    if WORKING_DIR_COPIES not in f"{absolute.as_posix()}/":
+        return str(absolute), None
+    return str(absolute), (f"{absolute} is inside Ray's copy of the job's --working-dir on the node that ran it (not "
+                           "where the job was sent from), removed with Ray's session files: give an absolute --out on "
+                           "storage you can read to keep the results")
 
 
 TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -128,17 +145,27 @@ def _killing_what_a_failed_start_leaves() -> Iterator[None]:
             raise
 
 
+def _raylet_messages(verbose: bool) -> AbstractContextManager[None]:
+    """Around ``ray.init``: unless ``verbose``, the driver does not listen to the messages Ray pushes to it, which it
+    would print as yellow ``(raylet) ...`` lines (a worker that died, as a killed shard does, which fedray restarts);
+    they stay in Ray's logs."""
+    if verbose:
+        return nullcontext()
+    return _patched(ray._private.worker, "listen_error_messages", lambda worker, threads_stopped: None)
+
+
 def _start_or_join(address: str | None, verbose: bool) -> None:
     given = _cluster_address(address)
     options = {"log_to_driver": verbose, "logging_level": logging.WARNING}
     if given is None:
-        with _without_token_auth_notice(), _interruptible(), _killing_what_a_failed_start_leaves():
+        with _without_token_auth_notice(), _interruptible(), _killing_what_a_failed_start_leaves(), \
+                _raylet_messages(verbose):
             ray.init(address=LOCAL, include_dashboard=False, **options)
         watchdog.start()
         return
     check_reachable(*given)
     try:
-        with _interruptible():
+        with _interruptible(), _raylet_messages(verbose):
             ray.init(address=given[0], **options)
     except ConnectionError as error:  # e.g. "auto" on a machine without a cluster
         raise FedrayError(f"{given[1]} {given[0]}: {str(error).splitlines()[0]}") from None

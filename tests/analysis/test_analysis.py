@@ -6,8 +6,10 @@ import polars as pl
 import pytest
 from PIL import Image
 
-from analysis import plots, summarize
+from analysis import convergence, plots, summarize
 from analysis.results import read_results, varying_parameters
+from fedray.app.cli import main
+from fedray.core.errors import FedrayError
 
 
 def run_rows(trial: str, method: str, kappa: int, seed: int, accuracies: list[float]) -> list[dict]:
@@ -130,7 +132,33 @@ def test_runs_without_a_sweep_are_plotted_as_one_figure(tmp_path):
 
 
 def test_missing_inputs_are_named(tmp_path):
-    with pytest.raises(SystemExit, match="no such file"):
+    with pytest.raises(FedrayError, match="no such file"):
         read_results([tmp_path / "nothing"])
-    with pytest.raises(SystemExit, match="no results.parquet or metrics.parquet"):
+    with pytest.raises(FedrayError, match="no results.parquet or metrics.parquet"):
         read_results([tmp_path])
+
+
+def test_fedray_summarize_prints_the_table_and_writes_files_only_with_out(results, capsys):
+    assert main(["summarize", str(results), "--target", "0.6"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Target accuracy: 60.00%")
+    assert "| fed3r | 10 | 2 | 75.00 ± 7.07 | 30 | 30.0 | 1 | 20 ± 0 |" in out
+    assert [path.name for path in results.parent.iterdir()] == ["results.parquet"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "60"], "--target must be an accuracy in [0, 1], got 60.0"),
+    (["--out", "{results}"], "--out {results}: is a file, not a folder"),
+])
+def test_bad_summarize_options_are_one_line_before_any_work(results, capsys, args, message):
+    args = [arg.format(results=results) for arg in args]
+    assert main(["summarize", str(results), *args]) == 2
+    assert capsys.readouterr() == ("", f"fedray: error: {message.format(results=results)}\n")
+
+
+@pytest.mark.parametrize("script, args", [(summarize, ["--out", "summary"]), (plots, ["--out", "plots"]),
+                                          (convergence, [])], ids=["summarize", "plots", "convergence"])
+def test_a_script_given_a_bad_path_ends_in_one_line_naming_it(tmp_path, script, args):
+    with pytest.raises(SystemExit) as stopped:
+        script.main([str(tmp_path / "nothing"), *[str(tmp_path / arg) if arg != "--out" else arg for arg in args]])
+    assert str(stopped.value) == f"python -m {script.__name__}: error: {tmp_path / 'nothing'}: no such file or folder"

@@ -21,6 +21,7 @@ import fedray.engine.run_config
 import fedray.app.sweeps.tuning
 from analysis.results import result_files
 from fedray.app.cli import main
+from fedray.core.errors import FedrayError
 from fedray.core.folder_lock import LOCK
 from fedray.engine.config import resolve
 from fedray.engine.checkpoint import CHECKPOINT
@@ -125,6 +126,7 @@ for module, name in ((fedray.engine.run_config, "load_federation"), (fedray.app.
                      (fedray.app.extract.features, "load_federation"), (fedray.data.registry, "load_federation")):
     setattr(module, name, no_work)
 from fedray.app.cli import main
+from fedray.core.errors import FedrayError
 from fedray.engine.config import resolve
 
 results = []
@@ -190,6 +192,7 @@ def dying(source, target):
 
 os.replace = dying
 from fedray.app.cli import main
+from fedray.core.errors import FedrayError
 from fedray.engine.config import resolve
 sys.exit(main(argv))
 '''
@@ -248,7 +251,7 @@ def test_a_run_killed_while_writing_never_leaves_a_mix_that_looks_complete(previ
     else:
         assert [n for n in names if not n.endswith(".tmp")] == left
         assert yaml.safe_load((out / "config.yaml").read_text())["seed"] == 5, "the new run's config"
-        with pytest.raises(SystemExit, match="no results.parquet or metrics.parquet"):
+        with pytest.raises(FedrayError, match="no results.parquet or metrics.parquet"):
             result_files([out])  # analysis sees no complete run there
 
     rc, _, err = run_cli(capsys, SPEC, out, *new_run)

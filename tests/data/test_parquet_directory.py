@@ -4,6 +4,7 @@ reads it back, each reader opening only the parts that hold its rows."""
 import re
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -176,6 +177,49 @@ def test_bad_directories_and_outputs_get_one_line(exported, tmp_path, source):
     with pytest.raises(FedrayError, match=r"holds notes\.txt, not a Parquet export's part"):
         export_parquet_directory(source, tmp_path / "mine", PARTITION)
     assert not (tmp_path / "new").exists() and (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def copied(folder, to):
+    to.mkdir()
+    for path in parts(folder):
+        (to / path.name).write_bytes(path.read_bytes())
+    return to
+
+
+def truncated(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flipped(path):
+    """200 bytes of a data page inverted: the footer reads, a column chunk does not."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 3
+    data[middle:middle + 200] = bytes(b ^ 0xFF for b in data[middle:middle + 200])
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [truncated, flipped])
+def test_a_damaged_part_is_named_with_arrows_message_on_one_line(exported, tmp_path, damage):
+    folder = copied(exported[0], tmp_path / "damaged")
+    damage(folder / "part-00001.parquet")
+    with pytest.raises(FedrayError) as error:
+        load_federation(f"parquet:{folder}").source.check()
+    message = str(error.value)
+    assert message.startswith(f"{folder / 'part-00001.parquet'}: not a readable Parquet file (") and "\n" not in message
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed-size-lists", "lists"])
+def test_parts_of_another_feature_length_are_refused_before_any_row_is_read(exported, tmp_path, fixed):
+    folder = copied(exported[0], tmp_path / "lengths")
+    for path, length in [(folder / "part-00000.parquet", 8), (folder / "part-00001.parquet", 4)]:
+        table = pq.read_table(path)
+        features = pa.array([row[:length] for row in table.column("features").to_pylist()],
+                            pa.list_(pa.float32(), length if fixed else -1))
+        pq.write_table(table.set_column(table.schema.get_field_index("features"), "features", features), path)
+    with pytest.raises(FedrayError) as error:
+        load_federation(f"parquet:{folder}")  # reads the parts' schemas and first rows, no features beyond
+    assert str(error.value) == (f"{folder / 'part-00001.parquet'}: features of 4 floats, where part-00000.parquet's "
+                                "have 8: every part of a Parquet directory holds features of one length")
 
 
 def test_a_new_export_replaces_the_previous_directory(source, tmp_path):

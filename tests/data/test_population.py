@@ -103,6 +103,20 @@ def test_bad_population_specs_are_one_line(spec, message):
     assert "\n" not in str(error.value)
 
 
+def test_a_population_whose_sizes_do_not_fit_the_machine_is_refused_before_any_allocation(monkeypatch):
+    """10¹² clients would ask numpy for 7.28 TiB of sizes: refused in one line by the sizes' memory alone."""
+    with pytest.raises(FedrayError, match=r"^synthetic:inat-user-120k: clients=1000000000000 needs 44,703.5 GiB on "
+                       r"the driver for the clients' sizes alone \(48 bytes a client\), more than this machine's "):
+        load_federation("synthetic:inat-user-120k?clients=1000000000000")
+    monkeypatch.setattr(population, "machine_memory", lambda: 2**30)  # 1 GiB: 22,369,621 clients of 48 bytes
+    population.check("inat-user-120k", 22_369_621, scale=1.0, feature_shift=0.0)  # fits: no error
+    with pytest.raises(FedrayError) as error:
+        load_federation("synthetic:inat-user-120k?clients=22369622&dim=4")
+    assert str(error.value) == ("synthetic:inat-user-120k: clients=22369622 needs 1.0 GiB on the driver for the "
+                                "clients' sizes alone (48 bytes a client), more than this machine's 1.0 GiB: lower "
+                                "clients (at most 22,369,621 here)")
+
+
 def test_a_re_split_still_takes_clients():
     federation = load_federation("synthetic:cifar100?dim=4&split=dirichlet&alpha=0.5&clients=10")
     assert federation.num_clients == 10 and not federation.streams_features

@@ -1,6 +1,7 @@
 """A researcher's callbacks: on_start, on_evaluation, after_round (True stops the run at its next evaluation row, a
 complete run) and on_end, on every stage, with the rounds numbered as the rows are."""
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +185,23 @@ def test_a_quiet_run_has_no_bar_and_a_resumed_stage_starts_at_its_done_rounds(ca
     bar.on_stage_end("train")
     last = capsys.readouterr().err.split("\r")[-1]
     assert last.startswith("fedavg:  50%") and last.endswith(", at round 14: test accuracy 0.1250, 7 clients seen]\n")
+
+
+def test_a_finished_stage_draws_its_full_bar_once(capsys):
+    """A log (``ray job logs``, a file) keeps every drawing of the bar: the last evaluation's (at 927/928, shown as
+    100 %), the last round's and the closing one were three."""
+    from fedray.engine.callbacks import ProgressBar
+
+    bar = ProgressBar()
+    bar.on_stage("train", "fedavg", range(1, 4), done=0)
+    for round in range(1, 4):  # as a run calls them: a round's evaluation, then its end
+        bar.on_evaluation({"round": round, "accuracy": 0.5, "clients_seen": round}, None)
+        time.sleep(0.15)  # past tqdm's minimum interval: each update may draw
+        bar.after_round(round, "train")
+    bar.on_stage_end("train")
+    drawings = capsys.readouterr().err.split("\r")
+    assert [drawing for drawing in drawings if "100%" in drawing] == [drawings[-1]]
+    assert drawings[-1].startswith("fedavg: 100%") and "3/3" in drawings[-1]
 
 
 def test_checkpoints_are_a_callback_saving_every_kth_training_round_but_not_after_the_last():

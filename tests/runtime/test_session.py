@@ -52,6 +52,18 @@ def test_an_address_joins_that_cluster(ray_init_calls, monkeypatch, how):
     assert ray_init_calls == [{"address": address, "log_to_driver": False, "logging_level": logging.WARNING}]
 
 
+def test_the_driver_prints_rays_pushed_raylet_messages_only_when_verbose(ray_init_calls, monkeypatch):
+    """Unless --verbose, no ``(raylet) A worker died ...`` lines (a killed shard's): the driver does not listen."""
+    listening = ray._private.worker.listen_error_messages
+    heard = []
+    monkeypatch.setattr(ray, "init",
+                        lambda **options: heard.append(ray._private.worker.listen_error_messages is listening))
+    session.init_ray()
+    session.init_ray(verbose=True)
+    assert heard == [False, True]
+    assert ray._private.worker.listen_error_messages is listening, "Ray's own again after ray.init"
+
+
 def test_auto_is_left_to_ray(ray_init_calls):
     session.init_ray("auto")
     assert ray_init_calls == [{"address": "auto", "log_to_driver": False, "logging_level": logging.WARNING}]
@@ -128,3 +140,16 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_where_written_is_absolute_and_says_when_it_is_in_rays_copy_of_a_jobs_working_dir(tmp_path, monkeypatch):
+    """``ray job submit --working-dir .`` runs its command in Ray's unpacked copy: a relative --out lands there."""
+    monkeypatch.chdir(tmp_path)
+    assert session.where_written("results/quickstart") == (f"{tmp_path}/results/quickstart", None)
+    copy = tmp_path / "session_latest" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123abcd"
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    assert session.where_written("results/quickstart") == (
+        f"{copy}/results/quickstart", f"{copy}/results/quickstart is inside Ray's copy of the job's --working-dir on "
+        "the node that ran it (not where the job was sent from), removed with Ray's session files: give an absolute "
+        "--out on storage you can read to keep the results")
