@@ -20,6 +20,8 @@ from analysis.results import one_line_errors, read_results, varying_parameters
 
 COLUMNS = ("method", "dataset", "round", "accuracy", "clients_seen", "bytes_up", "wall_s")
 """The columns a table needs to be compared."""
+SHOWN = ("method", "dataset", "accuracy_%", "rounds", "clients_seen", "upload_MB", "wall_s")
+"""The table's own columns: a varying parameter of the same name (``--rounds``, the budget) is what they show."""
 
 
 def final_points(paths: list[str]) -> pl.DataFrame:
@@ -29,8 +31,8 @@ def final_points(paths: list[str]) -> pl.DataFrame:
 
 def comparison_table(paths: list[str]) -> pl.DataFrame:
     finals = final_points(paths)
-    varying = [*varying_parameters(finals), *(["seed"] if "seed" in finals.columns and finals["seed"].n_unique() > 1
-                                              else [])]
+    seeds = ["seed"] if "seed" in finals.columns and finals["seed"].n_unique() > 1 else []
+    varying = [name for name in (*varying_parameters(finals), *seeds) if name not in SHOWN]
     return finals.select(
         pl.col("method"),
         pl.col("dataset"),

@@ -90,6 +90,18 @@ def test_a_sweep_is_a_row_per_trial_with_what_varies_and_its_trials_folders_are_
     assert table_lines(fedray(capsys, "compare", tmp_path)[1])[1:] == [rows[2], *rows[:2]]  # runs/ before sweeps/
 
 
+def test_runs_of_another_round_budget_show_the_rounds_they_ran_once(tmp_path, capsys):
+    short = write_run(tmp_path / "short", "fed3r", 0.5, 1e6, 1.0, rounds=20)
+    long = write_run(tmp_path / "long", "fed3r", 0.6, 2e6, 2.0, rounds=928)
+    rc, out, err = fedray(capsys, "compare", short, long)
+    assert (rc, err) == (0, "")
+    assert table_lines(out) == [
+        HEADER,
+        "│ fed3r  ┆ synthetic:inat-user-120k?dim=8 ┆ 50.0       ┆ 928    ┆ 9275         ┆ 1.0       ┆ 1.0    │",
+        "│ fed3r  ┆ synthetic:inat-user-120k?dim=8 ┆ 60.0       ┆ 928    ┆ 9275         ┆ 2.0       ┆ 2.0    │",
+    ]
+
+
 def test_the_script_prints_the_same_table(quickstart, capsys):
     compare.main([str(quickstart / method) for method in ("fedncm", "fed3r", "fedcof")])
     assert table_lines(capsys.readouterr().out) == [HEADER, *QUICKSTART_ROWS]
