@@ -13,15 +13,12 @@ A fenced block is read by its language:
 - anything else (``text``: output, tables) is not run.
 
 An HTML comment on the line right before a block marks it: ``<!-- not run: REASON -->`` (a GPU, a real cluster,
-real images or weights, a set-up command: REASON says which) is never run; ``<!-- needs: fedray compare -->`` is
-skipped until ``fedray compare --help`` works (the ``cli`` branch adds it).
+real images or weights, a set-up command: REASON says which) is never run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
-import io
 import re
 import runpy
 import shlex
@@ -36,7 +33,7 @@ from fedray.app.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```(?P<language>[\w-]*)\n(?P<code>.*?)^```$", re.MULTILINE | re.DOTALL)
-MARK = re.compile(r"<!-- (?P<kind>not run|needs): (?P<why>[^>]*\S) -->\n\Z")
+MARK = re.compile(r"<!-- (?P<kind>not run): (?P<why>[^>]*\S) -->\n\Z")
 LINKED_FOLDERS = ("examples", "jobs", "presets", "analysis")
 """The repository's folders a page's commands name by relative path (``examples/fedyogi.py:FedYogi``)."""
 
@@ -54,7 +51,7 @@ class Block:
     language: str
     code: str
     mark: tuple[str, str] | None
-    """("not run" | "needs", what): the comment right before the block."""
+    """("not run", why): the comment right before the block."""
 
     def __str__(self) -> str:
         return f"{self.page.relative_to(REPO)}:{self.line}"
@@ -91,13 +88,9 @@ def test_the_readme_is_short():
 
 
 def test_every_block_runs_or_says_why_not():
-    """Each shell block's commands are ones the test runs, unless the block is marked (a needs: mark only for
-    fedray compare)."""
+    """Each shell block's commands are ones the test runs, unless the block is marked ``not run`` with a reason."""
     for block in (block for page in manual_pages() for block in blocks(page)):
-        if block.mark:
-            known = block.mark[0] == "not run" or block.mark[1] == "fedray compare"
-            assert known, f"{block}: unknown mark {block.mark}"
-        elif block.language == "bash":
+        if block.language == "bash" and not block.mark:
             strangers = [" ".join(words) for words in commands(block.code) if runnable(words) is None]
             assert not strangers, f"{block}: cannot run {strangers}; mark the block <!-- not run: REASON -->"
 
@@ -127,14 +120,6 @@ def folder(tmp_path_factory):
     for name in LINKED_FOLDERS:
         (path / name).symlink_to(REPO / name)
     return path
-
-
-def _has_compare() -> bool:
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        try:
-            return main(["compare", "--help"]) == 0
-        except SystemExit as stop:
-            return stop.code == 0
 
 
 def _run_fedray(block: Block, args: list[str]) -> None:
@@ -191,12 +176,7 @@ def test_the_page_s_blocks_run(page, folder, commands_run, ray_session, monkeypa
     monkeypatch.chdir(folder)
     monkeypatch.syspath_prepend(str(folder))
     namespace: dict = {"__name__": "__manual__"}
-    compare = None
     for block in blocks(page):
-        if block.mark and block.mark[0] == "not run":
+        if block.mark:
             continue
-        if block.mark and block.mark[0] == "needs":
-            compare = _has_compare() if compare is None else compare
-            if not compare:
-                continue
         _run_block(block, folder, namespace, commands_run)
