@@ -165,20 +165,6 @@ class FederatedAlgorithm:
         loss over all its samples at the model it received (one more backward pass; SCAFFOLD's option I)."""
         return False
 
-    def meta_client_state(self, shapes: dict[str, tuple[int, ...]]) -> Params | None:
-        """The state this algorithm makes for a client training float32 parameters of ``shapes``, made on PyTorch's
-        meta device (shapes and dtypes, no memory); None for a stateless algorithm, or one whose state cannot be made
-        there."""
-        if not self.stateful:
-            return None
-        params = {name: torch.empty(shape, dtype=torch.float32, device="meta") for name, shape in shapes.items()}
-        try:
-            state = self.init_client_state(params)
-        except Exception:  # a plugin's own code, run for real where it trains: here only the shapes are wanted
-            return None
-        tensors = isinstance(state, dict) and all(isinstance(value, torch.Tensor) for value in state.values())
-        return state if tensors else None  # a wrong state is refused where it trains, in one line
-
     @property
     def stateful(self) -> bool:
         """Whether clients keep a state between participations."""
