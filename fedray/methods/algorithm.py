@@ -49,6 +49,8 @@ from typing import ClassVar
 
 import torch
 
+from fedray.methods.upload_parts import UploadParts
+
 Params = dict[str, torch.Tensor]
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """A batch's mean loss from the model's output and the labels."""
@@ -83,10 +85,14 @@ class ClientRound:
 
 @dataclass
 class Upload:
-    """What one client sends: named tensors, averaged by the server with ``weight`` (FedAvg: the client's samples)."""
+    """What one client sends: named tensors, averaged by the server with ``weight`` (FedAvg: the client's samples).
+
+    ``parts``: what a closed-form method's statistics are made of (:class:`~fedray.UploadParts`: which tensors are
+    sums over samples, counts, per-client rows), as the method declares them; None for a training update."""
 
     tensors: Params
     weight: float
+    parts: UploadParts | None = None
 
 
 @dataclass

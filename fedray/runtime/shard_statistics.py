@@ -77,7 +77,7 @@ class ShardStatistics:
         if postprocessing is not None:
             uploads = ((client, number, method.client_statistics(batch(np.array([client]))))
                        for client, number in zip(clients.tolist(), rounds.tolist()))
-            total = postprocessing.client_sum(uploads, partial(combine_checked, method))
+            total = postprocessing.client_sum(uploads, partial(combine_checked, method), method.upload_parts())
             if total is not None:
                 yield total
                 return
