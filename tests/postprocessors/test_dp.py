@@ -417,9 +417,10 @@ def test_training_updates_are_refused_before_any_work():
 
 
 def test_an_upload_is_read_through_its_declared_parts_not_its_field_names():
-    """Fed3R's statistics under other names, declared as its sums, get Fed3R's noise bit for bit, client and server
-    side; the same tensors undeclared (the default: sums of unknown degree) are refused on the first upload."""
-    moments = {"second": fedray.SampleSum(2, symmetric=True, width_axis=0), "cross": fedray.SampleSum(1, width_axis=0)}
+    """Fed3R's statistics under other names (in the same sorted order, the order of the draws), declared as its sums,
+    get Fed3R's noise bit for bit, client and server side; the same tensors undeclared (the default: sums of unknown
+    degree) are refused on the first upload."""
+    moments = {"outer": fedray.SampleSum(2, symmetric=True, width_axis=0), "scores": fedray.SampleSum(1, width_axis=0)}
     renamed = fedray.UploadParts(moments)
     stats = RidgeStatistics(torch.eye(5, dtype=torch.float64), torch.ones(5, 4, dtype=torch.float64))
     for placement in ("central", "distributed"):
@@ -427,11 +428,11 @@ def test_an_upload_is_read_through_its_declared_parts_not_its_field_names():
                                                      dp_placement=placement),), seed=3).sampled(100, KAPPA, False)
         pipeline.features(torch.zeros(1, 5, dtype=torch.float64))
         plain = pipeline.statistics(stats, 4, 1, RIDGE_PARTS)
-        own = pipeline.statistics({"second": stats.gram, "cross": stats.targets}, 4, 1, renamed)
-        assert torch.equal(own["second"], plain.gram) and torch.equal(own["cross"], plain.targets)
+        own = pipeline.statistics({"outer": stats.gram, "scores": stats.targets}, 4, 1, renamed)
+        assert torch.equal(own["outer"], plain.gram) and torch.equal(own["scores"], plain.targets)
         with reporting({}):
             plain, own = pipeline.aggregate(plain, 1, KAPPA, RIDGE_PARTS), pipeline.aggregate(own, 1, KAPPA, renamed)
-        assert torch.equal(own["second"], plain.gram) and torch.equal(own["cross"], plain.targets)
+        assert torch.equal(own["outer"], plain.gram) and torch.equal(own["scores"], plain.targets)
     with pytest.raises(FedrayError, match=r"^--postprocessor dp: an upload of gram, targets is not supported"):
         pipeline.statistics(stats, 4, 1, fedray.UploadParts())
 
