@@ -139,7 +139,7 @@ class ClosedFormRounds:
             return
         partial, block.total = block.total.result(), None  # its sums go into the state: the store may free them
         with reporting(self.reported, COLUMNS):
-            partial = block.postprocessing.aggregate(partial, block.round, block.uploads)
+            partial = block.postprocessing.aggregate(partial, block.round, block.uploads, self.method.upload_parts())
             solve_start = time.perf_counter()
             self.state = partial if self.state is None else combine_checked(self.method, self.state, partial)
             state = self.state
@@ -227,7 +227,7 @@ def everyone_uploads(pool: ShardPool, method: ClosedFormMethod, postprocessing: 
     everyone = np.arange(pool.federation.num_clients)
     uploads = postprocessing.sampled(len(everyone), len(everyone), False).among(everyone, round_number)
     total = pool.statistics(method, everyone, postprocessing=uploads, rounds=np.full(len(everyone), round_number)).result()
-    return uploads.aggregate(total, round_number, len(everyone))
+    return uploads.aggregate(total, round_number, len(everyone), method.upload_parts())
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ from typing import ClassVar
 
 import torch
 
+from fedray.methods.upload_parts import UploadParts
+
 Params = dict[str, torch.Tensor]
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """A batch's mean loss from the model's output and the labels."""
@@ -83,10 +85,14 @@ class ClientRound:
 
 @dataclass
 class Upload:
-    """What one client sends: named tensors, averaged by the server with ``weight`` (FedAvg: the client's samples)."""
+    """What one client sends: named tensors, averaged by the server with ``weight`` (FedAvg: the client's samples).
+
+    ``parts``: what a closed-form method's statistics are made of (:class:`~fedray.UploadParts`: which tensors are
+    sums over samples, counts, per-client rows), as the method declares them; None for a training update."""
 
     tensors: Params
     weight: float
+    parts: UploadParts | None = None
 
 
 @dataclass
@@ -164,20 +170,6 @@ class FederatedAlgorithm:
         """Whether each client computes :attr:`ClientRound.start_gradient` before it trains: the gradient of the path's
         loss over all its samples at the model it received (one more backward pass; SCAFFOLD's option I)."""
         return False
-
-    def meta_client_state(self, shapes: dict[str, tuple[int, ...]]) -> Params | None:
-        """The state this algorithm makes for a client training float32 parameters of ``shapes``, made on PyTorch's
-        meta device (shapes and dtypes, no memory); None for a stateless algorithm, or one whose state cannot be made
-        there."""
-        if not self.stateful:
-            return None
-        params = {name: torch.empty(shape, dtype=torch.float32, device="meta") for name, shape in shapes.items()}
-        try:
-            state = self.init_client_state(params)
-        except Exception:  # a plugin's own code, run for real where it trains: here only the shapes are wanted
-            return None
-        tensors = isinstance(state, dict) and all(isinstance(value, torch.Tensor) for value in state.values())
-        return state if tensors else None  # a wrong state is refused where it trains, in one line
 
     @property
     def stateful(self) -> bool:

@@ -29,6 +29,7 @@ import torch
 from fedray.core.accounting import PaperCosts
 from fedray.core.federation import Federation
 from fedray.core.threads import single_threaded
+from fedray.methods.upload_parts import UploadParts
 
 FLOAT_BYTES = 4
 """Uploads are counted as float32 values, the papers' convention."""
@@ -90,6 +91,12 @@ class ClosedFormMethod(ABC, Generic[Stats]):
     def transform(self, features: torch.Tensor) -> torch.Tensor:
         """The client-side feature map applied before statistics and at test time."""
         return features
+
+    def upload_parts(self) -> UploadParts:
+        """What a client's statistics are made of, by their tensors' paths (:class:`~fedray.UploadParts`), for the
+        postprocessors that treat them part by part (DP's sensitivities, noise on class counts). Default: every tensor
+        a sum over the client's samples, nothing more said (such postprocessors then refuse the run in one line)."""
+        return UploadParts()
 
     @abstractmethod
     def client_statistics(self, batch: ClientBatch) -> Stats: ...

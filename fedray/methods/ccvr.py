@@ -42,6 +42,8 @@ from fedray.core.errors import FedrayError
 from fedray.core.federation import Federation
 from fedray.core.threads import single_threaded
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, gram
+from fedray.methods.ncm import CLASS_SUMS
+from fedray.methods.upload_parts import SampleSum, UploadParts
 
 SAMPLING, SHUFFLING = 0, 1
 """The two random streams of a solve, each a generator seeded from (the run's seed, the stream)."""
@@ -104,6 +106,9 @@ class CCVR(ClosedFormMethod[ClassMoments]):
 
     def combine(self, a: ClassMoments, b: ClassMoments) -> ClassMoments:
         return ClassMoments(a.counts + b.counts, a.sums + b.sums, a.second + b.second)
+
+    def upload_parts(self) -> UploadParts:
+        return UploadParts({**CLASS_SUMS.sums, "second": SampleSum(2, by_class=True, width_axis=1)})
 
     def gaussians(self, stats: ClassMoments) -> tuple[torch.Tensor, torch.Tensor]:
         """Each class's mean (C × d) and unbiased covariance (C × d × d; 0 for a class with fewer than 2 samples)."""

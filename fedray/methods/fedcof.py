@@ -36,6 +36,8 @@ from fedray.core.federation import Federation
 from fedray.core.errors import FedrayError
 from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, class_divisors, class_sums, gram,
                                  normalize_columns, spd_solve)
+from fedray.methods.ncm import CLASS_SUMS
+from fedray.methods.upload_parts import ClientRows, SampleSum, UploadParts
 
 
 @dataclass
@@ -77,6 +79,10 @@ class ClassSquareSums:
 
 
 COVARIANCES = ("full", "diagonal", "spherical")
+
+MEAN_ROWS = UploadParts(CLASS_SUMS.sums,
+                        ClientRows("blocks.0.classes", "blocks.0.counts", "blocks.0.means", "received"))
+"""A client's upload: its class totals, and its one block of (class, count, mean) rows with their number per class."""
 
 
 BETWEEN_CLASS = "keep the between-class scatter Σ_c N_c(μ_c−μ_g)(μ_c−μ_g)ᵀ in G (FedCOF §4.3, Table 2: ridge's G)"
@@ -137,6 +143,9 @@ class FedCOF(ClosedFormMethod[MeanRows]):
 
     def combine(self, a: MeanRows, b: MeanRows) -> MeanRows:
         return MeanRows(a.counts + b.counts, a.sums + b.sums, a.received + b.received, a.blocks + b.blocks)
+
+    def upload_parts(self) -> UploadParts:
+        return MEAN_ROWS
 
     def kept_in_shards(self, stats: MeanRows) -> tuple[MeanRows, list[MeanBlock]]:
         """The received means stay in the shards (M × d floats: 60 GB at a million iNat-like clients); the server
@@ -255,6 +264,13 @@ class FedCOFOracle(FedCOF):
             return ClassCovarianceSums(a.counts + b.counts, a.sums + b.sums, a.gram + b.gram)
         assert isinstance(a, ClassSquareSums) and isinstance(b, ClassSquareSums)
         return ClassSquareSums(a.counts + b.counts, a.sums + b.sums, a.squares + b.squares)
+
+    def upload_parts(self) -> UploadParts:
+        """Class totals and Σ zzᵀ (full), or each class's Σ z∘z (diagonal, C × d) or Σ ‖z‖² (spherical, C × 1)."""
+        if self.covariance == "full":
+            return UploadParts({**CLASS_SUMS.sums, "gram": SampleSum(2, symmetric=True, width_axis=0)})
+        width = 1 if self.covariance == "diagonal" else None
+        return UploadParts({**CLASS_SUMS.sums, "squares": SampleSum(2, by_class=True, width_axis=width)})
 
     def kept_in_shards(self, stats: CovarianceSums) -> tuple[CovarianceSums, None]:  # type: ignore[override]
         """Fixed-size sums: everything travels (the base class's default, which FedCOF's means override)."""

@@ -12,12 +12,17 @@ from fedray.core.accounting import PaperCosts
 from fedray.core.errors import FedrayError
 from fedray.core.federation import Federation
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_divisors, class_sums, normalize_columns
+from fedray.methods.upload_parts import SampleSum, UploadParts
 
 
 @dataclass
 class ClassSums:
     counts: torch.Tensor
     sums: torch.Tensor
+
+
+CLASS_SUMS = UploadParts({"counts": SampleSum(0, by_class=True), "sums": SampleSum(1, by_class=True, width_axis=1)})
+"""Per-class sample counts (C) and feature sums (C × d): FedNCM's upload, and the class totals of FedCOF's."""
 
 
 DISTANCES = ("cosine", "euclidean")
@@ -48,6 +53,9 @@ class FedNCM(ClosedFormMethod[ClassSums]):
 
     def combine(self, a: ClassSums, b: ClassSums) -> ClassSums:
         return ClassSums(a.counts + b.counts, a.sums + b.sums)
+
+    def upload_parts(self) -> UploadParts:
+        return CLASS_SUMS
 
     def solve(self, stats: ClassSums) -> Classifier:
         means = stats.sums / class_divisors(stats.counts).unsqueeze(1)

@@ -18,8 +18,12 @@ only (every stage's), in the shards, not at test time nor in training.
 
 **What the server sums.** A client's hook gets the :class:`~fedray.Upload`
 itself: its named tensors (:func:`flatten`: a statistics dataclass's fields, a
-tuple's items, an update's parameters) and its ``weight``. The server receives
-Σ_k weight_k · tensors_k (and Σ_k weight_k), so clipping the tensors to norm C
+tuple's items, an update's parameters), its ``weight`` and, for closed-form
+statistics, its ``parts`` (:class:`~fedray.UploadParts`: which tensors are sums
+over samples and of what degree, class counts, per-client rows), as the method
+declares them; an aggregate hook finds the sum's in ``context.parts``. A
+postprocessor reads an upload's structure there, never a method's field names.
+The server receives Σ_k weight_k · tensors_k (and Σ_k weight_k), so clipping the tensors to norm C
 bounds a client's contribution by weight_k · C: DP-FedAvg also bounds (or
 fixes) the weight, which the hook may change. A training algorithm's weight is
 its own (FedAvg: the client's samples n_k); a closed-form method's statistics
@@ -73,6 +77,7 @@ from fedray.methods.algorithm import Params, Upload
 from fedray.methods.base import ClientBatch
 from fedray.methods.checks import (SUMMED_AS_THEY_ARE, check_features, check_selection, check_state,
                                    check_upload_like)
+from fedray.methods.upload_parts import UploadParts
 
 AGGREGATE = -1
 """The client number the aggregate's generator is seeded with."""
@@ -141,7 +146,10 @@ class UploadContext:
     seed the same for all of them and their aggregate (from the run's seed, the aggregate's round and the
     postprocessor's place): what clients agree on without talking, such as secure aggregation's pairwise masks.
     A training round's are its clients (every backend's, TCT's stage 2 included); empty and 0 where a caller does
-    not tell them (a postprocessor applied by hand)."""
+    not tell them (a postprocessor applied by hand).
+
+    ``parts``: in an aggregate hook, what the closed-form sum's tensors are (its method's
+    :class:`~fedray.UploadParts`; None for a training round's sum); a client hook has them in ``upload.parts``."""
 
     client: int
     round: int
@@ -150,6 +158,7 @@ class UploadContext:
     sampling: Sampling = Sampling()
     participants: tuple[int, ...] = ()
     shared_seed: int = 0
+    parts: UploadParts | None = None
 
 
 class Postprocessor:
@@ -386,24 +395,28 @@ class Postprocessing:
                 current = check_upload_like(postprocessor, current, postprocessor.client(current, context), weighted,
                                             f"round {round_number}, client {client}", may_drop=exact,
                                             kept_because=kept_because)
+                if current.parts is not upload.parts:  # what it returned has the same tensors: their parts go with them
+                    current = dataclasses.replace(current, parts=upload.parts)
         return upload if _same(current, upload) else current
 
-    def statistics(self, statistics: Any, client: int, round_number: int) -> Any:
-        """A closed-form method's ``statistics`` of one client through :meth:`client` (weight 1); the same object when
-        nothing changed."""
+    def statistics(self, statistics: Any, client: int, round_number: int, parts: UploadParts | None = None) -> Any:
+        """A closed-form method's ``statistics`` of one client through :meth:`client` (weight 1), described by
+        ``parts`` (its method's :meth:`~fedray.ClosedFormMethod.upload_parts`; None: the default, sums over samples);
+        the same object when nothing changed."""
         if not self.per_client:
             return statistics
-        upload = Upload(flatten(statistics), 1.0)
+        upload = Upload(flatten(statistics), 1.0, UploadParts() if parts is None else parts)
         processed = self.client(upload, client, round_number, weighted=False)
         return statistics if processed is upload else unflatten(statistics, processed.tensors)
 
-    def client_sum(self, uploads: Iterable[tuple[int, int, Any]], add: Callable[[Any, Any], Any]) -> Any:
-        """Statistics uploads ``(client, round, statistics)``, each through :meth:`statistics`, summed in order by
-        ``add``; None when no hook changed any: the caller's batched sum then stands, bit for bit a run's without
-        postprocessors (a sum client by client adds in another order)."""
+    def client_sum(self, uploads: Iterable[tuple[int, int, Any]], add: Callable[[Any, Any], Any],
+                   parts: UploadParts | None = None) -> Any:
+        """Statistics uploads ``(client, round, statistics)`` described by ``parts``, each through :meth:`statistics`,
+        summed in order by ``add``; None when no hook changed any: the caller's batched sum then stands, bit for bit a
+        run's without postprocessors (a sum client by client adds in another order)."""
         total, changed = None, False
         for client, round_number, statistics in uploads:
-            processed = self.statistics(statistics, client, round_number)
+            processed = self.statistics(statistics, client, round_number, parts)
             changed = changed or processed is not statistics
             total = processed if total is None else add(total, processed)
         return total if changed else None
@@ -447,14 +460,16 @@ class Postprocessing:
                 weight = float(returned)
         return weight
 
-    def aggregate(self, total: Any, round_number: int, clients: int) -> Any:
-        """The server's sum through every postprocessor's aggregate hook; itself when there are none."""
+    def aggregate(self, total: Any, round_number: int, clients: int, parts: UploadParts | None = None) -> Any:
+        """The server's sum through every postprocessor's aggregate hook, its tensors described by ``parts`` (a
+        closed-form method's :meth:`~fedray.ClosedFormMethod.upload_parts`; None for a training round's sum); itself
+        when there are none."""
         if not self.postprocessors:
             return total
         tensors, round_number = flatten(total), self.first_round + round_number
         for index, postprocessor in enumerate(self.postprocessors):
             context = UploadContext(AGGREGATE, round_number, clients, self._generator(round_number, AGGREGATE, index),
-                                    self.sampling, self.participants, self._shared_seed(index))
+                                    self.sampling, self.participants, self._shared_seed(index), parts)
             returned = postprocessor.aggregate(tensors, context)
             tensors = check_upload_like(postprocessor, Upload(tensors, 1.0), Upload(returned, 1.0), False,
                                         f"round {round_number}", method="aggregate").tensors

@@ -18,12 +18,17 @@ from fedray.core.accounting import PaperCosts
 from fedray.core.federation import Federation
 from fedray.core.errors import FedrayError
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, column_norms, gram, spd_solve
+from fedray.methods.upload_parts import SampleSum, UploadParts
 
 
 @dataclass
 class RidgeStatistics:
     gram: torch.Tensor
     targets: torch.Tensor
+
+
+RIDGE_SUMS = UploadParts({"gram": SampleSum(2, symmetric=True, width_axis=0), "targets": SampleSum(1, width_axis=0)})
+"""ZᵀZ (p × p) and ZᵀY (p × C) over the design's rows (p: its width, the features' d for Fed3R without a bias)."""
 
 
 class Fed3R(ClosedFormMethod[RidgeStatistics]):
@@ -67,6 +72,9 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
 
     def combine(self, a: RidgeStatistics, b: RidgeStatistics) -> RidgeStatistics:
         return RidgeStatistics(a.gram + b.gram, a.targets + b.targets)
+
+    def upload_parts(self) -> UploadParts:
+        return RIDGE_SUMS
 
     def solve(self, stats: RidgeStatistics) -> Classifier:
         """The ridge solution over the design (features and, with a bias, the ones column: λ regularizes both).

@@ -22,8 +22,9 @@ noise on small counts (with ε = 0.9, a count of 3 moves by at most 0.3). The se
 total count, which may then be below 1 (fedray's methods use :func:`~fedray.methods.base.class_divisors`, not
 max(N_c, 1)); FedCOF's weight (N_c − 1)/(K_c − 1) and shrinkage (N_c − 1)⁺ take the real totals as they are.
 
-It applies to the uploads that carry per-class counts with their class sums: FedNCM's (counts, sums) and FedCOF's
-with one mean per class held (``--means-per-class 1``). Any other upload (Fed3R's ZᵀZ, FedCOF-oracle's or CCVR's
+It applies to the uploads that carry per-class counts with their class sums (as their methods declare them, in
+:attr:`fedray.Upload.parts`): FedNCM's (counts, sums) and FedCOF's with one mean per class held
+(``--means-per-class 1``). Any other upload (Fed3R's ZᵀZ, FedCOF-oracle's or CCVR's
 covariances, several means per class, a training update) is refused in one line on its first client, before
 anything is summed: the postprocessor interface does not hand it the method beforehand.
 
@@ -42,10 +43,6 @@ import torch
 import fedray
 
 KINDS = ("uniform", "gaussian", "laplace")
-
-CLASS_SUMS = frozenset({"counts", "sums"})
-MEAN_ROWS = frozenset({"counts", "sums", "received", "blocks.0.classes", "blocks.0.counts", "blocks.0.means"})
-"""A FedCOF client's upload: its class totals, the means it sent per class, and its one block of mean rows."""
 
 
 class ClassCountNoise(fedray.Postprocessor):
@@ -83,36 +80,43 @@ class ClassCountNoise(fedray.Postprocessor):
         return (torch.log1p(-v) - torch.log1p(-u)) / self.epsilon
 
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
-        tensors = upload.tensors
-        check_counts(tensors)
-        counts = tensors["counts"]
+        tensors, parts = upload.tensors, check_counts(upload)
+        counts_name, sums_name = parts.named(0), parts.named(1)
+        counts = tensors[counts_name]
         noisy = torch.where(counts > 0, (counts + self.noise(counts, context.generator)).clamp(min=0), 0.0)
         scale = noisy / torch.where(counts > 0, counts, 1.0)
-        sums = tensors["sums"]
-        out = {**tensors, "counts": noisy, "sums": sums * scale.to(sums.dtype).unsqueeze(1)}
-        if "received" in tensors:
-            classes = tensors["blocks.0.classes"]
+        sums = tensors[sums_name]
+        out = {**tensors, counts_name: noisy, sums_name: sums * scale.to(sums.dtype).unsqueeze(1)}
+        if parts.rows is not None:
+            rows = parts.rows
+            classes = tensors[rows.classes]
             sent = noisy[classes] > 0
-            out.update({"received": (noisy > 0).to(counts.dtype), "blocks.0.counts": noisy[classes],
-                        "blocks.0.means": torch.where(sent.unsqueeze(1), tensors["blocks.0.means"], 0.0)})
+            out.update({rows.per_class: (noisy > 0).to(counts.dtype), rows.counts: noisy[classes],
+                        rows.means: torch.where(sent.unsqueeze(1), tensors[rows.means], 0.0)})
         return fedray.Upload(out, upload.weight)
 
 
-def check_counts(tensors: fedray.Params) -> None:
-    """That ``tensors`` are FedNCM's class sums or FedCOF's one mean per class held, else a one-line error naming them."""
+def check_counts(upload: fedray.Upload) -> fedray.UploadParts:
+    """The parts of ``upload`` if it is class counts and class sums (FedNCM's), or those with one mean row per class
+    held (FedCOF's), else a one-line error naming its tensors."""
+    tensors, parts = upload.tensors, upload.parts
     names = frozenset(tensors)
     what = f"an upload of {', '.join(tensors) or 'no tensors'}"
-    if names not in (CLASS_SUMS, MEAN_ROWS):
+    counted = parts is not None and parts.named(0) is not None and parts.named(1) is not None
+    rows = frozenset() if parts is None or parts.rows is None else parts.rows.names
+    if not counted or names != {parts.named(0), parts.named(1)} | rows:
         raise fedray.FedrayError(f"--postprocessor count-noise: {what} has no class counts to perturb; it applies to "
                                  f"fedncm's class sums and fedcof's class means (--means-per-class 1), not to Fed3R's "
                                  f"Gram matrix, covariances (fedcof-oracle, ccvr) or training updates")
-    counts, sums = tensors["counts"], tensors["sums"]
+    counts, sums = tensors[parts.named(0)], tensors[parts.named(1)]
     if counts.dtype != torch.float64 or counts.dim() != 1 or sums.dim() != 2 or len(sums) != len(counts):
         raise fedray.FedrayError(f"--postprocessor count-noise: {what} whose counts are not one float64 per class "
                                  f"(counts {tuple(counts.shape)}, sums {tuple(sums.shape)})")
-    if names == MEAN_ROWS:
-        classes = tensors["blocks.0.classes"]
+    if parts.rows is not None:
+        classes = tensors[parts.rows.classes]
         held = torch.nonzero(counts > 0).flatten()
-        if not torch.equal(torch.sort(classes).values, held) or not torch.equal(tensors["blocks.0.counts"], counts[classes]):
+        if not torch.equal(torch.sort(classes).values, held) or not torch.equal(tensors[parts.rows.counts],
+                                                                                counts[classes]):
             raise fedray.FedrayError("--postprocessor count-noise: fedcof's upload has several means for a class "
                                      "(--means-per-class > 1); it perturbs one count and mean per class held")
+    return parts

@@ -111,15 +111,8 @@ from fedray.postprocessors.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 PLACEMENTS = ("central", "distributed")
 UNITS = ("sample", "client")
 
-MEAN_ROWS = frozenset({"counts", "sums", "received", "blocks.0.classes", "blocks.0.counts", "blocks.0.means"})
-"""A FedCOF client's upload: its class totals, the means it sent per class, and its one block of (class, count, mean)
-rows."""
-MEAN_TOTALS = frozenset({"counts", "sums", "received"})
-"""What the server sums of FedCOF's uploads (the rows stay in the shards): post-processing of the released rows."""
-SENSITIVITY = {frozenset({"counts", "sums"}): {"counts": 0, "sums": 1},
-               frozenset({"gram", "targets"}): {"gram": 2, "targets": 1},
-               MEAN_ROWS: {"counts": 0, "sums": 1}}
-"""The uploads this postprocessor privatizes, each tensor's L2 sensitivity as a power of R (Δ = R^power)."""
+RELEASED_SUMS = 2
+"""A summed upload this postprocessor privatizes is two sums over samples (:func:`release` composes two mechanisms)."""
 NAME = "--postprocessor dp"
 
 
@@ -274,15 +267,16 @@ class GaussianMechanism(fedray.Postprocessor):
         norms = torch.linalg.vector_norm(features, dim=1, keepdim=True)
         return torch.where(norms > self.clip_norm, features * (self.clip_norm / norms), features)
 
-    def scales(self, tensors: fedray.Params) -> dict[str, float]:
-        """σ·Δ_t for each tensor of a FedNCM, Fed3R or FedCOF upload; a one-line error for any other."""
-        powers = SENSITIVITY.get(frozenset(tensors))
+    def scales(self, tensors: fedray.Params, parts: fedray.UploadParts | None) -> dict[str, float]:
+        """σ·Δ_t for each tensor of an upload of two sums over samples of declared degree (FedNCM's, Fed3R's), or of
+        per-client rows beside their class counts and sums (FedCOF's); a one-line error for any other."""
+        powers = sensitivities(tensors, parts)
         if powers is None:
             raise fedray.FedrayError(
                 f"{NAME}: an upload of {', '.join(tensors) or 'no tensors'} is not supported; sample-level DP covers "
                 f"fedncm's class sums, fed3r's ZᵀZ, ZᵀY and fedcof's mean rows (--means-per-class 1); covariances "
                 f"(fedcof-oracle, ccvr) are not, and training updates need --postprocessor dp-fedavg")
-        if frozenset(tensors) == MEAN_ROWS:
+        if parts.rows is not None:
             if self.client_samples is not None:
                 raise fedray.FedrayError(
                     f"{NAME}: dp_unit=client with fedcof: its mean rows reach the server client by client, so whether "
@@ -293,38 +287,41 @@ class GaussianMechanism(fedray.Postprocessor):
         return {name: self.noise * bound * self.clip_norm**power for name, power in powers.items()}
 
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
-        scales = self.scales(upload.tensors)
-        width = upload.tensors["sums"].shape[1] if "sums" in upload.tensors else upload.tensors["gram"].shape[0]
-        if width != self.clipped_width:
+        tensors, parts = upload.tensors, upload.parts
+        scales = self.scales(tensors, parts)
+        width = next((width for width in feature_widths(tensors, parts) if width != self.clipped_width), None)
+        if width is not None:
             raise fedray.FedrayError(f"{NAME}: statistics of width {width} from clipped features of width "
                                      f"{self.clipped_width}: a bias column (fed3r --bias) or a feature map (fed3r-rf) "
                                      f"the clip does not bound; run without them")
-        if frozenset(upload.tensors) == MEAN_ROWS:
-            check_mean_rows(upload.tensors, self.placement)
+        if parts.rows is not None:
+            check_mean_rows(tensors, parts, self.placement)
             if self.rows_noise == 0:
                 return upload
-            return fedray.Upload(released_rows(upload.tensors, scales, self.threshold(), context.generator), upload.weight)
+            return fedray.Upload(released_rows(tensors, parts, scales, self.threshold(), context.generator),
+                                 upload.weight)
         if self.placement == "central" or self.noise == 0:
             return upload
         share = 1 / math.sqrt(context.sampling.per_round)
-        return fedray.Upload(noisy(upload.tensors, {name: scale * share for name, scale in scales.items()},
+        return fedray.Upload(noisy(tensors, parts, {name: scale * share for name, scale in scales.items()},
                                    context.generator), upload.weight)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
-        if frozenset(total) == MEAN_TOTALS:
+        parts = context.parts
+        if parts is not None and parts.rows is not None:
             return self.rows_released(total)
-        scales = self.scales(total)
+        scales = self.scales(total, parts)
         if self.noise == 0:
             fedray.report(dp_epsilon=math.inf, dp_delta=self.delta)
             return total
         if self.placement == "central":
-            total, multiplier = noisy(total, scales, context.generator), self.noise
+            total, multiplier = noisy(total, parts, scales, context.generator), self.noise
         else:
             multiplier = self.noise * math.sqrt(context.clients / context.sampling.per_round)
         spent = max(epsilon(multiplier, self.delta, self.kind), float(self.state.get("dp_epsilon", 0.0)))
         self.state = {"dp_epsilon": torch.tensor(spent, dtype=torch.float64)}
         fedray.report(dp_epsilon=spent, dp_delta=self.delta)
-        return well_defined(total)
+        return well_defined(total, parts)
 
     def rows_released(self, total: fedray.Params) -> fedray.Params:
         """FedCOF's block totals, sums of the released rows (post-processing): reported, not changed. Each client noised
@@ -334,57 +331,83 @@ class GaussianMechanism(fedray.Postprocessor):
         return total
 
 
-def check_mean_rows(tensors: fedray.Params, placement: str) -> None:
+def sensitivities(tensors: fedray.Params, parts: fedray.UploadParts | None) -> dict[str, int] | None:
+    """Each released tensor's L2 sensitivity as a power of R (Δ = R^power: a sum over samples of degree ``power``):
+    the class counts and sums of an upload of per-client rows, or the two sums of a summed upload; None for any other
+    (undeclared parts, sums of unknown degree, another number of sums)."""
+    if parts is None:
+        return None
+    if parts.rows is not None:
+        released = {parts.named(0): 0, parts.named(1): 1}
+        names = parts.rows.names | released.keys()
+        return released if frozenset(tensors) == names else None
+    powers = {name: parts.of(name).degree for name in tensors}
+    return powers if len(powers) == RELEASED_SUMS and None not in powers.values() else None
+
+
+def feature_widths(tensors: fedray.Params, parts: fedray.UploadParts) -> list[int]:
+    """The width of the features each sum of ``tensors`` is of, where its parts declare it."""
+    axes = {name: part.width_axis for name, part in parts.sums.items() if part.width_axis is not None}
+    return [tensors[name].shape[axis] for name, axis in axes.items() if name in tensors]
+
+
+def check_mean_rows(tensors: fedray.Params, parts: fedray.UploadParts, placement: str) -> None:
     """That a FedCOF upload has one mean row per class held and the noise is the client's, else a one-line error."""
     if placement == "central":
         raise fedray.FedrayError(f"{NAME}: fedcof's mean rows reach the server client by client, not summed, so a "
                                  f"server's noise would come after they are seen: use dp_placement=distributed")
-    classes, counts = tensors["blocks.0.classes"], tensors["counts"]
+    classes, counts = tensors[parts.rows.classes], tensors[parts.named(0)]
     held = torch.nonzero(counts > 0).flatten()
-    if not torch.equal(classes, held) or not torch.equal(tensors["blocks.0.counts"], counts[classes]):
+    if not torch.equal(classes, held) or not torch.equal(tensors[parts.rows.counts], counts[classes]):
         raise fedray.FedrayError(f"{NAME}: fedcof's upload has several means for a class (--means-per-class > 1), "
                                  f"whose split moves with every sample; it privatizes one mean row per class held")
 
 
-def released_rows(tensors: fedray.Params, scales: dict[str, float], threshold: float,
+def released_rows(tensors: fedray.Params, parts: fedray.UploadParts, scales: dict[str, float], threshold: float,
                   generator: torch.Generator) -> fedray.Params:
     """A FedCOF client's rows under the Gaussian mechanism with thresholding: for each row (class c, in the order of
-    ``blocks.0.classes``), ñ = n_c + N(0, scales["counts"]²) (r draws), then s̃ = Σz + N(0, scales["sums"]²) (r × d
-    draws), n_c and Σz being the client's class totals; a row is released when ñ ≥ ``threshold``, as (c, ñ, s̃/ñ), and
-    otherwise kept in its place with count 0 and mean 0 (no weight in FedCOF's solve). The class totals and ``received``
-    are those of the released rows."""
-    classes, counts, sums = tensors["blocks.0.classes"], tensors["counts"], tensors["sums"]
-    count = counts[classes] + scales["counts"] * torch.randn(len(classes), generator=generator, dtype=torch.float64)
-    total = sums[classes] + scales["sums"] * torch.randn(sums[classes].shape, generator=generator, dtype=torch.float64)
+    its classes), ñ = n_c + N(0, σ_n²) (r draws), then s̃ = Σz + N(0, σ_s²) (r × d draws), n_c and Σz being the
+    client's class totals (its class counts and sums, noised at their ``scales`` σ_n and σ_s); a row is released
+    when ñ ≥ ``threshold``, as (c, ñ, s̃/ñ), and otherwise kept in its place with count 0 and mean 0 (no weight in
+    FedCOF's solve). The class totals and the rows per class (``received``) are those of the released rows."""
+    rows, counts_name, sums_name = parts.rows, parts.named(0), parts.named(1)
+    classes, counts, sums = tensors[rows.classes], tensors[counts_name], tensors[sums_name]
+    count = counts[classes] + scales[counts_name] * torch.randn(len(classes), generator=generator, dtype=torch.float64)
+    total = sums[classes] + scales[sums_name] * torch.randn(sums[classes].shape, generator=generator,
+                                                            dtype=torch.float64)
     released = count >= threshold
     count = torch.where(released, count, 0.0)
     total = torch.where(released.unsqueeze(1), total, 0.0)
     means = total / torch.where(released, count, 1.0).unsqueeze(1)
-    return {**tensors, "counts": torch.zeros_like(counts).index_copy(0, classes, count),
-            "sums": torch.zeros_like(sums).index_copy(0, classes, total.to(sums.dtype)),
-            "received": torch.zeros_like(tensors["received"]).index_copy(0, classes, released.to(counts.dtype)),
-            "blocks.0.counts": count, "blocks.0.means": means.to(tensors["blocks.0.means"].dtype)}
+    return {**tensors, counts_name: torch.zeros_like(counts).index_copy(0, classes, count),
+            sums_name: torch.zeros_like(sums).index_copy(0, classes, total.to(sums.dtype)),
+            rows.per_class: torch.zeros_like(tensors[rows.per_class]).index_copy(0, classes, released.to(counts.dtype)),
+            rows.counts: count, rows.means: means.to(tensors[rows.means].dtype)}
 
 
-def noisy(tensors: fedray.Params, scales: dict[str, float], generator: torch.Generator) -> fedray.Params:
-    """``tensors`` plus N(0, scale²) per entry, tensor after tensor in sorted name order; ``gram`` symmetric."""
+def noisy(tensors: fedray.Params, parts: fedray.UploadParts, scales: dict[str, float],
+          generator: torch.Generator) -> fedray.Params:
+    """``tensors`` plus N(0, scale²) per entry, tensor after tensor in sorted name order; a symmetric sum's (ZᵀZ's)
+    noise symmetric."""
     out = dict(tensors)
     for name in sorted(scales):
         value = tensors[name]
         draw = torch.randn(value.shape, generator=generator, dtype=torch.float64)
-        if name == "gram":
+        if parts.of(name).symmetric:
             draw = torch.triu(draw) + torch.triu(draw, 1).T
         out[name] = value + (scales[name] * draw).to(value.dtype)
     return out
 
 
-def well_defined(total: fedray.Params) -> fedray.Params:
-    """A noisy block sum the server can solve with: ZᵀZ projected onto the PSD cone, counts clamped at 0."""
+def well_defined(total: fedray.Params, parts: fedray.UploadParts) -> fedray.Params:
+    """A noisy block sum the server can solve with: a symmetric sum (ZᵀZ) projected onto the PSD cone, class counts
+    clamped at 0."""
     out = dict(total)
-    if "gram" in total:
-        values, vectors = torch.linalg.eigh(total["gram"])
-        projected = (vectors * values.clamp(min=0)) @ vectors.T
-        out["gram"] = (projected + projected.T) / 2
-    if "counts" in total:
-        out["counts"] = total["counts"].clamp(min=0)
+    for name, part in parts.sums.items():
+        if name in total and part.symmetric:
+            values, vectors = torch.linalg.eigh(total[name])
+            projected = (vectors * values.clamp(min=0)) @ vectors.T
+            out[name] = (projected + projected.T) / 2
+        elif name in total and part.by_class and part.degree == 0:
+            out[name] = total[name].clamp(min=0)
     return out

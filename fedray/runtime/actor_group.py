@@ -196,18 +196,17 @@ class Reduction:
 
 
 def tree_reduce(method: ray.ObjectRef | None, partials: list[tuple[ray.ObjectRef, Any]],
-                add: Callable[[Any, Any], Any] = operator.add) -> Reduction:
+                add: Callable[[Any, Any], Any] = operator.add, combine: str = "combine") -> Reduction:
     """Pairwise sums through object refs, in a fixed order, O(log actors) deep; the last one by ``add`` in the caller.
 
     Each pair but the last is combined by the actor that produced its left
-    operand (``actor.combine(method, a, b)``, which must add as ``add`` does),
+    operand (its method named ``combine``: ``actor.combine(method, a, b)``, which must add as ``add`` does),
     so the reduction needs no resources beyond the actors' own; the order of
     the sums is the same as if the actors did the last one too.
     """
     level = partials
     while len(level) > 2:
-        paired = [
-            (left[1].combine.remote(method, left[0], right[0]), left[1]) for left, right in zip(level[::2], level[1::2])
-        ]
+        paired = [(getattr(left[1], combine).remote(method, left[0], right[0]), left[1])
+                  for left, right in zip(level[::2], level[1::2])]
         level = paired + ([level[-1]] if len(level) % 2 else [])
     return Reduction(tuple(ref for ref, _ in level), add)

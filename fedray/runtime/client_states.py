@@ -53,9 +53,24 @@ Layout = dict[str, tuple[int, ...]]
 """A client's state as its tensors' shapes by name."""
 
 
+def meta_client_state(algorithm: FederatedAlgorithm, shapes: Layout) -> Params | None:
+    """The state ``algorithm`` makes for a client training float32 parameters of ``shapes``, made on PyTorch's meta
+    device (shapes and dtypes, no memory), for the memory estimate; None for a stateless algorithm, or one whose state
+    cannot be made there."""
+    if not algorithm.stateful:
+        return None
+    params = {name: torch.empty(shape, dtype=torch.float32, device="meta") for name, shape in shapes.items()}
+    try:
+        state = algorithm.init_client_state(params)
+    except Exception:  # a plugin's own code, run for real where it trains: here only the shapes are wanted
+        return None
+    tensors = isinstance(state, dict) and all(isinstance(value, torch.Tensor) for value in state.values())
+    return state if tensors else None  # a wrong state is refused where it trains, in one line
+
+
 def meta_layout(algorithm: FederatedAlgorithm, shapes: Layout) -> Layout | None:
     """The shapes of the state ``algorithm`` makes for parameters of ``shapes`` (None: stateless, or not known)."""
-    state = algorithm.meta_client_state(shapes)
+    state = meta_client_state(algorithm, shapes)
     return None if state is None else {name: tuple(value.shape) for name, value in state.items()}
 
 

@@ -54,6 +54,7 @@ from fedray.core.federation import STREAMED_ROWS, Federation
 from fedray.methods.evaluation import CHUNK
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.training.dual_form import dual_form
+from fedray.runtime.client_states import meta_client_state
 from fedray.runtime.kept import default_budget
 
 FLOAT32, FLOAT64, INT64 = 4, 8, 8
@@ -267,7 +268,7 @@ def _client_state_bytes(algorithm: FederatedAlgorithm, shapes: dict[str, tuple[i
     """
     if not algorithm.stateful:
         return 0
-    state = algorithm.meta_client_state(shapes)
+    state = meta_client_state(algorithm, shapes)
     if state is None:
         return sum(int(np.prod(shape)) * FLOAT32 for shape in shapes.values())
     return sum(value.numel() * value.element_size() for value in state.values())

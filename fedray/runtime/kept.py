@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedray.methods.base import ClosedFormMethod, floats_in
+from fedray.methods.base import floats_in
 
 KEPT_SHARE = 8
 """The shards filling a machine keep at most 1/KEPT_SHARE of its memory of parts between them (the rest is computed
@@ -24,16 +24,6 @@ def default_budget(cpus: float | None = None) -> int:
     share split among the actors of ``cpus`` CPUs each that fill the machine (the clients' states' budget)."""
     share = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // KEPT_SHARE
     return share if cpus is None or cpus <= 0 else int(share * min(1.0, cpus / (os.cpu_count() or 1)))
-
-
-@dataclass(frozen=True)
-class SecondPass:
-    """A method's second-pass sums as the tree reduction adds them (its ``combine``)."""
-
-    method: ClosedFormMethod
-
-    def combine(self, a: Any, b: Any) -> Any:
-        return self.method.combine_second(a, b)
 
 
 @dataclass

@@ -3,6 +3,7 @@ its dropped classes out of FedCOF's estimator; σ has the paper's three distribu
 draws the same noise on any shard layout, and at zero width is the plain run bit for bit; it refuses uploads without
 class counts."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from fedray.postprocessors.count_noise import ClassCountNoise
 
 DATASET = "synthetic:inat-geo-100?dim=24&scale=0.3&classes=20"
 SEED, ROUND = 7, 3
+NCM_PARTS, COF_PARTS = FedNCM(3, 6).upload_parts(), FedCOF(3, 6).upload_parts()
 
 
 def generator(seed: int, round_number: int, client: int) -> torch.Generator:
@@ -86,8 +88,8 @@ def test_a_clients_counts_are_the_documented_draws_and_its_sums_n_tilde_times_it
         scale = torch.tensor([float(m) / float(n) if n > 0 else 0.0 for m, n in zip(counts, stats.counts)],
                              dtype=torch.float64)
         sent = counts > 0
-        for out in (noisy(kind, epsilon).statistics(stats, client, ROUND),
-                    noisy(kind, epsilon).statistics(rows, client, ROUND)):
+        for out in (noisy(kind, epsilon).statistics(stats, client, ROUND, NCM_PARTS),
+                    noisy(kind, epsilon).statistics(rows, client, ROUND, COF_PARTS)):
             assert torch.equal(out.counts, counts)
             assert torch.equal(out.sums, stats.sums * scale.unsqueeze(1))
             assert torch.allclose(out.sums[sent] / counts[sent].unsqueeze(1),
@@ -126,7 +128,7 @@ def test_fedcofs_server_weights_each_mean_by_its_noisy_count_and_leaves_out_the_
     method, process, total = FedCOF(3, 6, gamma=0.1), noisy("laplace", 0.2), None
     sent = []
     for client in range(40):
-        out = process.statistics(mean_rows(client), client, ROUND)
+        out = process.statistics(mean_rows(client), client, ROUND, COF_PARTS)
         block = out.blocks[0]
         sent += [(int(c), float(n), m.numpy()) for c, n, m in zip(block.classes, block.counts, block.means) if n > 0]
         total = out if total is None else method.combine(total, out)
@@ -146,7 +148,7 @@ def drawn_noise(kind: str, epsilon: float, count: float = 1000.0) -> np.ndarray:
     """ñ − n over 200 clients × 50 classes of n = ``count`` each (never clipped at 0 for the noise tested here)."""
     counts = torch.full((50,), count, dtype=torch.float64)
     stats = ClassSums(counts, torch.ones(50, 2, dtype=torch.float64))
-    return np.concatenate([(noisy(kind, epsilon).statistics(stats, client, ROUND).counts - counts).numpy()
+    return np.concatenate([(noisy(kind, epsilon).statistics(stats, client, ROUND, NCM_PARTS).counts - counts).numpy()
                            for client in range(200)])
 
 
@@ -210,14 +212,52 @@ def test_uploads_without_class_counts_are_refused_naming_them(method, upload):
     stats = method.client_statistics(batch([0, 0, 1, 2, 2]))
     with pytest.raises(FedrayError, match=rf"^--postprocessor count-noise: an upload of {upload} has no class counts to "
                                           r"perturb; it applies to fedncm's class sums and fedcof's class means"):
-        noisy("laplace", 0.5).statistics(stats, 0, 1)
+        noisy("laplace", 0.5).statistics(stats, 0, 1, method.upload_parts())
+
+
+@dataclass
+class Tallies:
+    """FedNCM's statistics under other field names."""
+
+    seen: torch.Tensor
+    totals: torch.Tensor
+
+
+class RenamedNCM(FedNCM):
+    """A plugin whose statistics are FedNCM's under its own names, declared as class counts and sums."""
+
+    def client_statistics(self, batch):
+        stats = super().client_statistics(batch)
+        return Tallies(stats.counts, stats.sums)
+
+    def upload_parts(self):
+        return fedray.UploadParts({"seen": fedray.SampleSum(0, by_class=True),
+                                   "totals": fedray.SampleSum(1, by_class=True, width_axis=1)})
+
+
+class UndeclaredNCM(FedNCM):
+    """FedNCM's statistics, their parts not declared (the default: sums over samples, nothing more said)."""
+
+    def upload_parts(self):
+        return fedray.ClosedFormMethod.upload_parts(self)
+
+
+def test_the_upload_is_read_through_its_declared_parts_not_its_field_names():
+    stats = class_sums(4)
+    renamed = RenamedNCM(3, 6)
+    out = noisy("laplace", 0.2).statistics(Tallies(stats.counts, stats.sums), 4, ROUND, renamed.upload_parts())
+    assert torch.equal(out.seen, reference_counts("laplace", 0.2, stats.counts, 4))
+    assert torch.equal(out.totals, noisy("laplace", 0.2).statistics(stats, 4, ROUND, NCM_PARTS).sums)
+    with pytest.raises(FedrayError, match=r"^--postprocessor count-noise: an upload of counts, sums has no class "):
+        noisy("laplace", 0.2).statistics(stats, 4, ROUND, UndeclaredNCM(3, 6).upload_parts())
 
 
 def test_several_means_per_class_and_training_updates_are_refused():
-    stats = FedCOF(3, 4, means_per_class=2).client_statistics(batch([0, 0, 0, 0, 1, 2]))
+    method = FedCOF(3, 4, means_per_class=2)
+    stats = method.client_statistics(batch([0, 0, 0, 0, 1, 2]))
     with pytest.raises(FedrayError, match=r"^--postprocessor count-noise: fedcof's upload has several means for a class "
                                           r"\(--means-per-class > 1\)"):
-        noisy("uniform", 0.5).statistics(stats, 0, 1)
+        noisy("uniform", 0.5).statistics(stats, 0, 1, method.upload_parts())
     update = fedray.Upload({"W": torch.zeros(3, 4), "bias": torch.zeros(4)}, 5.0)
     with pytest.raises(FedrayError, match=r"^--postprocessor count-noise: an upload of W, bias has no class counts"):
         noisy("gaussian", 0.5).client(update, 0, 1)

@@ -21,6 +21,7 @@ from fedray.core.reports import reporting
 from fedray.engine.config import RunConfig, resolve
 from fedray.engine.plan import postprocessing
 from fedray.engine.run_config import run
+from fedray.methods import Fed3R, FedCOF, FedNCM
 from fedray.methods.base import ClientBatch
 from fedray.methods.fedcof import MeanBlock, MeanRows
 from fedray.methods.ncm import ClassSums
@@ -30,6 +31,7 @@ from fedray.postprocessors.dp import GaussianMechanism, calibrated, epsilon
 
 SPEC = "fedray.postprocessors.dp:GaussianMechanism"
 DATASET = "synthetic:inat-geo-100?dim=24&scale=0.3&classes=20"
+NCM_PARTS, RIDGE_PARTS, COF_PARTS = FedNCM(5, 4).upload_parts(), Fed3R(5, 4).upload_parts(), FedCOF(3, 4).upload_parts()
 
 
 def analytic_epsilon(mu: float, delta: float) -> float:
@@ -78,7 +80,7 @@ def test_the_clip_bounds_each_row_and_leaves_rows_within_it_bit_for_bit():
 KAPPA, NOISE, CLIP = 8, 1.3, 0.7
 
 
-def noise_draws(placement: str, upload, blocks: int = 300) -> dict[str, np.ndarray]:
+def noise_draws(placement: str, upload, parts: fedray.UploadParts, blocks: int = 300) -> dict[str, np.ndarray]:
     """The noise in ``blocks`` blocks' sums of κ zero uploads, by tensor name."""
     pipeline = Postprocessing((GaussianMechanism(clip_norm=CLIP, dp_delta=1e-5, dp_noise=NOISE, dp_placement=placement),),
                               seed=3).sampled(100, KAPPA, False)
@@ -88,10 +90,10 @@ def noise_draws(placement: str, upload, blocks: int = 300) -> dict[str, np.ndarr
     for block in range(blocks):
         total = None
         for client in range(KAPPA):
-            stats = pipeline.statistics(upload, block * KAPPA + client, block)
+            stats = pipeline.statistics(upload, block * KAPPA + client, block, parts)
             total = stats if total is None else type(stats)(*(a + b for a, b in zip(vars(total).values(), vars(stats).values())))
         with reporting({}):
-            noisy = pipeline.aggregate(total, block, KAPPA)
+            noisy = pipeline.aggregate(total, block, KAPPA, parts)
         for name, value in vars(noisy).items():
             draws.setdefault(name, []).append(value.numpy())
     return {name: np.stack(values) for name, values in draws.items()}
@@ -104,7 +106,7 @@ def test_central_and_distributed_noise_have_the_same_total_variance():
     ncm = ClassSums(torch.zeros(4, dtype=torch.float64), torch.zeros(4, 5, dtype=torch.float64))
     ridge = RidgeStatistics(torch.zeros(5, 5, dtype=torch.float64), torch.zeros(5, 4, dtype=torch.float64))
     for placement in ("central", "distributed"):
-        sums, gram = noise_draws(placement, ncm), noise_draws(placement, ridge, blocks=120)
+        sums, gram = noise_draws(placement, ncm, NCM_PARTS), noise_draws(placement, ridge, RIDGE_PARTS, blocks=120)
         expected = {"sums": NOISE * CLIP, "targets": NOISE * CLIP}
         for name, values in (("sums", sums["sums"]), ("targets", gram["targets"])):
             assert scipy.stats.kstest(values.ravel(), scipy.stats.norm(scale=expected[name]).cdf).pvalue > 1e-3
@@ -123,8 +125,8 @@ def test_the_gram_noise_is_symmetric_with_every_upper_entry_of_variance_sigma_r_
     from fedray.postprocessors.dp import noisy
     generator = torch.Generator().manual_seed(0)
     scale = NOISE * CLIP**2
-    draws = np.stack([noisy({"gram": torch.zeros(6, 6, dtype=torch.float64)}, {"gram": scale}, generator)["gram"].numpy()
-                      for _ in range(400)])
+    zeros = {"gram": torch.zeros(6, 6, dtype=torch.float64)}
+    draws = np.stack([noisy(zeros, RIDGE_PARTS, {"gram": scale}, generator)["gram"].numpy() for _ in range(400)])
     assert np.array_equal(draws, np.swapaxes(draws, 1, 2))
     upper = np.triu_indices(6, 1)
     for values in (draws[:, upper[0], upper[1]].ravel(), np.diagonal(draws, axis1=1, axis2=2).ravel()):
@@ -226,7 +228,7 @@ def test_fedcofs_rows_are_the_gaussian_mechanism_with_thresholding_written_out()
     pipeline = Postprocessing((GaussianMechanism(clip_norm=clip, dp_delta=delta, dp_noise=noise,
                                                  dp_placement="distributed"),), seed=5).sampled(100, 10, False)
     pipeline.features(torch.zeros(1, 3, dtype=torch.float64))
-    out = pipeline.statistics(stats, 17, 2)
+    out = pipeline.statistics(stats, 17, 2, COF_PARTS)
 
     generator = pipeline._generator(2, 17, 0)
     count = np.array([1.0, 3.0, 12.0, 7.0]) + noise * torch.randn(4, generator=generator, dtype=torch.float64).numpy()
@@ -318,7 +320,7 @@ def test_fedcofs_upload_is_refused_at_the_client_where_start_was_not_called(opti
                               seed=5).sampled(100, 10, False)
     pipeline.features(torch.zeros(1, 3, dtype=torch.float64))
     with pytest.raises(FedrayError, match=rf"^--postprocessor dp: {error}"):
-        pipeline.statistics(mean_rows([1, 2], [2.0, 3.0], np.ones((2, 3)), 4), 17, 2)
+        pipeline.statistics(mean_rows([1, 2], [2.0, 3.0], np.ones((2, 3)), 4), 17, 2, COF_PARTS)
 
 
 def test_fedcof_with_several_means_per_class_stops_at_its_first_upload(ray_session, tmp_path):
@@ -374,9 +376,10 @@ def test_the_noise_scale_is_sigma_times_the_units_sensitivity(unit, bound):
     Σ n_c ≤ m; ‖Σ z e_yᵀ‖_F ≤ Σ ‖z‖ ≤ mR; ‖Σ zzᵀ‖_F ≤ Σ ‖z‖² ≤ mR²)."""
     options = {"dp_unit": unit, "dp_client_samples": bound} if unit == "client" else {}
     mechanism = GaussianMechanism(clip_norm=1.5, dp_delta=1e-5, dp_noise=2.0, **options)
-    assert mechanism.scales({"counts": None, "sums": None}) == {"counts": 2.0 * bound, "sums": 2.0 * bound * 1.5}
-    assert mechanism.scales({"gram": None, "targets": None}) == {"gram": 2.0 * bound * 1.5**2,
-                                                                 "targets": 2.0 * bound * 1.5}
+    assert mechanism.scales({"counts": None, "sums": None}, NCM_PARTS) == {"counts": 2.0 * bound,
+                                                                            "sums": 2.0 * bound * 1.5}
+    assert mechanism.scales({"gram": None, "targets": None}, RIDGE_PARTS) == {"gram": 2.0 * bound * 1.5**2,
+                                                                              "targets": 2.0 * bound * 1.5}
 
 
 def test_a_client_level_run_bounds_each_client_and_without_noise_and_bound_is_the_plain_run(ray_session, tmp_path):
@@ -413,12 +416,33 @@ def test_training_updates_are_refused_before_any_work():
         pipeline.start(told)
 
 
+def test_an_upload_is_read_through_its_declared_parts_not_its_field_names():
+    """Fed3R's statistics under other names (in the same sorted order, the order of the draws), declared as its sums,
+    get Fed3R's noise bit for bit, client and server side; the same tensors undeclared (the default: sums of unknown
+    degree) are refused on the first upload."""
+    moments = {"outer": fedray.SampleSum(2, symmetric=True, width_axis=0), "scores": fedray.SampleSum(1, width_axis=0)}
+    renamed = fedray.UploadParts(moments)
+    stats = RidgeStatistics(torch.eye(5, dtype=torch.float64), torch.ones(5, 4, dtype=torch.float64))
+    for placement in ("central", "distributed"):
+        pipeline = Postprocessing((GaussianMechanism(clip_norm=CLIP, dp_delta=1e-5, dp_noise=NOISE,
+                                                     dp_placement=placement),), seed=3).sampled(100, KAPPA, False)
+        pipeline.features(torch.zeros(1, 5, dtype=torch.float64))
+        plain = pipeline.statistics(stats, 4, 1, RIDGE_PARTS)
+        own = pipeline.statistics({"outer": stats.gram, "scores": stats.targets}, 4, 1, renamed)
+        assert torch.equal(own["outer"], plain.gram) and torch.equal(own["scores"], plain.targets)
+        with reporting({}):
+            plain, own = pipeline.aggregate(plain, 1, KAPPA, RIDGE_PARTS), pipeline.aggregate(own, 1, KAPPA, renamed)
+        assert torch.equal(own["outer"], plain.gram) and torch.equal(own["scores"], plain.targets)
+    with pytest.raises(FedrayError, match=r"^--postprocessor dp: an upload of gram, targets is not supported"):
+        pipeline.statistics(stats, 4, 1, fedray.UploadParts())
+
+
 def test_a_bias_column_the_clip_does_not_bound_is_refused():
     pipeline = Postprocessing((GaussianMechanism(clip_norm=1.0, dp_delta=1e-5, dp_noise=1.0),), seed=0)
     pipeline.features(torch.zeros(3, 5, dtype=torch.float64))
     stats = RidgeStatistics(torch.zeros(6, 6, dtype=torch.float64), torch.zeros(6, 2, dtype=torch.float64))
     with pytest.raises(FedrayError, match=r"^--postprocessor dp: statistics of width 6 from clipped features of width 5"):
-        pipeline.statistics(stats, 0, 1)
+        pipeline.statistics(stats, 0, 1, RIDGE_PARTS)
 
 
 @pytest.mark.parametrize("options, error", [

@@ -33,7 +33,7 @@ from fedray.methods.algorithm import Population
 from fedray.methods.base import single_threaded
 from fedray.methods.training_algorithms import FedAvg, FedProx, Scaffold
 from fedray.data.images.decode import ImageTransform, load_image
-from fedray.runtime.shards import gather_rows
+from fedray.runtime.shard_rows import gather_rows
 from tests.images import write_inat_split
 
 SIZE, SEED, HEAD_SEED, BACKBONE, DIM = 64, 5, 9, "squeezenet1_1", 512

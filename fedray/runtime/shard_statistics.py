@@ -1,0 +1,116 @@
+"""A shard's closed-form job: the statistics of its uploading clients, summed in the shard, and a method's second pass.
+
+Per block of rounds the driver sends the numbers of the clients that upload in
+that block; the shard gathers their rows and computes the block's statistics in
+one call (for Fed3R: one GEMM), so Ray's overhead scales with shards ×
+evaluation points, not with clients or rounds. What a method keeps in the
+shards for its second pass (FedCOF's received means) stays here
+(:mod:`fedray.runtime.kept`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from fedray.core.errors import FedrayError
+from fedray.methods.base import ClientBatch, ClosedFormMethod, floats_in
+from fedray.methods.checks import combine_checked
+from fedray.methods.postprocessor import Postprocessing
+from fedray.runtime.actor_group import combine_partials
+from fedray.runtime.kept import KeptParts
+from fedray.runtime.shard_rows import HeldRows
+
+
+class ShardStatistics:
+    """The closed-form statistics of the clients of ``rows``, and what methods keep of them within ``kept``'s budget."""
+
+    def __init__(self, rows: HeldRows, kept: KeptParts) -> None:
+        self.rows = rows
+        self.kept = kept
+
+    def statistics(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None = None,
+                   rounds: np.ndarray | None = None, keep: tuple[str, int] | None = None) -> Any:
+        """Statistics summed over ``clients`` (global numbers, in upload order; ``rounds``: when each uploads); None if
+        there are none. With a postprocessor that sees each client's upload, client by client through it, summed in
+        that order if it changed any (else the batched statistics, bit for bit those of a run without it).
+
+        ``keep`` (run token, block tag): what the method keeps in the shards (``kept_in_shards``) stays here for
+        :meth:`second_pass`, and only the rest is returned.
+        """
+        if not len(clients):
+            return None
+        per_client = postprocessing is not None and postprocessing.per_client
+        total, kept, size = None, [], 0
+        for stats in self._uploads(method, clients, postprocessing if per_client else None, rounds):
+            if keep is not None:
+                stats, part = method.kept_in_shards(stats)
+                if kept is not None:
+                    kept.append(part)
+                    size += 8 * floats_in([part])
+                    if not per_client and not self.kept.fits(size):
+                        kept = None  # dropped run by run, never held whole: the second pass computes this block again
+            total = stats if total is None else combine_checked(method, total, stats)
+        if keep is not None and kept is not None and any(part is not None for part in kept):
+            self.kept.add(*keep, kept, must_keep=per_client)
+        return total
+
+    def _uploads(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None,
+                 rounds: np.ndarray | None) -> Iterator[Any]:
+        """The statistics of ``clients``, as one sum (through ``postprocessing``'s client hooks, if given), or as
+        one per run of clients where the shard streams its features (their sum is the clients'); each client's rows
+        through ``postprocessing``'s selection and feature hooks either way (a selection of every row and a feature map
+        that changes no row change no bit)."""
+        round_of = {} if rounds is None else dict(zip(clients.tolist(), rounds.tolist()))
+
+        def batch(rows: np.ndarray) -> ClientBatch:
+            batch = self.rows.batch(rows, method.features_dtype)
+            if postprocessing is None:
+                return batch
+            batch = postprocessing.selected(batch, [round_of[client] for client in rows.tolist()])
+            return replace(batch, features=postprocessing.features(batch.features))
+
+        if postprocessing is not None:
+            uploads = ((client, number, method.client_statistics(batch(np.array([client]))))
+                       for client, number in zip(clients.tolist(), rounds.tolist()))
+            total = postprocessing.client_sum(uploads, partial(combine_checked, method), method.upload_parts())
+            if total is not None:
+                yield total
+                return
+        for run in self.rows.runs(clients):
+            yield method.client_statistics(batch(run))
+
+    def second_pass(self, method: ClosedFormMethod, request: Any, token: str, uploads: list[tuple[int, np.ndarray]],
+                    per_client: bool) -> Any:
+        """``method``'s second pass over what its run (``token``) kept here from the blocks ``uploads`` ((tag, this
+        shard's clients that uploaded in it), in order): one ``second_pass`` per kept part, added in order. A part not
+        kept (over the budget, or lost when Ray restarted this shard) is computed again from its clients' rows."""
+        total = None
+        for tag, clients in uploads:
+            parts = self.kept.parts(token, tag)
+            if parts is None and len(clients):
+                if per_client:
+                    raise FedrayError(f"a restarted shard lost the uploads {method.name or type(method).__name__} kept "
+                                      f"in it, which a per-client postprocessor changed: run it again")
+                parts = (method.kept_in_shards(stats)[1] for stats in self._uploads(method, clients, None, None))
+            for part in parts or ():
+                total = combine_partials(total, method.second_pass(request, part), method.combine_second)
+        return total
+
+    def forget(self, token: str) -> None:
+        """Drop what run ``token`` kept here."""
+        self.kept.forget(token)
+
+
+def add_statistics(method: ClosedFormMethod, a: Any, b: Any) -> Any:
+    """Two shards' statistics (None: nothing) added as ``method`` adds them, their shapes checked."""
+    return combine_partials(a, b, partial(combine_checked, method))
+
+
+def add_second(method: ClosedFormMethod, a: Any, b: Any) -> Any:
+    """Two shards' second-pass sums (None: nothing) added as ``method`` adds them."""
+    return combine_partials(a, b, method.combine_second)
