@@ -132,9 +132,14 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
 def summary_line(config: RunConfig, last: dict) -> str:
     """The line a finished run prints: its last row's test accuracy (and the stage that row is of), rounds, clients
-    seen, upload."""
+    seen, upload, and where it wrote them: ``--out`` as given, or, inside Ray's copy of a job's ``--working-dir``
+    (``ray job submit``), its absolute path on a second line saying so (:func:`~fedray.runtime.session.where_written`)."""
+    from fedray.runtime.session import where_written
+
+    folder, note = where_written(config.out)
     return (f"{what_ran(config)} on {config.dataset}: test accuracy {last['accuracy']:.4f} (stage {last['stage']}) after "
-            f"{last['round']} rounds, {last['clients_seen']} clients seen, {last['bytes_up'] / 1e6:.1f} MB up → {config.out}")
+            f"{last['round']} rounds, {last['clients_seen']} clients seen, {last['bytes_up'] / 1e6:.1f} MB up → "
+            + (config.out if note is None else f"{folder}\nnote: {note}"))
 
 
 def what_ran(config: RunConfig) -> str:

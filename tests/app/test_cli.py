@@ -114,6 +114,23 @@ def test_the_summary_line_says_the_accuracy_is_the_tests_and_of_which_stage():
                                           f"40 clients seen, 2.5 MB up → results/x")
 
 
+def test_the_summary_line_of_a_job_names_the_folder_in_rays_copy_of_its_working_dir(tmp_path, monkeypatch):
+    """``ray job submit --working-dir .`` runs ``fedray run --out results/x`` in Ray's unpacked copy on the head."""
+    from fedray.app.cli import summary_line
+    from fedray.engine.config import resolve
+
+    copy = tmp_path / "session_latest" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123abcd"
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    config = resolve({}, {"method": "fed3r", "dataset": SPEC, "out": "results/x"})
+    last = {"accuracy": 0.5, "stage": "closed_form", "round": 3, "clients_seen": 30, "bytes_up": 1e6}
+    assert summary_line(config, last) == (
+        f"fed3r on {SPEC}: test accuracy 0.5000 (stage closed_form) after 3 rounds, 30 clients seen, 1.0 MB up → "
+        f"{copy}/results/x\nnote: {copy}/results/x is inside Ray's copy of the job's --working-dir on the node that ran "
+        "it (not where the job was sent from), removed with Ray's session files: give an absolute --out on storage you "
+        "can read to keep the results")
+
+
 # --- data info / export ------------------------------------------------------------------------------------
 
 
