@@ -303,8 +303,8 @@ class GaussianMechanism(fedray.Postprocessor):
         if self.placement == "central" or self.noise == 0:
             return upload
         share = 1 / math.sqrt(context.sampling.per_round)
-        return fedray.Upload(noisy(tensors, parts, {name: scale * share for name, scale in scales.items()},
-                                   context.generator), upload.weight)
+        return fedray.Upload(noisy(tensors, {name: scale * share for name, scale in scales.items()}, context.generator,
+                                   parts), upload.weight)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         parts = context.parts
@@ -315,7 +315,7 @@ class GaussianMechanism(fedray.Postprocessor):
             fedray.report(dp_epsilon=math.inf, dp_delta=self.delta)
             return total
         if self.placement == "central":
-            total, multiplier = noisy(total, parts, scales, context.generator), self.noise
+            total, multiplier = noisy(total, scales, context.generator, parts), self.noise
         else:
             multiplier = self.noise * math.sqrt(context.clients / context.sampling.per_round)
         spent = max(epsilon(multiplier, self.delta, self.kind), float(self.state.get("dp_epsilon", 0.0)))
@@ -385,15 +385,15 @@ def released_rows(tensors: fedray.Params, parts: fedray.UploadParts, scales: dic
             rows.counts: count, rows.means: means.to(tensors[rows.means].dtype)}
 
 
-def noisy(tensors: fedray.Params, parts: fedray.UploadParts, scales: dict[str, float],
-          generator: torch.Generator) -> fedray.Params:
-    """``tensors`` plus N(0, scale²) per entry, tensor after tensor in sorted name order; a symmetric sum's (ZᵀZ's)
-    noise symmetric."""
+def noisy(tensors: fedray.Params, scales: dict[str, float], generator: torch.Generator,
+          parts: fedray.UploadParts | None = None) -> fedray.Params:
+    """``tensors`` plus N(0, scale²) per entry, tensor after tensor in sorted name order; a symmetric sum's (ZᵀZ's, as
+    ``parts`` declares it) noise symmetric. A training update (``parts`` None) has no symmetric part."""
     out = dict(tensors)
     for name in sorted(scales):
         value = tensors[name]
         draw = torch.randn(value.shape, generator=generator, dtype=torch.float64)
-        if parts.of(name).symmetric:
+        if parts is not None and parts.of(name).symmetric:
             draw = torch.triu(draw) + torch.triu(draw, 1).T
         out[name] = value + (scales[name] * draw).to(value.dtype)
     return out

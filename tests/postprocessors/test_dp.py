@@ -126,7 +126,7 @@ def test_the_gram_noise_is_symmetric_with_every_upper_entry_of_variance_sigma_r_
     generator = torch.Generator().manual_seed(0)
     scale = NOISE * CLIP**2
     zeros = {"gram": torch.zeros(6, 6, dtype=torch.float64)}
-    draws = np.stack([noisy(zeros, RIDGE_PARTS, {"gram": scale}, generator)["gram"].numpy() for _ in range(400)])
+    draws = np.stack([noisy(zeros, {"gram": scale}, generator, RIDGE_PARTS)["gram"].numpy() for _ in range(400)])
     assert np.array_equal(draws, np.swapaxes(draws, 1, 2))
     upper = np.triu_indices(6, 1)
     for values in (draws[:, upper[0], upper[1]].ravel(), np.diagonal(draws, axis1=1, axis2=2).ravel()):
