@@ -40,9 +40,12 @@ TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 @dataclass(frozen=True)
 class Unset:
     """What an option's ``None`` default means, for ``--help``:
-    ``Annotated[int | None, "help", Unset("the feature dim")]``."""
+    ``Annotated[int | None, "help", Unset("the feature dim")]``; for an option of several built-in classes, or of
+    one that not every run builds, what the run's ``None`` means until its class fills in its own default."""
 
     meaning: str
+    shared_help: str | None = None
+    """The run's help of an option that several classes declare each with its own help (each saying its default)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class Option:
     unset: str | None = None
     """What a ``None`` default means (:class:`Unset`)."""
     metavar: str | None = None
+    shared_help: str | None = None
+    """:attr:`Unset.shared_help`."""
 
     def describe(self) -> str:
         kind = self.type.__name__ + (" | None" if self.optional else "")
@@ -155,9 +160,10 @@ def option_from_hint(owner: str, name: str, hint: object, default: object, help_
     if kind not in TYPES:
         raise TypeError(f"{owner} must be int, float, bool or str, got {kind!r}")
     annotated_help = next((extra for extra in extras if isinstance(extra, str)), "")
-    unset = next((extra.meaning for extra in extras if isinstance(extra, Unset)), None)
+    unset = next((extra for extra in extras if isinstance(extra, Unset)), None)
     metavar = next((extra.text for extra in extras if isinstance(extra, Metavar)), None)
-    return Option(name, kind, default, help_text or annotated_help, optional, choices, unset, metavar)
+    return Option(name, kind, default, help_text or annotated_help, optional, choices,
+                  None if unset is None else unset.meaning, metavar, None if unset is None else unset.shared_help)
 
 
 def _unwrap(hint: object) -> tuple[object, tuple, bool]:

@@ -66,12 +66,13 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from fedray.core.errors import FedrayError
+from fedray.core.options import Option
 from fedray.core.plugins import is_plugin, load_class, registered
 from fedray.methods.algorithm import Params, Upload
 from fedray.methods.base import ClientBatch
@@ -170,6 +171,17 @@ class Postprocessor:
     default_sampling: str | None = None
     """The ``--sampling`` a training run with this postprocessor takes when it gives none and Poisson sampling applies
     to it (None: the run's own default). DP-FedAvg's is ``poisson``, the sampling its usual ε is stated for."""
+
+    flags: ClassVar[tuple[Option, ...]] = ()
+    """Run options (``fedray run`` flags, YAML and sweep keys, metrics columns) that add a registered postprocessor
+    (``--postprocessor`` NAME) to a run when one is set to other than its default: after the run's own
+    ``--postprocessor`` list and before those :attr:`added_last`, unless one of the run's takes them already. Those it
+    declares in its constructor too are its options, which the flags set (DP's ``--clip-norm``, ``--dp-*``)."""
+    training_counterpart: ClassVar[str | None] = None
+    """The registered postprocessor that :attr:`flags` add to a run that trains instead of this one, when this one
+    treats closed-form statistics and that one training updates (dp's is dp-fedavg); None: this one."""
+    added_last: ClassVar[bool] = False
+    """Whether :attr:`flags` add it after every other postprocessor (secure aggregation sums what they made)."""
 
     @property
     def per_client(self) -> bool:

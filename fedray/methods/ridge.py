@@ -17,6 +17,7 @@ import torch
 from fedray.core.accounting import PaperCosts
 from fedray.core.federation import Federation
 from fedray.core.errors import FedrayError
+from fedray.core.options import Unset
 from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, column_norms, gram, spd_solve
 from fedray.methods.upload_parts import SampleSum, UploadParts
 
@@ -27,6 +28,8 @@ class RidgeStatistics:
     targets: torch.Tensor
 
 
+PROBE_METHOD = "fed3r"
+"""The closed form of --probe-ridge."""
 RIDGE_SUMS = UploadParts({"gram": SampleSum(2, symmetric=True, width_axis=0), "targets": SampleSum(1, width_axis=0)})
 """ZᵀZ (p × p) and ZᵀY (p × C) over the design's rows (p: its width, the features' d for Fed3R without a bias)."""
 
@@ -145,7 +148,9 @@ class Fed3RRandomFeatures(Fed3R):
         self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01,
         bias: Annotated[bool, "fit a bias: a ones column, regularized by λ too"] = False,
         rf_dim: Annotated[int, "random features D"] = 5000,
-        rf_sigma: Annotated[float | None, "RBF bandwidth σ; None: √d"] = None, seed: int = 0,
+        rf_sigma: Annotated[float | None, "RBF bandwidth σ; None: √d", Unset(
+            "√d, about the distance between samples of unit-spread features; the Fed3R paper used 1000 on MobileNetV2 "
+            "features")] = None, seed: int = 0,
     ) -> None:
         super().__init__(dim, num_classes, lam, bias)
         rf_sigma = math.sqrt(dim) if rf_sigma is None else rf_sigma

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 
@@ -52,6 +52,9 @@ def sphere_logits(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 class SphereHead:
     """SphereFed's head (``--head sphere``): an l × d projection onto the sphere before the fixed classifier, trained
     with its loss, then calibrated by FFC."""
+
+    calibration_method: ClassVar[str] = "ffc"
+    """The closed form that calibrates SphereFed's head after training."""
 
     sphere_dim: Annotated[int | None, "dimension l of the sphere", Unset("the feature dim")] = None
     sphere_loss: Annotated[Literal["mse", "ce"], "mse (SphereFed's) or ce at --temperature"] = "mse"

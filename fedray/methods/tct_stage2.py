@@ -52,6 +52,8 @@ from fedray.core.numeric_options import check_positive
 from fedray.core.options import Unset
 from fedray.methods.base import gram, single_threaded, spd_solve
 
+TCT = "tct"
+"""TCT's ``--method`` name: its stage 1 a training algorithm (``--base``), its stage 2 this."""
 STD_FLOOR = 1e-8
 """Smallest standard deviation a coordinate is divided by (see ``Moments.normalization``)."""
 

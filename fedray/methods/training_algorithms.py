@@ -16,6 +16,7 @@ from typing import Annotated
 import torch
 
 from fedray.methods.algorithm import Aggregate, ClientRound, FederatedAlgorithm, Params, Population, Upload
+from fedray.core.options import Unset
 from fedray.core.plugins import load_class, registered
 
 CONTROL = "control."
@@ -47,7 +48,7 @@ class FedProx(FederatedAlgorithm):
     """FedProx (Li et al., MLSys 2020): local SGD on the loss + (μ/2)‖θ − θ⁰‖², θ⁰ the model received."""
 
     name = "fedprox"
-    prox_mu: Annotated[float, "proximal weight μ"] = DEFAULT_PROX_MU
+    prox_mu: Annotated[float, "proximal weight μ", Unset(f"{DEFAULT_PROX_MU} with fedprox")] = DEFAULT_PROX_MU
 
     def correct_gradient(self, name: str, gradient: torch.Tensor, value: torch.Tensor, client: ClientRound) -> None:
         """+ μ(θ − θ⁰), rounded before it is added, as autograd adds the gradient of the term written in the loss."""

@@ -99,14 +99,17 @@ from __future__ import annotations
 import math
 from functools import cache, cached_property
 from statistics import NormalDist
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import dp_accounting
 import torch
 
 import fedray
+from fedray.core.options import Option
 from fedray.postprocessors import accounting
 from fedray.postprocessors.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 PLACEMENTS = ("central", "distributed")
 UNITS = ("sample", "client")
@@ -114,10 +117,31 @@ UNITS = ("sample", "client")
 RELEASED_SUMS = 2
 """A summed upload this postprocessor privatizes is two sums over samples (:func:`release` composes two mechanisms)."""
 NAME = "--postprocessor dp"
+FLAGS = (
+    Option("clip_norm", float, None, "differential privacy (docs/privacy.md): each sample's features clipped to norm "
+           "≤ R (a training method: each client's update). Any --clip-norm or --dp-* adds --postprocessor dp "
+           "(dp-fedavg for a training method) after yours and before secagg, with these as its options", optional=True,
+           unset="no DP", metavar="R"),
+    Option("dp_unit", str, None, "what DP protects: one sample, or all of one client's data", optional=True,
+           choices=UNITS, unset="the DP postprocessor's own, sample for dp"),
+    Option("dp_epsilon", float, None, "DP budget ε at --dp-delta: the noise is calibrated to it (or give --dp-noise); "
+           "the rows' dp_epsilon is the ε spent", optional=True, unset="none: give --dp-noise", metavar="EPSILON"),
+    Option("dp_delta", float, None, "δ of the (ε, δ) guarantee, below 1/samples (e.g. 1e-5); required with DP",
+           optional=True, unset="none", metavar="DELTA"),
+    Option("dp_noise", float, None, "DP noise multiplier σ (the noise's std is σ × the sensitivity), ε computed (with "
+           "--dp-epsilon: σ is used, and must meet it); 0: no noise, ε = ∞", optional=True,
+           unset="calibrated to --dp-epsilon (config.yaml and the rows record it)", metavar="SIGMA"),
+    Option("dp_placement", str, None, "who adds the DP noise: the server, to each aggregate, or each client its share "
+           "σ/√κ", optional=True, choices=PLACEMENTS, unset="the DP postprocessor's own, central for dp"),
+)
+"""The DP flags (``--clip-norm``, ``--dp-*``): any of them set adds ``dp`` to a closed-form run and ``dp-fedavg`` to a
+training run, with their values as its options (by these names, which both declare)."""
 
 
 def release(noise: float) -> dp_accounting.DpEvent:
     """One client's upload as the accountant sees it: two tensors, each a Gaussian mechanism of multiplier ``noise``."""
+    import dp_accounting
+
     return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(noise)] * 2)
 
 
@@ -170,6 +194,9 @@ class GaussianMechanism(fedray.Postprocessor):
     """(ε, δ)-DP for FedNCM, Fed3R and FedCOF (sample level) or FedNCM and Fed3R (client level: at most m samples a
     client): features clipped to R, Gaussian noise σ·Δ on each released sum (FedCOF: on each mean row's count and sum,
     a row released above a threshold)."""
+
+    flags = FLAGS
+    training_counterpart = "dp-fedavg"
 
     def __init__(self, clip_norm: Annotated[float | None, "R: each sample's features clipped to norm ≤ R (required)"] = None,
                  dp_delta: Annotated[float | None, "δ of the (ε, δ) guarantee, 0 < δ < 1 (required)"] = None,

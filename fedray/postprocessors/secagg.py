@@ -89,6 +89,7 @@ import numpy as np
 import torch
 
 import fedray
+from fedray.core.options import Option
 
 RING_BITS_MAX = 53
 """float64 holds every integer below 2^53: a group's masked sum must stay below it."""
@@ -100,6 +101,12 @@ SHARE_BYTES = 32
 
 class SecureAggregation(fedray.Postprocessor):
     """SecAgg / SecAgg+: each upload quantized into Z_{2^b} and masked; the server unmasks the survivors' sum exactly."""
+
+    flags = (Option("secure_aggregation", bool, False, "uploads summed by secure aggregation (SecAgg, SecAgg+ with "
+                    "--option secagg_neighbours=k), simulated exactly: --postprocessor secagg added last; its options "
+                    "secagg_clip (required), secagg_bits, secagg_value_bits, secagg_dropout, secagg_threshold as "
+                    "--option key=value"),)
+    added_last = True
 
     def __init__(self, secagg_clip: Annotated[float | None, "the clipping range C: each value clipped to [−C, C] "
                                                            "before quantization (> 0; required)"] = None,

@@ -22,6 +22,7 @@ from typing import Annotated, ClassVar
 import torch
 
 from fedray.core.errors import FedrayError
+from fedray.core.options import Unset
 
 Params = dict[str, torch.Tensor]
 
@@ -33,7 +34,7 @@ class ServerOptimizer(ABC):
     default_lr: ClassVar[float] = 1.0
     """η when the run does not give ``--server-lr``."""
 
-    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 1)"] = None) -> None:
+    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 1)", OWN_LR] = None) -> None:
         self.server_lr = self.default_lr if server_lr is None else server_lr
         if not self.server_lr > 0:
             raise FedrayError(f"--server-lr must be > 0, got {self.server_lr}")
@@ -69,7 +70,7 @@ class ServerMomentum(ServerOptimizer):
 
     name = "fedavgm"
 
-    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 1)"] = None,
+    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 1)", OWN_LR] = None,
                  server_momentum: Annotated[float, "server momentum β"] = 0.9) -> None:
         super().__init__(server_lr)
         self.server_momentum = server_momentum
@@ -124,7 +125,7 @@ class ServerAdam(AdaptiveServerOptimizer):
 
     name = "fedadam"
 
-    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 0.01)"] = None,
+    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 0.01)", OWN_LR] = None,
                  adam_beta1: Annotated[float, "β₁"] = 0.9, adam_beta2: Annotated[float, "β₂"] = 0.99,
                  adam_tau: Annotated[float, "τ, the adaptivity floor"] = 1e-3,
                  adam_bias_correction: Annotated[bool, "Flower's FedAdam bias correction: step t moves by "
@@ -149,7 +150,7 @@ class ServerAdagrad(AdaptiveServerOptimizer):
 
     name = "fedadagrad"
 
-    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 0.01)"] = None,
+    def __init__(self, server_lr: Annotated[float | None, "server learning rate η (default 0.01)", OWN_LR] = None,
                  adam_beta1: Annotated[float, "β₁"] = 0.9,
                  adam_tau: Annotated[float, "τ, the adaptivity floor"] = 1e-3) -> None:
         super().__init__(server_lr, adam_beta1, adam_tau)
@@ -169,3 +170,7 @@ class ServerYogi(ServerAdam):
 
 SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
     cls.name: cls for cls in (ServerSGD, ServerMomentum, ServerAdam, ServerAdagrad, ServerYogi)}
+OWN_LR = Unset("the server optimizer's own: " + ", ".join(f"{name} {cls.default_lr:g}"
+                                                         for name, cls in SERVER_OPTIMIZERS.items()),
+               "server learning rate η")
+"""What a run's unset ``server_lr`` means: its server optimizer's :attr:`~ServerOptimizer.default_lr`."""
