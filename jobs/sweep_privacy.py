@@ -177,12 +177,13 @@ def plot(table: pl.DataFrame, epsilons: list[float], path: Path) -> None:
 
 def default_methods() -> tuple[list[str], str | None]:
     """The closed-form methods, and FedAvg-LP where ``dp-fedavg`` is registered; a note when it is not."""
-    from fedray.engine.config import DP_FEDAVG
     from fedray.methods.postprocessor import BUILT_IN
+    from fedray.postprocessors.dp import GaussianMechanism
 
-    if DP_FEDAVG in BUILT_IN:
+    training_dp = GaussianMechanism.training_counterpart  # what the DP flags add to a training run
+    if training_dp in BUILT_IN:
         return list(METHODS), None
-    return list(CLOSED_FORM), (f"{TRAINING} (FedAvg-LP) left out: the {DP_FEDAVG} postprocessor (DP-FedAvg) is not "
+    return list(CLOSED_FORM), (f"{TRAINING} (FedAvg-LP) left out: the {training_dp} postprocessor (DP-FedAvg) is not "
                                f"registered in this install; --methods {TRAINING} asks for it")
 
 

@@ -12,7 +12,6 @@ import json
 import sys
 import traceback
 import typing
-from dataclasses import Field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,27 +32,26 @@ SHIPPED = "shipped:"
 
 
 def _run_parser(commands: argparse._SubParsersAction) -> None:
-    """``fedray run``'s options, generated from :class:`~fedray.engine.config.RunConfig`: flag, type, choices, help and default."""
-    from fedray.engine.config import GENERAL, GROUPS, REMOVED, RESOURCES, TRAINING, RunConfig, shipped_options
+    """``fedray run``'s options, generated from the run's options (:func:`~fedray.engine.config.catalogue`): flag,
+    type, choices, help and default."""
+    from fedray.engine.config import REMOVED, catalogue
+    from fedray.engine.run_options import GENERAL, GROUPS, RESOURCES, TRAINING, shipped_options
 
     parser = commands.add_parser("run", help="run one closed-form or gradient-based method on a federation",
                                  description="Run one method; writes metrics.parquet, classifier.npz and config.yaml to --out. "
                                  "Gradient methods train a softmax head on the features (linear probing).")
     parser.add_argument("--config", help="YAML file with any of the options below (command line wins)")
     groups = {GENERAL: parser, **{name: parser.add_argument_group(title) for name, title in GROUPS.items()}}
-    for spec in fields(RunConfig):
-        if spec.name == "options":
-            parser.add_argument("--option", action="append", metavar="KEY=VALUE",
-                                help="an option of the run's method, algorithm, server optimizer or postprocessor, "
-                                "built-in (--option prox_mu=0.1 is --prox-mu 0.1) or your own (repeatable; see fedray "
-                                "methods); OWNER.KEY=VALUE gives it to one class, named by its class name or a "
-                                "built-in's --method name (--option Proximal.mu=0.1, --option fedprox.prox_mu=0.1): "
-                                "needed when two of the run's classes declare KEY")
-        else:  # the options of built-in classes, in groups named after their owners, as they come
-            group = spec.metadata["group"]
-            if group not in groups:
-                groups[group] = parser.add_argument_group(f"options of {group}")
-            _add_run_option(groups[group], spec)
+    for entry in catalogue().values():  # the options of built-in classes, in groups named after their owners
+        if entry.group not in groups:
+            groups[entry.group] = parser.add_argument_group(f"options of {entry.group}")
+        _add_run_option(groups[entry.group], entry.option)
+    parser.add_argument("--option", action="append", metavar="KEY=VALUE",
+                        help="an option of the run's method, algorithm, server optimizer or postprocessor, "
+                        "built-in (--option prox_mu=0.1 is --prox-mu 0.1) or your own (repeatable; see fedray "
+                        "methods); OWNER.KEY=VALUE gives it to one class, named by its class name or a "
+                        "built-in's --method name (--option Proximal.mu=0.1, --option fedprox.prox_mu=0.1): "
+                        "needed when two of the run's classes declare KEY")
     for name, (owners, declared) in shipped_options().items():  # FedDyn's, ...: options of plugins shipped with fedray
         title = f"options of {', '.join(owners)} (training algorithm{'s' if len(owners) > 1 else ''})"
         if title not in groups:
@@ -68,17 +66,14 @@ def _run_parser(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_cmd_run)
 
 
-def _add_run_option(group: argparse._ActionsContainer, spec: Field) -> None:
-    """``--name`` for the run option ``spec``; its argparse default stays None so a config file's value is kept."""
-    from fedray.engine.config import RUN_OPTIONS
-
-    help_text = spec.metadata["help"].replace("%", "%%") + default_note(spec)
-    if spec.name == "postprocessor":  # each upload through all of them, in order: a repeated flag adds one
-        group.add_argument(command_line(spec.name), action=_Appended, metavar=spec.metadata["metavar"], help=help_text)
+def _add_run_option(group: argparse._ActionsContainer, option: Option) -> None:
+    """``--name`` for the run option ``option``; its argparse default stays None so a config file's value is kept."""
+    help_text = option.help.replace("%", "%%") + default_note(option)
+    if option.name == "postprocessor":  # each upload through all of them, in order: a repeated flag adds one
+        group.add_argument(command_line(option.name), action=_Appended, metavar=option.metavar, help=help_text)
         return
-    choices = spec.metadata["choices"]
-    _add_option(group, spec.name, RUN_OPTIONS[spec.name], help_text, choices=list(choices) if choices else None,
-                metavar=spec.metadata["metavar"])
+    _add_option(group, option.name, option, help_text, choices=list(option.choices) if option.choices else None,
+                metavar=option.metavar)
 
 
 def _add_option(group: argparse._ActionsContainer, name: str, option: Option, help_text: str, **settings: object) -> None:
@@ -99,13 +94,13 @@ class _Appended(argparse.Action):
         setattr(namespace, self.dest, values if earlier is None else f"{earlier},{values}")
 
 
-def default_note(spec: Field) -> str:
-    """`` (default VALUE)`` as the dataclass holds it; for a ``None`` default, what it means; flags are off by default."""
-    if spec.default is False:
+def default_note(option: Option) -> str:
+    """`` (default VALUE)`` as the run holds it; for a ``None`` default, what it means; flags are off by default."""
+    if option.default is False:
         return ""
-    if spec.default is None:
-        return f" (default: {spec.metadata['unset']})"
-    return f" (default {spec.default})"
+    if option.default is None:
+        return f" (default: {option.unset})"
+    return f" (default {option.default})"
 
 
 def _cmd_run(args: argparse.Namespace) -> None:

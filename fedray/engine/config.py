@@ -1,165 +1,65 @@
 """A run's configuration: defaults ← YAML file ← command line, validated and resolved in one place (files and keywords
-are read by :mod:`fedray.engine.config_files`)."""
+are read by :mod:`fedray.engine.config_files`).
+
+:class:`RunConfig` holds the run's own options as fields and every component's options in one mapping,
+``component_options``; the options of the run and of its components are one catalogue (:func:`catalogue`), from which
+the command line, files, sweeps and metrics columns are made. Each component option is also spelt as a field, as
+before: ``RunConfig(lam=0.1)``, ``config.lam``, ``replace(config, lam=...)``, and ``to_dict`` (config.yaml) writes
+them among the run's own.
+"""
 
 from __future__ import annotations
 
 import functools
 import math
 import typing
-from collections.abc import Collection, Sequence
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass, replace
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
-from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
 from fedray.core.errors import FedrayError
-from fedray.methods.sphere import SphereHead
-from fedray.methods.tct_stage2 import TctStage2Options
-from fedray.methods.training.client_optimizer import ClientOptimizer
-from fedray.methods.training.modes import FINETUNE_MODES, INITS, FineTuning
-from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer
+from fedray.core.numeric_options import check_numeric_options, check_positive, command_line
+from fedray.core.options import build, option_from_hint, options_of
+from fedray.core.plugins import canonical, display_name, is_plugin, load_class, names_subclass
+from fedray.core.results import EvalPoint
+from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
+from fedray.engine.plugin_options import Owner, checked_options, declarers, split_key, values_for
+from fedray.engine.plugin_options import defaults as plugin_defaults
+from fedray.engine.run_options import (APPLIES_TO, BUILT_IN_OWNERS, COMPONENTS, GENERAL, IMAGES, RESOURCES,
+                                       SAMPLING, SPHERE, TCT_GROUP, TRAINING, UPLOADS, RunOption,
+                                       flagged_postprocessors, option, owners_of, placed, shipped_options)
 from fedray.methods import METHODS, method_class
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, postprocessor_class
-from fedray.methods.training_algorithms import (BUILT_IN as ALGORITHMS, DEFAULT_PROX_MU, algorithm_class,
-                                               own_server_optimizer)
-from fedray.core.numeric_options import check_numeric_options, check_positive, command_line
-from fedray.core.options import Option, build, option_from_hint, options_of
-from fedray.core.plugins import canonical, display_name, is_plugin, load_class, names_subclass
-from fedray.engine.plugin_options import Owner, checked_options, declarers, split_key, values_for
-from fedray.engine.plugin_options import defaults as plugin_defaults
-from fedray.core.results import EvalPoint
-
-
-TCT = "tct"
-SECAGG = "secagg"
-"""The postprocessor --secure-aggregation adds."""
-DP, DP_FEDAVG = "dp", "dp-fedavg"
-"""The postprocessors the DP flags add: sample-level DP on a closed-form method's statistics, DP-FedAvg on a training
-method's updates."""
-DP_OPTIONS = ("clip_norm", "dp_unit", "dp_epsilon", "dp_delta", "dp_noise", "dp_placement")
-"""The DP flags (``--clip-norm``, ``--dp-*``): run options that are the options of the run's DP postprocessor, by the
-names its constructor declares."""
-DP_REPORTED = ("dp_epsilon", "dp_delta")
-"""What a DP postprocessor reports in every row (the ε spent, at most the ε asked, and δ): in metrics.parquet these
-columns hold the report, not the budget asked (config.yaml keeps that)."""
-DP_UNITS = ("sample", "client")
-DP_PLACEMENTS = ("central", "distributed")
-
-
-GENERAL, SAMPLING, UPLOADS, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES = (
-    None, "sampling", "uploads", "training", "spherefed", "fine-tuning", "tct", "resources")
-GROUPS = {
-    SAMPLING: "client sampling",
-    UPLOADS: "every client's upload, on its way to the server",
-    TRAINING: f"gradient methods ({', '.join(ALGORITHMS)})",
-    SPHERE: "SphereFed (--head sphere): a projection onto the sphere before a fixed classifier, FFC after",
-    IMAGES: "fine-tuning on images (a dataset with images: hsu:CSV?images=ROOT, imagefolder:ROOT)",
-    TCT_GROUP: "TCT (--method tct): fine-tune on images, then a linear model on eNTK features",
-    RESOURCES: "resources (Ray)",
-}
-"""The run's own options' groups in ``fedray run --help``, by the stage they belong to (``None``: every run's); the
-options of the built-in methods, algorithms and server optimizers are grouped by their owners (:func:`owned`)."""
-APPLIES_TO = {UPLOADS: "--postprocessor", TRAINING: "gradient methods", SPHERE: "SphereFed (--head sphere)",
-              IMAGES: "fine-tuning on images (--finetune, or --method tct)", TCT_GROUP: "--method tct"}
-"""What the options of a group that not every run has apply to, for the refusal of one given to another run."""
+from fedray.methods.ridge import PROBE_METHOD, Fed3R
+from fedray.methods.sphere import SphereHead
+from fedray.methods.tct_stage2 import TCT, TctStage2Options
+from fedray.methods.training.client_optimizer import ClientOptimizer
+from fedray.methods.training.modes import FINETUNE_MODES, INITS, FineTuning
+from fedray.methods.training.server import SERVER_OPTIMIZERS, ServerOptimizer, ServerSGD
+from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, FedAvg, algorithm_class, own_server_optimizer
 
 SAMPLINGS = ("without", "with", "poisson")
 HEADS = ("linear", "sphere")
-PLAIN_AVERAGING = "fedavg"
+PLAIN_AVERAGING = ServerSGD.name
 """The server optimizer of fedavg, fedprox and scaffold: the one ``--server-optimizer`` may replace."""
 DEFAULT_PER_ROUND = 10
 """κ when neither --clients-per-round nor --participation is given."""
 Component = TypeVar("Component")
-
-
-def option(default: object, help: str, group: str | None, *, unset: str | None = None,
-           choices: Sequence[str] | None = None, metavar: str | None = None) -> Any:
-    """A run option: its default, its help and group in ``fedray run --help`` (``unset``: what a ``None`` default means).
-
-    The command line is generated from these (:mod:`fedray.app.cli`), so each default is written here only.
-    """
-    return field(default=default, metadata={"help": help, "group": group, "unset": unset, "choices": choices,
-                                            "metavar": metavar})
-
-
-BUILT_IN_OWNERS: tuple[tuple[str, dict[str, type]], ...] = (
-    ("closed-form methods", dict(METHODS)),
-    ("training algorithms", {name: cls for name, cls in ALGORITHMS.items() if isinstance(cls, type)}),
-    ("server optimizers", dict(SERVER_OPTIMIZERS)),
-)
-"""The built-in classes that own run options, by kind and name: an option one of them declares is theirs."""
-BUILT_IN_OPTIONS = tuple((kind, {name: options_of(cls) for name, cls in classes.items()}) for kind, classes in BUILT_IN_OWNERS)
-"""Each built-in class's options (:func:`~fedray.core.options.options_of`), read once."""
-COMPONENTS: tuple[tuple[str, str, type], ...] = (
-    (TRAINING, "local SGD", ClientOptimizer),
-    (SPHERE, "SphereFed's head", SphereHead),
-    (IMAGES, "fine-tuning on images", FineTuning),
-    (TCT_GROUP, "TCT's stage 2", TctStage2Options),
-)
-"""The built-in components a run has when their option group applies to it (one class each: the clients' local SGD
-when it trains, ...), with their names: their options are run options in that group (:func:`owned`)."""
-
-
-def owners_of(name: str) -> tuple[str, list[str], list[Option]]:
-    """The kind and names of the built-in classes that declare the option ``name``, and their declarations."""
-    for kind, declarations in BUILT_IN_OPTIONS:
-        declared = {owner: options[name] for owner, options in declarations.items() if name in options}
-        if declared:
-            return kind, list(declared), list(declared.values())
-    raise KeyError(f"no built-in class declares the option {name!r}")
-
-
-@functools.cache
-def shipped_options() -> dict[str, tuple[tuple[str, ...], Option]]:
-    """The options of the built-in training algorithms shipped as plugins (FedDyn's ``alpha``), with their owners' names.
-
-    Like a plugin's, they live in ``options`` (and are metrics columns by that name), and like the other built-ins'
-    they are also flags (``--alpha``), YAML keys and sweep keys of their own. Read from the classes when first asked
-    for, as :func:`~fedray.methods.training_algorithms.algorithm_class` loads them.
-    """
-    found: dict[str, tuple[tuple[str, ...], Option]] = {}
-    for name, spec in ALGORITHMS.items():
-        if isinstance(spec, str):
-            for key, declared in options_of(algorithm_class(name)).items():
-                found[key] = ((*found.get(key, ((), declared))[0], name), declared)
-    return found
-
-
-def owned(name: str, *, unset: str | None = None, help: str | None = None) -> Any:
-    """A run option that belongs to the built-in classes declaring ``name``: their default (``None`` when ``unset``
-    says what the owner does without it; a ``None`` default needs it), their help (unless ``help``), and their names as
-    its group in ``fedray run --help``; or to a built-in component (:data:`COMPONENTS`): its declaration, in its group.
-
-    So an owner's option is declared once, in its class; ``--option name=value`` sets a class's too (:func:`resolve`).
-    """
-    component = next(((group, label, cls) for group, label, cls in COMPONENTS if name in options_of(cls)), None)
-    if component is not None:
-        group, label, cls = component
-        declared = options_of(cls)[name]
-        if declared.default is None and declared.unset is None:
-            raise TypeError(f"{cls.__name__}.{name}: say what its None default means (Unset)")
-        return field(default=declared.default, metadata={
-            "help": help or declared.help, "group": group, "unset": declared.unset, "choices": declared.choices,
-            "metavar": declared.metavar, "owners": (label,), "component": cls})
-    kind, names, declarations = owners_of(name)
-    defaults = {declaration.default for declaration in declarations}
-    if unset is None and (len(defaults) != 1 or None in defaults):
-        raise TypeError(f"the owners of {name} ({', '.join(names)}): say what its unset value means")
-    group = f"{', '.join(names)} ({kind if len(names) > 1 else kind[:-1]})"
-    metadata = {"help": help or declarations[0].help, "group": group, "unset": unset,
-                "choices": declarations[0].choices, "metavar": declarations[0].metavar, "owners": tuple(names)}
-    return field(default=None if unset is not None else declarations[0].default, metadata=metadata)
+COMPONENT_OPTIONS = "component_options"
 
 
 @dataclass
-class RunLevel:
-    """The run's own options, as declared: data, sampling, seed, evaluation, resources, output, which classes run.
+class RunConfig:
+    """A run's configuration: the run's own options (data, sampling, seed, evaluation, resources, output, which
+    classes run) and its components' options in :attr:`component_options`.
 
-    :class:`RunConfig` holds them with the built-in classes' and components' options placed among them
-    (:data:`PLACED_AFTER`), and :class:`RunConfigBehaviour`'s methods.
+    Every option of a component is also taken and read as a field of its name (:func:`_spelt_as_fields`), so a new
+    option of a component is a flag, a YAML and sweep key, a line of ``fedray run --help`` and a metrics column with
+    no edit here.
     """
 
-    method: str = option("fed3r", f"{', '.join(sorted([*METHODS, *ALGORITHMS, TCT]))}, or your own closed-form "
+    method: str = option(Fed3R.name, f"{', '.join(sorted([*METHODS, *ALGORITHMS, TCT]))}, or your own closed-form "
                          "method or training algorithm as module:Class or path/to/file.py:Class (see fedray methods)",
                          GENERAL, metavar="METHOD")
     dataset: str = option("synthetic:inat-user-120k",
@@ -188,7 +88,8 @@ class RunLevel:
                        "projection before a fixed classifier", TRAINING, choices=HEADS)
     finetune: str | None = option(None, "ft: backbone and head, ftlp: head only, ftfeat: backbone only", IMAGES,
                                   choices=FINETUNE_MODES, unset="linear probing on features (ft with --method tct)")
-    base: str = option("fedavg", "stage-1 algorithm, run for --rounds rounds", TCT_GROUP, choices=tuple(sorted(ALGORITHMS)))
+    base: str = option(FedAvg.name, "stage-1 algorithm, run for --rounds rounds", TCT_GROUP,
+                       choices=tuple(sorted(ALGORITHMS)))
     backbone_macs: float | None = option(None, "the backbone's forward multiply-adds per sample, F_φ, for "
                                          "macs_client_avg_fed3r (the papers' accounting)", GENERAL,
                                          unset="from the feature cache's manifest; MobileNetV2: 332.9e6 in Fed3R's Table 5")
@@ -208,35 +109,38 @@ class RunLevel:
                                        f"{', '.join(POSTPROCESSORS) or 'no built-in yet'}, or your own fedray.Postprocessor "
                                        "subclasses as FILE.py:Class or module:Class, several separated by commas",
                                        UPLOADS, unset="none", metavar="NAME[,NAME...]")
-    clip_norm: float | None = option(None, "differential privacy (docs/privacy.md): each sample's features clipped to "
-                                     "norm ≤ R (a training method: each client's update). Any --clip-norm or --dp-* adds "
-                                     f"--postprocessor {DP} ({DP_FEDAVG} for a training method) after yours and before "
-                                     f"{SECAGG}, with these as its options", UPLOADS, unset="no DP", metavar="R")
-    dp_unit: str | None = option(None, "what DP protects: one sample, or all of one client's data", UPLOADS,
-                                 choices=DP_UNITS, unset="the DP postprocessor's own, sample for dp")
-    dp_epsilon: float | None = option(None, "DP budget ε at --dp-delta: the noise is calibrated to it (or give "
-                                      "--dp-noise); the rows' dp_epsilon is the ε spent", UPLOADS,
-                                      unset="none: give --dp-noise", metavar="EPSILON")
-    dp_delta: float | None = option(None, "δ of the (ε, δ) guarantee, below 1/samples (e.g. 1e-5); required with DP",
-                                    UPLOADS, unset="none", metavar="DELTA")
-    dp_noise: float | None = option(None, "DP noise multiplier σ (the noise's std is σ × the sensitivity), ε computed "
-                                    "(with --dp-epsilon: σ is used, and must meet it); 0: no noise, ε = ∞", UPLOADS,
-                                    unset="calibrated to --dp-epsilon (config.yaml and the rows record it)",
-                                    metavar="SIGMA")
-    dp_placement: str | None = option(None, "who adds the DP noise: the server, to each aggregate, or each client its "
-                                      "share σ/√κ", UPLOADS, choices=DP_PLACEMENTS,
-                                      unset="the DP postprocessor's own, central for dp")
-    secure_aggregation: bool = option(False, f"uploads summed by secure aggregation (SecAgg, SecAgg+ with --option "
-                                      f"secagg_neighbours=k), simulated exactly: --postprocessor {SECAGG} added last; "
-                                      f"its options secagg_clip (required), secagg_bits, secagg_value_bits, "
-                                      f"secagg_dropout, secagg_threshold as --option key=value", UPLOADS)
-    options: dict = field(default_factory=dict)
-    """A plugin's own options by name (``--option key=value``); built-in options are :class:`RunConfig`'s fields."""
+    component_options: dict = field(default_factory=dict)
+    """Every component's options by name (``Owner.name`` where two of the run's plugins declare one): the built-in
+    ones' (``lam``, ``prox_mu``, the DP flags, :func:`catalogue`) always, a plugin's when given (``--option
+    key=value``); :attr:`options` is its plugins' part."""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.component_options, dict):
+            raise FedrayError(f"options must be a mapping of option: value, got {self.component_options!r}")
+        declared = component_catalogue()
+        given = self.component_options
+        self.component_options = {**{name: given.get(name, entry.default) for name, entry in declared.items()},
+                                  **{key: value for key, value in given.items() if key not in declared}}
 
-class RunConfigBehaviour:
-    """What a run's configuration does: validate and resolve itself, say which of its options apply and are columns.
-    The fields are :class:`RunConfig`'s."""
+    def __getattr__(self, name: str) -> Any:
+        """A component's option, read as a field of its name (``config.lam``)."""
+        values = self.__dict__.get(COMPONENT_OPTIONS)
+        if values is None or name.startswith("__") or name not in component_catalogue():
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return values[name]
+
+    @property
+    def options(self) -> dict[str, object]:
+        """The run's plugins' own options (``--option key=value``; built-in options are flags): the part of
+        :attr:`component_options` outside the catalogue, as config.yaml writes it."""
+        declared = component_catalogue()
+        return {key: value for key, value in self.component_options.items() if key not in declared}
+
+    @options.setter
+    def options(self, values: dict[str, object]) -> None:
+        declared = component_catalogue()
+        self.component_options = {**{key: value for key, value in self.component_options.items() if key in declared},
+                                  **values}
 
     @property
     def trains(self) -> bool:
@@ -275,26 +179,30 @@ class RunConfigBehaviour:
         return list(unique.values())
 
     def postprocessor_specs(self) -> list[str]:
-        """``--postprocessor``'s classes, in order; with a DP flag (:meth:`dp_options`) the DP postprocessor
-        (:meth:`dp_postprocessor`) after them and before ``secagg``, unless one of them takes DP options already (``dp``
-        given by name, or your own); and ``secagg`` last with ``--secure-aggregation`` (once)."""
+        """``--postprocessor``'s classes, in order, and those the run's flags add (:attr:`~fedray.Postprocessor.flags`):
+        each after them and before those added last (DP's ``--clip-norm``, ``--dp-*``: ``dp``, or its training
+        counterpart ``dp-fedavg`` when the run trains), unless one of them takes one of its flags already or is it
+        (``dp`` given by name, or your own DP postprocessor), those added last at the end
+        (``--secure-aggregation``: ``secagg``)."""
         specs = [] if self.postprocessor is None else [spec.strip() for spec in self.postprocessor.split(",") if spec.strip()]
-        if self.dp_options() and not any(set(DP_OPTIONS) & options_of(postprocessor_class(spec)).keys() for spec in specs):
-            specs.insert(specs.index(SECAGG) if SECAGG in specs else len(specs), self.dp_postprocessor())
-        return specs + [SECAGG] if self.secure_aggregation and SECAGG not in specs else specs
+        for name, cls in self._flagged().items():
+            added = cls.training_counterpart or name if self.trains else name
+            flags = {flag.name for flag in cls.flags}
+            if added in specs or any(flags & options_of(postprocessor_class(spec)).keys() for spec in specs):
+                continue
+            last = [index for index, spec in enumerate(specs) if _added_last(spec)]
+            specs.insert(len(specs) if cls.added_last or not last else last[0], added)
+        return specs
 
-    def dp_options(self) -> dict[str, object]:
-        """The DP flags set (:data:`DP_OPTIONS` that are not None)."""
-        return {name: getattr(self, name) for name in DP_OPTIONS if getattr(self, name) is not None}
+    def _flagged(self) -> dict[str, type]:
+        """The registered postprocessors with a flag set in this run (other than its default), by name."""
+        return {name: cls for name, cls in flagged_postprocessors().items()
+                if any(getattr(self, flag.name) != flag.default for flag in cls.flags)}
 
-    def dp_postprocessor(self) -> str:
-        """The postprocessor a DP flag adds: ``dp-fedavg`` when the run trains, else ``dp``."""
-        return DP_FEDAVG if self.trains else DP
-
-    def _dp_defaults(self) -> dict[str, object]:
-        """The DP options left unset, at the default of the run's postprocessor that declares them (dp's central and
+    def _flag_defaults(self) -> dict[str, object]:
+        """The flags left unset (None), at the default of the run's postprocessor that declares them (dp's central and
         sample), so that config.yaml and the metrics columns say what ran."""
-        unset = {name for name in DP_OPTIONS if getattr(self, name) is None}
+        unset = {name for name, entry in catalogue().items() if entry.kind == "flag" and getattr(self, name) is None}
         found: dict[str, object] = {}
         for spec in self.postprocessor_specs():
             for name, declared in options_of(postprocessor_class(spec)).items():
@@ -315,7 +223,7 @@ class RunConfigBehaviour:
                               f"client uploads once there): use --sampling without or with")
         if self.method == TCT or self.finetune is not None:
             raise FedrayError(f"--sampling poisson is not supported with "
-                              f"{'--method tct' if self.method == TCT else '--finetune'} yet: use --sampling with")
+                              f"{'--method ' + TCT if self.method == TCT else '--finetune'} yet: use --sampling with")
 
     def _default_sampling(self) -> str:
         """``--sampling`` when none is given: without for a closed form; with for training, or a postprocessor's
@@ -329,12 +237,12 @@ class RunConfigBehaviour:
             return "with"
         return "poisson" if "poisson" in wanted else "with"
 
-    def validate(self, given: Collection[str] = (), drop_unused: bool = False) -> "RunConfig":
+    def validate(self, given: Collection[str] = (), drop_unused: bool = False) -> RunConfig:
         """This configuration, checked: a bad or contradictory value is refused in one line, and so is an option that
         does not apply to the run, set to other than its default or named in ``given`` (the command line's flags: a
         config.yaml holds every option). ``drop_unused`` (a sweep's trials, whose options are the sweep's) resets the
         options that do not apply to this run to their defaults instead of refusing them."""
-        check_numeric_options({f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}, command_line)
+        check_numeric_options({name: getattr(self, name) for name in catalogue()}, command_line)
         if not is_plugin(self.method) and self.method not in METHODS and not self.trains:
             raise FedrayError(f"unknown method {self.method!r}; known: {', '.join([*METHODS, *ALGORITHMS, TCT])}, "
                               f"or your own closed-form method as module:Class or path/to/file.py:Class")
@@ -362,9 +270,9 @@ class RunConfigBehaviour:
             raise FedrayError(f"--client-state-memory must be ≥ 0 (GB), got {self.client_state_memory}")
         if self.init not in INITS:
             raise FedrayError(f"--init must be one of {', '.join(INITS)}, got {self.init!r}")
-        check_positive({"server_lr": self.server_lr, "init_rounds": self.init_rounds,
-                        "checkpoint_every": self.checkpoint_every, "num_trainers": self.num_trainers,
-                        "cpus_per_trainer": self.cpus_per_trainer, "rf_sigma": self.rf_sigma,
+        check_positive({**{name: getattr(self, name) for name in _chosen_by_owners()},
+                        "init_rounds": self.init_rounds, "checkpoint_every": self.checkpoint_every,
+                        "num_trainers": self.num_trainers, "cpus_per_trainer": self.cpus_per_trainer,
                         "backbone_macs": self.backbone_macs})
         for _, _, cls in COMPONENTS:  # each checks its own values, whether or not the run has it (refused below then)
             self.component(cls)
@@ -377,7 +285,7 @@ class RunConfigBehaviour:
             raise FedrayError(f"--head must be linear or sphere, got {self.head!r}")
         if self.head == "sphere":
             self._validate_sphere()
-        self._validate_dp()
+        self._validate_flags()
         if self.method == TCT:
             self._validate_tct()
         if self.calibrate is not None:
@@ -385,38 +293,30 @@ class RunConfigBehaviour:
         unused = self.unused_options(given)
         if unused and not drop_unused:
             raise FedrayError(self.not_used(unused[0]))
-        return replace(self, **{name: RUN_DEFAULTS[name] for name in unused}) if unused else self
+        return replace(self, **{name: catalogue()[name].default for name in unused}) if unused else self
 
     def unused_options(self, given: Collection[str] = ()) -> list[str]:
         """The options set to other than their defaults, or named in ``given``, that do not apply to this run."""
         groups, taken = self.applicable_groups(), self._taken()
-        return [spec.name for spec in fields(self) if spec.name != "options" and
-                (spec.name in given or getattr(self, spec.name) != spec.default) and
-                not self._applies(spec, groups, taken)]
+        return [name for name, entry in catalogue().items()
+                if (name in given or getattr(self, name) != entry.default) and not _applies(entry, groups, taken)]
 
     def applies(self, name: str) -> bool:
         """Whether the run option ``name`` applies to this run."""
-        spec = next(spec for spec in fields(self) if spec.name == name)
-        return self._applies(spec, self.applicable_groups(), self._taken())
+        return _applies(catalogue()[name], self.applicable_groups(), self._taken())
 
     def not_used(self, name: str) -> str:
         """The one line refusing the run option ``name``, which does not apply to this run."""
-        spec = next(spec for spec in fields(self) if spec.name == name)
-        owned_by_class = "owners" in spec.metadata and "component" not in spec.metadata
-        where = spec.metadata["group"] if owned_by_class else APPLIES_TO[spec.metadata["group"]]
+        entry = catalogue()[name]
+        where = entry.group if entry.by_class else APPLIES_TO[entry.group]
         run = f"--method {self.method}"
-        if self.trains and "owners" in spec.metadata and spec.metadata["owners"][0] in SERVER_OPTIMIZERS:
+        if self.trains and entry.by_class and entry.owners[0] in SERVER_OPTIMIZERS:
             run += f" with server optimizer {self.server_optimizer or self.own_server_optimizer}"
         return f"{command_line(name)} applies to {where}, not to this run ({run})"
 
     def _taken(self) -> set[str]:
         """The options the run's built-in and plugin classes take."""
         return {name for cls in self.classes() for name in options_of(cls)}
-
-    @staticmethod
-    def _applies(spec: Field, groups: set[str | None], taken: set[str]) -> bool:
-        """Whether the option ``spec`` applies to a run of these option ``groups`` whose classes take ``taken``."""
-        return spec.name in taken if "owners" in spec.metadata else spec.metadata.get("group") in groups
 
     def _validate_server_optimizer(self) -> None:
         """A method whose server is not plain averaging (fedavgm, fedadam...) is its server: another one contradicts it.
@@ -432,10 +332,12 @@ class RunConfigBehaviour:
                               f"contradicts it; give --method fedavg (or fedprox, scaffold) with --server-optimizer "
                               f"{self.server_optimizer}")
 
-    def _validate_dp(self) -> None:
-        """Each DP flag given is an option of one of the run's postprocessors: none is dropped unseen. (Its value is
-        the postprocessor's to check, when it is built.)"""
-        given = self.dp_options()
+    def _validate_flags(self) -> None:
+        """Each flag given that the postprocessor it adds declares is an option of one of the run's postprocessors:
+        none is dropped unseen (DP-FedAvg takes no ``--dp-unit``). (Its value is the postprocessor's to check, when it
+        is built.)"""
+        given = [name for cls in self._flagged().values() for name in options_of(cls)
+                 if name in {flag.name for flag in cls.flags} and getattr(self, name) is not None]
         if not given:
             return
         specs = self.postprocessor_specs()
@@ -449,10 +351,9 @@ class RunConfigBehaviour:
         """Every ``options`` key is an option of one of the run's plugins, and of its type; a per-owner key
         (``Owner.x``) is its owner's, and an option several plugins declare must be given per owner
         (:func:`~fedray.engine.plugin_options.checked_options`)."""
-        if not isinstance(self.options, dict):
-            raise FedrayError(f"options must be a mapping of option: value, got {self.options!r}")
-        plain = {key for key in self.options if split_key(key)[0] is None}
-        clashing = sorted({split_key(key)[1] for key in self.options} & (FIELDS | RESERVED))
+        options = self.options
+        plain = {key for key in options if split_key(key)[0] is None}
+        clashing = sorted({split_key(key)[1] for key in options} & (FIELDS | RESERVED))
         if clashing:
             key = clashing[0]
             raise FedrayError(f"--option {key}: {key} is a run option: use {command_line(key)}" if key in FIELDS
@@ -467,15 +368,15 @@ class RunConfigBehaviour:
             known = (f"; this run's plugins take: {', '.join(declared)}" if declared else
                      "; this run has no plugin options (its built-in classes' options: fedray run --help)")
             raise FedrayError(f"unknown option(s) {', '.join(unknown)} (--option){''.join(elsewhere)}{known}")
-        self.options = checked_options(self.options, plugins)
+        self.options = checked_options(options, plugins)
 
     def _validate_images(self) -> None:
         """The options of a run on images apply to fine-tuning (and TCT) only; its backbone is one fedray knows."""
         if self.finetune is None and self.method != TCT:
-            given = [name for name in IMAGE_OPTIONS if getattr(self, name) != RUN_DEFAULTS[name]]
+            given = [name for name in options_of(FineTuning) if getattr(self, name) != catalogue()[name].default]
             if given:
                 raise FedrayError(f"{command_line(given[0])} applies to fine-tuning on images (--finetune, or --method "
-                                  f"tct), not to {self.method} on the dataset's features")
+                                  f"{TCT}), not to {self.method} on the dataset's features")
             return
         self.component(FineTuning).check_backbone()
 
@@ -489,7 +390,7 @@ class RunConfigBehaviour:
         if self.head == "sphere":
             raise FedrayError("--calibrate with --head sphere: SphereFed calibrates with its own FFC after training")
         if self.method == TCT:
-            raise FedrayError("--calibrate with --method tct: TCT's stage 2 replaces the head after training")
+            raise FedrayError(f"--calibrate with --method {TCT}: TCT's stage 2 replaces the head after training")
         if self.trains:
             method_class(self.calibrate)  # a closed-form method: a built-in, or a plugin that loads as one
 
@@ -501,27 +402,35 @@ class RunConfigBehaviour:
             raise FedrayError("TCT fine-tunes a linear head on images (stage 1); --head sphere does not apply")
         self.component(TctStage2Options).check_fits(self.component(FineTuning).backbone)
 
-    def resolved(self) -> "RunConfig":
-        """Method-dependent defaults filled in: sampling (with replacement for training), server lr, FedProx μ."""
+    def resolved(self) -> RunConfig:
+        """Class-dependent defaults filled in: sampling (with replacement for training), the method's own server
+        optimizer, the options the run leaves None until its classes fill them (:func:`_unset_until_resolved`: what
+        the built server optimizer holds, its learning rate; else the default a class of the run declares, FedProx's
+        μ), the flags' postprocessors' defaults and the plugins' options."""
         values = {"sampling": self.sampling or self._default_sampling(), "method": canonical(self.method)}
         if self.postprocessor_specs():
             values["postprocessor"] = ",".join(canonical(spec) for spec in self.postprocessor_specs())
-            values.update(self._dp_defaults())
+            values.update(self._flag_defaults())
         if self.method == TCT:
             values["finetune"] = self.finetune or "ft"
         if self.trains:
             values["server_optimizer"] = canonical(self.server_optimizer or self.own_server_optimizer)
-            values["server_lr"] = self.server_lr or self.server_optimizer_class().default_lr
+            server = self.server_optimizer_class()  # the class that needs no data to be built: it says its own
+            built = build(server, self.option_values(server), f"--server-optimizer {values['server_optimizer']}")
+            values.update({name: getattr(built, name) for name in _unset_until_resolved()
+                           if getattr(self, name) is None and hasattr(built, name)})
             if self.calibrate is not None:
                 values["calibrate"] = canonical(self.calibrate)
-            own = options_of(self.algorithm_class()).get("prox_mu")
-            if own is not None:
-                values["prox_mu"] = own.default if self.prox_mu is None else self.prox_mu
-        defaults = {key: value for key, value in plugin_defaults(self.plugins()).items() if split_key(key)[1] not in FIELDS}
+        for cls in self.classes():
+            values.update({name: declared.default for name, declared in options_of(cls).items()
+                           if name in _unset_until_resolved() and getattr(self, name) is None
+                           and declared.default is not None and name not in values})
+        defaults = {key: value for key, value in plugin_defaults(self.plugins()).items()
+                    if split_key(key)[1] not in FIELDS}
         values["options"] = {**defaults, **self.options}
         return replace(self, **values)
 
-    def recording(self, resolved: dict[str, object]) -> "RunConfig":
+    def recording(self, resolved: dict[str, object]) -> RunConfig:
         """This configuration with the options the postprocessors resolved before the run
         (:meth:`~fedray.Postprocessor.recorded`: a calibrated σ as ``dp_noise``, the accountant chosen), in its fields
         or ``options``: what config.yaml and every row record, and what re-running the record uses."""
@@ -536,36 +445,38 @@ class RunConfigBehaviour:
         return DEFAULT_PER_ROUND if self.clients_per_round is None else self.clients_per_round
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every option by name, the run's own and its components' in :func:`catalogue`'s order, then ``options``
+        (its plugins'): config.yaml and a checkpoint's configuration."""
+        return {**{name: _copied(getattr(self, name)) for name in catalogue()}, "options": _copied(self.options)}
 
     def option_values(self, cls: type) -> dict[str, object]:
-        """What ``cls``'s options are set from: the run's fields (built-in options such as ``lam``) and its ``options``
-        (a plugin's: the plain ones and its own per-owner ones); :func:`~fedray.core.options.build` takes from it the
-        options the class declares."""
-        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"},
-                **values_for(cls, self.options)}
+        """What ``cls``'s options are set from: the run's (its own and its built-in components', such as ``lam``) and
+        its plugins' ``options`` (the plain ones and ``cls``'s own per-owner ones);
+        :func:`~fedray.core.options.build` takes from it the options the class declares."""
+        return {**{name: getattr(self, name) for name in catalogue()}, **values_for(cls, self.options)}
 
     def closed_form_methods(self) -> list[str]:
-        """The closed-form methods the run solves: its method, or a training run's ``--init`` stage, the ridge probe's
-        fed3r (``--probe-ridge``) and SphereFed's FFC calibration (``--head sphere``)."""
+        """The closed-form methods the run solves: its method, or a training run's ``--init`` stage, its
+        ``--calibrate`` method, the ridge probe's (``--probe-ridge``) and SphereFed's calibration (``--head
+        sphere``)."""
         if not self.trains:
             return [self.method]
         names = [] if self.init == "random" else [self.init]
         if self.calibrate is not None:
             names.append(self.calibrate)
         if self.probe_ridge:
-            names.append("fed3r")
+            names.append(PROBE_METHOD)
         if self.head == "sphere":
-            names.append("ffc")
+            names.append(SphereHead.calibration_method)
         return names
 
     def applicable_groups(self) -> set[str | None]:
-        """The option groups (the fields' ``group``) that apply to this run.
+        """The option groups that apply to this run.
 
-        Every run's options, its sampling and its resources always; ``--postprocessor`` when given; the training
-        options when it trains; SphereFed's with ``--head sphere``; the image options when it fine-tunes
-        (``--finetune``, TCT); TCT's with ``--method tct``. (The options of the run's classes are theirs:
-        :meth:`classes`.)
+        Every run's options, its sampling and its resources always; the uploads' (``--postprocessor``, the
+        postprocessors' flags) when it has postprocessors; the training options when it trains; SphereFed's with
+        ``--head sphere``; the image options when it fine-tunes (``--finetune``, TCT); TCT's with ``--method tct``.
+        (The options of the run's classes are theirs: :meth:`classes`.)
         """
         groups = {GENERAL, SAMPLING, RESOURCES}
         if self.postprocessor_specs():
@@ -601,77 +512,65 @@ class RunConfigBehaviour:
         """The configuration's columns in metrics.parquet: the options that apply to the run, then the plugins' own.
 
         An option applies when its group does (:meth:`applicable_groups`); an option owned by the built-in classes
-        (``lam``, ``gamma``, ``prox_mu``, ``server_momentum``, ...: :func:`owned`) when one of the run's
-        :meth:`classes` takes it. A plugin is named by its class name (``method``: ``MyNCM``) with its spec beside it
-        (``method_spec``: ``/home/me/my_ncm.py:MyNCM``), likewise ``server_optimizer``.
-        config.yaml keeps every option, to re-run the run.
+        (``lam``, ``gamma``, ``prox_mu``, ``server_momentum``, ...) when one of the run's :meth:`classes` takes it; a
+        postprocessor's flag with no default (DP's) only in a run that sets one of its postprocessor's flags. A plugin
+        is named by its class name (``method``: ``MyNCM``) with its spec beside it (``method_spec``:
+        ``/home/me/my_ncm.py:MyNCM``), likewise ``server_optimizer``. config.yaml keeps every option, to re-run the run.
         """
-        groups, taken, private = self.applicable_groups(), self._taken(), bool(self.dp_options())
+        groups, taken, flagged = self.applicable_groups(), self._taken(), self._flagged().values()
         columns: dict[str, object] = {}
-        for spec in fields(self):
-            if spec.name in NOT_COLUMNS or not self._applies(spec, groups, taken) or \
-                    spec.name in STAGE_COLUMNS and getattr(self, spec.name) is None or \
-                    spec.name in DP_OPTIONS and not private:
+        for name, entry in catalogue().items():
+            if name in NOT_COLUMNS or not _applies(entry, groups, taken) or \
+                    name in STAGE_COLUMNS and getattr(self, name) is None or \
+                    entry.kind == "flag" and entry.default is None and \
+                    not any(entry.option in cls.flags for cls in flagged):
                 continue
-            value = getattr(self, spec.name)
-            if spec.name in PLUGIN_FIELDS and isinstance(value, str) and is_plugin(value):
-                columns[spec.name], columns[f"{spec.name}_spec"] = display_name(value), value
+            value = getattr(self, name)
+            if name in PLUGIN_FIELDS and isinstance(value, str) and is_plugin(value):
+                columns[name], columns[f"{name}_spec"] = display_name(value), value
             else:
-                columns[spec.name] = value
+                columns[name] = value
         return {**columns, **self.options}
 
 
-RUN_DEFAULT_NONE = {
-    "rf_sigma": ("√d, about the distance between samples of unit-spread features; the Fed3R paper used 1000 on "
-                 "MobileNetV2 features", None),
-    "server_lr": ("the server optimizer's own: " +
-                  ", ".join(f"{name} {cls.default_lr:g}" for name, cls in SERVER_OPTIMIZERS.items()),
-                  "server learning rate η"),
-    "prox_mu": (f"{DEFAULT_PROX_MU} with fedprox", None),
-}
-"""The built-in classes' options that a run leaves None until :meth:`RunConfigBehaviour.resolved` fills them for its
-classes (their defaults differ by class, or the option is one class's), with what None means and the run's help where
-it is not the owners'."""
+def _copied(value: object) -> object:
+    """A mapping's copy (``to_dict`` hands out no part of the configuration), any other value as it is."""
+    return dict(value) if isinstance(value, dict) else value
 
 
-PLACED_AFTER: dict[str, tuple[type, ...]] = {
-    "seed": (*METHODS.values(), ClientOptimizer, *SERVER_OPTIMIZERS.values(),
-             *(cls for cls in ALGORITHMS.values() if isinstance(cls, type))),
-    "head": (SphereHead,),
-    "base": (TctStage2Options, FineTuning),
-}
-"""The built-in classes and components whose options are run options, after the run option each group follows in
-config.yaml, the metrics columns and ``fedray run --help``."""
+def _added_last(spec: str) -> bool:
+    """Whether the postprocessor ``spec`` names is one the flags add last (secure aggregation), given by name."""
+    return not is_plugin(spec) and spec in POSTPROCESSORS and postprocessor_class(spec).added_last
 
 
-def _owned_fields(classes: Sequence[type]) -> list[tuple[str, object, Any]]:
-    """``(name, type, field)`` of every option of ``classes`` (:func:`owned`), each once."""
-    made: dict[str, tuple[str, object, Any]] = {}
-    for cls in classes:
-        for name, declared in options_of(cls).items():
-            if name not in made:
-                unset, run_help = RUN_DEFAULT_NONE.get(name, (None, None))
-                kind = declared.type | None if declared.optional or unset is not None else declared.type
-                made[name] = (name, kind, owned(name, unset=unset, help=run_help))
-    return list(made.values())
+def _applies(entry: RunOption, groups: set[str | None], taken: set[str]) -> bool:
+    """Whether the option ``entry`` applies to a run of these option ``groups`` whose classes take ``taken``."""
+    return entry.name in taken if entry.by_class else entry.group in groups
 
 
-def _run_config_fields() -> list[tuple[str, object, Any]]:
-    """:class:`RunLevel`'s fields with the built-in classes' and components' options placed among them."""
-    hints = typing.get_type_hints(RunLevel)
-    placed: list[tuple[str, object, Any]] = []
-    for spec in fields(RunLevel):
-        copied = field(default=spec.default, metadata=spec.metadata) if spec.default_factory is MISSING else \
-            field(default_factory=spec.default_factory, metadata=spec.metadata)
-        placed += [(spec.name, hints[spec.name], copied), *_owned_fields(PLACED_AFTER.get(spec.name, ()))]
-    return placed
+def _spelt_as_fields(cls: type[RunConfig]) -> type[RunConfig]:
+    """``cls``, whose constructor also takes each component option by name, as a field (``RunConfig(lam=0.1)``,
+    ``replace(config, lam=...)``), into ``component_options``, and ``options`` (the plugins' options) as the part of
+    it outside the catalogue."""
+    made = cls.__init__
+
+    @functools.wraps(made)
+    def __init__(self: RunConfig, *args: Any, options: dict | None = None, **values: Any) -> None:
+        declared = component_catalogue()
+        named = {name: values.pop(name) for name in list(values) if name in declared}
+        made(self, *args, **values)
+        if options is not None and not isinstance(options, dict):
+            raise FedrayError(f"options must be a mapping of option: value, got {options!r}")
+        if named or options is not None:
+            kept = self.component_options if options is None else \
+                {key: value for key, value in self.component_options.items() if key in declared}
+            self.component_options = {**kept, **named, **(options or {})}
+
+    cls.__init__ = __init__
+    return cls
 
 
-RunConfig = make_dataclass("RunConfig", _run_config_fields(), bases=(RunConfigBehaviour,),
-                           namespace={"__module__": __name__, "__doc__": """A run's configuration: the run's own
-    options (:class:`RunLevel`) and, made from their declarations, every option of the built-in classes and
-    components (:data:`PLACED_AFTER`), with :class:`RunConfigBehaviour`'s methods: a new option of one of them is a
-    flag, a YAML and sweep key, a line of ``fedray run --help`` and a metrics column with no other edit."""})
+RunConfig = _spelt_as_fields(RunConfig)
 
 
 def _is_algorithm(spec: str) -> bool:
@@ -687,21 +586,66 @@ def server_optimizer_class(spec: str) -> type[ServerOptimizer]:
     return load_class(spec, ServerOptimizer, SERVER_OPTIMIZERS, "server optimizer")
 
 
+@functools.cache
+def catalogue() -> dict[str, RunOption]:
+    """Every option of a run by name, in config.yaml's order: :class:`RunConfig`'s fields, with its components'
+    options placed among them (:func:`~fedray.engine.run_options.placed`); not ``component_options`` itself."""
+    hints = typing.get_type_hints(RunConfig)
+    run_level = []
+    for spec in fields(RunConfig):
+        if spec.name != COMPONENT_OPTIONS:
+            metadata = spec.metadata
+            declared = replace(option_from_hint(f"RunConfig.{spec.name}", spec.name, hints[spec.name], spec.default,
+                                                metadata["help"]),
+                               choices=metadata["choices"], unset=metadata["unset"], metavar=metadata["metavar"])
+            run_level.append(RunOption(declared, metadata["group"]))
+    return placed(run_level)
+
+
+@functools.cache
+def component_catalogue() -> dict[str, RunOption]:
+    """The components' options of :func:`catalogue`: those ``component_options`` holds always."""
+    return {name: entry for name, entry in catalogue().items() if entry.kind != "run"}
+
+
+@functools.cache
+def _unset_until_resolved() -> tuple[str, ...]:
+    """The built-in classes' options that a run leaves None until :meth:`RunConfig.resolved` fills them for its
+    classes, which say what None means (:class:`~fedray.core.options.Unset`): their defaults differ by class
+    (``server_lr``), or the option is one class's and the run says so (FedProx's μ)."""
+    return tuple(name for name, entry in catalogue().items()
+                 if entry.kind == "class" and entry.default is None and entry.option.unset is not None)
+
+
+@functools.cache
+def _chosen_by_owners() -> tuple[str, ...]:
+    """The built-in classes' options whose None each owner replaces by a value of its own choosing (Fed3R-RF's
+    bandwidth √d, a server optimizer's learning rate): a quantity > 0, so one given is checked to be before any class
+    is built."""
+    return tuple(name for name in _unset_until_resolved()
+                 if all(declared.optional and declared.default is None for declared in owners_of(name)[2]))
+
+
+RUN_OPTIONS = {name: entry.option for name, entry in catalogue().items()}
+"""Every run option (the run's own and its components') as an :class:`~fedray.core.options.Option`: file, sweep and
+plugin values are all typed and checked by :meth:`~fedray.core.options.Option.coerce`."""
+FIELDS = frozenset({*catalogue(), "options"})
+"""The keys of a run's options in a file or ``fedray.run``'s keywords (``options``: its plugins'), which no plugin
+option may take."""
+RUN_DEFAULTS = {name: entry.default for name, entry in catalogue().items()}
+
+
 PLUGIN_FIELDS = ("method", "server_optimizer", "calibrate")
 """The options that may name a plugin: its column holds the class name, ``NAME_spec`` the spec."""
 NOT_COLUMNS = ("out", "quiet", "options")
 STAGE_COLUMNS = ("calibrate",)
 """Options that add a stage to a run: a column only of the runs that have it."""
-FIELDS = {f.name for f in fields(RunConfig)}
-RUN_DEFAULTS = {f.name: f.default for f in fields(RunConfig)}
-IMAGE_OPTIONS = tuple(options_of(FineTuning))
-"""Options of the network a run fine-tunes on images: a run on features has none (its features were extracted)."""
 RESERVED = {f.name for f in fields(EvalPoint)} | {f"{name}_spec" for name in PLUGIN_FIELDS} | \
     {"ridge_probe_accuracy", "trial_id", "sweep"}
 """Metrics columns: no option may take their names, since options become columns too."""
-COLUMNS = frozenset(FIELDS | RESERVED) - set(DP_REPORTED)
-"""Names no plugin may report a number under (:func:`fedray.report`): the run's columns, but what a DP postprocessor
-reports (:data:`DP_REPORTED`)."""
+COLUMNS = frozenset({name for name, entry in catalogue().items() if entry.kind != "flag"} | {"options"} | RESERVED)
+"""Names no plugin may report a number under (:func:`fedray.report`): the run's columns, but its postprocessors'
+flags, whose columns hold what they report (DP's ε spent, at most the ε asked, and δ)."""
 PER_ROUND = ("clients_per_round", "participation")
 REMOVED = {
     "client_algorithm": "write your client's loss or gradient correction as a fedray.FederatedAlgorithm subclass and "
@@ -725,17 +669,6 @@ def without_removed(values: dict, where: str | None = None) -> dict:
     return {key: value for key, value in values.items() if key not in REMOVED}
 
 
-def _run_options() -> dict[str, Option]:
-    hints = typing.get_type_hints(RunConfig)
-    return {f.name: option_from_hint(f"RunConfig.{f.name}", f.name, hints[f.name], f.default, f.metadata["help"])
-            for f in fields(RunConfig) if f.name != "options"}
-
-
-RUN_OPTIONS = _run_options()
-"""Every run option (the fields of :class:`RunConfig` but ``options``) as an :class:`~fedray.core.options.Option`:
-file, sweep and plugin values are all typed and checked by :meth:`~fedray.core.options.Option.coerce`."""
-
-
 def resolve(file_values: dict, cli_values: dict, drop_unused: bool = False, named: Collection[str] = ()) -> RunConfig:
     """Defaults, overridden by the file, overridden by options given on the command line.
 
@@ -757,19 +690,15 @@ def resolve(file_values: dict, cli_values: dict, drop_unused: bool = False, name
         raise FedrayError(str(error)) from None
 
 
-OWNED = {f.name for f in fields(RunConfig) if "owners" in f.metadata and "component" not in f.metadata}
-"""The run options that belong to the built-in classes (:func:`owned`) that ``--option`` may set too (not those of
-the components every run of a kind has: they are the run's own)."""
-
-
 def _owned_key(key: str) -> str | None:
-    """The owned run option an ``options`` key sets (``prox_mu``, ``fedprox.prox_mu``, ``FedProx.prox_mu``: a per-owner
-    key names an owner by its built-in name or class name; a DP flag's plain key, ``clip_norm``), else None; a one-line
-    error for one given to a class that does not own it."""
+    """The built-in run option an ``options`` key sets (``prox_mu``, ``fedprox.prox_mu``, ``FedProx.prox_mu``: a
+    per-owner key names an owner by its built-in name or class name; a postprocessor's flag by its plain key,
+    ``clip_norm``), else None; a one-line error for one given to a class that does not own it."""
     owner, name = split_key(key)
-    if owner is None and name in DP_OPTIONS:  # a DP postprocessor's option, as given before the DP flags
+    entry = catalogue().get(name)
+    if entry is not None and entry.kind == "flag" and owner is None:  # as given before the flags were
         return name
-    if name not in OWNED:
+    if entry is None or not entry.by_class:
         return None
     kind, owners, _ = owners_of(name)
     classes = dict(BUILT_IN_OWNERS)[kind]
@@ -780,9 +709,9 @@ def _owned_key(key: str) -> str | None:
 
 
 def _owned_options_moved(values: dict, where: str = "--option") -> dict:
-    """One source's ``values`` with the owned options among its ``options`` moved out, as the run options they are
-    (``--option fedprox.prox_mu=0.1`` too, and the DP postprocessor's ``--option clip_norm=1``, which is ``--clip-norm
-    1``); ``where``: the source, for an error."""
+    """One source's ``values`` with the built-in options among its ``options`` moved out, as the run options they
+    are (``--option fedprox.prox_mu=0.1`` too, and the DP postprocessor's ``--option clip_norm=1``, which is
+    ``--clip-norm 1``); ``where``: the source, for an error."""
     options = values.get("options") or {}
     owned = {key: _owned_key(key) for key in options}
     named = [name for name in owned.values() if name is not None]

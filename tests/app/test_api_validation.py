@@ -7,7 +7,6 @@ error, or a run that starts. ``fedray.engine.run`` is the only way from either t
 is replaced by a sentinel, so a value that reaches it passed every check, and one refused never got near Ray.
 """
 
-from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ import fedray
 import fedray.engine.run_config
 import fedray.app.sweeps.tuning
 from fedray.app.cli import main
-from fedray.engine.config import RUN_OPTIONS, RunConfig
+from fedray.engine.config import RUN_OPTIONS, catalogue
 from fedray.engine.config_files import typed_value
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,7 +133,7 @@ def numeric_options() -> list[str]:
 
 
 RUNS_TAKING = {
-    **{spec.name: [{"method": spec.metadata["owners"][0]}] for spec in fields(RunConfig) if "owners" in spec.metadata},
+    **{name: [{"method": spec.owners[0]}] for name, spec in catalogue().items() if spec.kind in ("class", "component")},
     "sphere_dim": [{"method": "fedprox", "head": "sphere"}],
 }
 """A run that takes the option, where none of METHODS' runs does (an option given to a run it does not apply to is

@@ -1,15 +1,15 @@
-"""Run options are declared once, on RunConfig: the command line, its help and its defaults come from there; files and
-sweeps go through the same typing, and an unknown key is refused with one line saying where it belongs."""
+"""Run options are declared once, by the run (RunConfig) and its components (the catalogue): the command line, its
+help and its defaults come from there; files and sweeps go through the same typing, and an unknown key is refused
+with one line saying where it belongs."""
 
 import re
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from fedray.app.cli import build_parser, main
 from fedray.app.api import KEYWORD_SPELLING
-from fedray.engine.config import RUN_OPTIONS, RunConfig, resolve
+from fedray.engine.config import RUN_OPTIONS, RunConfig, catalogue, resolve
 from fedray.engine.config_files import load_config_file, typed_options, typed_value
 from fedray.core.errors import FedrayError
 from fedray.methods import method_class
@@ -46,8 +46,8 @@ def run_actions() -> dict:
 
 def test_every_run_option_has_a_flag_with_help():
     actions = run_actions()
-    for spec in fields(RunConfig):
-        flag = "--option" if spec.name == "options" else "--" + spec.name.replace("_", "-")
+    for name in [*catalogue(), "options"]:
+        flag = "--option" if name == "options" else "--" + name.replace("_", "-")
         assert flag in actions, flag
         assert actions[flag].help and actions[flag].help.strip(), flag
         assert actions[flag].default is None, f"{flag}: a config file's value must survive an absent flag"
@@ -56,9 +56,7 @@ def test_every_run_option_has_a_flag_with_help():
 
 def test_run_help_shows_each_default_as_the_dataclass_holds_it(capsys, monkeypatch):
     shown = run_help(capsys, monkeypatch)
-    for spec in fields(RunConfig):
-        if spec.name == "options":
-            continue
+    for spec in catalogue().values():
         line = shown["--" + spec.name.replace("_", "-")]
         if spec.default is None:
             assert "(default: " in line, line  # what no value means, in words
@@ -214,8 +212,8 @@ OWNED = {  # each option of a built-in class, the classes that declare it, and i
 
 
 def test_the_options_of_built_in_classes_are_theirs_in_the_run_and_its_help(capsys, monkeypatch):
-    owned = {spec.name: spec for spec in fields(RunConfig) if "owners" in spec.metadata}
-    assert {name: (list(spec.metadata["owners"]), spec.default) for name, spec in owned.items()} == OWNED
+    owned = {name: spec for name, spec in catalogue().items() if spec.kind in ("class", "component")}
+    assert {name: (list(spec.owners), spec.default) for name, spec in owned.items()} == OWNED
     shown = run_help(capsys, monkeypatch)
     from fedray.methods.training_algorithms import FedProx
     from fedray.methods.training.server import ServerAdam

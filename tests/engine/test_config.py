@@ -80,3 +80,53 @@ def test_a_new_option_of_a_built_in_is_one_declaration_everywhere(tmp_path):
     assert (found["command_line"], found["yaml"], found["default"]) == (0.25, 0.75, 0.5)
     assert found["sweep"] == [[0.1, 0.2], 0.2]
     assert found["other_runs"] is False
+
+
+def test_the_run_configuration_holds_the_runs_own_options():
+    """The run's own options are RunConfig's fields; its components' live in one mapping, each spelt as a field too."""
+    from dataclasses import fields, replace
+
+    from fedray.engine.config import RunConfig
+
+    assert len(fields(RunConfig)) <= 35
+    config = RunConfig(method="fed3r", lam=0.5, clip_norm=2.0, options={"x": 1})
+    assert (config.lam, config.clip_norm, config.options, replace(config, lam=0.25).lam) == (0.5, 2.0, {"x": 1}, 0.25)
+    assert replace(config, options={"y": 2}).component_options["lam"] == 0.5 and RunConfig().lam == 0.01
+
+
+ENGINE_CONFIGURATION = ("config.py", "config_files.py", "plugin_options.py", "run_options.py")
+"""The engine's modules that read a run's options: they know no built-in by name."""
+
+
+def built_in_names() -> set[str]:
+    """Every built-in option's name and every built-in method's, algorithm's, server optimizer's and postprocessor's."""
+    from fedray.core.options import options_of
+    from fedray.engine.config import catalogue
+    from fedray.engine.run_options import shipped_options
+    from fedray.methods import METHODS
+    from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, postprocessor_class
+    from fedray.methods.ridge import PROBE_METHOD
+    from fedray.methods.sphere import SphereHead
+    from fedray.methods.tct_stage2 import TCT
+    from fedray.methods.training.server import SERVER_OPTIMIZERS
+    from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS
+
+    options = {name for name, entry in catalogue().items() if entry.kind != "run"} | set(shipped_options())
+    options |= {name for spec in POSTPROCESSORS for name in options_of(postprocessor_class(spec))}
+    return options | {*METHODS, *ALGORITHMS, *SERVER_OPTIMIZERS, *POSTPROCESSORS, TCT, PROBE_METHOD,
+                      SphereHead.calibration_method}
+
+
+def test_the_engines_configuration_names_no_built_in():
+    """No string constant of the engine's configuration modules is a built-in's name or a built-in option's: they read
+    them from the components' declarations."""
+    import ast
+    from pathlib import Path
+
+    names = built_in_names()
+    assert {"lam", "prox_mu", "clip_norm", "fed3r", "ffc", "tct", "dp", "secagg", "fedavg"} <= names
+    folder = Path(__file__).resolve().parents[2] / "fedray" / "engine"
+    found = [(module, node.lineno, node.value) for module in ENGINE_CONFIGURATION
+             for node in ast.walk(ast.parse((folder / module).read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+    assert found == []
