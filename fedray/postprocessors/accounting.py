@@ -23,10 +23,10 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import dp_accounting
-import scipy.optimize
-from dp_accounting import pld, rdp
+if TYPE_CHECKING:  # dp-accounting (and the scipy it loads) is imported when an ε is first computed: a run's options
+    import dp_accounting  # name these postprocessors, which every fedray command reads, and most runs use no DP
 
 PLD, RDP = "pld", "rdp"
 ACCOUNTANTS = (PLD, RDP)
@@ -37,10 +37,11 @@ COARSEST_INTERVAL = 1e-3
 FINEST_INTERVAL = 1e-9
 CALIBRATION_TOLERANCE = 1e-6
 """σ is calibrated to within this of the smallest multiplier that meets the budget (dp-accounting's own tolerance)."""
-ADD_OR_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-REPLACE = dp_accounting.NeighboringRelation.REPLACE_ONE
+ADD_OR_REMOVE, REPLACE = "ADD_OR_REMOVE_ONE", "REPLACE_ONE"
+"""Neighbouring data sets (``dp_accounting.NeighboringRelation``'s members, by name): one record added or removed, or
+one replaced."""
 
-Event = Callable[[float], dp_accounting.DpEvent]
+Event = Callable[[float], "dp_accounting.DpEvent"]
 """A mechanism as the accountant sees it, for a noise multiplier."""
 
 
@@ -71,17 +72,19 @@ def _quiet_library() -> Iterator[None]:
         library.removeFilter(unconverged)
 
 
-def _epsilon(event: dp_accounting.DpEvent, delta: float, kind: str, relation: dp_accounting.NeighboringRelation,
-             interval: float) -> float:
-    accountant = (pld.PLDAccountant(relation, value_discretization_interval=interval) if kind == PLD
-                  else rdp.RdpAccountant(neighboring_relation=relation))
+def _epsilon(event: dp_accounting.DpEvent, delta: float, kind: str, relation: str, interval: float) -> float:
+    import dp_accounting
+
+    neighbours = dp_accounting.NeighboringRelation[relation]
+    accountant = (dp_accounting.pld.PLDAccountant(neighbours, value_discretization_interval=interval) if kind == PLD
+                  else dp_accounting.rdp.RdpAccountant(neighboring_relation=neighbours))
     with _quiet_library():
         accountant.compose(event)
         return float(accountant.get_epsilon(delta))
 
 
 def spent(event: dp_accounting.DpEvent, delta: float, kind: str = DEFAULT_ACCOUNTANT,
-          relation: dp_accounting.NeighboringRelation = ADD_OR_REMOVE) -> float:
+          relation: str = ADD_OR_REMOVE) -> float:
     """ε(δ) of ``event`` from ``kind``'s accountant under ``relation`` (PLD: at the discretization its ε asks for)."""
     interval = COARSEST_INTERVAL
     epsilon = _epsilon(event, delta, kind, relation, interval)
@@ -94,6 +97,8 @@ def calibrated(epsilon_of: Callable[[float], float], target: float, refusal: str
     """The smallest noise multiplier in :data:`NOISE_RANGE` (to within :data:`CALIBRATION_TOLERANCE`) whose
     ``epsilon_of`` is at most ``target``; a ``ValueError`` of ``refusal`` (formatted with ``high`` and ``spent``) when
     none is."""
+    import scipy.optimize
+
     low, high = NOISE_RANGE
     if epsilon_of(high) > target:
         raise ValueError(refusal.format(high=high, spent=epsilon_of(high)))

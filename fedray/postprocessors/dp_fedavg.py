@@ -55,15 +55,17 @@ from __future__ import annotations
 
 import math
 from functools import cache
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import dp_accounting
 import torch
 
 import fedray
 from fedray.postprocessors import accounting
 from fedray.postprocessors.accounting import DEFAULT_ACCOUNTANT, PLD, RDP
 from fedray.postprocessors.dp import budget_met, check_options, noisy
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 POISSON, WITH, WITHOUT = "poisson", "with", "without"
 
@@ -81,6 +83,8 @@ def releases(sampling: str, rounds: int, population: int, per_round: int) -> int
 
 def round_event(noise: float, sampling: str, population: int, per_round: int) -> dp_accounting.DpEvent:
     """One round's release as the accountant sees it, for a noise multiplier ``noise`` of the clip S."""
+    import dp_accounting
+
     gaussian = dp_accounting.GaussianDpEvent(noise)
     if sampling == POISSON:
         return dp_accounting.PoissonSampledDpEvent(per_round / population, gaussian)
@@ -97,6 +101,8 @@ def chosen(kind: str | None, sampling: str) -> str:
 
 
 def event(noise: float, sampling: str, population: int, per_round: int, rounds: int) -> dp_accounting.DpEvent:
+    import dp_accounting
+
     return dp_accounting.SelfComposedDpEvent(round_event(noise, sampling, population, per_round),
                                              releases(sampling, rounds, population, per_round))
 

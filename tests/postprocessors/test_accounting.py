@@ -83,3 +83,14 @@ def test_the_calibrated_noise_is_the_smallest_that_meets_its_budget(kind, target
     noise = calibrated(target, DELTA, kind, "poisson", 1000, 10, 200)
     assert poisson(noise, kind, 1000, 10, 200) <= target
     assert poisson(noise - 2e-5, kind, 1000, 10, 200) > target
+
+
+def test_the_dp_postprocessors_load_the_accountant_only_to_account():
+    """Every fedray command reads the DP postprocessors' flags: loading them costs no dp-accounting (nor its scipy)."""
+    import subprocess
+    import sys
+
+    script = ("import sys, fedray.postprocessors.dp, fedray.postprocessors.dp_fedavg; "
+              "print(sorted({'dp_accounting', 'scipy.optimize'} & sys.modules.keys()))")
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
