@@ -561,6 +561,9 @@ def _spelt_as_fields(cls: type[RunConfig]) -> type[RunConfig]:
         made(self, *args, **values)
         if options is not None and not isinstance(options, dict):
             raise FedrayError(f"options must be a mapping of option: value, got {options!r}")
+        clashing = sorted((options or {}).keys() & declared.keys())
+        if clashing:  # a plugin's option may not take a run option's name (RunConfig.validate)
+            raise FedrayError(f"--option {clashing[0]}: {clashing[0]} is a run option: use {command_line(clashing[0])}")
         if named or options is not None:
             kept = self.component_options if options is None else \
                 {key: value for key, value in self.component_options.items() if key in declared}
@@ -696,8 +699,8 @@ def _owned_key(key: str) -> str | None:
     ``clip_norm``), else None; a one-line error for one given to a class that does not own it."""
     owner, name = split_key(key)
     entry = catalogue().get(name)
-    if entry is not None and entry.kind == "flag" and owner is None:  # as given before the flags were
-        return name
+    if entry is not None and entry.kind == "flag" and owner is None and name in options_of(entry.component):
+        return name  # an option of the postprocessor the flag adds, as given before the flags were
     if entry is None or not entry.by_class:
         return None
     kind, owners, _ = owners_of(name)

@@ -94,6 +94,22 @@ def test_the_run_configuration_holds_the_runs_own_options():
     assert replace(config, options={"y": 2}).component_options["lam"] == 0.5 and RunConfig().lam == 0.01
 
 
+
+def test_a_plugin_option_may_not_take_a_component_options_name():
+    """``--option secure_aggregation=...`` is not the flag (its postprocessor takes no such option): refused, as a run
+    option's name, and not mixed into the components' options it would share a key with."""
+    import pytest
+
+    from fedray.core.errors import FedrayError
+    from fedray.engine.config import resolve
+
+    with pytest.raises(FedrayError, match="^--option secure_aggregation: secure_aggregation is a run option: use "
+                                          "--secure-aggregation$"):
+        resolve({}, {"method": "fed3r", "options": {"secure_aggregation": "true"}})
+    flagged = resolve({}, {"method": "fed3r", "options": {"clip_norm": "1", "dp_noise": "0", "dp_delta": "1e-5"}})
+    assert (flagged.clip_norm, flagged.postprocessor, flagged.options["dp_accountant"]) == (1.0, "dp", "pld")
+
+
 ENGINE_CONFIGURATION = ("config.py", "config_files.py", "plugin_options.py", "run_options.py")
 """The engine's modules that read a run's options: they know no built-in by name."""
 
