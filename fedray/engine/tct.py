@@ -105,7 +105,8 @@ class TctStage2(Stage):
         train, train_labels = backend.pool.entk(params, spec, TRAIN)
         test, test_labels = backend.pool.entk(params, spec, TEST)
         # Each client computes its samples' eNTK features
-        previous.accounting.flops += options.entk_passes * backend.flops_per_image * float(federation.client_sizes.sum())
+        samples = float(federation.client_sizes.sum())
+        previous.accounting.flops += options.entk_passes * backend.flops_per_image * samples
         bounds, bundle = backend.pool.bounds, backend.pool.bundle
         context.release(backend)
         projection = Projection.of(options, run.seed)
@@ -229,7 +230,8 @@ class ScaffoldRounds:
         self.model = torch.zeros(run.width + 1, run.num_classes, dtype=torch.float64)
         self.control = torch.zeros_like(self.model)
         # c goes down with the model when not everyone takes part, and never without control variates
-        self.down = self.model.numel() * (1 if sampler.per_round == sampler.num_clients or not self.local.correction else 2)
+        everyone = sampler.per_round == sampler.num_clients
+        self.down = self.model.numel() * (1 if everyone or not self.local.correction else 2)
         self.loss, self.loss_weight = 0.0, 0.0
 
     def run_round(self, number: int, clients: np.ndarray) -> bool:

@@ -72,7 +72,8 @@ def test_the_scan_sees_what_it_looks_for():
 
 
 def test_the_names_cover_every_kind_of_built_in():
-    assert {"fedncm", "fed3r", "ffc", "fedavg", "fedadam", "scaffold", "fedavgm", "dp", "secagg", "tct"} <= REGISTRY_NAMES
+    assert {"fedncm", "fed3r", "ffc", "fedavg", "fedadam", "fedavgm", "scaffold", "dp", "secagg", "tct"} <= \
+        REGISTRY_NAMES
     assert {"lam", "rf_sigma", "prox_mu", "server_momentum", "clip_norm", "sphere_dim", "backbone", "tct_rounds",
             "client_lr"} <= OPTION_NAMES
 
