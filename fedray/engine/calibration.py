@@ -21,34 +21,14 @@ from fedray.core.federation import Federation
 from fedray.core.reports import reporting
 from fedray.engine.closed_form import everyone_uploads
 from fedray.engine.config import COLUMNS
-from fedray.engine.parts import MethodSpec, Sphere, uploads_of_everyone
+from fedray.engine.parts import MethodSpec, uploads_of_everyone
 from fedray.engine.pipeline import RunPlan, Stage, StageContext, StageResult
 from fedray.runtime.evaluator import Evaluator
 from fedray.methods.base import FLOAT_BYTES, Classifier, ClosedFormMethod
 from fedray.methods.postprocessor import Postprocessing, StageUploads
-from fedray.methods.ridge import FastFederatedCalibration
+from fedray.methods.sphere import ProjectedCalibration, SphereHead
 from fedray.runtime.footprint import Footprint, largest_clients
 from fedray.runtime.shards import ShardPool
-
-
-class ProjectedCalibration(FastFederatedCalibration):
-    """FFC on normalize(P x + q) (l dimensions) of features of ``dim`` dimensions."""
-
-    def __init__(self, dim: int, num_classes: int, lam: float, weight: torch.Tensor, bias: torch.Tensor) -> None:
-        super().__init__(dim, num_classes, lam=lam)
-        self.weight, self.bias_vector = weight, bias
-
-    @property
-    def feature_dim(self) -> int:
-        return self.weight.shape[0]
-
-    def transform(self, features: torch.Tensor) -> torch.Tensor:
-        """In float64, so the statistics are those of the exact normalized features, whatever the shard's rows."""
-        projected = features.double() @ self.weight.double().T + self.bias_vector.double()
-        return torch.nn.functional.normalize(projected, dim=1)
-
-    def statistics_flops(self, sizes: np.ndarray) -> np.ndarray:
-        return super().statistics_flops(sizes) + 2.0 * sizes * self.dim * self.feature_dim
 
 
 def calibrate(pool: ShardPool, evaluator: Evaluator, method: ClosedFormMethod, postprocessing: Postprocessing,
@@ -72,7 +52,7 @@ class Calibration(Stage):
     calibrated."""
 
     method: MethodSpec
-    sphere: Sphere | None = None
+    sphere: SphereHead | None = None
 
     def uploads(self, run: RunPlan) -> tuple[StageUploads, ...]:
         return (uploads_of_everyone("calibration", run.sampler),)
@@ -81,7 +61,7 @@ class Calibration(Stage):
         if self.sphere is None:
             label, dim = f"{self.method.name} (--calibrate)", federation.dim
         else:
-            label, dim = f"{self.method.name} (SphereFed's calibration)", self.sphere.dim or federation.dim
+            label, dim = f"{self.method.name} (SphereFed's calibration)", self.sphere.width(federation.dim)
         return (self.method.footprint(label, federation, dim, _block(run, federation), run.shards.kept_budget),)
 
     def run(self, context: StageContext, previous: StageResult) -> StageResult:
@@ -105,11 +85,9 @@ class Calibration(Stage):
         points, accounting = previous.points, previous.accounting
         reported = dict(points[-1].reported)
         federation = pool.federation
-        if weight is None:
-            method = self.method.build(federation)
-        else:
-            lam = self.method.values["lam"]
-            method = ProjectedCalibration(federation.dim, federation.num_classes, lam, weight, bias)
+        method = self.method.build(federation)
+        if weight is not None:
+            method = ProjectedCalibration.around(method, weight, bias)
         with reporting(reported, COLUMNS):  # a postprocessor's aggregate of the calibration's uploads may report
             classifier, accuracy = calibrate(pool, evaluator, method, context.postprocessing, points[-1].round + 1)
         everyone = np.arange(federation.num_clients)

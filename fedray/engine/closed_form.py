@@ -268,9 +268,10 @@ class ClosedForm(Stage):
                                postprocessing=run.sampler.uploads(context.postprocessing), callbacks=context.callbacks)
 
     def run(self, context: StageContext, previous: StageResult) -> StageResult:
-        """The run's classifier: its rows, its rounds and its arrays (with the method's own, a random feature map)."""
+        """The run's classifier: its rows, its rounds and its arrays (with the method's own, a random feature map);
+        what the method resolved is the run's record."""
         method = self.build(context.federation)
         outcome = self.solve(context, method, context.pool, context.evaluator, context.run.backbone_macs)
-        resolved = {"num_shards": context.pool.num_shards, "rf_sigma": getattr(method, "rf_sigma", None)}
+        resolved = {"num_shards": context.pool.num_shards, **method.recorded()}
         return StageResult(outcome.points, rounds=outcome.rounds, resolved=resolved,
                            arrays={**outcome.classifier.arrays(), **method.arrays()})

@@ -12,13 +12,13 @@ from functools import partial
 from typing import Callable, TypeVar
 
 from fedray.core.federation import TEST, TRAIN, Federation
-from fedray.data.images.backbones import images_backbone
 from fedray.data.memory import with_features
-from fedray.engine.parts import Images, Shards, Sphere
+from fedray.engine.parts import Images, Shards
 from fedray.engine.pipeline import Embeddings, StageContext
 from fedray.methods.algorithm import FederatedAlgorithm
-from fedray.methods.finetune_model import get_mode, model_structure, trained_names
+from fedray.methods.finetune_model import get_mode, trained_names
 from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.sphere import SphereHead
 from fedray.methods.training.backend import Params
 from fedray.methods.training.local import LocalSGD
 from fedray.runtime.evaluator import Evaluator
@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 
 def open_network(images: Images, context: StageContext, *, sgd: LocalSGD, algorithm: FederatedAlgorithm,
-                 sphere: Sphere | None,
+                 sphere: SphereHead | None,
                  postprocessing: Postprocessing) -> tuple[FineTuneBackend, Embeddings, float | None]:
     """The backend fine-tuning ``images`` with ``algorithm`` and ``sgd`` (SphereFed's backbone under its fixed
     classifier with ``sphere``), on a trainer pool of its own (in the Tune trial's bundles inside one), held by
@@ -37,10 +37,9 @@ def open_network(images: Images, context: StageContext, *, sgd: LocalSGD, algori
     the backbone's measured FLOPs per image)."""
     run = context.run
     backend = FineTuneBackend.start(
-        context.federation, images.backbone, images.weights, images.mode, sgd, run.seed,
-        image_size=images.image_size, num_trainers=images.num_trainers, cpus_per_trainer=images.cpus_per_trainer,
-        algorithm=algorithm, sphere_loss=None if sphere is None else sphere.loss,
-        postprocessing=postprocessing, trial_group=context.trial_group, state_budget=run.shards.state_memory,
+        context.federation, images.network, images.mode, sgd, run.seed, num_trainers=images.num_trainers,
+        cpus_per_trainer=images.cpus_per_trainer, algorithm=algorithm, sphere=sphere, postprocessing=postprocessing,
+        trial_group=context.trial_group, state_budget=run.shards.state_memory,
     )
     context.hold(backend, backend.shutdown)
     backbone_macs = backend.flops_per_image / 2 if run.backbone_macs is None else run.backbone_macs
@@ -70,6 +69,6 @@ def on_embeddings(shards: Shards, backend: FineTuneBackend, params: Params,
 
 def network_shape(images: Images, federation: Federation) -> tuple[Params, Params]:
     """The fine-tuned network's state dict (its shapes, for a checkpoint's check) and the part of it that trains."""
-    model = model_structure(images_backbone(images.backbone, federation), federation.num_classes)
+    model = images.network.structure(federation)
     params = model.state_dict()
     return params, {name: params[name] for name in trained_names(model, get_mode(images.mode))}

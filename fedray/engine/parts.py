@@ -1,5 +1,5 @@
-"""The built parts a run's stages take: how clients are drawn, a closed-form method with its options, what training
-runs on (SphereFed's projection, images), the shard actors' resources, and what a stage's uploads look like."""
+"""The built parts a run's stages take: how clients are drawn, a closed-form method with its options, the images
+training runs on, the shard actors' resources, and what a stage's uploads look like."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from fedray.core.federation import Federation
 from fedray.core.options import build
 from fedray.methods.base import ClosedFormMethod
 from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads
+from fedray.methods.training.modes import FineTuning
 from fedray.runtime import sampling
-from fedray.runtime.footprint import Footprint, closed_form_footprint
+from fedray.runtime.footprint import Footprint, method_footprint
 from fedray.runtime.kept import default_budget
 from fedray.runtime.schedules import Schedule
 
@@ -66,10 +67,7 @@ class MethodSpec:
                   kept_budget: int) -> Footprint:
         """The memory this method needs on ``federation``'s features of ``dim`` dimensions, ``block_samples`` at a
         time, as the stage ``label``."""
-        options = {key: self.values[key] for key in ("bias", "rf_dim", "means_per_class", "covariance",
-                                                     "virtual_per_class")}
-        return closed_form_footprint(label, self.name, federation, dim, block_samples, **options,
-                                     kept_budget=kept_budget)
+        return method_footprint(label, self.name, self.values, federation, dim, block_samples, kept_budget)
 
 
 @dataclass(frozen=True)
@@ -77,19 +75,9 @@ class Images:
     """Fine-tuning on images: what trains (``ft``, ``ftlp``, ``ftfeat``), the network and its trainers."""
 
     mode: str
-    backbone: str
-    weights: str
-    image_size: int
+    network: FineTuning
     num_trainers: int | None
     cpus_per_trainer: float
-
-
-@dataclass(frozen=True)
-class Sphere:
-    """SphereFed: the l × d projection onto the sphere before a fixed classifier, trained with ``loss``."""
-
-    dim: int | None
-    loss: str
 
 
 @dataclass(frozen=True)

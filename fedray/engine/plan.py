@@ -21,20 +21,20 @@ from fedray.core.plugins import display_name
 from fedray.engine.calibration import Calibration, Probe
 from fedray.engine.closed_form import ClosedForm
 from fedray.engine.config import TCT, RunConfig
-from fedray.engine.parts import Images, MethodSpec, Sampler, Shards, Sphere, closed_form_uploads, training_uploads
+from fedray.engine.parts import Images, MethodSpec, Sampler, Shards, closed_form_uploads, training_uploads
 from fedray.engine.pipeline import RunPlan, Stage, footprints
 from fedray.engine.settings import local_sgd_settings, server_optimizer, training_algorithm
 from fedray.engine.stages import Training
 from fedray.methods import method_class
 from fedray.methods.base import ClosedFormMethod
 from fedray.methods.postprocessor import Postprocessing, postprocessor_class
+from fedray.methods.ridge import PROBE_METHOD
 from fedray.methods.sphere import SphereHead
 from fedray.methods.tct_stage2 import TctStage2Options
 from fedray.methods.training.modes import FineTuning
 
-__all__ = ["ClosedForm", "Calibration", "Images", "MethodSpec", "Probe", "RunPlan", "Sampler", "Shards", "Sphere",
-           "Stage", "Training", "closed_form_uploads", "footprints", "plan", "postprocessing", "stages",
-           "training_uploads"]
+__all__ = ["ClosedForm", "Calibration", "Images", "MethodSpec", "Probe", "RunPlan", "Sampler", "Shards", "Stage",
+           "Training", "closed_form_uploads", "footprints", "plan", "postprocessing", "stages", "training_uploads"]
 
 
 def postprocessing(config: RunConfig) -> Postprocessing:
@@ -57,15 +57,9 @@ def method_spec(config: RunConfig, name: str) -> MethodSpec:
 
 def training_stage(config: RunConfig) -> Training:
     """``--method`` (TCT: ``--base``) with its local SGD and server optimizer, each built once with its options."""
-    images = None
-    if config.finetune is not None:
-        network = config.component(FineTuning)
-        images = Images(config.finetune, network.backbone, network.weights, network.image_size, config.num_trainers,
-                        config.cpus_per_trainer)
-    sphere = None
-    if config.head == "sphere":
-        head = config.component(SphereHead)
-        sphere = Sphere(head.sphere_dim, head.sphere_loss)
+    images = None if config.finetune is None else \
+        Images(config.finetune, config.component(FineTuning), config.num_trainers, config.cpus_per_trainer)
+    sphere = config.component(SphereHead) if config.head == "sphere" else None
     return Training(algorithm=training_algorithm(config), server_optimizer=server_optimizer(config),
                     sgd=local_sgd_settings(config), rounds=config.rounds, checkpoint_every=config.checkpoint_every,
                     sphere=sphere, images=images, method=display_name(config.training_algorithm))
@@ -79,21 +73,16 @@ def stages(config: RunConfig) -> tuple[Stage, ...]:
     if config.init != "random":
         training = replace(training, init=ClosedForm(method_spec(config, config.init), config.init_rounds))
     listed: list[Stage] = [training]
-    if config.head == "sphere":
-        listed.append(Calibration(method_spec(config, "ffc"), training.sphere))
+    if training.sphere is not None:
+        listed.append(Calibration(method_spec(config, training.sphere.calibration_method), training.sphere))
     elif config.calibrate is not None:
         listed.append(Calibration(method_spec(config, config.calibrate)))
     if config.probe_ridge:
-        listed.append(Probe(method_spec(config, "fed3r")))
+        listed.append(Probe(method_spec(config, PROBE_METHOD)))
     if config.method == TCT:
-        from fedray.engine.tct import Entk, TctStage2  # torchvision loads only for TCT's runs
+        from fedray.engine.tct import TctStage2  # torchvision loads only for TCT's runs
 
-        tct = config.component(TctStage2Options)
-        listed.append(TctStage2(entk=Entk(tct.entk_dim, tct.entk_fp16, tct.entk_chunk, tct.entk_params == "last_layer"),
-                                rounds=tct.tct_rounds, local_steps=tct.tct_local_steps, lr=tct.tct_lr,
-                                solver=tct.tct_solver, projection=tct.tct_projection, lam=tct.tct_lam,
-                                correction=not tct.tct_fedavg, normalize=not tct.tct_no_normalization,
-                                loss=tct.tct_loss))
+        listed.append(TctStage2(config.component(TctStage2Options)))
     return tuple(listed)
 
 

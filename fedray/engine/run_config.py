@@ -67,14 +67,14 @@ def simulate(
         on_point = callbacks.hearing(on_point)
     outcome = run_closed_form(pool, method, rounds, config.eval_every, evaluator, on_point=on_point,
                               backbone_macs=config.backbone_macs, postprocessing=postprocessing, callbacks=callbacks)
-    resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, rf_sigma=getattr(method, "rf_sigma", None))
+    resolved = _resolved(config, federation.num_clients, num_shards=pool.num_shards, **method.recorded())
     return resolved, metrics_rows(resolved, per_round, outcome.points, **stopped_early(callbacks)), outcome
 
 
 def _resolved(config: RunConfig, num_clients: int, **values: object) -> RunConfig:
-    """``config`` with κ resolved (unless a rate was given) and ``values`` filled in."""
+    """``config`` with κ resolved (unless a rate was given) and ``values`` recorded (a run option's, a plugin's)."""
     per_round = config.per_round(num_clients)
-    return replace(config, clients_per_round=per_round if config.participation is None else None, **values)
+    return replace(config.recording(values), clients_per_round=per_round if config.participation is None else None)
 
 
 def metrics_rows(resolved: RunConfig, per_round: int, points: list[EvalPoint], stopped_early: bool = False,

@@ -17,21 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from fedray.core.federation import Federation
 from fedray.core.results import EvalPoint
 from fedray.engine.checkpoint import RunShape, save_checkpoint
 from fedray.engine.closed_form import ClosedForm
-from fedray.engine.parts import Images, Sphere, training_uploads
+from fedray.engine.parts import Images, training_uploads
 from fedray.engine.pipeline import Embeddings, RunPlan, Stage, StageContext, StageResult
 from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.base import Classifier
 from fedray.methods.checks import check_tensors
 from fedray.methods.postprocessor import Postprocessing, StageUploads
-from fedray.methods.training.backend import Params, TrainingBackend
-from fedray.methods.training.local import LocalSGD, random_head
+from fedray.methods.training.backend import TrainingBackend
+from fedray.methods.sphere import SphereHead
+from fedray.methods.training.local import LocalSGD, classifier_head, random_head
 from fedray.methods.training.server import ServerOptimizer
 from fedray.runtime import sampling
 from fedray.runtime.footprint import Footprint, largest_clients, training_footprint
@@ -56,7 +56,7 @@ class Training(Stage):
     sgd: LocalSGD
     rounds: int | None
     checkpoint_every: int | None
-    sphere: Sphere | None = None
+    sphere: SphereHead | None = None
     images: Images | None = None
     init: ClosedForm | None = None
     method: str = ""
@@ -95,7 +95,7 @@ class Training(Stage):
             return None
         kept = federation.num_clients if self.rounds is None else \
             min(federation.num_clients, self.rounds * run.sampler.per_round)
-        sphere_dim = None if self.sphere is None else self.sphere.dim or federation.dim
+        sphere_dim = None if self.sphere is None else self.sphere.width(federation.dim)
         training = training_footprint(self.name, federation, self.algorithm, sphere_dim, kept,
                                       self.largest_round(run, federation), run.shards.state_budget)
         init = () if self.init is None else self.init.footprints(run, federation, f"{self.init.method.name} (--init)")
@@ -123,7 +123,7 @@ class Training(Stage):
             params, trained = network_shape(self.images, federation)
         else:
             if self.sphere is not None:
-                params = initial_projection(federation.dim, self.sphere.dim or federation.dim, run.seed)
+                params = initial_projection(federation.dim, self.sphere.width(federation.dim), run.seed)
             else:
                 params = random_head(federation.dim, federation.num_classes, run.seed)
             trained = params
@@ -147,8 +147,10 @@ class Training(Stage):
             backbone_macs, resolved = context.run.backbone_macs, {"num_shards": context.pool.num_shards}
         result = self._run(context, backend, embeddings, backbone_macs, postprocessing)
         params = result.params
-        head = Classifier(params["head.weight"].T.contiguous(), params["head.bias"]) if self.images is not None \
-            else Classifier(params["weight"], params["bias"])
+        # SphereFed's projection (P, q) on features, as classifier.npz holds it when no calibration follows (a
+        # diverged training); else the trained head
+        head = Classifier(*backend.calibration_map(params)) if self.sphere is not None and self.images is None \
+            else backend.head(params)
         result.arrays, result.resolved = head.arrays(), resolved
         result.model = params if self.images is not None else None
         result.backend, result.embeddings = backend, embeddings
@@ -156,10 +158,10 @@ class Training(Stage):
 
     def _open_head(self, context: StageContext, postprocessing: Postprocessing) -> TrainingBackend:
         """Linear probing (SphereFed: its projection) on the pool's features."""
-        run, federation = context.run, context.federation
+        run = context.run
         if self.sphere is not None:
-            return SphereBackend(context.pool, self.sgd, run.seed, context.evaluator, self.algorithm,
-                                 self.sphere.dim or federation.dim, self.sphere.loss, postprocessing)
+            return SphereBackend(context.pool, self.sgd, run.seed, context.evaluator, self.algorithm, self.sphere,
+                                 postprocessing)
         return ProbeBackend(context.pool, self.sgd, run.seed, context.evaluator, self.algorithm,
                             postprocessing=postprocessing)
 
@@ -176,7 +178,7 @@ class Training(Stage):
                 init = self.init
                 head, accounting, points = embeddings(params, lambda pool, evaluator: _initial_head(
                     init, context, pool, evaluator, backbone_macs))
-                params = backend.with_head(params, head)
+                params = backend.with_head(params, classifier_head(head))
             model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
             algorithm_state = check_tensors(backend.algorithm, "init_server_state",
                                             backend.algorithm.init_server_state(model))
@@ -203,13 +205,10 @@ def _on_pool(context: StageContext) -> Embeddings:
 
 
 def _initial_head(init: ClosedForm, context: StageContext, pool: ShardPool, evaluator: Evaluator,
-                  backbone_macs: float | None) -> tuple[Params, Accounting, list[EvalPoint]]:
-    """``--init``'s classifier on ``pool``'s features as the head, with its rows and accounting."""
+                  backbone_macs: float | None) -> tuple[Classifier, Accounting, list[EvalPoint]]:
+    """``--init``'s classifier on ``pool``'s features, with its rows and accounting."""
     federation = pool.federation
     outcome = init.solve(context, init.method.build(federation), pool, evaluator, backbone_macs)
-    classifier: Classifier = outcome.classifier
-    weight = classifier.weight.to(torch.float32)
-    bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
     last = outcome.points[-1]
     seen = np.zeros(federation.num_clients, dtype=bool)
     for clients in outcome.rounds:
@@ -217,4 +216,4 @@ def _initial_head(init: ClosedForm, context: StageContext, pool: ShardPool, eval
     seen[outcome.dropped] = False  # their statistics never reached the server
     accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down,
                             last.flops_client_avg * last.clients_seen, outcome.paper)
-    return {"weight": weight, "bias": bias}, accounting, outcome.points
+    return outcome.classifier, accounting, outcome.points

@@ -64,56 +64,32 @@ from fedray.engine.pipeline import RunPlan, Stage, StageContext, StageResult
 from fedray.engine.round_loop import EvalRounds, Listener, Report, run_rounds
 from fedray.engine.training import Accounting
 from fedray.methods.base import FLOAT_BYTES, Classifier
-from fedray.methods.entk import EntkSpec, sample_coordinates
 from fedray.methods.postprocessor import Postprocessing, StageUploads
-from fedray.methods.tct_stage2 import objective_from_statistics, solve_stage2, split_model
+from fedray.methods.tct_stage2 import TctStage2Options, objective_from_statistics, split_model
 from fedray.runtime import sampling
 from fedray.runtime.schedules import Schedule
 from fedray.runtime.tct_shards import LocalSolver, Normalization, Projection, Stage2Pool
 
 
 @dataclass(frozen=True)
-class Entk:
-    """TCT's eNTK features: ``dim`` coordinates drawn from the run's seed, computed ``chunk`` samples at a time, in
-    float16 (``fp16``) or float32, w.r.t. every weight or the last layer's only (``last_layer``: ``--entk-params
-    last_layer``)."""
-
-    dim: int
-    fp16: bool
-    chunk: int
-    last_layer: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
 class TctStage2(Stage):
     """TCT's stage 2 on the eNTK features at the stage-1 weights the training before it leaves (see the module's
-    docstring): ``rounds`` SCAFFOLD rounds of ``local_steps`` steps at ``lr``, or the closed form (``solver``), on
-    features projected to ``projection`` coordinates when given, with ridge ``lam``."""
+    docstring), as its ``options`` say: SCAFFOLD's rounds, the closed form or both, on the features or a projection
+    of them."""
 
-    entk: Entk
-    rounds: int
-    local_steps: int
-    lr: float
-    solver: str
-    projection: int | None
-    lam: float
-    correction: bool = True
-    """SCAFFOLD's control variates (False: ``--tct-fedavg``)."""
-    normalize: bool = True
-    """The normalization round (False: ``--tct-no-normalization``, stage 2 on the raw features)."""
-    loss: str = "mse"
+    options: TctStage2Options
 
     def check(self, run: RunPlan, federation: Federation) -> None:
-        sampling.check_rounds(self.rounds, "--tct-rounds")
+        sampling.check_rounds(self.options.rounds, "--tct-rounds")
 
     def uploads(self, run: RunPlan) -> tuple[StageUploads, ...]:
         told = []
-        if self.normalize:
+        if self.options.normalized:
             told.append(uploads_of_everyone("tct normalization", run.sampler))
-        if self.solver in ("closed_form", "both"):
+        if self.options.solves_closed_form:
             told.append(uploads_of_everyone("tct closed form", run.sampler))
-        if self.solver in ("scaffold", "both"):
-            told.append(training_uploads("tct stage 2", run.sampler.drawn, self.rounds))
+        if self.options.solves_iteratively:
+            told.append(training_uploads("tct stage 2", run.sampler.drawn, self.options.rounds))
         return tuple(told)
 
     def run(self, context: StageContext, previous: StageResult) -> StageResult:
@@ -122,20 +98,18 @@ class TctStage2(Stage):
         upload passes through the run's postprocessing (its state carries from stage 1, which has no checkpoint)."""
         if previous.points[-1].diverged or context.callbacks.stopping:
             return previous
-        run, federation, backend = context.run, context.federation, previous.backend
-        coordinates = backend.entk_head if self.entk.last_layer else range(backend.entk_num_parameters)
-        index = sample_coordinates(coordinates, self.entk.dim, run.seed)
-        spec = EntkSpec(run.seed, index, self.entk.chunk, torch.float16 if self.entk.fp16 else torch.float32)
+        run, federation, backend, options = context.run, context.federation, previous.backend, self.options
+        spec = options.entk_spec(backend.entk_head, backend.entk_num_parameters, run.seed)
+        index = spec.index
         params = ray.put(previous.params)
         train, train_labels = backend.pool.entk(params, spec, TRAIN)
         test, test_labels = backend.pool.entk(params, spec, TEST)
-        # Each client computes its samples' eNTK features: a forward and a backward pass, ~3 forward FLOPs (the last
-        # layer's: the forward pass, whose penultimate features they are).
-        passes = 1.0 if self.entk.last_layer else 3.0
-        previous.accounting.flops += passes * backend.flops_per_image * float(federation.client_sizes.sum())
+        # Each client computes its samples' eNTK features
+        samples = float(federation.client_sizes.sum())
+        previous.accounting.flops += options.entk_passes * backend.flops_per_image * samples
         bounds, bundle = backend.pool.bounds, backend.pool.bundle
         context.release(backend)
-        projection = None if self.projection is None else Projection(self.projection, run.seed)
+        projection = Projection.of(options, run.seed)
         width = len(index) if projection is None else projection.dim
         pool = Stage2Pool.start(train, train_labels, test, test_labels, bounds, federation.client_offsets,
                                 federation.num_classes, bundle, projection, context.trial_group)
@@ -146,23 +120,20 @@ class TctStage2(Stage):
             if projection is not None:
                 stage2.accounting.flops += 2.0 * float(federation.client_sizes.sum()) * len(index) * width
             normalization = stage2.normalize()
-            closed_form = stage2.closed_form(normalization) if self.solver in ("closed_form", "both") else None
-            scaffold = None if self.solver not in ("scaffold", "both") else stage2.scaffold(normalization,
-                                                                                             context.callbacks)
+            closed_form = stage2.closed_form(normalization) if options.solves_closed_form else None
+            scaffold = stage2.scaffold(normalization, context.callbacks) if options.solves_iteratively else None
         finally:
             pool.shutdown()
         # W and bias are SCAFFOLD's when it ran, else the closed form's; with both, the closed form's are suffixed.
         solved = {"": scaffold if scaffold is not None else closed_form}
         if scaffold is not None and closed_form is not None:
             solved["_closed_form"] = closed_form
-        arrays: dict[str, np.ndarray] = {}
-        for suffix, model in solved.items():
-            weights, bias = split_model(model)
-            arrays[f"W{suffix}"], arrays[f"bias{suffix}"] = weights.numpy(), bias.numpy()
+        arrays = {f"{name}{suffix}": array for suffix, model in solved.items()
+                  for name, array in stage2_classifier(model).arrays().items()}
         arrays.update({"entk_index": index.numpy(), "entk_mean": stage2.normalization.mean.numpy(),
                        "entk_std": stage2.normalization.std.numpy()})
         everyone = np.arange(federation.num_clients)  # the normalization round, then SCAFFOLD's (or the closed form's)
-        rounds = (previous.rounds + ([everyone] if self.normalize else [])
+        rounds = (previous.rounds + ([everyone] if options.normalized else [])
                   + (stage2.scaffold_rounds if scaffold is not None else [everyone]))
         return replace(previous, arrays=arrays, rounds=rounds)
 
@@ -177,7 +148,7 @@ class Stage2Run:
         self.pool, self.sizes, self.num_classes, self.width = pool, sizes, num_classes, width
         self.points, self.accounting, self.on_point, self.postprocessing = points, accounting, on_point, postprocessing
         self.first_round = points[-1].round
-        self.solvers_start = self.first_round + (1 if stage.normalize else 0)
+        self.solvers_start = self.first_round + (1 if stage.options.normalized else 0)
         """The run's rounds before the solvers': stage 1's and the normalization round when there is one."""
         self.everyone = postprocessing.sampled(len(sizes), len(sizes), False)
         """The uploads of the normalization round and the closed form: every client once, in the run's rounds."""
@@ -201,7 +172,7 @@ class Stage2Run:
 
         Without it (``--tct-no-normalization``) μ = 0 and σ = 1, which every use of them ((z − μ)/σ in float64)
         leaves bit for bit as z: no round, nothing sent."""
-        if not self.stage.normalize:
+        if not self.stage.options.normalized:
             self.normalization = Normalization(torch.zeros(self.width, dtype=torch.float64),
                                                torch.ones(self.width, dtype=torch.float64))
             return ray.put(self.normalization)
@@ -224,7 +195,7 @@ class Stage2Run:
                                               self.everyone.among(range(len(self.sizes)), self.solvers_start + 1),
                                               self.solvers_start + 1)
         count = int(self.sizes.sum())
-        model = solve_stage2(statistics.matrix, statistics.rhs, count, self.stage.lam)
+        model = self.stage.options.solve(statistics.matrix, statistics.rhs, count)
         p = self.width + 1  # the features and the intercept
         accounting.add(np.arange(len(self.sizes)), self.sizes, len(self.sizes) * (p * p + p * self.num_classes) * FLOAT_BYTES,
                        0.0, 2.0 * count * p * (p + self.num_classes))
@@ -238,7 +209,7 @@ class Stage2Run:
         ``tct_scaffold`` rows every ``--eval-every`` rounds; the run's ``callbacks`` hear its rounds (and may stop it at
         a row)."""
         sampler = replace(self.sampler, with_replacement=True)  # TCT's SCAFFOLD samples with replacement
-        rounds = sampler.rounds(self.stage.rounds, past_coverage=True)
+        rounds = sampler.rounds(self.stage.options.rounds, past_coverage=True)
         path = ScaffoldRounds(self, normalization, sampler)
         loop = (callbacks or Callbacks()).loop("tct_scaffold", "tct stage 2", len(rounds), self.solvers_start)
         diverged = run_rounds(path, rounds, EvalRounds(len(rounds), self.eval_every),
@@ -252,13 +223,15 @@ class ScaffoldRounds:
 
     def __init__(self, run: Stage2Run, normalization: ray.ObjectRef, sampler: Sampler) -> None:
         self.run, self.normalization = run, normalization
-        self.solver = ray.put(LocalSolver(run.stage.local_steps, run.stage.lr, run.stage.correction, run.stage.loss))
+        self.local = LocalSolver.of(run.stage.options)
+        self.solver = ray.put(self.local)
         self.postprocessing = sampler.uploads(run.postprocessing, run.solvers_start)
-        self.weights = run.sizes / run.sizes.sum()
+        self.client_weights = run.sizes / run.sizes.sum()
         self.model = torch.zeros(run.width + 1, run.num_classes, dtype=torch.float64)
         self.control = torch.zeros_like(self.model)
         # c goes down with the model when not everyone takes part, and never without control variates
-        self.down = self.model.numel() * (1 if sampler.per_round == sampler.num_clients or not run.stage.correction else 2)
+        everyone = sampler.per_round == sampler.num_clients
+        self.down = self.model.numel() * (1 if everyone or not self.local.correction else 2)
         self.loss, self.loss_weight = 0.0, 0.0
 
     def run_round(self, number: int, clients: np.ndarray) -> bool:
@@ -266,10 +239,10 @@ class ScaffoldRounds:
         clients = np.sort(clients)
         with reporting(run.reported, COLUMNS):
             sums = run.pool.train(self.solver, self.normalization, ray.put(self.model), ray.put(self.control), clients,
-                                  self.weights[clients], self.postprocessing.among(clients, number), number)
+                                  self.client_weights[clients], self.postprocessing.among(clients, number), number)
         self.loss, self.loss_weight = self.loss + sums.loss, self.loss_weight + sums.weight
         updated = self.model + sums.delta.to(torch.float64) / sums.weight
-        flops = 4.0 * run.stage.local_steps * float(run.sizes[clients].sum()) * floats
+        flops = 4.0 * self.local.steps * float(run.sizes[clients].sum()) * floats
         run.accounting.add(clients, run.sizes, len(clients) * floats * FLOAT_BYTES, len(clients) * self.down * FLOAT_BYTES,
                            flops)
         if not bool(torch.isfinite(updated).all()):

@@ -168,6 +168,12 @@ class ClosedFormMethod(ABC, Generic[Stats]):
         """Extra arrays a saved classifier needs besides W (e.g. a random feature map)."""
         return {}
 
+    def recorded(self) -> dict[str, object]:
+        """What the constructor resolved that the options did not say (Fed3R-RF's σ when none was given), by the names
+        of this class's options: the run writes these values in ``config.yaml`` and in every row, in place of what
+        was given, so that the record re-runs the same. Default: nothing."""
+        return {}
+
 
 def floats_in(statistics: object) -> int:
     """The number of floats in a statistics object: its tensors and arrays, in dataclasses, sequences or dicts."""

@@ -30,6 +30,7 @@ class RidgeStatistics:
 
 PROBE_METHOD = "fed3r"
 """The closed form of --probe-ridge."""
+
 RIDGE_SUMS = UploadParts({"gram": SampleSum(2, symmetric=True, width_axis=0), "targets": SampleSum(1, width_axis=0)})
 """ZᵀZ (p × p) and ZᵀY (p × C) over the design's rows (p: its width, the features' d for Fed3R without a bias)."""
 
@@ -177,6 +178,10 @@ class Fed3RRandomFeatures(Fed3R):
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"rf_omega": self.omega.numpy(), "rf_phase": self.phase.numpy()}
+
+    def recorded(self) -> dict[str, object]:
+        """σ, √d when not given."""
+        return {"rf_sigma": self.rf_sigma}
 
 
 class FastFederatedCalibration(Fed3R):

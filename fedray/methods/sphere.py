@@ -15,11 +15,13 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
+import numpy as np
 import torch
 
 from fedray.core.errors import FedrayError
 from fedray.core.numeric_options import check_positive
 from fedray.core.options import Unset
+from fedray.methods.ridge import FastFederatedCalibration
 
 TIGHT_FRAME_TOLERANCE = 1e-10
 MAX_ITERATIONS = 10_000
@@ -64,6 +66,10 @@ class SphereHead:
         if self.sphere_loss not in ("mse", "ce"):
             raise FedrayError(f"--sphere-loss must be mse or ce, got {self.sphere_loss!r}")
 
+    def width(self, feature_dim: int) -> int:
+        """l: the projection's width on features of ``feature_dim`` dimensions (theirs unless ``sphere_dim`` says)."""
+        return self.sphere_dim or feature_dim
+
 
 def sphere_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str, temperature: float) -> torch.Tensor:
     """Mean over the batch of SphereFed's (1/C)‖Wz − onehot(y)‖², or of the cross-entropy of Wz / T."""
@@ -71,3 +77,30 @@ def sphere_loss(logits: torch.Tensor, labels: torch.Tensor, loss: str, temperatu
         return torch.nn.functional.cross_entropy(logits / temperature, labels)
     one_hot = torch.nn.functional.one_hot(labels, logits.shape[1]).to(logits.dtype)
     return ((logits - one_hot) ** 2).mean(dim=1).mean()
+
+
+class ProjectedCalibration(FastFederatedCalibration):
+    """FFC on normalize(P x + q) (l dimensions) of features of ``dim`` dimensions: SphereFed's calibration of a
+    projection trained on the features themselves (the projection is part of the method's feature map)."""
+
+    def __init__(self, dim: int, num_classes: int, lam: float, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        super().__init__(dim, num_classes, lam=lam)
+        self.weight, self.bias_vector = weight, bias
+
+    @classmethod
+    def around(cls, calibration: FastFederatedCalibration, weight: torch.Tensor,
+               bias: torch.Tensor) -> ProjectedCalibration:
+        """``calibration`` (its λ) on normalize(P x + q), P = ``weight`` and q = ``bias``."""
+        return cls(calibration.dim, calibration.num_classes, calibration.lam, weight, bias)
+
+    @property
+    def feature_dim(self) -> int:
+        return self.weight.shape[0]
+
+    def transform(self, features: torch.Tensor) -> torch.Tensor:
+        """In float64, so the statistics are those of the exact normalized features, whatever the shard's rows."""
+        projected = features.double() @ self.weight.double().T + self.bias_vector.double()
+        return torch.nn.functional.normalize(projected, dim=1)
+
+    def statistics_flops(self, sizes: np.ndarray) -> np.ndarray:
+        return super().statistics_flops(sizes) + 2.0 * sizes * self.dim * self.feature_dim

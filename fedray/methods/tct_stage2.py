@@ -51,6 +51,7 @@ from fedray.core.errors import FedrayError
 from fedray.core.numeric_options import check_positive
 from fedray.core.options import Unset
 from fedray.methods.base import gram, single_threaded, spd_solve
+from fedray.methods.entk import EntkSpec, sample_coordinates
 
 TCT = "tct"
 """TCT's ``--method`` name: its stage 1 a training algorithm (``--base``), its stage 2 this."""
@@ -125,6 +126,49 @@ class TctStage2Options:
         if width > CLOSED_FORM_MAX_DIM:
             raise FedrayError(f"the closed-form stage 2 solves a {width} × {width} system: give --tct-projection D "
                               f"≤ {CLOSED_FORM_MAX_DIM} (or --entk-dim ≤ {CLOSED_FORM_MAX_DIM})")
+
+    # What the engine's stage 2 (fedray.engine.tct) asks of these options: it names none of them.
+
+    @property
+    def rounds(self) -> int:
+        """The iterative solver's rounds."""
+        return self.tct_rounds
+
+    @property
+    def solves_closed_form(self) -> bool:
+        return self.tct_solver in ("closed_form", "both")
+
+    @property
+    def solves_iteratively(self) -> bool:
+        """SCAFFOLD's rounds (FedAvg's with ``tct_fedavg``)."""
+        return self.tct_solver in ("scaffold", "both")
+
+    @property
+    def normalized(self) -> bool:
+        """Whether a normalization round standardizes the features first (else stage 2 runs on the raw ones)."""
+        return not self.tct_no_normalization
+
+    @property
+    def corrected(self) -> bool:
+        """Whether the iterative solver keeps SCAFFOLD's control variates."""
+        return not self.tct_fedavg
+
+    @property
+    def entk_passes(self) -> float:
+        """Forward passes a sample's eNTK features cost: a forward and a backward pass (~3), or only the forward pass
+        whose penultimate features they are (the last layer's)."""
+        return 1.0 if self.entk_params == "last_layer" else 3.0
+
+    def entk_spec(self, head: range, num_parameters: int, seed: int) -> EntkSpec:
+        """The eNTK features to compute: ``entk_dim`` coordinates drawn from ``seed`` among the network's
+        ``num_parameters`` (the last layer's: its ``head`` coordinates), ``entk_chunk`` samples at a time."""
+        coordinates = head if self.entk_params == "last_layer" else range(num_parameters)
+        index = sample_coordinates(coordinates, self.entk_dim, seed)
+        return EntkSpec(seed, index, self.entk_chunk, torch.float16 if self.entk_fp16 else torch.float32)
+
+    def solve(self, matrix: torch.Tensor, rhs: torch.Tensor, count: int) -> torch.Tensor:
+        """The closed-form stage 2 from the summed XᵀX and XᵀY of ``count`` samples (:func:`solve_stage2`)."""
+        return solve_stage2(matrix, rhs, count, self.tct_lam)
 
 ROW_BLOCK = 4096
 """Rows widened to float64 at a time: 50,000 eNTK features of p = 100,000 are 40 GB in float64 at once."""

@@ -46,6 +46,7 @@ disk when full), runs that fine-tune on images, and TCT.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,6 +130,18 @@ def closed_form_footprint(stage: str, method: str, federation: Federation, dim: 
     if federation.streams_features:  # a block's statistics are computed in runs of about STREAMED_ROWS samples
         block_samples = min(block_samples, STREAMED_ROWS + largest_clients(federation, 1))
     return Footprint(stage, _data_terms(federation) + terms, block_samples)
+
+
+FOOTPRINT_OPTIONS = ("bias", "rf_dim", "means_per_class", "covariance", "virtual_per_class")
+"""The built-in closed-form methods' options that change what they hold in memory (:func:`closed_form_footprint`)."""
+
+
+def method_footprint(stage: str, method: str, options: Mapping[str, object], federation: Federation, dim: int,
+                     block_samples: int, kept_budget: int | None = None) -> Footprint:
+    """:func:`closed_form_footprint` of ``method`` with the run's ``options`` of it (those of
+    :data:`FOOTPRINT_OPTIONS` among them; the others' defaults where it has none)."""
+    shaping = {name: options[name] for name in FOOTPRINT_OPTIONS if name in options}
+    return closed_form_footprint(stage, method, federation, dim, block_samples, **shaping, kept_budget=kept_budget)
 
 
 def training_footprint(stage: str, federation: Federation, algorithm: FederatedAlgorithm, sphere_dim: int | None,

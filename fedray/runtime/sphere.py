@@ -28,7 +28,7 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.runtime.evaluator import Evaluator
 from fedray.runtime.client_states import Layout, meta_layout
 from fedray.runtime.shards import ShardPool
-from fedray.methods.sphere import fixed_classifier, sphere_logits, sphere_loss
+from fedray.methods.sphere import SphereHead, fixed_classifier, sphere_logits, sphere_loss
 
 @dataclass(frozen=True)
 class SphereTrainer(LocalTrainer):
@@ -74,11 +74,11 @@ class SphereBackend(ProbeBackend):
     """SphereFed's training on the features of a :class:`ShardPool`; the fixed classifier never travels."""
 
     def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, algorithm: FederatedAlgorithm,
-                 sphere_dim: int, loss: str, postprocessing: Postprocessing = Postprocessing()) -> None:
-        self.sphere_dim = sphere_dim
-        self.classifier = fixed_classifier(pool.federation.num_classes, sphere_dim, seed).to(torch.float32)
-        super().__init__(pool, sgd, seed, evaluator, algorithm,
-                         trainer=SphereTrainer(sgd, seed, algorithm, postprocessing, classifier=self.classifier, loss=loss))
+                 head: SphereHead, postprocessing: Postprocessing = Postprocessing()) -> None:
+        self.sphere_dim = head.width(pool.federation.dim)
+        self.classifier = fixed_classifier(pool.federation.num_classes, self.sphere_dim, seed).to(torch.float32)
+        super().__init__(pool, sgd, seed, evaluator, algorithm, trainer=SphereTrainer(
+            sgd, seed, algorithm, postprocessing, classifier=self.classifier, loss=head.sphere_loss))
 
     def initial_params(self, seed: int) -> Params:
         return initial_projection(self.dim, self.sphere_dim, seed)

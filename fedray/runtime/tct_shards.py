@@ -42,6 +42,7 @@ from fedray.runtime.actor_group import ActorGroup, combine_partials, tree_reduce
 from fedray.methods.tct_stage2 import (
     STD_FLOOR,
     Moments,
+    TctStage2Options,
     client_loss,
     control_after,
     local_delta,
@@ -94,6 +95,11 @@ class Projection:
     dim: int
     seed: int
 
+    @classmethod
+    def of(cls, options: TctStage2Options, seed: int) -> Projection | None:
+        """The projection ``options`` ask for (``tct_projection``), drawn from ``seed``; None: none."""
+        return None if options.tct_projection is None else cls(options.tct_projection, seed)
+
 
 @dataclass(frozen=True)
 class LocalSolver:
@@ -105,6 +111,10 @@ class LocalSolver:
     lr: float
     correction: bool = True
     loss: str = "mse"
+
+    @classmethod
+    def of(cls, options: TctStage2Options) -> LocalSolver:
+        return cls(options.tct_local_steps, options.tct_lr, options.corrected, options.tct_loss)
 
 
 @ray.remote(max_restarts=0)

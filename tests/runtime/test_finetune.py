@@ -26,6 +26,7 @@ from fedray.data.registry import load_federation
 from fedray.core.errors import FedrayError
 from fedray.runtime.finetune.backend import FineTuneBackend
 from fedray.runtime.finetune.pool import TrainerPool
+from fedray.methods.training.modes import FineTuning
 from fedray.methods.training.local import LocalSGD, client_rng, minibatches, train_heads
 from fedray.methods.training.schedule import LrSchedule
 from fedray.data.images.backbones import get_backbone, load_weights
@@ -38,6 +39,7 @@ from tests.images import write_inat_split
 
 SIZE, SEED, HEAD_SEED, BACKBONE, DIM = 64, 5, 9, "squeezenet1_1", 512
 SGD = LocalSGD(lr=0.05, weight_decay=1e-3, batch_size=2, epochs=2, prox_mu=0.5, temperature=2.0)
+RANDOM_NETWORK = FineTuning(BACKBONE, "random")
 CLIENTS, ROUND = np.array([4, 0, 2, 3]), 3
 CPUS = 0.25
 
@@ -83,8 +85,9 @@ def pools(images, bad_images, ray_session):
     try:
         for backbone, trainers in ((BACKBONE, 2), (BACKBONE, 1), ("mobilenet_v2", 1)):
             started[backbone, trainers] = TrainerPool.start(images, backbone, image_size=SIZE, num_trainers=trainers, cpus_per_trainer=CPUS)
-        started["unreadable"] = FineTuneBackend.start(bad_images[1], BACKBONE, "random", "ft", LocalSGD(batch_size=2, epochs=1), SEED,
-                                                      image_size=SIZE, num_trainers=1, cpus_per_trainer=CPUS)
+        started["unreadable"] = FineTuneBackend.start(bad_images[1], FineTuning(BACKBONE, "random", SIZE), "ft",
+                                                      LocalSGD(batch_size=2, epochs=1), SEED, num_trainers=1,
+                                                      cpus_per_trainer=CPUS)
         yield started
     finally:
         for pool in started.values():
@@ -455,15 +458,15 @@ def test_scaffold_option_i_on_images_keeps_the_gradient_at_the_model_received(po
 
 def test_bad_inputs_get_clear_errors(pools, images, bad_images):
     with pytest.raises(FedrayError, match="unknown fine-tuning mode 'lp'; known: ft, ftlp, ftfeat"):
-        FineTuneBackend.start(images, BACKBONE, "random", "lp", SGD, SEED)
+        FineTuneBackend.start(images, RANDOM_NETWORK, "lp", SGD, SEED)
     features_only = synthetic.build("inat-geo-100", dim=8, scale=0.1, seed=0)
     with pytest.raises(FedrayError, match="no images to fine-tune on"):
-        FineTuneBackend.start(features_only, BACKBONE, "random", "ft", SGD, SEED)
+        FineTuneBackend.start(features_only, RANDOM_NETWORK, "ft", SGD, SEED)
     with pytest.raises(FedrayError, match="bad local SGD settings"):
-        FineTuneBackend.start(images, BACKBONE, "random", "ft", LocalSGD(batch_size=0), SEED)
+        FineTuneBackend.start(images, RANDOM_NETWORK, "ft", LocalSGD(batch_size=0), SEED)
     missing, _, path = bad_images
     with pytest.raises(FedrayError, match=f"image '{path.stem}' .* not found under the image root"):
-        FineTuneBackend.start(missing, BACKBONE, "random", "ft", SGD, SEED)
+        FineTuneBackend.start(missing, RANDOM_NETWORK, "ft", SGD, SEED)
 
     ft = pools["unreadable"]
     params = ft.initial_params(HEAD_SEED)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from fedray.methods.base import Classifier
 from fedray.methods.training.schedule import LrSchedule
 
 
@@ -74,6 +75,14 @@ def random_head(dim: int, num_classes: int, seed: int) -> dict[str, torch.Tensor
     bound = 1 / math.sqrt(dim)
     weight = torch.empty(dim, num_classes).uniform_(-bound, bound, generator=generator)
     return {"weight": weight, "bias": torch.empty(num_classes).uniform_(-bound, bound, generator=generator)}
+
+
+def classifier_head(classifier: Classifier) -> dict[str, torch.Tensor]:
+    """A closed-form classifier as the head training starts from (``--init``): :func:`random_head`'s weight (d, C) and
+    bias (C,) in float32, the bias zero where the classifier has none."""
+    weight = classifier.weight.to(torch.float32)
+    bias = torch.zeros(weight.shape[1]) if classifier.bias is None else classifier.bias.to(torch.float32)
+    return {"weight": weight, "bias": bias}
 
 
 def minibatches(size: int, batch_size: int, epochs: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fedray.core.numeric_options import check_positive
+
+if TYPE_CHECKING:
+    from fedray.core.federation import Federation
+    from fedray.methods.finetune_model import FineTuneModel
 
 INITS = ("random", "fedncm", "fed3r", "fedcof", "ccvr")
 FINETUNE_MODES = ("ft", "ftlp", "ftfeat")
@@ -30,3 +34,10 @@ class FineTuning:
         from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
 
         get_backbone(self.backbone)
+
+    def structure(self, federation: Federation) -> FineTuneModel:
+        """The network on ``federation``'s images and classes, as names, shapes and dtypes only (no weights)."""
+        from fedray.data.images.backbones import images_backbone  # torchvision loads only for runs on images
+        from fedray.methods.finetune_model import model_structure
+
+        return model_structure(images_backbone(self.backbone, federation), federation.num_classes)

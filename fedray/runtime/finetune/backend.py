@@ -41,7 +41,8 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.training_algorithms import FedAvg, paper_family
 from fedray.data.images.backbones import feature_model, load_weights
 from fedray.methods.base import Classifier
-from fedray.methods.sphere import fixed_classifier
+from fedray.methods.sphere import SphereHead, fixed_classifier
+from fedray.methods.training.modes import FineTuning
 from fedray.methods.entk import entk_num_parameters, head_coordinates
 
 
@@ -90,31 +91,30 @@ class FineTuneBackend:
     def start(
         cls,
         federation: Federation,
-        backbone_name: str,
-        weights_spec: str,
+        network: FineTuning,
         mode: str,
         sgd: LocalSGD,
         seed: int,
         *,
-        image_size: int = 224,
         num_trainers: int | None = None,
         cpus_per_trainer: float = 1.0,
         algorithm: FederatedAlgorithm = FedAvg(),
-        sphere_loss: str | None = None,
+        sphere: SphereHead | None = None,
         postprocessing: Postprocessing = Postprocessing(),
         eval_batch_size: int = 64,
         trial_group: PlacementGroup | None = None,
         state_budget: int | None = None,
     ) -> FineTuneBackend:
-        """A backend on a pool of its own (see :meth:`TrainerPool.start`, also for ``trial_group``), shut down with it."""
+        """A backend fine-tuning ``network`` (SphereFed's backbone under its fixed classifier with ``sphere``) on a pool
+        of its own (see :meth:`TrainerPool.start`, also for ``trial_group``), shut down with it."""
         get_mode(mode)
         check_sgd(sgd)
-        pool = TrainerPool.start(federation, backbone_name, image_size=image_size, num_trainers=num_trainers,
+        pool = TrainerPool.start(federation, network.backbone, image_size=network.image_size, num_trainers=num_trainers,
                                  cpus_per_trainer=cpus_per_trainer, eval_batch_size=eval_batch_size, trial_group=trial_group,
                                  state_budget=state_budget)
         try:
-            return cls(pool, weights_spec, mode, sgd, seed, algorithm=algorithm, sphere_loss=sphere_loss, owns_pool=True,
-                       postprocessing=postprocessing)
+            return cls(pool, network.weights, mode, sgd, seed, algorithm=algorithm, owns_pool=True,
+                       sphere_loss=None if sphere is None else sphere.sphere_loss, postprocessing=postprocessing)
         except BaseException:
             pool.shutdown()
             raise
