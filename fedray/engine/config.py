@@ -400,7 +400,7 @@ class RunConfig:
                               f"as module:Class or path/to/file.py:Class), got {self.base!r}")
         if self.head != "linear":
             raise FedrayError("TCT fine-tunes a linear head on images (stage 1); --head sphere does not apply")
-        self.component(TctStage2Options).check_fits(self.component(FineTuning).backbone)
+        self.component(TctStage2Options).check_fits(self.component(FineTuning))
 
     def resolved(self) -> RunConfig:
         """Class-dependent defaults filled in: sampling (with replacement for training), the method's own server

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import torch
 
@@ -52,6 +52,9 @@ from fedray.core.numeric_options import check_positive
 from fedray.core.options import Unset
 from fedray.methods.base import gram, single_threaded, spd_solve
 from fedray.methods.entk import EntkSpec, sample_coordinates
+
+if TYPE_CHECKING:
+    from fedray.methods.training.modes import FineTuning
 
 TCT = "tct"
 """TCT's ``--method`` name: its stage 1 a training algorithm (``--base``), its stage 2 this."""
@@ -112,16 +115,16 @@ class TctStage2Options:
             raise FedrayError("--tct-fedavg turns off the control variates of stage 2's iterative solver: it takes "
                               "--tct-solver scaffold or both, not closed_form")
 
-    def check_fits(self, backbone: str) -> None:
-        """A closed-form stage 2 (``tct_solver`` closed_form or both) on ``backbone``'s eNTK features solves a system
-        at most :data:`CLOSED_FORM_MAX_DIM` wide."""
+    def check_fits(self, network: "FineTuning") -> None:
+        """A closed-form stage 2 (``tct_solver`` closed_form or both) on the eNTK features of the ``network`` stage 1
+        fine-tunes solves a system at most :data:`CLOSED_FORM_MAX_DIM` wide."""
         if self.tct_solver == "scaffold":
             return
         sampled = self.entk_dim
         if self.entk_params == "last_layer":  # p of the d head weights: at most the penultimate width
             from fedray.data.images.backbones import get_backbone  # torchvision loads only for runs on images
 
-            sampled = min(sampled, get_backbone(backbone).dim)
+            sampled = min(sampled, get_backbone(network.backbone).dim)
         width = self.tct_projection or sampled
         if width > CLOSED_FORM_MAX_DIM:
             raise FedrayError(f"the closed-form stage 2 solves a {width} × {width} system: give --tct-projection D "
