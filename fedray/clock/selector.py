@@ -39,6 +39,7 @@ all of them.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -96,8 +97,10 @@ class ClientHistory:
         self.utility = np.full(num_clients, np.nan)
         """Its statistical utility in that round where the run measures one (Oort's |B|·sqrt(mean loss²)), else NaN."""
 
-    def record(self, clients: np.ndarray, round: int, duration_s: np.ndarray, utility: np.ndarray | None = None) -> None:
-        """The uploads of ``clients`` arrived in ``round``, after ``duration_s``; ``utility``: their statistical utility."""
+    def record(self, clients: np.ndarray, round: int, duration_s: np.ndarray,
+               utility: np.ndarray | None = None) -> None:
+        """The uploads of ``clients`` arrived in ``round``, ``duration_s`` after its start; ``utility``: their
+        statistical utility."""
         self.rounds[clients] += 1
         self.last_round[clients] = round
         self.duration_s[clients] = duration_s
@@ -134,10 +137,12 @@ class RoundContext:
             return np.ones(len(clients), dtype=bool)
         return np.asarray(self.availability.available(clients, self.start_s), dtype=bool)
 
-    def draw_online(self, count: int, taken: np.ndarray, eligible: Eligible | None = None) -> np.ndarray:
+    def draw_online(self, count: int, taken: np.ndarray | None = None, eligible: Eligible | None = None) -> np.ndarray:
         """Up to ``count`` distinct clients, in the order drawn, uniform among those online at the round's start, not
-        in ``taken`` and ``eligible`` (all, if None): fewer only when fewer are such (see the module's note)."""
+        in ``taken`` (none, if None) and ``eligible`` (all, if None): fewer only when fewer are such (see the module's
+        note)."""
         picked = np.empty(0, dtype=np.int64)
+        taken = picked if taken is None else taken
         drawn = 0
         budget = FILL_BUDGET * count + FILL_FLOOR
         while len(picked) < count and drawn < budget:
@@ -161,13 +166,13 @@ class RoundContext:
 
 
 @dataclass(frozen=True)
-class Selector:
+class Selector(ABC):
     """Picks a round's clients (``fedray.Selector``): subclass it as a frozen dataclass whose fields with defaults are
-    its options, and override :meth:`select`."""
+    its options, and define :meth:`select`."""
 
+    @abstractmethod
     def select(self, context: RoundContext) -> np.ndarray:
         """The clients the round asks to train (distinct, int64, online at its start), in the order chosen."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
