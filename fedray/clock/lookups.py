@@ -14,6 +14,6 @@ class AvailabilityLookup(Protocol):
         """Whether each of ``clients`` is online at virtual time ``t``: a bool array."""
         ...
 
-    def stays_available(self, clients: np.ndarray, start_s: float, end_s: np.ndarray) -> np.ndarray:
-        """Whether each of ``clients`` is online from ``start_s`` until its own ``end_s``: a bool array."""
+    def stays_available(self, clients: np.ndarray, t0: float, t1: np.ndarray) -> np.ndarray:
+        """Whether each of ``clients`` is online during the whole of [t0, t1) (its own t1): a bool array."""
         ...

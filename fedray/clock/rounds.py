@@ -14,9 +14,9 @@ compute_s. Then, in this order:
   local_steps⌋ steps it completed (FedNova's normalised averaging weighs them),
   finishing at start + comm_s + steps · compute_s / local_steps; with no step
   done its upload is lost.
-* **dropouts**: a client not online for all of [start, its finish] (the
+* **dropouts**: a client not online for all of [start, its finish) (the
   availability model's ``stays_available``; it was online at the start, which
-  the selector checked): its compute is spent, its upload lost, its state
+  the selector checked; going offline as its upload arrives is in time): its compute is spent, its upload lost, its state
   unchanged.
 * **over-commitment**: of the clients whose uploads arrive, the round keeps
   the first ``keep`` (κ) by (finish time, client id).

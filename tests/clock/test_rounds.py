@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from fedray.clock.rounds import SynchronousRounds
+from fedray.clock.selector import ClientHistory, RoundContext, UniformSelector
 from fedray.core.errors import FedrayError
 from fedray.core.options import options_of
+from fedray.runtime.sampling import schedule
 
 # Five selected clients, in the selector's order. Their uploads would arrive at start + comm + compute:
 # client 7 at 103, 3 at 105, 9 at 103, 1 at 110, 4 at 104 (start 100).
@@ -25,8 +27,8 @@ class OfflineAt:
     def available(self, clients, t):
         return np.array([t < self.offline_at.get(int(client), np.inf) for client in clients])
 
-    def stays_available(self, clients, start_s, end_s):
-        return np.array([end < self.offline_at.get(int(client), np.inf) for client, end in zip(clients, end_s)])
+    def stays_available(self, clients, t0, t1):
+        return np.array([end <= self.offline_at.get(int(client), np.inf) for client, end in zip(clients, t1)])
 
 
 def equal(array, expected):
@@ -120,10 +122,10 @@ def test_partial_work_with_over_commitment_keeps_the_first_uploads_whole_or_part
 
 
 def test_a_client_offline_before_it_finishes_drops_out():
-    availability = OfflineAt({9: 102.5, 3: 104.9, 7: 103.0})  # 7 goes offline exactly as it finishes: a dropout
+    availability = OfflineAt({9: 102.5, 3: 104.9, 7: 103.0})  # 7 goes offline as its upload arrives: in time
     outcome = SynchronousRounds().run(CLIENTS, COMPUTE, COMM, START, keep=5, availability=availability)
-    assert equal(outcome.finished, [4, 1])
-    assert equal(outcome.dropped, [3, 7, 9])
+    assert equal(outcome.finished, [7, 4, 1])
+    assert equal(outcome.dropped, [3, 9])
     assert outcome.end_s == 110.0
 
 
@@ -141,6 +143,34 @@ def test_a_partial_straggler_is_checked_online_only_until_its_partial_upload():
     outcome = rounds.run(PARTIAL_CLIENTS, PARTIAL_COMPUTE, PARTIAL_COMM, START, keep=6, local_steps=STEPS,
                          availability=availability)
     assert equal(outcome.finished, [7, 9, 1, 4, 3]) and equal(outcome.dropped, [])
+
+
+def test_an_event_loop_chains_rounds_each_selected_at_its_start_from_the_clients_online_then():
+    # Client c is online at t unless (c + ⌊t⌋) is a multiple of 3, and takes 1 + (c mod 4) s of compute, 0.5 s of
+    # transfers: 1.5 to 4.5 s, so with a 3 s deadline those with c mod 4 ≥ 2 are late. Round r starts when round
+    # r − 1 ends, so who is online at its start depends on the rounds before it.
+    availability = OfflineAt({})
+    availability.available = lambda clients, t: (clients + int(t)) % 3 != 0
+    scheduler, num_clients, start = SynchronousRounds(over_commit=1.5, deadline=3.0), 12, 0.0
+    today = schedule(num_clients, 4, True, seed=1, max_rounds=3, past_coverage=True)
+    starts = []
+    for r in range(3):
+        round_context = RoundContext(round=r, start_s=start, per_round=4, wanted=scheduler.wanted(4, num_clients),
+                                     num_clients=num_clients, seed=1, scheduled=today[r],
+                                     history=ClientHistory(num_clients), availability=availability)
+        picked = UniformSelector().select(round_context)
+        assert len(picked) == 6 and ((picked + int(start)) % 3 != 0).all()
+        outcome = scheduler.run(picked, 1.0 + picked % 4, np.full(6, 0.5), start, keep=4, availability=availability)
+        on_time = sorted((1.5 + c % 4, c) for c in picked.tolist() if c % 4 <= 1)
+        assert outcome.finished.tolist() == [c for _, c in on_time[:4]]
+        if len(on_time) >= 4:
+            assert outcome.end_s == start + on_time[3][0] and len(outcome.stragglers) == 0
+        else:
+            assert outcome.end_s == start + 3.0
+            assert outcome.stragglers.tolist() == sorted(c for c in picked.tolist() if c % 4 >= 2)
+        starts.append(start)
+        start = outcome.end_s
+    assert starts[0] == 0.0 and starts[1] > 0.0 and starts[2] > starts[1]
 
 
 def test_the_options_are_declared_for_the_command_line():

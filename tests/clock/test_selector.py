@@ -25,9 +25,6 @@ class OnlineSet:
         self.looked_up += len(clients)
         return np.isin(clients, self.online)
 
-    def stays_available(self, clients, start_s, end_s):
-        return self.available(clients, start_s)
-
 
 class Everyone:
     def available(self, clients, t):
