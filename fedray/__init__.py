@@ -8,6 +8,7 @@ The public interface, for a researcher's own methods and for notebooks::
     class MyServer(fedray.ServerOptimizer): ...          # step(params, delta) -> params
     class MyAlgorithm(fedray.FederatedAlgorithm): ...   # a training algorithm: client half, server half, client state
     class MyNoise(fedray.Postprocessor): ...             # start(stages), client(upload, context), aggregate(total, context)
+    class MySelector(fedray.Selector): ...               # select(round context) -> the round's clients
     fedray.report(eta_g=1.7)                             # in a server-side hook: a column of metrics.parquet
     result = fedray.run(method=MyMethod, dataset="synthetic:inat-geo-100", out="results/mine")
     result.metrics, result.classifier                    # a polars DataFrame, the final fedray.Classifier
@@ -44,6 +45,9 @@ _EXPORTS = {
     "UploadContext": "fedray.methods.postprocessor",
     "StageUploads": "fedray.methods.postprocessor",
     "Sampling": "fedray.methods.postprocessor",
+    "Selector": "fedray.clock.selector",
+    "RoundContext": "fedray.clock.selector",
+    "ClientHistory": "fedray.clock.selector",
     "report": "fedray.core.reports",
     "Callback": "fedray.engine.callbacks",
     "FedrayError": "fedray.core.errors",

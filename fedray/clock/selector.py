@@ -1,0 +1,215 @@
+"""Client selection as a plugin: which clients a synchronous round asks to train, from those online at its start.
+
+A :class:`Selector` is a frozen dataclass whose fields with defaults are its
+options (``fedray.Selector``; a researcher's own is one file, see
+``examples/oort_selector.py``). The engine's event loop calls
+:meth:`Selector.select` once a round, in round order, with the round's
+:class:`RoundContext`: its number and start (known only once the previous round
+has ended), κ and how many clients to ask (⌈o·κ⌉ under over-commitment, which
+the round scheduler then cuts back to κ), the run's schedule row for the round
+(today's draw), who is online, the clients' expected durations and what the
+server has seen of them (:class:`ClientHistory`).
+
+The built-ins, and the rule that keeps a clock that changes nothing bitwise the run of today:
+
+* ``uniform`` keeps the round's scheduled clients that are online at its
+  start, in their order, and fills up to the number asked with clients drawn
+  from the round's own stream (stream 45: a counter-based hash of the run's seed,
+  the round and a draw counter) among the online clients not yet picked. With
+  everyone online and nothing more asked, it returns the schedule row: today's
+  rounds bit for bit. The scheduled row is a uniform κ-subset of the clients
+  (a row drawn with replacement, or a slice of a uniform permutation), and the
+  fill draws uniformly among the remaining online clients, so the whole
+  procedure is unchanged by any permutation of the online clients: the round is
+  a uniform subset of the clients online at its start. Without replacement, a
+  client offline at its turn misses that pass, and a fill may be a client of
+  another round of the same pass.
+* ``poisson`` keeps the round's scheduled clients (each client in with
+  probability q = κ/K, independently) that are online: each online client is in
+  independently with the same q, the rate the privacy analyses count with.
+  Nothing is filled and over-commitment does not apply (the round's size is
+  random by design).
+
+The cost is O(κ) a round while the online clients are a fair share of the
+population (expected K/|online| draws a pick); when the draws run past
+:data:`FILL_BUDGET` per pick, one pass over every client (O(K)) finishes the
+round uniformly instead, so a round with fewer online clients than asked takes
+all of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedray.clock.lookups import AvailabilityLookup
+from fedray.core.errors import FedrayError
+
+FILL_STREAM = 45
+"""The stream of a round's uniform draws of clients (the candidates a fill tries, in order)."""
+ORDER_STREAM = 46
+"""The stream ordering the eligible clients when a fill falls back to one pass over every client."""
+FILL_BUDGET = 16
+"""Draws a fill tries per client it still needs (plus :data:`FILL_FLOOR`) before the pass over every client."""
+FILL_FLOOR = 1024
+
+Eligible = Callable[[np.ndarray], np.ndarray]
+"""Which of the given clients a draw may pick: a bool array."""
+
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+"""splitmix64's increment: 2⁶⁴ over the golden ratio."""
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer on uint64 values (wrapping arithmetic): a bijection that spreads every input bit."""
+    values = (values ^ (values >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    values = (values ^ (values >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return values ^ (values >> np.uint64(31))
+
+
+def uniforms(seed: int, stream: int, clients: np.ndarray, round: int = 0) -> np.ndarray:
+    """Uniforms in [0, 1), one per entry of ``clients``: a pure function of (seed, stream, client, round), the
+    ``client``-th output of a splitmix64 generator keyed by (seed, stream, round).
+
+    A stand-in for ``fedray.clock.streams.uniforms`` (the devices' module), with its signature; the merge keeps one.
+    """
+    key = np.array([seed], dtype=np.uint64)
+    for part in (stream, round):
+        key = _mix(key + GOLDEN) ^ np.uint64(part)
+    counters = np.asarray(clients, dtype=np.int64).astype(np.uint64) + np.uint64(1)
+    return (_mix(key + counters * GOLDEN) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+class ClientHistory:
+    """What the server has seen of each client: arrays over the K clients, made once (O(K)), updated O(κ) a round."""
+
+    def __init__(self, num_clients: int) -> None:
+        self.rounds = np.zeros(num_clients, dtype=np.int64)
+        """Rounds whose upload from the client arrived."""
+        self.last_round = np.full(num_clients, -1, dtype=np.int64)
+        """The last such round (-1: none)."""
+        self.duration_s = np.full(num_clients, np.nan)
+        """The client's duration in its last such round, from the round's start to its upload (NaN: unknown)."""
+        self.utility = np.full(num_clients, np.nan)
+        """Its statistical utility in that round where the run measures one (Oort's |B|·sqrt(mean loss²)), else NaN."""
+
+    def record(self, clients: np.ndarray, round: int, duration_s: np.ndarray,
+               utility: np.ndarray | None = None) -> None:
+        """The uploads of ``clients`` arrived in ``round``, ``duration_s`` after its start; ``utility``: their
+        statistical utility."""
+        self.rounds[clients] += 1
+        self.last_round[clients] = round
+        self.duration_s[clients] = duration_s
+        if utility is not None:
+            self.utility[clients] = utility
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What a selector knows when a round starts.
+
+    ``scheduled`` is the run's schedule row for the round (today's draw: κ
+    distinct clients, fewer in a pass's last round, or a Poisson round);
+    ``wanted`` how many clients to ask: ⌈o·m⌉ for a scheduled row of m (m with no
+    over-commitment). ``availability`` None: every client is always online.
+    ``expected_s``: the clients' expected duration for the round's task on their
+    devices, where a device model is set.
+    """
+
+    round: int
+    start_s: float
+    per_round: int
+    wanted: int
+    num_clients: int
+    seed: int
+    scheduled: np.ndarray
+    history: ClientHistory
+    availability: AvailabilityLookup | None = None
+    expected_s: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+
+    def online(self, clients: np.ndarray) -> np.ndarray:
+        """Whether each of ``clients`` is online at the round's start."""
+        if self.availability is None:
+            return np.ones(len(clients), dtype=bool)
+        return np.asarray(self.availability.available(clients, self.start_s), dtype=bool)
+
+    def draw_online(self, count: int, taken: np.ndarray | None = None, eligible: Eligible | None = None) -> np.ndarray:
+        """Up to ``count`` distinct clients, in the order drawn, uniform among those online at the round's start, not
+        in ``taken`` (none, if None) and ``eligible`` (all, if None): fewer only when fewer are such (see the module's
+        note)."""
+        picked = np.empty(0, dtype=np.int64)
+        taken = picked if taken is None else taken
+        drawn = 0
+        budget = FILL_BUDGET * count + FILL_FLOOR
+        while len(picked) < count and drawn < budget:
+            size = max(2 * (count - len(picked)), 64)
+            candidates = np.floor(uniforms(self.seed, FILL_STREAM, np.arange(drawn, drawn + size), self.round)
+                                  * self.num_clients).astype(np.int64)
+            drawn += size
+            candidates = candidates[self._pickable(candidates, np.concatenate((taken, picked)), eligible)]
+            _, first = np.unique(candidates, return_index=True)
+            picked = np.concatenate((picked, candidates[np.sort(first)][: count - len(picked)]))
+        if len(picked) < count:
+            everyone = np.arange(self.num_clients, dtype=np.int64)
+            rest = everyone[self._pickable(everyone, np.concatenate((taken, picked)), eligible)]
+            order = np.argsort(uniforms(self.seed, ORDER_STREAM, rest, self.round), kind="stable")
+            picked = np.concatenate((picked, rest[order][: count - len(picked)]))
+        return picked
+
+    def _pickable(self, clients: np.ndarray, taken: np.ndarray, eligible: Eligible | None) -> np.ndarray:
+        pickable = self.online(clients) & ~np.isin(clients, taken)
+        return pickable & np.asarray(eligible(clients), dtype=bool) if eligible is not None else pickable
+
+
+@dataclass(frozen=True)
+class Selector(ABC):
+    """Picks a round's clients (``fedray.Selector``): subclass it as a frozen dataclass whose fields with defaults are
+    its options, and define :meth:`select`."""
+
+    @abstractmethod
+    def select(self, context: RoundContext) -> np.ndarray:
+        """The clients the round asks to train (distinct, int64, online at its start), in the order chosen."""
+
+
+@dataclass(frozen=True)
+class UniformSelector(Selector):
+    """``uniform``: the schedule's clients online at the round's start, filled uniformly from the online ones."""
+
+    def select(self, context: RoundContext) -> np.ndarray:
+        kept = context.scheduled[context.online(context.scheduled)][: context.wanted]
+        if len(kept) == context.wanted:
+            return kept
+        return np.concatenate((kept, context.draw_online(context.wanted - len(kept), kept)))
+
+
+@dataclass(frozen=True)
+class PoissonSelector(Selector):
+    """``poisson``: the round's Poisson-sampled clients that are online at its start."""
+
+    def select(self, context: RoundContext) -> np.ndarray:
+        return context.scheduled[context.online(context.scheduled)]
+
+
+SELECTORS: dict[str, type[Selector]] = {"uniform": UniformSelector, "poisson": PoissonSelector}
+
+
+def check_selection(context: RoundContext, clients: np.ndarray, name: str) -> np.ndarray:
+    """A selector's answer as int64, or a one-line error naming ``name`` when it is not distinct clients of the
+    federation online at the round's start."""
+    clients = np.asarray(clients)
+    if clients.ndim != 1 or not (clients.dtype.kind in "iu" or len(clients) == 0):
+        raise FedrayError(f"selector {name} must return a 1-d array of client ids, got {clients.dtype} of shape "
+                          f"{clients.shape}")
+    clients = clients.astype(np.int64)
+    if len(clients) and (clients.min() < 0 or clients.max() >= context.num_clients):
+        raise FedrayError(f"selector {name} picked a client outside 0..{context.num_clients - 1} in round "
+                          f"{context.round}")
+    if len(np.unique(clients)) != len(clients):
+        raise FedrayError(f"selector {name} picked a client twice in round {context.round}")
+    if not context.online(clients).all():
+        raise FedrayError(f"selector {name} picked a client offline at the start of round {context.round}")
+    return clients
