@@ -66,7 +66,7 @@ class Durations(NamedTuple):
         return self.down_s + self.compute_s + self.up_s
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DeviceTable:
     """A validated device table (see the module docstring): one float64 array per rate and jitter, one entry a row,
     and either the rows' population shares or their client ids."""

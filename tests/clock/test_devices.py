@@ -1,5 +1,7 @@
 """Device tables: loading and validation, each client's device, a task's durations by hand, the built-ins."""
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -78,6 +80,13 @@ def test_a_clients_device_does_not_depend_on_the_layout():
     part = devices.durations(shuffled, 2, cost, seed=3)
     for all_of, some in zip(whole, part):
         assert np.array_equal(some, all_of[shuffled])
+
+
+def test_a_million_clients_get_their_devices_in_well_under_a_second():
+    devices = Devices("phones")
+    start = time.perf_counter()
+    assigned = devices.assign(1_000_000, seed=0)
+    assert time.perf_counter() - start < 1.0 and assigned.min() >= 0 and assigned.max() < len(devices.table)
 
 
 def test_a_table_of_client_ids_gives_each_client_its_row(tmp_path):
