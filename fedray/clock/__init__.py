@@ -1,1 +1,2 @@
-"""The clock: devices, availability, client selection and rounds in virtual seconds (issue 37), as pure numpy parts."""
+"""The clock: what clients' tasks cost in virtual time (devices, availability, selection, rounds), as pure,
+vectorised numpy components of the methods layer."""

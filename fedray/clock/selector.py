@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedray.clock.lookups import AvailabilityLookup
+from fedray.clock.streams import uniforms
 from fedray.core.errors import FedrayError
 
 FILL_STREAM = 45
@@ -58,30 +59,6 @@ FILL_FLOOR = 1024
 
 Eligible = Callable[[np.ndarray], np.ndarray]
 """Which of the given clients a draw may pick: a bool array."""
-
-
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-"""splitmix64's increment: 2⁶⁴ over the golden ratio."""
-
-
-def _mix(values: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer on uint64 values (wrapping arithmetic): a bijection that spreads every input bit."""
-    values = (values ^ (values >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    values = (values ^ (values >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return values ^ (values >> np.uint64(31))
-
-
-def uniforms(seed: int, stream: int, clients: np.ndarray, round: int = 0) -> np.ndarray:
-    """Uniforms in [0, 1), one per entry of ``clients``: a pure function of (seed, stream, client, round), the
-    ``client``-th output of a splitmix64 generator keyed by (seed, stream, round).
-
-    A stand-in for ``fedray.clock.streams.uniforms`` (the devices' module), with its signature; the merge keeps one.
-    """
-    key = np.array([seed], dtype=np.uint64)
-    for part in (stream, round):
-        key = _mix(key + GOLDEN) ^ np.uint64(part)
-    counters = np.asarray(clients, dtype=np.int64).astype(np.uint64) + np.uint64(1)
-    return (_mix(key + counters * GOLDEN) >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 class ClientHistory:
