@@ -717,15 +717,6 @@ def test_coverage_bad_input(capsys):
                  "--seed must be an integer from 0", "-1")
 
 
-@pytest.mark.slow
-def test_a_run_does_not_announce_token_authentication(tmp_path):
-    """Ray's token authentication stays on for the embedded cluster; its notice no longer greets every run."""
-    rc, out, err, _ = fedray_subprocess(["run", "--method", "fedncm", "--dataset", SPEC, "--out", tmp_path / "out", *SMALL_RUN])
-    assert rc == 0, err
-    assert "Token authentication" not in err and "fedncm on" in out
-    assert (Path.home() / ".ray" / "auth_token").is_file()  # the token Ray created or reused: authentication is on
-
-
 TALKING_POSTPROCESSOR = '''
 import fedray
 
@@ -741,13 +732,35 @@ class Talk(fedray.Postprocessor):
 '''
 
 
-@pytest.mark.slow
-def test_verbose_shows_what_a_plugins_client_code_prints_in_the_shards(tmp_path):
+def talking_run(tmp_path: Path) -> list:
+    """``fedray run`` of fed3r with a postprocessor whose client hook prints (in the shards), less its ``--out``."""
     (tmp_path / "talk.py").write_text(TALKING_POSTPROCESSOR)
-    run = ["run", "--method", "fed3r", "--dataset", SPEC, "--postprocessor", f"{tmp_path / 'talk.py'}:Talk", *SMALL_RUN]
-    rc, out, err, _ = fedray_subprocess([*run, "--out", tmp_path / "silent"])
+    return ["run", "--method", "fed3r", "--dataset", SPEC, "--postprocessor", f"{tmp_path / 'talk.py'}:Talk",
+            *SMALL_RUN]
+
+
+@pytest.fixture(scope="module")
+def plain_process_run(tmp_path_factory):
+    """One ``fedray run`` in a fresh process, without ``--verbose``: (exit code, stdout, stderr)."""
+    folder = tmp_path_factory.mktemp("process")
+    rc, out, err, _ = fedray_subprocess([*talking_run(folder), "--out", folder / "silent"])
+    return rc, out, err
+
+
+@pytest.mark.slow
+def test_a_run_does_not_announce_token_authentication(plain_process_run):
+    """Ray's token authentication stays on for the embedded cluster; its notice no longer greets every run."""
+    rc, out, err = plain_process_run
+    assert rc == 0, err
+    assert "Token authentication" not in err and "fed3r on" in out
+    assert (Path.home() / ".ray" / "auth_token").is_file()  # the token Ray created or reused: authentication is on
+
+
+@pytest.mark.slow
+def test_verbose_shows_what_a_plugins_client_code_prints_in_the_shards(plain_process_run, tmp_path):
+    rc, out, err = plain_process_run
     assert rc == 0, err
     assert "hello from a client hook" not in out + err
-    rc, out, err, _ = fedray_subprocess([*run, "--out", tmp_path / "verbose", "--verbose"])
+    rc, out, err, _ = fedray_subprocess([*talking_run(tmp_path), "--out", tmp_path / "verbose", "--verbose"])
     assert rc == 0, err
     assert "(ShardActor pid=" in out + err and "hello from a client hook" in out + err

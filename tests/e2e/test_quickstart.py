@@ -1,4 +1,6 @@
-"""The README's first command at full size: the iNat-User-120K stand-in, FedNCM vs Fed3R vs FedCOF."""
+"""The README's first command at full size: the iNat-User-120K stand-in (all 9,275 clients and 120,293 samples, in
+928 rounds), FedNCM vs Fed3R vs FedCOF. Its features are d = 32 rather than the command's default 1,280 (``--dim``):
+the clients, rounds and ranking are the same, in a fifth of the time."""
 
 import polars as pl
 import pytest
@@ -8,7 +10,7 @@ from jobs import quickstart
 
 @pytest.mark.slow
 def test_quickstart_ranks_the_methods_as_on_real_features(ray_session, tmp_path, capsys):
-    quickstart.main(["--out", str(tmp_path), "--quiet"])
+    quickstart.main(["--out", str(tmp_path), "--dim", "32", "--quiet"])
     final = {
         method: pl.read_parquet(tmp_path / method / "metrics.parquet").sort("round").row(-1, named=True)
         for method in quickstart.METHODS

@@ -19,6 +19,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from fedray.app.cli import main
 from fedray.core.results import METRICS
 from fedray.app.sweeps.tuning import RESULTS
 from tests.app.test_cli import fedray_subprocess
@@ -67,8 +68,10 @@ def test_failed_trials_are_one_line_each_and_a_finished_trial_leaves_no_checkpoi
     assert pl.read_parquet(folder / RESULTS)["round"].max() == 6
 
 
-def test_a_sweep_stopped_by_ctrl_c_says_so_once_and_resumes_to_the_uninterrupted_results(tmp_path):
-    training = {**TRAINING, "rounds": 2000, "checkpoint_every": 50, "eval_every": 500}
+def test_a_sweep_stopped_by_ctrl_c_says_so_once_and_resumes_to_the_uninterrupted_results(ray_session, tmp_path):
+    """The trial's run is long enough (1,000 rounds, a checkpoint every 20) for Ctrl-C to come after its first
+    checkpoint and before its end; the uninterrupted run it is compared with runs in this process."""
+    training = {**TRAINING, "rounds": 1000, "checkpoint_every": 20, "eval_every": 250}
     path = sweep_file(tmp_path, "resumed", training, {"seed": [0]})
     out, log = tmp_path / "out", tmp_path / "stderr.txt"
     with open(log, "w") as stderr:
@@ -97,10 +100,8 @@ def test_a_sweep_stopped_by_ctrl_c_says_so_once_and_resumes_to_the_uninterrupted
     assert stdout == f"sweep resumed: 1 trials, 5 evaluation rows → {folder / RESULTS}\n"
     assert_finished_trial(trial)
     uninterrupted = tmp_path / "uninterrupted"
-    rc, _, stderr, _ = fedray_subprocess(
-        ["run", "--method", "fedavg", "--dataset", TINY, "--clients-per-round", 5, "--rounds", 2000, "--eval-every", 500,
-         "--checkpoint-every", 50, "--num-shards", 1, "--cpus-per-shard", 0.5, "--quiet", "--out", uninterrupted],
-        timeout=600)
-    assert rc == 0, stderr
+    assert main(["run", "--method", "fedavg", "--dataset", TINY, "--clients-per-round", "5", "--rounds", "1000",
+                 "--eval-every", "250", "--checkpoint-every", "20", "--num-shards", "1", "--cpus-per-shard", "0.5",
+                 "--quiet", "--out", str(uninterrupted)]) == 0
     columns = ["round", "clients_seen", "samples_seen", "accuracy", "bytes_up", "bytes_down", "train_loss"]
     assert pl.read_parquet(trial / METRICS).select(columns).equals(pl.read_parquet(uninterrupted / METRICS).select(columns))

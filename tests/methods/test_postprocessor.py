@@ -166,11 +166,12 @@ def test_a_training_run_whose_postprocessor_divides_by_zero_stops_at_its_first_r
     assert not (tmp_path / "run" / "metrics.parquet").exists()
 
 
-def runs(tmp_path: Path, method: str, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
+def runs(tmp_path: Path, method: str, name: str, on_point=None, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """The run's rows and its classifier's arrays; ``on_point`` hears each evaluation point with its classifier."""
     config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / name), "client_lr": 0.01,
                           "clients_per_round": 8, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values},
                      drop_unused=True)  # client_lr applies to the training runs only
-    run(config)
+    run(config, on_point=on_point)
     rows = pq.read_table(tmp_path / name / "metrics.parquet").drop(["wall_s"]).to_pylist()
     keep = ("round", "accuracy", "bytes_up", "bytes_down", "train_loss", "clients_seen", "samples_seen")
     return [{key: row[key] for key in keep} for row in rows], dict(np.load(tmp_path / name / "classifier.npz"))
@@ -213,10 +214,12 @@ def test_the_noise_on_a_training_round_has_variance_sigma_squared(ray_session, t
 
 def test_clipping_bounds_each_clients_upload_in_training_and_closed_form(ray_session, tmp_path):
     clip = 1e-3
-    rows, start = runs(tmp_path, "fedavg", "start", rounds=1, eval_every=1, client_lr=1e-9)
     _, clipped = runs(tmp_path, "fedavg", "clipped", rounds=1, eval_every=1, client_lr=0.5, postprocessor=NOISE,
                       options={"clip": clip})
-    _, unclipped = runs(tmp_path, "fedavg", "unclipped", rounds=1, eval_every=1, client_lr=0.5)
+    heads = []
+    _, unclipped = runs(tmp_path, "fedavg", "unclipped", rounds=1, eval_every=1, client_lr=0.5,
+                        on_point=lambda point, classifier: heads.append(classifier))
+    start = {"W": heads[0].weight.numpy(), "bias": heads[0].bias.numpy()}  # round 0's head: where both runs start
     moved = np.sqrt(sum(np.sum((clipped[key] - start[key]) ** 2) for key in ("W", "bias")))
     free = np.sqrt(sum(np.sum((unclipped[key] - start[key]) ** 2) for key in ("W", "bias")))
     assert moved <= clip * (1 + 1e-4) < free / 100   # a sample-weighted mean of updates of norm ≤ R has norm ≤ R

@@ -7,10 +7,10 @@ from tests.runtime.test_runtime import stand_in
 
 
 def test_the_default_number_of_shards_does_not_depend_on_the_cpus_free_at_start(ray_session, monkeypatch):
-    counts = []
-    for free in ({"CPU": 2.0}, {"CPU": 1.0}, {}):
-        monkeypatch.setattr(ray, "available_resources", lambda free=free: free)
-        pool = ShardPool.start(stand_in("inat-geo-100"), cpus_per_shard=0.5)
-        counts.append(pool.num_shards)
+    """Half the session's 2 CPUs free at the start: still 4 shards of 0.5 CPU (the cluster's total over 0.5), not 2."""
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 1.0})
+    pool = ShardPool.start(stand_in("inat-geo-100"), cpus_per_shard=0.5)
+    try:
+        assert pool.num_shards == 4
+    finally:
         pool.shutdown()
-    assert counts == [4, 4, 4]  # the test session's Ray has 2 CPUs

@@ -112,6 +112,7 @@ def test_a_schedules_rounds_cannot_be_changed():
         assert np.array_equal(rounds[0], reference_schedule(20, 4, replacement, 0)[0])
 
 
+@pytest.mark.slow  # a full-size schedule (10⁶ clients), built whole as the reference: 10 s
 def test_a_million_clients_with_replacement_until_coverage_take_o_k_memory():
     """K = 10⁶, κ = 100: about 155,000 rounds, 124 MB as arrays of clients (the schedule built whole peaks above
     100 MB); drawn as read, the schedule holds O(K) numbers (the 8 MB of first-seen rounds while it finds its end) and
