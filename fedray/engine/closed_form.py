@@ -221,13 +221,15 @@ def run_closed_form(
     return outcome
 
 
-def everyone_uploads(pool: ShardPool, method: ClosedFormMethod, postprocessing: Postprocessing, round_number: int) -> Any:
+def everyone_uploads(pool: ShardPool, method: ClosedFormMethod, postprocessing: Postprocessing,
+                     round_number: int) -> tuple[Any, np.ndarray]:
     """One round in which every client uploads ``method``'s statistics (SphereFed's calibration, the ridge probe):
-    their sum as the server receives it, through the run's postprocessors."""
+    their sum as the server receives it, through the run's postprocessors, and the clients whose uploads never reached
+    it (:meth:`~fedray.methods.postprocessor.Postprocessing.dropped`: secure aggregation's dropouts)."""
     everyone = np.arange(pool.federation.num_clients)
     uploads = postprocessing.sampled(len(everyone), len(everyone), False).among(everyone, round_number)
     total = pool.statistics(method, everyone, postprocessing=uploads, rounds=np.full(len(everyone), round_number)).result()
-    return uploads.aggregate(total, round_number, len(everyone), method.upload_parts())
+    return uploads.aggregate(total, round_number, len(everyone), method.upload_parts()), uploads.dropped(round_number)
 
 
 @dataclass(frozen=True)
