@@ -58,7 +58,7 @@ class _Block:
     """The block's uploaders whose statistics never reached the server (:meth:`Postprocessing.dropped`)."""
     accuracy: PendingAccuracy | None = None
     classifier: Classifier | None = None
-    reported: dict[str, float] = field(default_factory=dict)
+    reported: dict[str, float | str] = field(default_factory=dict)
 
 
 class ClosedFormRounds:
@@ -89,7 +89,7 @@ class ClosedFormRounds:
         self.blocks = self._submit(pool, self.method_ref, rounds, evaluate_at)
         self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
         self.state: Any = None
-        self.reported: dict[str, float] = {}
+        self.reported: dict[str, float | str] = {}
         """The last number each plugin reported by name (:func:`fedray.report`)."""
         self.accuracy = float("nan")
         self.evaluated: Classifier | None = None

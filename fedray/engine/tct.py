@@ -185,7 +185,7 @@ class Stage2Run:
         self.started = time.perf_counter() - points[-1].wall_s
         self.normalization: Normalization | None = None
         self.scaffold_rounds = Schedule.of()
-        self.reported: dict[str, float] = dict(points[-1].reported)
+        self.reported: dict[str, float | str] = dict(points[-1].reported)
         """The last number each postprocessor's aggregate reported (:func:`fedray.report`), for stage 2's rows."""
 
     def record(self, accounting: Accounting, round_number: int, accuracy: float, stage: str, model: torch.Tensor,
