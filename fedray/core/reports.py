@@ -10,7 +10,9 @@ so a per-round quantity is its value in the row's round and a cumulative one
 anything: upload it as a tensor (summed with the upload's weight) and report
 the mean in ``server_update``; client-side hooks run in the shards, where
 ``fedray.report`` is refused. A value is any number but NaN: ±inf is one (a DP
-run's ε without noise), kept in the rows and in checkpoints.
+run's ε without noise), kept in the rows and in checkpoints; or a string of one
+line, at most :data:`MAX_STRING` characters (the RDP orders a DP run's ε was
+minimized over). A name holds one kind, number or string, in every row.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from numbers import Real
 
 from fedray.core.errors import FedrayError
 
-_reports: ContextVar[tuple[dict[str, float], frozenset[str]] | None] = ContextVar("fedray_reports", default=None)
+MAX_STRING = 200
+"""The most characters a string column holds (one line: a label, not a log), a reported string's or a callback's."""
+
+_reports: ContextVar[tuple[dict[str, float | str], frozenset[str]] | None] = ContextVar("fedray_reports", default=None)
 
 
-def report(**scalars: float) -> None:
-    """Record named numbers for the round the server is processing (see the module docstring)."""
+def report(**scalars: float | str) -> None:
+    """Record named numbers (or short strings) for the round the server is processing (see the module docstring)."""
     collecting = _reports.get()
     if collecting is None:
         raise FedrayError("fedray.report(...) is for the server's hooks (server_update, a server optimizer's step, a "
@@ -37,14 +42,23 @@ def report(**scalars: float) -> None:
         if name in reserved:
             raise FedrayError(f"fedray.report({name}=...): {name} is a column of metrics.parquet already; "
                               "report under another name")
-        if isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
+        if isinstance(value, str):
+            if len(value) > MAX_STRING or "\n" in value:
+                lines = " of several lines" if "\n" in value else ""
+                raise FedrayError(f"fedray.report({name}=...): got a {len(value)}-character string{lines}; a string "
+                                  f"column holds one line of at most {MAX_STRING} characters")
+        elif isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
             raise FedrayError(f"fedray.report({name}=...): got {value!r}; expected a number (not NaN; ±inf is one, "
-                              f"as a DP run's ε = ∞ without noise)")
-        into[name] = float(value)
+                              f"as a DP run's ε = ∞ without noise) or a one-line string")
+        kept = value if isinstance(value, str) else float(value)
+        if name in into and isinstance(into[name], str) != isinstance(kept, str):
+            raise FedrayError(f"fedray.report({name}=...): got {value!r}, where {name} was {into[name]!r} before: a "
+                              f"column holds numbers or strings, not both")
+        into[name] = kept
 
 
 @contextmanager
-def reporting(into: dict[str, float], reserved: frozenset[str] = frozenset()) -> Iterator[None]:
+def reporting(into: dict[str, float | str], reserved: frozenset[str] = frozenset()) -> Iterator[None]:
     """Collect what ``report`` records, while inside, into ``into`` (names in ``reserved`` are refused)."""
     token = _reports.set((into, reserved))
     try:

@@ -59,7 +59,7 @@ class EvalPoint:
     comm_floats_fed3r: float | None = None
     macs_client_avg_fed3r: float | None = None
     forward_passes: float | None = None
-    reported: dict[str, float] = field(default_factory=dict)
+    reported: dict[str, float | str] = field(default_factory=dict)
     """What the run's plugins reported (:func:`fedray.report`) up to this row: a column each."""
     callback_columns: dict[str, float | str] = field(default_factory=dict)
     """What a researcher's callbacks returned from ``on_evaluation`` at this row: a column each."""

@@ -7,6 +7,12 @@ replaces the fixed classifier. It runs through the same shards as training
 client; ``--calibrate METHOD`` runs any closed-form method the same way. The
 ridge probe (``--probe-ridge``) measures the features: Fed3R from every client,
 its accuracy in the last row's ``ridge_probe_accuracy``.
+
+A calibration's uploads count in the rows as a round's: the clients whose
+uploads reached the server (not a secure aggregation's dropouts:
+:meth:`~fedray.Postprocessor.dropped`) in ``clients_seen``, ``samples_seen``
+and ``bytes_up``, every client's computation in the FLOPs. The ridge probe
+measures the features: its uploads count in no column.
 """
 
 from __future__ import annotations
@@ -32,12 +38,13 @@ from fedray.runtime.shards import ShardPool
 
 
 def calibrate(pool: ShardPool, evaluator: Evaluator, method: ClosedFormMethod, postprocessing: Postprocessing,
-              round_number: int) -> tuple[Classifier, float]:
+              round_number: int) -> tuple[Classifier, float, np.ndarray]:
     """The classifier ``method`` solves from every client's upload (in round ``round_number``, through
-    ``postprocessing``) on the pool's features, and its test accuracy."""
-    statistics = everyone_uploads(pool, method, postprocessing, round_number)
+    ``postprocessing``) on the pool's features, its test accuracy, and the clients whose uploads never reached the
+    server."""
+    statistics, dropped = everyone_uploads(pool, method, postprocessing, round_number)
     classifier = method.solve(statistics)
-    return classifier, evaluator.accuracy(method, classifier)
+    return classifier, evaluator.accuracy(method, classifier), dropped
 
 
 def _block(run: RunPlan, federation: Federation) -> int:
@@ -89,11 +96,14 @@ class Calibration(Stage):
         if weight is not None:
             method = ProjectedCalibration.around(method, weight, bias)
         with reporting(reported, COLUMNS):  # a postprocessor's aggregate of the calibration's uploads may report
-            classifier, accuracy = calibrate(pool, evaluator, method, context.postprocessing, points[-1].round + 1)
+            classifier, accuracy, dropped = calibrate(pool, evaluator, method, context.postprocessing,
+                                                      points[-1].round + 1)
         everyone = np.arange(federation.num_clients)
+        received = np.setdiff1d(everyone, dropped)  # every client computed its upload; these reached the server
         sizes = federation.client_sizes.astype(np.float64)
-        accounting.add(everyone, federation.client_sizes, float(method.upload_floats(federation).sum()) * FLOAT_BYTES,
-                       0.0, float(method.statistics_flops(sizes).sum()))
+        accounting.add(everyone, federation.client_sizes,
+                       float(method.upload_floats(federation)[received].sum()) * FLOAT_BYTES, 0.0,
+                       float(method.statistics_flops(sizes).sum()), received=received)
         last = points[-1]
         point = accounting.point(last.round + 1, accuracy, last.wall_s + time.perf_counter() - start, "calibrated",
                                  reported=reported)
@@ -128,5 +138,5 @@ class Probe(Stage):
     def _accuracy(self, pool: ShardPool, evaluator: Evaluator, postprocessing: Postprocessing,
                   round_number: int) -> float:
         method = self.method.build(pool.federation)
-        statistics = everyone_uploads(pool, method, postprocessing, round_number)
+        statistics, _ = everyone_uploads(pool, method, postprocessing, round_number)  # a measurement: not counted
         return evaluator.accuracy(method, method.solve(statistics))

@@ -12,6 +12,7 @@ from numbers import Real
 from tqdm import tqdm
 
 from fedray.core.errors import FedrayError, shown
+from fedray.core.reports import MAX_STRING
 from fedray.core.results import EvalPoint
 from fedray.engine.config import COLUMNS
 from fedray.engine.round_loop import Callback as LoopCallback, Listener
@@ -52,10 +53,6 @@ class Callback:
 
     def on_end(self, rows: list[dict[str, object]]) -> None:
         """After the run wrote its results: its metrics rows."""
-
-
-MAX_STRING = 200
-"""The most characters a callback's string column holds: a label, not a log."""
 
 
 def _kind(kind: type) -> str:

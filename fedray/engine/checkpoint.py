@@ -227,12 +227,13 @@ def _training_state(plain: dict, out: Path) -> TrainingState:
     )
 
 
-def _reported(value: object, name: str) -> dict[str, float]:
-    """The numbers plugins reported by name (a checkpoint from before they could has none): numbers but NaN, as
-    :func:`fedray.report` takes them (±inf is one: a DP run's ε without noise)."""
-    if not isinstance(value, dict) or not all(isinstance(key, str) and type(number) is float and not math.isnan(number)
-                                              for key, number in value.items()):
-        raise FedrayError(f"its {name} are {value!r}, not a mapping of names to numbers (not NaN)")
+def _reported(value: object, name: str) -> dict[str, float | str]:
+    """The numbers (and strings) plugins reported by name (a checkpoint from before they could has none): numbers but
+    NaN, or strings, as :func:`fedray.report` takes them (±inf is one: a DP run's ε without noise)."""
+    if not isinstance(value, dict) or not all(isinstance(key, str) and (type(reported) is str or type(reported) is float
+                                                                        and not math.isnan(reported))
+                                              for key, reported in value.items()):
+        raise FedrayError(f"its {name} are {value!r}, not a mapping of names to numbers (not NaN) or strings")
     return dict(value)
 
 

@@ -58,7 +58,7 @@ class _Block:
     """The block's uploaders whose statistics never reached the server (:meth:`Postprocessing.dropped`)."""
     accuracy: PendingAccuracy | None = None
     classifier: Classifier | None = None
-    reported: dict[str, float] = field(default_factory=dict)
+    reported: dict[str, float | str] = field(default_factory=dict)
 
 
 class ClosedFormRounds:
@@ -89,7 +89,7 @@ class ClosedFormRounds:
         self.blocks = self._submit(pool, self.method_ref, rounds, evaluate_at)
         self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
         self.state: Any = None
-        self.reported: dict[str, float] = {}
+        self.reported: dict[str, float | str] = {}
         """The last number each plugin reported by name (:func:`fedray.report`)."""
         self.accuracy = float("nan")
         self.evaluated: Classifier | None = None
@@ -221,13 +221,15 @@ def run_closed_form(
     return outcome
 
 
-def everyone_uploads(pool: ShardPool, method: ClosedFormMethod, postprocessing: Postprocessing, round_number: int) -> Any:
+def everyone_uploads(pool: ShardPool, method: ClosedFormMethod, postprocessing: Postprocessing,
+                     round_number: int) -> tuple[Any, np.ndarray]:
     """One round in which every client uploads ``method``'s statistics (SphereFed's calibration, the ridge probe):
-    their sum as the server receives it, through the run's postprocessors."""
+    their sum as the server receives it, through the run's postprocessors, and the clients whose uploads never reached
+    it (:meth:`~fedray.methods.postprocessor.Postprocessing.dropped`: secure aggregation's dropouts)."""
     everyone = np.arange(pool.federation.num_clients)
     uploads = postprocessing.sampled(len(everyone), len(everyone), False).among(everyone, round_number)
     total = pool.statistics(method, everyone, postprocessing=uploads, rounds=np.full(len(everyone), round_number)).result()
-    return uploads.aggregate(total, round_number, len(everyone), method.upload_parts())
+    return uploads.aggregate(total, round_number, len(everyone), method.upload_parts()), uploads.dropped(round_number)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ through the run's postprocessing, numbered with the run's rounds: the
 normalization is round R + 1 after stage 1's R, the closed form R + 2 and
 SCAFFOLD's round r R + 1 + r (both solvers branch from the normalization, as
 their rows do; one less each without the normalization round); the first two are every client once, SCAFFOLD samples κ of K
-with replacement.
+with replacement. The rows count the uploads that reached the server (not a secure aggregation's dropouts:
+:meth:`~fedray.Postprocessor.dropped`), and the closed form's N is the samples of the statistics it received.
 
 The outcome's arrays (``classifier.npz``) hold each solver's weights and bias
 separately: ``W`` (p × C) and ``bias`` (C), SCAFFOLD's when it ran, and with
@@ -155,7 +156,7 @@ class Stage2Run:
         self.started = time.perf_counter() - points[-1].wall_s
         self.normalization: Normalization | None = None
         self.scaffold_rounds = Schedule.of()
-        self.reported: dict[str, float] = dict(points[-1].reported)
+        self.reported: dict[str, float | str] = dict(points[-1].reported)
         """The last number each postprocessor's aggregate reported (:func:`fedray.report`), for stage 2's rows."""
 
     def record(self, accounting: Accounting, round_number: int, accuracy: float, stage: str, model: torch.Tensor,
@@ -176,29 +177,31 @@ class Stage2Run:
             self.normalization = Normalization(torch.zeros(self.width, dtype=torch.float64),
                                                torch.ones(self.width, dtype=torch.float64))
             return ray.put(self.normalization)
+        everyone, round_number = np.arange(len(self.sizes)), self.first_round + 1
+        uploads = self.everyone.among(everyone, round_number)
         with reporting(self.reported, COLUMNS):  # a postprocessor's aggregate may report
-            normalization = self.pool.normalization(
-                uploads=self.everyone.among(range(len(self.sizes)), self.first_round + 1), round_number=self.first_round + 1)
-        everyone = np.arange(len(self.sizes))
+            normalization = self.pool.normalization(uploads=uploads, round_number=round_number)
+        received = np.setdiff1d(everyone, uploads.dropped(round_number))
         clients = len(self.sizes)
         samples = float(self.sizes.sum())
-        self.accounting.add(everyone, self.sizes, clients * (2 * self.width + 1) * FLOAT_BYTES,
-                            clients * 2 * self.width * FLOAT_BYTES, 3.0 * samples * self.width)
+        self.accounting.add(everyone, self.sizes, len(received) * (2 * self.width + 1) * FLOAT_BYTES,
+                            clients * 2 * self.width * FLOAT_BYTES, 3.0 * samples * self.width, received=received)
         self.normalization = normalization
         return ray.put(normalization)
 
     def closed_form(self, normalization: ray.ObjectRef) -> torch.Tensor:
         """The exact stage-2 minimizer ψ from every client's XᵀX and XᵀY ((p + 1)² + (p + 1)C floats up each), one round."""
         accounting = copy.deepcopy(self.accounting)
+        everyone, round_number = np.arange(len(self.sizes)), self.solvers_start + 1
+        uploads = self.everyone.among(everyone, round_number)
         with reporting(self.reported, COLUMNS):
-            statistics = self.pool.statistics(normalization,
-                                              self.everyone.among(range(len(self.sizes)), self.solvers_start + 1),
-                                              self.solvers_start + 1)
-        count = int(self.sizes.sum())
+            statistics = self.pool.statistics(normalization, uploads, round_number)
+        received = np.setdiff1d(everyone, uploads.dropped(round_number))
+        count = int(self.sizes[received].sum())  # N of the statistics the server received
         model = self.stage.options.solve(statistics.matrix, statistics.rhs, count)
         p = self.width + 1  # the features and the intercept
-        accounting.add(np.arange(len(self.sizes)), self.sizes, len(self.sizes) * (p * p + p * self.num_classes) * FLOAT_BYTES,
-                       0.0, 2.0 * count * p * (p + self.num_classes))
+        accounting.add(everyone, self.sizes, len(received) * (p * p + p * self.num_classes) * FLOAT_BYTES,
+                       0.0, 2.0 * float(self.sizes.sum()) * p * (p + self.num_classes), received=received)
         loss = objective_from_statistics(statistics.matrix, statistics.rhs, count, self.num_classes, model)
         self.record(accounting, self.solvers_start + 1, self.pool.accuracy(normalization, ray.put(model)), "tct_closed_form",
                     model, loss)
@@ -237,14 +240,16 @@ class ScaffoldRounds:
     def run_round(self, number: int, clients: np.ndarray) -> bool:
         run, floats = self.run, self.model.numel()
         clients = np.sort(clients)
+        uploads = self.postprocessing.among(clients, number)
         with reporting(run.reported, COLUMNS):
             sums = run.pool.train(self.solver, self.normalization, ray.put(self.model), ray.put(self.control), clients,
-                                  self.client_weights[clients], self.postprocessing.among(clients, number), number)
+                                  self.client_weights[clients], uploads, number)
+        received = np.setdiff1d(clients, uploads.dropped(number))
         self.loss, self.loss_weight = self.loss + sums.loss, self.loss_weight + sums.weight
         updated = self.model + sums.delta.to(torch.float64) / sums.weight
         flops = 4.0 * self.local.steps * float(run.sizes[clients].sum()) * floats
-        run.accounting.add(clients, run.sizes, len(clients) * floats * FLOAT_BYTES, len(clients) * self.down * FLOAT_BYTES,
-                           flops)
+        run.accounting.add(clients, run.sizes, len(received) * floats * FLOAT_BYTES,
+                           len(clients) * self.down * FLOAT_BYTES, flops, received=received)
         if not bool(torch.isfinite(updated).all()):
             return False
         self.model = updated

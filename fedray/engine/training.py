@@ -63,7 +63,7 @@ class Accounting:
         self.paper.add(paper, clients, backbone_macs, received)
 
     def point(self, round_number: int, accuracy: float, wall_s: float, stage: str, loss: float | None = None,
-              diverged: bool = False, reported: dict[str, float] | None = None) -> EvalPoint:
+              diverged: bool = False, reported: dict[str, float | str] | None = None) -> EvalPoint:
         clients = int(self.seen.sum())
         return EvalPoint(round_number, clients, self.samples_seen, accuracy, self.bytes_up, self.bytes_down,
                          self.flops / max(clients, 1), wall_s, stage, loss, diverged, **self.paper.columns(len(self.seen)),
@@ -92,7 +92,7 @@ class TrainingState:
     eval_s: float = 0.0
     client_states: list[str] = field(default_factory=list)
     postprocessors: list[Params] = field(default_factory=list)
-    reported: dict[str, float] = field(default_factory=dict)
+    reported: dict[str, float | str] = field(default_factory=dict)
     """The last number each plugin reported by name (:func:`fedray.report`)."""
 
 

@@ -14,16 +14,20 @@ for, until it asks for no finer one: the same σ gives the same ε whether it wa
 orders (1.1 up to about 2.4, depending on q and σ) the library's series for the subsampled Gaussian does not converge;
 it leaves those orders out (ε is the minimum over the others, still an upper bound) and logs a warning for each, which
 :func:`spent` keeps off the console. Where ε is large (the best order below 2) the orders left out make ε up to ~30 %
-above Opacus's, which sums the series further.
+above Opacus's, which sums the series further. Every RDP row says which orders its ε was minimized over
+(``dp_rdp_orders``, :func:`rdp_orders`): ``1.9-1024`` where 1.1 to 1.8 were left out, ``1.1-1024`` where none was.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 if TYPE_CHECKING:  # dp-accounting (and the scipy it loads) is imported when an ε is first computed: a run's options
     import dp_accounting  # name these postprocessors, which every fedray command reads, and most runs use no DP
@@ -91,6 +95,30 @@ def spent(event: dp_accounting.DpEvent, delta: float, kind: str = DEFAULT_ACCOUN
     while kind == PLD and (finer := pld_interval(epsilon)) < interval:
         interval, epsilon = finer, _epsilon(event, delta, kind, relation, finer)
     return epsilon
+
+
+def rdp_orders(event: dp_accounting.DpEvent, relation: str = ADD_OR_REMOVE) -> str:
+    """The RDP orders the RDP accountant minimizes ``event``'s ε over under ``relation``: dp-accounting's default
+    orders but those where its series did not converge (or the RDP is infinite), as :func:`order_ranges` writes
+    them."""
+    import dp_accounting
+
+    accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation[relation])
+    with _quiet_library():
+        accountant.compose(event)
+    return order_ranges(accountant.orders, np.isfinite(accountant.rdp))
+
+
+def order_ranges(orders: Sequence[float], used: Sequence[bool]) -> str:
+    """The ``used`` ones of ``orders`` as runs of consecutive entries, first-last, joined by commas (``1.9-1024``,
+    ``1.1-1.3,1.6-1024``, ``none``)."""
+    runs = []
+    for kept, run in itertools.groupby(zip(orders, used), key=lambda pair: bool(pair[1])):
+        if kept:
+            consecutive = [float(order) for order, _ in run]
+            first, last = consecutive[0], consecutive[-1]
+            runs.append(f"{first:g}" if len(consecutive) == 1 else f"{first:g}-{last:g}")
+    return ",".join(runs) or "none"
 
 
 def calibrated(epsilon_of: Callable[[float], float], target: float, refusal: str) -> float:

@@ -89,9 +89,11 @@ the run bit for bit.
 
 Not supported, refused in one line: any upload other than FedNCM's, Fed3R's and FedCOF's (above), and FedCOF at
 client level or with central noise (before the run: its method's ``uploads_summed`` is False). Every row reports
-``dp_epsilon`` and ``dp_delta``; FedCOF's also ``dp_threshold`` (τ). Noise draws come from the context's generator
-(the run's seed, round, client or aggregate, place in the list), one tensor after another in the order of the
-upload's names (FedCOF: the rows' counts, then their sums), so a run is the same on any layout.
+``dp_epsilon`` and ``dp_delta``; FedCOF's also ``dp_threshold`` (τ); under ``dp_accountant=rdp`` also
+``dp_rdp_orders``, the orders ε was minimized over (all of them: a Gaussian's RDP is finite at every order). Noise
+draws come from the context's generator (the run's seed, round, client or aggregate, place in the list), one tensor
+after another in the order of the upload's names (FedCOF: the rows' counts, then their sums), so a run is the same on
+any layout.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ import torch
 import fedray
 from fedray.core.options import Option
 from fedray.postprocessors import accounting
-from fedray.postprocessors.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+from fedray.postprocessors.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, RDP
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -149,6 +151,14 @@ def release(noise: float) -> dp_accounting.DpEvent:
 def epsilon(noise: float, delta: float, kind: str = DEFAULT_ACCOUNTANT) -> float:
     """ε(δ) of one release (:func:`release`) with noise multiplier ``noise``, from ``kind``'s accountant."""
     return accounting.spent(release(noise), delta, kind)
+
+
+@cache
+def rdp_orders(noise: float) -> str:
+    """The orders the RDP accountant minimizes one release's ε over
+    (:func:`~fedray.postprocessors.accounting.rdp_orders`: all of them, a Gaussian's RDP being finite at every
+    order)."""
+    return accounting.rdp_orders(release(noise))
 
 
 def calibrated(target: float, delta: float, kind: str = DEFAULT_ACCOUNTANT) -> float:
@@ -347,14 +357,22 @@ class GaussianMechanism(fedray.Postprocessor):
             multiplier = self.noise * math.sqrt(context.clients / context.sampling.per_round)
         spent = max(epsilon(multiplier, self.delta, self.kind), float(self.state.get("dp_epsilon", 0.0)))
         self.state = {"dp_epsilon": torch.tensor(spent, dtype=torch.float64)}
-        fedray.report(dp_epsilon=spent, dp_delta=self.delta)
+        self._report_epsilon(spent, multiplier)
         return well_defined(total, parts)
+
+    def _report_epsilon(self, spent: float, noise: float) -> None:
+        """ε and δ in the rows, and where the RDP accountant computed ε (noise ``noise`` > 0) the orders it was
+        minimized over."""
+        fedray.report(dp_epsilon=spent, dp_delta=self.delta)
+        if self.kind == RDP and noise > 0:
+            fedray.report(dp_rdp_orders=rdp_orders(noise))
 
     def rows_released(self, total: fedray.Params) -> fedray.Params:
         """FedCOF's block totals, sums of the released rows (post-processing): reported, not changed. Each client noised
         its own rows with the full σ, so a block's ε is one release's at δ − δ_τ, whatever its size; the row says δ."""
         spent = math.inf if self.rows_noise == 0 else epsilon(self.rows_noise, self.delta - self.threshold_delta, self.kind)
-        fedray.report(dp_epsilon=spent, dp_delta=self.delta, dp_threshold=self.threshold())
+        self._report_epsilon(spent, self.rows_noise)
+        fedray.report(dp_threshold=self.threshold())
         return total
 
 

@@ -42,8 +42,10 @@ refused) or σ (``dp_noise``; both: σ is used, and the run refused if it spends
 ``pld`` (the default, as ``dp``'s: tighter; Poisson and without-replacement sampling) or ``rdp`` (every sampling; the
 one used for ``--sampling with`` when none is given). The σ used and the accountant are recorded in ``config.yaml``
 and every row (``dp_noise``, ``dp_accountant``, beside ``clip_norm`` and ``sampling``): ``dp_noise=σ`` re-runs the run
-bit for bit. σ = 0 (``dp_noise=0``) is no privacy, ε = ∞: only the clip applies (weights and the
-server's denominator are the algorithm's), so with a clip no upload reaches the run is the plain run bit for bit.
+bit for bit. An RDP row also says which orders its ε was minimized over (``dp_rdp_orders``: dp-accounting leaves out
+the small ones where its series does not converge; :mod:`fedray.postprocessors.accounting`). σ = 0 (``dp_noise=0``)
+is no privacy, ε = ∞: only the clip applies (weights and the server's denominator are the algorithm's), so with a clip
+no upload reaches the run is the plain run bit for bit.
 
 Refused at the start, in one line: closed-form statistics (``--postprocessor dp`` is sample-level DP for them: FedNCM,
 Fed3R), and so a closed-form ``--init``, ``--calibrate``, SphereFed's calibration and ``--probe-ridge``; TCT's stage 2.
@@ -114,8 +116,19 @@ def epsilon(noise: float, delta: float, kind: str, sampling: str, population: in
         return math.inf
     if rounds == 0:
         return 0.0
-    relation = accounting.REPLACE if sampling == WITH else accounting.ADD_OR_REMOVE
-    return accounting.spent(event(noise, sampling, population, per_round, rounds), delta, kind, relation)
+    return accounting.spent(event(noise, sampling, population, per_round, rounds), delta, kind, neighbouring(sampling))
+
+
+@cache
+def rdp_orders(noise: float, sampling: str, population: int, per_round: int) -> str:
+    """The orders the RDP accountant minimizes ε over, the same after any number of rounds (their RDP is finite where
+    one round's is; :func:`~fedray.postprocessors.accounting.rdp_orders`)."""
+    return accounting.rdp_orders(round_event(noise, sampling, population, per_round), neighbouring(sampling))
+
+
+def neighbouring(sampling: str) -> dp_accounting.NeighboringRelation:
+    """Replace-one under fixed-size sampling (its ε is stated so), add-or-remove-one under the others."""
+    return accounting.REPLACE if sampling == WITH else accounting.ADD_OR_REMOVE
 
 
 def calibrated(target: float, delta: float, kind: str, sampling: str, population: int, per_round: int,
@@ -217,9 +230,11 @@ class DPFedAvg(fedray.Postprocessor):
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         sampling = context.sampling  # training is the run's only stage here: its round r is the r-th release
-        fedray.report(dp_epsilon=epsilon(self.noise * self.accounted, self.delta, chosen(self.kind, mode(sampling)),
-                                         mode(sampling), sampling.population, sampling.per_round, context.round),
-                      dp_delta=self.delta)
+        kind, accounted = chosen(self.kind, mode(sampling)), self.noise * self.accounted
+        fedray.report(dp_epsilon=epsilon(accounted, self.delta, kind, mode(sampling), sampling.population,
+                                         sampling.per_round, context.round), dp_delta=self.delta)
+        if kind == RDP and accounted > 0:  # which orders its ε is minimized over (some may not converge)
+            fedray.report(dp_rdp_orders=rdp_orders(accounted, mode(sampling), sampling.population, sampling.per_round))
         if self.noise == 0 or self.placement == "distributed":
             return total
         return noisy(total, dict.fromkeys(total, self.noise * self.clip_norm), context.generator)

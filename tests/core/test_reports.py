@@ -1,5 +1,5 @@
-"""fedray.report: named numbers from a plugin's server-side hooks become columns of metrics.parquet, the last value
-reported at or before each row's round, None before the first."""
+"""fedray.report: named numbers (or short strings) from a plugin's server-side hooks become columns of
+metrics.parquet, the last value reported at or before each row's round, None before the first."""
 
 from dataclasses import dataclass
 
@@ -48,12 +48,34 @@ def test_reported_numbers_are_collected_where_the_engine_listens_and_refused_els
             report(accuracy=1.0)
         with pytest.raises(FedrayError, match=r"expected a number \(not NaN"):
             report(eps=float("nan"))
-        with pytest.raises(FedrayError, match=r"expected a number \(not NaN"):
+        with pytest.raises(FedrayError, match=r"expected a number \(not NaN; ±inf is one, as a DP run's ε = ∞ without "
+                                              r"noise\) or a one-line string$"):
             report(flag=True)
         report(epsilon=float("inf"))  # a DP run without noise: ε = ∞
     assert into == {"eta": 3.0, "eps": 0.5, "epsilon": float("inf")}
     with pytest.raises(FedrayError, match=r"^fedray.report\(...\) is for the server's hooks"):
         report(eta=1.0)
+
+
+def test_a_short_string_is_reported_as_a_column_of_one_kind():
+    """A one-line string of at most 200 characters (the RDP orders a DP run's ε was minimized over); a name holds one
+    kind in every row."""
+    into = {}
+    with reporting(into):
+        report(dp_rdp_orders="1.7-1024", dp_epsilon=3.5)
+        report(dp_rdp_orders="1.8-1024")
+        with pytest.raises(FedrayError, match=r"^fedray.report\(note=...\): got a 201-character string; a string column "
+                                              r"holds one line of at most 200 characters$"):
+            report(note="x" * 201)
+        with pytest.raises(FedrayError, match=r"^fedray.report\(note=...\): got a 3-character string of several lines"):
+            report(note="a\nb")
+        with pytest.raises(FedrayError, match=r"^fedray.report\(dp_epsilon=...\): got 'inf', where dp_epsilon was 3.5 "
+                                              r"before: a column holds numbers or strings, not both$"):
+            report(dp_epsilon="inf")
+        with pytest.raises(FedrayError, match=r"^fedray.report\(dp_rdp_orders=...\): got 2, where dp_rdp_orders was "
+                                              r"'1.8-1024' before"):
+            report(dp_rdp_orders=2)
+    assert into == {"dp_rdp_orders": "1.8-1024", "dp_epsilon": 3.5}
 
 
 def test_a_training_algorithm_and_a_postprocessor_report_columns_of_every_row(ray_session, tmp_path):

@@ -100,6 +100,13 @@ def test_a_checkpoint_keeps_an_infinite_reported_number_as_fedray_report_takes_i
     assert load_checkpoint(tmp_path, run_config(tmp_path)).reported == {"dp_epsilon": math.inf, "dp_delta": 1e-5}
 
 
+def test_a_checkpoint_keeps_a_reported_string(tmp_path):
+    state = state_as_every_backend_keeps_it()
+    state.reported = {"dp_epsilon": 7.5, "dp_rdp_orders": "1.8-1024"}  # the RDP orders ε was minimized over
+    saved_with_client_states(tmp_path, run_config(tmp_path), state)
+    assert load_checkpoint(tmp_path, run_config(tmp_path)).reported == {"dp_epsilon": 7.5, "dp_rdp_orders": "1.8-1024"}
+
+
 def test_resume_compares_the_canonical_dataset_spec(tmp_path):
     config = run_config(tmp_path)
     saved_with_client_states(tmp_path, config)

@@ -201,6 +201,8 @@ def test_a_closed_forms_calibrated_noise_is_recorded_and_reruns_to_the_same_bits
     run = ["--method", "fed3r", "--dataset", SPEC, *SMALL_RUN, "--clip-norm=0.5", "--dp-delta=1e-5"]
     noise = rerun_of_the_record(capsys, tmp_path, run, 2.0)
     assert noise == calibrated(2.0, 1e-5, "pld")
+    rows = pq.read_table(tmp_path / "budget" / "metrics.parquet").to_pylist()
+    assert all(row["dp_accountant"] == "pld" and row["sampling"] == "without" for row in rows)
 
 
 def test_dp_fedavgs_calibrated_noise_accountant_and_sampling_are_recorded_and_rerun_to_the_same_bits(

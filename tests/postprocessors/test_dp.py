@@ -187,6 +187,12 @@ def test_a_fed3r_run_reports_the_epsilon_of_one_release_in_every_row(ray_session
     assert [row["round"] for row in rows] == [3, 6]
     assert all(row["dp_delta"] == 1e-5 and exact <= row["dp_epsilon"] <= exact * 1.005 for row in rows)
     assert all(0 < row["accuracy"] <= 1 for row in rows)
+    assert "dp_rdp_orders" not in rows[0]  # a PLD run's
+
+
+def test_an_rdp_run_names_the_orders_its_epsilon_was_minimized_over_all_of_them_for_a_gaussian(ray_session, tmp_path):
+    rows = runs(tmp_path, "rdp", "fed3r", clip_norm=2.0, dp_noise=2.0, dp_delta=1e-5, dp_accountant="rdp")
+    assert [row["dp_rdp_orders"] for row in rows] == ["1.1-1024", "1.1-1024"]
 
 
 def test_a_distributed_fedncm_run_reports_each_blocks_own_noise(ray_session, tmp_path):

@@ -29,6 +29,7 @@ from fedray.runtime.sampling import schedule
 SPEC = "fedray.postprocessors.dp_fedavg:DPFedAvg"
 DATASET = "synthetic:inat-geo-100?dim=24&scale=0.3&classes=20"
 DELTA = 1e-5
+FEW_CLIENTS = "synthetic:inat-user-120k?dim=8&scale=0.01&classes=6&seed=1&split=dirichlet&alpha=0.3&clients=24"
 
 
 # --- independent references
@@ -227,6 +228,18 @@ def test_a_poisson_run_reports_the_subsampled_gaussians_epsilon_and_is_the_same_
         assert row["dp_delta"] == DELTA and reference * 0.9 <= row["dp_epsilon"] <= reference * (1 + 1e-9)
     plain = metrics(tmp_path, "plain")
     assert rows[-1]["accuracy"] != plain[-1]["accuracy"]
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_rdp_rows_name_the_orders_epsilon_was_minimized_over_and_pld_rows_none(ray_session, tmp_path, accountant):
+    """q = 6/24, σ = 1: dp-accounting's series does not converge at orders 1.1 to 1.7, left out of ε."""
+    rows = metrics(tmp_path, accountant, dataset=FEW_CLIENTS, clients_per_round=6, rounds=2, eval_every=1,
+                   **private(clip_norm=1, dp_noise=1, dp_delta=DELTA, dp_accountant=accountant))
+    assert [row["round"] for row in rows] == [0, 1, 2]
+    if accountant == "rdp":
+        assert [row["dp_rdp_orders"] for row in rows] == [None, "1.8-1024", "1.8-1024"]
+    else:
+        assert "dp_rdp_orders" not in rows[0]
 
 
 def fedray_clients() -> int:
