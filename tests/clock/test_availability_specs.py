@@ -80,3 +80,18 @@ def test_a_million_clients_cost_a_build_and_lookups_of_a_thousand(spec, tmp_path
     finish = start + np.random.default_rng(1).exponential(300.0, size=1000)
     assert model.available(chosen, start).all()
     assert model.stays_available(chosen, start, finish).sum() > 0
+
+
+@pytest.mark.parametrize("spec", ["markov:60,140", "diurnal:100,0.3", "diurnal:0.7,0.9", "trace"])
+def test_the_lookups_agree_with_one_another(spec, tmp_path):
+    """next_available gives a moment ``available`` finds online, online_until one it finds offline, and the client is
+    online just before it."""
+    model = built(spec, tmp_path)
+    rng = np.random.default_rng(2)
+    clients = rng.integers(0, 10**6, size=3000)
+    times = rng.uniform(0, 1e4, size=3000)
+    start = model.next_available(clients, times)
+    assert np.all(start >= times) and model.available(clients, start).all()
+    end = model.online_until(clients, start)
+    assert np.all(end > start) and not model.available(clients, end).any()
+    assert model.available(clients, np.nextafter(end, -np.inf)).all()

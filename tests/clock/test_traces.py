@@ -91,3 +91,16 @@ def test_the_most_clients_online_at_once_decides_whether_rounds_fill(trace_file)
 def test_a_trace_file_is_needed():
     with pytest.raises(FedrayError, match="--availability trace needs a trace file: trace:FILE"):
         TraceAvailability()
+
+
+def test_no_rounding_opens_a_gap_at_the_seam_of_two_repetitions(tmp_path):
+    """m · 0.7 + 0.7 falls short of (m + 1) · 0.7 for many m (m = 12, 14, 17, ...): a trace online across the seam
+    must not go offline for that rounding."""
+    path = tmp_path / "seam.csv"
+    path.write_text("trace_id,start_s,end_s\n1,0,0.3\n1,0.5,0.7\n")
+    model = TraceAvailability(trace_file=str(path), seed=0)
+    repetitions = np.arange(2000.0)
+    clients = np.zeros(repetitions.size, dtype=np.int64)
+    seams = np.concatenate([repetitions * 0.7 + 0.7, (repetitions + 1) * 0.7])
+    assert model.available(np.concatenate([clients, clients]), seams).all()
+    assert model.stays_available(clients, repetitions * 0.7 + 0.6, repetitions * 0.7 + 0.9).all()
