@@ -32,6 +32,7 @@ LAYER_OF = {
     "fedray.core": "core",
     "fedray.data": "data",
     "fedray.methods": "methods",
+    "fedray.clock": "methods",
     "fedray.runtime": "runtime",
     "fedray.engine": "engine",
     "fedray.app": "application",
