@@ -22,7 +22,10 @@ survivor), each run timed whole in this process (the shards' start and data incl
 untimed run on a hundredth of the clients at d = 8, which pays the process's first imports). The
 ratios to the plain run are the cost of the per-client statistics secure aggregation needs (each client's ZᵀZ on its
 own rather than one GEMM per shard) and quantization, and, for the generated masks, of the masks;
-``same_classifier`` says whether the modelled and generated runs' classifiers are the same bits. The generated run
+``same_classifier`` says whether the modelled and generated runs' classifiers are the same bits. ``floor_s`` is the
+part the masks do not cause: the run through a postprocessor that sees each client's upload and changes nothing
+(:class:`PerClient`: the statistics computed client by client, then, unchanged, summed as in the plain run). The
+generated run
 takes minutes at scale 1 (``--scale 0.1`` for a quick run, ``--skip-generated`` to leave it out).
 
 Prints one JSON line.
@@ -38,10 +41,21 @@ from pathlib import Path
 
 import numpy as np
 
+import fedray
+
 SECAGG = "fedray.postprocessors.secagg:SecureAggregation"
+PER_CLIENT = "jobs.bench_secagg:PerClient"
 DATASET = "synthetic:inat-user-120k?dim={dim}"
 WARM_UP = "synthetic:inat-user-120k?dim=8&scale=0.01"
 """A run before the timed ones, so that none pays the process's first imports and Ray's first workers."""
+
+
+class PerClient(fedray.Postprocessor):
+    """A postprocessor that sees each client's upload and returns it as it is: the per-client statistics' cost alone."""
+
+    @property
+    def per_client(self) -> bool:
+        return True
 
 
 def largest_entry(dataset: str) -> float:
@@ -99,10 +113,11 @@ def masking_cost(folder: Path, dim: int, neighbours: int, scale: float, generate
     common = {"method": "fed3r", "dataset": dataset, "clients_per_round": 10, "eval_every": 100}
     timed_run(folder / "warm-up", **{**common, "dataset": WARM_UP})  # the process's one-time costs, paid untimed
     plain_s, plain = timed_run(folder / "cost-plain", **common)
+    floor_s, _ = timed_run(folder / "cost-floor", postprocessor=PER_CLIENT, **common)
     options = {"secagg_clip": repr(largest_entry(dataset)), "secagg_neighbours": str(neighbours),
                "secagg_value_bits": "20"}
     result: dict = {"dataset": dataset, "neighbours": neighbours, "aggregate": 1000, "plain_s": round(plain_s, 2),
-                    "plain_accuracy": plain}
+                    "plain_accuracy": plain, "floor_s": round(floor_s, 2), "floor_ratio": round(floor_s / plain_s, 2)}
     for masks in ("model", "generate") if generated else ("model",):
         seconds, accuracy = timed_run(folder / f"cost-{masks}", secure_aggregation=True,
                                       options={**options, "secagg_masks": masks}, **common)
