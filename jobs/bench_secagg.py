@@ -1,6 +1,6 @@
 """Benchmark: what secure aggregation costs on the iNat stand-in, in accuracy (the value bits) and in wall time (the masks).
 
-    python -m jobs.bench_secagg [--dim 32] [--bits 8 12 16 20 24] [--cost-dim 128] [--neighbours 4]
+    python -m jobs.bench_secagg [--dim 32] [--bits 8 12 16 20 24] [--cost-dim 128] [--neighbours 4] [--scale 1]
 
 **Accuracy.** Fed3R and FedCOF-oracle (full class covariances) on ``synthetic:inat-user-120k?dim=D`` (all 9,275
 clients, C = 1,203), 100 clients a round until every client was seen, an evaluation every 10 rounds (aggregates of
@@ -13,12 +13,20 @@ graph. FedCOF itself cannot be measured: its server estimates the class covarian
 means, rows it keeps side by side, never adds, so no secure sum can carry them (secagg refuses their integer class
 indices in one line); its oracle uploads only sums.
 
-**Masking.** Fed3R over the full stand-in at ``--cost-dim`` (10 clients a round, an evaluation every 100 rounds, as
-``jobs.bench_closedform``), without and with ``--secure-aggregation`` (SecAgg+ with ``--neighbours`` k, 20 value bits),
-each run timed whole in this process (the shards' start and data included, the same for both); the ratio is the cost
-of the masks and of the per-client statistics secure aggregation needs (each client's ZᵀZ on its own rather than one
-GEMM per shard). The masks are drawn in the shards, for each aggregate's uploaders only, per aggregate: a client
-expands k + 1 masks of m = d² + d·C + C values (its self-mask and one per neighbour), the server one per survivor.
+**Masking.** Fed3R over the stand-in at ``--cost-dim`` (all its clients, ``--scale`` of them: 9,275 at 1; 10 clients
+a round, an evaluation every 100 rounds, as ``jobs.bench_closedform``), plain and through ``--secure-aggregation``
+(SecAgg+ with ``--neighbours`` k, 20 value bits) twice: with its masks modelled (``secagg_masks=model``, the default:
+the server gets the survivors' quantized sum, the masks' cost is reported) and generated (``secagg_masks=generate``:
+each client expands k + 1 masks of m = d² + d·C + C values, its self-mask and one per neighbour, the server one per
+survivor), each run timed whole in this process (the shards' start and data included, the same for all three; after an
+untimed run on a hundredth of the clients at d = 8, which pays the process's first imports). The
+ratios to the plain run are the cost of the per-client statistics secure aggregation needs (each client's ZᵀZ on its
+own rather than one GEMM per shard) and quantization, and, for the generated masks, of the masks;
+``same_classifier`` says whether the modelled and generated runs' classifiers are the same bits. ``floor_s`` is the
+part the masks do not cause: the run through a postprocessor that sees each client's upload and changes nothing
+(:class:`PerClient`: the statistics computed client by client, then, unchanged, summed as in the plain run). The
+generated run
+takes minutes at scale 1 (``--scale 0.1`` for a quick run, ``--skip-generated`` to leave it out).
 
 Prints one JSON line.
 """
@@ -33,8 +41,21 @@ from pathlib import Path
 
 import numpy as np
 
+import fedray
+
 SECAGG = "fedray.postprocessors.secagg:SecureAggregation"
+PER_CLIENT = "jobs.bench_secagg:PerClient"
 DATASET = "synthetic:inat-user-120k?dim={dim}"
+WARM_UP = "synthetic:inat-user-120k?dim=8&scale=0.01"
+"""A run before the timed ones, so that none pays the process's first imports and Ray's first workers."""
+
+
+class PerClient(fedray.Postprocessor):
+    """A postprocessor that sees each client's upload and returns it as it is: the per-client statistics' cost alone."""
+
+    @property
+    def per_client(self) -> bool:
+        return True
 
 
 def largest_entry(dataset: str) -> float:
@@ -87,15 +108,26 @@ def accuracy_cost(folder: Path, dim: int, bits: list[int]) -> dict:
     return table
 
 
-def masking_cost(folder: Path, dim: int, neighbours: int) -> dict:
-    common = {"method": "fed3r", "dataset": DATASET.format(dim=dim), "clients_per_round": 10, "eval_every": 100}
+def masking_cost(folder: Path, dim: int, neighbours: int, scale: float, generated: bool) -> dict:
+    dataset = DATASET.format(dim=dim) + (f"&scale={scale:g}" if scale < 1 else "")
+    common = {"method": "fed3r", "dataset": dataset, "clients_per_round": 10, "eval_every": 100}
+    timed_run(folder / "warm-up", **{**common, "dataset": WARM_UP})  # the process's one-time costs, paid untimed
     plain_s, plain = timed_run(folder / "cost-plain", **common)
-    options = {"secagg_clip": repr(largest_entry(common["dataset"])), "secagg_neighbours": str(neighbours),
+    floor_s, _ = timed_run(folder / "cost-floor", postprocessor=PER_CLIENT, **common)
+    options = {"secagg_clip": repr(largest_entry(dataset)), "secagg_neighbours": str(neighbours),
                "secagg_value_bits": "20"}
-    secure_s, secure = timed_run(folder / "cost-secagg", postprocessor=SECAGG, options=options, **common)
-    return {"dataset": common["dataset"], "neighbours": neighbours, "aggregate": 1000, "plain_s": round(plain_s, 2),
-            "secagg_s": round(secure_s, 2), "ratio": round(secure_s / plain_s, 2), "plain_accuracy": plain,
-            "secagg_accuracy": secure}
+    result: dict = {"dataset": dataset, "neighbours": neighbours, "aggregate": 1000, "plain_s": round(plain_s, 2),
+                    "plain_accuracy": plain, "floor_s": round(floor_s, 2), "floor_ratio": round(floor_s / plain_s, 2)}
+    for masks in ("model", "generate") if generated else ("model",):
+        seconds, accuracy = timed_run(folder / f"cost-{masks}", secure_aggregation=True,
+                                      options={**options, "secagg_masks": masks}, **common)
+        result.update({f"{masks}_s": round(seconds, 2), f"{masks}_ratio": round(seconds / plain_s, 2),
+                       f"{masks}_accuracy": accuracy})
+    if generated:
+        modelled, drawn = (np.load(folder / f"cost-{masks}" / "classifier.npz") for masks in ("model", "generate"))
+        result["same_classifier"] = modelled.keys() == drawn.keys() and all(
+            np.array_equal(modelled[key], drawn[key]) for key in modelled)
+    return result
 
 
 def main() -> None:
@@ -104,13 +136,17 @@ def main() -> None:
     parser.add_argument("--bits", type=int, nargs="*", default=[8, 12, 16, 20, 24], help="value bits v to measure")
     parser.add_argument("--cost-dim", type=int, default=128, help="the features' dimension of the masking cost runs")
     parser.add_argument("--neighbours", type=int, default=4, help="SecAgg+'s k in the masking cost runs")
+    parser.add_argument("--scale", type=float, default=1.0, help="the fraction of the stand-in's clients the masking "
+                        "cost runs keep (0 < s ≤ 1)")
     parser.add_argument("--skip-accuracy", action="store_true", help="only the masking cost")
+    parser.add_argument("--skip-generated", action="store_true", help="the masking cost without the generated masks")
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fedray-bench-secagg-") as folder:
         result = {}
         if not arguments.skip_accuracy:
             result["accuracy"] = accuracy_cost(Path(folder), arguments.dim, arguments.bits)
-        result["masking"] = masking_cost(Path(folder), arguments.cost_dim, arguments.neighbours)
+        result["masking"] = masking_cost(Path(folder), arguments.cost_dim, arguments.neighbours, arguments.scale,
+                                         not arguments.skip_generated)
     print(json.dumps(result))
 
 

@@ -2,10 +2,14 @@
 
     fedray run --method fed3r --postprocessor secagg --option secagg_clip=1000 --option secagg_dropout=0.1
     fedray run --method fedncm --postprocessor secagg --option secagg_clip=1000 --option secagg_neighbours=8
+    fedray run --method fed3r --secure-aggregation --option secagg_clip=1000 --option secagg_masks=generate
 
 What the server receives is what SecAgg's would: the sum of the clients' quantized uploads in the ring Z_{2^b},
-nothing else, bit for bit; the masks are real (expanded from seeds), the key agreement and secret sharing that
-make them secret are not run, only their effect.
+nothing else, bit for bit. By default (``secagg_masks=model``) the masks are modelled: the server gets that sum
+directly, and what the masks cost (their expansion, the protocol's bytes and round trips) is reported, not paid
+(:mod:`fedray.clock.secagg_costs`). With ``secagg_masks=generate`` the masks are real (expanded from seeds) and
+cancel in the server's sum, to the same bits. Either way the key agreement and secret sharing that make them secret
+are not run, only their effect.
 
 **Quantization.** Each value x of a client's upload is clipped to [−C, C] (``secagg_clip``) and sent as the
 integer q = rint(x / Δ) + h in [0, 2^v − 2], Δ = C / h, h = 2^(v−1) − 1, on v bits (``secagg_value_bits``), in
@@ -17,12 +21,21 @@ group whose sum could exceed it stops the run in one line before any mask is dra
 silently); by default v is the largest that fits the group's n. The server decodes the ring's sum S of the s
 survivors' integers as (S − s · h) · Δ.
 
-**Masks.** Client i sends y_i = q_i + p_i + Σ_{j ∈ N(i), j > i} m_ij − Σ_{j ∈ N(i), j < i} m_ij mod 2^b: a
-self-mask p_i and a pairwise mask m_ij with each neighbour j, each expanded with Philox (counter-based) from
-its own seed, a SeedSequence of the group's shared seed (the run's seed, the aggregate's round, the
-postprocessor's place) and the client numbers. N(i) is every other participant (SecAgg) or, with
-``secagg_neighbours`` k, i's neighbours in a k-regular graph (SecAgg+: a Harary graph, the participants on a
-ring in a seeded random order, each joined to the k/2 before and after it).
+**Masks** (``secagg_masks=generate``). Client i sends
+y_i = q_i + p_i + Σ_{j ∈ N(i), j > i} m_ij − Σ_{j ∈ N(i), j < i} m_ij mod 2^b: a self-mask p_i and a pairwise mask
+m_ij with each neighbour j, each expanded with Philox (counter-based) from its own seed, a SeedSequence of the
+group's shared seed (the run's seed, the aggregate's round, the postprocessor's place) and the client numbers.
+N(i) is every other participant (SecAgg) or, with ``secagg_neighbours`` k, i's neighbours in a k-regular graph
+(SecAgg+: a Harary graph, the participants on a ring in a seeded random order, each joined to the k/2 before and
+after it).
+
+**Modelled masks** (``secagg_masks=model``, the default). The masks cancel in the sum of the survivors' uploads, and
+the dropped clients' pairwise masks with survivors are what the server removes from the seeds it reconstructs, so
+they change no bit of what the server decodes: each surviving client sends what is left of y_i once they cancel,
+its integers centred, q_i − h = rint(clip(x) / Δ) in [−h, h] (held exactly in float64; a zero stays 0, so a sparse
+upload costs its nonzeros), and the server decodes their sum, S − s · h, times Δ. Who drops, the graph, the
+threshold and every refusal are the same draws and the same checks as with generated masks
+(``tests/postprocessors/test_secagg.py`` compares the two bit for bit).
 
 **Who the participants are.** Pairwise masks need each client's group: the clients whose uploads the server sums
 into one aggregate (a training round's clients; a closed-form evaluation block's, its clients uploading in different
@@ -65,38 +78,43 @@ is, before the run (its ``uploads_summed`` is False): its server estimates the c
 own class means, rows it keeps side by side (with their integer class indices), never adds, so no secure sum can
 carry them; fedcof-oracle's uploads are sums.
 
-**Masks at scale.** The client hooks run in the shards, per aggregate, for its uploaders only: a client expands
-k + 1 masks of m values (all n − 1 pairs for SecAgg), raw Philox words added mod 2^64 in place and reduced mod
-2^b once; the server expands one per survivor (and the dropped clients' pairs).
+**Masks at scale.** The client hooks run in the shards, per aggregate, for its uploaders only. Generated, a client
+expands k + 1 masks of m values (all n − 1 pairs for SecAgg), raw Philox words added mod 2^64 in place and reduced
+mod 2^b once; the server expands one per survivor (and the dropped clients' pairs). Modelled, a client's hook costs
+a pass over its upload and the rounding of its nonzeros. Either way secure aggregation needs each client's upload on
+its own (closed-form statistics computed client by client, not one GEMM per shard): that, not the masks, is what a
+modelled run pays beyond a plain one (``python -m jobs.bench_secagg``).
 
-**Cost model** (reported by the aggregate, columns of metrics.parquet, for the group of the row's last block or
-round): what a participant sends, in bytes, by Bonawitz et al.'s four rounds with d neighbours (n − 1, or k):
-``secagg_key_bytes`` its two public keys (2 · 32), ``secagg_share_bytes`` its encrypted shares of its two
-secrets to each neighbour and one share per neighbour at unmasking (3 · 32 · d, the mean over the group),
-``secagg_masked_bytes`` its masked vector (⌈m · b / 8⌉ for m values), and their sum
-``secagg_bytes_per_participant``; the server's work, ``secagg_server_reconstructions`` (one secret per
-participant: a survivor's self-mask seed, a dropped client's key) and ``secagg_server_prg_values`` (the mask
-values it expands: m per survivor plus m per surviving neighbour of each dropped client, O(m n²) for SecAgg,
-O(m n k) for SecAgg+); and ``secagg_dropped``.
+**Cost model** (:func:`fedray.clock.secagg_costs.secagg_costs`, reported by the aggregate, columns of
+metrics.parquet, for the group of the row's last block or round, the same whether the masks are modelled or
+generated): what a surviving participant sends, in bytes, by Bonawitz et al.'s four rounds with d neighbours
+(n − 1, or k): ``secagg_key_bytes`` its two public keys (2 · 32), ``secagg_share_bytes`` its encrypted shares of
+its two secrets to each neighbour and one share per neighbour at unmasking (3 · 32 · d), ``secagg_masked_bytes``
+its masked vector (⌈m · b / 8⌉ for m values), and their sum ``secagg_bytes_per_participant``; what it receives,
+``secagg_down_bytes_per_participant`` (its neighbours' keys and the shares addressed to it, 4 · 32 · d); the mask
+words it expands, ``secagg_mask_words_per_participant`` ((d + 1) · m); the round trips it makes beyond a plain
+upload, ``secagg_round_trips`` (3: AdvertiseKeys, ShareKeys, Unmasking); the server's work,
+``secagg_server_reconstructions`` (one secret per participant: a survivor's self-mask seed, a dropped client's key)
+and ``secagg_server_prg_values`` (the mask values it expands: m per survivor plus m per surviving neighbour of each
+dropped client, O(m n²) for SecAgg, O(m n k) for SecAgg+); and ``secagg_dropped``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Literal, get_args
 
 import numpy as np
 import torch
 
 import fedray
+from fedray.clock.secagg_costs import KEY_BYTES, secagg_costs
 from fedray.core.options import Option
 
 RING_BITS_MAX = 53
 """float64 holds every integer below 2^53: a group's masked sum must stay below it."""
-KEY_BYTES = 32
-"""A public key (X25519), of the two each client advertises."""
-SHARE_BYTES = 32
-"""A Shamir share of a 256-bit seed."""
+Masks = Literal["model", "generate"]
+"""``secagg_masks``: the masks' effect computed (the survivors' quantized sum) or the masks drawn and cancelled."""
 
 
 class SecureAggregation(fedray.Postprocessor):
@@ -119,7 +137,11 @@ class SecureAggregation(fedray.Postprocessor):
                  secagg_threshold: Annotated[int | None, "t: the surviving neighbours needed to reconstruct a "
                                                          "client's seeds (≥ 1; by default a majority)"] = None,
                  secagg_neighbours: Annotated[int | None, "k: SecAgg+'s neighbours per client in a k-regular graph "
-                                                          "(even, ≥ 2; by default all pairs: SecAgg)"] = None) -> None:
+                                                          "(even, ≥ 2; by default all pairs: SecAgg)"] = None,
+                 secagg_masks: Annotated[Masks,
+                                         "model: the server gets the survivors' quantized sum, the masks' cost "
+                                         "reported, not paid; generate: each client's masks drawn and cancelled "
+                                         "(the same sum, bit for bit)"] = "model") -> None:
         super().__init__()
         if secagg_clip is None or not 0 < secagg_clip < math.inf:
             raise ValueError(f"option secagg_clip is required and must be a finite number > 0 (the range [−C, C] "
@@ -135,8 +157,16 @@ class SecureAggregation(fedray.Postprocessor):
             raise ValueError(f"option secagg_threshold must be ≥ 1, got {secagg_threshold}")
         if secagg_neighbours is not None and (secagg_neighbours < 2 or secagg_neighbours % 2):
             raise ValueError(f"option secagg_neighbours must be even and ≥ 2, got {secagg_neighbours}")
+        if secagg_masks not in get_args(Masks):
+            raise ValueError(f"option secagg_masks must be model or generate, got {secagg_masks!r}")
         self.clip, self.bits, self.value_bits = float(secagg_clip), secagg_bits, secagg_value_bits
         self.dropout, self.threshold, self.neighbours = secagg_dropout, secagg_threshold, secagg_neighbours
+        self.generate = secagg_masks == "generate"
+        self._group: Group | None = None
+
+    def __getstate__(self) -> dict:
+        """Without the cached :class:`Group`: a copy sent to the shards makes its own, once a group."""
+        return {**self.__dict__, "_group": None}
 
     @property
     def per_client(self) -> bool:
@@ -209,35 +239,51 @@ class SecureAggregation(fedray.Postprocessor):
         lost = dropouts(context.shared_seed, len(context.participants), self.dropout)
         return [client for client, gone in zip(context.participants, lost) if gone]
 
+    def group(self, context: fedray.UploadContext) -> Group:
+        """The group ``context``'s upload is summed in, made once for all its uploads in this process (a group's
+        draws cost O(n): made for each of its n clients, they would cost O(n²))."""
+        known = self._group
+        if known is None or known.seed != context.shared_seed or not (
+                known.participants is context.participants or known.participants == context.participants):
+            known = self._group = Group(self, context)
+        return known
+
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
-        group = Group(self, context)
-        names, values = _flat(upload.tensors, f"client {context.client}")
-        position = group.position[context.client]
-        if group.dropped[position]:  # nothing reaches the server: not its values, not its weight
+        group = self.group(context)
+        names = _float64_names(upload.tensors, f"client {context.client}")
+        if group.dropped[group.position(context.client)]:  # nothing reaches the server: not its values, its weight
             return fedray.Upload({name: torch.zeros_like(tensor) for name, tensor in upload.tensors.items()}, 0.0)
+        if not self.generate:  # what the masks leave once they cancel: its integers, centred, exact in float64
+            return fedray.Upload({name: group.centred(upload.tensors[name]) for name in names}, upload.weight)
+        values = _flat(upload.tensors, names)
         masked = group.quantize(values).view(np.uint64)  # added mod 2^64, reduced mod 2^b once: 2^b divides 2^64
         masked += group.self_mask(context.client, len(values))
-        for other in group.neighbours(position):
+        for other in group.neighbours(group.position(context.client)):
             group.add_pair_mask(masked, context.client, other)
         masked &= np.uint64(group.ring_mask)
         return fedray.Upload(_unflat(upload.tensors, names, masked.astype(np.float64)), upload.weight)
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
-        group = Group(self, context)
-        names, values = _flat(total, "the aggregate")
+        """The survivors' quantized sum decoded: with generated masks, the ring's sum unmasked by the survivors'
+        self-masks and their pairwise masks with the dropped; with modelled ones, the sum as it arrived (the survivors'
+        integers, exact in float64, never wrapping the ring: checked)."""
+        group = self.group(context)
+        names = _float64_names(total, "the aggregate")
+        values = _flat(total, names)
         group.check_recoverable(context.round)
+        fedray.report(**group.costs(len(values)))
+        if not self.generate:  # Σ (q_i − h) over the survivors: S − s·h
+            return _unflat(total, names, values.astype(np.int64).astype(np.float64) * group.step)
         sums = values.astype(np.uint64)
-        size = len(sums)
         for position, client in enumerate(group.participants):
             if not group.dropped[position]:
-                sums -= group.self_mask(client, size)
+                sums -= group.self_mask(client, len(sums))
                 continue
             for other in group.neighbours(position):  # the survivors' masks with a dropped client, from its seeds
-                if not group.dropped[group.position[other]]:
+                if not group.dropped[group.position(other)]:
                     group.add_pair_mask(sums, other, client, subtract=True)
         sums &= np.uint64(group.ring_mask)
         survivors = int((~group.dropped).sum())
-        fedray.report(**group.costs(size))
         return _unflat(total, names, (sums.astype(np.int64) - survivors * group.half_range).astype(np.float64)
                        * group.step)
 
@@ -250,7 +296,7 @@ class Group:
             raise fedray.FedrayError("--postprocessor secagg: this stage does not tell the postprocessors which clients "
                                      "are summed together (training rounds, TCT); secagg applies to closed-form methods")
         self.participants = context.participants
-        self.position = {client: position for position, client in enumerate(self.participants)}
+        self.sorted_participants = np.asarray(self.participants, dtype=np.int64)
         n = len(self.participants)
         where = f"--postprocessor secagg: round {context.round}, {n} participants"
         bits, value_bits, problem = secagg.ring(n)
@@ -260,11 +306,19 @@ class Group:
         self.seed, self.bits, self.ring_mask = context.shared_seed, bits, (1 << bits) - 1
         self.half_range = (1 << (value_bits - 1)) - 1  # h: the integer 0 is sent as
         self.clip, self.step = secagg.clip, secagg.clip / self.half_range
-        degree = n - 1 if secagg.neighbours is None or secagg.neighbours >= n - 1 else secagg.neighbours
-        self.half = None if degree == n - 1 else degree // 2
+        self.degree = n - 1 if secagg.neighbours is None or secagg.neighbours >= n - 1 else secagg.neighbours
+        self.half = None if self.degree == n - 1 else self.degree // 2
         order = self._generator(2).permutation(n)
         self.ring_order, self.ring_place = order, np.argsort(order)  # SecAgg+'s Harary graph: ring positions
         self.dropped = dropouts(self.seed, n, secagg.dropout)
+
+    def position(self, client: int) -> int:
+        """Where ``client`` is among the (sorted) participants; one line when it is not one of them."""
+        position = int(np.searchsorted(self.sorted_participants, client))
+        if position == len(self.participants) or self.participants[position] != client:
+            raise fedray.FedrayError(f"--postprocessor secagg: client {client} uploads into an aggregate of "
+                                     f"{len(self.participants)} participants it is not one of")
+        return position
 
     def neighbours(self, position: int) -> list[int]:
         """The clients that share pairwise masks with the participant at ``position``."""
@@ -277,33 +331,52 @@ class Group:
 
     def surviving_neighbours(self) -> np.ndarray:
         """How many of each participant's neighbours survive: who hold the shares of its seeds."""
-        return np.array([sum(not self.dropped[self.position[other]] for other in self.neighbours(position))
-                         for position in range(len(self.participants))], dtype=np.int64)
+        alive = (~self.dropped).astype(np.int64)
+        if self.half is None:
+            return alive.sum() - alive
+        n = len(self.participants)
+        alive_on_ring = alive[self.ring_order]  # the participant at each place of SecAgg+'s ring
+        steps = (*range(-self.half, 0), *range(1, self.half + 1))
+        return sum(alive_on_ring[(self.ring_place + step) % n] for step in steps)
 
     def check_recoverable(self, round_number: int) -> None:
-        """That every participant has ≥ t surviving neighbours, else one line."""
-        for position, (client, alive) in enumerate(zip(self.participants, self.surviving_neighbours())):
-            if alive < self.threshold:
-                what = "dropped" if self.dropped[position] else "survived"
-                raise fedray.FedrayError(f"--postprocessor secagg: round {round_number}: client {client} {what} with "
-                                         f"only {alive} surviving neighbours, fewer than secagg_threshold="
-                                         f"{self.threshold}: the server cannot unmask the sum "
-                                         f"({int(self.dropped.sum())} of {len(self.participants)} dropped)")
+        """That every participant has ≥ t surviving neighbours, else one line naming the first that has not."""
+        alive = self.surviving_neighbours()
+        short = np.flatnonzero(alive < self.threshold)
+        if len(short):
+            position = int(short[0])
+            what = "dropped" if self.dropped[position] else "survived"
+            raise fedray.FedrayError(f"--postprocessor secagg: round {round_number}: client "
+                                     f"{self.participants[position]} {what} with only {alive[position]} surviving "
+                                     f"neighbours, fewer than secagg_threshold={self.threshold}: the server cannot "
+                                     f"unmask the sum ({int(self.dropped.sum())} of {len(self.participants)} dropped)")
 
     def costs(self, size: int) -> dict[str, float]:
-        """The cost model's columns for a vector of ``size`` values (see the module docstring)."""
-        degrees = np.array([len(self.neighbours(position)) for position in range(len(self.participants))])
-        survivors, alive = ~self.dropped, self.surviving_neighbours()
-        masked = math.ceil(size * self.bits / 8)
-        shares = float(np.mean(3 * SHARE_BYTES * degrees))
-        return {"secagg_masked_bytes": masked, "secagg_key_bytes": 2 * KEY_BYTES, "secagg_share_bytes": shares,
-                "secagg_bytes_per_participant": masked + 2 * KEY_BYTES + shares,
+        """The cost model's columns for a vector of ``size`` values (:func:`fedray.clock.secagg_costs.secagg_costs`):
+        what a surviving participant sends and expands, what the server expands and reconstructs."""
+        costs = secagg_costs(size, self.bits, self.degree, ~self.dropped, self.surviving_neighbours())
+        survivor = int(np.argmin(self.dropped))  # one that sent its vector (some did: the sum could be unmasked)
+        sent = int(costs.up_bytes[survivor])
+        return {"secagg_masked_bytes": costs.masked_bytes, "secagg_key_bytes": 2 * KEY_BYTES,
+                "secagg_share_bytes": sent - costs.masked_bytes - 2 * KEY_BYTES, "secagg_bytes_per_participant": sent,
+                "secagg_down_bytes_per_participant": int(costs.down_bytes[survivor]),
+                "secagg_mask_words_per_participant": int(costs.mask_words[survivor]),
+                "secagg_round_trips": int(costs.round_trips[survivor]),
                 "secagg_dropped": int(self.dropped.sum()),
-                "secagg_server_prg_values": size * int(survivors.sum() + alive[self.dropped].sum()),
-                "secagg_server_reconstructions": len(self.participants)}
+                "secagg_server_prg_values": costs.server_mask_words,
+                "secagg_server_reconstructions": costs.server_reconstructions}
 
     def quantize(self, values: np.ndarray) -> np.ndarray:
         return np.rint(np.clip(values, -self.clip, self.clip) / self.step).astype(np.int64) + self.half_range
+
+    def centred(self, tensor: torch.Tensor) -> torch.Tensor:
+        """:meth:`quantize`'s integers less h, rint(clip(x) / Δ) in [−h, h], as a new float64 tensor (exact): a zero
+        stays 0, so only the nonzero values are computed (a sparse upload such as ZᵀY costs its nonzeros)."""
+        values = tensor.detach().cpu().numpy().reshape(-1)
+        centred = np.zeros(len(values))
+        support = np.flatnonzero(values)
+        centred[support] = np.rint(np.clip(values[support], -self.clip, self.clip) / self.step)
+        return torch.from_numpy(centred).reshape(tensor.shape)
 
     def _generator(self, *key: int) -> np.random.Generator:
         """The group's stream ``key`` (1: dropouts, 2: the ring order, 3 and 4: masks), Philox from the shared seed."""
@@ -334,8 +407,8 @@ def dropouts(seed: int, n: int, rate: float) -> np.ndarray:
     return np.random.Generator(np.random.Philox(np.random.SeedSequence((seed, 1)))).random(n) < rate
 
 
-def _flat(tensors: fedray.Params, where: str) -> tuple[list[str], np.ndarray]:
-    """The upload's tensors by sorted name as one float64 vector; one line when one is not float64."""
+def _float64_names(tensors: fedray.Params, where: str) -> list[str]:
+    """The upload's tensor names, sorted; one line when one is not float64."""
     names = sorted(tensors)
     for name in names:
         if tensors[name].dtype != torch.float64:
@@ -343,9 +416,14 @@ def _flat(tensors: fedray.Params, where: str) -> tuple[list[str], np.ndarray]:
                                      f"float64 uploads the server adds (statistics, weighted training updates), not "
                                      f"integer tensors (FedCOF's class means are kept side by side, never added: "
                                      f"fedcof-oracle's statistics are sums)")
+    return names
+
+
+def _flat(tensors: fedray.Params, names: list[str]) -> np.ndarray:
+    """The tensors ``names`` as one new float64 vector, in that order."""
     if not names:
-        return names, np.zeros(0)
-    return names, torch.cat([tensors[name].detach().reshape(-1).cpu() for name in names]).numpy()
+        return np.zeros(0)
+    return torch.cat([tensors[name].detach().reshape(-1).cpu() for name in names]).numpy()
 
 
 def _unflat(template: fedray.Params, names: list[str], values: np.ndarray) -> fedray.Params:

@@ -9,7 +9,9 @@ import torch
 
 from fedray.core.errors import FedrayError
 from fedray.methods.base import ClientBatch, Classifier
-from fedray.methods.checks import check_classifier, check_like, check_state, combine_checked, statistics_finite
+from fedray.methods.algorithm import Upload
+from fedray.methods.checks import (check_classifier, check_like, check_state, check_upload_like, combine_checked,
+                                   statistics_finite)
 from fedray.methods.fedcof import FedCOF
 from fedray.methods.ncm import ClassSums, FedNCM
 from fedray.methods.postprocessor import Postprocessing, Postprocessor
@@ -118,3 +120,20 @@ def test_a_features_hook_must_return_finite_rows_of_the_rows_shape_and_dtype(ret
     with pytest.raises(FedrayError, match=rf"^the plugin tests.methods.test_checks:Halving: features returned {re.escape(got)}; expected finite "
                                           rf"torch.float64 rows of shape \(4, 3\)$"):
         Postprocessing((Halving(returned),)).features(rows)
+
+
+@pytest.mark.parametrize("values, refused", [
+    ([1e308, 1e308, -1.0], False),  # finite, though their sum overflows
+    ([1.0, float("nan"), 2.0], True),
+    ([float("inf"), float("-inf"), 0.0], True),
+    ([float("inf"), 1.0, 0.0], True),
+])
+def test_an_upload_with_nan_or_inf_is_refused_and_finite_values_are_not(values, refused):
+    got = Upload({"w": torch.zeros(3, dtype=torch.float64)}, 1.0)
+    returned = Upload({"w": torch.tensor(values, dtype=torch.float64)}, 1.0)
+    if not refused:
+        assert check_upload_like(object(), got, returned, False, "round 1, client 0") is returned
+        return
+    with pytest.raises(FedrayError, match=r"client returned w with NaN or inf \(round 1, client 0; it got finite "
+                                          r"values\); expected finite values$"):
+        check_upload_like(object(), got, returned, False, "round 1, client 0")

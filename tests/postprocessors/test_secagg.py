@@ -86,37 +86,113 @@ def secure_sum(clients: list[int], reported: dict | None = None, **options) -> t
 CLIENTS = [3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610]
 
 
+@pytest.mark.parametrize("masks", ["model", "generate"])
 @pytest.mark.parametrize("neighbours", [None, 6])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_the_unmasked_sum_is_the_plain_quantized_sum_bit_for_bit(neighbours, dropout):
+def test_the_unmasked_sum_is_the_plain_quantized_sum_bit_for_bit(neighbours, dropout, masks):
     options = dict(secagg_clip=5.0, secagg_bits=40, secagg_value_bits=20, secagg_dropout=dropout,
-                   secagg_neighbours=neighbours, secagg_threshold=2)
+                   secagg_neighbours=neighbours, secagg_threshold=2, secagg_masks=masks)
     survivors = ~dropped(len(CLIENTS), dropout)
     assert survivors.all() == (dropout == 0) and survivors.sum() >= 6  # the seed drops some, not too many
     total, sent = secure_sum(CLIENTS, **options)
     expected = plain_quantized_sum(CLIENTS, survivors, 5.0, 20)
     assert torch.equal(total.counts, expected.counts) and torch.equal(total.sums, expected.sums)
     assert np.abs(upload(3).sums.numpy()).max() > 5  # clipping was exercised
-    for stats, alive in zip(sent, survivors):
+    step = 5.0 / (2**19 - 1)
+    for client, stats, alive in zip(CLIENTS, sent, survivors):
         values = torch.cat([stats.counts, stats.sums.flatten()])
-        assert torch.equal(values, values.round()) and values.min() >= 0 and values.max() < 2**40
-        if alive:  # masked: spread over the ring, far beyond the 20-bit quantized values
-            assert values.max() > 2**30
-        else:
+        assert torch.equal(values, values.round())
+        if not alive:
             assert not values.any()
+        elif masks == "generate":  # masked: spread over the ring, far beyond the 20-bit quantized values
+            assert values.min() >= 0 and values.max() < 2**40 and values.max() > 2**30
+        else:  # what the masks leave once they cancel: its own integers q − h = rint(clip(x) / Δ)
+            own = torch.cat([upload(client).counts, upload(client).sums.flatten()]).numpy()
+            assert np.array_equal(values.numpy(), np.rint(np.clip(own, -5.0, 5.0) / step))
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_the_cost_model_is_the_papers_counts(dropout):
-    """m = 20 values (5 counts, 5 × 3 sums) on 40 bits, 12 participants each with 11 neighbours: two 32-byte keys,
-    3 · 32 bytes of shares per neighbour, the masked vector; the server expands m values per survivor's self-mask
-    and per (dropped, surviving) pair, and reconstructs one secret per participant."""
+def through_secagg(training: bool, **options) -> tuple | str:
+    """What the server decodes from CLIENTS' closed-form statistics or weighted training updates, the weight that
+    reaches it, what each client sent and what the aggregate reported; or the one-line refusal."""
+    process = Postprocessing((SecureAggregation(**options),), SEED).among(CLIENTS, ROUND)
     reported: dict[str, float] = {}
-    secure_sum(CLIENTS, reported, secagg_clip=5.0, secagg_bits=40, secagg_dropout=dropout, secagg_threshold=2)
+    try:
+        if training:
+            sent = [process.client(update(client), client, ROUND) for client in CLIENTS]
+            sums = {name: sum(upload.tensors[name] for upload in sent) for name in ("weight", "bias")}
+            weight, tensors = sum(upload.weight for upload in sent), [upload.tensors for upload in sent]
+        else:
+            statistics = [process.statistics(upload(client), client, ROUND) for client in CLIENTS]
+            sums = ClassSums(sum(s.counts for s in statistics), sum(s.sums for s in statistics))
+            weight, tensors = 1.0, [vars(s) for s in statistics]
+        with reporting(reported):
+            total = process.aggregate(sums, ROUND, len(CLIENTS))
+    except FedrayError as error:
+        return str(error)
+    return (total if training else vars(total)), weight, tensors, reported
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("threshold", [None, 2])
+@pytest.mark.parametrize("neighbours", [None, 6])
+@pytest.mark.parametrize("dropout", [0.0, 0.3, 0.5])
+def test_modelled_masks_give_the_generated_masks_sum_and_refusals_bit_for_bit(dropout, neighbours, threshold,
+                                                                             training):
+    """The same aggregate, weight and report, or the same refusal (too few survivors to unmask), whether the masks
+    are drawn and cancelled or modelled; the clients' uploads differ by the masks only (survivors') and are zeros for
+    the same dropped clients."""
+    options = dict(secagg_clip=30.0 if training else 5.0, secagg_bits=40, secagg_value_bits=20,
+                   secagg_dropout=dropout, secagg_neighbours=neighbours, secagg_threshold=threshold)
+    modelled = through_secagg(training, secagg_masks="model", **options)
+    generated = through_secagg(training, secagg_masks="generate", **options)
+    # the seed's dropouts (6 of 12 at p = 0.3, 7 at 0.5) leave a client fewer surviving neighbours than a majority,
+    # and, at p = 0.5 on the 6-regular graph, than 2
+    assert isinstance(generated, str) == (dropout > 0 and (threshold is None or (dropout, neighbours) == (0.5, 6)))
+    if isinstance(generated, str):
+        assert modelled == generated
+        return
+    (total, weight, sent, reported), (total_g, weight_g, sent_g, reported_g) = modelled, generated
+    assert total.keys() == total_g.keys() and all(torch.equal(total[name], total_g[name]) for name in total)
+    assert weight == weight_g and reported == reported_g
+    for own, masked, alive in zip(sent, sent_g, ~dropped(len(CLIENTS), dropout)):
+        assert all(own[name].any() == alive and torch.equal(own[name], masked[name]) != alive for name in own)
+
+
+@pytest.mark.parametrize("masks", ["model", "generate"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_cost_model_is_the_papers_counts(dropout, masks):
+    """m = 20 values (5 counts, 5 × 3 sums) on 40 bits, 12 participants each with 11 neighbours: two 32-byte keys,
+    3 · 32 bytes of shares per neighbour, the masked vector; it receives its neighbours' keys and 2 · 32 bytes of
+    shares from each; it expands 12 masks of m words; 3 round trips more than a plain upload (AdvertiseKeys,
+    ShareKeys, Unmasking); the server expands m values per survivor's self-mask and per (dropped, surviving) pair,
+    and reconstructs one secret per participant. Reported the same whether the masks are modelled or generated."""
+    reported: dict[str, float] = {}
+    secure_sum(CLIENTS, reported, secagg_clip=5.0, secagg_bits=40, secagg_dropout=dropout, secagg_threshold=2,
+               secagg_masks=masks)
     d = int(dropped(12, dropout).sum())
     assert reported == {"secagg_masked_bytes": 100, "secagg_key_bytes": 64, "secagg_share_bytes": 96 * 11,
-                        "secagg_bytes_per_participant": 100 + 64 + 96 * 11, "secagg_dropped": d,
+                        "secagg_bytes_per_participant": 100 + 64 + 96 * 11,
+                        "secagg_down_bytes_per_participant": 64 * 11 + 64 * 11,
+                        "secagg_mask_words_per_participant": 12 * 20, "secagg_round_trips": 3, "secagg_dropped": d,
                         "secagg_server_prg_values": 20 * ((12 - d) + d * (12 - d)), "secagg_server_reconstructions": 12}
+
+
+def test_secagg_plus_server_work_counts_each_dropped_clients_surviving_ring_neighbours():
+    """k = 6: the participants on a ring in the order of a Philox permutation of the group's stream 2, each joined to
+    the 3 before and the 3 after it; the server expands m values per survivor and per surviving ring neighbour of
+    each dropped client; a participant expands 7 masks."""
+    reported: dict[str, float] = {}
+    secure_sum(CLIENTS, reported, secagg_clip=5.0, secagg_bits=40, secagg_dropout=0.3, secagg_threshold=2,
+               secagg_neighbours=6)
+    lost = dropped(12, 0.3)
+    order = np.random.Generator(np.random.Philox(np.random.SeedSequence((shared_seed(ROUND), 2)))).permutation(12)
+    pairs = 0
+    for place, position in enumerate(order):
+        if lost[position]:
+            pairs += sum(not lost[order[(place + step) % 12]] for step in (-3, -2, -1, 1, 2, 3))
+    assert 0 < pairs < 6 * lost.sum()  # some of the dropped clients' neighbours dropped too
+    assert reported["secagg_server_prg_values"] == 20 * ((~lost).sum() + pairs)
+    assert reported["secagg_mask_words_per_participant"] == 7 * 20 and reported["secagg_share_bytes"] == 96 * 6
 
 
 def test_the_default_ring_and_value_bits_are_the_most_the_groups_sum_fits():
@@ -128,7 +204,9 @@ def test_the_default_ring_and_value_bits_are_the_most_the_groups_sum_fits():
     total, sent = secure_sum(CLIENTS, secagg_clip=5.0)
     expected = plain_quantized_sum(CLIENTS, np.ones(12, bool), 5.0, 45)
     assert torch.equal(total.sums, expected.sums) and torch.equal(total.counts, expected.counts)
-    assert max(float(stats.sums.max()) for stats in sent) < 2**49 and max(float(stats.sums.max()) for stats in sent) > 2**46
+    assert max(float(stats.sums.max()) for stats in sent) == 2**44 - 1  # a value clipped to C: q − h = h
+    _, masked = secure_sum(CLIENTS, secagg_clip=5.0, secagg_masks="generate")  # the masks spread over Z_2^49
+    assert 2**46 < max(float(stats.sums.max()) for stats in masked) < 2**49
 
 
 def test_zeros_stay_exactly_zero_and_the_grid_is_symmetric():
@@ -200,6 +278,7 @@ def test_uploads_it_cannot_mask_are_refused_in_one_line():
     ({"secagg_clip": "1", "secagg_dropout": "-0.1"}, r"option secagg_dropout must be in \[0, 1\), got -0.1"),
     ({"secagg_clip": "1", "secagg_threshold": "0"}, "option secagg_threshold must be ≥ 1, got 0"),
     ({"secagg_clip": "1", "secagg_neighbours": "3"}, "option secagg_neighbours must be even and ≥ 2, got 3"),
+    ({"secagg_clip": "1", "secagg_masks": "drawn"}, "option secagg_masks must be model or generate, got 'drawn'"),
 ])
 def test_options_are_checked_before_any_work(options, error):
     with pytest.raises(FedrayError, match=rf"^--postprocessor {SPEC}: {error}"):
@@ -242,6 +321,23 @@ def test_a_fed3r_run_through_secagg_is_the_run_through_plain_quantized_sums_bit_
     assert all(np.array_equal(secure[1][key], quantized[1][key]) for key in secure[1])
     assert not all(np.array_equal(secure[1][key], plain[1][key]) for key in secure[1])
     assert all(np.allclose(secure[1][key], plain[1][key], atol=1e-4) for key in secure[1])
+
+
+@pytest.mark.parametrize("method", ["fed3r", "fedavg"])
+def test_modelled_and_generated_masks_give_a_runs_classifier_and_rows_bit_for_bit(secagg_registered, ray_session,
+                                                                                 tmp_path, method):
+    """Through --secure-aggregation with dropouts on SecAgg+'s graph, on 2 shards: a closed form's blocks of 16
+    uploads, a training round's 8; only the option and the run's timings differ."""
+    options = {"secagg_clip": "1000", "secagg_dropout": "0.2", "secagg_neighbours": "4", "secagg_threshold": "2"}
+    modelled = trained(tmp_path, "model", method=method, secure_aggregation=True, options=options)
+    generated = trained(tmp_path, "generate", method=method, secure_aggregation=True,
+                        options={**options, "secagg_masks": "generate"})
+    assert modelled[1].keys() == generated[1].keys()
+    assert all(np.array_equal(modelled[1][key], generated[1][key]) for key in modelled[1])
+    timings = {key for key in modelled[0][0] if key.endswith("_s") or "time" in key} | {"secagg_masks"}
+    assert [{key: row[key] for key in row if key not in timings} for row in modelled[0]] == \
+        [{key: row[key] for key in row if key not in timings} for row in generated[0]]
+    assert sum(row["secagg_dropped"] or 0 for row in modelled[0]) > 0  # round 0 has none
 
 
 @pytest.fixture
@@ -344,13 +440,14 @@ def update(client: int) -> fedray.Upload:
                          float(rng.integers(5, 40)))
 
 
+@pytest.mark.parametrize("masks", ["model", "generate"])
 @pytest.mark.parametrize("neighbours", [None, 6])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_a_training_rounds_unmasked_sum_is_the_plain_sum_of_the_quantized_weighted_updates(neighbours, dropout):
+def test_a_training_rounds_unmasked_sum_is_the_plain_sum_of_the_quantized_weighted_updates(neighbours, dropout, masks):
     clip, step = 30.0, 30.0 / (2**19 - 1)
     process = Postprocessing((SecureAggregation(secagg_clip=clip, secagg_bits=40, secagg_value_bits=20,
                                                 secagg_dropout=dropout, secagg_neighbours=neighbours,
-                                                secagg_threshold=2),), SEED).among(CLIENTS, ROUND)
+                                                secagg_threshold=2, secagg_masks=masks),), SEED).among(CLIENTS, ROUND)
     sums, weight, sent = None, 0.0, []
     for client in CLIENTS:  # the shards' loop (heads.py): each upload through the hooks, added as they say
         processed = process.client(update(client), client, ROUND)
@@ -371,10 +468,18 @@ def test_a_training_rounds_unmasked_sum_is_the_plain_sum_of_the_quantized_weight
         assert total[name].dtype == torch.float64 and torch.equal(total[name], torch.from_numpy(decoded))
     assert weight == sum(update(client).weight for client, alive in zip(CLIENTS, survivors) if alive)
     assert max(float(update(client).weight * update(client).tensors["weight"].abs().max()) for client in CLIENTS) > clip
-    for processed, alive in zip(sent, survivors):
+    for client, processed, alive in zip(CLIENTS, sent, survivors):
         values = torch.cat([processed.tensors["weight"].flatten(), processed.tensors["bias"]])
         assert values.dtype == torch.float64 and torch.equal(values, values.round()) and values.max() < 2**40
-        assert (values.max() > 2**30) if alive else (not values.any() and processed.weight == 0)
+        if not alive:
+            assert not values.any() and processed.weight == 0
+        elif masks == "generate":  # masked over the ring
+            assert values.min() >= 0 and values.max() > 2**30
+        else:  # the integers q − h = rint(clip(w_k · Δ_k) / Δ) the masks leave once they cancel
+            own = update(client)
+            weighted = [own.weight * own.tensors[name].numpy().astype(np.float64).ravel()
+                        for name in ("weight", "bias")]
+            assert np.array_equal(values.numpy(), np.rint(np.clip(np.concatenate(weighted), -clip, clip) / step))
 
 
 def test_a_training_round_whose_sum_could_overflow_the_ring_stops_in_one_line():
