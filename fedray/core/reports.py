@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from numbers import Real
 
-from fedray.core.errors import FedrayError
+from fedray.core.errors import FedrayError, shown
 
 MAX_STRING = 200
 """The most characters a string column holds (one line: a label, not a log), a reported string's or a callback's."""
@@ -42,19 +42,26 @@ def report(**scalars: float | str) -> None:
         if name in reserved:
             raise FedrayError(f"fedray.report({name}=...): {name} is a column of metrics.parquet already; "
                               "report under another name")
-        if isinstance(value, str):
-            if len(value) > MAX_STRING or "\n" in value:
-                lines = " of several lines" if "\n" in value else ""
-                raise FedrayError(f"fedray.report({name}=...): got a {len(value)}-character string{lines}; a string "
-                                  f"column holds one line of at most {MAX_STRING} characters")
-        elif isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
-            raise FedrayError(f"fedray.report({name}=...): got {value!r}; expected a number (not NaN; ±inf is one, "
-                              f"as a DP run's ε = ∞ without noise) or a one-line string")
-        kept = value if isinstance(value, str) else float(value)
+        kept = column_value(value, f"fedray.report({name}=...): got")
         if name in into and isinstance(into[name], str) != isinstance(kept, str):
             raise FedrayError(f"fedray.report({name}=...): got {value!r}, where {name} was {into[name]!r} before: a "
                               f"column holds numbers or strings, not both")
         into[name] = kept
+
+
+def column_value(value: object, refusal: str) -> float | str:
+    """``value`` as a metrics column holds it: a float (±inf included, not NaN) or a one-line string of at most
+    :data:`MAX_STRING` characters; else a one-line error that starts with ``refusal`` (what gave it)."""
+    if isinstance(value, str):
+        if len(value) > MAX_STRING or "\n" in value:
+            lines = " of several lines" if "\n" in value else ""
+            raise FedrayError(f"{refusal} a {len(value)}-character string{lines}; a string column holds one line of "
+                              f"at most {MAX_STRING} characters")
+        return value
+    if isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
+        raise FedrayError(f"{refusal} {shown(value)}; expected a number (not NaN; ±inf is one, as a DP run's ε = ∞ "
+                          f"without noise) or a one-line string")
+    return float(value)
 
 
 @contextmanager

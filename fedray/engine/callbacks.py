@@ -4,15 +4,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from numbers import Real
 
 from tqdm import tqdm
 
 from fedray.core.errors import FedrayError, shown
-from fedray.core.reports import MAX_STRING
+from fedray.core.reports import column_value
 from fedray.core.results import EvalPoint
 from fedray.engine.config import COLUMNS
 from fedray.engine.round_loop import Callback as LoopCallback, Listener
@@ -107,15 +105,7 @@ class Callbacks:
                 raise FedrayError(f"{where} returned a column named {name!r}: "
                                   + ("a column of the run already; name it otherwise" if isinstance(name, str) and name
                                      else "expected a non-empty string"))
-            if isinstance(value, str):
-                if len(value) > MAX_STRING or "\n" in value:
-                    lines = " of several lines" if "\n" in value else ""
-                    raise FedrayError(f"{where} returned a {len(value)}-character string{lines} as {name}; a string "
-                                      f"column holds one line of at most {MAX_STRING} characters")
-            elif isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
-                raise FedrayError(f"{where} returned {name}={shown(value)}: expected a number (not NaN; ±inf is one) "
-                                  f"or a string")
-            column = value if isinstance(value, str) else float(value)
+            column = column_value(value, f"{where} returned {name}:")
             kind = self.kinds.setdefault(name, type(column))
             if kind is not type(column):
                 raise FedrayError(f"{where} returned {name}={shown(value)}, a {_kind(type(column))}, where earlier "

@@ -125,11 +125,12 @@ class Returns(fedray.Callback):
                            r"otherwise$"),
     (({"seed": 0.5},), r"at round 0 returned a column named 'seed': a column of the run already"),
     (({"lam": 0.5},), r"at round 0 returned a column named 'lam': a column of the run already"),
-    (({"f1": float("nan")},), r"at round 0 returned f1=nan: expected a number \(not NaN; ±inf is one\) or a string$"),
-    (({"f1": True},), r"at round 0 returned f1=True: expected a number"),
-    (({"note": "x" * 201},), r"at round 0 returned a 201-character string as note; a string column holds one line of "
+    (({"f1": float("nan")},), r"at round 0 returned f1: nan; expected a number \(not NaN; ±inf is one, as a DP run's ε = ∞ without "
+                                r"noise\) or a one-line string$"),
+    (({"f1": True},), r"at round 0 returned f1: True; expected a number"),
+    (({"note": "x" * 201},), r"at round 0 returned note: a 201-character string; a string column holds one line of "
                              r"at most 200 characters$"),
-    (({"note": "a\nb"},), r"at round 0 returned a 3-character string of several lines as note"),
+    (({"note": "a\nb"},), r"at round 0 returned note: a 3-character string of several lines"),
     (({"f1": 0.5}, {"f1": "high"}), r"at round 2 returned f1='high', a string, where earlier rows had a number: a "
                                     r"column holds one kind$"),
 ])
