@@ -76,7 +76,10 @@ def _quiet_library() -> Iterator[None]:
         library.removeFilter(unconverged)
 
 
-def _epsilon(event: dp_accounting.DpEvent, delta: float, kind: str, relation: str, interval: float) -> float:
+def _composed(event: dp_accounting.DpEvent, kind: str, relation: str,
+              interval: float = COARSEST_INTERVAL) -> dp_accounting.PrivacyAccountant:
+    """``kind``'s accountant under ``relation`` (PLD at the discretization ``interval``) with ``event`` composed,
+    without dp-accounting's log lines."""
     import dp_accounting
 
     neighbours = dp_accounting.NeighboringRelation[relation]
@@ -84,6 +87,12 @@ def _epsilon(event: dp_accounting.DpEvent, delta: float, kind: str, relation: st
                   else dp_accounting.rdp.RdpAccountant(neighboring_relation=neighbours))
     with _quiet_library():
         accountant.compose(event)
+    return accountant
+
+
+def _epsilon(event: dp_accounting.DpEvent, delta: float, kind: str, relation: str, interval: float) -> float:
+    accountant = _composed(event, kind, relation, interval)
+    with _quiet_library():
         return float(accountant.get_epsilon(delta))
 
 
@@ -101,11 +110,7 @@ def rdp_orders(event: dp_accounting.DpEvent, relation: str = ADD_OR_REMOVE) -> s
     """The RDP orders the RDP accountant minimizes ``event``'s ε over under ``relation``: dp-accounting's default
     orders but those where its series did not converge (or the RDP is infinite), as :func:`order_ranges` writes
     them."""
-    import dp_accounting
-
-    accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation[relation])
-    with _quiet_library():
-        accountant.compose(event)
+    accountant = _composed(event, RDP, relation)
     return order_ranges(accountant.orders, np.isfinite(accountant.rdp))
 
 
