@@ -1,7 +1,7 @@
 """Benchmark: the extraction pool against a bare ``torch.inference_mode()`` loop over the same batches.
 
     python -m jobs.bench_extract [--images 1024] [--backbone mobilenet_v2] [--batch-size 32] [--device auto|cuda|cpu]
-                                 [--precision fp32|bf16|fp16]
+                                 [--precision fp32|bf16|fp16] [--cpus-per-worker 1]
 
 Writes ``--images`` seeded synthetic 400×300 JPEGs (an image folder), then, on
 an embedded local Ray (or $RAY_ADDRESS), extracts their features with the
@@ -14,7 +14,10 @@ are a seeded random initialization: the features are NOT pre-trained, which
 changes nothing in the timing. Prints one JSON line: images/s of the pool
 (first image sent to last part written; replica start-up reported apart), of
 the bare loop, their ratio, the second run's (cache hit) time, the largest
-difference between the two feature sets, and peak memory.
+difference between the two feature sets, the pool's largest difference from
+float32 features (the bare loop's at fp32, relative to their largest magnitude;
+0 at fp32), and peak memory. ``--cpus-per-worker`` sets each replica's decode
+threads (a GPU replica with one decode thread is decode-bound).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -82,12 +86,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--cpus-per-worker", type=float, default=1.0,
+                        help="decode threads (CPUs) per replica (default %(default)s)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fedray-bench-extract-") as scratch:
         root = write_images(Path(scratch) / "images", args.images, seed=0)
         config = ExtractConfig(dataset=f"imagefolder:{root}", backbone=args.backbone, weights="random",
                                out=str(Path(scratch) / "cache"), image_size=args.image_size,
-                               batch_size=args.batch_size, device=args.device, precision=args.precision, quiet=True)
+                               batch_size=args.batch_size, device=args.device, precision=args.precision,
+                               cpus_per_worker=args.cpus_per_worker, quiet=True)
         ray_start_s = time.perf_counter()
         init_ray()
         ray_start_s = time.perf_counter() - ray_start_s
@@ -101,6 +108,9 @@ def main(argv: list[str] | None = None) -> None:
         devices = sorted({w["device"] for w in report.workers})
         bare_s, bare = bare_loop(config, paths, torch.device("cuda" if "cuda" in devices else "cpu"))
         pool = CacheEntry(Path(report.entry)).features()
+        # the reduced precision's distance from float32, on the same images and device
+        fp32 = bare if args.precision == "fp32" else bare_loop(replace(config, precision="fp32"), paths,
+                                                               torch.device("cuda" if "cuda" in devices else "cpu"))[1]
     pool_ips, bare_ips = args.images / report.extract_s, args.images / bare_s
     print(json.dumps({
         "benchmark": "extract_pool",
@@ -122,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         "cache_hit": second.cache_hit,
         "cache_hit_s": round(hit_s, 3),
         "max_abs_diff_vs_bare": float(np.abs(pool - bare).max()),
+        "max_rel_diff_vs_fp32": float(np.abs(pool - fp32).max() / np.abs(fp32).max()),
+        "cpus_per_worker": args.cpus_per_worker,
         "peak_rss_driver_mb": peak_memory_bytes() // MB,
         "torch_threads_bare": torch.get_num_threads(),
     }))
