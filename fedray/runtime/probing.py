@@ -18,6 +18,7 @@ import torch
 
 from fedray.core.accounting import PaperCosts
 from fedray.methods.training.backend import RoundUpdate
+from fedray.methods.training.budgets import checked_budgets, full_steps
 from fedray.methods.training.dual_form import dual_form
 from fedray.methods.training.heads import ROWS, States, train_linear_heads
 from fedray.methods.training.local import LocalSGD, random_head
@@ -43,10 +44,12 @@ class LocalTrainer:
     def stateful(self) -> bool:
         return self.algorithm.stateful
 
-    def train(self, batch: ClientBatch, received: dict[str, Params], round_number: int, states: States) -> RoundUpdate:
-        """``received`` holds the model (``params``) and the algorithm's ``broadcast``."""
+    def train(self, batch: ClientBatch, received: dict[str, Params], round_number: int, states: States,
+              steps: np.ndarray | None = None) -> RoundUpdate:
+        """``received`` holds the model (``params``) and the algorithm's ``broadcast``; ``steps``: each client's step
+        budget (None: none)."""
         return train_linear_heads(batch, received["params"], received["broadcast"], self.sgd, self.algorithm, self.seed,
-                                  round_number, states, self.postprocessing)
+                                  round_number, states, self.postprocessing, steps)
 
     def state_layout(self, shapes: Layout) -> Layout | None:
         """The shapes of a client's state when it trains parameters of ``shapes`` (-1: its samples): SCAFFOLD's dual
@@ -78,13 +81,18 @@ class ProbeBackend:
         federation = pool.federation
         self.dim, self.num_classes = federation.dim, federation.num_classes
 
-    def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
+    def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int,
+                    steps: np.ndarray | None = None) -> RoundUpdate:
+        steps = checked_budgets(steps, clients)
         received = ray.put({"params": params, "broadcast": broadcast})
         trainer, trainer_ref = self.trainer, self.trainer_ref
         if trainer.postprocessing.per_client:  # the client hooks told the round's participants (secure aggregation's)
             trainer = replace(trainer, postprocessing=trainer.postprocessing.among(clients, round_number))
             trainer_ref = ray.put(trainer)
-        return self.pool.local_train(trainer, trainer_ref, received, clients, round_number).result()
+        return self.pool.local_train(trainer, trainer_ref, received, clients, round_number, steps).result()
+
+    def local_steps(self, clients: np.ndarray) -> np.ndarray:
+        return full_steps(np.diff(self.pool.federation.client_offsets)[clients], self.sgd.batch_size, self.sgd.epochs)
 
     def initial_params(self, seed: int) -> Params:
         return random_head(self.dim, self.num_classes, seed)

@@ -24,14 +24,16 @@ class ShardTraining:
         self.rows = rows
         self.states = states
 
-    def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int) -> Any:
+    def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int,
+                    steps: np.ndarray | None = None) -> Any:
         """Local training of ``clients`` from what the server sent (``received``), summed as ``trainer.train`` defines;
-        their states stay here (``trainer.stateful``). None if there are none."""
+        their states stay here (``trainer.stateful``). None if there are none. ``steps``: each client's step budget
+        (None: none)."""
         if trainer.stateful:
             self.states.begin_round(round_number)
         if not len(clients):
             return None
-        return trainer.train(self.rows.batch(clients), received, round_number, self.states)
+        return trainer.train(self.rows.batch(clients), received, round_number, self.states, steps)
 
     def restore(self, paths: list[str], first: int, end: int, layout: Layout | None = None) -> None:
         """The states of ``paths`` for clients ``first`` to ``end`` (this shard's), each of ``layout`` (-1: the

@@ -107,8 +107,9 @@ class ShardActor:
 
     # --- local training with the clients' states (ShardTraining)
 
-    def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int) -> Any:
-        return self.training.local_train(trainer, received, clients, round_number)
+    def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int,
+                    steps: np.ndarray | None = None) -> Any:
+        return self.training.local_train(trainer, received, clients, round_number, steps)
 
     def combine_updates(self, trainer: Any, a: Any, b: Any) -> Any:
         return combine_partials(a, b, trainer.combine)
@@ -270,14 +271,17 @@ class ShardPool(ActorGroup):
         return [actor.correct.remote([feature_map], classifier) for actor in self.actors]
 
     def local_train(self, trainer: Any, trainer_ref: ray.ObjectRef, received: ray.ObjectRef, clients: np.ndarray,
-                    round_number: int) -> Reduction:
+                    round_number: int, steps: np.ndarray | None = None) -> Reduction:
         """Submit one round of local training of ``clients`` to their shards and tree-reduce the shards' sums.
 
-        ``trainer_ref`` is ``trainer`` put in the object store, ``received`` what the server sends the clients.
+        ``trainer_ref`` is ``trainer`` put in the object store, ``received`` what the server sends the clients,
+        ``steps`` each client's step budget (None: none).
         """
         self.wait()
-        partials = [(actor.local_train.remote(trainer_ref, received, local, round_number), actor)
-                    for actor, local in zip(self.actors, self.split_clients(clients))]
+        owners = self.owners(clients)
+        partials = [(actor.local_train.remote(trainer_ref, received, clients[owners == index], round_number,
+                                              None if steps is None else steps[owners == index]), actor)
+                    for index, actor in enumerate(self.actors)]
         return tree_reduce(trainer_ref, partials, trainer.combine, combine="combine_updates")
 
     def peak_memory_bytes(self) -> list[int]:

@@ -41,11 +41,12 @@ class SphereTrainer(LocalTrainer):
         """Trained by autograd: what the algorithm's ``init_client_state`` makes for the projection."""
         return meta_layout(self.algorithm, shapes)
 
-    def train(self, batch: ClientBatch, received: dict[str, Params], round_number: int, states: States) -> RoundUpdate:
+    def train(self, batch: ClientBatch, received: dict[str, Params], round_number: int, states: States,
+              steps: np.ndarray | None = None) -> RoundUpdate:
         path_loss = partial(sphere_loss, loss=self.loss, temperature=self.sgd.temperature)
         forward = partial(_sphere_forward, classifier=self.classifier)
         return train_features(batch, received["params"], received["broadcast"], self.sgd, self.algorithm, self.seed,
-                              round_number, states, forward, path_loss, self.postprocessing)
+                              round_number, states, forward, path_loss, self.postprocessing, steps)
 
 
 def _sphere_forward(params: Params, features: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:

@@ -61,9 +61,15 @@ class TrainingBackend(Protocol):
     pool: Any
     """The actors holding the clients (an :class:`~fedray.runtime.actor_group.ActorGroup`), which keep their states."""
 
-    def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
+    def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int,
+                    steps: np.ndarray | None = None) -> RoundUpdate:
         """Local training of ``clients`` (distinct global numbers) from ``params`` with the algorithm's ``broadcast``;
-        neither is modified."""
+        neither is modified. ``steps[i]`` (≥ 1) is the most local SGD steps ``clients[i]`` takes (a straggler's
+        partial work, :mod:`~fedray.methods.training.budgets`); None: every client all of :meth:`local_steps`."""
+        ...
+
+    def local_steps(self, clients: np.ndarray) -> np.ndarray:
+        """Each of ``clients``' local SGD steps in a full round (int64): what a budget of :meth:`train_round` cuts."""
         ...
 
     def client_state_layout(self) -> dict[str, tuple[int, ...]] | None:

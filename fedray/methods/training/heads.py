@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from fedray.methods.training.backend import RoundUpdate
+from fedray.methods.training.budgets import budgeted
 from fedray.methods.training.client_sgd import CrossEntropy, add_upload, client_batches, start_client, start_loss, train_client
 from fedray.methods.training.local import Control, LocalSGD, TrainedHeads, train_heads
 from fedray.methods.algorithm import FederatedAlgorithm, Loss, Params, Upload
@@ -52,9 +53,10 @@ def linear(params: Params, features: torch.Tensor) -> torch.Tensor:
 
 def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: LocalSGD, algorithm: FederatedAlgorithm,
                    seed: int, round_number: int, states: States, forward: Forward, path_loss: Loss,
-                   postprocessing: Postprocessing = Postprocessing()) -> RoundUpdate:
+                   postprocessing: Postprocessing = Postprocessing(), steps: np.ndarray | None = None) -> RoundUpdate:
     """Every client of ``batch`` trained by autograd from ``params``, one after another; their uploads, each through
-    the postprocessors' client hooks, summed."""
+    the postprocessors' client hooks, summed. ``steps[k]``: the most local steps client ``k`` takes (None: all of
+    them; see :func:`train_linear_heads`)."""
     sgd = sgd.for_round(round_number)
     sums, weight, loss_sum = None, 0.0, 0.0
     for k, client in enumerate(batch.clients.tolist()):
@@ -62,7 +64,8 @@ def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: L
         x, y = batch.features[rows], batch.labels[rows]
         loss, gradient = start_loss(path_loss, lambda at: forward(at, x), y, params, algorithm.needs_start_gradient)
         loss_sum += len(y) * loss
-        batches = client_batches(len(y), sgd, seed, round_number, client)
+        budget = None if steps is None else int(steps[k])
+        batches = budgeted(client_batches(len(y), sgd, seed, round_number, client), budget)
         round_ = start_client(algorithm, client, round_number, len(y), batches, sgd, params, broadcast, states.get(client),
                               path_loss, gradient)
         trained = {name: value.clone().requires_grad_() for name, value in params.items()}
@@ -76,14 +79,23 @@ def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: L
 
 def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sgd: LocalSGD,
                        algorithm: FederatedAlgorithm, seed: int, round_number: int, states: States,
-                       postprocessing: Postprocessing = Postprocessing()) -> RoundUpdate:
+                       postprocessing: Postprocessing = Postprocessing(),
+                       steps: np.ndarray | None = None) -> RoundUpdate:
     """Every client's softmax head (x ↦ x W + b at ``sgd``'s temperature), by the dual form when the algorithm takes
     it, else by autograd. A postprocessor that sees each upload gets each client's update formed from the dual form;
-    the batched sums stand unless it changed one."""
+    the batched sums stand unless it changed one.
+
+    ``steps[k]`` (≥ 1; None: no budget) is the most local SGD steps client ``k`` takes: a straggler's partial work
+    (:mod:`~fedray.methods.training.budgets`). Such a client uploads the model it has after the first ``steps[k]``
+    of its mini-batches, and what its algorithm reports is computed for the steps it took: ``local_steps`` (FedNova's
+    τ_k, SCAFFOLD option II's c_i⁺ = c_i − c + (θ⁰ − θ_i)/(τ_i η)) counts them. Its upload keeps the weight its
+    algorithm gives it, FedAvg's n_k (its samples, not the samples its steps processed: the usual choice, which
+    FedNova's p_k = n_k / n shares); SCAFFOLD option I's c_i⁺ is the gradient at the model received, whatever the
+    steps taken. The round's loss is still the starting model's over all its samples."""
     dual = dual_form(algorithm)
     if dual is None:
         return train_features(batch, params, broadcast, sgd, algorithm, seed, round_number, states, linear,
-                              CrossEntropy(sgd.temperature), postprocessing)
+                              CrossEntropy(sgd.temperature), postprocessing, steps)
     weight, bias = params["weight"], params["bias"]
     control = None
     if dual.control:
@@ -94,7 +106,7 @@ def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sg
         control = Control(broadcast[CONTROL + "weight"], broadcast[CONTROL + "bias"], torch.cat(rows))
     sgd = replace(sgd, prox_mu=dual.prox_mu)
     heads = train_heads(batch.features, batch.labels, batch.offsets, batch.clients, weight, bias, sgd, seed, round_number,
-                        control)
+                        control, steps)
     if control is not None:
         for k, client in enumerate(batch.clients.tolist()):
             states.put(client, {ROWS: heads.gradient_rows[batch.offsets[k]:batch.offsets[k + 1]].clone()})

@@ -20,6 +20,7 @@ from torch.nn.functional import cross_entropy
 from fedray.data.images.reader import ImageReader
 from fedray.methods.finetune_model import FineTuneModel, Mode, sent_names, trained_names
 from fedray.methods.training.backend import RoundUpdate
+from fedray.methods.training.budgets import budgeted
 from fedray.methods.training.client_sgd import add_upload, client_batches, start_client, train_client
 from fedray.methods.training.heads import States
 from fedray.methods.training.local import LocalSGD
@@ -107,16 +108,19 @@ class ClientTrainer:
         reader: ImageReader,
         round_number: int,
         states: States,
+        steps: np.ndarray | None = None,
     ) -> RoundUpdate:
         """Train each client (``rows[k]``: its rows in ``reader``/``labels``) from ``params``, one after another, with
-        its state from ``states`` (its new state goes back there); the sums of their uploads, on the CPU."""
+        its state from ``states`` (its new state goes back there), at most ``steps[k]`` local steps (None: all); the
+        sums of their uploads, on the CPU."""
         start = self._on_device(params)
         broadcast = self._on_device(broadcast)
         sums, statistics, weight, loss_sum, samples = None, {}, 0.0, 0.0, 0
-        for client, client_rows in zip(clients, rows):
+        for k, (client, client_rows) in enumerate(zip(clients, rows)):
             own = states.get(client)
             client_loss, upload, state = self._train_client(start, broadcast, None if own is None else self._on_device(own),
-                                                            client_rows, labels, reader, round_number, client)
+                                                            client_rows, labels, reader, round_number, client,
+                                                            None if steps is None else int(steps[k]))
             size = len(client_rows)
             model_state = self.model.state_dict()
             for name in self.statistics:
@@ -141,10 +145,12 @@ class ClientTrainer:
         reader: ImageReader,
         round_number: int,
         client: int,
+        budget: int | None,
     ) -> tuple[float, object, Params | None]:
-        """Local SGD of one client from ``start``: the starting model's summed loss, its upload and its next state."""
+        """Local SGD of one client from ``start`` (at most ``budget`` steps): the starting model's summed loss, its
+        upload and its next state."""
         sgd, size = self.sgd.for_round(round_number), len(rows)
-        plan = client_batches(size, sgd, self.seed, round_number, client)
+        plan = budgeted(client_batches(size, sgd, self.seed, round_number, client), budget)
         evaluation = chunks(size, sgd.batch_size)
         stream = reader.batches([rows[batch] for batch in evaluation + plan])
         self.model.load_state_dict(start)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from fedray.methods.base import Classifier
+from fedray.methods.training.budgets import budgeted
 from fedray.methods.training.schedule import LrSchedule
 
 
@@ -226,6 +227,7 @@ def train_heads(
     seed: int,
     round_number: int,
     control: Control | None = None,
+    steps: np.ndarray | None = None,
 ) -> TrainedHeads:
     """Train every client's head from (``weight`` (d, C), ``bias`` (C,)) on its own samples.
 
@@ -235,6 +237,9 @@ def train_heads(
     is part of the gradient, so momentum accumulates it too). Everything
     that depends only on the starting head is computed once for all rows;
     the steps run per group of similar sizes (:func:`size_groups`).
+    ``steps[k]`` (≥ 1; None: no budget) is the most steps client ``k`` takes,
+    the first of its mini-batches (:mod:`~fedray.methods.training.budgets`): a
+    slot leaves the batched steps when its plan ends, as a smaller client's does.
     """
     count, dtype = len(clients), weight.dtype
     sgd = sgd.for_round(round_number)
@@ -254,7 +259,7 @@ def train_heads(
         biases=bias.expand(count, -1).clone(),
     )
     for group in size_groups(sizes):
-        _train_group(state, group, features, labels, offsets, clients, bias, sgd, seed, round_number, control)
+        _train_group(state, group, features, labels, offsets, clients, bias, sgd, seed, round_number, control, steps)
     return TrainedHeads(weight, state.scale, state.coefficients, state.control_scale, state.biases, features, offsets,
                         start_loss, gradient, control)
 
@@ -274,16 +279,19 @@ class _Steps:
 def _train_group(
     state: _Steps, group: np.ndarray, features: torch.Tensor, labels: torch.Tensor, offsets: np.ndarray,
     clients: np.ndarray, bias: torch.Tensor, sgd: LocalSGD, seed: int, round_number: int, control: Control | None,
+    steps: np.ndarray | None,
 ) -> None:
     """All steps of the clients ``group`` (indices into ``clients``), padded to the group's largest client.
 
-    Slots are the group's clients ordered by number of steps, largest first,
+    Slots are the group's clients ordered by number of steps (within their budgets ``steps``), largest first,
     so step ``t`` computes only the first ``active`` slots.
     """
     count, dtype = len(group), state.base.dtype
     sizes = np.diff(offsets)[group]
     width = int(sizes.max())
-    plans = [minibatches(int(sizes[i]), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(clients[k])))
+    plans = [budgeted(minibatches(int(sizes[i]), sgd.batch_size, sgd.epochs,
+                                  client_rng(seed, round_number, int(clients[k]))),
+                      None if steps is None else int(steps[k]))
              for i, k in enumerate(group)]
     order = np.argsort([-len(plan) for plan in plans], kind="stable")
     slot_client = group[order]

@@ -35,6 +35,7 @@ from fedray.methods.finetune_model import (
 from fedray.runtime.client_states import Layout, meta_layout
 from fedray.runtime.finetune.pool import TrainerPool
 from fedray.methods.training.backend import Params, RoundUpdate
+from fedray.methods.training.budgets import checked_budgets, full_steps
 from fedray.methods.training.local import LocalSGD
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.postprocessor import Postprocessing
@@ -170,18 +171,26 @@ class FineTuneBackend:
         self._check(params)
         return ray.put(params)
 
-    def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int) -> RoundUpdate:
+    def train_round(self, params: Params, broadcast: Params, clients: np.ndarray, round_number: int,
+                    steps: np.ndarray | None = None) -> RoundUpdate:
+        """``steps``: each client's step budget (None: none), as on features
+        (:func:`~fedray.methods.training.heads.train_linear_heads` says what a partial client uploads)."""
         clients = np.asarray(clients, dtype=np.int64)
         num_clients = self.pool.federation.num_clients
         if not len(clients) or len(np.unique(clients)) != len(clients) or clients.min() < 0 or clients.max() >= num_clients:
             raise FedrayError(f"a round needs distinct client numbers in 0..{num_clients - 1}, got {clients.tolist()[:10]}")
+        steps = checked_budgets(steps, clients)
         self._check(params)
         received = ray.put({"params": params, "broadcast": broadcast})
         training = self.training_ref
         if self.training.postprocessing.per_client:  # the client hooks told the round's participants
             training = ray.put(replace(self.training,
                                        postprocessing=self.training.postprocessing.among(clients, round_number)))
-        return self.pool.train(training, received, clients, round_number)
+        return self.pool.train(training, received, clients, round_number, steps)
+
+    def local_steps(self, clients: np.ndarray) -> np.ndarray:
+        sgd = self.training.sgd
+        return full_steps(np.diff(self.pool.federation.client_offsets)[clients], sgd.batch_size, sgd.epochs)
 
     def accuracy(self, params: Params) -> float:
         """Top-1 accuracy on the test split, each trainer classifying its share of the test images (eval mode)."""

@@ -112,10 +112,14 @@ class TrainerPool(ActorGroup):
     def num_trainers(self) -> int:
         return len(self.actors)
 
-    def train(self, training: ray.ObjectRef, received: ray.ObjectRef, clients: np.ndarray, round_number: int) -> RoundUpdate:
-        """One round of local training of ``clients`` on their trainers, the trainers' sums tree-reduced."""
-        partials = [(actor.train.remote(held, training, received, mine, round_number), actor)
-                    for actor, held, mine in zip(self.actors, self.rows, self.split_clients(clients))]
+    def train(self, training: ray.ObjectRef, received: ray.ObjectRef, clients: np.ndarray, round_number: int,
+              steps: np.ndarray | None = None) -> RoundUpdate:
+        """One round of local training of ``clients`` on their trainers (``steps``: each client's step budget, None:
+        none), the trainers' sums tree-reduced."""
+        owners = self.owners(clients)
+        partials = [(actor.train.remote(held, training, received, clients[owners == index], round_number,
+                                        None if steps is None else steps[owners == index]), actor)
+                    for index, (actor, held) in enumerate(zip(self.actors, self.rows))]
         return tree_reduce(None, partials).result(fetch)
 
     def accuracy(self, params: ray.ObjectRef) -> float:

@@ -93,10 +93,10 @@ class Trainer:
         return {"node_id": context.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device)}
 
     def train(self, held: Held, training: LocalTraining, received: dict[str, Params], clients: np.ndarray,
-              round_number: int) -> RoundUpdate | None:
+              round_number: int, steps: np.ndarray | None = None) -> RoundUpdate | None:
         """One round's local training of ``clients`` (global numbers, trained in the given order) from what the server
-        sent (``received``: the model's ``params`` and the algorithm's ``broadcast``); their states stay here. None if
-        there are none."""
+        sent (``received``: the model's ``params`` and the algorithm's ``broadcast``), each within its step budget
+        ``steps`` (None: none); their states stay here. None if there are none."""
         if training.algorithm.stateful:
             self.client_states.begin_round(round_number)
         if not len(clients):
@@ -105,7 +105,7 @@ class Trainer:
         rows = [np.arange(self.offsets[k], self.offsets[k + 1]) for k in clients - self.first_client]
         trainer = ClientTrainer(self.model, training, self.device)
         return trainer.train_clients(received["params"], received["broadcast"], clients.tolist(), rows, self.labels[TRAIN],
-                                     self.readers[TRAIN], round_number, self.client_states)
+                                     self.readers[TRAIN], round_number, self.client_states, steps)
 
     def combine(self, _method: Any, a: RoundUpdate | None, b: RoundUpdate | None) -> RoundUpdate | None:
         """The pairwise step of :func:`~fedray.runtime.actor_group.tree_reduce` (which passes a method this sum does not need)."""
