@@ -100,3 +100,38 @@ def test_a_scheduled_round_trains_at_that_rounds_learning_rate():
 ])
 def test_learning_rate_schedules_follow_torchs_schedulers_stepped_once_per_round(schedule, factors):
     assert {t: schedule.factor(t) for t in factors} == factors
+
+
+@pytest.mark.parametrize("sgd, scaffold", [
+    (LocalSGD(lr=0.05, batch_size=4, epochs=3, prox_mu=0.5), False),
+    (LocalSGD(lr=0.05, batch_size=4, epochs=3, temperature=0.5, momentum=0.9), True),
+])
+def test_a_step_budget_stops_a_batched_client_after_its_first_minibatches(sgd, scaffold):
+    """Budgets that reorder the slots of a size group (the 120-sample client takes fewer steps than the 60-sample one)."""
+    generator = torch.Generator().manual_seed(0)
+    sizes = np.array([1, 2, 13, 60, 5, 120])
+    budgets = np.array([1, 5, 7, 45, 2, 30])  # of 3, 3, 12, 45, 6 and 90 steps
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    features = torch.randn(offsets[-1], 12, generator=generator, dtype=torch.float64)
+    labels = torch.randint(9, (offsets[-1],), generator=generator)
+    weight = 0.1 * torch.randn(12, 9, generator=generator, dtype=torch.float64)
+    bias = 0.1 * torch.randn(9, generator=generator, dtype=torch.float64)
+    clients = np.array([40, 7, 3, 99, 12, 5])
+    control = None
+    if scaffold:
+        control = Control(0.1 * torch.randn(12, 9, generator=generator, dtype=torch.float64),
+                          0.1 * torch.randn(9, generator=generator, dtype=torch.float64),
+                          0.1 * torch.randn(offsets[-1], 9, generator=generator, dtype=torch.float64))
+    heads = train_heads(features, labels, offsets, clients, weight, bias, sgd, seed=5, round_number=17, control=control,
+                        steps=budgets)
+    weights = heads.weights()
+    for k, client in enumerate(clients):
+        rows = slice(offsets[k], offsets[k + 1])
+        batches = minibatches(int(sizes[k]), sgd.batch_size, sgd.epochs, client_rng(5, 17, int(client)))[:budgets[k]]
+        correction = None
+        if scaffold:
+            correction = (control.weight - features[rows].T @ control.rows[rows],
+                          control.bias - control.rows[rows].sum(0))
+        expected_w, expected_b = train_client_plainly(features[rows], labels[rows], weight, bias, sgd, batches, correction)
+        torch.testing.assert_close(weights[k], expected_w, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(heads.bias[k], expected_b, rtol=1e-10, atol=1e-12)

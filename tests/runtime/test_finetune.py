@@ -146,15 +146,16 @@ def decode(paths: list[str]) -> torch.Tensor:
     return torch.stack([load_image(path, transform, pipeline) for path in paths])
 
 
-def plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere=False):
-    """FedAvg's client side written plainly: each client trains a copy of the whole network with torch.optim.SGD.
+def plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere=False, steps=None):
+    """FedAvg's client side written plainly: each client trains a copy of the whole network with torch.optim.SGD
+    (client ``clients[i]`` on the first ``steps[i]`` of its mini-batches, with ``steps``).
 
     BN in train mode (batch statistics; running statistics averaged like weights);
     the starting model's loss summed over the client's samples in batch_size chunks, in train mode.
     ``sphere``: SphereFed, the head fixed after an L2 normalization and SphereFed's MSE (1/C)‖Wz − onehot(y)‖².
     """
     with single_threaded():
-        return _plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere)
+        return _plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere, steps)
 
 
 def plain_loss(logits, labels, sgd, sphere, reduction="mean"):
@@ -164,7 +165,7 @@ def plain_loss(logits, labels, sgd, sphere, reduction="mean"):
     return per_sample.sum() if reduction == "sum" else per_sample.mean()
 
 
-def _plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere):
+def _plain_round(backbone, federation, params, clients, sgd, seed, round_number, sphere, steps):
     paths = federation.train.column("image_path").to_pylist()
     labels = torch.from_numpy(federation.train.column("label").to_numpy().astype(np.int64))
     offsets = federation.client_offsets
@@ -174,7 +175,7 @@ def _plain_round(backbone, federation, params, clients, sgd, seed, round_number,
     delta = {name: torch.zeros_like(value) for name, value in start.items()
              if value.is_floating_point() and not (sphere and name.startswith(head))}
     loss_sum = 0.0
-    for client in clients:
+    for k, client in enumerate(clients):
         rows = np.arange(offsets[client], offsets[client + 1])
         x, y = decode([paths[r] for r in rows]), labels[rows]
         net.load_state_dict(start)
@@ -185,7 +186,8 @@ def _plain_round(backbone, federation, params, clients, sgd, seed, round_number,
                 loss_sum += float(plain_loss(net(x[batch]), y[batch], sgd, sphere, reduction="sum"))
         net.load_state_dict(start)
         optimizer = torch.optim.SGD(trained, lr=sgd.lr, weight_decay=sgd.weight_decay, momentum=sgd.momentum)
-        for batch in minibatches(len(rows), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(client))):
+        plan = minibatches(len(rows), sgd.batch_size, sgd.epochs, client_rng(seed, round_number, int(client)))
+        for batch in plan if steps is None else plan[:steps[k]]:
             optimizer.zero_grad()
             loss = plain_loss(net(x[batch]), y[batch], sgd, sphere)
             prox = sum(((p - start[name]) ** 2).sum() for name, p in net.named_parameters() if not (sphere and name.startswith(head)))
@@ -247,6 +249,21 @@ def test_results_do_not_depend_on_the_number_of_trainers(ft_runs):
     assert one["accuracy"] == two["accuracy"]
     torch.testing.assert_close(one["test"][0], two["test"][0])
     torch.testing.assert_close(one["train"][0], two["train"][0])
+
+
+def test_step_budgets_stop_each_trainers_clients_after_their_first_minibatches(pools, images, ft_runs):
+    ft, params, whole = backend(pools, trainers=2), ft_runs[2]["params"], ft_runs[2]["update"]
+    full = ft.local_steps(CLIENTS)
+    assert full.tolist() == [6, 2, 6, 2]  # 2 epochs of ⌈n / 2⌉ mini-batches of 6, 2, 5 and 2 images
+    same = ft.train_round(params, {}, CLIENTS, ROUND, full)
+    close({**same.sums, **same.statistics}, whole.delta, rtol=0, atol=0)
+    budgets = np.array([3, 1, 5, 2])
+    partial = ft.train_round(params, {}, CLIENTS, ROUND, budgets)
+    expected_delta, expected_loss = plain_round(BACKBONE, images, params, CLIENTS, SGD, SEED, ROUND, steps=budgets)
+    close({**partial.sums, **partial.statistics}, expected_delta, rtol=1e-4, atol=1e-6)
+    assert partial.weight == images.client_sizes[CLIENTS].sum() and partial.loss_sum == whole.loss_sum
+    with pytest.raises(FedrayError, match="step budget must be ≥ 1"):
+        ft.train_round(params, {}, CLIENTS, ROUND, np.array([3, 0, 5, 2]))
 
 
 def test_initial_params_are_the_loaded_backbone_and_a_seeded_linear_head(images, ft_runs):

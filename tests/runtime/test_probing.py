@@ -1,5 +1,6 @@
 """Federated linear probing through the shard runtime equals FedAvg / SCAFFOLD written plainly in one process."""
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from fedray.runtime.evaluator import Evaluator
-from fedray.methods.training.local import LocalSGD
+from fedray.core.errors import FedrayError
+from fedray.methods.training.local import LocalSGD, client_rng, minibatches
 from fedray.runtime.probing import ProbeBackend
 from fedray.methods.training.server import ServerSGD
 from fedray.methods.training_algorithms import FedAvg, FedProx, Scaffold
@@ -15,7 +17,7 @@ from fedray.engine.training import Accounting, TrainingState, train
 from fedray.methods.base import Classifier
 from fedray.runtime import sampling
 from fedray.runtime.shards import ShardPool
-from tests.reference import fedavg_by_autograd, max_relative_difference
+from tests.reference import fedavg_by_autograd, max_relative_difference, train_client_plainly
 
 
 @pytest.mark.parametrize("sgd, shards, scaffold", [
@@ -69,3 +71,38 @@ def test_shard_layouts_differ_in_float32_round_off_only(ray_session, small_inat)
         heads[shards] = state.params["weight"]
     for shards in (2, 3):
         assert max_relative_difference(heads[shards], heads[1]) <= 1e-6
+
+
+def test_step_budgets_reach_each_shards_clients(ray_session, small_inat):
+    sgd = LocalSGD(lr=0.05, batch_size=8, epochs=2)
+    clients = np.array([313, 4, 238, 41, 62])
+    sizes = small_inat.client_sizes[clients]
+    full = np.array([2 * math.ceil(n / 8) for n in sizes])
+    budgets = np.maximum(full // 3, 1)
+    assert (budgets < full).sum() >= 3
+    generator = torch.Generator().manual_seed(1)
+    params = {"weight": 0.01 * torch.randn(small_inat.dim, small_inat.num_classes, generator=generator),
+              "bias": torch.zeros(small_inat.num_classes)}
+    pool = ShardPool.start(small_inat, num_shards=2, cpus_per_shard=1)
+    try:
+        assert len(set(pool.owners(clients).tolist())) == 2
+        backend = ProbeBackend(pool, sgd, 3, Evaluator(pool), FedAvg())
+        assert backend.local_steps(clients).tolist() == full.tolist()
+        whole, same, partial = (backend.train_round(params, {}, clients, 2, steps) for steps in (None, full, budgets))
+        with pytest.raises(FedrayError, match="one count per client: 5 clients, got 4 budgets"):
+            backend.train_round(params, {}, clients, 2, budgets[:4])
+    finally:
+        pool.shutdown()
+    assert all(torch.equal(same.sums[name], whole.sums[name]) for name in whole.sums)
+    sample_ids, labels, offsets = small_inat.train_arrays(0, small_inat.num_clients)
+    features = small_inat.require_features().features("train", sample_ids)
+    labels = torch.from_numpy(labels.astype(np.int64))
+    expected = torch.zeros_like(params["weight"])
+    for client, n, budget in zip(clients.tolist(), sizes, budgets):
+        rows = slice(offsets[client], offsets[client + 1])
+        batches = minibatches(int(n), 8, 2, client_rng(3, 2, client))[:budget]
+        trained, _ = train_client_plainly(features[rows], labels[rows], params["weight"], params["bias"], sgd, batches)
+        expected += int(n) * (trained - params["weight"])
+    assert partial.weight == sizes.sum()
+    torch.testing.assert_close(partial.sums["weight"] / partial.weight, expected / sizes.sum(), rtol=1e-4, atol=1e-5)
+    assert (partial.sums["weight"] - whole.sums["weight"]).abs().max() > 1e-3
