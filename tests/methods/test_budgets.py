@@ -50,7 +50,8 @@ def plain_client(x, y, weight, bias, batches):
         error /= error.sum(axis=1, keepdims=True)
         error[np.arange(len(batch)), y[batch]] -= 1
         error /= len(batch)
-        w, b = w - SGD.lr * (x[batch].T @ error + SGD.weight_decay * w), b - SGD.lr * (error.sum(0) + SGD.weight_decay * b)
+        w, b = (w - SGD.lr * (x[batch].T @ error + SGD.weight_decay * w),
+                b - SGD.lr * (error.sum(0) + SGD.weight_decay * b))
     return w, b
 
 
@@ -153,7 +154,7 @@ def test_budgets_that_do_not_bind_change_no_bit(algorithm, momentum):
 @pytest.mark.parametrize("steps, message", [
     (np.array([1, 2]), "need one count per client: 5 clients, got 2 budgets"),
     (np.array([1, 2, -1, 4, 5]), r"must be ≥ 1 .*got -1 for client 30"),
-    (np.array([1, 0, 3, 4, 5]), r"must be ≥ 1 \(a straggler with no step done is dropped, not trained\), got 0 for client 2"),
+    (np.array([1, 0, 3, 4, 5]), r"≥ 1 \(a straggler with no step done is dropped, not trained\), got 0 for client 2"),
     (np.array([1, 2, 2.5, 4, 5]), "must be whole numbers of steps"),
     (np.array([1, 2, np.nan, 4, 5]), "must be whole numbers of steps"),
     (np.array([1, 2, np.inf, 4, 5]), "must be whole numbers of steps"),

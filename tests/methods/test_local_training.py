@@ -107,7 +107,8 @@ def test_learning_rate_schedules_follow_torchs_schedulers_stepped_once_per_round
     (LocalSGD(lr=0.05, batch_size=4, epochs=3, temperature=0.5, momentum=0.9), True),
 ])
 def test_a_step_budget_stops_a_batched_client_after_its_first_minibatches(sgd, scaffold):
-    """Budgets that reorder the slots of a size group (the 120-sample client takes fewer steps than the 60-sample one)."""
+    """Budgets that reorder the slots of a size group (the 120-sample client takes fewer steps than the 60-sample
+    one)."""
     generator = torch.Generator().manual_seed(0)
     sizes = np.array([1, 2, 13, 60, 5, 120])
     budgets = np.array([1, 5, 7, 45, 2, 30])  # of 3, 3, 12, 45, 6 and 90 steps
@@ -132,6 +133,7 @@ def test_a_step_budget_stops_a_batched_client_after_its_first_minibatches(sgd, s
         if scaffold:
             correction = (control.weight - features[rows].T @ control.rows[rows],
                           control.bias - control.rows[rows].sum(0))
-        expected_w, expected_b = train_client_plainly(features[rows], labels[rows], weight, bias, sgd, batches, correction)
+        expected_w, expected_b = train_client_plainly(features[rows], labels[rows], weight, bias, sgd, batches,
+                                                      correction)
         torch.testing.assert_close(weights[k], expected_w, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(heads.bias[k], expected_b, rtol=1e-10, atol=1e-12)
