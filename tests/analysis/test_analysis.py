@@ -131,6 +131,14 @@ def test_runs_without_a_sweep_are_plotted_as_one_figure(tmp_path):
     assert [p.name for p in plots.plot_all(read_results([tmp_path]), tmp_path / "plots", ("png",))] == ["runs.png"]
 
 
+def test_the_clocks_columns_are_results_not_swept_parameters():
+    """Two trials of a deadline sweep: their clocks and stragglers differ because their deadlines do."""
+    table = pl.DataFrame({"trial_id": ["a", "b"], "method": ["fedavg"] * 2, "round": [1, 1], "accuracy": [0.5, 0.5],
+                          "deadline": [60, 120], "clock_s": [600.0, 1200.0], "clock_compute_s": [500.0, 1000.0],
+                          "clock_comm_s": [100.0, 200.0], "stragglers": [2, 1], "dropped": [1, 0]})
+    assert varying_parameters(table) == ["deadline"]
+
+
 def test_missing_inputs_are_named(tmp_path):
     with pytest.raises(FedrayError, match="no such file"):
         read_results([tmp_path / "nothing"])
