@@ -14,7 +14,7 @@ import argparse
 import polars as pl
 
 from analysis.compare import print_table
-from analysis.results import one_line_errors, read_results
+from analysis.results import best_final_accuracy, one_line_errors, read_results
 
 GRID_POINTS = 8
 
@@ -40,7 +40,7 @@ def accuracy_at(results: pl.DataFrame, rounds: list[int]) -> pl.DataFrame:
 
 def rounds_to_reach(results: pl.DataFrame, targets: list[float]) -> pl.DataFrame:
     """First evaluated round at which each run's accuracy reaches each fraction of the best final accuracy."""
-    best = results.filter(pl.col("round") == pl.col("round").max().over("trial_id"))["accuracy"].max()
+    best = best_final_accuracy(results)
     columns = [
         pl.col("round").filter(pl.col("accuracy") >= fraction * best).min().alias(f"rounds_to_{round(fraction * 100)}%")
         for fraction in targets
