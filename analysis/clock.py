@@ -50,8 +50,8 @@ def clock_columns(results: pl.DataFrame) -> list[pl.Expr]:
 
 def time_to_accuracy(results: pl.DataFrame, keys: list[str], levels: tuple[float, ...] = LEVELS) -> pl.DataFrame:
     """Per run (named by ``keys``) and level, in that order: the level and its target accuracy in %, and at the
-    run's first evaluation at or above it the virtual hours, the round, the upload and download in MB and
-    :func:`counts`; null where the run never reaches it."""
+    run's first evaluation at or above it the virtual hours, the round, the upload and (where the rows have it) the
+    download in MB, and :func:`counts`; null where the run never reaches it."""
     names = results.select("trial_id", *keys).unique("trial_id", keep="first", maintain_order=True)
     first = first_reaching(results, list(levels)).drop(keys).join(names, on="trial_id", how="left",
                                                                   maintain_order="left")
@@ -62,6 +62,6 @@ def time_to_accuracy(results: pl.DataFrame, keys: list[str], levels: tuple[float
         hours("clock_s").alias("virtual_h"),
         pl.col("round"),
         (pl.col("bytes_up") / 1e6).round(1).alias("upload_MB"),
-        (pl.col("bytes_down") / 1e6).round(1).alias("download_MB"),
+        *[(pl.col("bytes_down") / 1e6).round(1).alias("download_MB")] if "bytes_down" in first.columns else [],
         *counts(first),
     )

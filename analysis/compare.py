@@ -120,10 +120,13 @@ def check_plot_file(path: str) -> None:
     """Refuse, before any work, a ``--plot`` file of another format or where no file can be written."""
     if Path(path).suffix.lower() not in PLOT_FORMATS:
         raise FedrayError(f"--plot {path}: name a {', '.join(PLOT_FORMATS[:-1])} or {PLOT_FORMATS[-1]} file")
+    if Path(path).is_dir():
+        raise FedrayError(f"--plot {path}: is a folder; name the file to write, e.g. {Path(path) / 'accuracy.png'}")
     check_file(Path(path), "--plot")
 
 
 def compare(args: argparse.Namespace) -> None:
+    """Print the runs' table (and ``--by clock`` their time to accuracy); draw ``--plot``."""
     by = args.by
     if args.plot is not None:
         check_plot_file(args.plot)

@@ -51,6 +51,7 @@ def test_the_hours_to_each_level_are_the_first_row_at_or_above_it_with_its_bytes
         ("fedncm", "75%", 60.0, None, None, None, None, None, None),
         ("fedncm", "90%", 72.0, None, None, None, None, None, None),
     ]
+    assert "download_MB" not in time_to_accuracy(runs.drop("bytes_down"), ["method"]).columns  # a table without it
 
 
 def test_a_row_exactly_at_the_target_reaches_it(runs):

@@ -1,6 +1,7 @@
 """``fedray compare`` and ``python -m analysis.compare`` (one implementation) on small run and sweep folders written
 here, every number in them chosen."""
 
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import polars as pl
@@ -236,11 +237,23 @@ def test_plot_draws_accuracy_against_virtual_hours(clocked, tmp_path, capsys):
         ("fedavg", 4.0, 70.0)]
 
 
+def test_plot_by_round_draws_accuracy_against_rounds_for_runs_without_a_clock(quickstart, tmp_path, capsys):
+    plot = tmp_path / "rounds.svg"
+    rc, out, err = fedray(capsys, "compare", quickstart, "--plot", plot)
+    assert (rc, err, out.splitlines()[-1]) == (0, "", str(plot))
+    assert ElementTree.parse(plot).getroot().tag == "{http://www.w3.org/2000/svg}svg"
+    points = compare.curve_points(compare.read_compared([str(quickstart)]))
+    assert points.columns == ["trial_id", "label", "round", "accuracy_%"]
+    assert points.select("label", "round").rows() == [("fed3r", 900), ("fed3r", 928), ("fedcof", 900), ("fedcof", 928),
+                                                      ("fedncm", 900), ("fedncm", 928)]
+
+
 @pytest.mark.parametrize("plot, message", [("clock.txt", "--plot {plot}: name a .png, .svg or .pdf file"),
-                                           ("folder.png", "--plot {plot}: is a folder; name the file to write")])
+                                           ("folder.png", "--plot {plot}: is a folder; name the file to write, e.g. "
+                                                          "{plot}/accuracy.png")])
 def test_a_bad_plot_file_is_refused_before_any_work(clocked, tmp_path, capsys, plot, message):
     (tmp_path / "folder.png").mkdir()
     plot = tmp_path / plot
     rc, out, err = fedray(capsys, "compare", "--by", "clock", *clocked, "--plot", plot)
-    assert (rc, out) == (2, "") and err.startswith(f"fedray: error: {message.format(plot=plot)}")
+    assert (rc, out, err) == (2, "", f"fedray: error: {message.format(plot=plot)}\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["fed3r", "fedavg", "folder.png"]
