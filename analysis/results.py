@@ -123,8 +123,8 @@ def best_final_accuracy(results: pl.DataFrame) -> float:
 def first_reaching(results: pl.DataFrame, fractions: list[float]) -> pl.DataFrame:
     """Per run and fraction (runs in their order, then fractions in theirs): the run's first evaluation row whose
     accuracy is at or above that fraction of :func:`best_final_accuracy`, as it is (not interpolated between rows),
-    with ``level`` (the fraction) and ``target`` (the accuracy) in front; where a run never reaches it, only its
-    ``trial_id`` and the level, the rest null."""
+    after ``trial_id``, ``level`` (the fraction) and ``target`` (the accuracy); where a run never reaches it, those
+    three and the rest null."""
     best = best_final_accuracy(results)
     levels = pl.DataFrame({"level": fractions, "target": [fraction * best for fraction in fractions]},
                           schema={"level": pl.Float64, "target": pl.Float64})
