@@ -5,6 +5,9 @@
 Runs are evaluated at different rounds, so a run's accuracy at round r is its
 last evaluation at or before r (what a researcher stopping it at r would
 report). Targets are fractions of the best final accuracy among the runs.
+With ``--by clock`` (runs on the virtual clock only) the second table reads
+the virtual hours to each target instead, with the round, the traffic and the
+stragglers by then (:func:`analysis.clock.time_to_accuracy`).
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import argparse
 
 import polars as pl
 
+from analysis.clock import check_clock, time_to_accuracy
 from analysis.compare import print_table
-from analysis.results import one_line_errors, read_results
+from analysis.results import best_final_accuracy, one_line_errors, read_results
 
 GRID_POINTS = 8
 
@@ -40,7 +44,7 @@ def accuracy_at(results: pl.DataFrame, rounds: list[int]) -> pl.DataFrame:
 
 def rounds_to_reach(results: pl.DataFrame, targets: list[float]) -> pl.DataFrame:
     """First evaluated round at which each run's accuracy reaches each fraction of the best final accuracy."""
-    best = results.filter(pl.col("round") == pl.col("round").max().over("trial_id"))["accuracy"].max()
+    best = best_final_accuracy(results)
     columns = [
         pl.col("round").filter(pl.col("accuracy") >= fraction * best).min().alias(f"rounds_to_{round(fraction * 100)}%")
         for fraction in targets
@@ -62,13 +66,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m analysis.convergence", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="metrics.parquet / results.parquet files or folders of them")
     parser.add_argument("--targets", type=float, nargs="+", default=[0.25, 0.5, 0.75, 0.9])
+    parser.add_argument("--by", choices=("round", "clock"), default="round",
+                        help="what reaching a target is counted in: rounds (default) or virtual hours")
     args = parser.parse_args(argv)
     with one_line_errors(parser.prog):
         results = run_labels(read_results(args.paths))
+        if args.by == "clock":
+            check_clock(results)
     print("accuracy at the same rounds")
     print_table(accuracy_at(results, evaluation_grid(results)))
-    print("rounds to reach a fraction of the best final accuracy")
-    print_table(rounds_to_reach(results, args.targets))
+    if args.by == "clock":
+        print("virtual hours to reach a fraction of the best final accuracy")
+        print_table(time_to_accuracy(results, ["label"], tuple(args.targets)))
+    else:
+        print("rounds to reach a fraction of the best final accuracy")
+        print_table(rounds_to_reach(results, args.targets))
 
 
 if __name__ == "__main__":

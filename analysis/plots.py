@@ -1,4 +1,5 @@
-"""Plots in the papers' style: accuracy against rounds, cumulative upload (log x) and client compute (log x).
+"""Plots in the papers' style: accuracy against rounds, cumulative upload (log x), client compute (log x) and, for
+runs on the clock, virtual hours.
 
     python -m analysis.plots RESULTS... --out DIR [--format png svg]
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import polars as pl
 
+from analysis.clock import SECONDS_PER_HOUR
 from analysis.results import one_line_errors, read_results, varying_parameters
 from fedray.core.results import write_atomically
 
@@ -26,11 +28,21 @@ PANELS = (
     ("bytes_up", "cumulative upload (bytes)", "log"),
     ("flops_client_avg", "average client compute (FLOPs)", "log"),
 )
+CLOCK_PANEL = ("clock_h", "virtual time (hours)", "linear")
+"""The panel added when runs have a clock: their ``clock_s`` in hours."""
+
+
+def panels_of(results: pl.DataFrame) -> tuple[tuple[str, str, str], ...]:
+    """:data:`PANELS`, and :data:`CLOCK_PANEL` where any run has a clock (a run without one has no line there)."""
+    clocked = "clock_s" in results.columns and results["clock_s"].is_not_null().any()
+    return (*PANELS, CLOCK_PANEL) if clocked else PANELS
 
 
 def curves(results: pl.DataFrame, axis: str | None) -> pl.DataFrame:
     """Mean and spread of accuracy per (method, axis value, round), with the mean x of each panel."""
     keys = ["method"] + ([axis] if axis else [])
+    on_clock = CLOCK_PANEL in panels_of(results)
+    clock_h = [(pl.col("clock_s") / SECONDS_PER_HOUR).mean().alias("clock_h")] if on_clock else []
     return (
         results.group_by([*keys, "round"])
         .agg(
@@ -39,6 +51,7 @@ def curves(results: pl.DataFrame, axis: str | None) -> pl.DataFrame:
             pl.col("accuracy").max().alias("high"),
             pl.col("bytes_up").mean(),
             pl.col("flops_client_avg").mean(),
+            *clock_h,
         )
         .sort([*keys, "round"])
     )
@@ -46,7 +59,8 @@ def curves(results: pl.DataFrame, axis: str | None) -> pl.DataFrame:
 
 def figure(results: pl.DataFrame, axis: str | None) -> plt.Figure:
     """Colour by method, line style and marker by the axis value."""
-    fig, panels = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4), sharey=True)
+    shown_panels = panels_of(results)
+    fig, panels = plt.subplots(1, len(shown_panels), figsize=(5 * len(shown_panels), 4), sharey=True)
     data = curves(results, axis)
     keys = ["method"] + ([axis] if axis else [])
     colours = {m: f"C{i % 10}" for i, m in enumerate(data["method"].unique(maintain_order=True))}
@@ -56,8 +70,8 @@ def figure(results: pl.DataFrame, axis: str | None) -> plt.Figure:
         index = values.index(group_key[1] if axis else None)
         style = {"color": colours[group_key[0]], "linestyle": LINESTYLES[index % len(LINESTYLES)],
                  "marker": MARKERS[index % len(MARKERS)], "markersize": 4}
-        for panel, (x, xlabel, scale) in zip(panels, PANELS):
-            shown = line.filter(pl.col(x) > 0) if scale == "log" else line
+        for panel, (x, xlabel, scale) in zip(panels, shown_panels):
+            shown = line.filter(pl.col(x) > 0) if scale == "log" else line.drop_nulls(x)
             panel.plot(shown[x], 100 * shown["mean"], label=label, **style)
             panel.fill_between(shown[x], 100 * shown["low"], 100 * shown["high"], color=style["color"], alpha=0.15)
             panel.set_xscale(scale)
@@ -81,6 +95,27 @@ def plot_all(results: pl.DataFrame, out: Path, formats: tuple[str, ...] = ("png"
             written.append(path)
         plt.close(fig)
     return written
+
+
+def accuracy_per_run(points: pl.DataFrame, x: str, xlabel: str) -> plt.Figure:
+    """Accuracy (``accuracy_%``) against ``x``, a line per run (``trial_id``) named by its ``label``, in their order."""
+    fig, panel = plt.subplots(figsize=(7, 4.5))
+    for index, ((_, label), line) in enumerate(points.group_by("trial_id", "label", maintain_order=True)):
+        shown = line.drop_nulls(x)
+        panel.plot(shown[x], shown["accuracy_%"], label=label, color=f"C{index % 10}",
+                   marker=MARKERS[index // 10 % len(MARKERS)], markersize=4)
+    panel.set_xlabel(xlabel)
+    panel.set_ylabel("test accuracy (%)")
+    panel.grid(True, alpha=0.3)
+    panel.legend(fontsize="small", loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def write_figure(fig: plt.Figure, path: Path) -> None:
+    """Write ``fig`` to ``path`` (its suffix the format) atomically, and close it."""
+    write_atomically(path, lambda p: fig.savefig(p, format=path.suffix[1:].lower(), dpi=120))
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:

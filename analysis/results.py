@@ -16,8 +16,11 @@ RESULTS, METRICS = "results.parquet", "metrics.parquet"
 SOURCE = "__source"
 """A column that numbers the files read, while their rows are put in order."""
 METRIC_COLUMNS = tuple(f.name for f in fields(EvalPoint))
-NOT_PARAMETERS = {*METRIC_COLUMNS, "trial_id", "sweep", "method", "seed", "out", "quiet", "num_shards", "cpus_per_shard",
-                  "label", "section"}
+CLOCK_COLUMNS = ("clock_s", "clock_compute_s", "clock_comm_s", "stragglers", "dropped")
+"""What a run on the virtual clock adds to its rows, absent from a run without one: virtual seconds since the run's
+start, their split into compute and communication, and the stragglers and dropped clients so far (where they apply)."""
+NOT_PARAMETERS = {*METRIC_COLUMNS, *CLOCK_COLUMNS, "trial_id", "sweep", "method", "seed", "out", "quiet", "num_shards",
+                  "cpus_per_shard", "label", "section"}
 
 
 @contextmanager
@@ -97,5 +100,39 @@ def varying_parameters(results: pl.DataFrame, by: str = "method") -> list[str]:
     return [c for c in candidates if per_group[c].item() > 1 or across[c].item() > 1]
 
 
+def runs_without_clock(results: pl.DataFrame) -> list[str]:
+    """The runs none of whose rows has a ``clock_s``, each named as a user can find it: a run's folder, or ``trial T of
+    sweep S``."""
+    clocked = pl.col("clock_s").is_not_null().any() if "clock_s" in results.columns else pl.lit(False)
+    sweep = pl.col("sweep") if "sweep" in results.columns else pl.lit(None, pl.String)
+    trial = pl.col("trial_id")
+    name = pl.when(sweep.is_null()).then(trial).otherwise("trial " + trial + " of sweep " + sweep)
+    runs = results.group_by("trial_id", maintain_order=True).agg(clocked.alias("clocked"), name.first().alias("name"))
+    return runs.filter(~pl.col("clocked"))["name"].to_list()
+
+
 def final_rows(results: pl.DataFrame) -> pl.DataFrame:
     return results.filter(pl.col("round") == pl.col("round").max().over("trial_id"))
+
+
+def best_final_accuracy(results: pl.DataFrame) -> float:
+    """The best of the runs' final accuracies: what targets given as fractions are fractions of."""
+    return final_rows(results)["accuracy"].max()
+
+
+def first_reaching(results: pl.DataFrame, fractions: list[float]) -> pl.DataFrame:
+    """Per run and fraction (runs in their order, then fractions in theirs): the run's first evaluation row whose
+    accuracy is at or above that fraction of :func:`best_final_accuracy`, as it is (not interpolated between rows),
+    after ``trial_id``, ``level`` (the fraction) and ``target`` (the accuracy); where a run never reaches it, those
+    three and the rest null."""
+    best = best_final_accuracy(results)
+    levels = pl.DataFrame({"level": fractions, "target": [fraction * best for fraction in fractions]},
+                          schema={"level": pl.Float64, "target": pl.Float64})
+    reached = (
+        results.join(levels, how="cross", maintain_order="left_right")
+        .filter(pl.col("accuracy") >= pl.col("target"))
+        .unique(["trial_id", "level"], keep="first", maintain_order=True)
+        .drop("target")
+    )
+    runs = results.select("trial_id").unique(maintain_order=True).join(levels, how="cross", maintain_order="left_right")
+    return runs.join(reached, on=["trial_id", "level"], how="left", maintain_order="left")

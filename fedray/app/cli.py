@@ -258,7 +258,8 @@ def _analysis_parsers(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("compare", help="finished runs side by side: the last evaluation point of each",
                                  description="Print one row per run (per trial of a sweep): method, dataset, what "
                                  "varies across the runs, final test accuracy, rounds, clients seen, upload, "
-                                 "wall-clock seconds. E.g. fedray compare results/quickstart/*")
+                                 "wall-clock seconds (--by clock: virtual hours and stragglers, and the virtual hours "
+                                 "to 25/50/75/90% of the best accuracy). E.g. fedray compare results/quickstart/*")
     compare.add_arguments(parser)
     parser.set_defaults(handler=compare.compare)
     parser = commands.add_parser("summarize", help="per method × swept parameter: mean ± std over seeds, rounds and "

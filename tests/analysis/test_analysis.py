@@ -131,6 +131,32 @@ def test_runs_without_a_sweep_are_plotted_as_one_figure(tmp_path):
     assert [p.name for p in plots.plot_all(read_results([tmp_path]), tmp_path / "plots", ("png",))] == ["runs.png"]
 
 
+def test_runs_on_the_clock_get_a_panel_of_virtual_hours_averaged_over_seeds(results, tmp_path):
+    """Runs a and b (Fed3R, κ = 10, two seeds) on the clock: at round 10, 1 and 2 hours; the others have no clock."""
+    table = read_results([results]).with_columns(
+        pl.when(pl.col("trial_id") == "a").then(pl.col("round") * 360.0)
+        .when(pl.col("trial_id") == "b").then(pl.col("round") * 720.0).alias("clock_s"))
+    assert [panel[0] for panel in plots.panels_of(table)] == ["round", "bytes_up", "flops_client_avg", "clock_h"]
+    data = plots.curves(table, "clients_per_round")
+    line = data.filter((pl.col("method") == "fed3r") & (pl.col("clients_per_round") == 10))
+    assert line["clock_h"].to_list() == [1.5, 3.0, 4.5]
+    assert data.filter(pl.col("method") == "fedncm")["clock_h"].to_list() == [None, None, None]
+    figure = plots.figure(table, "clients_per_round")
+    assert [axes.get_xlabel() for axes in figure.axes][-1] == "virtual time (hours)"
+    written = plots.plot_all(table, tmp_path / "plots", ("png",))
+    with Image.open(written[0]) as image:
+        assert image.width == 4 * 5 * 120  # four panels of 5 inches at 120 dpi
+    assert len(plots.panels_of(read_results([results]))) == 3
+
+
+def test_the_clocks_columns_are_results_not_swept_parameters():
+    """Two trials of a deadline sweep: their clocks and stragglers differ because their deadlines do."""
+    table = pl.DataFrame({"trial_id": ["a", "b"], "method": ["fedavg"] * 2, "round": [1, 1], "accuracy": [0.5, 0.5],
+                          "deadline": [60, 120], "clock_s": [600.0, 1200.0], "clock_compute_s": [500.0, 1000.0],
+                          "clock_comm_s": [100.0, 200.0], "stragglers": [2, 1], "dropped": [1, 0]})
+    assert varying_parameters(table) == ["deadline"]
+
+
 def test_missing_inputs_are_named(tmp_path):
     with pytest.raises(FedrayError, match="no such file"):
         read_results([tmp_path / "nothing"])

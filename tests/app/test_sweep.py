@@ -3,6 +3,7 @@
 import re
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import polars as pl
 import pytest
@@ -13,7 +14,7 @@ from fedray.data.registry import load_federation
 from fedray.core.errors import FedrayError
 from fedray.app.sweeps.spec import SweepSpec, load_sweep, with_dataset_options
 from fedray.app.sweeps.trials import check_trials, trial_config
-from fedray.app.sweeps.tuning import RESULTS, failure_line, sweep
+from fedray.app.sweeps.tuning import RESULTS, combine, failure_line, sweep
 
 SWEEPS = Path(__file__).resolve().parents[2] / "jobs" / "sweeps"
 SMALL = {"dim": 16, "scale": 0.04, "classes": 40}
@@ -264,3 +265,24 @@ def test_bad_plugin_options_in_a_sweep_are_one_line(tmp_path, text, message):
     path = write(tmp_path, f"name: x\n{text}\n")
     with pytest.raises(FedrayError, match=f"^{re.escape(f'{path}: {message}')}$"):
         load_sweep(path)
+
+
+def test_the_results_table_carries_each_trials_clock_columns(tmp_path):
+    """A deadline sweep's trials ran on the clock, a trial without one beside them: results.parquet has every trial's
+    clock_s, its split and its stragglers per row (null in the trial without a clock), and the swept deadline."""
+    clocked = {"clock_s": [60.0, 120.0], "clock_compute_s": [50.0, 100.0], "clock_comm_s": [10.0, 20.0],
+               "stragglers": [1, 3], "dropped": [0, 1]}
+    trials = {"t0": {"deadline": [30, 30], **clocked}, "t1": {"deadline": [90, 90], **clocked, "stragglers": [0, 0]},
+              "t2": {}}
+    grid = []
+    for trial, columns in trials.items():
+        (tmp_path / trial).mkdir()
+        pl.DataFrame({"method": "fedavg", "round": [1, 2], "accuracy": [0.2, 0.4], **columns}).write_parquet(
+            tmp_path / trial / "metrics.parquet")
+        grid.append(SimpleNamespace(path=str(tmp_path / trial), metrics={"trial_id": trial}, config={}, error=None))
+    table = combine(SimpleNamespace(name="deadline", swept=["deadline"]), grid)
+    assert table.select("trial_id", "round", "deadline", "clock_s", "clock_compute_s", "clock_comm_s", "stragglers",
+                        "dropped").rows() == [
+        ("t0", 1, 30, 60.0, 50.0, 10.0, 1, 0), ("t0", 2, 30, 120.0, 100.0, 20.0, 3, 1),
+        ("t1", 1, 90, 60.0, 50.0, 10.0, 0, 0), ("t1", 2, 90, 120.0, 100.0, 20.0, 0, 1),
+        ("t2", 1, None, None, None, None, None, None), ("t2", 2, None, None, None, None, None, None)]
