@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 
-import polars as pl
-
 from analysis.results import one_line_errors, read_results, varying_parameters
+from fedray.core.lazy_modules import lazy_module
+
+pl = lazy_module("polars", globals())
 
 COLUMNS = ("method", "dataset", "round", "accuracy", "clients_seen", "bytes_up", "wall_s")
 """The columns a table needs to be compared."""
