@@ -110,7 +110,8 @@ def flower_run(spec: str, per_round: int, out: Path) -> None:
         def configure_fit(self, server_round: int, parameters: Parameters, client_manager: object) -> list:
             client_manager.wait_for(num_clients)
             clients = sorted(client_manager.all().values(), key=lambda proxy: proxy.cid)
-            return [(proxy, FitIns(empty, {})) for proxy in clients[(server_round - 1) * per_round:server_round * per_round]]
+            chosen = clients[(server_round - 1) * per_round:server_round * per_round]
+            return [(proxy, FitIns(empty, {})) for proxy in chosen]
 
         def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple[Parameters, dict]:
             if failures:
