@@ -9,7 +9,9 @@ first evaluation row at or above it, that row's clock as it is (no interpolation
 
 from __future__ import annotations
 
-import polars as pl
+from fedray.core.lazy_modules import lazy_module
+
+pl = lazy_module("polars", globals())
 
 from analysis.results import first_reaching, runs_without_clock
 from fedray.core.errors import FedrayError

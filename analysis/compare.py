@@ -24,12 +24,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import polars as pl
-
 from analysis import clock
 from analysis.results import best_final_accuracy, one_line_errors, read_results, varying_parameters
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.writable import check_file
+
+pl = lazy_module("polars", globals())
 
 COLUMNS = ("method", "dataset", "round", "accuracy", "clients_seen", "bytes_up", "wall_s")
 """The columns a table needs to be compared."""

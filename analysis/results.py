@@ -7,10 +7,11 @@ from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 
-import polars as pl
-
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.results import EvalPoint
+
+pl = lazy_module("polars", globals())
 
 RESULTS, METRICS = "results.parquet", "metrics.parquet"
 SOURCE = "__source"

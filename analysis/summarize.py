@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import polars as pl
-
 from analysis.results import final_rows, one_line_errors, read_results, varying_parameters
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.results import write_atomically
 from fedray.core.writable import check_folder
+
+pl = lazy_module("polars", globals())
 
 TARGET_SHARE = 0.9
 COLUMNS = ("round", "accuracy", "bytes_up", "clients_seen")

@@ -14,12 +14,15 @@ federation, θ^t = (1/|P_t|) Σ_k θ_k^t − h/α. The server optimizer takes
 Δ = mean(θ_k^t − θ^{t−1}) − h/α, so FedAvg's θ + ηΔ at η = 1 is the paper's step.
 """
 
-from dataclasses import dataclass
-from typing import Annotated
+from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
 
 import fedray
+
+if TYPE_CHECKING:
+    import torch
 
 GRADIENT = "dyn."
 """Prefix of a client's ∇L_k(θ_k) and of the server's h, per parameter."""
@@ -36,9 +39,13 @@ class FedDyn(fedray.FederatedAlgorithm):
             raise ValueError(f"option alpha must be > 0, got {self.alpha}")
 
     def init_server_state(self, params: fedray.Params) -> fedray.Params:
+        import torch  # where used: reading the options (fedray --help) needs no torch
+
         return {GRADIENT + name: torch.zeros_like(value) for name, value in params.items()}
 
     def init_client_state(self, start: fedray.Params) -> fedray.Params:
+        import torch  # where used: reading the options (fedray --help) needs no torch
+
         return {GRADIENT + name: torch.zeros_like(value) for name, value in start.items()}
 
     def loss(self, output: torch.Tensor, labels: torch.Tensor, params: fedray.Params,

@@ -16,9 +16,9 @@ participants, and rescaled by τ_eff = Σ p_k τ_k:
 With equal τ_k it is FedAvg's Δ.
 """
 
-from dataclasses import dataclass
+from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
 import fedray
 
@@ -31,6 +31,8 @@ class FedNova(fedray.FederatedAlgorithm):
     """FedNova (Wang et al., NeurIPS 2020): each client's update divided by its local steps, rescaled by τ_eff."""
 
     def upload(self, client: fedray.ClientRound, trained: fedray.Params) -> tuple[fedray.Upload, None]:
+        import torch  # where used: reading the options (fedray --help) needs no torch
+
         steps = float(client.local_steps)
         normalized = {name: (trained[name] - client.start[name]) / steps for name in trained}
         return fedray.Upload({**normalized, STEPS: torch.tensor(steps, dtype=torch.float64)}, client.num_samples), None

@@ -18,6 +18,7 @@ values before anything runs.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
@@ -122,6 +123,13 @@ def _parse(text: str, kind: type) -> object:
 
 def options_of(cls: type) -> dict[str, Option]:
     """The options ``cls`` declares (see the module docstring), in constructor order."""
+    return dict(_declared_options(cls))
+
+
+@functools.cache
+def _declared_options(cls: type) -> dict[str, Option]:
+    """:func:`options_of`, read from the signature once per class: the catalogue asks each built-in class about each
+    option name (reading annotations compiles each of them)."""
     parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
     # a dataclass's fields are resolved each in its own class's module (a subclass's file need not import the base's types)
     hints = typing.get_type_hints(cls if is_dataclass(cls) else cls.__init__, include_extras=True)

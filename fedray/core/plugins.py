@@ -9,6 +9,7 @@ its file or being able to import its module.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.machinery
@@ -96,7 +97,13 @@ def registered(group: str) -> dict[str, str]:
     """The classes installed packages register by name under the entry-point group ``group`` (their pyproject's
     ``[project.entry-points."GROUP"]``), as ``module:Class``, sorted by name: a registry the layers above fill, read
     without importing them."""
-    return {point.name: point.value for point in sorted(importlib.metadata.entry_points(group=group), key=lambda p: p.name)}
+    return {point.name: point.value for point in sorted(_entry_points().select(group=group), key=lambda p: p.name)}
+
+
+@functools.cache
+def _entry_points() -> importlib.metadata.EntryPoints:
+    """Every installed package's entry points, read once (each read scans every package's metadata)."""
+    return importlib.metadata.entry_points()
 
 
 def load_class(spec: str, base: type, builtins: dict[str, type], what: str) -> type:

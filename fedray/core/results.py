@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import yaml
 
 from fedray.core.full_disk import full_disk_code, full_disk_error
+from fedray.core.lazy_modules import lazy_module
+
+pa = lazy_module("pyarrow", globals())
+pq = lazy_module("pyarrow.parquet", globals())
+yaml = lazy_module("yaml", globals())
 
 METRICS, CLASSIFIER, CONFIG, MODEL = "metrics.parquet", "classifier.npz", "config.yaml", "model.pt"
 RUN_FILES = (CLASSIFIER, MODEL, CONFIG, METRICS)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
+from fedray.core.lazy_modules import lazy_module
+
+torch = lazy_module("torch", globals())
 
 
 @contextmanager

@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl, urlencode
 import pyarrow.compute as pc
 
 from fedray.data import population, splitters, synthetic
+from fedray.data.dataset_options import OPTION_TYPES
 from fedray.data.feature_cache import find_entry
 from fedray.core.federation import TRAIN, Federation
 from fedray.data.hsu_csv import hsu_test_csv_beside, load_hsu_split
@@ -46,11 +47,6 @@ from fedray.core.options import TYPE_NAMES, Option, function_options
 from fedray.core.plugins import canonical, load_function
 
 KINDS = ("synthetic", "parquet", "features", "hsu", "imagefolder")
-OPTION_TYPES: dict[str, type] = {
-    "dim": int, "seed": int, "feature_shift": float, "scale": float, "classes": int, "clients": int,
-    "test": str, "split": str, "alpha": float, "classes_per_client": int, "split_seed": int,
-    "images": str, "layout": str, "min_client_size": int,
-}
 PATH_KINDS = ("parquet", "features", "hsu", "imagefolder")
 PATH_OPTIONS = ("test", "images")
 RESPLIT_OPTIONS = ("split", "clients", "alpha", "classes_per_client", "split_seed", "min_client_size")

@@ -22,7 +22,7 @@ from fedray.core.numeric_options import check_numeric_options, check_positive, c
 from fedray.core.options import build, option_from_hint, options_of
 from fedray.core.plugins import canonical, display_name, is_plugin, load_class, names_subclass
 from fedray.core.results import EvalPoint
-from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
+from fedray.data.dataset_options import OPTION_TYPES as DATASET_OPTIONS
 from fedray.engine.plugin_options import Owner, checked_options, declarers, split_key, values_for
 from fedray.engine.plugin_options import defaults as plugin_defaults
 from fedray.engine.run_options import (APPLIES_TO, BUILT_IN_OWNERS, COMPONENTS, GENERAL, IMAGES, RESOURCES,

@@ -14,7 +14,7 @@ from fedray.core.errors import FedrayError, shown
 from fedray.core.numeric_options import command_line
 from fedray.core.options import options_of
 from fedray.core.plugins import is_plugin
-from fedray.data.registry import OPTION_TYPES as DATASET_OPTIONS
+from fedray.data.dataset_options import OPTION_TYPES as DATASET_OPTIONS
 from fedray.engine.config import (ALGORITHMS, FIELDS, RUN_OPTIONS, _is_algorithm, _owned_options_moved,
                                   server_optimizer_class, shipped_options, without_removed)
 from fedray.methods import method_class

@@ -47,12 +47,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import torch
-
+from fedray.core.lazy_modules import lazy_module
 from fedray.methods.upload_parts import UploadParts
 
-Params = dict[str, torch.Tensor]
-Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+torch = lazy_module("torch", globals())
+
+Params = dict[str, "torch.Tensor"]
+Loss = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 """A batch's mean loss from the model's output and the labels."""
 
 

@@ -21,15 +21,19 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
-import torch
 
 from fedray.core.accounting import PaperCosts
-from fedray.core.federation import Federation
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.threads import single_threaded
 from fedray.methods.upload_parts import UploadParts
+
+torch = lazy_module("torch", globals())
+
+if TYPE_CHECKING:
+    from fedray.core.federation import Federation
 
 FLOAT_BYTES = 4
 """Uploads are counted as float32 values, the papers' convention."""
@@ -63,6 +67,17 @@ class Classifier:
         if self.bias is not None:
             out["bias"] = self.bias.numpy()
         return out
+
+
+class TorchDtype:
+    """A class attribute read as torch's dtype ``name`` (``features_dtype = TorchDtype("float64")`` is
+    ``torch.float64``), so that defining a method, as ``fedray --help`` does to read its options, imports no torch."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type) -> torch.dtype:
+        return getattr(torch, self.name)
 
 
 class ClosedFormMethod(ABC, Generic[Stats]):

@@ -31,19 +31,23 @@ C·V samples of d floats, and 6·epochs·C·V·d·C FLOPs for the fit, at every 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from fedray.core.accounting import PaperCosts
 from fedray.core.errors import FedrayError
-from fedray.core.federation import Federation
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.threads import single_threaded
-from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, gram
+from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums, gram
 from fedray.methods.ncm import CLASS_SUMS
 from fedray.methods.upload_parts import SampleSum, UploadParts
+
+torch = lazy_module("torch", globals())
+F = lazy_module("torch.nn.functional", globals())
+
+if TYPE_CHECKING:
+    from fedray.core.federation import Federation
 
 SAMPLING, SHUFFLING = 0, 1
 """The two random streams of a solve, each a generator seeded from (the run's seed, the stream)."""
@@ -67,7 +71,7 @@ class CCVR(ClosedFormMethod[ClassMoments]):
     """A softmax classifier trained on virtual features sampled from the clients' pooled class Gaussians."""
 
     name = "ccvr"
-    features_dtype = torch.float64
+    features_dtype = TorchDtype("float64")
 
     def __init__(self, dim: int, num_classes: int,
                  virtual_per_class: Annotated[int, "virtual features sampled per class (≥ 1)"] = 100,

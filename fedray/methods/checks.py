@@ -18,12 +18,13 @@ from collections.abc import Callable
 from numbers import Real
 from typing import Any, NoReturn
 
-import torch
-
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.methods.algorithm import FederatedAlgorithm, Params, Upload
 from fedray.methods.base import Classifier
 from fedray.core.plugins import plugin_spec
+
+torch = lazy_module("torch", globals())
 
 
 def owner(obj: object) -> str:

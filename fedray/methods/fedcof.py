@@ -26,18 +26,22 @@ it is Σ zzᵀ = ZᵀZ, and W is unregularized ridge's (ZᵀZ)⁻¹ZᵀY, column
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
-import torch
 
 from fedray.core.accounting import PaperCosts
-from fedray.core.federation import Federation
 from fedray.core.errors import FedrayError
-from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, class_divisors, class_sums, gram,
-                                 normalize_columns, spd_solve)
+from fedray.core.lazy_modules import lazy_module
+from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_divisors, class_sums,
+                                 gram, normalize_columns, spd_solve)
 from fedray.methods.ncm import CLASS_SUMS
 from fedray.methods.upload_parts import ClientRows, SampleSum, UploadParts
+
+torch = lazy_module("torch", globals())
+
+if TYPE_CHECKING:
+    from fedray.core.federation import Federation
 
 
 @dataclass
@@ -92,7 +96,7 @@ class FedCOF(ClosedFormMethod[MeanRows]):
     """Class covariances estimated from the spread of the clients' class means; W = Ĝ⁻¹[N_c μ_c], columns normalized."""
 
     name = "fedcof"
-    features_dtype = torch.float64
+    features_dtype = TorchDtype("float64")
     uploads_summed = False
 
     def __init__(self, dim: int, num_classes: int, gamma: Annotated[float, "covariance shrinkage γ (≥ 0)"] = 0.1,

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
-import torch
 
 from fedray.core.accounting import PaperCosts
 from fedray.core.errors import FedrayError
-from fedray.core.federation import Federation
-from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_divisors, class_sums, normalize_columns
+from fedray.core.lazy_modules import lazy_module
+from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_divisors, class_sums,
+                                 normalize_columns)
 from fedray.methods.upload_parts import SampleSum, UploadParts
+
+torch = lazy_module("torch", globals())
+
+if TYPE_CHECKING:
+    from fedray.core.federation import Federation
 
 
 @dataclass
@@ -38,7 +43,7 @@ class FedNCM(ClosedFormMethod[ClassSums]):
     """
 
     name = "fedncm"
-    features_dtype = torch.float64
+    features_dtype = TorchDtype("float64")
 
     def __init__(self, dim: int, num_classes: int,
                  distance: Annotated[str, "cosine (normalized class means) or euclidean (argmin ‖z − μ_c‖: "

@@ -69,9 +69,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Option
 from fedray.core.plugins import is_plugin, load_class, registered
 from fedray.methods.algorithm import Params, Upload
@@ -79,6 +79,8 @@ from fedray.methods.base import ClientBatch
 from fedray.methods.checks import (SUMMED_AS_THEY_ARE, check_features, check_selection, check_state,
                                    check_upload_like)
 from fedray.methods.upload_parts import UploadParts
+
+torch = lazy_module("torch", globals())
 
 AGGREGATE = -1
 """The client number the aggregate's generator is seeded with."""

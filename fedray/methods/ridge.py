@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
-import torch
 
 from fedray.core.accounting import PaperCosts
-from fedray.core.federation import Federation
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Unset
-from fedray.methods.base import ClientBatch, Classifier, ClosedFormMethod, class_sums, column_norms, gram, spd_solve
+from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums, column_norms, gram,
+                                 spd_solve)
 from fedray.methods.upload_parts import SampleSum, UploadParts
+
+torch = lazy_module("torch", globals())
+
+if TYPE_CHECKING:
+    from fedray.core.federation import Federation
 
 
 @dataclass
@@ -40,7 +45,7 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
 
     name = "fed3r"
     normalize = True
-    features_dtype = torch.float64
+    features_dtype = TorchDtype("float64")
 
     def __init__(self, dim: int, num_classes: int, lam: Annotated[float, "ridge λ (> 0)"] = 0.01,
                  bias: Annotated[bool, "fit a bias: a ones column, regularized by λ too"] = False) -> None:

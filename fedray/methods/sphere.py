@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
 import numpy as np
-import torch
 
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.numeric_options import check_positive
 from fedray.core.options import Unset
 from fedray.methods.ridge import FastFederatedCalibration
+
+torch = lazy_module("torch", globals())
 
 TIGHT_FRAME_TOLERANCE = 1e-10
 MAX_ITERATIONS = 10_000

@@ -45,15 +45,16 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
-import torch
-
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.numeric_options import check_positive
 from fedray.core.options import Unset
 from fedray.methods.base import gram, single_threaded, spd_solve
-from fedray.methods.entk import EntkSpec, sample_coordinates
+
+torch = lazy_module("torch", globals())
 
 if TYPE_CHECKING:
+    from fedray.methods.entk import EntkSpec
     from fedray.methods.training.modes import FineTuning
 
 TCT = "tct"
@@ -165,6 +166,8 @@ class TctStage2Options:
     def entk_spec(self, head: range, num_parameters: int, seed: int) -> EntkSpec:
         """The eNTK features to compute: ``entk_dim`` coordinates drawn from ``seed`` among the network's
         ``num_parameters`` (the last layer's: its ``head`` coordinates), ``entk_chunk`` samples at a time."""
+        from fedray.methods.entk import EntkSpec, sample_coordinates  # torch.func, only where eNTK features are made
+
         coordinates = head if self.entk_params == "last_layer" else range(num_parameters)
         index = sample_coordinates(coordinates, self.entk_dim, seed)
         return EntkSpec(seed, index, self.entk_chunk, torch.float16 if self.entk_fp16 else torch.float32)
@@ -216,10 +219,12 @@ def normalize(features: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dty
     return ((features.to(torch.float64) - mean) / std).to(dtype or features.dtype)
 
 
-def targets(labels: torch.Tensor, num_classes: int, dtype: torch.dtype = torch.float64, loss: str = "mse") -> torch.Tensor:
-    """The targets Y (n × C) of ``loss``: onehot(labels) − 1/C, TCT's centered one-hot encoding, for the squared loss;
-    onehot(labels) for cross-entropy (whose gradient softmax − Y needs rows that sum to 1)."""
-    onehot = torch.nn.functional.one_hot(labels.long(), num_classes).to(dtype)
+def targets(labels: torch.Tensor, num_classes: int, dtype: torch.dtype | None = None,
+            loss: str = "mse") -> torch.Tensor:
+    """The targets Y (n × C, in ``dtype``: float64 unless given) of ``loss``: onehot(labels) − 1/C, TCT's centered
+    one-hot encoding, for the squared loss; onehot(labels) for cross-entropy (whose gradient softmax − Y needs rows
+    that sum to 1)."""
+    onehot = torch.nn.functional.one_hot(labels.long(), num_classes).to(dtype or torch.float64)
     return onehot if loss == "ce" else onehot - 1.0 / num_classes
 
 

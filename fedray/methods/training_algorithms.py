@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-import torch
-
+from fedray.core.lazy_modules import lazy_module
 from fedray.methods.algorithm import Aggregate, ClientRound, FederatedAlgorithm, Params, Population, Upload
 from fedray.core.options import Unset
 from fedray.core.plugins import load_class, registered
+
+torch = lazy_module("torch", globals())
 
 CONTROL = "control."
 """Prefix of SCAFFOLD's control variates among the entries of its uploads, aggregates, broadcasts and states."""

@@ -36,11 +36,14 @@ does not depend on which other classes the client holds nor on the shard layout.
 changes and the run is the plain one, bit for bit.
 """
 
-from typing import Annotated
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Annotated
 
 import fedray
+
+if TYPE_CHECKING:
+    import torch
 
 KINDS = ("uniform", "gaussian", "laplace")
 
@@ -69,6 +72,8 @@ class ClassCountNoise(fedray.Postprocessor):
 
     def noise(self, counts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """σ for each class of ``counts`` (float64), drawn class after class from ``generator``."""
+        import torch  # where used: reading the options (fedray --help) needs no torch
+
         shape = (len(counts),)
         if self.kind == "uniform":
             u = torch.rand(shape, generator=generator, dtype=torch.float64)
@@ -80,6 +85,8 @@ class ClassCountNoise(fedray.Postprocessor):
         return (torch.log1p(-v) - torch.log1p(-u)) / self.epsilon
 
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
+        import torch  # where used: reading the options (fedray --help) needs no torch
+
         tensors, parts = upload.tensors, check_counts(upload)
         counts_name, sums_name = parts.named(0), parts.named(1)
         counts = tensors[counts_name]
@@ -99,6 +106,8 @@ class ClassCountNoise(fedray.Postprocessor):
 def check_counts(upload: fedray.Upload) -> fedray.UploadParts:
     """The parts of ``upload`` if it is class counts and class sums (FedNCM's), or those with one mean row per class
     held (FedCOF's), else a one-line error naming its tensors."""
+    import torch  # where used: reading the options (fedray --help) needs no torch
+
     tensors, parts = upload.tensors, upload.parts
     names = frozenset(tensors)
     what = f"an upload of {', '.join(tensors) or 'no tensors'}"

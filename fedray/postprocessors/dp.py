@@ -103,12 +103,13 @@ from functools import cache, cached_property
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Annotated
 
-import torch
-
 import fedray
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Option
 from fedray.postprocessors import accounting
 from fedray.postprocessors.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, RDP
+
+torch = lazy_module("torch", globals())
 
 if TYPE_CHECKING:
     import dp_accounting

@@ -59,12 +59,13 @@ import math
 from functools import cache
 from typing import TYPE_CHECKING, Annotated
 
-import torch
-
 import fedray
+from fedray.core.lazy_modules import lazy_module
 from fedray.postprocessors import accounting
 from fedray.postprocessors.accounting import DEFAULT_ACCOUNTANT, PLD, RDP
 from fedray.postprocessors.dp import budget_met, check_options, noisy
+
+torch = lazy_module("torch", globals())
 
 if TYPE_CHECKING:
     import dp_accounting

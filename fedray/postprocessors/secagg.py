@@ -105,11 +105,13 @@ import math
 from typing import Annotated, Literal, get_args
 
 import numpy as np
-import torch
 
 import fedray
+from fedray.core.lazy_modules import lazy_module
 from fedray.clock.secagg_costs import KEY_BYTES, secagg_costs
 from fedray.core.options import Option
+
+torch = lazy_module("torch", globals())
 
 RING_BITS_MAX = 53
 """float64 holds every integer below 2^53: a group's masked sum must stay below it."""

@@ -91,6 +91,31 @@ def test_python_m_fedray_help():
         assert command in result.stdout
 
 
+HEAVY_MODULES = ("torch", "ray", "polars", "pyarrow")
+"""What the answers that need no data must not import (seconds between them, torch 3 of those)."""
+
+
+def test_help_methods_and_refusals_import_no_heavy_module():
+    """The parser, ``--help``, ``fedray methods`` and a refusal before any data import none of torch, Ray, polars or
+    pyarrow: checked in one fresh process, whose modules are the command line's alone."""
+    script = (
+        "import contextlib, io, sys\n"
+        "from fedray.app.cli import main\n"
+        "for argv in (['--help'], ['run', '--help'], ['methods'], ['run', '--lamda', '1'], ['run', '--option', 'x=1'],"
+        " ['run', '--participation', '2'], ['compare', '--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n"
+        "            main(argv)\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        f"print(','.join(name for name in {HEAVY_MODULES!r} if name in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "\n"
+
+
 @pytest.mark.parametrize("argv, message", [
     ([], "the following arguments are required: command; see fedray --help"),
     (["run", "--lamda", "0.1"], "unrecognized arguments: --lamda 0.1; see fedray run --help"),

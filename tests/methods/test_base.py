@@ -1,9 +1,14 @@
-"""The closed-form methods' shared numerics: the solve gives the same bits whatever the caller's torch threads."""
+"""The closed-form methods' shared numerics: the solve gives the same bits whatever the caller's torch threads; their
+features' dtype, named without importing torch."""
 
 import pytest
 import torch
 
-from fedray.methods.base import single_threaded, spd_solve
+from fedray.methods.base import TorchDtype, single_threaded, spd_solve
+from fedray.methods.ccvr import CCVR
+from fedray.methods.fedcof import FedCOF
+from fedray.methods.ncm import FedNCM
+from fedray.methods.ridge import Fed3R
 from tests.threads import on_threads
 
 
@@ -31,3 +36,12 @@ def test_single_threaded_restores_the_callers_threads():
         return inside, torch.get_num_threads()
 
     assert on_threads(3, inside_and_after) == (1, 3)
+
+
+def test_a_torch_dtype_attribute_reads_as_torchs_dtype_on_the_class_and_its_instances():
+    class Stored:
+        dtype = TorchDtype("float64")
+
+    assert Stored.dtype is torch.float64 and Stored().dtype is torch.float64
+    assert [method.features_dtype for method in (FedNCM, Fed3R, FedCOF, CCVR)] == [torch.float64] * 4
+    assert Fed3R(8, 3).features_dtype is torch.float64

@@ -28,11 +28,13 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 
+from fedray.core.lazy_modules import lazy_module
 from fedray.methods.base import Classifier
 from fedray.methods.training.budgets import budgeted
 from fedray.methods.training.schedule import LrSchedule
+
+torch = lazy_module("torch", globals())
 
 
 @dataclass(frozen=True)

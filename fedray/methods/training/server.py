@@ -19,12 +19,13 @@ import math
 from abc import ABC, abstractmethod
 from typing import Annotated, ClassVar
 
-import torch
-
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Unset
 
-Params = dict[str, torch.Tensor]
+torch = lazy_module("torch", globals())
+
+Params = dict[str, "torch.Tensor"]
 
 
 class ServerOptimizer(ABC):
