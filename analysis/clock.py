@@ -9,12 +9,11 @@ first evaluation row at or above it, that row's clock as it is (no interpolation
 
 from __future__ import annotations
 
+from analysis.results import first_reaching, runs_without_clock
+from fedray.core.errors import FedrayError
 from fedray.core.lazy_modules import lazy_module
 
 pl = lazy_module("polars", globals())
-
-from analysis.results import first_reaching, runs_without_clock
-from fedray.core.errors import FedrayError
 
 LEVELS = (0.25, 0.5, 0.75, 0.9)
 """The fractions of the best final accuracy that time to accuracy is read at."""
