@@ -57,7 +57,7 @@ def test_a_deadline_makes_the_late_clients_stragglers_and_keeps_the_others(tmp_p
     assert record.clients.tolist() == [2, 0]  # 6 s and 3 s; client 4's 12 s miss the 7 s
     assert record.stragglers == 1
     assert record.end_s == 7.0  # the server waits for the deadline: client 4's upload never comes
-    assert (record.compute_s, record.comm_s) == (4.0, 3.0)  # client 2 ends the critical path; the wait is counted in comm
+    assert (record.compute_s, record.comm_s) == (4.0, 3.0)  # client 2 ends the critical path; the wait counts as comm
     assert record.bytes_up == 200.0 and record.bytes_down == 300.0  # two uploads kept; every selected client downloads
 
 
@@ -83,7 +83,8 @@ def test_a_task_per_client_and_partial_steps(tmp_path):
 
 def test_a_deadline_no_device_meets_is_refused(tmp_path):
     run = clock(tmp_path, deadline=2.5)  # the quickest task is 3 s (100 / 100 + 800 / 800 + 800 / 800)
-    with pytest.raises(FedrayError, match=r"^--deadline 2.5: no device can meet it: the quickest client's task takes 3 s"):
+    with pytest.raises(FedrayError, match=r"^--deadline 2.5: no device can meet it: the quickest client's task takes "
+                                          r"3 s"):
         run.check(TaskCost(np.full(6, 100.0), 100.0, 100.0))
     clock(tmp_path, deadline=3.0).check(TaskCost(np.full(6, 100.0), 100.0, 100.0))
 

@@ -1,6 +1,7 @@
 """Whole runs on the clock: a clock that changes nothing changes no bit on every method path, the same events on one
-shard or two (and the classifier up to the order of float sums, as without a clock), a FedAvg run with a deadline against a plain loop, rows every S virtual seconds, rounds.parquet,
-and bad input refused in one line before any work."""
+shard or two (and the classifier up to the order of float sums, as without a clock), a FedAvg run with a deadline
+against a plain loop, rows every S virtual seconds, rounds.parquet, and bad input refused in one line before any
+work."""
 
 from pathlib import Path
 
