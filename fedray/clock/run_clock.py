@@ -21,7 +21,8 @@ path, the kept client whose upload arrived last: ``compute_s`` is that client's
 computing time (its partial steps' under ``--stragglers partial``), and
 ``comm_s`` the rest of the round (that client's download and upload, and any
 wait beyond it: for a deadline or a dropout when no upload ends the round).
-A round with no upload counts all of its duration as ``comm_s``.
+A round with no upload counts all of its duration as ``comm_s``. A round that finds nobody online at its start waits
+for the first client to come online and starts then: that idle time is in neither part (it is in ``clock_s``).
 """
 
 from __future__ import annotations
@@ -114,11 +115,13 @@ class RunClock:
         """Round ``number`` of ``stage`` from the schedule's row ``scheduled``, starting when the last one ended."""
         scheduled = np.asarray(scheduled, dtype=np.int64)
         start, devices, seed = self.now, self.devices, self.seed
-        wanted = len(scheduled) if self.sized_by_draw else self.scheduler.wanted(len(scheduled), self.num_clients)
-        context = RoundContext(number, start, self.per_round, wanted, self.num_clients, seed, scheduled,
-                               self.history, self.availability,
-                               lambda clients: devices.durations(clients, number, costs(clients), seed).total_s)
-        selected = check_selection(context, self.selector.select(context), self.selector_name)
+        selected = self._selected(number, start, scheduled, costs)
+        if not len(selected) and len(scheduled) and self.availability is not None:
+            # nobody online to ask: the round starts when the first client comes online (O(K), only then)
+            online = float(self.availability.next_available(np.arange(self.num_clients), start).min())
+            if np.isfinite(online):
+                start = online
+                selected = self._selected(number, start, scheduled, costs)
         cost = costs(selected)
         durations = devices.durations(selected, number, cost, seed)
         comm_s = durations.down_s + durations.up_s
@@ -149,6 +152,15 @@ class RunClock:
         self.records.append(record)
         self.now = outcome.end_s
         return record
+
+    def _selected(self, number: int, start: float, scheduled: np.ndarray, costs: Costs) -> np.ndarray:
+        """The selector's clients for round ``number`` starting at ``start``, checked."""
+        devices, seed = self.devices, self.seed
+        wanted = len(scheduled) if self.sized_by_draw else self.scheduler.wanted(len(scheduled), self.num_clients)
+        context = RoundContext(number, start, self.per_round, wanted, self.num_clients, seed, scheduled,
+                               self.history, self.availability,
+                               lambda clients: devices.durations(clients, number, costs(clients), seed).total_s)
+        return check_selection(context, self.selector.select(context), self.selector_name)
 
     def columns(self, number: int) -> dict[str, float | int]:
         """The clock's columns of the row after the run's round ``number``: virtual seconds at its end and their

@@ -4,6 +4,7 @@ deadline's stragglers, rounds chained in time, the critical path's split, and ev
 import numpy as np
 import pytest
 
+from fedray.clock.availability import Availability
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
 from fedray.clock.rounds import SynchronousRounds
@@ -26,10 +27,26 @@ TABLE = """client_id,macs_per_s,down_bps,up_bps
 TASK = TaskCost(100.0, 100.0, 100.0)
 
 
-def clock(tmp_path, num_clients=6, per_round=3, **rounds) -> RunClock:
+class OnlineFrom(Availability):
+    """Every client offline before ``start_s``, online from then on."""
+
+    def __init__(self, start_s: float) -> None:
+        self.start_s = start_s
+
+    def _available(self, clients, t):
+        return t >= self.start_s
+
+    def _next_online(self, clients, t):
+        return np.full(clients.shape, self.start_s)
+
+    def _online_end(self, clients, t):
+        return np.full(clients.shape, np.inf)
+
+
+def clock(tmp_path, num_clients=6, per_round=3, availability=None, **rounds) -> RunClock:
     table = tmp_path / "devices.csv"
     table.write_text(TABLE)
-    return RunClock(Devices(str(table)), None, SynchronousRounds(**rounds), UniformSelector(), "uniform",
+    return RunClock(Devices(str(table)), availability, SynchronousRounds(**rounds), UniformSelector(), "uniform",
                     num_clients, per_round, seed=7)
 
 
@@ -49,6 +66,13 @@ def test_a_round_lasts_until_its_slowest_client_and_the_next_starts_then(tmp_pat
                               "dropped": 0}
     assert run.columns(0)["clock_s"] == 0.0
     assert [row["end_s"] for row in run.rows()] == [12.0, 33.0]
+
+
+def test_a_round_with_nobody_online_starts_when_the_first_client_comes_online(tmp_path):
+    run = clock(tmp_path, availability=OnlineFrom(10.0))
+    record = run.round(1, "train", np.array([4, 2, 0]), lambda clients: TASK)
+    assert (record.start_s, record.end_s, record.clients.tolist()) == (10.0, 22.0, [4, 2, 0])
+    assert run.columns(1)["clock_s"] == 22.0  # the wait is part of the round: virtual seconds since the run's start
 
 
 def test_a_deadline_makes_the_late_clients_stragglers_and_keeps_the_others(tmp_path):
