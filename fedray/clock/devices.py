@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from fedray.clock.costs import TaskCost
 from fedray.clock.streams import lognormal_factors, uniforms
 from fedray.core.errors import FedrayError
-from fedray.core.options import Metavar
+from fedray.core.options import Metavar, Unset
 
 ASSIGNMENT_STREAM = 40
 """The stream of each client's device: (seed, 40, client)."""
@@ -50,6 +50,8 @@ JITTERS = ("macs_jitter", "down_jitter", "up_jitter")
 COLUMNS = (*RATES, *JITTERS, "share", "client_id", "name")
 SHARE_TOLERANCE = 1e-9
 BUILT_INS = {"uniform": "uniform.csv", "phones": "phones.csv"}
+DEFAULT_TABLE = "uniform"
+"""The table of a run that gives no ``--devices`` (None) but another option of the clock."""
 """The tables fedray ships, by name: files of ``fedray/clock/tables/``."""
 
 
@@ -202,10 +204,11 @@ def _client_ids(where: str, table: pa.Table) -> np.ndarray:
 class Devices:
     """The devices component: the clients' device table (``--devices``), each client's device and its durations."""
 
-    devices: Annotated[str, "the clients' devices: uniform (every client one nominal phone), phones (FLASH's "
-                            "measured networks × AI-Benchmark compute tiers) or a device table FILE (.csv or "
-                            ".parquet: macs_per_s, down_bps, up_bps, optional *_jitter, and share or client_id)",
-                       Metavar("uniform|phones|FILE")] = "uniform"
+    devices: Annotated[str | None, "the clients' devices: uniform (every client one nominal phone), phones (FLASH's "
+                                   "measured networks × AI-Benchmark compute tiers) or a device table FILE (.csv or "
+                                   ".parquet: macs_per_s, down_bps, up_bps, optional *_jitter, and share or "
+                                   "client_id)", Unset("no clock; uniform when another clock option is given"),
+                       Metavar("uniform|phones|FILE")] = None
     table: DeviceTable = field(init=False, repr=False, compare=False)
     _row_of_client: np.ndarray | None = field(init=False, repr=False, compare=False)
     """For a table of client ids: each client id's row (−1 where it has none); None for a table of shares."""
@@ -213,7 +216,7 @@ class Devices:
     """For a table of shares: the shares' cumulative sums, normalised so that the last is exactly 1."""
 
     def __post_init__(self) -> None:
-        table = load_table(self.devices)
+        table = load_table(self.devices or DEFAULT_TABLE)
         object.__setattr__(self, "table", table)
         row_of_client = edges = None
         if table.client_id is not None:

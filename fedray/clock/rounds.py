@@ -80,26 +80,32 @@ def _exact_ceil(factor: float, count: int) -> int:
 @dataclass(frozen=True)
 class SynchronousRounds:
     """Synchronous rounds on the clock (see the module's note); the defaults change nothing: every selected client
-    is kept, however long it takes."""
+    is kept, however long it takes (None: the option is not set, and means what its ``Unset`` says)."""
 
-    over_commit: Annotated[float, "ask ⌈o·κ⌉ clients a round and keep the first κ to finish (FedScale's default is "
-                                  "1.3)"] = 1.0
+    over_commit: Annotated[float | None, "ask ⌈o·κ⌉ clients a round and keep the first κ to finish (FedScale's "
+                                         "default is 1.3)", Unset("1: no over-commitment"), Metavar("O")] = None
     deadline: Annotated[float | None, "seconds after a round's start by which uploads must arrive; later clients are "
                                       "stragglers", Unset("none"), Metavar("S")] = None
-    stragglers: Annotated[Literal["drop", "partial"], "a straggler's upload: drop it, or partial (the local steps it "
-                                                      "finished by the deadline, FedNova's setting)"] = "drop"
+    stragglers: Annotated[Literal["drop", "partial"] | None, "a straggler's upload: drop it, or partial (the local "
+                                                             "steps it finished by the deadline, FedNova's setting)",
+                          Unset("drop")] = None
 
     def __post_init__(self) -> None:
-        if not self.over_commit >= 1 or not np.isfinite(self.over_commit):
+        if self.over_commit is not None and (not self.over_commit >= 1 or not np.isfinite(self.over_commit)):
             raise FedrayError(f"--over-commit must be a finite number ≥ 1, got {self.over_commit}")
         if self.deadline is not None and (not self.deadline > 0 or not np.isfinite(self.deadline)):
             raise FedrayError(f"--deadline must be a finite number of seconds > 0, got {self.deadline}")
-        if self.stragglers not in STRAGGLERS:
+        if self.stragglers is not None and self.stragglers not in STRAGGLERS:
             raise FedrayError(f"--stragglers must be drop or partial, got {self.stragglers!r}")
 
     def wanted(self, scheduled: int, num_clients: int) -> int:
         """How many clients a round of ``scheduled`` asks for: ⌈o · scheduled⌉, at most the federation's."""
-        return min(_exact_ceil(self.over_commit, scheduled), num_clients)
+        return min(_exact_ceil(self.over_commit or 1.0, scheduled), num_clients)
+
+    @property
+    def partial(self) -> bool:
+        """Whether a straggler sends the steps it finished by the deadline (``--stragglers partial``)."""
+        return self.stragglers == "partial"
 
     def run(self, clients: np.ndarray, compute_s: np.ndarray, comm_s: np.ndarray, start_s: float, keep: int,
             local_steps: np.ndarray | None = None, availability: AvailabilityLookup | None = None) -> RoundOutcome:
@@ -111,7 +117,7 @@ class SynchronousRounds:
             local_steps = np.asarray(local_steps, dtype=np.int64)
             if local_steps.shape != clients.shape or (local_steps < 1).any():
                 raise FedrayError("a round's local_steps must be one count ≥ 1 per selected client")
-        elif self.stragglers == "partial":
+        elif self.partial:
             raise FedrayError("--stragglers partial needs each client's local steps")
 
         duration = comm_s + compute_s
@@ -119,7 +125,7 @@ class SynchronousRounds:
         steps = local_steps
         late = np.zeros(len(clients), dtype=bool) if self.deadline is None else duration > self.deadline
         arrives = ~late
-        if self.stragglers == "partial" and late.any():
+        if self.partial and late.any():
             steps, finish, arrives = self._partial(compute_s, comm_s, start_s, local_steps, finish, late)
         resolved = np.where(late & ~arrives, start_s + (self.deadline or 0.0), finish)
         online = np.ones(len(clients), dtype=bool)

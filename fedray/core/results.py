@@ -26,8 +26,9 @@ pa = lazy_module("pyarrow", globals())
 pq = lazy_module("pyarrow.parquet", globals())
 yaml = lazy_module("yaml", globals())
 
-METRICS, CLASSIFIER, CONFIG, MODEL = "metrics.parquet", "classifier.npz", "config.yaml", "model.pt"
-RUN_FILES = (CLASSIFIER, MODEL, CONFIG, METRICS)
+METRICS, CLASSIFIER, CONFIG, MODEL, ROUNDS = "metrics.parquet", "classifier.npz", "config.yaml", "model.pt", \
+    "rounds.parquet"
+RUN_FILES = (CLASSIFIER, MODEL, CONFIG, ROUNDS, METRICS)
 TEMPORARY_TAG = "[a-z0-9_]{8}"
 """The random part of a temporary's name ``.NAME.TAG.tmp``: hex digits, or mkstemp's alphabet (older fedray used it)."""
 
@@ -65,19 +66,31 @@ class EvalPoint:
     """What the run's plugins reported (:func:`fedray.report`) up to this row: a column each."""
     callback_columns: dict[str, float | str] = field(default_factory=dict)
     """What a researcher's callbacks returned from ``on_evaluation`` at this row: a column each."""
+    clock_columns: dict[str, float | int] = field(default_factory=dict)
+    """A run on the clock's: virtual seconds at the row's round's end, their split, stragglers and dropouts so far
+    (none without a clock)."""
 
     def columns(self) -> dict[str, object]:
-        """The row's columns: its fields, then each reported number and each callback's column, a column each."""
-        return {**{name: getattr(self, name) for name in POINT_COLUMNS}, **self.reported, **self.callback_columns}
+        """The row's columns: its fields, then the clock's, each reported number and each callback's column."""
+        return {**{name: getattr(self, name) for name in POINT_COLUMNS}, **self.clock_columns, **self.reported,
+                **self.callback_columns}
 
     def added_names(self) -> tuple[str, ...]:
-        """The names of the columns plugins and callbacks added to this row."""
-        return (*self.reported, *self.callback_columns)
+        """The names of the columns the clock, plugins and callbacks added to this row."""
+        return (*self.clock_columns, *self.reported, *self.callback_columns)
 
 
-POINT_COLUMNS = tuple(f.name for f in fields(EvalPoint) if f.name not in ("reported", "callback_columns"))
+POINT_COLUMNS = tuple(f.name for f in fields(EvalPoint)
+                      if f.name not in ("reported", "callback_columns", "clock_columns"))
 """The columns every evaluation row has (besides the configuration's and what plugins report)."""
 
+
+ROUNDS_SCHEMA = pa.schema([("round", pa.int64()), ("stage", pa.string()), ("start_s", pa.float64()),
+                           ("end_s", pa.float64()), ("selected", pa.int64()), ("finished", pa.int64()),
+                           ("stragglers", pa.int64()), ("dropped", pa.int64()), ("bytes_up", pa.float64()),
+                           ("bytes_down", pa.float64())])
+"""rounds.parquet: one row a round of a run on the clock (virtual seconds since the run's start; the bytes of the
+kept uploads and of every selected client's download)."""
 
 Size = int | Callable[[], int] | None
 """The bytes a writer writes: a number, a function that counts them (called only when the disk is full, to say how
@@ -231,8 +244,10 @@ def _save_table(path: Path, table: pa.Table) -> None:
     pq.write_table(table, path)
 
 
-def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.ndarray], model: dict | None = None) -> None:
-    """The run's files; ``model`` (a fine-tuned state dict) goes to model.pt. The metrics come last: they mark a complete run.
+def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.ndarray], model: dict | None = None,
+              rounds: list[dict] | None = None) -> None:
+    """The run's files; ``model`` (a fine-tuned state dict) goes to model.pt, ``rounds`` (a run on the clock's, one
+    row a round) to rounds.parquet. The metrics come last: they mark a complete run.
 
     Every file is written as a temporary beside the previous run's files first;
     only then are they swapped in (:func:`_swap`). A write that fails (a full
@@ -245,8 +260,11 @@ def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.nd
         (CLASSIFIER, lambda p: _save_npz(p, arrays), lambda: serialized_size(lambda handle: np.savez(handle, **arrays)))]
     if model is not None:
         files.append((MODEL, lambda p: _save_model(p, model), lambda: torch_size(model)))
-    files += [(CONFIG, lambda p: _save_text(p, text), len(text.encode())),
-              (METRICS, lambda p: _save_table(p, table), lambda: _parquet_size(table))]
+    files.append((CONFIG, lambda p: _save_text(p, text), len(text.encode())))
+    if rounds is not None:
+        per_round = pa.Table.from_pylist(rounds, schema=ROUNDS_SCHEMA)
+        files.append((ROUNDS, lambda p: _save_table(p, per_round), lambda: _parquet_size(per_round)))
+    files += [(METRICS, lambda p: _save_table(p, table), lambda: _parquet_size(table))]
     out.mkdir(parents=True, exist_ok=True)
     with _Temporaries(out, out) as temporaries:
         _swap(out, {name: temporaries.write(out / name, write, size) for name, write, size in files}, temporaries)

@@ -245,6 +245,14 @@ def _callback_columns(value: object, where: str) -> dict[str, float | str]:
     return dict(value)
 
 
+def _clock_columns(value: object, where: str) -> dict[str, float | int]:
+    """A row's clock columns (a run without a clock, or a checkpoint from before the clock, has none)."""
+    if not isinstance(value, dict) or not all(isinstance(key, str) and type(column) in (float, int)
+                                              for key, column in value.items()):
+        raise FedrayError(f"its {where} clock columns are {value!r}, not a mapping of names to numbers")
+    return dict(value)
+
+
 def _count(value: object, name: str) -> int:
     if type(value) is not int or value < 0:
         raise FedrayError(f"its {name} is {value!r}, not a count (an integer ≥ 0)")
@@ -319,8 +327,9 @@ def _point(row: object, index: int) -> EvalPoint:
     if missing:
         raise FedrayError(f"its point {index} lacks {missing[0]}")
     values = {field.name: row.get(field.name, field.default) for field in fields(EvalPoint)
-              if field.name not in ("reported", "callback_columns")}
+              if field.name not in ("reported", "callback_columns", "clock_columns")}
     where = f"point {index}'s"
+    values["clock_columns"] = _clock_columns(row.get("clock_columns", {}), where)
     values["reported"] = _reported(row.get("reported", {}), f"{where} reported numbers")
     values["callback_columns"] = _callback_columns(row.get("callback_columns", {}), where)
     for name in POINT_COUNTS:

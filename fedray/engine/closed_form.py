@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +12,7 @@ import numpy as np
 import ray
 import torch
 
+from fedray.clock.run_clock import ClockedRound
 from fedray.core.accounting import PaperTotals
 from fedray.core.federation import Federation
 from fedray.runtime.evaluator import Evaluator, PendingAccuracy
@@ -24,7 +25,8 @@ from fedray.engine.callbacks import Callbacks
 from fedray.engine.config import COLUMNS
 from fedray.engine.parts import MethodSpec, closed_form_uploads
 from fedray.engine.pipeline import RunPlan, Stage, StageContext, StageResult
-from fedray.engine.round_loop import EvalRounds, Listener, Report, run_rounds
+from fedray.engine.clocked import ClockColumns, ClosedFormTasks, clocked_closed_form
+from fedray.engine.round_loop import Callback, EvalRounds, Listener, Report, run_rounds
 from fedray.runtime.actor_group import Reduction
 from fedray.runtime.footprint import Footprint, largest_clients
 from fedray.runtime.shards import ShardPool
@@ -73,7 +75,8 @@ class ClosedFormRounds:
     before it waits for this one's, so the shards never wait for a solve.
     """
 
-    def __init__(self, pool: ShardPool, method: ClosedFormMethod, rounds: Sequence[np.ndarray], evaluate_at: EvalRounds,
+    def __init__(self, pool: ShardPool, method: ClosedFormMethod, rounds: Sequence[np.ndarray],
+                 evaluate_at: Container[int],
                  evaluator: Evaluator, outcome: RunOutcome, backbone_macs: float | None = None,
                  postprocessing: Postprocessing = Postprocessing()) -> None:
         self.method, self.evaluator, self.outcome, self.backbone_macs = method, evaluator, outcome, backbone_macs
@@ -95,7 +98,7 @@ class ClosedFormRounds:
         self.evaluated: Classifier | None = None
 
     def _submit(self, pool: ShardPool, method_ref: ray.ObjectRef, rounds: Sequence[np.ndarray],
-                evaluate_at: EvalRounds) -> dict[int, _Block]:
+                evaluate_at: Container[int]) -> dict[int, _Block]:
         federation, method = pool.federation, self.method
         sizes = federation.client_sizes
         upload_bytes = method.upload_floats(federation) * FLOAT_BYTES
@@ -197,21 +200,25 @@ def run_closed_form(
     backbone_macs: float | None = None,
     postprocessing: Postprocessing = Postprocessing(),
     callbacks: Callbacks | None = None,
+    evaluate_at: Container[int] | None = None,
+    clock: Callback | None = None,
 ) -> RunOutcome:
     """Run ``method`` over ``rounds``; one :class:`EvalPoint` per evaluation, also passed to ``on_point`` with the
     classifier solved there.
 
     ``backbone_macs`` is the backbone's forward multiply-adds per sample (F_φ),
     when known, for ``macs_client_avg_fed3r``. A researcher's ``callbacks`` may stop the rounds at an evaluation
-    row: the outcome's rounds end there.
+    row: the outcome's rounds end there. ``evaluate_at``: the rounds evaluated, when not every ``eval_every``-th
+    and the last (``--eval-every-s``); ``clock``: the clock's columns, added to each row first.
     """
     callbacks = callbacks or Callbacks()
     outcome = RunOutcome(rounds=rounds)
-    evaluate_at = EvalRounds(len(rounds), eval_every)
+    evaluate_at = EvalRounds(len(rounds), eval_every) if evaluate_at is None else evaluate_at
     path = ClosedFormRounds(pool, method, rounds, evaluate_at, evaluator, outcome, backbone_macs, postprocessing)
     name = method.name or type(method).__name__
     try:
-        run_rounds(path, rounds, evaluate_at, [Report(outcome.points, on_point, path.classifier),
+        first = [] if clock is None else [clock]
+        run_rounds(path, rounds, evaluate_at, [*first, Report(outcome.points, on_point, path.classifier),
                                                callbacks.loop("closed_form", name, len(rounds))])
     finally:
         path.finish()
@@ -250,7 +257,9 @@ class ClosedForm(Stage):
         return self.built[id(federation)]
 
     def check(self, run: RunPlan, federation: Federation) -> None:
-        self.build(federation)
+        method = self.build(federation)
+        if run.clock is not None:
+            run.clock.check(ClosedFormTasks.of(method, federation, run.backbone_macs).cost())
 
     def uploads(self, run: RunPlan, label: str = "closed form") -> tuple[StageUploads, ...]:
         return (closed_form_uploads(label, run.sampler.drawn, len(run.rounds(self.rounds)), run.eval_every,
@@ -265,9 +274,23 @@ class ClosedForm(Stage):
               backbone_macs: float | None) -> RunOutcome:
         """The method's rounds on ``pool``'s features, every upload through the run's postprocessing."""
         run = context.run
-        return run_closed_form(pool, method, run.rounds(self.rounds), run.eval_every, evaluator,
+        rounds: Sequence[np.ndarray] = run.rounds(self.rounds)
+        evaluate_at = columns = None
+        if run.clock is not None:
+            start_s = run.clock.now
+            clocked = self.clocked(run, pool.federation, method, backbone_macs)
+            rounds, evaluate_at = [record.clients for record in clocked], run.clock.evaluate_at(clocked, start_s)
+            columns = ClockColumns(run.clock)
+        return run_closed_form(pool, method, rounds, run.eval_every, evaluator,
                                on_point=context.on_point, backbone_macs=backbone_macs,
-                               postprocessing=run.sampler.uploads(context.postprocessing), callbacks=context.callbacks)
+                               postprocessing=run.sampler.uploads(context.postprocessing), callbacks=context.callbacks,
+                               evaluate_at=evaluate_at, clock=columns)
+
+    def clocked(self, run: RunPlan, federation: Federation, method: ClosedFormMethod,
+                backbone_macs: float | None) -> list[ClockedRound]:
+        """Its rounds on the run's clock, which they advance: who uploads in each, known before any runs."""
+        return clocked_closed_form(run.clock, run.rounds(self.rounds),
+                                   ClosedFormTasks.of(method, federation, backbone_macs), "closed_form")
 
     def run(self, context: StageContext, previous: StageResult) -> StageResult:
         """The run's classifier: its rows, its rounds and its arrays (with the method's own, a random feature map);

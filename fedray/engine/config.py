@@ -17,6 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
+from fedray.clock.choices import ClockChoices, selector_class
 from fedray.core.errors import FedrayError
 from fedray.core.numeric_options import check_numeric_options, check_positive, command_line
 from fedray.core.options import build, option_from_hint, options_of
@@ -25,8 +26,8 @@ from fedray.core.results import EvalPoint
 from fedray.data.dataset_options import OPTION_TYPES as DATASET_OPTIONS
 from fedray.engine.plugin_options import Owner, checked_options, declarers, split_key, values_for
 from fedray.engine.plugin_options import defaults as plugin_defaults
-from fedray.engine.run_options import (APPLIES_TO, BUILT_IN_OWNERS, COMPONENTS, GENERAL, IMAGES, RESOURCES,
-                                       SAMPLING, SPHERE, TCT_GROUP, TRAINING, UPLOADS, RunOption,
+from fedray.engine.run_options import (APPLIES_TO, BUILT_IN_OWNERS, CLOCK, CLOCK_COMPONENTS, COMPONENTS, GENERAL,
+                                       IMAGES, RESOURCES, SAMPLING, SPHERE, TCT_GROUP, TRAINING, UPLOADS, RunOption,
                                        flagged_postprocessors, option, owners_of, placed, shipped_options)
 from fedray.methods import METHODS, method_class
 from fedray.methods.algorithm import FederatedAlgorithm
@@ -170,6 +171,9 @@ class RunConfig:
             named.append((self.calibrate, "--calibrate", method_class))
         plugins = [Owner(load(spec), flag) for spec, flag, load in named if is_plugin(spec)]
         plugins += [Owner(postprocessor_class(spec), "--postprocessor") for spec in self.postprocessor_specs()]
+        selector = self.component(ClockChoices).plugin()
+        if selector is not None:
+            plugins.append(Owner(selector_class(selector), "--selector"))
         if isinstance(ALGORITHMS.get(self.training_algorithm), str) and self.trains:
             plugins.append(Owner(self.algorithm_class(), "--base" if self.method == TCT else "--method",
                                  self.training_algorithm))
@@ -475,8 +479,9 @@ class RunConfig:
 
         Every run's options, its sampling and its resources always; the uploads' (``--postprocessor``, the
         postprocessors' flags) when it has postprocessors; the training options when it trains; SphereFed's with
-        ``--head sphere``; the image options when it fine-tunes (``--finetune``, TCT); TCT's with ``--method tct``.
-        (The options of the run's classes are theirs: :meth:`classes`.)
+        ``--head sphere``; the image options when it fine-tunes (``--finetune``, TCT); TCT's with ``--method tct``; the
+        clock's when one of them is given (:attr:`clocked`). (The options of the run's classes are theirs:
+        :meth:`classes`.)
         """
         groups = {GENERAL, SAMPLING, RESOURCES}
         if self.postprocessor_specs():
@@ -489,7 +494,14 @@ class RunConfig:
             groups.add(IMAGES)
         if self.method == TCT:
             groups.add(TCT_GROUP)
+        if self.clocked:
+            groups.add(CLOCK)
         return groups
+
+    @property
+    def clocked(self) -> bool:
+        """Whether the run is on the clock: it gives one of the clock's options (:data:`CLOCK_COMPONENTS`)."""
+        return any(self.component_options[name] is not None for cls in CLOCK_COMPONENTS for name in options_of(cls))
 
     def classes(self) -> list[type]:
         """The classes the run builds whose options it sets: its closed-form methods, when it trains its training

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 from ray.util.placement_group import PlacementGroup
 
+from fedray.clock.run_clock import RunClock
 from fedray.core.federation import Federation
 from fedray.core.results import EvalPoint
 from fedray.engine.callbacks import Callbacks
@@ -116,6 +117,8 @@ class RunPlan:
     shards: Shards
     stages: tuple[Stage, ...]
     footprints: list[Footprint] = field(default_factory=list)
+    clock: RunClock | None = field(default=None, compare=False)
+    """The run's clock, its time carried from stage to stage (None: the run has none)."""
     drawn: dict[tuple[int | None, bool], Schedule] = field(default_factory=dict, compare=False, repr=False)
     """The schedules :meth:`rounds` drew, each drawn once."""
 

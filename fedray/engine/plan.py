@@ -20,6 +20,7 @@ from fedray.core.options import build
 from fedray.core.plugins import display_name
 from fedray.engine.calibration import Calibration, Probe
 from fedray.engine.closed_form import ClosedForm
+from fedray.engine.clocked import run_clock
 from fedray.engine.config import TCT, RunConfig
 from fedray.engine.parts import Images, MethodSpec, Sampler, Shards, closed_form_uploads, training_uploads
 from fedray.engine.pipeline import RunPlan, Stage, footprints
@@ -98,4 +99,4 @@ def plan(config: RunConfig, federation: Federation, planned: tuple[Stage, ...] |
                   config.backbone_macs, sampler, postprocessing(config) if uploads is None else uploads,
                   Shards(config.num_shards, config.cpus_per_shard, None if config.client_state_memory is None
                          else int(config.client_state_memory * 1e9)), stages(config) if planned is None else planned)
-    return replace(run, footprints=footprints(run, federation))
+    return replace(run, footprints=footprints(run, federation), clock=run_clock(config, federation, sampler))

@@ -162,7 +162,8 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
         context.close()
     resolved = _resolved(config, federation.num_clients, **result.resolved)
     rows = metrics_rows(resolved, per_round, result.points, **result.last_columns, **stopped_early(callbacks))
-    write_run(out, rows, resolved.to_dict(), result.arrays, result.model)
+    write_run(out, rows, resolved.to_dict(), result.arrays, result.model,
+              None if run.clock is None else run.clock.rows())
     if resume or checkpoint_stamp(out) != found_checkpoint:
         remove_checkpoint(out)
     callbacks.end(rows)

@@ -13,6 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from fedray.clock.choices import ClockChoices
+from fedray.clock.devices import Devices
+from fedray.clock.rounds import SynchronousRounds
 from fedray.core.options import Option, options_of
 from fedray.methods import METHODS
 from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, Postprocessor, postprocessor_class
@@ -23,8 +26,8 @@ from fedray.methods.training.modes import FineTuning
 from fedray.methods.training.server import SERVER_OPTIMIZERS
 from fedray.methods.training_algorithms import BUILT_IN as ALGORITHMS, algorithm_class
 
-GENERAL, SAMPLING, UPLOADS, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES = (
-    None, "sampling", "uploads", "training", "spherefed", "fine-tuning", "tct-stages", "resources")
+GENERAL, SAMPLING, UPLOADS, TRAINING, SPHERE, IMAGES, TCT_GROUP, RESOURCES, CLOCK = (
+    None, "sampling", "uploads", "training", "spherefed", "fine-tuning", "tct-stages", "resources", "clock")
 GROUPS = {
     SAMPLING: "client sampling",
     UPLOADS: "every client's upload, on its way to the server",
@@ -33,11 +36,14 @@ GROUPS = {
     IMAGES: "fine-tuning on images (a dataset with images: hsu:CSV?images=ROOT, imagefolder:ROOT)",
     TCT_GROUP: "TCT (--method tct): fine-tune on images, then a linear model on eNTK features",
     RESOURCES: "resources (Ray)",
+    CLOCK: "the clock: devices, availability, deadlines and stragglers in virtual time (none given: no clock; any "
+           "turns it on)",
 }
 """The run's own options' groups in ``fedray run --help``, by the stage they belong to (``None``: every run's); the
 options of the built-in methods, algorithms and server optimizers are grouped by their owners."""
 APPLIES_TO = {UPLOADS: "--postprocessor", TRAINING: "gradient methods", SPHERE: "SphereFed (--head sphere)",
-              IMAGES: "fine-tuning on images (--finetune, or --method tct)", TCT_GROUP: "--method tct"}
+              IMAGES: "fine-tuning on images (--finetune, or --method tct)", TCT_GROUP: "--method tct",
+              CLOCK: "a run on the clock"}
 """What the options of a group that not every run has apply to, for the refusal of one given to another run."""
 
 Kind = Literal["run", "class", "component", "flag"]
@@ -87,6 +93,8 @@ def option(default: object, help: str, group: str | None, *, unset: str | None =
                                             "metavar": metavar})
 
 
+CLOCK_COMPONENTS = (Devices, ClockChoices, SynchronousRounds)
+"""The clock's components: a run that sets none of their options has no clock."""
 BUILT_IN_OWNERS: tuple[tuple[str, dict[str, type]], ...] = (
     ("closed-form methods", dict(METHODS)),
     ("training algorithms", {name: cls for name, cls in ALGORITHMS.items() if isinstance(cls, type)}),
@@ -98,6 +106,9 @@ COMPONENTS: tuple[tuple[str, str, type], ...] = (
     (SPHERE, "SphereFed's head", SphereHead),
     (IMAGES, "fine-tuning on images", FineTuning),
     (TCT_GROUP, "TCT's stage 2", TctStage2Options),
+    (CLOCK, "the clients' devices", Devices),
+    (CLOCK, "the clock's choices", ClockChoices),
+    (CLOCK, "synchronous rounds", SynchronousRounds),
 )
 """The built-in components a run has when their option group applies to it (one class each: the clients' local SGD
 when it trains, ...), with their names: their options are run options in that group."""
@@ -106,6 +117,7 @@ PLACED_AFTER: dict[str, tuple[type, ...]] = {
              *(cls for cls in ALGORITHMS.values() if isinstance(cls, type))),
     "head": (SphereHead,),
     "base": (TctStage2Options, FineTuning),
+    "eval_every": CLOCK_COMPONENTS,
 }
 """The built-in classes and components whose options are run options, after the run option each group follows in
 config.yaml, the metrics columns and ``fedray run --help``; the postprocessors' flags follow ``--postprocessor``."""

@@ -14,14 +14,18 @@ column), and their traffic and FLOPs accumulate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedray.clock.costs import TaskCost
+from fedray.clock.run_clock import ClockedRound
 from fedray.core.federation import Federation
 from fedray.core.results import EvalPoint
 from fedray.engine.checkpoint import RunShape, save_checkpoint
 from fedray.engine.closed_form import ClosedForm
+from fedray.engine.clocked import ClockColumns, TrainingTasks, check_partial_steps, clocked_training
 from fedray.engine.parts import Images, training_uploads
 from fedray.engine.pipeline import Embeddings, RunPlan, Stage, StageContext, StageResult
 from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
@@ -145,7 +149,8 @@ class Training(Stage):
         else:
             backend, embeddings = self._open_head(context, postprocessing), _on_pool(context)
             backbone_macs, resolved = context.run.backbone_macs, {"num_shards": context.pool.num_shards}
-        result = self._run(context, backend, embeddings, backbone_macs, postprocessing)
+        tasks = None if context.run.clock is None else self._tasks(context.run, backend, context.federation)
+        result = self._run(context, backend, embeddings, backbone_macs, postprocessing, tasks)
         params = result.params
         # SphereFed's projection (P, q) on features, as classifier.npz holds it when no calibration follows (a
         # diverged training); else the trained head
@@ -165,10 +170,34 @@ class Training(Stage):
         return ProbeBackend(context.pool, self.sgd, run.seed, context.evaluator, self.algorithm,
                             postprocessing=postprocessing)
 
+    def _tasks(self, run: RunPlan, backend: TrainingBackend, federation: Federation) -> TrainingTasks:
+        """A training client's task on the clock (the sizes of the model, broadcast and upload, from the initial
+        parameters), refusing in one line, before any round, a deadline no device meets or ``--stragglers partial``
+        where the backend cannot train part of a client's steps."""
+        if run.clock.scheduler.partial:
+            check_partial_steps(type(backend))
+        params = backend.initial_params(run.seed)
+        names = backend.trained_names
+        model = params if names is None else {name: params[name] for name in names}
+        tasks = TrainingTasks.of(backend, backend.algorithm, model, backend.algorithm.init_server_state(model),
+                                 self.sgd, federation.client_sizes)
+        run.clock.check(TaskCost(tasks.macs, tasks.down_bytes, tasks.up_bytes))
+        return tasks
+
+    def _clocked(self, run: RunPlan, tasks: TrainingTasks, first_round: int) -> _Clocked:
+        """Training's rounds on the run's clock, which they advance."""
+        clock = run.clock
+        start_s = clock.now
+        records = clocked_training(clock, self.schedule(run), tasks, first_round, "train")
+        evaluate_at = clock.evaluate_at(records, start_s)
+        steps = [record.steps for record in records] if clock.scheduler.partial else None
+        return _Clocked(records, None if evaluate_at is None else {0, *evaluate_at}, ClockColumns(clock), steps)
+
     def _run(self, context: StageContext, backend: TrainingBackend, embeddings: Embeddings,
-             backbone_macs: float | None, postprocessing: Postprocessing) -> StageResult:
+             backbone_macs: float | None, postprocessing: Postprocessing,
+             tasks: TrainingTasks | None = None) -> StageResult:
         """Training from ``--init``'s head (or the checkpoint), its uploads through ``postprocessing``;
-        ``backbone_macs``: F_φ."""
+        ``backbone_macs``: F_φ; ``tasks``: a client's task on the run's clock (None: no clock)."""
         run, callbacks, state = context.run, context.callbacks, context.saved
         sizes = context.federation.client_sizes
         init_rounds = self.init_rounds(run)
@@ -187,15 +216,33 @@ class Training(Stage):
         first_round = max((p.round for p in state.points if p.stage == "closed_form"), default=0)
         if callbacks.stopping:  # stopped in the closed-form stage: its head is the run's
             return StageResult(state.points, state.accounting, state.params, init_rounds[:first_round])
-        rounds = self.schedule(run)
+        rounds: Sequence[np.ndarray] = self.schedule(run)
+        clocked = _Clocked()
+        if run.clock is not None:
+            if context.saved is not None and init_rounds:  # the closed form ran before the checkpoint: its time too
+                self.init.clocked(run, context.federation, self.init.build(context.federation), backbone_macs)
+            clocked = self._clocked(run, tasks, first_round)
+            rounds = [record.clients for record in clocked.records]
         checkpointing = Checkpointing(self.checkpoint_every, lambda s: save_checkpoint(run.out, run.identity, s),
                                       run.out)
         diverged = train(backend, backend.algorithm, self.server_optimizer, state, rounds, sizes, run.eval_every,
                          first_round, checkpointing, context.on_point, backbone_macs, postprocessing,
-                         callbacks.loop("train", self.name, len(rounds), first_round))
+                         callbacks.loop("train", self.name, len(rounds), first_round), clocked.evaluate_at,
+                         clocked.columns, clocked.steps)
         stopped = diverged or callbacks.stopping
         ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
         return StageResult(state.points, state.accounting, state.params, init_rounds[:first_round] + rounds[:ran])
+
+
+@dataclass(frozen=True)
+class _Clocked:
+    """Training's rounds on the clock: who trains in each (``records``), which rounds are evaluated (None: every
+    ``--eval-every``), the rows' clock columns and each round's local steps (None: all of them)."""
+
+    records: list[ClockedRound] = field(default_factory=list)
+    evaluate_at: set[int] | None = None
+    columns: ClockColumns | None = None
+    steps: list[np.ndarray | None] | None = None
 
 
 def _on_pool(context: StageContext) -> Embeddings:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable
@@ -142,8 +142,11 @@ class TrainingRounds:
 
     def __init__(self, backend: TrainingBackend, algorithm: FederatedAlgorithm, server: ServerOptimizer,
                  state: TrainingState, sizes: np.ndarray, first_round: int, backbone_macs: float | None = None,
-                 postprocessing: Postprocessing = Postprocessing()) -> None:
+                 postprocessing: Postprocessing = Postprocessing(),
+                 steps: Sequence[np.ndarray | None] | None = None) -> None:
+        """``steps``: each round's local steps of its clients (``--stragglers partial``; None: all of them)."""
         self.backend, self.algorithm, self.server, self.state, self.sizes = backend, algorithm, server, state, sizes
+        self.steps = steps
         self.first_round, self.backbone_macs, self.postprocessing = first_round, backbone_macs, postprocessing
         self.population = Population(len(sizes), int(sizes.sum()))
         server.state = state.server
@@ -158,7 +161,9 @@ class TrainingRounds:
         state, params = self.state, self.state.params
         model = self._model()
         broadcast = check_tensors(self.algorithm, "broadcast", self.algorithm.broadcast(model, state.algorithm))
-        update = self.backend.train_round(params, broadcast, clients, number)
+        steps = None if self.steps is None else self.steps[number - 1]
+        update = self.backend.train_round(params, broadcast, clients, number) if steps is None else \
+            self.backend.train_round(params, broadcast, clients, number, steps=steps)
         if update is None:  # an empty round (Poisson sampling): the postprocessors still see its sum, all zeros
             if not self.postprocessing.postprocessors:
                 state.done = number
@@ -243,6 +248,9 @@ def train(
     backbone_macs: float | None = None,
     postprocessing: Postprocessing = Postprocessing(),
     researcher: Callback | None = None,
+    evaluate_at: Container[int] | None = None,
+    clock: Callback | None = None,
+    steps: Sequence[np.ndarray | None] | None = None,
 ) -> bool:
     """Run ``rounds[state.done:]``, updating ``state`` in place; whether training diverged.
 
@@ -251,7 +259,9 @@ def train(
     an actor restarted and lost its clients' states, the run goes back to its
     last checkpoint (or its start) and replays the rounds since: the same rows
     and model as a run without the failure. ``researcher``: a researcher's callbacks in this loop
-    (:meth:`fedray.engine.callbacks.Callbacks.loop`), which may stop it at an evaluation row.
+    (:meth:`fedray.engine.callbacks.Callbacks.loop`), which may stop it at an evaluation row. ``evaluate_at``: the
+    rounds evaluated (0 included), when not every ``eval_every``-th and the last (``--eval-every-s``); ``clock``: the
+    clock's columns, added to each row first; ``steps``: each round's clients' local steps (None: all of them).
     """
     recovery = copy.deepcopy(state)
 
@@ -286,8 +296,10 @@ def train(
             point.callback_columns.update(heard[position].callback_columns)
 
     while True:
-        path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing)
-        callbacks: list[Callback] = [Report(state.points, None if on_point is None else report_once, path.classifier)]
+        path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing,
+                              steps)
+        callbacks: list[Callback] = [] if clock is None else [clock]
+        callbacks.append(Report(state.points, None if on_point is None else report_once, path.classifier))
         if checkpointing is not None:
             checkpoints = Checkpoints(checkpointing.every, range(first_round + 1, first_round + len(rounds) + 1),
                                       lambda: save(path))
@@ -295,7 +307,8 @@ def train(
         if researcher is not None:  # after the checkpoints: a stop at a checkpoint's round finds it written
             callbacks.append(researcher)
         try:
-            return run_rounds(path, rounds, EvalRounds(len(rounds), eval_every, initial=True), callbacks, state.done)
+            evaluated = EvalRounds(len(rounds), eval_every, initial=True) if evaluate_at is None else evaluate_at
+            return run_rounds(path, rounds, evaluated, callbacks, state.done)
         except ClientStatesLost:
             vars(state).update(vars(copy.deepcopy(recovery)))
             folder = checkpointing.folder if checkpointing else Path()

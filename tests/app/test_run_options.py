@@ -208,6 +208,10 @@ OWNED = {  # each option of a built-in class, the classes that declare it, and i
         ("tct_local_steps", 500), ("tct_lr", 5e-5), ("tct_solver", "scaffold"), ("tct_projection", None),
         ("tct_lam", 0.0), ("tct_fedavg", False), ("tct_no_normalization", False), ("tct_loss", "mse"),
         ("entk_params", "all"))},
+    # the clock's components: each option None when not given (a run that gives none has no clock)
+    "devices": (["the clients' devices"], None),
+    **{name: (["the clock's choices"], None) for name in ("availability", "selector", "eval_every_s")},
+    **{name: (["synchronous rounds"], None) for name in ("over_commit", "deadline", "stragglers")},
 }
 
 

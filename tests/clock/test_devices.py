@@ -106,7 +106,8 @@ def test_parquet_loads_as_csv_does(tmp_path):
 
 def test_the_built_ins_load():
     uniform = Devices()
-    assert uniform.devices == "uniform" and len(uniform.table) == 1 and uniform.table.share.tolist() == [1.0]
+    assert uniform.devices is None and uniform.table.source == "uniform"  # no --devices: uniform's table
+    assert len(uniform.table) == 1 and uniform.table.share.tolist() == [1.0]
     assert uniform.table.name == ("median-phone",)
     assert not uniform.table.macs_jitter.any() and not uniform.table.down_jitter.any()
     assert uniform.assign(5, seed=1).tolist() == [0, 0, 0, 0, 0]
@@ -120,7 +121,8 @@ def test_the_built_ins_load():
 
 def test_the_option_is_declared_for_the_engine():
     option = options_of(Devices)["devices"]
-    assert (option.type, option.default, option.metavar) == (str, "uniform", "uniform|phones|FILE")
+    assert (option.type, option.default, option.metavar) == (str, None, "uniform|phones|FILE")
+    assert option.unset == "no clock; uniform when another clock option is given"
 
 
 BAD_TABLES = [

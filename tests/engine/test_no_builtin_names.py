@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from fedray.clock.choices import ClockChoices
+from fedray.clock.devices import Devices
+from fedray.clock.rounds import SynchronousRounds
 from fedray.core.options import options_of
 from fedray.methods import METHODS
 from fedray.methods.postprocessor import BUILT_IN as POSTPROCESSORS, postprocessor_class
@@ -31,8 +34,9 @@ ENGINE = Path(__file__).resolve().parents[2] / "fedray" / "engine"
 ALLOWED: set[tuple[str, str]] = set()
 """(module, name) pairs that cannot move out of the engine, each with its reason. None."""
 
-COMPONENTS = (ClientOptimizer, SphereHead, FineTuning, TctStage2Options)
-"""The built-in components a run has by its kind: local SGD, SphereFed's head, the network on images, TCT's stage 2."""
+COMPONENTS = (ClientOptimizer, SphereHead, FineTuning, TctStage2Options, Devices, ClockChoices, SynchronousRounds)
+"""The built-in components a run has by its kind: local SGD, SphereFed's head, the network on images, TCT's stage 2,
+the clock's devices, choices and rounds."""
 
 REGISTRY_NAMES = frozenset({*METHODS, *ALGORITHMS, *SERVER_OPTIMIZERS, *POSTPROCESSORS, "tct"})
 BUILT_IN_CLASSES = (*METHODS.values(), *(algorithm_class(name) for name in ALGORITHMS), *SERVER_OPTIMIZERS.values(),

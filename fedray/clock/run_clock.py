@@ -1,0 +1,194 @@
+"""A run's clock: one object for the whole run, its virtual time carried from stage to stage, that turns each
+scheduled round into who trains, when the round ends and what it cost.
+
+Each round, in round order (:meth:`RunClock.round`): the selector picks among
+the clients online at the round's start (the schedule's row is today's draw),
+each selected client's task (a :class:`~fedray.clock.costs.TaskCost`) becomes
+durations on its device, and the round scheduler
+(:class:`~fedray.clock.rounds.SynchronousRounds` today, an asynchronous one
+next) decides who finishes, who straggles and who drops out, and when the
+round ends; the next round starts then. Everything is a pure function of the
+run's seed, the devices, the costs and the availability: the order in which
+Ray's tasks return never reaches it, and the rounds of a closed form are known
+before any of them runs.
+
+The finishers keep the order the selector gave them (with everyone online and
+no over-commitment, the schedule's row: the clients of today's round in
+today's order, so a clock that changes nothing changes no bit).
+
+A round's duration is split into compute and communication along its critical
+path, the kept client whose upload arrived last: ``compute_s`` is that client's
+computing time (its partial steps' under ``--stragglers partial``), and
+``comm_s`` the rest of the round (that client's download and upload, and any
+wait beyond it: for a deadline or a dropout when no upload ends the round).
+A round with no upload counts all of its duration as ``comm_s``. A round that finds nobody online at its start waits
+for the first client to come online and starts then: that idle time is in neither part (it is in ``clock_s``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedray.clock.availability import Availability
+from fedray.clock.costs import TaskCost
+from fedray.clock.devices import Devices
+from fedray.clock.rounds import SynchronousRounds
+from fedray.clock.selector import ClientHistory, RoundContext, Selector, check_selection
+from fedray.core.errors import FedrayError
+
+Costs = Callable[[np.ndarray], TaskCost]
+"""The task of each of the given clients (ids) in a round: one amount for all, or one per client in their order."""
+Steps = Callable[[np.ndarray], np.ndarray]
+"""The local steps each of the given clients takes in a round (all of them: its whole task)."""
+
+
+@dataclass(frozen=True)
+class ClockedRound:
+    """One round on the clock, as rounds.parquet holds it, and the clients that train in it."""
+
+    number: int
+    """The run's round number (a two-stage run's training rounds come after its closed form's)."""
+    stage: str
+    start_s: float
+    end_s: float
+    selected: np.ndarray
+    """The clients the round asked, in the selector's order."""
+    clients: np.ndarray
+    """Those whose uploads the round keeps, in the selector's order: the only ones trained."""
+    steps: np.ndarray | None
+    """Each of ``clients``' local steps under ``--stragglers partial`` (None: every client all its steps)."""
+    stragglers: int
+    dropped: int
+    bytes_up: float
+    """The kept uploads' bytes."""
+    bytes_down: float
+    """Every selected client's download."""
+    compute_s: float
+    comm_s: float
+
+    def row(self) -> dict[str, object]:
+        """The round's row of rounds.parquet."""
+        return {"round": self.number, "stage": self.stage, "start_s": self.start_s, "end_s": self.end_s,
+                "selected": len(self.selected), "finished": len(self.clients), "stragglers": self.stragglers,
+                "dropped": self.dropped, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down}
+
+
+class RunClock:
+    """The clock of a run (see the module's note): ``round`` advances it, ``columns`` says where it stood after a
+    round, ``rows`` are rounds.parquet's."""
+
+    def __init__(self, devices: Devices, availability: Availability | None, scheduler: SynchronousRounds,
+                 selector: Selector, selector_name: str, num_clients: int, per_round: int, seed: int,
+                 sized_by_draw: bool = False, every_s: float | None = None) -> None:
+        """``availability`` None: every client always online; ``sized_by_draw``: a round keeps every upload of its
+        selection (Poisson sampling, whose rounds' size is random by design), not the scheduled row's count;
+        ``every_s``: evaluate every that many virtual seconds (None: by rounds)."""
+        self.devices, self.availability, self.scheduler = devices, availability, scheduler
+        self.selector, self.selector_name = selector, selector_name
+        self.num_clients, self.per_round, self.seed, self.sized_by_draw = num_clients, per_round, seed, sized_by_draw
+        self.every_s = every_s
+        self.history = ClientHistory(num_clients)
+        self.now = 0.0
+        self.records: list[ClockedRound] = []
+
+    def check(self, cost: TaskCost) -> None:
+        """Refuse, in one line before any work, a deadline that no client's ``cost`` (one per client of the
+        population, or one for all) can meet on the fastest device of the table (its rates without jitter), and
+        availability where no round can ever fill."""
+        if self.availability is not None:
+            self.availability.check_rounds_can_fill(self.per_round, self.num_clients)
+        deadline = self.scheduler.deadline
+        if deadline is None:
+            return
+        table = self.devices.table
+        quickest = float(np.min(cost.macs / table.macs_per_s.max() + np.asarray(cost.down_bytes) * 8.0 /
+                                table.down_bps.max() + np.asarray(cost.up_bytes) * 8.0 / table.up_bps.max()))
+        if quickest > deadline:
+            raise FedrayError(f"--deadline {deadline:g}: no device can meet it: the quickest client's task takes "
+                              f"{quickest:.6g} s on the fastest device of {table.source}")
+
+    def round(self, number: int, stage: str, scheduled: np.ndarray, costs: Costs,
+              local_steps: Steps | None = None) -> ClockedRound:
+        """Round ``number`` of ``stage`` from the schedule's row ``scheduled``, starting when the last one ended."""
+        scheduled = np.asarray(scheduled, dtype=np.int64)
+        start, devices, seed = self.now, self.devices, self.seed
+        selected = self._selected(number, start, scheduled, costs)
+        if not len(selected) and len(scheduled) and self.availability is not None:
+            # nobody online to ask: the round starts when the first client comes online (O(K), only then)
+            online = float(self.availability.next_available(np.arange(self.num_clients), start).min())
+            if np.isfinite(online):
+                start = online
+                selected = self._selected(number, start, scheduled, costs)
+        cost = costs(selected)
+        durations = devices.durations(selected, number, cost, seed)
+        comm_s = durations.down_s + durations.up_s
+        steps = None
+        if self.scheduler.partial:
+            steps = np.ones(len(selected), dtype=np.int64) if local_steps is None else local_steps(selected)
+        keep = len(selected) if self.sized_by_draw else len(scheduled)
+        outcome = self.scheduler.run(selected, durations.compute_s, comm_s, start, keep, steps, self.availability)
+        kept = np.isin(selected, outcome.finished)
+        clients = selected[kept]
+        position = np.searchsorted(selected[np.argsort(selected)], outcome.finished)
+        at = np.argsort(selected)[position]  # each finisher's place among the selected
+        self.history.record(outcome.finished, number, outcome.finish_s - start)
+        compute = 0.0
+        if len(outcome.finished):
+            last = at[-1]  # finished is in arrival order: the last kept upload ends the critical path
+            share = 1.0 if steps is None or outcome.steps is None else outcome.steps[-1] / steps[last]
+            compute = min(float(durations.compute_s[last] * share), outcome.end_s - start)
+        clients_steps = None
+        if outcome.steps is not None and self.scheduler.partial:
+            by_client = dict(zip(outcome.finished.tolist(), outcome.steps.tolist()))
+            clients_steps = np.array([by_client[client] for client in clients.tolist()], dtype=np.int64)
+        up = np.broadcast_to(np.asarray(cost.up_bytes, dtype=np.float64), selected.shape)
+        down = np.broadcast_to(np.asarray(cost.down_bytes, dtype=np.float64), selected.shape)
+        record = ClockedRound(number, stage, start, outcome.end_s, selected, clients, clients_steps,
+                              len(outcome.stragglers), len(outcome.dropped), float(up[kept].sum()),
+                              float(down.sum()), compute, outcome.end_s - start - compute)
+        self.records.append(record)
+        self.now = outcome.end_s
+        return record
+
+    def _selected(self, number: int, start: float, scheduled: np.ndarray, costs: Costs) -> np.ndarray:
+        """The selector's clients for round ``number`` starting at ``start``, checked."""
+        devices, seed = self.devices, self.seed
+        wanted = len(scheduled) if self.sized_by_draw else self.scheduler.wanted(len(scheduled), self.num_clients)
+        context = RoundContext(number, start, self.per_round, wanted, self.num_clients, seed, scheduled,
+                               self.history, self.availability,
+                               lambda clients: devices.durations(clients, number, costs(clients), seed).total_s)
+        return check_selection(context, self.selector.select(context), self.selector_name)
+
+    def columns(self, number: int) -> dict[str, float | int]:
+        """The clock's columns of the row after the run's round ``number``: virtual seconds at its end and their
+        split, and the stragglers and dropouts so far (a row before any round: the clock's start)."""
+        done = [record for record in self.records if record.number <= number]
+        return {"clock_s": done[-1].end_s if done else 0.0,
+                "clock_compute_s": float(sum(record.compute_s for record in done)),
+                "clock_comm_s": float(sum(record.comm_s for record in done)),
+                "stragglers": sum(record.stragglers for record in done),
+                "dropped": sum(record.dropped for record in done)}
+
+    def evaluate_at(self, records: list[ClockedRound], start_s: float) -> set[int] | None:
+        """The rounds of ``records`` (numbered from 1), which started at ``start_s``, evaluated every ``every_s``
+        virtual seconds (:func:`evaluated_rounds`); None when the run evaluates by rounds."""
+        if self.every_s is None:
+            return None
+        return evaluated_rounds(np.array([record.end_s for record in records]), start_s, self.every_s)
+
+    def rows(self) -> list[dict[str, object]]:
+        """rounds.parquet's rows, one a round in order."""
+        return [record.row() for record in self.records]
+
+
+def evaluated_rounds(ends: np.ndarray, start_s: float, every_s: float) -> set[int]:
+    """The rounds (numbered from 1 in ``ends``' order) evaluated every ``every_s`` virtual seconds: the first round
+    ending at or after each multiple of ``every_s`` (since the run's start), and the last; ``start_s``: when the first
+    round started."""
+    ends = np.asarray(ends, dtype=np.float64)
+    passed = np.floor(np.concatenate(([start_s], ends)) / every_s)
+    chosen = {int(number) for number in np.flatnonzero(passed[1:] > passed[:-1]) + 1}
+    return chosen | ({len(ends)} if len(ends) else set())

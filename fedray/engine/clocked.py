@@ -1,0 +1,146 @@
+"""The run's clock in the engine: built once from the configuration, handed each stage's tasks, and heard by the
+rows.
+
+What a client's task costs is what fedray already accounts for the stage: a
+closed form's statistics (their FLOPs / 2 multiply-adds, plus the backbone's
+F_φ per sample where known) and its upload, once, the first time its upload
+arrives; a training round's local epochs (the backend's FLOPs / 2), the model
+and broadcast it downloads and the sums it uploads. Secure aggregation's masks
+and key exchange, SphereFed's calibration, the ridge probe and TCT's stage 2
+are not on the clock yet: they take no virtual time.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedray.clock.choices import ClockChoices, selector_class
+from fedray.clock.costs import TaskCost, local_steps
+from fedray.clock.devices import Devices
+from fedray.clock.rounds import SynchronousRounds
+from fedray.clock.run_clock import ClockedRound, RunClock
+from fedray.core.errors import FedrayError
+from fedray.core.federation import Federation
+from fedray.core.options import build
+from fedray.core.results import EvalPoint
+from fedray.engine.config import RunConfig
+from fedray.engine.parts import Sampler
+from fedray.engine.round_loop import Callback
+from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.base import FLOAT_BYTES, ClosedFormMethod
+from fedray.methods.training.backend import Params, TrainingBackend
+from fedray.methods.training.local import LocalSGD
+
+
+def run_clock(config: RunConfig, federation: Federation, sampler: Sampler) -> RunClock | None:
+    """The clock of ``config`` (validated) on ``federation``, its options checked (a device table of client ids
+    against the population, availability that can fill a round); None for a run that gives none of its options."""
+    if not config.clocked:
+        return None
+    choices = config.component(ClockChoices)
+    devices = config.component(Devices)
+    if devices.table.client_id is not None:
+        devices.assign(federation.num_clients, config.seed)
+    spec = choices.selector_spec(sampler.poisson)
+    cls = selector_class(spec)
+    selector = build(cls, config.option_values(cls), f"--selector {spec}", seed=config.seed)
+    availability = None if choices.always_available else choices.availability_model(config.seed)
+    clock = RunClock(devices, availability, config.component(SynchronousRounds), selector, spec,
+                     federation.num_clients, sampler.per_round, config.seed, sampler.poisson, choices.every_s)
+    if availability is not None:
+        availability.check_rounds_can_fill(sampler.per_round, federation.num_clients)
+    return clock
+
+
+@dataclass
+class ClockColumns(Callback):
+    """Adds the clock's columns to each row, before the rows' listeners hear it (first among the callbacks)."""
+
+    clock: RunClock
+
+    def on_point(self, point: EvalPoint) -> None:
+        point.clock_columns.update(self.clock.columns(point.round))
+
+
+@dataclass(frozen=True)
+class ClosedFormTasks:
+    """A closed-form client's task: its statistics' multiply-adds and its upload's bytes (it downloads nothing)."""
+
+    macs: np.ndarray
+    up_bytes: np.ndarray
+
+    @classmethod
+    def of(cls, method: ClosedFormMethod, federation: Federation, backbone_macs: float | None) -> ClosedFormTasks:
+        sizes = federation.client_sizes.astype(np.float64)
+        macs = np.nan_to_num(method.statistics_flops(sizes), nan=0.0) / 2  # not counted (NaN): no time
+        if backbone_macs is not None:
+            macs = macs + backbone_macs * sizes
+        return cls(macs, method.upload_floats(federation).astype(np.float64) * FLOAT_BYTES)
+
+    def cost(self) -> TaskCost:
+        """Every client's task, for the deadline's check."""
+        return TaskCost(self.macs, 0.0, self.up_bytes)
+
+
+def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: ClosedFormTasks,
+                        stage: str) -> list[ClockedRound]:
+    """A closed form's rounds on the clock: a client computes and uploads its statistics until its upload arrives
+    once, and costs nothing when asked again (it has nothing more to send)."""
+    arrived = np.zeros(len(tasks.macs), dtype=bool)
+
+    def costs(clients: np.ndarray) -> TaskCost:
+        due = ~arrived[clients]
+        return TaskCost(np.where(due, tasks.macs[clients], 0.0), 0.0, np.where(due, tasks.up_bytes[clients], 0.0))
+
+    records = []
+    for number, scheduled in enumerate(schedule, start=1):
+        record = clock.round(number, stage, scheduled, costs)
+        arrived[record.clients] = True
+        records.append(record)
+    return records
+
+
+@dataclass(frozen=True)
+class TrainingTasks:
+    """A training client's task: its local epochs' multiply-adds, the model and broadcast it downloads, the sums it
+    uploads, and its local steps."""
+
+    macs: np.ndarray
+    down_bytes: float
+    up_bytes: float
+    steps: np.ndarray
+
+    @classmethod
+    def of(cls, backend: TrainingBackend, algorithm: FederatedAlgorithm, model: Params, algorithm_state: Params,
+           sgd: LocalSGD, sizes: np.ndarray) -> TrainingTasks:
+        """``model``: the parameters the clients train; the upload's size is that of the sums of an empty round (its
+        shapes found on PyTorch's meta device)."""
+        from fedray.engine.training import empty_sums  # the training loop imports this module
+
+        broadcast = algorithm.broadcast(model, algorithm_state)
+        down = backend.model_floats() + sum(tensor.numel() for tensor in broadcast.values())
+        up = sum(tensor.numel() for tensor in empty_sums(algorithm, model, broadcast).values())
+        return cls(backend.client_flops(sizes.astype(np.float64)) / 2, float(down * FLOAT_BYTES),
+                   float(up * FLOAT_BYTES), local_steps(sgd, sizes))
+
+    def costs(self, clients: np.ndarray) -> TaskCost:
+        return TaskCost(self.macs[clients], self.down_bytes, self.up_bytes)
+
+
+def clocked_training(clock: RunClock, schedule: Sequence[np.ndarray], tasks: TrainingTasks,
+                     first_round: int, stage: str) -> list[ClockedRound]:
+    """Training's rounds on the clock, numbered after ``first_round`` rounds of the run."""
+    return [clock.round(first_round + number, stage, scheduled, tasks.costs, lambda clients: tasks.steps[clients])
+            for number, scheduled in enumerate(schedule, start=1)]
+
+
+def check_partial_steps(backend: type) -> None:
+    """Refuse, in one line, ``--stragglers partial`` where the training backend cannot train a client for fewer than
+    all its steps (its ``train_round`` takes no ``steps``)."""
+    if "steps" not in inspect.signature(backend.train_round).parameters:
+        raise FedrayError("--stragglers partial needs a training backend that trains part of a client's local steps "
+                          "(train_round(..., steps=...)); this fedray's does not yet: use --stragglers drop")

@@ -1,0 +1,146 @@
+"""Whole runs on the clock: a clock that changes nothing changes no bit on every method path, the same events on one
+shard or two (and the classifier up to the order of float sums, as without a clock), a FedAvg run with a deadline
+against a plain loop, rows every S virtual seconds, rounds.parquet, and bad input refused in one line before any
+work."""
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from fedray.core.errors import FedrayError
+from fedray.data.registry import load_federation
+from fedray.engine.config import RunConfig
+from fedray.engine.run_config import run
+from fedray.methods.base import Classifier
+from fedray.methods.training.local import LocalSGD, random_head
+from fedray.runtime import sampling
+from tests.reference import fedavg_by_autograd
+
+TINY = "synthetic:inat-user-120k?dim=16&scale=0.005&classes=10&seed=3"  # 46 clients, d = 16, 10 classes
+COMMON = {"dataset": TINY, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True, "clients_per_round": 5,
+          "eval_every": 2}
+CLOCK_COLUMNS = {"clock_s", "clock_compute_s", "clock_comm_s", "stragglers", "dropped"}
+CLOCK_OPTIONS = {"devices", "availability", "selector", "eval_every_s", "over_commit", "deadline"}
+"""The clock's option columns besides ``stragglers``, whose column is the count (the policy is in config.yaml)."""
+
+PATHS = {
+    "fedncm": {"method": "fedncm"},
+    "fed3r": {"method": "fed3r"},
+    "fedcof": {"method": "fedcof"},
+    "fedavg": {"method": "fedavg", "rounds": 3},
+    "scaffold": {"method": "scaffold", "rounds": 3},
+    "fed3r-then-fedavg": {"method": "fedavg", "init": "fed3r", "rounds": 2},
+    "spherefed": {"method": "fedavg", "head": "sphere", "sphere_dim": 8, "rounds": 2},
+    "fed3r-secagg": {"method": "fed3r", "secure_aggregation": True, "options": {"secagg_clip": 10.0}},
+}
+
+
+def rows_of(out: Path) -> list[dict]:
+    return pq.read_table(out / "metrics.parquet").to_pylist()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_clock_that_changes_nothing_changes_no_bit(ray_session, tmp_path, path):
+    plain = run(RunConfig(out=str(tmp_path / "plain"), **COMMON, **PATHS[path]))
+    clocked = run(RunConfig(out=str(tmp_path / "clocked"), devices="uniform", **COMMON, **PATHS[path]))
+    assert plain.arrays.keys() == clocked.arrays.keys()
+    for name, array in plain.arrays.items():
+        assert np.array_equal(array, clocked.arrays[name]), name
+    assert [len(clients) for clients in plain.rounds] == [len(clients) for clients in clocked.rounds]
+    assert all(np.array_equal(a, b) for a, b in zip(plain.rounds, clocked.rounds))
+    assert not (CLOCK_COLUMNS | CLOCK_OPTIONS) & set(plain.rows[0])
+    assert not (tmp_path / "plain" / "rounds.parquet").exists()
+    for before, after in zip(plain.rows, clocked.rows, strict=True):
+        assert CLOCK_COLUMNS <= set(after)
+        kept = set(before) - {"wall_s"}
+        assert {name: before[name] for name in kept} == {name: after[name] for name in kept}
+    per_round = pq.read_table(tmp_path / "clocked" / "rounds.parquet").to_pylist()
+    assert [row["round"] for row in per_round] == list(range(1, len(per_round) + 1))
+    assert all(row["stragglers"] == row["dropped"] == 0 for row in per_round)
+    assert all(later["start_s"] == earlier["end_s"] for earlier, later in zip(per_round, per_round[1:]))
+    timed = [row for row in clocked.rows if row["clock_s"] is not None]  # SphereFed's calibration row is not on it
+    assert timed and timed[-1]["clock_s"] == per_round[-1]["end_s"] > 0
+
+
+@pytest.mark.parametrize(("method", "deadline"), [("fed3r", 3e-4), ("fedavg", 1.5e-3)])  # about the median task's
+def test_one_shard_or_two_give_the_same_events_and_bits(ray_session, tmp_path, method, deadline):
+    clock = {"devices": "phones", "availability": "diurnal:0.005,0.7", "over_commit": 1.4, "deadline": deadline}
+    extra = {"rounds": 6} if method == "fedavg" else {}
+    one = run(RunConfig(method=method, out=str(tmp_path / "one"), **{**COMMON, "num_shards": 1}, **clock, **extra))
+    two = run(RunConfig(method=method, out=str(tmp_path / "two"), **COMMON, **clock, **extra))
+    events = pq.read_table(tmp_path / "one" / "rounds.parquet")
+    assert events.equals(pq.read_table(tmp_path / "two" / "rounds.parquet"))
+    assert sum(events.column("stragglers").to_pylist()) > 0 and sum(events.column("dropped").to_pylist()) > 0
+    assert [row.tolist() for row in one.rounds] == [row.tolist() for row in two.rounds]
+    assert [{name: row[name] for name in CLOCK_COLUMNS | {"round"}} for row in one.rows] == \
+        [{name: row[name] for name in CLOCK_COLUMNS | {"round"}} for row in two.rows]
+    # the same clients summed in another grouping: only the order of the float sums differs, as a run without a
+    # clock's does (float64 statistics, a float32 head)
+    tolerance = 1e-12 if method == "fed3r" else 1e-6
+    for name, array in one.arrays.items():
+        assert np.allclose(array, two.arrays[name], rtol=0, atol=tolerance), name
+
+
+def test_a_fedavg_run_with_a_deadline_equals_the_plain_loop_over_the_clients_in_time(ray_session, tmp_path):
+    """Even clients on a fast device, odd ones on a device that cannot finish by the deadline: each round trains the
+    schedule's even clients only, in its order; its odd ones are stragglers."""
+    federation = load_federation(TINY)
+    clients = np.arange(federation.num_clients)
+    table = tmp_path / "devices.csv"
+    table.write_text("client_id,macs_per_s,down_bps,up_bps\n" + "".join(
+        f"{client},{1e15 if client % 2 == 0 else 1.0},1e15,1e15\n" for client in clients))
+    config = RunConfig(method="fedavg", out=str(tmp_path / "run"), rounds=4, seed=5, devices=str(table),
+                       deadline=1.0, client_lr=0.1, batch_size=8, local_epochs=2,
+                       **{**COMMON, "eval_every": 4})
+    completed = run(config)
+    schedule = list(sampling.schedule(federation.num_clients, 5, True, 5, 4, past_coverage=True))
+    expected = [row[row % 2 == 0] for row in schedule]
+    assert [row.tolist() for row in completed.rounds] == [row.tolist() for row in expected]
+    head = Classifier(**random_head(federation.dim, federation.num_classes, seed=5))
+    reference = fedavg_by_autograd(federation, expected, LocalSGD(lr=0.1, batch_size=8, epochs=2), 5, head,
+                                   server_lr=1.0)
+    torch.testing.assert_close(torch.from_numpy(completed.arrays["W"]), reference.weight.to(torch.float32),
+                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.from_numpy(completed.arrays["bias"]), reference.bias.to(torch.float32),
+                               rtol=0, atol=1e-6)
+    per_round = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()
+    assert [(row["selected"], row["finished"], row["stragglers"]) for row in per_round] == \
+        [(5, int((row % 2 == 0).sum()), int((row % 2 == 1).sum())) for row in schedule]
+    late = [row for row in schedule if (row % 2 == 1).any()]
+    assert all(row["end_s"] - row["start_s"] == 1.0 for row, drawn in zip(per_round, schedule) if (drawn % 2).any())
+    assert late and completed.rows[-1]["stragglers"] == sum(int((row % 2 == 1).sum()) for row in schedule)
+
+
+def test_rows_every_s_virtual_seconds_are_the_first_rounds_ending_at_or_after_each_multiple(ray_session, tmp_path):
+    every = 5e-4  # a tenth of a fed3r round's on the uniform device, a third of a FedAvg round's
+    for path in ("fed3r", "fedavg"):
+        out = tmp_path / path
+        completed = run(RunConfig(out=str(out), eval_every_s=every, **COMMON, **PATHS[path]))
+        ends = [row["end_s"] for row in pq.read_table(out / "rounds.parquet").to_pylist()]
+        expected = {next(number for number, end in enumerate(ends, start=1) if end >= k * every)
+                    for k in range(1, int(ends[-1] / every) + 1)} | {len(ends)}
+        if path == "fedavg":
+            expected |= {0}
+        assert [row["round"] for row in completed.rows] == sorted(expected)
+        assert len(expected) > 2
+        assert [row["clock_s"] for row in completed.rows] == [0.0 if number == 0 else ends[number - 1]
+                                                              for number in sorted(expected)]
+
+
+def test_bad_clock_options_are_refused_in_one_line_before_any_work(tmp_path):
+    plugin = tmp_path / "not_a_selector.py"
+    plugin.write_text("class Picky:\n    pass\n")
+    bad = [({"over_commit": 0.5}, r"^--over-commit must be a finite number ≥ 1, got 0.5$"),
+           ({"deadline": 1e-12}, r"^--deadline 1e-12: no device can meet it"),
+           ({"availability": "markov:1,1000"}, r"^--availability markov:1,1000 keeps .* a round of 5 fills at fewer"),
+           ({"selector": f"{plugin}:Picky"}, r"Picky is not a subclass of fedray.Selector$"),
+           ({"eval_every_s": -1.0}, r"^--eval-every-s must be a finite number of seconds > 0, got -1.0$")]
+    for given, message in bad:
+        out = tmp_path / "out"
+        with pytest.raises(FedrayError, match=message) as refused:
+            run(RunConfig(method="fed3r", out=str(out), **COMMON, **given))
+        assert "\n" not in str(refused.value)
+        assert not out.exists()
