@@ -37,9 +37,14 @@ def hours(column: str) -> pl.Expr:
     return (pl.col(column) / SECONDS_PER_HOUR).round_sig_figs(SHOWN_FIGURES)
 
 
+COUNTS = {"clients_straggled": "stragglers", "clients_dropped": "dropped"}
+"""The metrics columns of the stragglers and dropped clients so far, by the name a table shows them under (the rows'
+``stragglers`` is the ``--stragglers`` policy)."""
+
+
 def counts(results: pl.DataFrame) -> list[pl.Expr]:
     """The stragglers and dropped clients so far, each where the runs record it."""
-    return [pl.col(name) for name in ("stragglers", "dropped") if name in results.columns]
+    return [pl.col(column).alias(shown) for column, shown in COUNTS.items() if column in results.columns]
 
 
 def clock_columns(results: pl.DataFrame) -> list[pl.Expr]:

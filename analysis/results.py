@@ -17,7 +17,7 @@ RESULTS, METRICS = "results.parquet", "metrics.parquet"
 SOURCE = "__source"
 """A column that numbers the files read, while their rows are put in order."""
 METRIC_COLUMNS = tuple(f.name for f in fields(EvalPoint))
-CLOCK_COLUMNS = ("clock_s", "clock_compute_s", "clock_comm_s", "stragglers", "dropped")
+CLOCK_COLUMNS = ("clock_s", "clock_compute_s", "clock_comm_s", "clients_straggled", "clients_dropped")
 """What a run on the virtual clock adds to its rows, absent from a run without one: virtual seconds since the run's
 start, their split into compute and communication, and the stragglers and dropped clients so far (where they apply)."""
 NOT_PARAMETERS = {*METRIC_COLUMNS, *CLOCK_COLUMNS, "trial_id", "sweep", "method", "seed", "out", "quiet", "num_shards",

@@ -12,7 +12,6 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from fedray.core.errors import FedrayError, shown
-from fedray.methods.training.local import LocalSGD
 
 Amount = float | np.ndarray
 """One amount for every client, or a float64 array of one per client."""
@@ -51,10 +50,3 @@ def _numeric(value: object) -> bool:
     """Whether ``value`` is a real number or an array of them (a bool is not an amount)."""
     kind = np.asarray(value).dtype.kind
     return kind in "iuf" and not isinstance(value, bool)
-
-
-def local_steps(sgd: LocalSGD, sizes: np.ndarray) -> np.ndarray:
-    """The mini-batch steps of one participation of clients with ``sizes`` samples under ``sgd``: ⌈n / batch⌉ an
-    epoch (the last batch of an epoch may be short, :func:`~fedray.methods.training.local.minibatches`), int64."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    return sgd.epochs * -(-sizes // sgd.batch_size)

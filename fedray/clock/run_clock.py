@@ -169,8 +169,8 @@ class RunClock:
         return {"clock_s": done[-1].end_s if done else 0.0,
                 "clock_compute_s": float(sum(record.compute_s for record in done)),
                 "clock_comm_s": float(sum(record.comm_s for record in done)),
-                "stragglers": sum(record.stragglers for record in done),
-                "dropped": sum(record.dropped for record in done)}
+                "clients_straggled": sum(record.stragglers for record in done),
+                "clients_dropped": sum(record.dropped for record in done)}
 
     def evaluate_at(self, records: list[ClockedRound], start_s: float) -> set[int] | None:
         """The rounds of ``records`` (numbered from 1), which started at ``start_s``, evaluated every ``every_s``

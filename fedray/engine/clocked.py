@@ -12,18 +12,16 @@ are not on the clock yet: they take no virtual time.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedray.clock.choices import ClockChoices, selector_class
-from fedray.clock.costs import TaskCost, local_steps
+from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.run_clock import ClockedRound, RunClock
-from fedray.core.errors import FedrayError
 from fedray.core.federation import Federation
 from fedray.core.options import build
 from fedray.core.results import EvalPoint
@@ -33,7 +31,6 @@ from fedray.engine.round_loop import Callback
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.base import FLOAT_BYTES, ClosedFormMethod
 from fedray.methods.training.backend import Params, TrainingBackend
-from fedray.methods.training.local import LocalSGD
 
 
 def run_clock(config: RunConfig, federation: Federation, sampler: Sampler) -> RunClock | None:
@@ -116,7 +113,7 @@ class TrainingTasks:
 
     @classmethod
     def of(cls, backend: TrainingBackend, algorithm: FederatedAlgorithm, model: Params, algorithm_state: Params,
-           sgd: LocalSGD, sizes: np.ndarray) -> TrainingTasks:
+           sizes: np.ndarray) -> TrainingTasks:
         """``model``: the parameters the clients train; the upload's size is that of the sums of an empty round (its
         shapes found on PyTorch's meta device)."""
         from fedray.engine.training import empty_sums  # the training loop imports this module
@@ -125,7 +122,7 @@ class TrainingTasks:
         down = backend.model_floats() + sum(tensor.numel() for tensor in broadcast.values())
         up = sum(tensor.numel() for tensor in empty_sums(algorithm, model, broadcast).values())
         return cls(backend.client_flops(sizes.astype(np.float64)) / 2, float(down * FLOAT_BYTES),
-                   float(up * FLOAT_BYTES), local_steps(sgd, sizes))
+                   float(up * FLOAT_BYTES), backend.local_steps(np.arange(len(sizes))))
 
     def costs(self, clients: np.ndarray) -> TaskCost:
         return TaskCost(self.macs[clients], self.down_bytes, self.up_bytes)
@@ -136,11 +133,3 @@ def clocked_training(clock: RunClock, schedule: Sequence[np.ndarray], tasks: Tra
     """Training's rounds on the clock, numbered after ``first_round`` rounds of the run."""
     return [clock.round(first_round + number, stage, scheduled, tasks.costs, lambda clients: tasks.steps[clients])
             for number, scheduled in enumerate(schedule, start=1)]
-
-
-def check_partial_steps(backend: type) -> None:
-    """Refuse, in one line, ``--stragglers partial`` where the training backend cannot train a client for fewer than
-    all its steps (its ``train_round`` takes no ``steps``)."""
-    if "steps" not in inspect.signature(backend.train_round).parameters:
-        raise FedrayError("--stragglers partial needs a training backend that trains part of a client's local steps "
-                          "(train_round(..., steps=...)); this fedray's does not yet: use --stragglers drop")

@@ -25,7 +25,7 @@ from fedray.core.federation import Federation
 from fedray.core.results import EvalPoint
 from fedray.engine.checkpoint import RunShape, save_checkpoint
 from fedray.engine.closed_form import ClosedForm
-from fedray.engine.clocked import ClockColumns, TrainingTasks, check_partial_steps, clocked_training
+from fedray.engine.clocked import ClockColumns, TrainingTasks, clocked_training
 from fedray.engine.parts import Images, training_uploads
 from fedray.engine.pipeline import Embeddings, RunPlan, Stage, StageContext, StageResult
 from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
@@ -172,15 +172,12 @@ class Training(Stage):
 
     def _tasks(self, run: RunPlan, backend: TrainingBackend, federation: Federation) -> TrainingTasks:
         """A training client's task on the clock (the sizes of the model, broadcast and upload, from the initial
-        parameters), refusing in one line, before any round, a deadline no device meets or ``--stragglers partial``
-        where the backend cannot train part of a client's steps."""
-        if run.clock.scheduler.partial:
-            check_partial_steps(type(backend))
+        parameters), refusing in one line, before any round, a deadline no device meets."""
         params = backend.initial_params(run.seed)
         names = backend.trained_names
         model = params if names is None else {name: params[name] for name in names}
         tasks = TrainingTasks.of(backend, backend.algorithm, model, backend.algorithm.init_server_state(model),
-                                 self.sgd, federation.client_sizes)
+                                 federation.client_sizes)
         run.clock.check(TaskCost(tasks.macs, tasks.down_bytes, tasks.up_bytes))
         return tasks
 

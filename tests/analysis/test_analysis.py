@@ -153,7 +153,7 @@ def test_the_clocks_columns_are_results_not_swept_parameters():
     """Two trials of a deadline sweep: their clocks and stragglers differ because their deadlines do."""
     table = pl.DataFrame({"trial_id": ["a", "b"], "method": ["fedavg"] * 2, "round": [1, 1], "accuracy": [0.5, 0.5],
                           "deadline": [60, 120], "clock_s": [600.0, 1200.0], "clock_compute_s": [500.0, 1000.0],
-                          "clock_comm_s": [100.0, 200.0], "stragglers": [2, 1], "dropped": [1, 0]})
+                          "clock_comm_s": [100.0, 200.0], "clients_straggled": [2, 1], "clients_dropped": [1, 0]})
     assert varying_parameters(table) == ["deadline"]
 
 

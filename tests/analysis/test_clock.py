@@ -10,8 +10,8 @@ import pytest
 from analysis.clock import check_clock, clock_columns, time_to_accuracy
 from fedray.core.errors import FedrayError
 
-COLUMNS = ("round", "accuracy", "clock_s", "clock_compute_s", "clock_comm_s", "bytes_up", "bytes_down", "stragglers",
-           "dropped")
+COLUMNS = ("round", "accuracy", "clock_s", "clock_compute_s", "clock_comm_s", "bytes_up", "bytes_down", "clients_straggled",
+           "clients_dropped")
 
 
 def run(trial: str, method: str, rows: list[tuple]) -> pl.DataFrame:
@@ -36,7 +36,7 @@ def runs() -> pl.DataFrame:
 def test_the_hours_to_each_level_are_the_first_row_at_or_above_it_with_its_bytes_and_stragglers(runs):
     table = time_to_accuracy(runs, ["method"])
     assert table.columns == ["method", "level", "target_%", "virtual_h", "round", "upload_MB", "download_MB",
-                             "stragglers", "dropped"]
+                             "clients_straggled", "clients_dropped"]
     assert table.rows() == [
         ("fed3r", "25%", 20.0, 0.5, 1, 100.0, 0.0, None, None),
         ("fed3r", "50%", 40.0, 0.5, 1, 100.0, 0.0, None, None),
@@ -68,7 +68,7 @@ def test_the_place_on_the_clock_is_in_hours_with_the_counts_where_runs_have_them
     assert finals.select(clock_columns(finals)).rows() == [(1.0, 0.3333, 0.6667, None, None),
                                                            (4.0, 3.333, 0.6667, 6, 2),
                                                            (0.008333, 0.001667, 0.006667, None, None)]
-    without_counts = finals.drop("stragglers", "dropped", "clock_compute_s", "clock_comm_s")
+    without_counts = finals.drop("clients_straggled", "clients_dropped", "clock_compute_s", "clock_comm_s")
     assert without_counts.select(clock_columns(without_counts)).columns == ["virtual_h"]
 
 

@@ -148,11 +148,11 @@ def write_clock_run(folder: Path, method: str, rows: list[tuple], **options) -> 
     """A run on the clock: rows of (round, accuracy, clock_s, clock_compute_s, clock_comm_s, bytes_up, stragglers,
     dropped), stragglers and dropped None where they do not apply (then absent from its table)."""
     folder.mkdir(parents=True)
-    names = ("round", "accuracy", "clock_s", "clock_compute_s", "clock_comm_s", "bytes_up", "stragglers", "dropped")
+    names = ("round", "accuracy", "clock_s", "clock_compute_s", "clock_comm_s", "bytes_up", "clients_straggled", "clients_dropped")
     table = pl.DataFrame([{"method": method, "dataset": "inat", "seed": 0, "clients_seen": 10 * row[0],
                            "samples_seen": 0, "bytes_down": row[5] / 2, "wall_s": 9.0, **dict(zip(names, row)),
                            **options} for row in rows])
-    table.drop([name for name in ("stragglers", "dropped") if table[name].is_null().all()]).write_parquet(
+    table.drop([name for name in ("clients_straggled", "clients_dropped") if table[name].is_null().all()]).write_parquet(
         folder / "metrics.parquet")
     return folder
 

@@ -60,10 +60,10 @@ def test_a_round_lasts_until_its_slowest_client_and_the_next_starts_then(tmp_pat
     second = run.round(2, "train", np.array([1, 5, 3]), lambda clients: TASK)
     assert (second.start_s, second.end_s) == (12.0, 33.0)  # client 3's 21 s
     assert (second.compute_s, second.comm_s) == (1.0, 20.0)
-    assert run.columns(1) == {"clock_s": 12.0, "clock_compute_s": 10.0, "clock_comm_s": 2.0, "stragglers": 0,
-                              "dropped": 0}
-    assert run.columns(2) == {"clock_s": 33.0, "clock_compute_s": 11.0, "clock_comm_s": 22.0, "stragglers": 0,
-                              "dropped": 0}
+    assert run.columns(1) == {"clock_s": 12.0, "clock_compute_s": 10.0, "clock_comm_s": 2.0, "clients_straggled": 0,
+                              "clients_dropped": 0}
+    assert run.columns(2) == {"clock_s": 33.0, "clock_compute_s": 11.0, "clock_comm_s": 22.0, "clients_straggled": 0,
+                              "clients_dropped": 0}
     assert run.columns(0)["clock_s"] == 0.0
     assert [row["end_s"] for row in run.rows()] == [12.0, 33.0]
 
