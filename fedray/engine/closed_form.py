@@ -86,6 +86,9 @@ class ClosedFormRounds:
         self.pool, self.method_ref, self.token = pool, ray.put(method), uuid.uuid4().hex
         self.uploads: list[tuple[int, np.ndarray]] = []
         """Each block's tag and uploading clients, for a method that keeps a part of them in the shards."""
+        self.summed_ahead = False
+        """Whether the shards sum each evaluation's second pass as they compute the statistics
+        (:meth:`_requests_ahead`)."""
         self.blocks = self._submit(pool, self.method_ref, rounds, evaluate_at)
         self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
         self.state: Any = None
@@ -103,6 +106,7 @@ class ClosedFormRounds:
         paper_costs, paper = method.paper_costs(federation), self.outcome.paper
         seen = np.zeros(federation.num_clients, dtype=bool)
         blocks: dict[int, _Block] = {}
+        submitted: list[tuple[int, np.ndarray, Postprocessing, np.ndarray]] = []
         uploads: list[np.ndarray] = []
         upload_rounds: list[np.ndarray] = []
         bytes_up = flops = 0.0
@@ -126,11 +130,36 @@ class ClosedFormRounds:
                 clients_seen += len(received)
             uploads, upload_rounds = [], []
             if len(uploaded):
-                total = pool.statistics(method, uploaded, method_ref, group, when, (self.token, number))
+                submitted.append((number, uploaded, group, when))
                 self.uploads.append((number, uploaded))
             blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
                                     paper.columns(federation.num_clients), total, len(uploaded), group, lost)
+        ahead = self._requests_ahead(pool, method_ref)
+        self.summed_ahead = ahead is not None
+        for number, uploaded, group, when in submitted:
+            later = None if ahead is None else [(evaluation, request) for evaluation, request in ahead
+                                                if evaluation >= number]
+            blocks[number].total = pool.statistics(method, uploaded, method_ref, group, when, (self.token, number),
+                                                   later)
         return blocks
+
+    def _requests_ahead(self, pool: ShardPool, method_ref: ray.ObjectRef) -> list[tuple[int, Any]] | None:
+        """Each evaluation's second-pass request, known before the pass from the labels of the clients that upload up to
+        it (:meth:`~fedray.ClosedFormMethod.label_statistics`, counted in the shards), so that the shards read each
+        part they would keep once, summing it into every later evaluation's second pass; None where the method cannot
+        tell them, or a postprocessor changes uploads (the server then receives other counts than the labels')."""
+        if type(self.method).label_statistics is ClosedFormMethod.label_statistics or self.postprocessing.per_client \
+                or not self.uploads:
+            return None
+        counted = pool.label_statistics(self.method, method_ref, [clients for _, clients in self.uploads])
+        total, ahead = None, []
+        for (number, _), block in zip(self.uploads, counted):
+            total = block if total is None else combine_checked(self.method, total, block)
+            request = self.method.second_pass_request(total)
+            if request is None:
+                return None
+            ahead.append((number, request))
+        return ahead
 
     def _solve(self, block: _Block) -> None:
         """Add ``block``'s sums to the state, solve, and queue the classifier's evaluation (once per block with uploads)."""
@@ -159,7 +188,8 @@ class ClosedFormRounds:
             return self.method.solve(state)
         uploads = [(tag, clients) for tag, clients in self.uploads if tag <= round_number]
         second = self.pool.second_pass(self.method, self.method_ref, request, self.token, uploads,
-                                       self.postprocessing.per_client).result()
+                                       self.postprocessing.per_client,
+                                       round_number if self.summed_ahead else None).result()
         return self.method.solve_second(state, second)
 
     def finish(self) -> None:
