@@ -32,6 +32,12 @@ from fedray.runtime.footprint import Footprint, largest_clients
 from fedray.runtime.shards import ShardPool
 
 
+BLOCKS_AHEAD = 2
+"""Blocks whose statistics the shards are given beyond the one the driver solves: enough that they never wait for a
+solve, few enough that the blocks' sums do not pile up in the object store (the driver maps each it reads: a run's
+every block at once grew the driver by two C × d partial sums an evaluation, FedCOF's 300 MB at ten)."""
+
+
 @dataclass
 class RunOutcome:
     points: list[EvalPoint] = field(default_factory=list)
@@ -67,12 +73,13 @@ class ClosedFormRounds:
     """A closed-form method's rounds for :func:`~fedray.engine.round_loop.run_rounds`.
 
     A client uploads its statistics the first time it is sampled and never
-    again (the clients of one round are distinct). The uploads of all rounds
-    are submitted to the shards when the path starts, one reduction per
-    evaluation block, so shards compute later blocks while the driver solves
-    and evaluates earlier ones; a round itself has nothing left to do. The
-    driver solves one block ahead: it queues the next block's evaluation
-    before it waits for this one's, so the shards never wait for a solve.
+    again (the clients of one round are distinct). The uploads are given to
+    the shards :data:`BLOCKS_AHEAD` evaluation blocks ahead of the one the
+    driver solves, one reduction per block, so shards compute later blocks
+    while the driver solves and evaluates earlier ones; a round itself has
+    nothing left to do. The driver solves one block ahead: it queues the next
+    block's evaluation before it waits for this one's, so the shards never
+    wait for a solve.
     """
 
     def __init__(self, pool: ShardPool, method: ClosedFormMethod, rounds: Sequence[np.ndarray],
@@ -89,8 +96,16 @@ class ClosedFormRounds:
         self.pool, self.method_ref, self.token = pool, ray.put(method), uuid.uuid4().hex
         self.uploads: list[tuple[int, np.ndarray]] = []
         """Each block's tag and uploading clients, for a method that keeps a part of them in the shards."""
+        self.summed_ahead = False
+        """Whether the shards sum each evaluation's second pass as they compute the statistics
+        (:meth:`_requests_ahead`)."""
+        self.unsubmitted: list[tuple[int, np.ndarray, Postprocessing, np.ndarray, list[tuple[int, Any]] | None]] = []
+        """The blocks with uploads not yet given to the shards, in order: tag, clients, postprocessing, rounds, the
+        second-pass requests they sum ahead."""
         self.blocks = self._submit(pool, self.method_ref, rounds, evaluate_at)
         self.following = dict(zip(sorted(self.blocks), sorted(self.blocks)[1:]))
+        if self.blocks:
+            self._submit_ahead(min(self.blocks))
         self.state: Any = None
         self.reported: dict[str, float | str] = {}
         """The last number each plugin reported by name (:func:`fedray.report`)."""
@@ -118,7 +133,7 @@ class ClosedFormRounds:
             if number not in evaluate_at:
                 continue
             uploaded, when = np.concatenate(uploads), np.concatenate(upload_rounds)
-            total, group = None, self.postprocessing.among(uploaded, number)
+            group = self.postprocessing.among(uploaded, number)
             lost = group.dropped(number) if len(uploaded) else np.zeros(0, dtype=np.int64)
             for new in uploads:  # counted round by round, the uploads that reached the server as received
                 received = new[~np.isin(new, lost)] if len(lost) else new
@@ -129,14 +144,48 @@ class ClosedFormRounds:
                 clients_seen += len(received)
             uploads, upload_rounds = [], []
             if len(uploaded):
-                total = pool.statistics(method, uploaded, method_ref, group, when, (self.token, number))
+                self.unsubmitted.append((number, uploaded, group, when, None))
                 self.uploads.append((number, uploaded))
             blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
-                                    paper.columns(federation.num_clients), total, len(uploaded), group, lost)
+                                    paper.columns(federation.num_clients), None, len(uploaded), group, lost)
+        ahead = self._requests_ahead(pool, method_ref)
+        self.summed_ahead = ahead is not None
+        if ahead is not None:
+            self.unsubmitted = [(number, uploaded, group, when, [(evaluation, request) for evaluation, request in ahead
+                                                                 if evaluation >= number])
+                                for number, uploaded, group, when, _ in self.unsubmitted]
         return blocks
+
+    def _submit_ahead(self, number: int) -> None:
+        """Give the shards the statistics of the blocks up to :data:`BLOCKS_AHEAD` after block ``number``."""
+        order = sorted(self.blocks)
+        last = order[min(order.index(number) + BLOCKS_AHEAD, len(order) - 1)]
+        while self.unsubmitted and self.unsubmitted[0][0] <= last:
+            tag, uploaded, group, when, later = self.unsubmitted.pop(0)
+            self.blocks[tag].total = self.pool.statistics(self.method, uploaded, self.method_ref, group, when,
+                                                          (self.token, tag), later)
+
+    def _requests_ahead(self, pool: ShardPool, method_ref: ray.ObjectRef) -> list[tuple[int, Any]] | None:
+        """Each evaluation's second-pass request, known before the pass from the labels of the clients that upload up to
+        it (:meth:`~fedray.ClosedFormMethod.label_statistics`, counted in the shards), so that the shards read each
+        part they would keep once, summing it into every later evaluation's second pass; None where the method cannot
+        tell them, or a postprocessor changes uploads (the server then receives other counts than the labels')."""
+        if type(self.method).label_statistics is ClosedFormMethod.label_statistics or self.postprocessing.per_client \
+                or not self.uploads:
+            return None
+        counted = pool.label_statistics(self.method, method_ref, [clients for _, clients in self.uploads])
+        total, ahead = None, []
+        for (number, _), block in zip(self.uploads, counted):
+            total = block if total is None else combine_checked(self.method, total, block)
+            request = self.method.second_pass_request(total)
+            if request is None:
+                return None
+            ahead.append((number, request))
+        return ahead
 
     def _solve(self, block: _Block) -> None:
         """Add ``block``'s sums to the state, solve, and queue the classifier's evaluation (once per block with uploads)."""
+        self._submit_ahead(block.round)
         if block.total is None:
             block.reported = dict(self.reported)
             return
@@ -162,7 +211,8 @@ class ClosedFormRounds:
             return self.method.solve(state)
         uploads = [(tag, clients) for tag, clients in self.uploads if tag <= round_number]
         second = self.pool.second_pass(self.method, self.method_ref, request, self.token, uploads,
-                                       self.postprocessing.per_client).result()
+                                       self.postprocessing.per_client,
+                                       round_number if self.summed_ahead else None).result()
         return self.method.solve_second(state, second)
 
     def finish(self) -> None:

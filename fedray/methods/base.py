@@ -130,6 +130,14 @@ class ClosedFormMethod(ABC, Generic[Stats]):
         numbers known only once every upload is in. Default: everything travels, nothing stays (None)."""
         return stats, None
 
+    def label_statistics(self, batch: ClientBatch) -> Stats | None:
+        """What the labels of ``batch`` (its features of width 0) alone fix of its statistics, enough for
+        :meth:`second_pass_request`: then the server knows every evaluation's request before the pass, and the shards
+        add each kept part's :meth:`second_pass` for every later evaluation as they compute it, reading it once
+        (FedCOF's weights w_c from the class counts and the number of means per class). None (the default): the
+        requests are known only from what the server receives, and each evaluation runs its own second pass."""
+        return None
+
     def second_pass_request(self, total: Stats) -> Any:
         """What the server sends the shards, given the total it received, so that they sum what stayed with them
         (:meth:`second_pass`); None (the default): :meth:`solve` needs no second pass."""

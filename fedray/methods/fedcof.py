@@ -156,6 +156,11 @@ class FedCOF(ClosedFormMethod[MeanRows]):
         gets the class totals and the number of means per class, which fix each mean's weight."""
         return MeanRows(stats.counts, stats.sums, stats.received, []), stats.blocks
 
+    def label_statistics(self, batch: ClientBatch) -> MeanRows:
+        """The class totals (sums of width 0) and the number of means per class: labels alone fix both, so every
+        evaluation's weights w_c are known before the pass. Counted by :meth:`client_statistics` itself, to its bits."""
+        return self.kept_in_shards(self.client_statistics(batch))[0]
+
     def second_pass_request(self, total: MeanRows) -> torch.Tensor | None:
         """Each class's weight w_c = (N_c − 1)/(K_c − 1) (0 for a class with one mean), once all means are counted."""
         return None if total.blocks else self.weights(total)
@@ -279,6 +284,8 @@ class FedCOFOracle(FedCOF):
     def kept_in_shards(self, stats: CovarianceSums) -> tuple[CovarianceSums, None]:  # type: ignore[override]
         """Fixed-size sums: everything travels (the base class's default, which FedCOF's means override)."""
         return stats, None
+
+    label_statistics = ClosedFormMethod.label_statistics  # no second pass: nothing to count ahead
 
     def second_pass_request(self, total: CovarianceSums) -> None:  # type: ignore[override]
         return None

@@ -141,6 +141,13 @@ class HeldRows:
         features = gather_features(self.features, self.offsets, local, rows, dtype, staging)
         return ClientBatch(features, self.labels[torch.from_numpy(rows)], offsets, clients)
 
+    def label_batch(self, clients: np.ndarray) -> ClientBatch:
+        """The labels of ``clients`` (global numbers) as :meth:`batch` gives them, with features of width 0: nothing
+        read or generated."""
+        rows, offsets = gather_rows(self.offsets, clients - self.first_client)
+        return ClientBatch(torch.zeros(len(rows), 0, dtype=torch.float64), self.labels[torch.from_numpy(rows)], offsets,
+                           clients)
+
     def _staging_for(self, rows: int, dtype: torch.dtype) -> torch.Tensor | None:
         """Where ``rows`` rows are converted to ``dtype``: a buffer kept from call to call (converting each block into
         fresh memory faults in every page of it: 0.07 s of Fed3R's 1.7 s over the iNat stand-in), unless it would

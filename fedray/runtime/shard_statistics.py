@@ -5,25 +5,39 @@ that block; the shard gathers their rows and computes the block's statistics in
 one call (for Fed3R: one GEMM), so Ray's overhead scales with shards ×
 evaluation points, not with clients or rounds. What a method keeps in the
 shards for its second pass (FedCOF's received means) stays here
-(:mod:`fedray.runtime.kept`).
+(:mod:`fedray.runtime.kept`), or, where the server knows every evaluation's
+request before the pass (``ClosedFormMethod.label_statistics``), is read once:
+each part's second pass is added, as it is computed, into one sum per
+evaluation still to come (E d×d floats at most for FedCOF, its GEMMs those of
+the second passes they replace), in the order the second pass would add it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 import numpy as np
+import torch
 
 from fedray.core.errors import FedrayError
 from fedray.methods.base import ClientBatch, ClosedFormMethod, floats_in
 from fedray.methods.checks import combine_checked
-from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.postprocessor import Postprocessing, flatten
 from fedray.runtime.actor_group import combine_partials
 from fedray.runtime.kept import KeptParts
 from fedray.runtime.shard_rows import HeldRows
+
+
+@dataclass
+class Accumulated:
+    """One evaluation's second pass over a shard's parts, summed as the blocks ``tags`` computed them."""
+
+    request: Any
+    tags: list[int] = field(default_factory=list)
+    total: Any = None
 
 
 class ShardStatistics:
@@ -32,23 +46,35 @@ class ShardStatistics:
     def __init__(self, rows: HeldRows, kept: KeptParts) -> None:
         self.rows = rows
         self.kept = kept
+        self.accumulated: dict[str, dict[int, Accumulated]] = {}
+        """By run token and evaluation: the second passes summed ahead (:meth:`statistics`' ``ahead``)."""
+
+    def label_statistics(self, method: ClosedFormMethod, blocks: list[np.ndarray]) -> list[Any]:
+        """``method``'s :meth:`~fedray.ClosedFormMethod.label_statistics` of each block of clients (None: none here)."""
+        return [method.label_statistics(self.rows.label_batch(clients)) if len(clients) else None for clients in blocks]
 
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None = None,
-                   rounds: np.ndarray | None = None, keep: tuple[str, int] | None = None) -> Any:
+                   rounds: np.ndarray | None = None, keep: tuple[str, int] | None = None,
+                   ahead: list[tuple[int, Any]] | None = None) -> Any:
         """Statistics summed over ``clients`` (global numbers, in upload order; ``rounds``: when each uploads); None if
         there are none. With a postprocessor that sees each client's upload, client by client through it, summed in
         that order if it changed any (else the batched statistics, bit for bit those of a run without it).
 
         ``keep`` (run token, block tag): what the method keeps in the shards (``kept_in_shards``) stays here for
-        :meth:`second_pass`, and only the rest is returned.
+        :meth:`second_pass`, and only the rest is returned. With ``ahead`` ((evaluation, request) of each evaluation
+        from this block on), nothing is kept: each kept part's second pass is added into each evaluation's sum.
         """
         if not len(clients):
             return None
         per_client = postprocessing is not None and postprocessing.per_client
-        total, kept, size = None, [], 0
+        total, kept, size = None, [] if ahead is None else None, 0
+        sums = None if ahead is None or keep is None else self._sums_ahead(keep, ahead)
         for stats in self._uploads(method, clients, postprocessing if per_client else None, rounds):
             if keep is not None:
                 stats, part = method.kept_in_shards(stats)
+                for entry in sums or ():
+                    entry.total = combine_partials(entry.total, method.second_pass(entry.request, part),
+                                                   method.combine_second)
                 if kept is not None:
                     kept.append(part)
                     size += 8 * floats_in([part])
@@ -58,6 +84,14 @@ class ShardStatistics:
         if keep is not None and kept is not None and any(part is not None for part in kept):
             self.kept.add(*keep, kept, must_keep=per_client)
         return total
+
+    def _sums_ahead(self, keep: tuple[str, int], ahead: list[tuple[int, Any]]) -> list[Accumulated]:
+        """The sums of the evaluations ``ahead`` of run ``keep[0]``, block ``keep[1]`` recorded in each."""
+        token, tag = keep
+        sums = self.accumulated.setdefault(token, {})
+        for evaluation, request in ahead:
+            sums.setdefault(evaluation, Accumulated(request)).tags.append(tag)
+        return [sums[evaluation] for evaluation, _ in ahead]
 
     def _uploads(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None,
                  rounds: np.ndarray | None) -> Iterator[Any]:
@@ -85,10 +119,18 @@ class ShardStatistics:
             yield method.client_statistics(batch(run))
 
     def second_pass(self, method: ClosedFormMethod, request: Any, token: str, uploads: list[tuple[int, np.ndarray]],
-                    per_client: bool) -> Any:
+                    per_client: bool, evaluation: int | None = None) -> Any:
         """``method``'s second pass over what its run (``token``) kept here from the blocks ``uploads`` ((tag, this
         shard's clients that uploaded in it), in order): one ``second_pass`` per kept part, added in order. A part not
-        kept (over the budget, or lost when Ray restarted this shard) is computed again from its clients' rows."""
+        kept (over the budget, or lost when Ray restarted this shard) is computed again from its clients' rows.
+
+        ``evaluation``: the sum :meth:`statistics` added ahead for it, if that was for ``request`` (bit for bit) over
+        every block of ``uploads`` that has clients here (a restarted shard lost its sums: then, or for another
+        request, the second pass runs as above)."""
+        summed = self.accumulated.get(token, {}).pop(evaluation, None)
+        if summed is not None and summed.tags == [tag for tag, clients in uploads if len(clients)] \
+                and same_request(summed.request, request):
+            return summed.total
         total = None
         for tag, clients in uploads:
             parts = self.kept.parts(token, tag)
@@ -104,6 +146,17 @@ class ShardStatistics:
     def forget(self, token: str) -> None:
         """Drop what run ``token`` kept here."""
         self.kept.forget(token)
+        self.accumulated.pop(token, None)
+
+
+def same_request(a: Any, b: Any) -> bool:
+    """Whether two second-pass requests are the same, bit for bit: their tensors by path (as :func:`flatten` finds
+    them), or, holding none, by ``==``."""
+    left, right = flatten(a), flatten(b)
+    if not left and not right:
+        return bool(a == b)
+    return left.keys() == right.keys() and all(
+        left[path].dtype == right[path].dtype and torch.equal(left[path], right[path]) for path in left)
 
 
 def add_statistics(method: ClosedFormMethod, a: Any, b: Any) -> Any:

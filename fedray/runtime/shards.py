@@ -14,7 +14,7 @@ from __future__ import annotations
 import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, reduce
 from pathlib import Path
 from typing import Any
 
@@ -88,13 +88,17 @@ class ShardActor:
 
     # --- closed-form statistics (ShardStatistics)
 
+    def label_statistics(self, method: ClosedFormMethod, blocks: list[np.ndarray]) -> list[Any]:
+        return self.statistics_job.label_statistics(method, blocks)
+
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None = None,
-                   rounds: np.ndarray | None = None, keep: tuple[str, int] | None = None) -> Any:
-        return self.statistics_job.statistics(method, clients, postprocessing, rounds, keep)
+                   rounds: np.ndarray | None = None, keep: tuple[str, int] | None = None,
+                   ahead: list[tuple[int, Any]] | None = None) -> Any:
+        return self.statistics_job.statistics(method, clients, postprocessing, rounds, keep, ahead)
 
     def second_pass(self, method: ClosedFormMethod, request: Any, token: str, uploads: list[tuple[int, np.ndarray]],
-                    per_client: bool) -> Any:
-        return self.statistics_job.second_pass(method, request, token, uploads, per_client)
+                    per_client: bool, evaluation: int | None = None) -> Any:
+        return self.statistics_job.second_pass(method, request, token, uploads, per_client, evaluation)
 
     def forget(self, token: str) -> None:
         self.statistics_job.forget(token)
@@ -230,32 +234,48 @@ class ShardPool(ActorGroup):
 
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray, method_ref: ray.ObjectRef | None = None,
                    postprocessing: Postprocessing | None = None, rounds: np.ndarray | None = None,
-                   keep: tuple[str, int] | None = None) -> Reduction:
+                   keep: tuple[str, int] | None = None, ahead: list[tuple[int, Any]] | None = None) -> Reduction:
         """Submit the statistics of ``clients`` to their shards and tree-reduce the partial sums (``.result()``: the sum).
 
         ``method_ref`` is ``method`` put in the object store (once per run, by a caller that submits many blocks);
         ``postprocessing``'s client hooks see each upload, made in round ``rounds[i]`` by ``clients[i]``; ``keep``
-        (run token, block tag): what the method keeps in the shards stays there, for :meth:`second_pass`.
+        (run token, block tag): what the method keeps in the shards stays there, for :meth:`second_pass`, or, with
+        ``ahead`` ((evaluation, request) of each evaluation from this block on), is summed into each evaluation's
+        second pass as it is computed (:meth:`second_pass` with ``evaluation`` returns that sum).
         """
         self.wait()
         method_ref = ray.put(method) if method_ref is None else method_ref
         owners = self.owners(clients)
         per_client = postprocessing is not None and postprocessing.per_client
         partials = [(actor.statistics.remote(method_ref, clients[owners == index], postprocessing if per_client else None,
-                                             rounds[owners == index] if per_client else None, keep), actor)
+                                             rounds[owners == index] if per_client else None, keep, ahead), actor)
                     for index, actor in enumerate(self.actors)]
         return tree_reduce(method_ref, partials, partial(combine_checked, method), combine="combine_statistics")
 
+    def label_statistics(self, method: ClosedFormMethod, method_ref: ray.ObjectRef,
+                         blocks: list[np.ndarray]) -> list[Any]:
+        """``method``'s :meth:`~fedray.ClosedFormMethod.label_statistics` of each block of clients, each summed over
+        the shards in their order (None for a block without clients), waited for: the labels only, no features."""
+        self.wait()
+        owned = [self.owners(clients) for clients in blocks]
+        shards = ray.get([actor.label_statistics.remote(method_ref, [clients[owners == index]
+                                                                      for clients, owners in zip(blocks, owned)])
+                          for index, actor in enumerate(self.actors)])
+        return [reduce(partial(combine_partials, add=partial(combine_checked, method)), parts, None)
+                for parts in zip(*shards)]
+
     def second_pass(self, method: ClosedFormMethod, method_ref: ray.ObjectRef, request: Any, token: str,
-                    uploads: list[tuple[int, np.ndarray]], per_client: bool = False) -> Reduction:
+                    uploads: list[tuple[int, np.ndarray]], per_client: bool = False,
+                    evaluation: int | None = None) -> Reduction:
         """Submit ``method``'s second pass over what run ``token`` kept in the shards from the blocks ``uploads`` ((tag,
-        the clients that uploaded in it)) and tree-reduce the shards' sums (``.result()``: the sum)."""
+        the clients that uploaded in it)) and tree-reduce the shards' sums (``.result()``: the sum); ``evaluation``:
+        the sums the shards added ahead for it, where they are whole (see :meth:`statistics`)."""
         self.wait()
         request_ref = ray.put(request)
         owned = [(tag, self.owners(clients), clients) for tag, clients in uploads]
         partials = [(actor.second_pass.remote(method_ref, request_ref, token,
                                               [(tag, clients[owners == index]) for tag, owners, clients in owned],
-                                              per_client), actor)
+                                              per_client, evaluation), actor)
                     for index, actor in enumerate(self.actors)]
         return tree_reduce(method_ref, partials, method.combine_second, combine="combine_second")
 

@@ -144,6 +144,21 @@ def test_the_upload_follows_what_is_shared(small_inat):
         assert np.array_equal(method.paper_costs(small_inat).fedcof_floats, held * floats)
 
 
+@pytest.mark.parametrize("means_per_class", [1, 3])
+def test_the_labels_alone_give_the_counts_and_the_number_of_means_of_each_class(small_inat, means_per_class):
+    """What every evaluation's weights w_c = (N_c−1)/(K_c−1) need, known before any feature is read."""
+    method = FedCOF(small_inat.dim, small_inat.num_classes, means_per_class=means_per_class)
+    batch = all_clients_batch(small_inat)
+    counted = method.label_statistics(ClientBatch(batch.features[:, :0], batch.labels, batch.offsets, batch.clients))
+    received = method.client_statistics(batch)
+    labels = batch.labels.numpy()
+    assert torch.equal(counted.counts, torch.from_numpy(np.bincount(labels, minlength=60).astype(np.float64)))
+    assert torch.equal(counted.received, received.received) and counted.blocks == []
+    assert counted.received.sum() == method.rows_per_client(small_inat).sum()
+    assert tuple(counted.sums.shape) == (60, 0)
+    assert FedCOFOracle(small_inat.dim, small_inat.num_classes).label_statistics(batch) is None
+
+
 @pytest.mark.parametrize("method, options", [
     ("fedcof-oracle", {"covariance": "diagonal"}),
     ("fedcof-oracle", {"covariance": "spherical"}),

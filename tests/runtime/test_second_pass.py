@@ -1,6 +1,7 @@
 """A closed-form method's second pass: what grows with the clients (FedCOF's received means) stays in the shards, the
 server sends what the solve needs, the shards return their sums. Parts over a shard's budget, or lost with a restarted
-shard, are computed again from the rows, to the same bits."""
+shard, are computed again from the rows, to the same bits. Where the labels tell every evaluation's request before the
+pass (FedCOF's weights), the shards sum each part into every later evaluation's second pass as they compute it."""
 
 from dataclasses import dataclass
 
@@ -11,18 +12,30 @@ import torch
 
 from fedray.data import synthetic
 from fedray.data.registry import load_federation
+from fedray.engine.closed_form import ClosedFormRounds
 from fedray.engine.config import RunConfig
 from fedray.engine.plan import build_method
 from fedray.engine.run_config import simulate
 from fedray.methods.base import Classifier, ClientBatch, ClosedFormMethod
+from fedray.methods.fedcof import FedCOF
+from fedray.runtime.actor_group import combine_partials
 from fedray.runtime.evaluator import Evaluator
+from fedray.runtime.kept import KeptParts
+from fedray.runtime.shard_rows import HeldRows, Rows
+from fedray.runtime.shard_statistics import ShardStatistics
 from fedray.runtime.shards import ShardPool
 from tests.reference import fedcof_algorithm1, features_and_labels, max_relative_difference
 
 
-def run_on(pool, method="fedcof", **options):
+def run_on(pool, method="fedcof", on_point=None, **options):
     config = RunConfig(**{"quiet": True, "method": method, "clients_per_round": 20, "eval_every": 4, **options})
-    return simulate(config, build_method(config, pool.federation), pool, Evaluator(pool))[2]
+    return simulate(config, build_method(config, pool.federation), pool, Evaluator(pool), on_point)[2]
+
+
+@pytest.fixture
+def passes_again(monkeypatch):
+    """Every evaluation's second pass over the kept parts, as a run whose postprocessor changes uploads makes it."""
+    monkeypatch.setattr(ClosedFormRounds, "_requests_ahead", lambda self, pool, method_ref: None)
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +76,13 @@ def test_the_driver_receives_no_means(kept, monkeypatch):
     assert all(tuple(total.sums.shape) == (30, 16) for total in seen)
 
 
-def test_parts_over_the_budget_are_computed_again_to_the_same_bits(kept, recomputed):
+def test_parts_over_the_budget_are_computed_again_to_the_same_bits(kept, recomputed, passes_again):
     held, again = run_on(kept), run_on(recomputed)
     assert torch.equal(held.classifier.weight, again.classifier.weight)
     assert [p.accuracy for p in held.points] == [p.accuracy for p in again.points]
 
 
-def test_a_budget_that_holds_some_blocks_gives_the_same_bits(ray_session, federation, kept):
+def test_a_budget_that_holds_some_blocks_gives_the_same_bits(ray_session, federation, kept, passes_again):
     """Runs of a block are dropped as soon as they pass the budget (a shard never holds a whole block over it: a
     single block of a million clients' means took 18 GB); the blocks that fit stay."""
     pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25, kept_budget=50_000)
@@ -96,6 +109,78 @@ def test_a_restarted_shard_computes_its_lost_parts_again(kept, federation):
     config = RunConfig(quiet=True, method="fedcof", clients_per_round=20, eval_every=4)
     outcome = simulate(config, build_method(config, federation), kept, KillOnce(kept))[2]
     assert killed and torch.equal(clean.classifier.weight, outcome.classifier.weight)
+
+
+def test_every_evaluation_summed_ahead_is_the_second_pass_to_the_bit(kept, monkeypatch):
+    """FedCOF's one pass (the weights of every evaluation from the labels, each mean summed into every later
+    evaluation as it is computed) gives every evaluation's classifier of the second passes, bit for bit."""
+    counted = []
+    label_statistics = ShardPool.label_statistics
+    monkeypatch.setattr(ShardPool, "label_statistics", lambda *args: counted.append(1) or label_statistics(*args))
+    ahead, again = [], []
+    one_pass = run_on(kept, on_point=lambda point, classifier: ahead.append(classifier.weight))
+    monkeypatch.setattr(ClosedFormRounds, "_requests_ahead", lambda self, pool, method_ref: None)
+    second_passes = run_on(kept, on_point=lambda point, classifier: again.append(classifier.weight))
+    assert counted == [1] and len(ahead) == len(again) == 4
+    assert all(torch.equal(a, b) for a, b in zip(ahead, again))
+    assert [p.accuracy for p in one_pass.points] == [p.accuracy for p in second_passes.points]
+
+
+def one_shard(federation) -> ShardStatistics:
+    """Every client of ``federation`` in one shard, in this process, with room to keep every part."""
+    rows = Rows.of(federation, (0, federation.num_clients), (0, federation.num_test))
+    return ShardStatistics(HeldRows(rows, 0), KeptParts(2**30))
+
+
+def summed_ahead(federation, method):
+    """Three blocks of clients (tags 3, 6, 9), each evaluation's request from the labels, and a shard that summed
+    them ahead."""
+    clients = np.random.default_rng(0).permutation(federation.num_clients)
+    blocks = list(zip((3, 6, 9), np.array_split(clients, 3)))
+    shard = one_shard(federation)
+    total, requests = None, []
+    for (tag, _), counted in zip(blocks, shard.label_statistics(method, [clients for _, clients in blocks])):
+        total = counted if total is None else method.combine(total, counted)
+        requests.append((tag, method.second_pass_request(total)))
+    for tag, clients in blocks:
+        shard.statistics(method, clients, keep=("run", tag), ahead=[(e, r) for e, r in requests if e >= tag])
+    return blocks, requests, shard
+
+
+def test_a_shard_reads_each_mean_once_for_every_later_evaluation(federation, monkeypatch):
+    method = FedCOF(16, 30)
+    passes = []
+    second_pass = FedCOF.second_pass
+    monkeypatch.setattr(FedCOF, "second_pass",
+                        lambda self, request, part: passes.append(1) or second_pass(self, request, part))
+    blocks, requests, shard = summed_ahead(federation, method)
+    assert len(passes) == 3 + 2 + 1, "each block's means, once per evaluation from its own on"
+    assert shard.kept.used == 0 and shard.kept.runs == {}, "no mean kept"
+    today, received = one_shard(federation), None
+    for tag, clients in blocks:
+        received = combine_partials(received, today.statistics(method, clients, keep=("run", tag)), method.combine)
+        assert torch.equal(method.second_pass_request(received), dict(requests)[tag]), "the server's weights"
+    for number, (evaluation, request) in enumerate(requests, start=1):
+        passes.clear()
+        summed = shard.second_pass(method, request, "run", blocks[:number], False, evaluation)
+        assert passes == [], "the sum is served as it was added"
+        assert torch.equal(summed, today.second_pass(method, request, "run", blocks[:number], False))
+    assert shard.accumulated["run"] == {}
+
+
+def test_a_shard_passes_again_for_another_request_or_after_losing_its_sums(federation):
+    """Another request (a postprocessor changed the counts the server received), or a restarted shard's sums (the blocks
+    before its restart missing): the second pass runs from the rows, to the bits of the one it replaces."""
+    method = FedCOF(16, 30)
+    blocks, requests, shard = summed_ahead(federation, method)
+    today = one_shard(federation)
+    other = requests[1][1] * 2
+    assert torch.equal(shard.second_pass(method, other, "run", blocks[:2], False, 6),
+                       today.second_pass(method, other, "run", blocks[:2], False))
+    shard.accumulated.clear()
+    shard.statistics(method, blocks[2][1], keep=("run", 9), ahead=[requests[2]])  # retried after the restart
+    assert torch.equal(shard.second_pass(method, requests[2][1], "run", blocks, False, 9),
+                       today.second_pass(method, requests[2][1], "run", blocks, False))
 
 
 class SpreadOfClientMeans(ClosedFormMethod):
