@@ -30,15 +30,17 @@ from pathlib import Path
 from typing import Annotated, NamedTuple
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
 
 from fedray.clock.costs import TaskCost
 from fedray.clock.streams import lognormal_factors, uniforms
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Metavar, Unset
+
+pa = lazy_module("pyarrow", globals())
+pc = lazy_module("pyarrow.compute", globals())
+pa_csv = lazy_module("pyarrow.csv", globals())
+pq = lazy_module("pyarrow.parquet", globals())
 
 ASSIGNMENT_STREAM = 40
 """The stream of each client's device: (seed, 40, client)."""

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
+
+pa = lazy_module("pyarrow", globals())
+pacsv = lazy_module("pyarrow.csv", globals())
+pq = lazy_module("pyarrow.parquet", globals())
 
 COLUMNS = ("trace_id", "start_s", "end_s")
 

@@ -85,12 +85,14 @@ POINT_COLUMNS = tuple(f.name for f in fields(EvalPoint)
 """The columns every evaluation row has (besides the configuration's and what plugins report)."""
 
 
-ROUNDS_SCHEMA = pa.schema([("round", pa.int64()), ("stage", pa.string()), ("start_s", pa.float64()),
-                           ("end_s", pa.float64()), ("selected", pa.int64()), ("finished", pa.int64()),
-                           ("stragglers", pa.int64()), ("dropped", pa.int64()), ("bytes_up", pa.float64()),
-                           ("bytes_down", pa.float64())])
-"""rounds.parquet: one row a round of a run on the clock (virtual seconds since the run's start; the bytes of the
-kept uploads and of every selected client's download)."""
+def rounds_schema() -> pa.Schema:
+    """rounds.parquet: one row a round of a run on the clock (virtual seconds since the run's start; the bytes of the
+    kept uploads and of every selected client's download)."""
+    return pa.schema([("round", pa.int64()), ("stage", pa.string()), ("start_s", pa.float64()),
+                      ("end_s", pa.float64()), ("selected", pa.int64()), ("finished", pa.int64()),
+                      ("stragglers", pa.int64()), ("dropped", pa.int64()), ("bytes_up", pa.float64()),
+                      ("bytes_down", pa.float64())])
+
 
 Size = int | Callable[[], int] | None
 """The bytes a writer writes: a number, a function that counts them (called only when the disk is full, to say how
@@ -262,7 +264,7 @@ def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.nd
         files.append((MODEL, lambda p: _save_model(p, model), lambda: torch_size(model)))
     files.append((CONFIG, lambda p: _save_text(p, text), len(text.encode())))
     if rounds is not None:
-        per_round = pa.Table.from_pylist(rounds, schema=ROUNDS_SCHEMA)
+        per_round = pa.Table.from_pylist(rounds, schema=rounds_schema())
         files.append((ROUNDS, lambda p: _save_table(p, per_round), lambda: _parquet_size(per_round)))
     files += [(METRICS, lambda p: _save_table(p, table), lambda: _parquet_size(table))]
     out.mkdir(parents=True, exist_ok=True)

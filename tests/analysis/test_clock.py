@@ -36,7 +36,7 @@ def runs() -> pl.DataFrame:
 def test_the_hours_to_each_level_are_the_first_row_at_or_above_it_with_its_bytes_and_stragglers(runs):
     table = time_to_accuracy(runs, ["method"])
     assert table.columns == ["method", "level", "target_%", "virtual_h", "round", "upload_MB", "download_MB",
-                             "clients_straggled", "clients_dropped"]
+                             "stragglers", "dropped"]
     assert table.rows() == [
         ("fed3r", "25%", 20.0, 0.5, 1, 100.0, 0.0, None, None),
         ("fed3r", "50%", 40.0, 0.5, 1, 100.0, 0.0, None, None),

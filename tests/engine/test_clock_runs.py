@@ -147,23 +147,24 @@ def test_bad_clock_options_are_refused_in_one_line_before_any_work(tmp_path):
 
 
 def test_partial_stragglers_send_the_steps_they_finished_by_the_deadline(ray_session, tmp_path):
-    """Odd clients compute at a rate that finishes about half of their local steps by the deadline: with
-    ``--stragglers partial`` every selected client's upload is kept (the odd ones' partial work, FedNova's setting),
-    with ``drop`` only the even ones', and the partial run's head is neither the dropping run's nor the unhurried one's."""
+    """Odd clients compute at a rate that finishes a few of their local steps by the deadline (a small one may finish
+    all): with ``--stragglers partial`` every selected client's upload is kept (the late ones' partial work, FedNova's
+    setting), with ``drop`` the late ones' are lost, and the partial run's head is neither the dropping run's nor the
+    unhurried one's."""
     federation = load_federation(TINY)
     table = tmp_path / "devices.csv"
     table.write_text("client_id,macs_per_s,down_bps,up_bps\n" + "".join(
-        f"{client},{1e15 if client % 2 == 0 else 2e3},1e15,1e15\n" for client in range(federation.num_clients)))
+        f"{client},{1e15 if client % 2 == 0 else 8e3},1e15,1e15\n" for client in range(federation.num_clients)))
     common = {**COMMON, "method": "fednova", "rounds": 3, "seed": 5, "devices": str(table), "local_epochs": 2,
               "batch_size": 4, "eval_every": 3}
     runs = {policy: run(RunConfig(out=str(tmp_path / policy), deadline=1.0, stragglers=policy, **common))
             for policy in ("partial", "drop")}
     unhurried = run(RunConfig(out=str(tmp_path / "unhurried"), **common))
-    schedule = list(sampling.schedule(federation.num_clients, 5, True, 5, 3, past_coverage=True))
     partial = pq.read_table(tmp_path / "partial" / "rounds.parquet").to_pylist()
     dropped = pq.read_table(tmp_path / "drop" / "rounds.parquet").to_pylist()
     assert [row["finished"] for row in partial] == [5, 5, 5]
-    assert [row["finished"] for row in dropped] == [int((row % 2 == 0).sum()) for row in schedule]
-    assert [row["stragglers"] for row in partial] == [int((row % 2 == 1).sum()) for row in schedule]
+    assert [row["stragglers"] for row in partial] == [row["stragglers"] for row in dropped]
+    assert [row["finished"] for row in dropped] == [5 - row["stragglers"] for row in dropped]
+    assert sum(row["stragglers"] for row in dropped) > 0
     heads = [completed.arrays["W"] for completed in (runs["partial"], runs["drop"], unhurried)]
     assert not np.array_equal(heads[0], heads[1]) and not np.array_equal(heads[0], heads[2])
