@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import traceback
 import typing
@@ -109,7 +110,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
     file_values = load_config_file(args.config) if args.config else {}
     cli_values = {k: v for k, v in vars(args).items()
-                  if k not in ("config", "address", "handler", "command", "resume", "option", "verbose")
+                  if k not in ("config", "address", "handler", "command", "command_line", "resume", "option", "verbose")
                   and not k.startswith(SHIPPED)}
     shipped = {k[len(SHIPPED):]: v for k, v in vars(args).items() if k.startswith(SHIPPED) and v is not None}
     cli_values = with_shipped_options({**cli_values, "options": parse_options(args.option or [])}, shipped, "fedray run")
@@ -117,7 +118,8 @@ def _cmd_run(args: argparse.Namespace) -> None:
     with interrupts.reporting(lambda: _left_by_run(config)):
         from fedray.engine.run_config import run
 
-        rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose).rows
+        rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose,
+                   command=args.command_line).rows
     last = rows[-1]
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
@@ -208,7 +210,7 @@ def _cmd_extract(args: argparse.Namespace) -> None:
     from fedray.app.extract.config import ExtractConfig
     from fedray.app.extract.features import extract
 
-    options = {k: v for k, v in vars(args).items() if k not in ("address", "handler", "command")}
+    options = {k: v for k, v in vars(args).items() if k not in ("address", "handler", "command", "command_line")}
     if args.weights == "random":
         print(f"fedray: WARNING: --weights random (seed {args.seed}): these features are NOT pre-trained", file=sys.stderr)
     report = extract(ExtractConfig(**options), address=args.address)
@@ -245,7 +247,8 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     folder = Path(args.out) / spec.name
     with interrupts.reporting(lambda: f"the sweep's state is kept in {folder}; continue with --resume" if folder.exists()
                               else f"nothing written to {folder}"):
-        table = sweep(spec, args.out, resume=args.resume, address=args.address, quiet=args.quiet)
+        table = sweep(spec, args.out, resume=args.resume, address=args.address, quiet=args.quiet,
+                      command=args.command_line)
     trials = table["trial_id"].n_unique() if table.height else 0
     print(f"sweep {spec.name}: {trials} trials, {table.height} evaluation rows → {Path(args.out) / spec.name / RESULTS}")
 
@@ -379,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     with interrupts.handling_interrupts():
         try:
             args = build_parser().parse_args(argv)
+            args.command_line = shlex.join(["fedray", *(sys.argv[1:] if argv is None else argv)])  # for run.json
             args.handler(args)
         except BaseException as error:
             number = interrupts.signal_behind(error)

@@ -1,4 +1,5 @@
-"""Run outputs, written atomically: metrics.parquet, classifier.npz, config.yaml (and model.pt after fine-tuning).
+"""Run outputs, written atomically: metrics.parquet, classifier.npz, config.yaml, run.json (and model.pt after
+fine-tuning).
 
 A run's folder holds a complete run exactly when it holds ``metrics.parquet``:
 :func:`write_run` writes every new file beside the previous run's before it
@@ -10,6 +11,7 @@ cannot finish writing (a full disk) leaves the previous run as it was.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import secrets
@@ -25,7 +27,10 @@ import yaml
 from fedray.core.full_disk import full_disk_code, full_disk_error
 
 METRICS, CLASSIFIER, CONFIG, MODEL = "metrics.parquet", "classifier.npz", "config.yaml", "model.pt"
-RUN_FILES = (CLASSIFIER, MODEL, CONFIG, METRICS)
+RUN_JSON = "run.json"
+RUN_FILES = (CLASSIFIER, MODEL, CONFIG, RUN_JSON, METRICS)
+ENVIRONMENT_PREFIX = "env_"
+"""A sweep's results.parquet carries each field of a trial's run.json as a column ``env_NAME``."""
 TEMPORARY_TAG = "[a-z0-9_]{8}"
 """The random part of a temporary's name ``.NAME.TAG.tmp``: hex digits, or mkstemp's alphabet (older fedray used it)."""
 
@@ -229,8 +234,10 @@ def _save_table(path: Path, table: pa.Table) -> None:
     pq.write_table(table, path)
 
 
-def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.ndarray], model: dict | None = None) -> None:
-    """The run's files; ``model`` (a fine-tuned state dict) goes to model.pt. The metrics come last: they mark a complete run.
+def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.ndarray], model: dict | None = None,
+              record: dict | None = None) -> None:
+    """The run's files; ``model`` (a fine-tuned state dict) goes to model.pt, ``record`` (what made the run,
+    :mod:`fedray.runtime.provenance`) to run.json. The metrics come last: they mark a complete run.
 
     Every file is written as a temporary beside the previous run's files first;
     only then are they swapped in (:func:`_swap`). A write that fails (a full
@@ -243,8 +250,11 @@ def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.nd
         (CLASSIFIER, lambda p: _save_npz(p, arrays), lambda: serialized_size(lambda handle: np.savez(handle, **arrays)))]
     if model is not None:
         files.append((MODEL, lambda p: _save_model(p, model), lambda: torch_size(model)))
-    files += [(CONFIG, lambda p: _save_text(p, text), len(text.encode())),
-              (METRICS, lambda p: _save_table(p, table), lambda: _parquet_size(table))]
+    files.append((CONFIG, lambda p: _save_text(p, text), len(text.encode())))
+    if record is not None:
+        made = json.dumps(record, indent=2) + "\n"
+        files.append((RUN_JSON, lambda p: _save_text(p, made), len(made.encode())))
+    files.append((METRICS, lambda p: _save_table(p, table), lambda: _parquet_size(table)))
     out.mkdir(parents=True, exist_ok=True)
     with _Temporaries(out, out) as temporaries:
         _swap(out, {name: temporaries.write(out / name, write, size) for name, write, size in files}, temporaries)
