@@ -253,6 +253,26 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     print(f"sweep {spec.name}: {trials} trials, {table.height} evaluation rows → {Path(args.out) / spec.name / RESULTS}")
 
 
+def _reproduce_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "reproduce", help="rerun a finished run folder from its config.yaml and say whether the same bits came out",
+        description="Rerun the run in OUT from OUT/config.yaml into a new folder and print one line: bitwise equal, or "
+        "the largest relative difference of the classifier (classifier.npz) and of the metrics (metrics.parquet, "
+        "wall-clock columns excluded), and which fields of run.json differ. Exit code 0 when equal, 1 when not.")
+    parser.add_argument("out", metavar="OUT", help="a finished run's folder (never written to)")
+    parser.add_argument("--out", dest="new", metavar="NEW", help="where the rerun writes (default OUT-reproduced)")
+    parser.add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
+    parser.set_defaults(handler=_cmd_reproduce)
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from fedray.app.reproduce import reproduce
+
+    comparison = reproduce(args.out, args.new, address=args.address, command=args.command_line)
+    print(comparison.line())
+    return 0 if comparison.equal else 1
+
+
 def _analysis_parsers(commands: argparse._SubParsersAction) -> None:
     """``fedray compare`` and ``fedray summarize``: the commands of :mod:`analysis.compare` and
     :mod:`analysis.summarize`, with their arguments."""
@@ -333,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(commands)
     _extract_parser(commands)
     _sweep_parser(commands)
+    _reproduce_parser(commands)
     _analysis_parsers(commands)
     methods = commands.add_parser("methods", help="list the built-in methods and server optimizers with their options",
                                   description="Every built-in closed-form method, gradient method and server optimizer, "
@@ -376,14 +397,14 @@ def _ray_is_up() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``fedray ARGV``; the exit code: 0, 2 for bad input, 1 when a plugin raised, 130 after Ctrl-C and 143 after
-    SIGTERM, whenever it comes."""
+    """``fedray ARGV``; the exit code: 0, 2 for bad input, 1 when a plugin raised (or ``fedray reproduce`` found a
+    difference), 130 after Ctrl-C and 143 after SIGTERM, whenever it comes."""
     ray_was_up = _ray_is_up()
     with interrupts.handling_interrupts():
         try:
             args = build_parser().parse_args(argv)
             args.command_line = shlex.join(["fedray", *(sys.argv[1:] if argv is None else argv)])  # for run.json
-            args.handler(args)
+            exit_code = args.handler(args)
         except BaseException as error:
             number = interrupts.signal_behind(error)
             if number is None:
@@ -403,4 +424,4 @@ def main(argv: list[str] | None = None) -> int:
                     sys.modules["ray"].shutdown()
             print(f"fedray: {stop}", file=sys.stderr)
             return stop.exit_code
-    return 0
+    return exit_code or 0
