@@ -13,7 +13,8 @@ from fedray.data.registry import load_federation
 from fedray.core.errors import FedrayError
 from fedray.app.sweeps.spec import SweepSpec, load_sweep, with_dataset_options
 from fedray.app.sweeps.trials import check_trials, trial_config
-from fedray.app.sweeps.tuning import RESULTS, failure_line, sweep
+from fedray.app.sweeps.tuning import RESULTS, _environment_columns, failure_line, sweep
+from fedray.runtime.provenance import FIELDS
 
 SWEEPS = Path(__file__).resolve().parents[2] / "jobs" / "sweeps"
 SMALL = {"dim": 16, "scale": 0.04, "classes": 40}
@@ -264,3 +265,18 @@ def test_bad_plugin_options_in_a_sweep_are_one_line(tmp_path, text, message):
     path = write(tmp_path, f"name: x\n{text}\n")
     with pytest.raises(FedrayError, match=f"^{re.escape(f'{path}: {message}')}$"):
         load_sweep(path)
+
+
+def test_what_made_a_trial_is_typed_columns_null_for_a_trial_without_run_json(tmp_path):
+    """A resumed sweep's trials an earlier fedray ran have no run.json: their env_ columns are null, typed as the
+    others' (so the trials' tables combine)."""
+    (tmp_path / "run.json").write_text('{"fedray": "0.1.0", "dirty": false, "nodes": 2, "cpus_per_shard": 0.5}')
+    recorded, earlier = (pl.DataFrame({"round": [1]}).with_columns(_environment_columns(tmp_path / name))
+                         for name in ("run.json", "absent.json"))
+    assert recorded.columns == earlier.columns == ["round", *(f"env_{name}" for name in FIELDS)]
+    assert recorded.schema == earlier.schema
+    assert [recorded.schema[f"env_{name}"] for name in ("dirty", "nodes", "cpus_per_shard")] == \
+        [pl.Boolean, pl.Int64, pl.Float64]
+    assert recorded.select("env_fedray", "env_dirty", "env_nodes", "env_cpus_per_shard", "env_torch").row(0) == \
+        ("0.1.0", False, 2, 0.5, None)
+    assert earlier.drop("round").row(0) == (None,) * len(FIELDS)
