@@ -111,13 +111,13 @@ def reproduce(out: str | Path, new: str | Path | None = None, address: str | Non
               command: str | None = None) -> Comparison:
     """Rerun the finished run in ``out`` from its config.yaml into ``new`` (default :func:`fresh_folder`) and compare
     them; ``command`` is what the rerun's run.json records. Everything is checked before any work."""
-    from fedray.engine.run_config import run  # Ray and torch: only once the input is checked
+    from fedray.engine.run_config import run  # Ray: only once the input is checked
 
     out = Path(out)
     check_finished(out)
     new = fresh_folder(out.absolute()) if new is None else Path(new)
-    if new.absolute().resolve() == out.absolute().resolve():
-        raise FedrayError(f"--out {new}: is the run folder being reproduced; name another folder")
+    if out.resolve() in (new.resolve(), *new.resolve().parents):
+        raise FedrayError(f"--out {new}: is the run folder being reproduced, or inside it; name another folder")
     config = resolve(load_config_file(out / CONFIG), {"out": str(new), "quiet": True})
     run(config, address=address, command=command)
     return compare_runs(out, new)

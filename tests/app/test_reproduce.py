@@ -93,12 +93,16 @@ def test_a_folder_without_a_finished_run_is_refused_in_one_line(no_rerun, tmp_pa
     assert sorted(os.listdir(tmp_path)) == ([] if present is None else ["run"]), "nothing written"
 
 
-def test_the_rerun_never_writes_the_run_folder(finished_run, no_rerun, tmp_path, capsys):
+@pytest.mark.parametrize("new", ["./run", "run/rerun"], ids=["itself", "inside"])
+def test_the_rerun_never_writes_the_run_folder(no_rerun, tmp_path, capsys, new):
     out = tmp_path / "run"
-    shutil.copytree(finished_run, out)
-    code, said = reproduced(capsys, str(out), "--out", str(tmp_path / "." / "run"))
-    assert (code, said) == (2, f"fedray: error: --out {tmp_path}/run: is the run folder being reproduced; name "
-                               "another folder\n")
+    out.mkdir()
+    for name in ("config.yaml", "metrics.parquet", "classifier.npz"):
+        (out / name).write_text("x\n")
+    code, said = reproduced(capsys, str(out), "--out", str(tmp_path / new))
+    assert (code, said) == (2, f"fedray: error: --out {tmp_path / new}: is the run folder being reproduced, or inside "
+                               "it; name another folder\n")
+    assert sorted(os.listdir(out)) == ["classifier.npz", "config.yaml", "metrics.parquet"]
 
 
 def test_the_default_rerun_folder_is_a_fresh_one_beside_the_run(finished_run, tmp_path, capsys, monkeypatch):
