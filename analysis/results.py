@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fedray.core.errors import FedrayError
 from fedray.core.lazy_modules import lazy_module
-from fedray.core.results import EvalPoint
+from fedray.core.results import ENVIRONMENT_PREFIX, EvalPoint
 
 pl = lazy_module("polars", globals())
 
@@ -89,9 +89,10 @@ def varying_parameters(results: pl.DataFrame, by: str = "method") -> list[str]:
     beside Fed3R's), so a column varies when it takes two values among one method's runs (null counted), or two
     values that are not null across methods; a null beside a value of another method is not a difference.
     ``by="label"`` (runs named by a job's configurations, e.g. ``"fedcof-oracle (diagonal)"``): only what varies
-    among one label's runs (its dataset); what differs between labels is the label's to say.
+    among one label's runs (its dataset); what differs between labels is the label's to say. What made each run
+    (a sweep's ``env_`` columns: versions, times) is not a parameter.
     """
-    candidates = [c for c in results.columns if c not in NOT_PARAMETERS]
+    candidates = [c for c in results.columns if c not in NOT_PARAMETERS and not c.startswith(ENVIRONMENT_PREFIX)]
     if not candidates:
         return []
     per_group = results.group_by(by).agg(pl.col(candidates).n_unique()).select(pl.col(candidates).max())

@@ -176,7 +176,7 @@ def run(
     config = resolve(typed_options(values, RUN, KEYWORD_SPELLING), {}, named=run_options)  # None is a value, as in a file
     listener = None if on_evaluation is None else lambda point, classifier: on_evaluation(point.columns(), classifier)
     completed = run_config(config, address=address, resume=resume, on_point=listener, federation=federation,
-                           verbose=verbose, callbacks=researcher)
+                           verbose=verbose, callbacks=researcher, command=RUN)
     arrays = dict(completed.arrays)
     weight, bias = arrays.pop("W"), arrays.pop("bias", None)
     classifier = Classifier(torch.from_numpy(weight), None if bias is None else torch.from_numpy(bias))
@@ -209,4 +209,5 @@ def sweep(
     resume, quiet, address = RESUME.coerce(resume, SWEEP), QUIET.coerce(quiet, SWEEP), ADDRESS.coerce(address, SWEEP)
     researcher = Callbacks.checked(callbacks, SWEEP)
     spec = sweep_spec(config, Path("sweep")) if isinstance(config, dict) else load_sweep(config)
-    return run_sweep(spec, out, resume=resume, address=address, quiet=quiet, callbacks=researcher.callbacks)
+    return run_sweep(spec, out, resume=resume, address=address, quiet=quiet, callbacks=researcher.callbacks,
+                     command=SWEEP)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import traceback
 import typing
@@ -109,7 +110,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
     file_values = load_config_file(args.config) if args.config else {}
     cli_values = {k: v for k, v in vars(args).items()
-                  if k not in ("config", "address", "handler", "command", "resume", "option", "verbose")
+                  if k not in ("config", "address", "handler", "command", "command_line", "resume", "option", "verbose")
                   and not k.startswith(SHIPPED)}
     shipped = {k[len(SHIPPED):]: v for k, v in vars(args).items() if k.startswith(SHIPPED) and v is not None}
     cli_values = with_shipped_options({**cli_values, "options": parse_options(args.option or [])}, shipped, "fedray run")
@@ -117,7 +118,8 @@ def _cmd_run(args: argparse.Namespace) -> None:
     with interrupts.reporting(lambda: _left_by_run(config)):
         from fedray.engine.run_config import run
 
-        rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose).rows
+        rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose,
+                   command=args.command_line).rows
     last = rows[-1]
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
@@ -208,7 +210,7 @@ def _cmd_extract(args: argparse.Namespace) -> None:
     from fedray.app.extract.config import ExtractConfig
     from fedray.app.extract.features import extract
 
-    options = {k: v for k, v in vars(args).items() if k not in ("address", "handler", "command")}
+    options = {k: v for k, v in vars(args).items() if k not in ("address", "handler", "command", "command_line")}
     if args.weights == "random":
         print(f"fedray: WARNING: --weights random (seed {args.seed}): these features are NOT pre-trained", file=sys.stderr)
     report = extract(ExtractConfig(**options), address=args.address)
@@ -245,9 +247,30 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     folder = Path(args.out) / spec.name
     with interrupts.reporting(lambda: f"the sweep's state is kept in {folder}; continue with --resume" if folder.exists()
                               else f"nothing written to {folder}"):
-        table = sweep(spec, args.out, resume=args.resume, address=args.address, quiet=args.quiet)
+        table = sweep(spec, args.out, resume=args.resume, address=args.address, quiet=args.quiet,
+                      command=args.command_line)
     trials = table["trial_id"].n_unique() if table.height else 0
     print(f"sweep {spec.name}: {trials} trials, {table.height} evaluation rows → {Path(args.out) / spec.name / RESULTS}")
+
+
+def _reproduce_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "reproduce", help="rerun a finished run folder from its config.yaml and say whether the same bits came out",
+        description="Rerun the run in OUT from OUT/config.yaml into a new folder and print one line: bitwise equal, or "
+        "the largest relative difference of the classifier (classifier.npz) and of the metrics (metrics.parquet, "
+        "wall-clock columns excluded), and which fields of run.json differ. Exit code 0 when equal, 1 when not.")
+    parser.add_argument("out", metavar="OUT", help="a finished run's folder (never written to)")
+    parser.add_argument("--out", dest="new", metavar="NEW", help="where the rerun writes (default OUT-reproduced)")
+    parser.add_argument("--address", help="Ray cluster to join (default $RAY_ADDRESS, else an embedded local Ray)")
+    parser.set_defaults(handler=_cmd_reproduce)
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from fedray.app.reproduce import reproduce
+
+    comparison = reproduce(args.out, args.new, address=args.address, command=args.command_line)
+    print(comparison.line())
+    return 0 if comparison.equal else 1
 
 
 def _analysis_parsers(commands: argparse._SubParsersAction) -> None:
@@ -331,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(commands)
     _extract_parser(commands)
     _sweep_parser(commands)
+    _reproduce_parser(commands)
     _analysis_parsers(commands)
     methods = commands.add_parser("methods", help="list the built-in methods and server optimizers with their options",
                                   description="Every built-in closed-form method, gradient method and server optimizer, "
@@ -374,13 +398,14 @@ def _ray_is_up() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``fedray ARGV``; the exit code: 0, 2 for bad input, 1 when a plugin raised, 130 after Ctrl-C and 143 after
-    SIGTERM, whenever it comes."""
+    """``fedray ARGV``; the exit code: 0, 2 for bad input, 1 when a plugin raised (or ``fedray reproduce`` found a
+    difference), 130 after Ctrl-C and 143 after SIGTERM, whenever it comes."""
     ray_was_up = _ray_is_up()
     with interrupts.handling_interrupts():
         try:
             args = build_parser().parse_args(argv)
-            args.handler(args)
+            args.command_line = shlex.join(["fedray", *(sys.argv[1:] if argv is None else argv)])  # for run.json
+            exit_code = args.handler(args)
         except BaseException as error:
             number = interrupts.signal_behind(error)
             if number is None:
@@ -400,4 +425,4 @@ def main(argv: list[str] | None = None) -> int:
                     sys.modules["ray"].shutdown()
             print(f"fedray: {stop}", file=sys.stderr)
             return stop.exit_code
-    return 0
+    return exit_code or 0

@@ -1,4 +1,5 @@
-"""Run outputs, written atomically: metrics.parquet, classifier.npz, config.yaml (and model.pt after fine-tuning).
+"""Run outputs, written atomically: metrics.parquet, classifier.npz, config.yaml, run.json (and model.pt after
+fine-tuning).
 
 A run's folder holds a complete run exactly when it holds ``metrics.parquet``:
 :func:`write_run` writes every new file beside the previous run's before it
@@ -10,6 +11,7 @@ cannot finish writing (a full disk) leaves the previous run as it was.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import secrets
@@ -22,13 +24,12 @@ import numpy as np
 from fedray.core.full_disk import full_disk_code, full_disk_error
 from fedray.core.lazy_modules import lazy_module
 
-pa = lazy_module("pyarrow", globals())
-pq = lazy_module("pyarrow.parquet", globals())
-yaml = lazy_module("yaml", globals())
-
 METRICS, CLASSIFIER, CONFIG, MODEL, ROUNDS = "metrics.parquet", "classifier.npz", "config.yaml", "model.pt", \
     "rounds.parquet"
-RUN_FILES = (CLASSIFIER, MODEL, CONFIG, ROUNDS, METRICS)
+RUN_JSON = "run.json"
+RUN_FILES = (CLASSIFIER, MODEL, CONFIG, ROUNDS, RUN_JSON, METRICS)
+ENVIRONMENT_PREFIX = "env_"
+"""A sweep's results.parquet carries each field of a trial's run.json as a column ``env_NAME``."""
 TEMPORARY_TAG = "[a-z0-9_]{8}"
 """The random part of a temporary's name ``.NAME.TAG.tmp``: hex digits, or mkstemp's alphabet (older fedray used it)."""
 
@@ -247,9 +248,10 @@ def _save_table(path: Path, table: pa.Table) -> None:
 
 
 def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.ndarray], model: dict | None = None,
-              rounds: list[dict] | None = None) -> None:
+              rounds: list[dict] | None = None, record: dict | None = None) -> None:
     """The run's files; ``model`` (a fine-tuned state dict) goes to model.pt, ``rounds`` (a run on the clock's, one
-    row a round) to rounds.parquet. The metrics come last: they mark a complete run.
+    row a round) to rounds.parquet, ``record`` (what made the run, :mod:`fedray.runtime.provenance`) to run.json. The
+    metrics come last: they mark a complete run.
 
     Every file is written as a temporary beside the previous run's files first;
     only then are they swapped in (:func:`_swap`). A write that fails (a full
@@ -266,7 +268,10 @@ def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.nd
     if rounds is not None:
         per_round = pa.Table.from_pylist(rounds, schema=rounds_schema())
         files.append((ROUNDS, lambda p: _save_table(p, per_round), lambda: _parquet_size(per_round)))
-    files += [(METRICS, lambda p: _save_table(p, table), lambda: _parquet_size(table))]
+    if record is not None:
+        made = json.dumps(record, indent=2) + "\n"
+        files.append((RUN_JSON, lambda p: _save_text(p, made), len(made.encode())))
+    files.append((METRICS, lambda p: _save_table(p, table), lambda: _parquet_size(table)))
     out.mkdir(parents=True, exist_ok=True)
     with _Temporaries(out, out) as temporaries:
         _swap(out, {name: temporaries.write(out / name, write, size) for name, write, size in files}, temporaries)

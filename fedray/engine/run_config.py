@@ -22,7 +22,7 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.engine.callbacks import Callbacks
 from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
 from fedray.engine.round_loop import Listener
-from fedray.runtime import sampling
+from fedray.runtime import provenance, sampling
 from fedray.runtime.session import check_address, init_ray
 from fedray.runtime.shards import ShardPool
 from fedray.engine.closed_form import RunOutcome, run_closed_form
@@ -109,6 +109,7 @@ def run(
     federation: Federation | None = None,
     verbose: bool = False,
     callbacks: Callbacks | None = None,
+    command: str | None = None,
 ) -> CompletedRun:
     """Load, simulate and write ``config.out``; nothing but checkpoints is written unless the run completes.
 
@@ -119,21 +120,26 @@ def run(
     ``verbose`` shows what Ray's workers print (see :func:`~fedray.runtime.session.init_ray`).
     ``federation``, when given, is the data (``config.dataset`` names it),
     e.g. one built in Python: it is not loaded from the spec.
+    ``command`` (the command line, or the API call's name) is recorded in run.json with what else made the run
+    (:mod:`fedray.runtime.provenance`).
     A diverged training run is written too; its last row says so. Every input,
     the output folder included, is checked before the work starts; the run
     holds that folder to its end (a second run into it is refused) and removes
     the checkpoint at the end only if it resumed from it or wrote it.
     """
+    started = provenance.utc_now()
     config = config.validate().resolved()
     check_address(address)
     check_folder(Path(config.out))
     with holding(Path(config.out)):  # one run at a time in a folder: no run removes or mixes with another's files
-        return _run(config, address, trial_group, on_point, resume, federation, verbose, callbacks)
+        return _run(config, address, trial_group, on_point, resume, federation, verbose, callbacks, command, started)
 
 
 def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | None, on_point: Listener | None,
-         resume: bool, federation: Federation | None, verbose: bool, callbacks: Callbacks | None) -> CompletedRun:
-    """:func:`run` of a validated ``config`` whose output folder this run holds."""
+         resume: bool, federation: Federation | None, verbose: bool, callbacks: Callbacks | None, command: str | None,
+         started: str) -> CompletedRun:
+    """:func:`run` of a validated ``config`` whose output folder this run holds, started at ``started`` by
+    ``command``."""
     out = Path(config.out)
     built = postprocessing(config)  # the run's one postprocessing, every stage's: the plugins' checks, before any work
     planned = stages(config)  # the training algorithm and server optimizer, built with their options before the data
@@ -162,8 +168,9 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
         context.close()
     resolved = _resolved(config, federation.num_clients, **result.resolved)
     rows = metrics_rows(resolved, per_round, result.points, **result.last_columns, **stopped_early(callbacks))
+    made = provenance.record(resolved.num_shards, resolved.cpus_per_shard, command, started)
     write_run(out, rows, resolved.to_dict(), result.arrays, result.model,
-              None if run.clock is None else run.clock.rows())
+              None if run.clock is None else run.clock.rows(), made)
     if resume or checkpoint_stamp(out) != found_checkpoint:
         remove_checkpoint(out)
     callbacks.end(rows)

@@ -43,6 +43,11 @@ from fedray.runtime.shard_training import ShardTraining
 from fedray.runtime import tensor_transfer
 
 
+def shard_threads(cpus_per_shard: float) -> int:
+    """The torch threads a shard computes with: its whole CPUs, at least one."""
+    return max(1, int(cpus_per_shard))
+
+
 def peak_memory_bytes() -> int:
     """Peak resident memory of the calling process (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -195,7 +200,7 @@ class ShardPool(ActorGroup):
             for footprint in footprints:
                 check_memory(footprint, np.diff(federation.client_offsets[bounds]), np.diff(tests))
 
-        threads = max(1, int(cpus_per_shard))
+        threads = shard_threads(cpus_per_shard)
         kept_budget = default_budget(cpus_per_shard) if kept_budget is None else kept_budget
         state_budget = default_budget(cpus_per_shard) if state_budget is None else state_budget
         ranges = [((int(a), int(b)), (int(t), int(u))) for a, b, t, u in zip(bounds[:-1], bounds[1:], tests[:-1], tests[1:])]

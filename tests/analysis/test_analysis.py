@@ -38,6 +38,8 @@ def results(tmp_path):
 def test_the_swept_axes_are_the_columns_that_vary(results):
     table = read_results([results])
     assert varying_parameters(table) == ["clients_per_round"]
+    what_made_them = table.with_columns(pl.col("trial_id").alias("env_started"), pl.col("seed").alias("env_threads"))
+    assert varying_parameters(what_made_them) == ["clients_per_round"], "a sweep's env_ columns are not parameters"
 
 
 def test_a_column_of_one_method_only_varies_only_when_its_values_do(tmp_path):

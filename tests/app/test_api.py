@@ -1,6 +1,8 @@
 """``fedray.run`` and ``fedray.sweep`` from Python: the run's result as objects, each evaluation point's classifier,
 the rounds' clients; a sweep's table."""
 
+import json
+
 import numpy as np
 import polars as pl
 import pytest
@@ -8,6 +10,7 @@ import torch
 
 import fedray
 from fedray.core.results import POINT_COLUMNS
+from fedray.runtime.provenance import FIELDS
 
 SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
 SMALL_RUN = {"num_shards": 2, "cpus_per_shard": 0.5, "quiet": True}
@@ -40,6 +43,7 @@ def test_a_closed_form_run_returns_its_files_its_rounds_and_each_points_classifi
     with np.load(tmp_path / "classifier.npz") as saved:
         assert saved.files == ["W"] and np.array_equal(result.classifier.weight.numpy(), saved["W"])
     assert result.classifier.bias is None and result.arrays == {}
+    assert json.loads((tmp_path / "run.json").read_text())["command"] == "fedray.run"  # the API call, not python's argv
     # 186 clients, 10 a round without replacement: 19 rounds, every client once, evaluated after rounds 8, 16 and 19
     assert len(result.rounds) == 19 and [len(clients) for clients in result.rounds] == [10] * 18 + [6]
     assert np.array_equal(np.sort(np.concatenate(result.rounds)), np.arange(186))
@@ -95,6 +99,14 @@ def test_a_sweep_from_python_returns_its_results_table_with_its_callbacks_column
     # one row a trial, after every client was seen: FedNCM's classifier of all 186 clients, whatever the seed
     assert np.abs(table["largest_weight"].to_numpy() - class_means(np.arange(186)).max()).max() <= 1e-12
     assert table["rows_heard"].to_list() == [1.0, 1.0]  # each trial ran its own copy of the callback
+    # what made each trial, as its run.json says it, in columns env_NAME
+    environment = [f"env_{name}" for name in FIELDS]
+    assert [name for name in table.columns if name.startswith("env_")] == environment
+    recorded = [json.loads(path.read_text()) for path in sorted((tmp_path / "seeds").glob("*/run.json"))]
+    assert sorted(table.select(environment).rows()) == sorted(tuple(made.values()) for made in recorded)
+    assert table["env_command"].to_list() == ["fedray.sweep"] * 2
+    assert table["env_torch"].to_list() == [torch.__version__] * 2
+    assert table["env_shards"].to_list() == table["num_shards"].to_list()
 
 
 def test_a_sweep_from_python_is_checked_like_a_sweep_file(tmp_path):

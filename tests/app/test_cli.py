@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -203,7 +204,13 @@ def synthetic_run(ray_session, tmp_path_factory):
 
 
 def test_run_outputs(synthetic_run):
-    assert sorted(p.name for p in synthetic_run.iterdir()) == ["classifier.npz", "config.yaml", "metrics.parquet"]
+    assert sorted(p.name for p in synthetic_run.iterdir()) == ["classifier.npz", "config.yaml", "metrics.parquet",
+                                                               "run.json"]
+    made = json.loads((synthetic_run / "run.json").read_text())
+    assert made["command"] == shlex.join(["fedray", "run", "--method", "fed3r", "--dataset", SPEC, "--out",
+                                          str(synthetic_run), *SMALL_RUN, "--participation", "0.27",
+                                          "--eval-every", "2"])
+    assert (made["shards"], made["cpus_per_shard"], made["threads"]) == (2, 0.5, 1)
     table = pq.read_table(synthetic_run / "metrics.parquet")
     assert METRIC_COLUMNS <= set(table.column_names)
     assert table.column_names == FED3R_COLUMNS
@@ -693,7 +700,7 @@ def test_second_run_replaces_the_first_atomically(synthetic_run, tmp_path, capsy
     assert [(r["round"], r["clients_per_round"], r["participation"], r["seed"]) for r in rows] == [(2, 93, None, 5)]
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert (config["seed"], config["clients_per_round"], config["participation"]) == (5, 93, None)
-    assert sorted(os.listdir(out)) == ["classifier.npz", "config.yaml", "metrics.parquet"]
+    assert sorted(os.listdir(out)) == ["classifier.npz", "config.yaml", "metrics.parquet", "run.json"]
     assert not [name for name in os.listdir(out) if name.endswith(".tmp")]
     assert all((out / name).read_bytes() != first[name] for name in first)
     # A failing run leaves the previous results as they were.

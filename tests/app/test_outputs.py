@@ -32,7 +32,7 @@ from tests.full_disk import fill, hashes, small_disk  # noqa: F401 (a fixture)
 from tests.images import write_squeezenet_weights
 
 REPO = Path(__file__).resolve().parents[2]
-RUN_FILES = ["classifier.npz", "config.yaml", "metrics.parquet"]
+RUN_FILES = ["classifier.npz", "config.yaml", "metrics.parquet", "run.json"]
 
 
 class WorkStarted(AssertionError):
@@ -219,14 +219,16 @@ def previous_run(ray_session, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("killed_at, left, temporaries", [
-    (1, "previous", [".classifier.npz.", ".config.yaml.", ".metrics.parquet.", ".metrics.parquet."]),
-    (6, ["classifier.npz", "config.yaml"], [".classifier.npz.", ".config.yaml.", ".metrics.parquet.", ".metrics.parquet."]),
+    (1, "previous", [".classifier.npz.", ".config.yaml.", ".metrics.parquet.", ".metrics.parquet.", ".run.json."]),
+    (8, ["classifier.npz", "config.yaml", "run.json"],
+     [".classifier.npz.", ".config.yaml.", ".metrics.parquet.", ".metrics.parquet.", ".run.json."]),
 ], ids=["killed-once-every-file-is-written", "killed-before-the-last-rename"])
 def test_a_run_killed_while_writing_never_leaves_a_mix_that_looks_complete(previous_run, tmp_path, capsys, killed_at, left,
                                                                           temporaries):
-    """The swap renames the previous run's three files aside (metrics.parquet first), then the new run's three in
-    (metrics.parquet last): killed before the first, the previous run is as it was; killed before the sixth, the folder
-    holds the new classifier and config without metrics.parquet, which analysis does not take for a run."""
+    """The swap renames the previous run's four files aside (metrics.parquet first), then the new run's four in
+    (metrics.parquet last): killed before the first, the previous run is as it was; killed before the eighth, the
+    folder holds the new classifier, config and run.json without metrics.parquet, which analysis does not take for a
+    run."""
     out = tmp_path / "reused"
     shutil.copytree(previous_run, out)
     previous = files_under(out)

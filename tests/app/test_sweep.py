@@ -14,7 +14,8 @@ from fedray.data.registry import load_federation
 from fedray.core.errors import FedrayError
 from fedray.app.sweeps.spec import SweepSpec, load_sweep, with_dataset_options
 from fedray.app.sweeps.trials import check_trials, trial_config
-from fedray.app.sweeps.tuning import RESULTS, combine, failure_line, sweep
+from fedray.app.sweeps.tuning import RESULTS, _environment_columns, combine, failure_line, sweep
+from fedray.runtime.provenance import FIELDS
 
 SWEEPS = Path(__file__).resolve().parents[2] / "jobs" / "sweeps"
 SMALL = {"dim": 16, "scale": 0.04, "classes": 40}
@@ -271,9 +272,9 @@ def test_the_results_table_carries_each_trials_clock_columns(tmp_path):
     """A deadline sweep's trials ran on the clock, a trial without one beside them: results.parquet has every trial's
     clock_s, its split and its stragglers per row (null in the trial without a clock), and the swept deadline."""
     clocked = {"clock_s": [60.0, 120.0], "clock_compute_s": [50.0, 100.0], "clock_comm_s": [10.0, 20.0],
-               "stragglers": [1, 3], "dropped": [0, 1]}
-    trials = {"t0": {"deadline": [30, 30], **clocked}, "t1": {"deadline": [90, 90], **clocked, "stragglers": [0, 0]},
-              "t2": {}}
+               "clients_straggled": [1, 3], "clients_dropped": [0, 1]}
+    trials = {"t0": {"deadline": [30, 30], **clocked},
+              "t1": {"deadline": [90, 90], **clocked, "clients_straggled": [0, 0]}, "t2": {}}
     grid = []
     for trial, columns in trials.items():
         (tmp_path / trial).mkdir()
@@ -281,8 +282,23 @@ def test_the_results_table_carries_each_trials_clock_columns(tmp_path):
             tmp_path / trial / "metrics.parquet")
         grid.append(SimpleNamespace(path=str(tmp_path / trial), metrics={"trial_id": trial}, config={}, error=None))
     table = combine(SimpleNamespace(name="deadline", swept=["deadline"]), grid)
-    assert table.select("trial_id", "round", "deadline", "clock_s", "clock_compute_s", "clock_comm_s", "stragglers",
-                        "dropped").rows() == [
+    assert table.select("trial_id", "round", "deadline", "clock_s", "clock_compute_s", "clock_comm_s",
+                        "clients_straggled", "clients_dropped").rows() == [
         ("t0", 1, 30, 60.0, 50.0, 10.0, 1, 0), ("t0", 2, 30, 120.0, 100.0, 20.0, 3, 1),
         ("t1", 1, 90, 60.0, 50.0, 10.0, 0, 0), ("t1", 2, 90, 120.0, 100.0, 20.0, 0, 1),
         ("t2", 1, None, None, None, None, None, None), ("t2", 2, None, None, None, None, None, None)]
+
+
+def test_what_made_a_trial_is_typed_columns_null_for_a_trial_without_run_json(tmp_path):
+    """A resumed sweep's trials an earlier fedray ran have no run.json: their env_ columns are null, typed as the
+    others' (so the trials' tables combine)."""
+    (tmp_path / "run.json").write_text('{"fedray": "0.1.0", "dirty": false, "nodes": 2, "cpus_per_shard": 0.5}')
+    recorded, earlier = (pl.DataFrame({"round": [1]}).with_columns(_environment_columns(tmp_path / name))
+                         for name in ("run.json", "absent.json"))
+    assert recorded.columns == earlier.columns == ["round", *(f"env_{name}" for name in FIELDS)]
+    assert recorded.schema == earlier.schema
+    assert [recorded.schema[f"env_{name}"] for name in ("dirty", "nodes", "cpus_per_shard")] == \
+        [pl.Boolean, pl.Int64, pl.Float64]
+    assert recorded.select("env_fedray", "env_dirty", "env_nodes", "env_cpus_per_shard", "env_torch").row(0) == \
+        ("0.1.0", False, 2, 0.5, None)
+    assert earlier.drop("round").row(0) == (None,) * len(FIELDS)

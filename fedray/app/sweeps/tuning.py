@@ -11,6 +11,7 @@ The sweep ends by combining every trial's ``metrics.parquet`` into
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import sys
@@ -23,13 +24,14 @@ from ray import tune
 from ray.util import get_current_placement_group
 
 from fedray.core.errors import FedrayError
-from fedray.core.results import METRICS, remove_stale_temporaries, write_atomically
+from fedray.core.results import ENVIRONMENT_PREFIX, METRICS, RUN_JSON, remove_stale_temporaries, write_atomically
 from fedray.engine.callbacks import Callback, Callbacks
 from fedray.engine.run_config import run
 from fedray.engine.checkpoint import CHECKPOINT
 from fedray.core.plugins import plugin_failure
 from fedray.runtime.cluster import check_bundles_fit
 from fedray.runtime.messages import without_messages
+from fedray.runtime.provenance import FIELDS
 from fedray.runtime.session import init_ray
 from fedray.app.sweeps.spec import DATASET_PREFIX, SweepSpec
 from fedray.app.sweeps.trials import check_trials, fixed_params, trial_config
@@ -38,9 +40,10 @@ from fedray.core.writable import check_folder
 RESULTS = "results.parquet"
 ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
 SAMPLERS = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
+COLUMN_TYPES = {str: pl.String, bool: pl.Boolean, int: pl.Int64, float: pl.Float64}
 
 
-def run_trial(params: dict, folder: str, callbacks: Sequence[Callback] = ()) -> None:
+def run_trial(params: dict, folder: str, callbacks: Sequence[Callback] = (), command: str | None = None) -> None:
     """One trial: a ``fedray run`` with ``params``, its shards in this trial's placement group, continued from its
     checkpoint when an interrupted sweep is resumed.
 
@@ -49,12 +52,13 @@ def run_trial(params: dict, folder: str, callbacks: Sequence[Callback] = ()) -> 
     directory (``get_trial_dir()``) and copies into it now and then: a copy
     made while a checkpoint was there kept that checkpoint beside the finished
     trial's results (the run removes its own, not Tune's copy), and a resumed
-    trial, staged anew, never found its checkpoint. Each trial runs its own copy of a researcher's ``callbacks``.
+    trial, staged anew, never found its checkpoint. Each trial runs its own copy of a researcher's ``callbacks``;
+    its run.json records the sweep's ``command``.
     """
     out = Path(folder) / Path(tune.get_context().get_trial_dir()).name
     config = trial_config(params, out=str(out))
     run(config, trial_group=get_current_placement_group(), on_point=lambda point, _: tune.report(point.columns()),
-        resume=(out / CHECKPOINT).is_file(), callbacks=Callbacks(tuple(copy.deepcopy(callbacks))))
+        resume=(out / CHECKPOINT).is_file(), callbacks=Callbacks(tuple(copy.deepcopy(callbacks))), command=command)
 
 
 def param_space(spec: SweepSpec) -> dict:
@@ -102,10 +106,11 @@ def _trial_name(spec: SweepSpec, result: tune.Result) -> str:
 
 def sweep(
     spec: SweepSpec, out: str | Path, resume: bool = False, address: str | None = None, quiet: bool = False,
-    callbacks: Sequence[Callback] = (),
+    callbacks: Sequence[Callback] = (), command: str | None = None,
 ) -> pl.DataFrame:
     """Run (or resume) the sweep; returns and writes the combined results table. Every trial runs a copy of
     ``callbacks`` (a researcher's :class:`~fedray.Callback` instances): the columns they add are the table's too.
+    ``command`` (the command line, or the API call's name) is what each trial's run.json records as its command.
 
     Every trial's options are checked before Tune starts (:func:`check_trials`).
     A failed trial is named in one line (stderr); when every trial fails,
@@ -117,7 +122,8 @@ def sweep(
     check_trials(spec)
     check_folder(Path(out))
     folder = Path(out).resolve() / spec.name
-    trainable = tune.with_resources(tune.with_parameters(run_trial, folder=str(folder), callbacks=tuple(callbacks)),
+    trainable = tune.with_resources(tune.with_parameters(run_trial, folder=str(folder), callbacks=tuple(callbacks),
+                                                         command=command),
                                     tune.PlacementGroupFactory(spec.bundles, strategy="PACK"))
     if resume and not tune.Tuner.can_restore(str(folder)):
         raise FedrayError(f"{folder}: no sweep to resume")
@@ -178,8 +184,8 @@ def failure_line(error: BaseException) -> str:
 
 
 def combine(spec: SweepSpec, grid: tune.ResultGrid) -> pl.DataFrame:
-    """All finished trials' metrics rows (there is at least one), with the trial id and each swept dataset option as
-    columns, in trial order.
+    """All finished trials' metrics rows (there is at least one), with the trial id, each swept dataset option and
+    what made the trial (its run.json's fields, as ``env_NAME``) as columns, in trial order.
 
     Trials of different methods have different columns (each row holds the options that apply to its run): a column
     a trial lacks is null in its rows.
@@ -189,6 +195,15 @@ def combine(spec: SweepSpec, grid: tune.ResultGrid) -> pl.DataFrame:
         frame = pl.read_parquet(Path(result.path) / METRICS)
         trial_id = result.metrics.get("trial_id", Path(result.path).name)
         swept = {key: result.config[key] for key in spec.swept if key.startswith(DATASET_PREFIX)}
-        frames.append(frame.with_columns(pl.lit(trial_id).alias("trial_id"), *(pl.lit(v).alias(k) for k, v in swept.items())))
+        frames.append(frame.with_columns(pl.lit(trial_id).alias("trial_id"),
+                                         *(pl.lit(v).alias(k) for k, v in swept.items()),
+                                         *_environment_columns(Path(result.path) / RUN_JSON)))
     table = pl.concat(frames, how="diagonal_relaxed").with_columns(pl.lit(spec.name).alias("sweep"))
     return table.sort(["trial_id", "round"])
+
+
+def _environment_columns(record: Path) -> list[pl.Expr]:
+    """A trial's run.json fields as columns ``env_NAME``, typed; null where a trial has none (an earlier fedray's)."""
+    made = json.loads(record.read_text()) if record.is_file() else {}
+    return [pl.lit(made.get(name), dtype=COLUMN_TYPES[kind]).alias(ENVIRONMENT_PREFIX + name)
+            for name, kind in FIELDS.items()]
