@@ -168,3 +168,16 @@ def test_bad_budgets_are_refused_in_one_line(steps, message):
 def test_whole_budgets_are_taken_as_step_counts():
     assert checked_budgets(None, CLIENTS) is None
     assert checked_budgets(np.array([1.0, 2.0, 3.0, 4.0, 5.0]), CLIENTS).dtype == np.int64
+
+
+def test_a_scaffold_clients_first_round_in_float64_starts_from_zero_rows_of_the_models_dtype():
+    """A client with no state yet starts from c_i = 0 (zero dual rows): in a float64 run they are float64 zeros, the
+    same bits as zero rows stored beforehand (they were float32, and the dual form's product refused the mix)."""
+    batch, params = problem()
+    generator = torch.Generator().manual_seed(1)
+    broadcast = {CONTROL + name: 0.1 * torch.randn(value.shape, generator=generator, dtype=torch.float64)
+                 for name, value in params.items()}
+    zeros = {client: {ROWS: torch.zeros(int(n), 5, dtype=torch.float64)} for client, n in zip(CLIENTS.tolist(), SIZES)}
+    first, stored = (train_linear_heads(batch, params, broadcast, SGD, Scaffold(), SEED, ROUND, DictStates(rows))
+                     for rows in ({}, zeros))
+    assert all(torch.equal(first.sums[name], stored.sums[name]) for name in stored.sums)

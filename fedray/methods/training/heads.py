@@ -101,7 +101,7 @@ def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sg
     if dual.control:
         num_classes = weight.shape[1]
         own = [states.get(client) for client in batch.clients.tolist()]
-        rows = [torch.zeros(int(n), num_classes) if state is None else state[ROWS]
+        rows = [torch.zeros(int(n), num_classes, dtype=weight.dtype) if state is None else state[ROWS]
                 for state, n in zip(own, np.diff(batch.offsets))]
         control = Control(broadcast[CONTROL + "weight"], broadcast[CONTROL + "bias"], torch.cat(rows))
     sgd = replace(sgd, prox_mu=dual.prox_mu)
