@@ -24,6 +24,10 @@ import numpy as np
 from fedray.core.full_disk import full_disk_code, full_disk_error
 from fedray.core.lazy_modules import lazy_module
 
+pa = lazy_module("pyarrow", globals())
+pq = lazy_module("pyarrow.parquet", globals())
+yaml = lazy_module("yaml", globals())
+
 METRICS, CLASSIFIER, CONFIG, MODEL, ROUNDS = "metrics.parquet", "classifier.npz", "config.yaml", "model.pt", \
     "rounds.parquet"
 RUN_JSON = "run.json"
