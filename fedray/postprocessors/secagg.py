@@ -102,6 +102,7 @@ dropped client, O(m n²) for SecAgg, O(m n k) for SecAgg+); and ``secagg_dropped
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Annotated, Literal, get_args
 
 import numpy as np
@@ -262,6 +263,17 @@ class SecureAggregation(fedray.Postprocessor):
             group.add_pair_mask(masked, context.client, other)
         masked &= np.uint64(group.ring_mask)
         return fedray.Upload(_unflat(upload.tensors, names, masked.astype(np.float64)), upload.weight)
+
+    @property
+    def entrywise(self) -> bool:
+        """With modelled masks a client's upload is quantized value by value, a zero staying 0 (:meth:`entry_map`):
+        the shards hand it only a client's statistics at the classes it holds."""
+        return not self.generate
+
+    def entry_map(self, context: fedray.UploadContext) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:meth:`client` with modelled masks, value by value: a survivor's centred integers, a dropped client's 0."""
+        group = self.group(context)
+        return torch.zeros_like if group.dropped[group.position(context.client)] else group.centred
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         """The survivors' quantized sum decoded: with generated masks, the ring's sum unmasked by the survivors'
