@@ -210,9 +210,13 @@ def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -
 def held_classes(batch: ClientBatch) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Each client of ``batch``: its feature rows (a new tensor, as its own batch's would be: a BLAS may round
     differently at another alignment), the classes it holds (increasing) and its labels as indices into them."""
-    for start, end in zip(batch.offsets[:-1].tolist(), batch.offsets[1:].tolist()):
-        classes, local = torch.unique(batch.labels[start:end], return_inverse=True)
-        yield batch.features[start:end].clone(), classes, local
+    width = int(batch.labels.max()) + 1 if len(batch.labels) else 1
+    pairs, pair_of_row = torch.unique(batch.client_of_row * width + batch.labels, return_inverse=True)  # sorted
+    classes = pairs % width
+    first_pairs = torch.searchsorted(pairs, torch.arange(len(batch.clients) + 1) * width).tolist()
+    for position, (start, end) in enumerate(zip(batch.offsets[:-1].tolist(), batch.offsets[1:].tolist())):
+        first, end_pair = first_pairs[position], first_pairs[position + 1]
+        yield batch.features[start:end].clone(), classes[first:end_pair], pair_of_row[start:end] - first
 
 
 def offers_compact_statistics(method: ClosedFormMethod) -> bool:

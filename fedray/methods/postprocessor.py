@@ -63,6 +63,7 @@ once a block).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -542,8 +543,10 @@ class Postprocessing:
             postprocessor.state = dict(state)
 
 
+@functools.lru_cache(maxsize=256)
 def _seed(*entropy: int) -> int:
-    """A 63-bit seed from ``entropy`` (the run's seed, a round, ...), independent of any other tuple's."""
+    """A 63-bit seed from ``entropy`` (the run's seed, a round, ...), independent of any other tuple's (cached: a
+    group's shared seed is asked for at each of its clients' uploads)."""
     return int(np.random.SeedSequence(entropy).generate_state(2, np.uint64)[0]) & (2**63 - 1)
 
 

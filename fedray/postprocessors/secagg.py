@@ -273,7 +273,7 @@ class SecureAggregation(fedray.Postprocessor):
     def entry_map(self, context: fedray.UploadContext) -> Callable[[torch.Tensor], torch.Tensor]:
         """:meth:`client` with modelled masks, value by value: a survivor's centred integers, a dropped client's 0."""
         group = self.group(context)
-        return torch.zeros_like if group.dropped[group.position(context.client)] else group.centred
+        return torch.zeros_like if group.dropped[group.position(context.client)] else group.rounded
 
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         """The survivors' quantized sum decoded: with generated masks, the ring's sum unmasked by the survivors'
@@ -389,6 +389,11 @@ class Group:
         support = np.flatnonzero(values)
         centred[support] = np.rint(np.clip(values[support], -self.clip, self.clip) / self.step)
         return torch.from_numpy(centred).reshape(tensor.shape)
+
+    def rounded(self, values: torch.Tensor) -> torch.Tensor:
+        """:meth:`centred`'s integers, rint(clip(x) / Δ), for values that are mostly nonzero (a client's statistics at
+        the classes it holds): every value rounded, the same bits (round half to even, as ``np.rint``)."""
+        return torch.round(values.clamp(-self.clip, self.clip) / self.step)
 
     def _generator(self, *key: int) -> np.random.Generator:
         """The group's stream ``key`` (1: dropouts, 2: the ring order, 3 and 4: masks), Philox from the shared seed."""
