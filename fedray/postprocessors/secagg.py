@@ -80,10 +80,13 @@ carry them; fedcof-oracle's uploads are sums.
 
 **Masks at scale.** The client hooks run in the shards, per aggregate, for its uploaders only. Generated, a client
 expands k + 1 masks of m values (all n − 1 pairs for SecAgg), raw Philox words added mod 2^64 in place and reduced
-mod 2^b once; the server expands one per survivor (and the dropped clients' pairs). Modelled, a client's hook costs
-a pass over its upload and the rounding of its nonzeros. Either way secure aggregation needs each client's upload on
-its own (closed-form statistics computed client by client, not one GEMM per shard): that, not the masks, is what a
-modelled run pays beyond a plain one (``python -m jobs.bench_secagg``).
+mod 2^b once; the server expands one per survivor (and the dropped clients' pairs). Modelled, each value is rounded
+on its own and a zero stays 0 (:attr:`entrywise`): where the method gives compact statistics
+(:meth:`fedray.ClosedFormMethod.compact_statistics`: Fed3R, FedNCM), a client's upload is computed, rounded and added
+only at the classes it holds (Fed3R: its ZᵀZ and its classes' columns of ZᵀY, not d·C;
+:mod:`fedray.runtime.compact_sum`), the same sum bit for bit; other methods' uploads go through :meth:`client`
+whole. Secure aggregation still needs each client's statistics on its own, not one GEMM per shard: that, not the
+masks, is what a modelled run pays beyond a plain one (``python -m jobs.bench_secagg``).
 
 **Cost model** (:func:`fedray.clock.secagg_costs.secagg_costs`, reported by the aggregate, columns of
 metrics.parquet, for the group of the row's last block or round, the same whether the masks are modelled or
