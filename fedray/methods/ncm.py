@@ -12,8 +12,8 @@ import torch
 from fedray.core.accounting import PaperCosts
 from fedray.core.errors import FedrayError
 from fedray.core.federation import Federation
-from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, class_divisors, class_sums, held_classes,
-                                 normalize_columns)
+from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, class_divisors, class_sums,
+                                 held_classes, normalize_columns)
 from fedray.methods.upload_parts import SampleSum, UploadParts
 
 

@@ -19,8 +19,8 @@ from fedray.core.accounting import PaperCosts
 from fedray.core.federation import Federation
 from fedray.core.errors import FedrayError
 from fedray.core.options import Unset
-from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, class_sums, column_norms, gram, held_classes,
-                                 spd_solve)
+from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, class_sums, column_norms, gram,
+                                 held_classes, spd_solve)
 from fedray.methods.upload_parts import SampleSum, UploadParts
 
 

@@ -278,6 +278,6 @@ def test_an_entry_map_is_the_postprocessors_maps_in_order_each_checked():
     values = torch.tensor([[2.0, 0.0], [-6.0, 1.0]], dtype=torch.float64)
     assert torch.equal(Postprocessing((Halve(), Halve())).entry_map(3, 1)(values),
                        torch.tensor([[0.5, 0.0], [-1.5, 0.25]], dtype=torch.float64))
-    with pytest.raises(FedrayError, match=r"^--postprocessor halve: entry_map's map returned torch.float32 \(2, 2\) for "
-                                          r"round 1, client 3; expected float64 \(2, 2\), like the values it got$"):
+    with pytest.raises(FedrayError, match=r"^--postprocessor halve: entry_map's map returned torch.float32 \(2, 2\) "
+                                          r"for round 1, client 3; expected float64 \(2, 2\), like the values it got$"):
         Postprocessing((Halve(), Halve(bad=True)), names=("halve", "halve")).entry_map(3, 1)(values)
