@@ -21,11 +21,12 @@ each client expands k + 1 masks of m = d² + d·C + C values, its self-mask and 
 survivor), each run timed whole in this process (the shards' start and data included, the same for all three; after an
 untimed run on a hundredth of the clients at d = 8, which pays the process's first imports). The
 ratios to the plain run are the cost of the per-client statistics secure aggregation needs (each client's ZᵀZ on its
-own rather than one GEMM per shard) and quantization, and, for the generated masks, of the masks;
-``same_classifier`` says whether the modelled and generated runs' classifiers are the same bits. ``floor_s`` is the
-part the masks do not cause: the run through a postprocessor that sees each client's upload and changes nothing
-(:class:`PerClient`: the statistics computed client by client, then, unchanged, summed as in the plain run). The
-generated run
+own rather than one GEMM per shard) and quantization (modelled: at each client's classes only, its ZᵀZ and its
+classes' columns of ZᵀY, :mod:`fedray.runtime.compact_sum`), and, for the generated masks, of each client's dense
+upload and its masks; ``same_classifier`` says whether the modelled and generated runs' classifiers are the same bits.
+``floor_s``: the run through a postprocessor that sees each client's upload and changes nothing (:class:`PerClient`:
+each client's dense statistics computed on their own, then, unchanged, summed as in the plain run), what the modelled
+run paid before it computed only each client's classes. The generated run
 takes minutes at scale 1 (``--scale 0.1`` for a quick run, ``--skip-generated`` to leave it out).
 
 Prints one JSON line.

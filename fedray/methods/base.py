@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -122,6 +123,16 @@ class ClosedFormMethod(ABC, Generic[Stats]):
     @abstractmethod
     def solve(self, stats: Stats) -> Classifier: ...
 
+    def compact_statistics(self, batch: ClientBatch) -> Iterator[tuple[Stats, torch.Tensor]]:
+        """Optional: each client's statistics of ``batch``, client after client, where they can be nonzero, with the
+        classes it holds (increasing). A tensor with an axis of classes (:attr:`~fedray.SampleSum.axis_of_classes` in
+        :meth:`upload_parts`) holds only those classes along it, the others whole; each bit for bit what
+        :meth:`client_statistics` gives for the client alone (zero at the other classes). A method that gives them,
+        and whose :meth:`combine` adds tensors entry by entry, lets a postprocessor that maps each value on its own
+        (secure aggregation's quantization: :attr:`fedray.Postprocessor.entrywise`) treat a client's upload at the
+        cost of its classes, not of all C (:func:`offers_compact_statistics`)."""
+        raise NotImplementedError(f"{type(self).__name__} gives no compact statistics")
+
     # --- a second pass over what stays in the shards (optional)
 
     def kept_in_shards(self, stats: Stats) -> tuple[Stats, Any]:
@@ -217,6 +228,29 @@ def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -
     sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float64)
     sums.index_add_(0, labels, features.to(torch.float64))
     return counts, sums
+
+
+def held_classes(batch: ClientBatch) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Each client of ``batch``: its feature rows (a new tensor, as its own batch's would be: a BLAS may round
+    differently at another alignment), the classes it holds (increasing) and its labels as indices into them."""
+    width = int(batch.labels.max()) + 1 if len(batch.labels) else 1
+    pairs, pair_of_row = torch.unique(batch.client_of_row * width + batch.labels, return_inverse=True)  # sorted
+    classes = pairs % width
+    first_pairs = torch.searchsorted(pairs, torch.arange(len(batch.clients) + 1) * width).tolist()
+    for position, (start, end) in enumerate(zip(batch.offsets[:-1].tolist(), batch.offsets[1:].tolist())):
+        first, end_pair = first_pairs[position], first_pairs[position + 1]
+        yield batch.features[start:end].clone(), classes[first:end_pair], pair_of_row[start:end] - first
+
+
+def offers_compact_statistics(method: ClosedFormMethod) -> bool:
+    """Whether ``method`` gives :meth:`~ClosedFormMethod.compact_statistics` of its own statistics: a subclass that
+    computes other statistics, or declares other parts, than the class it inherits them from does not."""
+    def defining(name: str) -> type:
+        return next(cls for cls in type(method).__mro__ if name in vars(cls))
+
+    compact = defining("compact_statistics")
+    return compact is not ClosedFormMethod and all(issubclass(compact, defining(name))
+                                                   for name in ("client_statistics", "upload_parts"))
 
 
 def class_divisors(counts: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -11,7 +12,7 @@ from fedray.core.accounting import PaperCosts
 from fedray.core.errors import FedrayError
 from fedray.core.lazy_modules import lazy_module
 from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_divisors, class_sums,
-                                 normalize_columns)
+                                 held_classes, normalize_columns)
 from fedray.methods.upload_parts import SampleSum, UploadParts
 
 torch = lazy_module("torch", globals())
@@ -55,6 +56,11 @@ class FedNCM(ClosedFormMethod[ClassSums]):
 
     def client_statistics(self, batch: ClientBatch) -> ClassSums:
         return ClassSums(*class_sums(batch.features, batch.labels, self.num_classes))
+
+    def compact_statistics(self, batch: ClientBatch) -> Iterator[tuple[ClassSums, torch.Tensor]]:
+        """Each client's counts and class sums at the classes it holds."""
+        for features, classes, local in held_classes(batch):
+            yield ClassSums(*class_sums(features, local, len(classes))), classes
 
     def combine(self, a: ClassSums, b: ClassSums) -> ClassSums:
         return ClassSums(a.counts + b.counts, a.sums + b.sums)

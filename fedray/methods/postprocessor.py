@@ -63,6 +63,7 @@ once a block).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -232,6 +233,19 @@ class Postprocessor:
         """One client's upload as it leaves the client: its tensors and the weight the server sums them with; return a
         new :class:`~fedray.Upload` (``upload`` and its tensors are not to be changed)."""
         return upload
+
+    @property
+    def entrywise(self) -> bool:
+        """Whether :meth:`client` maps a closed-form upload's values each on its own, a zero to a zero
+        (:meth:`entry_map`): the shards may then hand it only a client's values that can be nonzero (its statistics
+        at the classes it holds, :meth:`fedray.ClosedFormMethod.compact_statistics`), where every postprocessor that
+        changes uploads is entrywise and none selects samples or maps features. False by default."""
+        return False
+
+    def entry_map(self, context: UploadContext) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Where :attr:`entrywise`: what :meth:`client` does to each value of the closed-form upload ``context`` names,
+        as a map of a float64 tensor of some of its values to a new one of the same shape (0 to 0), bit for bit."""
+        raise NotImplementedError(f"{type(self).__name__} is not entrywise")
 
     def aggregate(self, total: Params, context: UploadContext) -> Params:
         """The sum of the uploads as the server receives it; return new tensors (``total`` is not to be changed)."""
@@ -435,6 +449,39 @@ class Postprocessing:
             total = processed if total is None else add(total, processed)
         return total if changed else None
 
+    @property
+    def entrywise(self) -> bool:
+        """Whether every postprocessor that changes uploads maps their values each on its own
+        (:attr:`Postprocessor.entrywise`) and none selects samples or maps features."""
+        changing = [postprocessor for postprocessor in self.postprocessors if postprocessor.per_client]
+        return bool(changing) and all(postprocessor.entrywise and type(postprocessor).select is Postprocessor.select
+                                      and type(postprocessor).features is Postprocessor.features
+                                      for postprocessor in changing)
+
+    def entry_map(self, client: int, round_number: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Where :attr:`entrywise`: what :meth:`statistics` does to each value of ``client``'s upload in the stage's
+        ``round_number``, as a map of a float64 tensor of some of its values (every postprocessor's
+        :meth:`Postprocessor.entry_map`, in order; each one's result checked: a new float64 tensor of that shape)."""
+        round_number = self.first_round + round_number
+        maps = [(index, postprocessor.entry_map(UploadContext(
+            client, round_number, 1, self._generator(round_number, client, index), self.sampling, self.participants,
+            self._shared_seed(index)))) for index, postprocessor in enumerate(self.postprocessors)
+            if postprocessor.per_client]
+
+        def mapped(values: torch.Tensor) -> torch.Tensor:
+            for index, entry_map in maps:
+                returned = entry_map(values)
+                if not isinstance(returned, torch.Tensor) or returned.shape != values.shape \
+                        or returned.dtype != torch.float64:
+                    raise FedrayError(f"--postprocessor {self._name(index)}: entry_map's map returned "
+                                      f"{getattr(returned, 'dtype', type(returned).__name__)} "
+                                      f"{tuple(getattr(returned, 'shape', ()))} for round {round_number}, client "
+                                      f"{client}; expected float64 {tuple(values.shape)}, like the values it got")
+                values = returned
+            return values
+
+        return mapped
+
     def dropped(self, round_number: int) -> np.ndarray:
         """The participants (:meth:`among`) whose uploads of the stage's round ``round_number`` some postprocessor's
         :meth:`Postprocessor.dropped` says never reach the server, sorted; one line where it names a client that is
@@ -498,8 +545,10 @@ class Postprocessing:
             postprocessor.state = dict(state)
 
 
+@functools.lru_cache(maxsize=256)
 def _seed(*entropy: int) -> int:
-    """A 63-bit seed from ``entropy`` (the run's seed, a round, ...), independent of any other tuple's."""
+    """A 63-bit seed from ``entropy`` (the run's seed, a round, ...), independent of any other tuple's (cached: a
+    group's shared seed is asked for at each of its clients' uploads)."""
     return int(np.random.SeedSequence(entropy).generate_state(2, np.uint64)[0]) & (2**63 - 1)
 
 

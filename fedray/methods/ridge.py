@@ -8,6 +8,7 @@ features of an RBF kernel, and SphereFed's FFC calibration (Dong et al., ECCV
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,7 +19,7 @@ from fedray.core.errors import FedrayError
 from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Unset
 from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums, column_norms, gram,
-                                 spd_solve)
+                                 held_classes, spd_solve)
 from fedray.methods.upload_parts import SampleSum, UploadParts
 
 torch = lazy_module("torch", globals())
@@ -36,7 +37,8 @@ class RidgeStatistics:
 PROBE_METHOD = "fed3r"
 """The closed form of --probe-ridge."""
 
-RIDGE_SUMS = UploadParts({"gram": SampleSum(2, symmetric=True, width_axis=0), "targets": SampleSum(1, width_axis=0)})
+RIDGE_SUMS = UploadParts({"gram": SampleSum(2, symmetric=True, width_axis=0),
+                          "targets": SampleSum(1, width_axis=0, class_axis=1)})
 """ZᵀZ (p × p) and ZᵀY (p × C) over the design's rows (p: its width, the features' d for Fed3R without a bias)."""
 
 
@@ -78,6 +80,13 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
         x = self._design(batch.features)
         _, sums = class_sums(x, batch.labels, self.num_classes)
         return RidgeStatistics(gram(x), sums.T.contiguous())
+
+    def compact_statistics(self, batch: ClientBatch) -> Iterator[tuple[RidgeStatistics, torch.Tensor]]:
+        """Each client's ZᵀZ whole and its ZᵀY at the columns of its classes."""
+        for features, classes, local in held_classes(batch):
+            x = self._design(features)
+            _, sums = class_sums(x, local, len(classes))
+            yield RidgeStatistics(gram(x), sums.T.contiguous()), classes
 
     def combine(self, a: RidgeStatistics, b: RidgeStatistics) -> RidgeStatistics:
         return RidgeStatistics(a.gram + b.gram, a.targets + b.targets)

@@ -24,12 +24,20 @@ class SampleSum:
     (ZᵀZ, per-class squares); None where the method does not say.
 
     ``by_class``: its first axis is the class (row c sums the samples of class c); ``symmetric``: a symmetric matrix
-    (ZᵀZ); ``width_axis``: its axis of length d, the width of the features it sums (None: none)."""
+    (ZᵀZ); ``width_axis``: its axis of length d, the width of the features it sums (None: none); ``class_axis``: an
+    axis other than the first that indexes the class (Fed3R's ZᵀY, d × C: axis 1), along which a client's sum is zero
+    outside the classes it holds (None: none but the first, where ``by_class``)."""
 
     degree: int | None = None
     by_class: bool = False
     symmetric: bool = False
     width_axis: int | None = None
+    class_axis: int | None = None
+
+    @property
+    def axis_of_classes(self) -> int | None:
+        """The axis indexing the class (0 where ``by_class``), outside whose held classes a client's sum is zero."""
+        return 0 if self.by_class else self.class_axis
 
 
 @dataclass(frozen=True)

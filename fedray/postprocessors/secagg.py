@@ -80,10 +80,13 @@ carry them; fedcof-oracle's uploads are sums.
 
 **Masks at scale.** The client hooks run in the shards, per aggregate, for its uploaders only. Generated, a client
 expands k + 1 masks of m values (all n − 1 pairs for SecAgg), raw Philox words added mod 2^64 in place and reduced
-mod 2^b once; the server expands one per survivor (and the dropped clients' pairs). Modelled, a client's hook costs
-a pass over its upload and the rounding of its nonzeros. Either way secure aggregation needs each client's upload on
-its own (closed-form statistics computed client by client, not one GEMM per shard): that, not the masks, is what a
-modelled run pays beyond a plain one (``python -m jobs.bench_secagg``).
+mod 2^b once; the server expands one per survivor (and the dropped clients' pairs). Modelled, each value is rounded
+on its own and a zero stays 0 (:attr:`entrywise`): where the method gives compact statistics
+(:meth:`fedray.ClosedFormMethod.compact_statistics`: Fed3R, FedNCM), a client's upload is computed, rounded and added
+only at the classes it holds (Fed3R: its ZᵀZ and its classes' columns of ZᵀY, not d·C;
+:mod:`fedray.runtime.compact_sum`), the same sum bit for bit; other methods' uploads go through :meth:`client`
+whole. Secure aggregation still needs each client's statistics on its own, not one GEMM per shard: that, not the
+masks, is what a modelled run pays beyond a plain one (``python -m jobs.bench_secagg``).
 
 **Cost model** (:func:`fedray.clock.secagg_costs.secagg_costs`, reported by the aggregate, columns of
 metrics.parquet, for the group of the row's last block or round, the same whether the masks are modelled or
@@ -102,6 +105,7 @@ dropped client, O(m n²) for SecAgg, O(m n k) for SecAgg+); and ``secagg_dropped
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Annotated, Literal, get_args
 
 import numpy as np
@@ -265,6 +269,17 @@ class SecureAggregation(fedray.Postprocessor):
         masked &= np.uint64(group.ring_mask)
         return fedray.Upload(_unflat(upload.tensors, names, masked.astype(np.float64)), upload.weight)
 
+    @property
+    def entrywise(self) -> bool:
+        """With modelled masks a client's upload is quantized value by value, a zero staying 0 (:meth:`entry_map`):
+        the shards hand it only a client's statistics at the classes it holds."""
+        return not self.generate
+
+    def entry_map(self, context: fedray.UploadContext) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:meth:`client` with modelled masks, value by value: a survivor's centred integers, a dropped client's 0."""
+        group = self.group(context)
+        return torch.zeros_like if group.dropped[group.position(context.client)] else group.rounded
+
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         """The survivors' quantized sum decoded: with generated masks, the ring's sum unmasked by the survivors'
         self-masks and their pairwise masks with the dropped; with modelled ones, the sum as it arrived (the survivors'
@@ -379,6 +394,11 @@ class Group:
         support = np.flatnonzero(values)
         centred[support] = np.rint(np.clip(values[support], -self.clip, self.clip) / self.step)
         return torch.from_numpy(centred).reshape(tensor.shape)
+
+    def rounded(self, values: torch.Tensor) -> torch.Tensor:
+        """:meth:`centred`'s integers, rint(clip(x) / Δ), for values that are mostly nonzero (a client's statistics at
+        the classes it holds): every value rounded, the same bits (round half to even, as ``np.rint``)."""
+        return torch.round(values.clamp(-self.clip, self.clip) / self.step)
 
     def _generator(self, *key: int) -> np.random.Generator:
         """The group's stream ``key`` (1: dropouts, 2: the ring order, 3 and 4: masks), Philox from the shared seed."""

@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from fedray.core.errors import FedrayError
-from fedray.methods.base import ClientBatch, ClosedFormMethod, floats_in
+from fedray.methods.base import ClientBatch, ClosedFormMethod, floats_in, offers_compact_statistics
 from fedray.methods.checks import combine_checked
 from fedray.methods.postprocessor import Postprocessing, flatten
 from fedray.runtime.actor_group import combine_partials
+from fedray.runtime.compact_sum import compact_sum
 from fedray.runtime.kept import KeptParts
 from fedray.runtime.shard_rows import HeldRows
 
@@ -109,9 +110,12 @@ class ShardStatistics:
             return replace(batch, features=postprocessing.features(batch.features))
 
         if postprocessing is not None:
-            uploads = ((client, number, method.client_statistics(batch(np.array([client]))))
-                       for client, number in zip(clients.tolist(), rounds.tolist()))
-            total = postprocessing.client_sum(uploads, partial(combine_checked, method), method.upload_parts())
+            if postprocessing.entrywise and offers_compact_statistics(method):
+                total = compact_sum(method, self.rows, clients, rounds, postprocessing)
+            else:
+                uploads = ((client, number, method.client_statistics(batch(np.array([client]))))
+                           for client, number in zip(clients.tolist(), rounds.tolist()))
+                total = postprocessing.client_sum(uploads, partial(combine_checked, method), method.upload_parts())
             if total is not None:
                 yield total
                 return

@@ -1,14 +1,16 @@
 """The closed-form methods' shared numerics: the solve gives the same bits whatever the caller's torch threads; their
-features' dtype, named without importing torch."""
+features' dtype, named without importing torch; which methods give compact statistics, and each client's held classes."""
 
+import numpy as np
 import pytest
 import torch
 
-from fedray.methods.base import TorchDtype, single_threaded, spd_solve
+from fedray.methods.base import (ClientBatch, TorchDtype, held_classes, offers_compact_statistics, single_threaded,
+                                 spd_solve)
 from fedray.methods.ccvr import CCVR
-from fedray.methods.fedcof import FedCOF
+from fedray.methods.fedcof import FedCOF, FedCOFOracle
 from fedray.methods.ncm import FedNCM
-from fedray.methods.ridge import Fed3R
+from fedray.methods.ridge import Fed3R, RidgeStatistics
 from tests.threads import on_threads
 
 
@@ -45,3 +47,32 @@ def test_a_torch_dtype_attribute_reads_as_torchs_dtype_on_the_class_and_its_inst
     assert Stored.dtype is torch.float64 and Stored().dtype is torch.float64
     assert [method.features_dtype for method in (FedNCM, Fed3R, FedCOF, CCVR)] == [torch.float64] * 4
     assert Fed3R(8, 3).features_dtype is torch.float64
+
+
+class OwnStatistics(Fed3R):
+    """A plugin's Fed3R that uploads other statistics: the compact ones it inherits are not its own."""
+
+    def client_statistics(self, batch: ClientBatch) -> RidgeStatistics:
+        stats = super().client_statistics(batch)
+        return RidgeStatistics(2 * stats.gram, stats.targets)
+
+
+class OwnCompactStatistics(OwnStatistics):
+    def compact_statistics(self, batch: ClientBatch):
+        for stats, classes in super().compact_statistics(batch):
+            yield RidgeStatistics(2 * stats.gram, stats.targets), classes
+
+
+@pytest.mark.parametrize("method, offers", [(Fed3R(4, 3), True), (FedNCM(4, 3), True), (FedCOFOracle(4, 3), False),
+                                            (OwnStatistics(4, 3), False), (OwnCompactStatistics(4, 3), True)])
+def test_compact_statistics_are_offered_only_by_the_class_that_computes_the_statistics(method, offers):
+    assert offers_compact_statistics(method) == offers
+
+
+def test_held_classes_are_each_clients_rows_classes_and_labels_as_indices_into_them():
+    batch = ClientBatch(torch.arange(12.0).reshape(6, 2), torch.tensor([4, 1, 4, 2, 0, 2]), np.array([0, 3, 3, 6]),
+                        np.array([7, 8, 9]))
+    held = list(held_classes(batch))
+    assert [classes.tolist() for _, classes, _ in held] == [[1, 4], [], [0, 2]]
+    assert [local.tolist() for _, _, local in held] == [[1, 0, 1], [], [1, 0, 1]]
+    assert [features.tolist() for features, _, _ in held] == [[[0, 1], [2, 3], [4, 5]], [], [[6, 7], [8, 9], [10, 11]]]

@@ -239,3 +239,45 @@ def test_a_postprocessor_is_checked_before_any_work():
     with pytest.raises(FedrayError, match="unknown postprocessor 'gaussian'; built-in: .*; or your own fedray.Postprocessor"):
         resolve({}, {"method": "fed3r", "postprocessor": "gaussian"})
     assert isinstance(UploadContext(AGGREGATE, 1, 2, torch.Generator()).generator, torch.Generator)
+
+
+class Halve(fedray.Postprocessor):
+    """Each value halved, on its own (0 to 0), or as float32 where ``bad``."""
+
+    def __init__(self, bad: bool = False) -> None:
+        super().__init__()
+        self.bad = bad
+
+    @property
+    def entrywise(self) -> bool:
+        return True
+
+    def client(self, upload: fedray.Upload, context: UploadContext) -> fedray.Upload:
+        return fedray.Upload({name: tensor / 2 for name, tensor in upload.tensors.items()}, upload.weight)
+
+    def entry_map(self, context: UploadContext):
+        return (lambda values: (values / 2).float()) if self.bad else (lambda values: values / 2)
+
+
+class HalveClipped(Halve):
+    def features(self, features: torch.Tensor) -> torch.Tensor:
+        return features.clamp(-1, 1)
+
+
+@pytest.mark.parametrize("postprocessors, entrywise", [
+    ((Halve(),), True), ((Halve(), Weigh()), False), ((HalveClipped(),), False), ((Denominator(),), False),
+    ((Halve(), Denominator()), True)])
+def test_uploads_are_mapped_value_by_value_only_where_every_postprocessor_that_changes_them_does(postprocessors,
+                                                                                                 entrywise):
+    assert Postprocessing(postprocessors).entrywise == entrywise
+
+
+def test_an_entry_map_is_the_postprocessors_maps_in_order_each_checked():
+    from fedray.core.errors import FedrayError
+
+    values = torch.tensor([[2.0, 0.0], [-6.0, 1.0]], dtype=torch.float64)
+    assert torch.equal(Postprocessing((Halve(), Halve())).entry_map(3, 1)(values),
+                       torch.tensor([[0.5, 0.0], [-1.5, 0.25]], dtype=torch.float64))
+    with pytest.raises(FedrayError, match=r"^--postprocessor halve: entry_map's map returned torch.float32 \(2, 2\) "
+                                          r"for round 1, client 3; expected float64 \(2, 2\), like the values it got$"):
+        Postprocessing((Halve(), Halve(bad=True)), names=("halve", "halve")).entry_map(3, 1)(values)

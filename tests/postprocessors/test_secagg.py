@@ -539,7 +539,8 @@ def test_a_training_run_through_secagg_is_the_run_through_exact_quantized_weight
 
 
 class Recording(SecureAggregation):
-    """secagg, writing where each client hook ran to ``log``: the process, the client, the round and the group."""
+    """secagg, writing where each client's upload was masked to ``log`` (its whole upload's hook, or its entry map at
+    the classes it holds): the process, the client, the round and the group."""
 
     def __init__(self, log: Annotated[str, "the file the hooks' places are written to"] = "",
                  secagg_clip: Annotated[float | None, "C"] = None) -> None:
@@ -547,9 +548,16 @@ class Recording(SecureAggregation):
         self.log = log
 
     def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
+        self.record(context)
+        return super().client(upload, context)
+
+    def entry_map(self, context: fedray.UploadContext):
+        self.record(context)
+        return super().entry_map(context)
+
+    def record(self, context: fedray.UploadContext) -> None:
         with open(self.log, "a") as log:
             log.write(json.dumps([os.getpid(), context.client, context.round, list(context.participants)]) + "\n")
-        return super().client(upload, context)
 
 
 def test_the_masks_are_drawn_in_the_shards_for_each_blocks_uploaders_only(ray_session, tmp_path):
