@@ -101,10 +101,12 @@ class ShardActor:
         self.evaluation = ShardEvaluation(loaded.test_features, loaded.test_labels)
         return None
 
-    def park(self) -> None:
-        """Drop the rows, what was kept for second passes and the clients' states (those spilled deleted)."""
+    def park(self) -> bool:
+        """Drop the rows, what was kept for second passes and the clients' states (those spilled deleted); whether
+        this shard may be parked: never restarted (a restart spends one of its restarts, which the next run needs)."""
         self.client_states.clear()
         self.statistics_job = self.training = self.evaluation = None
+        return not ray.get_runtime_context().was_current_actor_reconstructed
 
     def loaded(self) -> str | None:
         """None once the rows are held, else why they could not be."""
@@ -282,7 +284,7 @@ class ShardPool(ActorGroup):
 
     def shutdown(self) -> None:
         """Park the shards if the pool is ``reusable`` and every shard has done all it was asked (none failed, none
-        is still busy with a call an interrupted run left), else end them."""
+        is still busy with a call an interrupted run left) and none was ever restarted, else end them."""
         try:
             if self.reusable and self._parked():
                 return
@@ -293,7 +295,8 @@ class ShardPool(ActorGroup):
 
     def _parked(self) -> bool:
         try:
-            ray.get([actor.park.remote() for actor in self.actors], timeout=CLEAR_TIMEOUT_S)
+            if not all(ray.get([actor.park.remote() for actor in self.actors], timeout=CLEAR_TIMEOUT_S)):
+                return False
         except ray.exceptions.RayError:  # a shard failed, or is still busy with an interrupted run's call
             return False
         self.stored.replace({})

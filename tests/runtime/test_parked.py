@@ -59,13 +59,14 @@ def test_two_runs_through_parked_shards_give_bitwise_two_fresh_runs(fresh_runs, 
         if point.round == 2:
             ray.kill(pools[-1].actors[1], no_restart=False)
 
-    reused = {method: run(tmp_path / f"reused-{method}", method, kill_shard_1 if method == "fed3r" else None)
-              for method in RUNS}
+    reused = {method: run(tmp_path / f"reused-{method}", method) for method in RUNS}
     again = run(tmp_path / "again-scaffold", "scaffold")  # no clients' states left from the first run
-    assert [pool.actors for pool in pools[1:]] == [pools[0].actors] * 2, "the later runs took the first run's shards"
+    killed = run(tmp_path / "killed-fed3r", "fed3r", kill_shard_1)
+    assert [pool.actors for pool in pools[1:]] == [pools[0].actors] * 3, "the later runs took the first run's shards"
     for method in RUNS:
         assert_same(reused[method], fresh_runs[method])
     assert_same(again, fresh_runs["scaffold"])
+    assert_same(killed, fresh_runs["fed3r"])
 
 
 def test_a_failed_run_leaves_no_shards_that_change_the_next(fresh_runs, tmp_path):
