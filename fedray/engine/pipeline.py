@@ -172,11 +172,13 @@ class StageContext:
     @property
     def pool(self) -> ShardPool:
         """The shards holding the federation's features, started the first time a stage asks (the run's resources
-        and memory estimate, a Tune trial's bundles), shut down by :meth:`close`."""
+        and memory estimate, a Tune trial's bundles), or those an earlier run parked; shut down (or parked) by
+        :meth:`close`."""
         if self._pool is None:
             shards = self.run.shards
             self._pool = ShardPool.start(self.federation, shards.count, shards.cpus, trial_group=self.trial_group,
-                                         state_budget=shards.state_memory, footprints=self.run.footprints)
+                                         state_budget=shards.state_memory, footprints=self.run.footprints,
+                                         reusable=True)
         return self._pool
 
     @property

@@ -30,6 +30,10 @@ class _Keeper:
         """The reference of ``key``, in a list so that Ray returns it unresolved."""
         return [self.objects[key]]
 
+    def replace(self, objects: dict[Any, list[ray.ObjectRef]]) -> None:
+        """Keep ``objects`` (each reference in a list, so that Ray hands it over unresolved) instead."""
+        self.objects = {key: references[0] for key, references in objects.items()}
+
 
 @dataclass(frozen=True)
 class NamedObjects:
@@ -38,12 +42,22 @@ class NamedObjects:
     name: str
     keeper: Any
 
+    @staticmethod
+    def new_name() -> str:
+        return f"fedray-named-{uuid.uuid4().hex}"
+
     @classmethod
-    def put(cls, objects: dict[Any, Any]) -> "NamedObjects":
-        name = f"fedray-named-{uuid.uuid4().hex}"
+    def put(cls, objects: dict[Any, Any], name: str | None = None) -> "NamedObjects":
+        """Keep ``objects`` under ``name`` (default: a :meth:`new_name`)."""
+        name = cls.new_name() if name is None else name
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         references = {key: ray.put(value) for key, value in objects.items()}
         return cls(name, _Keeper.options(name=name, scheduling_strategy=here).remote(references))
+
+    def replace(self, objects: dict[Any, Any]) -> None:
+        """Keep ``objects`` instead of those kept so far (which go once nothing else holds them), from when this
+        returns."""
+        ray.get(self.keeper.replace.remote({key: [ray.put(value)] for key, value in objects.items()}))
 
     def release(self) -> None:
         ray.kill(self.keeper)

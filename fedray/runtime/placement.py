@@ -7,6 +7,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedray.core.errors import FedrayError
+from fedray.runtime import parked
 from fedray.runtime.cluster import check_bundles_fit
 
 WAIT_S = 60.0
@@ -20,8 +21,9 @@ def reserve(bundle: dict[str, float], count: int, strategy: str, what: str, hint
     lower), instead of running on a partial set or waiting forever: at once
     when the cluster can never hold them and no autoscaler may add nodes, else
     after ``wait_s`` seconds (other jobs may free resources, an autoscaler add
-    nodes).
+    nodes). Shards parked by an earlier run give way first (:mod:`fedray.runtime.parked`).
     """
+    parked.release()
     check_bundles_fit([bundle] * count, what, hint)
     group = placement_group([bundle] * count, strategy=strategy)
     if not group.wait(timeout_seconds=wait_s):

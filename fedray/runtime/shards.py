@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import resource
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial, reduce
 from pathlib import Path
 from typing import Any
@@ -33,9 +33,11 @@ from fedray.runtime.cluster import check_memory
 from fedray.runtime.client_states import ClientStates, Layout
 from fedray.runtime.kept import KeptParts, default_budget
 from fedray.runtime.footprint import Footprint
-from fedray.runtime.named_objects import NamedObjects
+from fedray.runtime import parked
+from fedray.runtime.named_objects import NamedObjects, fetch
 from fedray.runtime.placement import default_count
-from fedray.runtime.actor_group import ActorGroup, Reduction, balanced_bounds, combine_partials, tree_reduce
+from fedray.runtime.actor_group import (CLEAR_TIMEOUT_S, ActorGroup, Reduction, balanced_bounds, combine_partials,
+                                       tree_reduce)
 from fedray.runtime.shard_evaluation import ShardEvaluation
 from fedray.runtime.shard_rows import HeldRows, Rows, ShardRows
 from fedray.runtime.shard_statistics import ShardStatistics, add_second, add_statistics
@@ -53,35 +55,63 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+@dataclass(frozen=True)
+class ShardAssignment:
+    """What a shard holds and how it runs: its rows, its threads, and the bytes it keeps for second passes
+    (``kept_budget``) and of clients' states in memory (``state_budget``)."""
+
+    rows: ShardRows
+    threads: int
+    kept_budget: int
+    state_budget: int | None = None
+
+
 @ray.remote(max_restarts=3, max_task_retries=3)
 class ShardActor:
-    """Holds the clients of :class:`~fedray.runtime.shard_rows.ShardRows` and runs its jobs' calls on them.
+    """Holds the clients of its :class:`ShardAssignment` and runs its jobs' calls on them.
 
-    Its state is a pure function of its constructor arguments and its calls are
-    pure functions of their arguments, so Ray can restart a failed shard and
-    retry its calls with bitwise the same results; the one exception, its
-    clients' states of a stateful training algorithm, is restored by the driver
-    (see :mod:`fedray.runtime.client_states`). A bad row in its part of
-    the data (e.g. NaN in a Parquet file) is kept as the shard's error, for
-    :meth:`ShardPool.wait` to raise in the driver as one line.
+    Its state is a pure function of its assignment, which it fetches by the
+    name of its pool's :class:`~fedray.runtime.named_objects.NamedObjects`
+    (entry ``("shard", index)``) as often as it starts, and its calls are pure
+    functions of their arguments, so Ray can restart a failed shard and retry
+    its calls with bitwise the same results, also in a pool a later run took
+    over (:meth:`ShardPool.start`), which gives it a new assignment. The one
+    exception, its clients' states of a stateful training algorithm, is
+    restored by the driver (see :mod:`fedray.runtime.client_states`). A bad
+    row in its part of the data (e.g. NaN in a Parquet file) is kept as the
+    shard's error, for :meth:`ShardPool.wait` to raise in the driver as one
+    line.
     """
 
-    def __init__(self, rows: ShardRows, threads: int, kept_budget: int, state_budget: int | None = None) -> None:
-        torch.set_num_threads(threads)
+    def __init__(self, assignments: str, index: int) -> None:
         tensor_transfer.register()
-        context = ray.get_runtime_context()
-        self.client_states = ClientStates(context.was_current_actor_reconstructed, state_budget,
-                                          owner=context.get_actor_id())
+        self.assignments, self.index = assignments, index
+        self.load(lost=ray.get_runtime_context().was_current_actor_reconstructed)
+
+    def load(self, lost: bool = False) -> str | None:
+        """Take this shard's assignment (as a new actor would; ``lost``: a restart lost the clients' states); None
+        once its rows are held, else why they could not be."""
+        assignment: ShardAssignment = fetch(self.assignments, ("shard", self.index))
+        torch.set_num_threads(assignment.threads)
+        self.client_states = ClientStates(lost, assignment.state_budget, owner=ray.get_runtime_context().get_actor_id())
         self.error: str | None = None
         try:
-            loaded = rows.load()
+            loaded = assignment.rows.load()
         except FedrayError as error:
             self.error = str(error)
-            return
-        held = HeldRows(loaded, rows.first_client)
-        self.statistics_job = ShardStatistics(held, KeptParts(kept_budget))
+            return self.error
+        held = HeldRows(loaded, assignment.rows.first_client)
+        self.statistics_job = ShardStatistics(held, KeptParts(assignment.kept_budget))
         self.training = ShardTraining(held, self.client_states)
         self.evaluation = ShardEvaluation(loaded.test_features, loaded.test_labels)
+        return None
+
+    def park(self) -> bool:
+        """Drop the rows, what was kept for second passes and the clients' states (those spilled deleted); whether
+        this shard may be parked: never restarted (a restart spends one of its restarts, which the next run needs)."""
+        self.client_states.clear()
+        self.statistics_job = self.training = self.evaluation = None
+        return not ray.get_runtime_context().was_current_actor_reconstructed
 
     def loaded(self) -> str | None:
         """None once the rows are held, else why they could not be."""
@@ -142,6 +172,11 @@ class ShardActor:
         return self.evaluation.correct(feature_map, classifier)
 
 
+def _parking_key(shards: int, cpus_per_shard: float) -> tuple:
+    """What makes parked shards fit a run: as many, of the same resources (and so the same threads)."""
+    return "shards", shards, cpus_per_shard
+
+
 @dataclass(kw_only=True)
 class ShardPool(ActorGroup):
     """The shard actors of one federation, reusable across runs of different methods.
@@ -151,14 +186,19 @@ class ShardPool(ActorGroup):
     with a clear message instead of waiting forever for a partial set. Shards
     load their rows while the driver goes on (e.g. reading the test set);
     :meth:`wait`, called by every method that needs them, waits for them.
+    A pool started ``reusable`` is parked at :meth:`shutdown` (see
+    :mod:`fedray.runtime.parked`) for the next run's :meth:`start` to take.
     """
 
     keeps_client_states = True
 
     federation: Federation
-    stored: NamedObjects | None = None
-    """The rows of a federation held in memory (see :class:`ShardRows`), kept for a shard that restarts."""
+    """The federation whose rows the shards hold (None while parked)."""
+    stored: NamedObjects
+    """The shards' assignments (under ``("shard", index)``) and the rows of a federation held in memory (see
+    :class:`ShardRows`), kept for a shard that restarts."""
     loading: list | None = None
+    reusable: bool = False
 
     @classmethod
     def start(
@@ -170,6 +210,7 @@ class ShardPool(ActorGroup):
         footprints: Sequence[Footprint] = (),
         kept_budget: int | None = None,
         state_budget: int | None = None,
+        reusable: bool = False,
     ) -> "ShardPool":
         """Start the shards in a placement group of their own, or in bundles 1.. of ``trial_group``.
 
@@ -181,7 +222,9 @@ class ShardPool(ActorGroup):
         (default :func:`~fedray.runtime.kept.default_budget`'s share of the machine's memory split among the shards
         that fill it; what exceeds it is computed again when needed); ``state_budget``: bytes of clients' states each
         shard keeps in memory (default: the same share; the least recently used beyond it spill to the node's disk,
-        :mod:`fedray.runtime.client_states`).
+        :mod:`fedray.runtime.client_states`). ``reusable``: outside a trial, on a Ray this process started, take the
+        shards a run parked with as many shards of the same resources, reloaded with these rows (bitwise what new
+        shards give), and park them at :meth:`shutdown`.
         """
         federation.require_features()
         if trial_group is not None:
@@ -204,17 +247,38 @@ class ShardPool(ActorGroup):
         kept_budget = default_budget(cpus_per_shard) if kept_budget is None else kept_budget
         state_budget = default_budget(cpus_per_shard) if state_budget is None else state_budget
         ranges = [((int(a), int(b)), (int(t), int(u))) for a, b, t, u in zip(bounds[:-1], bounds[1:], tests[:-1], tests[1:])]
-        stored = None if federation.spec is not None else NamedObjects.put(
-            {clients[0]: Rows.of(federation, clients, rows) for clients, rows in ranges})
-        where = {"spec": federation.spec} if stored is None else {"stored": stored.name}
-        arguments = [(ShardRows(*clients, *rows, **where), threads, kept_budget, state_budget) for clients, rows in ranges]
+        reusable = reusable and trial_group is None and parked.allowed()
+
+        def assigned(name: str) -> dict:
+            """Each shard's assignment, and the rows of a federation held in memory, as the named objects ``name``
+            keep them."""
+            where = {"spec": federation.spec} if federation.spec is not None else {"stored": name}
+            rows = {} if federation.spec is not None else {
+                clients[0]: Rows.of(federation, clients, test_rows) for clients, test_rows in ranges}
+            return {**rows, **{("shard", index): ShardAssignment(ShardRows(*clients, *test_rows, **where), threads,
+                                                                 kept_budget, state_budget)
+                               for index, (clients, test_rows) in enumerate(ranges)}}
+
+        taken = parked.take(_parking_key(shards, cpus_per_shard)) if reusable else None
+        if taken is not None:
+            try:
+                check_fit()
+                taken.stored.replace(assigned(taken.stored.name))
+                pool = replace(taken, bounds=bounds, federation=federation, reusable=True)
+                pool.loading = [actor.load.remote() for actor in pool.actors]
+                return pool
+            except BaseException:
+                taken.end()
+                raise
+        name = NamedObjects.new_name()
+        stored = NamedObjects.put(assigned(name), name)
         try:
-            pool = cls.launch(ShardActor, bundle, arguments, bounds, what=f"{shards} shard{'s' if shards > 1 else ''}{cut} "
-                              f"× {cpus_per_shard:g} CPU", hint="lower --num-shards or --cpus-per-shard",
-                              trial_group=trial_group, before_start=check_fit, federation=federation, stored=stored)
+            pool = cls.launch(ShardActor, bundle, [(name, index) for index in range(shards)], bounds,
+                              what=f"{shards} shard{'s' if shards > 1 else ''}{cut} × {cpus_per_shard:g} CPU",
+                              hint="lower --num-shards or --cpus-per-shard", trial_group=trial_group,
+                              before_start=check_fit, federation=federation, stored=stored, reusable=reusable)
         except BaseException:
-            if stored is not None:
-                stored.release()
+            stored.release()
             raise
         pool.loading = [actor.loaded.remote() for actor in pool.actors]
         return pool
@@ -229,9 +293,31 @@ class ShardPool(ActorGroup):
         return self
 
     def shutdown(self) -> None:
+        """Park the shards if the pool is ``reusable`` and every shard has done all it was asked (none failed, none
+        is still busy with a call an interrupted run left) and none was ever restarted, else end them."""
+        try:
+            if self.reusable and self._parked():
+                return
+        except BaseException:
+            self.end()
+            raise
+        self.end()
+
+    def _parked(self) -> bool:
+        try:
+            if not all(ray.get([actor.park.remote() for actor in self.actors], timeout=CLEAR_TIMEOUT_S)):
+                return False
+        except ray.exceptions.RayError:  # a shard failed, or is still busy with an interrupted run's call
+            return False
+        self.stored.replace({})
+        parked.park(_parking_key(self.num_shards, self.bundle["CPU"]), replace(self, federation=None))  # none held
+
+        return True
+
+    def end(self) -> None:
+        """Kill the shards (deleting the clients' states they spilled) and free their resources."""
         super().shutdown()
-        if self.stored is not None:
-            self.stored.release()
+        self.stored.release()
 
     @property
     def num_shards(self) -> int:

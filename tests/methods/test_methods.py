@@ -121,7 +121,7 @@ def test_fedcof_oracle_uses_the_true_class_covariances(small_inat):
 def test_fedcof_covariance_estimator_is_unbiased():
     """Monte Carlo: with Gaussian class features, the mean of Σ̂ over many federations is Σ."""
     rng = np.random.default_rng(0)
-    d, trials = 3, 4000
+    d, trials = 3, 400  # the naive estimate is 3.2 times too large: 400 federations show it
     mixing = rng.normal(size=(d, d))
     true_cov = mixing @ mixing.T + 0.5 * np.eye(d)
     sizes = np.array([1, 1, 2, 3, 5, 8, 2, 1, 4, 6])

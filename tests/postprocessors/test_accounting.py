@@ -39,8 +39,8 @@ def poisson(noise: float, kind: str, population: int, per_round: int, rounds: in
 
 
 @pytest.mark.parametrize("population, per_round, noise, rounds", [
-    (9275, 100, 0.7, 300),  # iNat-120K's q, ε ≈ 3.3
-    (9275, 100, 1.5, 300),  # ε ≈ 0.54
+    pytest.param(9275, 100, 0.7, 300, marks=pytest.mark.slow),  # iNat-120K's q, ε ≈ 3.3 (a minute of PRV)
+    pytest.param(9275, 100, 1.5, 300, marks=pytest.mark.slow),  # ε ≈ 0.54
     (100, 5, 0.7, 6),       # q = 0.05, ε ≈ 3.5
     (100, 5, 0.5, 6),       # ε ≈ 7.6
 ])

@@ -29,6 +29,7 @@ from fedray.engine.callbacks import Callback, Callbacks
 from fedray.engine.run_config import run
 from fedray.engine.checkpoint import CHECKPOINT
 from fedray.core.plugins import plugin_failure
+from fedray.runtime import parked
 from fedray.runtime.cluster import check_bundles_fit
 from fedray.runtime.messages import without_messages
 from fedray.runtime.provenance import FIELDS
@@ -131,6 +132,7 @@ def sweep(
         raise FedrayError(f"{folder}: a sweep named {spec.name!r} is already there; use --resume or another --out")
     remove_stale_temporaries(folder, [RESULTS])
     init_ray(address)
+    parked.release()  # the shards an earlier run of this process parked give way to the trials' placement groups
     check_bundles_fit(spec.bundles, f"one trial's driver ({spec.driver_cpus:g} CPU) and {spec.shards_per_trial} shards × "
                       f"{spec.shard_bundle}", "lower driver_cpus, shards_per_trial, cpus_per_shard or gpus_per_shard")
     if resume:

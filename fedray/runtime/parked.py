@@ -1,0 +1,71 @@
+"""Actor groups parked between the runs of one process, to be taken again by the next run that fits them.
+
+Starting a pool's actors costs seconds (a process each, torch imported, the
+rows loaded): paid by every run of a sweep's trials, every method of the
+quickstart, every ``fedray.run`` in a notebook. A run that ends cleanly may
+park its actors here instead of killing them, and the next run asking for
+the same actors takes them back and reloads them. A parked group keeps its
+placement group, and so its CPUs: anything else of this process that
+reserves resources (:func:`~fedray.runtime.placement.reserve`, a sweep's
+trials) calls :func:`release` first, so that parked actors never stand in
+its way.
+
+Parking is only for a Ray this process started itself (an embedded one):
+on a cluster other jobs would wait for the CPUs a parked group holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Protocol
+
+import ray
+import ray._private.worker
+
+
+class Parkable(Protocol):
+    def end(self) -> None:
+        """Kill the actors and free their resources (never park them again)."""
+
+
+_parked: dict[Hashable, Parkable] = {}
+
+
+def allowed() -> bool:
+    """Whether actors may be parked: a Ray is running and this process started it (its head node is ours)."""
+    node = ray._private.worker._global_node
+    return ray.is_initialized() and node is not None and node.head
+
+
+def _session() -> str:
+    """The running Ray's identity (its head node's id, new with every ``ray.init``)."""
+    return ray.get_runtime_context().get_node_id()
+
+
+def park(key: Hashable, group: Parkable) -> None:
+    """Keep ``group`` under ``key`` for :func:`take`, shutting down one parked before under the same key."""
+    previous = _parked.pop((_session(), key), None)
+    _parked[(_session(), key)] = group
+    if previous is not None:
+        previous.end()
+
+
+def take(key: Hashable) -> Parkable | None:
+    """The group parked under ``key`` in the running Ray, no longer parked; None if there is none. Groups parked in
+    an earlier Ray (ended since) are forgotten: their actors ended with it."""
+    session = _session()
+    for stale in [entry for entry in _parked if entry[0] != session]:
+        del _parked[stale]
+    return _parked.pop((session, key), None)
+
+
+def release() -> None:
+    """Shut down every parked group of the running Ray (their CPUs free again), forgetting those of an earlier one."""
+    parked = list(_parked.items())
+    _parked.clear()
+    if not ray.is_initialized():
+        return
+    session = _session()
+    for (parked_in, _), group in parked:
+        if parked_in == session:
+            group.end()
