@@ -269,4 +269,5 @@ def test_sweep_arguments_are_typed_as_run_options_are(tune, tmp_path):
         fedray.sweep(SWEEP, out=tmp_path, resume="no", quiet="yes")
     spec, out, arguments = reached.value.args
     assert (spec.name, out, arguments) == ("x", str(tmp_path),
-                                           {"resume": False, "address": None, "quiet": True, "callbacks": ()})
+                                           {"resume": False, "address": None, "quiet": True, "callbacks": (),
+                                            "command": "fedray.sweep"})
