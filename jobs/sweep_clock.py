@@ -23,6 +23,11 @@ learning rates). The deadline is the median round duration of the plain
 its rounds would have missed, so that it cuts the slow phones' tail rather
 than every round or none; ``--deadline`` sets it instead.
 
+Every run evaluates every tenth of the training runs' rounds (every 50 of
+``--rounds 500``), the closed forms and ``--init fed3r``'s first stage too: the
+same grid of rounds, so that no run reaches a level first only because it was
+looked at sooner (a level is read at the first evaluation that shows it).
+
 At the end ``OUT/results.parquet`` holds every run's rows with their ``label``;
 ``OUT/analysis/`` the tables, printed too: each run's last evaluation on the
 clock (:func:`analysis.clock.clock_columns`: virtual hours, compute and
@@ -127,20 +132,12 @@ def run_keywords(configuration: Configuration, setting: Setting, deadline: float
     if configuration.gradient:
         values |= {"sampling": "with", "rounds": setting.rounds, "local_epochs": setting.local_epochs,
                    "batch_size": 50, "weight_decay": 4e-5}
-        values["eval_every"] = max(1, setting.rounds // setting.evaluations)
-    else:  # every client once: ⌈K / κ⌉ rounds, evaluated as often as the training runs
-        values["eval_every"] = max(1, math.ceil(clients(setting) / PER_ROUND) // setting.evaluations)
+    values["eval_every"] = max(1, setting.rounds // setting.evaluations)  # every run, a stage before training too
     if configuration.deadline:
         values["deadline"] = deadline
     if setting.num_shards is not None:
         values["num_shards"] = setting.num_shards
     return values
-
-
-def clients(setting: Setting) -> int:
-    from fedray.data.registry import load_federation
-
-    return load_federation(setting.dataset).num_clients
 
 
 def median_round_s(folder: Path) -> float:
