@@ -1,6 +1,6 @@
 """Benchmark: FedNCM, Fed3R and FedCOF over populations of 10⁴, 10⁵ and 10⁶ clients.
 
-    python -m jobs.bench_scale [--clients 10000,100000,1000000] [--methods fedncm,fed3r,fedcof] [--dim 1280]
+    python -m jobs.bench_scale [--clients 10000,100000,1000000] [--methods fedncm,fed3r,fedcof] [--dim 1280] [--clock]
 
 Each point runs one method on ``synthetic:inat-user-120k?clients=K`` (d = 1,280,
 C = 1,203; about 13 samples a client, so 13 million samples at 10⁶), every client
@@ -23,7 +23,19 @@ their disk (``states_memory_mb``, ``states_spilled_mb``).
 with every core: generating the same features (the population's own generator)
 and the bare float64 Gram ZᵀZ over them, run by run of rows as the shards do
 (``generate_s``, ``gram_s`` and their sum); ``ratio_vs_bare`` is a point's
-wall time over that sum. Prints one JSON line.
+wall time over that sum.
+
+``--clock`` runs each point a second time on the virtual clock, with
+``--devices phones --availability diurnal:86400,0.3`` (:data:`CLOCK`), in a
+fresh process of its own, and adds its wall time and driver peak memory
+beside the plain run's (``clock_wall_s``, ``clock_driver_peak_rss_mb``),
+their ratios to the plain run's (``clock_wall_ratio``, target at most 1.10;
+``clock_driver_memory_ratio``, target 1: the clock keeps per-client numbers
+in the driver only for the clients a round asks), and the clients the
+clocked run saw (``clock_clients_seen``): a closed-form run of ⌈K / 100⌉
+rounds under diurnal availability asks only the clients online as it goes,
+and a client asked again has nothing to send, so it may see fewer clients,
+and do less work, than the plain run. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -43,15 +55,19 @@ MB = 2**20
 PER_ROUND = 100
 CLOSED_FORM = ("fedncm", "fed3r", "fedcof")
 TRAINING_ROUNDS = 100
+CLOCK = {"devices": "phones", "availability": "diurnal:86400,0.3"}
+"""``--clock``'s options: measured phones, each client online 30 % of a 24 h day."""
 
 
 def dataset(clients: int, dim: int) -> str:
     return f"synthetic:inat-user-120k?clients={clients}&dim={dim}"
 
 
-def one_point(method: str, clients: int, dim: int, state_memory: float | None, evaluations: int) -> dict:
+def one_point(method: str, clients: int, dim: int, state_memory: float | None, evaluations: int,
+              clock: bool = False) -> dict:
     """One run as ``fedray run`` does it, in this process; its figures. A closed-form method sees every client once; a
-    training method runs :data:`TRAINING_ROUNDS` rounds; ``evaluations`` rows, evenly spaced, the last at the end."""
+    training method runs :data:`TRAINING_ROUNDS` rounds; ``evaluations`` rows, evenly spaced, the last at the end;
+    ``clock``: on the virtual clock, with :data:`CLOCK`."""
     import ray
 
     from fedray.engine.config import RunConfig
@@ -72,7 +88,8 @@ def one_point(method: str, clients: int, dim: int, state_memory: float | None, e
     rounds = TRAINING_ROUNDS if training else math.ceil(clients / PER_ROUND)
     config = RunConfig(method=method, dataset=dataset(clients, dim), clients_per_round=PER_ROUND,
                        rounds=rounds if training else None, eval_every=max(1, rounds // evaluations), quiet=True,
-                       out=tempfile.mkdtemp(prefix="fedray-scale-"), client_state_memory=state_memory)
+                       out=tempfile.mkdtemp(prefix="fedray-scale-"), client_state_memory=state_memory,
+                       component_options=dict(CLOCK) if clock else {})
     rows = run(config).rows
     ray.shutdown()
     seconds = time.perf_counter() - STARTED
@@ -82,6 +99,7 @@ def one_point(method: str, clients: int, dim: int, state_memory: float | None, e
         "samples": rows[-1]["samples_seen"] if not training else None,
         "rounds": rows[-1]["round"],
         "wall_s": round(seconds, 1),
+        "clients_seen": rows[-1]["clients_seen"],
         "clients_per_s": round(rows[-1]["clients_seen"] / seconds),
         "driver_peak_rss_mb": round(peak_memory_bytes() / MB),
         "shard_peak_rss_mb": round(max(peaks) / MB),
@@ -131,11 +149,14 @@ def main(argv: list[str] | None = None) -> None:
                         "10%% of its rounds)")
     parser.add_argument("--client-state-memory", type=float, help="GB of clients' states a shard keeps in memory "
                         "(default: a run's, 1/8 of the machine's memory shared by its shards)")
+    parser.add_argument("--clock", action="store_true", help="also run each point on the virtual clock (phones, "
+                        "diurnal availability) and report its wall time and driver memory beside the plain run's")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(one_point(args.one[0], int(args.one[1]), args.dim, args.client_state_memory, args.evaluations)))
+        print(json.dumps(one_point(args.one[0], int(args.one[1]), args.dim, args.client_state_memory, args.evaluations,
+                                   args.clock)))
         return
     if args.bare:
         print(json.dumps(bare(args.bare, args.dim)))
@@ -151,10 +172,20 @@ def main(argv: list[str] | None = None) -> None:
             if method in CLOSED_FORM:
                 bare_total = bare_s[str(k)]["total_s"]  # 0 only for a population too small to time
                 point["ratio_vs_bare"] = round(point["wall_s"] / bare_total, 2) if bare_total else None
+            if args.clock:
+                clocked = child("--one", method, str(k), "--dim", str(args.dim), "--evaluations", str(args.evaluations),
+                                *memory, "--clock")
+                point |= {"clock_wall_s": clocked["wall_s"],
+                          "clock_driver_peak_rss_mb": clocked["driver_peak_rss_mb"],
+                          "clock_wall_ratio": round(clocked["wall_s"] / point["wall_s"], 3),
+                          "clock_driver_memory_ratio": round(clocked["driver_peak_rss_mb"]
+                                                             / point["driver_peak_rss_mb"], 3),
+                          "clock_clients_seen": clocked["clients_seen"]}
             points.append(point)
             print(json.dumps(points[-1]), file=sys.stderr)
     print(json.dumps({"benchmark": "scale", "dim": args.dim, "clients_per_round": PER_ROUND,
-                      "evaluations": args.evaluations, "client_state_memory_gb": args.client_state_memory, "points": points,
+                      "evaluations": args.evaluations, "client_state_memory_gb": args.client_state_memory,
+                      **({"clock": CLOCK} if args.clock else {}), "points": points,
                       "bare_gemm_s": bare_s}))
 
 

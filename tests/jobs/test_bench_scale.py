@@ -37,3 +37,19 @@ def test_a_training_point_reports_its_clients_states_in_memory_and_spilled():
     # them but by a chance of (1 - 100/300)^100; with a budget of 0, every one on disk
     assert point["states_memory_mb"] == 0
     assert point["states_spilled_mb"] == round(300 * 9 * 1203 * 4 / 2**20)
+
+
+@pytest.mark.slow
+def test_clock_runs_each_point_again_on_phones_with_diurnal_availability_and_reports_the_ratios():
+    done = subprocess.run([sys.executable, "-m", "jobs.bench_scale", "--clients", "1000", "--methods", "fed3r",
+                           "--dim", "8", "--clock"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["clock"] == {"devices": "phones", "availability": "diurnal:86400,0.3"}
+    point, = result["points"]
+    assert point["clock_wall_s"] > 0 and point["clock_driver_peak_rss_mb"] > 0
+    assert point["clock_wall_ratio"] == round(point["clock_wall_s"] / point["wall_s"], 3)
+    memory_ratio = point["clock_driver_peak_rss_mb"] / point["driver_peak_rss_mb"]
+    assert point["clock_driver_memory_ratio"] == round(memory_ratio, 3)
+    # the plain run sees every client once; the clocked one those online (30 % of a day) while it runs
+    assert point["clients_seen"] == 1000 and 0 < point["clock_clients_seen"] <= 1000
