@@ -56,11 +56,6 @@ class ClockChoices:
         """The availability model for the run's ``seed`` (``always`` when none is given)."""
         return AlwaysAvailable() if self.availability is None else availability_from_spec(self.availability, seed)
 
-    @property
-    def always_available(self) -> bool:
-        """Whether every client is online at every moment: no lookup is needed."""
-        return self.availability is None or isinstance(self.availability_model(0), AlwaysAvailable)
-
     def plugin(self) -> str | None:
         """The selector's spec when it is a researcher's class (its options are plugin options), else None."""
         return self.selector if self.selector is not None and is_plugin(self.selector) else None

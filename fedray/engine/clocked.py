@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedray.clock.availability import AlwaysAvailable
 from fedray.clock.choices import ClockChoices, selector_class
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
@@ -45,7 +46,9 @@ def run_clock(config: RunConfig, federation: Federation, sampler: Sampler) -> Ru
     spec = choices.selector_spec(sampler.poisson)
     cls = selector_class(spec)
     selector = build(cls, config.option_values(cls), f"--selector {spec}", seed=config.seed)
-    availability = None if choices.always_available else choices.availability_model(config.seed)
+    availability = choices.availability_model(config.seed)
+    if isinstance(availability, AlwaysAvailable):  # no lookup needed
+        availability = None
     clock = RunClock(devices, availability, config.component(SynchronousRounds), selector, spec,
                      federation.num_clients, sampler.per_round, config.seed, sampler.poisson, choices.every_s)
     if availability is not None:
