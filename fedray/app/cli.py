@@ -116,6 +116,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
     cli_values = with_shipped_options({**cli_values, "options": parse_options(args.option or [])}, shipped, "fedray run")
     config = resolve(file_values, cli_values)
     with interrupts.reporting(lambda: _left_by_run(config)):
+        interrupts.import_whole("torch")
         from fedray.engine.run_config import run
 
         rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose,
@@ -148,12 +149,16 @@ def what_ran(config: RunConfig) -> str:
 
 
 def _left_by_run(config: RunConfig) -> str:
-    """What a stopped run leaves in --out: the checkpoint to continue from, or nothing."""
-    from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint
+    """What a stopped run leaves in --out: the checkpoint to continue from, or nothing.
 
+    A run stopped before it imported torch has written no checkpoint: it says so without importing torch (seconds)."""
     out = Path(config.out)
     if not config.trains:
         return f"nothing written to {out}"
+    if "torch" not in sys.modules:
+        return f"nothing written to {out} (no checkpoint yet)"
+    from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint
+
     try:
         done = load_checkpoint(out, config.to_dict()).done
     except FedrayError:  # none yet, or another run's

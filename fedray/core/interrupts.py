@@ -12,7 +12,7 @@ Ray deserializing a result) it can come out as another error (an
 cleared there and never arrive. :func:`signal_behind` takes any error after a
 signal for that signal, and :func:`check`, called between a run's stages and
 rounds, raises a signal's interrupt that was lost. Where an interrupt must not
-come in the middle (the driver's connection to Ray),
+come in the middle (the driver's connection to Ray, torch's import),
 :func:`deferring_interrupts` holds it until the step is done.
 :mod:`fedray.runtime.session` keeps these handlers through ``ray.init``, which
 would replace them. A command says what it leaves behind with :func:`reporting`;
@@ -23,12 +23,13 @@ SIGINT, 143 for SIGTERM.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from types import FrameType
+from types import FrameType, ModuleType
 
 
 class Terminated(BaseException):
@@ -156,6 +157,13 @@ def deferring_interrupts() -> Iterator[None]:
     finally:
         _deferring = False
     check()
+
+
+def import_whole(name: str) -> ModuleType:
+    """``import name`` with interrupts deferred to its end: an import cut short inside a C extension's initialisation
+    cannot be retried, and torch's retry (to say what a stopped run left) crashed the interpreter (SIGSEGV)."""
+    with deferring_interrupts():
+        return importlib.import_module(name)
 
 
 def _in_main_thread() -> bool:

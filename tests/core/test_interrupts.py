@@ -119,3 +119,16 @@ def test_an_interrupt_through_an_extension_s_embedded_code_keeps_the_exit_code_u
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     finished = subprocess.run([sys.executable, "-m", "embedded_interrupt"], env=environment, capture_output=True)
     assert finished.returncode == 130, finished.stderr.decode()
+
+
+def test_an_import_made_whole_finishes_before_the_signal_s_interrupt(tmp_path, monkeypatch):
+    """A Ctrl-C during torch's import cut its C extension's initialisation short, and the next import of torch (to say
+    what the run had left) crashed the interpreter with SIGSEGV: ``import_whole`` lets the module finish first."""
+    (tmp_path / "signalled_while_imported.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\nfor _ in range(100):\n    time.sleep(0.001)\n"
+        "FINISHED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.handling_interrupts():
+            interrupts.import_whole("signalled_while_imported")
+    assert sys.modules.pop("signalled_while_imported").FINISHED
