@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import numpy as np
@@ -50,6 +50,8 @@ from fedray.core.options import Metavar, Unset
 
 SCHEDULERS = ("sync", "fedbuff", "fedasync")
 STALENESS_FORMS = "constant|sqrt|poly:A|hinge:A,B"
+FEDASYNC_MIXING = 0.6
+"""FedAsync's mixing rate α when none is given (the value of the paper's main experiments)."""
 
 Pick = Callable[[int, float, int, np.ndarray], np.ndarray]
 """``pick(wave, t, count, busy)``: up to ``count`` distinct clients online at ``t`` and not in ``busy`` (training
@@ -155,8 +157,10 @@ class Aggregation:
     """The updates it aggregates, in arrival order (time, then client id)."""
     versions: np.ndarray
     """The version each of them downloaded (staleness = number − 1 − version)."""
-    dispatched: int
-    """Clients dispatched since the step before (their downloads)."""
+    dispatches: np.ndarray
+    """Each one's place in the run's order of dispatches (the order a version's clients train in)."""
+    dispatched: np.ndarray
+    """The clients dispatched since the step before (their downloads), in dispatch order."""
     stale: int
     """Updates dropped since the step before, staler than ``--max-staleness``."""
     dropped: int
@@ -165,6 +169,9 @@ class Aggregation:
     """The uploads that arrived since the step before (stale ones too)."""
     bytes_down: float
     """The downloads of the clients dispatched since the step before."""
+    compute_s: float
+    """The computing time of the update that filled the buffer (the rest of the step's time is communication and
+    waiting)."""
 
     @property
     def staleness(self) -> np.ndarray:
@@ -179,12 +186,28 @@ class AsyncPlan:
 
     def trained_from(self) -> list[dict[int, np.ndarray]]:
         """For each version 0 .. steps − 1, the clients trained from it whose updates a step takes, by that step's
-        number (ascending), each in arrival order. O(updates)."""
+        number (ascending), each in the order they were dispatched (with a buffer equal to the concurrency on equal
+        devices: the synchronous round's order). O(updates log updates)."""
         groups: list[dict[int, np.ndarray]] = [{} for _ in self.aggregations]
         for aggregation in self.aggregations:
             for version in np.unique(aggregation.versions).tolist():
-                groups[version][aggregation.number] = aggregation.clients[aggregation.versions == version]
+                mine = aggregation.versions == version
+                order = np.argsort(aggregation.dispatches[mine], kind="stable")
+                groups[version][aggregation.number] = aggregation.clients[mine][order]
         return [dict(sorted(group.items())) for group in groups]
+
+
+@dataclass
+class _Tally:
+    """What happened since the last server step."""
+
+    dispatched: list[np.ndarray] = field(default_factory=list)
+    stale: int = 0
+    dropped: int = 0
+    up: float = 0.0
+    down: float = 0.0
+    sequence: int = 0
+    """Dispatches since the run's start (carried from step to step)."""
 
 
 def plan_async(steps: int, concurrency: int, buffer: int, max_staleness: int | None, pick: Pick, costs: Costs,
@@ -194,12 +217,11 @@ def plan_async(steps: int, concurrency: int, buffer: int, max_staleness: int | N
     if buffer > concurrency:
         raise FedrayError(f"--buffer {buffer} is more than the concurrency {concurrency}")
     events: list[tuple[float, int, int, bool]] = []  # (time, client, version, arrives)
-    training: dict[int, tuple[int, float, float]] = {}  # client -> (version, up bytes, down bytes)
+    training: dict[int, tuple[int, float, float, int]] = {}  # client -> (version, up bytes, compute s, dispatch)
     aggregations: list[Aggregation] = []
-    buffered: list[tuple[int, int]] = []
+    buffered: list[tuple[int, int, int]] = []
     version, wave, now, last_step = 0, 0, start_s, start_s
-    tally = {"dispatched": 0, "stale": 0, "dropped": 0, "up": 0.0, "down": 0.0}
-    retry = math.inf
+    tally = _Tally()
 
     def dispatch(t: float) -> float:
         """Fill the free slots at ``t``; when some stay free, the time the first idle client comes online."""
@@ -218,12 +240,13 @@ def plan_async(steps: int, concurrency: int, buffer: int, max_staleness: int | N
             arrives = lost_at >= finish
             up = np.broadcast_to(np.asarray(cost.up_bytes, dtype=np.float64), clients.shape)
             down = np.broadcast_to(np.asarray(cost.down_bytes, dtype=np.float64), clients.shape)
-            for client, end, ok, sent, got in zip(clients.tolist(), np.where(arrives, finish, lost_at).tolist(),
-                                                  arrives.tolist(), up.tolist(), down.tolist()):
-                training[client] = (version, sent, got)
+            for client, end, ok, sent, computing in zip(clients.tolist(), np.where(arrives, finish, lost_at).tolist(),
+                                                        arrives.tolist(), up.tolist(), durations.compute_s.tolist()):
+                training[client] = (version, sent, computing, tally.sequence)
+                tally.sequence += 1
                 heapq.heappush(events, (end, client, version, ok))
-            tally["dispatched"] += len(clients)
-            tally["down"] += float(down.sum())
+            tally.dispatched.append(clients)
+            tally.down += float(down.sum())
         if len(clients) == free or availability is None:
             return math.inf
         idle = np.setdiff1d(np.arange(num_clients, dtype=np.int64), np.fromiter(training, dtype=np.int64))
@@ -238,22 +261,23 @@ def plan_async(steps: int, concurrency: int, buffer: int, max_staleness: int | N
         now = min(events[0][0] if events else math.inf, retry)
         while events and events[0][0] == now and len(aggregations) < steps:
             _, client, downloaded, arrives = heapq.heappop(events)
-            _, sent, _ = training.pop(client)
+            _, sent, computing, sequence = training.pop(client)
             if not arrives:
-                tally["dropped"] += 1
+                tally.dropped += 1
                 continue
-            tally["up"] += sent
+            tally.up += sent
             if max_staleness is not None and version - downloaded > max_staleness:
-                tally["stale"] += 1
+                tally.stale += 1
                 continue
-            buffered.append((client, downloaded))
+            buffered.append((client, downloaded, sequence))
             if len(buffered) == buffer:
                 version += 1
-                clients, versions = (np.array(column, dtype=np.int64) for column in zip(*buffered))
-                aggregations.append(Aggregation(version, last_step, now, clients, versions, tally["dispatched"],
-                                                tally["stale"], tally["dropped"], tally["up"], tally["down"]))
-                buffered, last_step = [], now
-                tally = {"dispatched": 0, "stale": 0, "dropped": 0, "up": 0.0, "down": 0.0}
+                clients, versions, dispatches = (np.array(column, dtype=np.int64) for column in zip(*buffered))
+                asked = np.concatenate(tally.dispatched or [np.empty(0)]).astype(np.int64)
+                aggregations.append(Aggregation(version, last_step, now, clients, versions, dispatches, asked,
+                                                tally.stale, tally.dropped, tally.up, tally.down,
+                                                min(computing, now - last_step)))
+                buffered, last_step, tally = [], now, _Tally(sequence=tally.sequence)
         if len(aggregations) < steps:
             retry = dispatch(now)
     return AsyncPlan(aggregations)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedray.clock.asynchronous import AsynchronousRounds
 from fedray.clock.availability import Availability
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
@@ -82,11 +83,14 @@ class RunClock:
 
     def __init__(self, devices: Devices, availability: Availability | None, scheduler: SynchronousRounds,
                  selector: Selector, selector_name: str, num_clients: int, per_round: int, seed: int,
-                 sized_by_draw: bool = False, every_s: float | None = None) -> None:
+                 sized_by_draw: bool = False, every_s: float | None = None,
+                 asynchronous: AsynchronousRounds = AsynchronousRounds()) -> None:
         """``availability`` None: every client always online; ``sized_by_draw``: a round keeps every upload of its
         selection (Poisson sampling, whose rounds' size is random by design), not the scheduled row's count;
-        ``every_s``: evaluate every that many virtual seconds (None: by rounds)."""
+        ``every_s``: evaluate every that many virtual seconds (None: by rounds); ``asynchronous``: training's
+        scheduler when it is not synchronous rounds (:mod:`fedray.clock.asynchronous`)."""
         self.devices, self.availability, self.scheduler = devices, availability, scheduler
+        self.asynchronous = asynchronous
         self.selector, self.selector_name = selector, selector_name
         self.num_clients, self.per_round, self.seed, self.sized_by_draw = num_clients, per_round, seed, sized_by_draw
         self.every_s = every_s

@@ -17,19 +17,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedray.clock.asynchronous import AsynchronousRounds
 from fedray.clock.availability import AlwaysAvailable
 from fedray.clock.choices import ClockChoices, selector_class
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.run_clock import ClockedRound, RunClock
+from fedray.core.errors import FedrayError
 from fedray.core.federation import Federation
-from fedray.core.options import build
+from fedray.core.options import build, options_of
 from fedray.core.results import EvalPoint
+from fedray.engine.asynchronous import check_asynchronous
 from fedray.engine.config import RunConfig
 from fedray.engine.parts import Sampler
 from fedray.engine.round_loop import Callback
-from fedray.methods.algorithm import FederatedAlgorithm
+from fedray.methods.algorithm import FederatedAlgorithm, keeps_client_state
 from fedray.methods.base import FLOAT_BYTES, ClosedFormMethod
 from fedray.methods.training.backend import Params, TrainingBackend
 
@@ -49,11 +52,26 @@ def run_clock(config: RunConfig, federation: Federation, sampler: Sampler) -> Ru
     availability = choices.availability_model(config.seed)
     if isinstance(availability, AlwaysAvailable):  # no lookup needed
         availability = None
-    clock = RunClock(devices, availability, config.component(SynchronousRounds), selector, spec,
-                     federation.num_clients, sampler.per_round, config.seed, sampler.poisson, choices.every_s)
+    synchronous, asynchronous = config.component(SynchronousRounds), config.component(AsynchronousRounds)
+    if asynchronous.asynchronous:
+        _check_asynchronous(config, asynchronous, synchronous, spec)
+    clock = RunClock(devices, availability, synchronous, selector, spec, federation.num_clients, sampler.per_round,
+                     config.seed, sampler.poisson, choices.every_s, asynchronous)
     if availability is not None:
         availability.check_rounds_can_fill(sampler.per_round, federation.num_clients)
     return clock
+
+
+def _check_asynchronous(config: RunConfig, scheduler: AsynchronousRounds, synchronous: SynchronousRounds,
+                        selector: str) -> None:
+    """Refuse in one line, before any work, an asynchronous scheduler where it does not apply."""
+    if not config.trains:
+        raise FedrayError(f"--scheduler {scheduler.scheduler} schedules training's server steps: {config.method} "
+                          f"does not train")
+    given = [f"--{name.replace('_', '-')}" for name in options_of(SynchronousRounds)
+             if getattr(synchronous, name) is not None]
+    check_asynchronous(scheduler, keeps_client_state(config.algorithm_class()), config.method, bool(config.postprocessor_specs()),
+                       given, selector)
 
 
 @dataclass

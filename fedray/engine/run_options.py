@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from fedray.clock.choices import ClockChoices
 from fedray.clock.devices import Devices
+from fedray.clock.asynchronous import AsynchronousRounds
 from fedray.clock.rounds import SynchronousRounds
 from fedray.core.options import Option, options_of
 from fedray.methods import METHODS
@@ -93,7 +94,7 @@ def option(default: object, help: str, group: str | None, *, unset: str | None =
                                             "metavar": metavar})
 
 
-CLOCK_COMPONENTS = (Devices, ClockChoices, SynchronousRounds)
+CLOCK_COMPONENTS = (Devices, ClockChoices, SynchronousRounds, AsynchronousRounds)
 """The clock's components: a run that sets none of their options has no clock."""
 BUILT_IN_OWNERS: tuple[tuple[str, dict[str, type]], ...] = (
     ("closed-form methods", dict(METHODS)),
@@ -109,6 +110,7 @@ COMPONENTS: tuple[tuple[str, str, type], ...] = (
     (CLOCK, "the clients' devices", Devices),
     (CLOCK, "the clock's choices", ClockChoices),
     (CLOCK, "synchronous rounds", SynchronousRounds),
+    (CLOCK, "asynchronous rounds", AsynchronousRounds),
 )
 """The built-in components a run has when their option group applies to it (one class each: the clients' local SGD
 when it trains, ...), with their names: their options are run options in that group."""

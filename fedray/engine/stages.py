@@ -25,6 +25,8 @@ from fedray.core.federation import Federation
 from fedray.core.results import EvalPoint
 from fedray.engine.checkpoint import RunShape, save_checkpoint
 from fedray.engine.closed_form import ClosedForm
+from fedray.clock.asynchronous import FEDASYNC_MIXING
+from fedray.engine.asynchronous import AsyncUpdates, planned
 from fedray.engine.clocked import ClockColumns, TrainingTasks, clocked_training
 from fedray.engine.parts import Images, training_uploads
 from fedray.engine.pipeline import Embeddings, RunPlan, Stage, StageContext, StageResult
@@ -183,12 +185,19 @@ class Training(Stage):
 
     def _clocked(self, run: RunPlan, tasks: TrainingTasks, first_round: int) -> _Clocked:
         """Training's rounds on the run's clock, which they advance."""
-        clock = run.clock
-        start_s = clock.now
-        records = clocked_training(clock, self.schedule(run), tasks, first_round, "train")
+        clock, schedule = run.clock, self.schedule(run)
+        start_s, updates = clock.now, None
+        if clock.asynchronous.asynchronous:
+            scheduler = clock.asynchronous
+            plan, records = planned(clock, scheduler, len(schedule), list(schedule), tasks.costs, first_round, "train")
+            updates = AsyncUpdates(plan.trained_from(), scheduler.weights(), scheduler.staleness_divide == "plain",
+                                   (scheduler.mixing or FEDASYNC_MIXING) if scheduler.scheduler == "fedasync" else None)
+        else:
+            records = clocked_training(clock, schedule, tasks, first_round, "train")
         evaluate_at = clock.evaluate_at(records, start_s)
         steps = [record.steps for record in records] if clock.scheduler.partial else None
-        return _Clocked(records, None if evaluate_at is None else {0, *evaluate_at}, ClockColumns(clock), steps)
+        return _Clocked(records, None if evaluate_at is None else {0, *evaluate_at}, ClockColumns(clock), steps,
+                        updates)
 
     def _run(self, context: StageContext, backend: TrainingBackend, embeddings: Embeddings,
              backbone_macs: float | None, postprocessing: Postprocessing,
@@ -220,12 +229,12 @@ class Training(Stage):
                 self.init.clocked(run, context.federation, self.init.build(context.federation), backbone_macs)
             clocked = self._clocked(run, tasks, first_round)
             rounds = [record.clients for record in clocked.records]
-        checkpointing = Checkpointing(self.checkpoint_every, lambda s: save_checkpoint(run.out, run.identity, s),
-                                      run.out)
+        every = None if clocked.asynchronous is not None else self.checkpoint_every  # see fedray.engine.asynchronous
+        checkpointing = Checkpointing(every, lambda s: save_checkpoint(run.out, run.identity, s), run.out)
         diverged = train(backend, backend.algorithm, self.server_optimizer, state, rounds, sizes, run.eval_every,
                          first_round, checkpointing, context.on_point, backbone_macs, postprocessing,
                          callbacks.loop("train", self.name, len(rounds), first_round), clocked.evaluate_at,
-                         clocked.columns, clocked.steps)
+                         clocked.columns, clocked.steps, clocked.asynchronous)
         stopped = diverged or callbacks.stopping
         ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
         return StageResult(state.points, state.accounting, state.params, init_rounds[:first_round] + rounds[:ran])
@@ -234,12 +243,14 @@ class Training(Stage):
 @dataclass(frozen=True)
 class _Clocked:
     """Training's rounds on the clock: who trains in each (``records``), which rounds are evaluated (None: every
-    ``--eval-every``), the rows' clock columns and each round's local steps (None: all of them)."""
+    ``--eval-every``), the rows' clock columns, each round's local steps (None: all of them) and, under an
+    asynchronous scheduler, the updates of its server steps."""
 
     records: list[ClockedRound] = field(default_factory=list)
     evaluate_at: set[int] | None = None
     columns: ClockColumns | None = None
     steps: list[np.ndarray | None] | None = None
+    asynchronous: AsyncUpdates | None = None
 
 
 def _on_pool(context: StageContext) -> Embeddings:

@@ -31,6 +31,7 @@ from fedray.methods.postprocessor import Postprocessing
 from fedray.core.reports import reporting
 from fedray.core.results import EvalPoint
 from fedray.engine.config import COLUMNS
+from fedray.engine.asynchronous import AsyncUpdates
 from fedray.engine.callbacks import Callbacks, Checkpoints
 from fedray.engine.round_loop import Callback, EvalRounds, Listener, Report, run_rounds
 from fedray.runtime.client_states import ClientStatesLost, remove_saved
@@ -143,10 +144,12 @@ class TrainingRounds:
     def __init__(self, backend: TrainingBackend, algorithm: FederatedAlgorithm, server: ServerOptimizer,
                  state: TrainingState, sizes: np.ndarray, first_round: int, backbone_macs: float | None = None,
                  postprocessing: Postprocessing = Postprocessing(),
-                 steps: Sequence[np.ndarray | None] | None = None) -> None:
-        """``steps``: each round's local steps of its clients (``--stragglers partial``; None: all of them)."""
+                 steps: Sequence[np.ndarray | None] | None = None,
+                 asynchronous: AsyncUpdates | None = None) -> None:
+        """``steps``: each round's local steps of its clients (``--stragglers partial``; None: all of them);
+        ``asynchronous``: the updates of asynchronous server steps (None: synchronous rounds)."""
         self.backend, self.algorithm, self.server, self.state, self.sizes = backend, algorithm, server, state, sizes
-        self.steps = steps
+        self.steps, self.asynchronous = steps, asynchronous
         self.first_round, self.backbone_macs, self.postprocessing = first_round, backbone_macs, postprocessing
         self.population = Population(len(sizes), int(sizes.sum()))
         server.state = state.server
@@ -162,8 +165,12 @@ class TrainingRounds:
         model = self._model()
         broadcast = check_tensors(self.algorithm, "broadcast", self.algorithm.broadcast(model, state.algorithm))
         steps = None if self.steps is None else self.steps[number - 1]
-        update = self.backend.train_round(params, broadcast, clients, number) if steps is None else \
-            self.backend.train_round(params, broadcast, clients, number, steps=steps)
+        if self.asynchronous is not None:
+            update = self.asynchronous.step(number, self.backend, params, broadcast, model)
+        elif steps is None:
+            update = self.backend.train_round(params, broadcast, clients, number)
+        else:
+            update = self.backend.train_round(params, broadcast, clients, number, steps=steps)
         if update is None:  # an empty round (Poisson sampling): the postprocessors still see its sum, all zeros
             if not self.postprocessing.postprocessors:
                 state.done = number
@@ -193,6 +200,8 @@ class TrainingRounds:
             if bool(np.isfinite(update.loss_sum)) and _finite(sums) and _finite(update.statistics):
                 delta, algorithm_state = check_server_update(self.algorithm, self.algorithm.server_update(
                     model, Aggregate(sums, weight, update.clients), state.algorithm, self.population), model)
+                if self.asynchronous is not None and self.asynchronous.mixing is not None:
+                    delta = self.asynchronous.mixed(number, delta, model)
                 for name, change in update.statistics.items():
                     params[name] += change / float(update.samples)
                 params.update(check_server_step(self.server, self.server.step(params, delta), params, delta))
@@ -251,6 +260,7 @@ def train(
     evaluate_at: Container[int] | None = None,
     clock: Callback | None = None,
     steps: Sequence[np.ndarray | None] | None = None,
+    asynchronous: AsyncUpdates | None = None,
 ) -> bool:
     """Run ``rounds[state.done:]``, updating ``state`` in place; whether training diverged.
 
@@ -261,7 +271,8 @@ def train(
     and model as a run without the failure. ``researcher``: a researcher's callbacks in this loop
     (:meth:`fedray.engine.callbacks.Callbacks.loop`), which may stop it at an evaluation row. ``evaluate_at``: the
     rounds evaluated (0 included), when not every ``eval_every``-th and the last (``--eval-every-s``); ``clock``: the
-    clock's columns, added to each row first; ``steps``: each round's clients' local steps (None: all of them).
+    clock's columns, added to each row first; ``steps``: each round's clients' local steps (None: all of them);
+    ``asynchronous``: the updates of asynchronous server steps, ``rounds`` then being the steps' clients.
     """
     recovery = copy.deepcopy(state)
 
@@ -297,7 +308,7 @@ def train(
 
     while True:
         path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing,
-                              steps)
+                              steps, asynchronous)
         callbacks: list[Callback] = [] if clock is None else [clock]
         callbacks.append(Report(state.points, None if on_point is None else report_once, path.classifier))
         if checkpointing is not None:

@@ -175,4 +175,9 @@ class FederatedAlgorithm:
     @property
     def stateful(self) -> bool:
         """Whether clients keep a state between participations."""
-        return type(self).init_client_state is not FederatedAlgorithm.init_client_state
+        return keeps_client_state(type(self))
+
+
+def keeps_client_state(cls: type[FederatedAlgorithm]) -> bool:
+    """Whether the clients of ``cls`` keep a state between participations (it defines ``init_client_state``)."""
+    return cls.init_client_state is not FederatedAlgorithm.init_client_state

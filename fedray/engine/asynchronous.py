@@ -1,0 +1,162 @@
+"""Training under ``--scheduler fedbuff|fedasync``: the clock's asynchronous plan turned into the training loop's
+server steps, each version's clients trained together from that version's model.
+
+The plan (:func:`fedray.clock.asynchronous.plan_async`) says, before any
+work, which clients train from each model version and which server step takes
+each update. So at version v — after step v, before step v + 1 — the clients
+dispatched at v are trained from the model of version v, one batch for each
+step that takes their updates, and each batch's summed uploads, scaled by the
+staleness weight w(s) of that step (s = its number − 1 − v), waits in
+:class:`AsyncUpdates` until its step. Step v + 1 then takes what waits for it
+(only clients dispatched at versions ≤ v) and goes through the same server
+update as a synchronous round:
+
+* **fedbuff**: θ ← θ + η_g · Σ u_k·w(s_k)·Δ_k / Σ u_k·w(s_k) (``weighted``, FedScale's) or / Σ u_k (``plain``, the
+  FedBuff paper's), the server optimizer stepping on that update as on a round's;
+* **fedasync**: one update a step, θ ← (1 − α·w(s))·θ + α·w(s)·θ_k with θ_k = θ_v + Δ_k its model: the step's
+  update is α·w(s)·(θ_v + Δ_k − θ), which keeps θ_v while an update trained from it is still to come.
+
+Only the updates a step takes are trained: a client lost or still training at the end costs time, not work.
+An asynchronous run writes no checkpoint (the updates waiting for a later step are not in one): it runs whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedray.clock.asynchronous import AsyncPlan, AsynchronousRounds, plan_async
+from fedray.clock.run_clock import ClockedRound, RunClock
+from fedray.clock.selector import RoundContext
+from fedray.core.errors import FedrayError
+from fedray.methods.training.backend import Params, RoundUpdate, TrainingBackend
+
+
+def scaled(update: RoundUpdate, weight: float, plain: bool) -> RoundUpdate:
+    """``update``'s uploads times ``weight``, and its total weight too unless ``plain`` (the FedBuff paper's division
+    by the plain total). A weight of 1 is the update itself."""
+    if weight == 1.0:
+        return update
+    return RoundUpdate({name: value * weight for name, value in update.sums.items()},
+                       update.weight if plain else update.weight * weight, update.clients, update.loss_sum,
+                       update.samples, update.statistics)
+
+
+@dataclass
+class AsyncUpdates:
+    """What the training loop asks at each server step: the updates it takes, trained at their versions."""
+
+    trained_from: list[dict[int, np.ndarray]]
+    """For each version, the clients trained from it, by the step that takes their updates."""
+    weight: Callable[[np.ndarray], np.ndarray]
+    plain: bool
+    mixing: float | None
+    """fedasync's α (None: fedbuff)."""
+    waiting: dict[int, RoundUpdate] = field(default_factory=dict)
+    versions: dict[int, Params] = field(default_factory=dict)
+    """fedasync: the models that updates still to come were trained from."""
+    _version_of: dict[int, int] | None = None
+
+    def step(self, number: int, backend: TrainingBackend, params: Params, broadcast: Params,
+             model: Params) -> RoundUpdate | None:
+        """Train the clients dispatched at version ``number`` − 1 from ``params``, and the updates step ``number``
+        takes (None: none)."""
+        version = number - 1
+        for target, clients in self.trained_from[version].items():
+            update = _trained(backend, params, broadcast, clients, number)
+            weight = 1.0 if self.mixing is not None else float(self.weight(np.array([target - number]))[0])
+            update = scaled(update, weight, self.plain)
+            self.waiting[target] = update if target not in self.waiting else self.waiting[target] + update
+        if self.mixing is not None and any(target > number for target in self.trained_from[version]):
+            self.versions[version] = {name: value.clone() for name, value in model.items()}
+        return self.waiting.pop(number, None)
+
+    def mixed(self, number: int, delta: Params, model: Params) -> Params:
+        """fedasync's update of step ``number`` (one update, trained from version v) from the algorithm's ``delta``
+        (Δ_k): α·w(s)·(θ_v + Δ_k − θ), s = ``number`` − 1 − v."""
+        version = self.version_of[number]
+        rate = self.mixing * float(self.weight(np.array([number - 1 - version]))[0])
+        base = self.versions.get(version, model)
+        if number >= max(self.trained_from[version]):  # no later step takes an update trained from it
+            self.versions.pop(version, None)
+        return {name: rate * (change + base[name] - model[name]) for name, change in delta.items()}
+
+    @property
+    def version_of(self) -> dict[int, int]:
+        """The version each step's updates were trained from (fedasync: one update a step)."""
+        if self._version_of is None:
+            self._version_of = {target: version for version, group in enumerate(self.trained_from)
+                                for target in group}
+        return self._version_of
+
+
+def _trained(backend: TrainingBackend, params: Params, broadcast: Params, clients: np.ndarray,
+             number: int) -> RoundUpdate:
+    """The summed updates of ``clients`` trained from ``params`` as round ``number``'s. A client that arrived twice
+    from one version (re-dispatched at once, faster than a step) is trained once per arrival, in a batch of its own
+    (a round's clients are distinct), on the same mini-batches: its updates are equal."""
+    if len(np.unique(clients)) == len(clients):
+        return backend.train_round(params, broadcast, clients, number)
+    occurrence = np.array([int((clients[:position] == client).sum()) for position, client in enumerate(clients.tolist())])
+    total = None
+    for k in range(int(occurrence.max()) + 1):
+        part = backend.train_round(params, broadcast, clients[occurrence == k], number)
+        total = part if total is None else total + part
+    return total
+
+
+def check_asynchronous(scheduler: AsynchronousRounds, stateful: bool, algorithm: str, postprocessors: bool,
+                       synchronous_options: list[str], selector: str) -> None:
+    """Refuse in one line, before any work, what asynchronous rounds do not define yet."""
+    name = f"--scheduler {scheduler.scheduler}"
+    if stateful:
+        raise FedrayError(f"{name}: {algorithm} keeps state for each client (control variates, a dual), which no "
+                          f"asynchronous rule of its paper updates under staleness; use a stateless algorithm "
+                          f"(fedavg, fedprox, fedavgm, fedadam, fedadagrad, fedyogi, fednova)")
+    if postprocessors:
+        raise FedrayError(f"{name} does not take postprocessors (privacy, secure aggregation): their accounting "
+                          f"counts synchronous rounds")
+    if synchronous_options:
+        raise FedrayError(f"{name}: {', '.join(synchronous_options)} belong to synchronous rounds")
+    if selector != "uniform":
+        raise FedrayError(f"{name} picks its clients uniformly among the idle online ones; --selector {selector} is "
+                          f"for synchronous rounds")
+
+
+def planned(clock: RunClock, scheduler: AsynchronousRounds, steps: int, schedule: list[np.ndarray],
+            costs: Callable, first_round: int, stage: str) -> tuple[AsyncPlan, list[ClockedRound]]:
+    """The asynchronous plan of ``steps`` server steps from the clock's present, and its steps as the clock's
+    records (rounds.parquet's rows, the rows' clock columns), which advance it.
+
+    Dispatch wave w asks first for the idle online clients of the schedule's row w (where it has one: with a
+    buffer equal to the concurrency on equal devices, the synchronous rounds' draw), then fills uniformly among the
+    idle online clients (the uniform selector's stream)."""
+    concurrency, buffer = scheduler.sizes(clock.per_round)
+    if concurrency > clock.num_clients:
+        raise FedrayError(f"--concurrency {concurrency} is more than the federation's {clock.num_clients} clients")
+
+    def pick(wave: int, t: float, count: int, busy: np.ndarray) -> np.ndarray:
+        row = schedule[wave - 1] if wave <= len(schedule) else np.empty(0, dtype=np.int64)
+        context = RoundContext(first_round + wave, t, clock.per_round, count, clock.num_clients, clock.seed,
+                               np.asarray(row, dtype=np.int64), clock.history, clock.availability)
+        kept = context.scheduled[context.online(context.scheduled) & ~np.isin(context.scheduled, busy)][:count]
+        if len(kept) == count:
+            return kept
+        return np.concatenate((kept, context.draw_online(count - len(kept), np.concatenate((kept, busy)))))
+
+    plan = plan_async(steps, concurrency, buffer, scheduler.max_staleness, pick, costs, clock.devices,
+                      clock.availability, clock.num_clients, clock.seed, clock.now)
+    records = []
+    for aggregation in plan.aggregations:
+        record = ClockedRound(first_round + aggregation.number, stage, aggregation.start_s, aggregation.end_s,
+                              aggregation.dispatched, aggregation.clients, None, aggregation.stale,
+                              aggregation.dropped, aggregation.bytes_up, aggregation.bytes_down,
+                              aggregation.compute_s, aggregation.end_s - aggregation.start_s - aggregation.compute_s)
+        clock.records.append(record)
+        clock.history.record(aggregation.clients, record.number, aggregation.end_s - aggregation.start_s)
+        records.append(record)
+    if records:
+        clock.now = records[-1].end_s
+    return plan, records

@@ -1,0 +1,150 @@
+"""Asynchronous training on the clock: FedBuff and FedAsync against a plain event loop and plain FedAvg written out
+here, a scheduler that changes nothing changes no bit, and what asynchronous rounds do not take refused in one line."""
+
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from fedray.core.errors import FedrayError
+from fedray.data.registry import load_federation
+from fedray.engine.config import RunConfig
+from fedray.engine.run_config import run
+from fedray.methods.base import Classifier
+from fedray.methods.training.local import LocalSGD, client_rng, minibatches, random_head
+from tests.reference import train_client_plainly
+
+TINY = "synthetic:inat-user-120k?dim=16&scale=0.005&classes=10&seed=3"  # 46 clients, d = 16, 10 classes
+COMMON = {"dataset": TINY, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True, "method": "fedavg", "seed": 5,
+          "client_lr": 0.1, "batch_size": 8, "local_epochs": 1}
+MODEL_BYTES = (16 * 10 + 10) * 4
+"""The head's float32 weights and biases: what a FedAvg client downloads and uploads."""
+
+
+def seconds(client: int) -> float:
+    """Client ``client``'s task: its download and upload, at its own speed (compute is instant)."""
+    return 1.0 + (client * 7 % 46) / 46
+
+
+@pytest.fixture
+def devices(tmp_path):
+    path = tmp_path / "devices.csv"
+    path.write_text("client_id,macs_per_s,down_bps,up_bps\n" + "".join(
+        f"{client},1e30,{2 * 8 * MODEL_BYTES / seconds(client)},{2 * 8 * MODEL_BYTES / seconds(client)}\n"
+        for client in range(46)))
+    return str(path)
+
+
+def plain_events(steps, buffer, max_staleness=None):
+    """Every client trains all the time (a concurrency of all 46): each re-dispatched the moment it arrives. Returns
+    each step's (time, [(client, version it downloaded)]) in arrival order."""
+    arrivals = {client: (seconds(client), 0) for client in range(46)}
+    version, buffered, taken = 0, [], []
+    while len(taken) < steps:
+        now = min(end for end, _ in arrivals.values())
+        for client in sorted(client for client, (end, _) in arrivals.items() if end == now):
+            _, downloaded = arrivals[client]
+            if max_staleness is None or version - downloaded <= max_staleness:
+                buffered.append((client, downloaded))
+                if len(buffered) == buffer:
+                    version += 1
+                    taken.append((now, buffered))
+                    buffered = []
+                    if len(taken) == steps:
+                        break
+            arrivals[client] = (now + seconds(client), version)
+    return taken
+
+
+def plain_update(federation, features, labels, offsets, model, client, version, sgd, seed):
+    """Client ``client``'s FedAvg update (its samples, trained model − start) from ``model`` in round version + 1."""
+    rows = slice(offsets[client], offsets[client + 1])
+    size = int(offsets[client + 1] - offsets[client])
+    batches = minibatches(size, sgd.batch_size, sgd.epochs, client_rng(seed, version + 1, client))
+    weight, bias = train_client_plainly(features[rows], labels[rows], model[0], model[1], sgd, batches)
+    return size, (weight - model[0], bias - model[1])
+
+
+def plain_run(events, mixing=None, staleness=lambda s: 1 / math.sqrt(1 + s)):
+    """FedBuff (θ += Σ n·w(s)·Δ / Σ n·w(s)) or, with ``mixing`` α, FedAsync (θ ← (1 − α·w)·θ + α·w·(θ_v + Δ))."""
+    federation = load_federation(TINY)
+    sample_ids, labels, offsets = federation.train_arrays(0, federation.num_clients)
+    features = federation.require_features().features("train", sample_ids).to(torch.float64)
+    labels = torch.from_numpy(labels.astype(np.int64))
+    head = Classifier(**random_head(federation.dim, federation.num_classes, seed=5))
+    sgd = LocalSGD(lr=0.1, batch_size=8, epochs=1)
+    versions = [(head.weight.to(torch.float64), head.bias.to(torch.float64))]  # in float64: fedray's float32 to 1e-6
+    for number, (_, updates) in enumerate(events, start=1):
+        weight, bias = versions[-1]
+        if mixing is None:
+            total_w, total_b, total = torch.zeros_like(weight), torch.zeros_like(bias), 0.0
+            for client, version in updates:
+                size, (dw, db) = plain_update(federation, features, labels, offsets, versions[version], client,
+                                              version, sgd, 5)
+                w = size * staleness(number - 1 - version)
+                total_w, total_b, total = total_w + w * dw, total_b + w * db, total + w
+            versions.append((weight + total_w / total, bias + total_b / total))
+        else:
+            (client, version), = updates
+            _, (dw, db) = plain_update(federation, features, labels, offsets, versions[version], client, version, sgd, 5)
+            rate = mixing * staleness(number - 1 - version)
+            base = versions[version]
+            versions.append((weight + rate * (base[0] + dw - weight), bias + rate * (base[1] + db - bias)))
+    return versions[-1]
+
+
+def assert_head(completed, expected):
+    torch.testing.assert_close(torch.from_numpy(completed.arrays["W"]), expected[0].to(torch.float32), rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.from_numpy(completed.arrays["bias"]), expected[1].to(torch.float32), rtol=0,
+                               atol=1e-6)
+
+
+def test_fedbuff_equals_the_plain_event_loop_and_fedavg_with_staleness_weights(ray_session, tmp_path, devices):
+    steps, buffer = 4, 10
+    events = plain_events(steps, buffer)
+    assert max(number - 1 - version for number, (_, updates) in enumerate(events, 1) for _, version in updates) >= 1
+    completed = run(RunConfig(out=str(tmp_path / "run"), rounds=steps, eval_every=4, devices=devices,
+                              scheduler="fedbuff", concurrency=46, buffer=buffer, **COMMON))
+    per_step = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()
+    assert [row["end_s"] for row in per_step] == [end for end, _ in events]
+    assert [client.tolist() for client in completed.rounds] == [[c for c, _ in updates] for _, updates in events]
+    assert_head(completed, plain_run(events))
+
+
+def test_fedasync_mixes_each_update_in_at_its_staleness_s_rate(ray_session, tmp_path, devices):
+    steps = 12
+    events = plain_events(steps, 1)
+    completed = run(RunConfig(out=str(tmp_path / "run"), rounds=steps, eval_every=6, devices=devices,
+                              scheduler="fedasync", concurrency=46, mixing=0.5, staleness="poly:0.5", **COMMON))
+    assert [client.tolist() for client in completed.rounds] == [[c for c, _ in updates] for _, updates in events]
+    assert_head(completed, plain_run(events, mixing=0.5, staleness=lambda s: (1 + s) ** -0.5))
+
+
+def test_a_buffer_of_the_whole_concurrency_on_equal_devices_is_synchronous_fedavg_bit_for_bit(ray_session, tmp_path):
+    table = tmp_path / "equal.csv"
+    table.write_text("macs_per_s,down_bps,up_bps,share\n1e30,1e6,1e6,1\n")
+    options = {**COMMON, "rounds": 4, "eval_every": 2, "clients_per_round": 6, "devices": str(table)}
+    synchronous = run(RunConfig(out=str(tmp_path / "sync"), **options))
+    buffered = run(RunConfig(out=str(tmp_path / "fedbuff"), scheduler="fedbuff", concurrency=6, buffer=6, **options))
+    for name, array in synchronous.arrays.items():
+        assert np.array_equal(array, buffered.arrays[name]), name
+    kept = set(synchronous.rows[0]) - {"wall_s", "scheduler", "concurrency", "buffer"}
+    assert [{k: row[k] for k in kept} for row in synchronous.rows] == [{k: row[k] for k in kept} for row in buffered.rows]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"method": "scaffold"}, "--scheduler fedbuff: scaffold keeps state for each client"),
+    ({"method": "fed3r", "client_lr": None, "batch_size": None, "local_epochs": None},
+     "--scheduler fedbuff schedules training's server steps: fed3r does not train"),
+    ({"deadline": 2.0}, "--scheduler fedbuff: --deadline belong to synchronous rounds"),
+    ({"concurrency": 50}, "--concurrency 50 is more than the federation's 46 clients"),
+    ({"secure_aggregation": True, "options": {"secagg_clip": 10.0}}, "--scheduler fedbuff does not take postprocessors"),
+])
+def test_what_asynchronous_rounds_do_not_take_is_refused_in_one_line(ray_session, tmp_path, options, message):
+    config = {**COMMON, "rounds": 2, "scheduler": "fedbuff", "devices": "uniform", **options}
+    config = {name: value for name, value in config.items() if value is not None}
+    with pytest.raises(FedrayError, match=message):
+        run(RunConfig(out=str(tmp_path / "run"), **config))
+    assert not (tmp_path / "run").exists()
