@@ -212,6 +212,8 @@ OWNED = {  # each option of a built-in class, the classes that declare it, and i
     "devices": (["the clients' devices"], None),
     **{name: (["the clock's choices"], None) for name in ("availability", "selector", "eval_every_s")},
     **{name: (["synchronous rounds"], None) for name in ("over_commit", "deadline", "stragglers")},
+    **{name: (["asynchronous rounds"], None) for name in ("scheduler", "concurrency", "buffer", "staleness",
+                                                        "max_staleness", "mixing", "staleness_divide")},
 }
 
 
