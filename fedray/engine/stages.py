@@ -188,7 +188,8 @@ class Training(Stage):
         records = clocked_training(clock, self.schedule(run), tasks, first_round, "train")
         evaluate_at = clock.evaluate_at(records, start_s)
         steps = [record.steps for record in records] if clock.scheduler.partial else None
-        return _Clocked(records, None if evaluate_at is None else {0, *evaluate_at}, ClockColumns(clock), steps)
+        return _Clocked(records, None if evaluate_at is None else {0, *evaluate_at}, ClockColumns(clock), steps,
+                        [len(record.selected) for record in records])
 
     def _run(self, context: StageContext, backend: TrainingBackend, embeddings: Embeddings,
              backbone_macs: float | None, postprocessing: Postprocessing,
@@ -225,7 +226,7 @@ class Training(Stage):
         diverged = train(backend, backend.algorithm, self.server_optimizer, state, rounds, sizes, run.eval_every,
                          first_round, checkpointing, context.on_point, backbone_macs, postprocessing,
                          callbacks.loop("train", self.name, len(rounds), first_round), clocked.evaluate_at,
-                         clocked.columns, clocked.steps)
+                         clocked.columns, clocked.steps, clocked.downloads)
         stopped = diverged or callbacks.stopping
         ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
         return StageResult(state.points, state.accounting, state.params, init_rounds[:first_round] + rounds[:ran])
@@ -234,12 +235,14 @@ class Training(Stage):
 @dataclass(frozen=True)
 class _Clocked:
     """Training's rounds on the clock: who trains in each (``records``), which rounds are evaluated (None: every
-    ``--eval-every``), the rows' clock columns and each round's local steps (None: all of them)."""
+    ``--eval-every``), the rows' clock columns, each round's local steps (None: all of them) and how many clients
+    download the model in each (every selected one; None: the clients that train)."""
 
     records: list[ClockedRound] = field(default_factory=list)
     evaluate_at: set[int] | None = None
     columns: ClockColumns | None = None
     steps: list[np.ndarray | None] | None = None
+    downloads: list[int] | None = None
 
 
 def _on_pool(context: StageContext) -> Embeddings:
