@@ -181,11 +181,12 @@ class Training(Stage):
         run.clock.check(TaskCost(tasks.macs, tasks.down_bytes, tasks.up_bytes))
         return tasks
 
-    def _clocked(self, run: RunPlan, tasks: TrainingTasks, first_round: int) -> _Clocked:
-        """Training's rounds on the run's clock, which they advance."""
+    def _clocked(self, run: RunPlan, tasks: TrainingTasks, first_round: int,
+                 postprocessing: Postprocessing) -> _Clocked:
+        """Training's rounds on the run's clock, which they advance, their uploads through ``postprocessing``."""
         clock = run.clock
         start_s = clock.now
-        records = clocked_training(clock, self.schedule(run), tasks, first_round, "train")
+        records = clocked_training(clock, self.schedule(run), tasks, first_round, "train", postprocessing)
         evaluate_at = clock.evaluate_at(records, start_s)
         steps = [record.steps for record in records] if clock.scheduler.partial else None
         return _Clocked(records, None if evaluate_at is None else {0, *evaluate_at}, ClockColumns(clock), steps,
@@ -218,8 +219,9 @@ class Training(Stage):
         clocked = _Clocked()
         if run.clock is not None:
             if context.saved is not None and init_rounds:  # the closed form ran before the checkpoint: its time too
-                self.init.clocked(run, context.federation, self.init.build(context.federation), backbone_macs)
-            clocked = self._clocked(run, tasks, first_round)
+                self.init.clocked(run, context.federation, self.init.build(context.federation), backbone_macs,
+                                  run.sampler.uploads(context.postprocessing))
+            clocked = self._clocked(run, tasks, first_round, postprocessing)
             rounds = [record.clients for record in clocked.records]
         checkpointing = Checkpointing(self.checkpoint_every, lambda s: save_checkpoint(run.out, run.identity, s),
                                       run.out)

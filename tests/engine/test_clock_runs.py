@@ -63,6 +63,8 @@ def test_a_clock_that_changes_nothing_changes_no_bit(ray_session, tmp_path, path
     assert all(later["start_s"] == earlier["end_s"] for earlier, later in zip(per_round, per_round[1:]))
     timed = [row for row in clocked.rows if row["clock_s"] is not None]  # SphereFed's calibration row is not on it
     assert timed and timed[-1]["clock_s"] == per_round[-1]["end_s"] > 0
+    if "secure_aggregation" in PATHS[path]:  # each upload timed as the last block's participants sent theirs
+        assert per_round[-1]["bytes_up"] == per_round[-1]["finished"] * clocked.rows[-1]["secagg_bytes_per_participant"]
 
 
 @pytest.mark.parametrize(("method", "deadline"), [("fed3r", 3e-4), ("fedavg", 1.5e-3)])  # about the median task's
