@@ -48,6 +48,7 @@ _EXPORTS = {
     "Selector": "fedray.clock.selector",
     "RoundContext": "fedray.clock.selector",
     "ClientHistory": "fedray.clock.selector",
+    "TaskCost": "fedray.clock.costs",
     "report": "fedray.core.reports",
     "Callback": "fedray.engine.callbacks",
     "FedrayError": "fedray.core.errors",

@@ -27,6 +27,7 @@ for the first client to come online and starts then: that idle time is in neithe
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -77,6 +78,18 @@ class ClockedRound:
                 "dropped": self.dropped, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down}
 
 
+@dataclass(frozen=True)
+class _Totals:
+    """The clock after some rounds: the last one's end, and its columns' sums over them (0 + the first + the second
+    + ..., in the rounds' order: the same floats as summing the rounds afresh)."""
+
+    end_s: float = 0.0
+    compute_s: float = 0
+    comm_s: float = 0
+    stragglers: int = 0
+    dropped: int = 0
+
+
 class RunClock:
     """The clock of a run (see the module's note): ``round`` advances it, ``columns`` says where it stood after a
     round, ``rows`` are rounds.parquet's."""
@@ -97,6 +110,10 @@ class RunClock:
         self.history = ClientHistory(num_clients)
         self.now = 0.0
         self.records: list[ClockedRound] = []
+        self._numbers: list[int] = []
+        """``records``' round numbers, increasing."""
+        self._totals: list[_Totals] = []
+        """After each of ``records``: the clock's running totals (what :meth:`columns` reads in O(log rounds))."""
 
     def check(self, cost: TaskCost) -> None:
         """Refuse, in one line before any work, a deadline that no client's ``cost`` (one per client of the
@@ -153,9 +170,21 @@ class RunClock:
         record = ClockedRound(number, stage, start, outcome.end_s, selected, clients, clients_steps,
                               len(outcome.stragglers), len(outcome.dropped), float(up[kept].sum()),
                               float(down.sum()), compute, outcome.end_s - start - compute)
-        self.records.append(record)
+        self.append(record)
         self.now = outcome.end_s
         return record
+
+    def append(self, record: ClockedRound) -> None:
+        """``record`` after the others (its number after theirs), and the totals after it (a round another scheduler
+        ran: asynchronous server steps)."""
+        if self.records and record.number <= self.records[-1].number:
+            raise FedrayError(f"the clock's round {record.number} comes after its round {self.records[-1].number}: "
+                              f"rounds are clocked in the run's order")
+        before = self._totals[-1] if self._totals else _Totals()
+        self.records.append(record)
+        self._numbers.append(record.number)
+        self._totals.append(_Totals(record.end_s, before.compute_s + record.compute_s, before.comm_s + record.comm_s,
+                                    before.stragglers + record.stragglers, before.dropped + record.dropped))
 
     def _selected(self, number: int, start: float, scheduled: np.ndarray, costs: Costs) -> np.ndarray:
         """The selector's clients for round ``number`` starting at ``start``, checked."""
@@ -168,13 +197,13 @@ class RunClock:
 
     def columns(self, number: int) -> dict[str, float | int]:
         """The clock's columns of the row after the run's round ``number``: virtual seconds at its end and their
-        split, and the stragglers and dropouts so far (a row before any round: the clock's start)."""
-        done = [record for record in self.records if record.number <= number]
-        return {"clock_s": done[-1].end_s if done else 0.0,
-                "clock_compute_s": float(sum(record.compute_s for record in done)),
-                "clock_comm_s": float(sum(record.comm_s for record in done)),
-                "clients_straggled": sum(record.stragglers for record in done),
-                "clients_dropped": sum(record.dropped for record in done)}
+        split, and the stragglers and dropouts so far (a row before any round: the clock's start). Running totals
+        kept round by round, added in the rounds' order: O(log rounds) a row."""
+        done = bisect_right(self._numbers, number)
+        totals = self._totals[done - 1] if done else _Totals()
+        return {"clock_s": totals.end_s, "clock_compute_s": float(totals.compute_s),
+                "clock_comm_s": float(totals.comm_s), "clients_straggled": totals.stragglers,
+                "clients_dropped": totals.dropped}
 
     def evaluate_at(self, records: list[ClockedRound], start_s: float) -> set[int] | None:
         """The rounds of ``records`` (numbered from 1), which started at ``start_s``, evaluated every ``every_s``

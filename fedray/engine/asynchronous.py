@@ -154,7 +154,7 @@ def planned(clock: RunClock, scheduler: AsynchronousRounds, steps: int, schedule
                               aggregation.dispatched, aggregation.clients, None, aggregation.stale,
                               aggregation.dropped, aggregation.bytes_up, aggregation.bytes_down,
                               aggregation.compute_s, aggregation.end_s - aggregation.start_s - aggregation.compute_s)
-        clock.records.append(record)
+        clock.append(record)
         clock.history.record(aggregation.clients, record.number, aggregation.end_s - aggregation.start_s)
         records.append(record)
     if records:

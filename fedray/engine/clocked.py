@@ -5,15 +5,22 @@ What a client's task costs is what fedray already accounts for the stage: a
 closed form's statistics (their FLOPs / 2 multiply-adds, plus the backbone's
 F_φ per sample where known) and its upload, once, the first time its upload
 arrives; a training round's local epochs (the backend's FLOPs / 2), the model
-and broadcast it downloads and the sums it uploads. Secure aggregation's masks
-and key exchange, SphereFed's calibration, the ridge probe and TCT's stage 2
-are not on the clock yet: they take no virtual time.
+and broadcast it downloads and the sums it uploads. A postprocessor's protocol
+(secure aggregation's key agreement, masks and masked vector:
+:meth:`~fedray.Postprocessor.protocol_cost`) adds to the task of each client
+whose upload goes into an aggregate, as a participant that completes it, in a
+group of the size the aggregate is planned to have when the round starts: a
+training round's κ clients; a closed form's evaluation block's clients not yet
+heard from in its scheduled rounds (with ``--eval-every-s``, whose blocks the
+clock's own times decide, the round's). SphereFed's calibration, the ridge
+probe and TCT's stage 2 are not on the clock yet: they take no virtual time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -34,6 +41,7 @@ from fedray.engine.parts import Sampler
 from fedray.engine.round_loop import Callback
 from fedray.methods.algorithm import FederatedAlgorithm, keeps_client_state
 from fedray.methods.base import FLOAT_BYTES, ClosedFormMethod
+from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.training.backend import Params, TrainingBackend
 
 
@@ -86,10 +94,12 @@ class ClockColumns(Callback):
 
 @dataclass(frozen=True)
 class ClosedFormTasks:
-    """A closed-form client's task: its statistics' multiply-adds and its upload's bytes (it downloads nothing)."""
+    """A closed-form client's task: its statistics' multiply-adds and its upload's bytes (it downloads nothing), and
+    the values of the statistics' aggregate (what a secure sum masks, every client's the same length)."""
 
     macs: np.ndarray
     up_bytes: np.ndarray
+    values: int
 
     @classmethod
     def of(cls, method: ClosedFormMethod, federation: Federation, backbone_macs: float | None) -> ClosedFormTasks:
@@ -97,39 +107,55 @@ class ClosedFormTasks:
         macs = np.nan_to_num(method.statistics_flops(sizes), nan=0.0) / 2  # not counted (NaN): no time
         if backbone_macs is not None:
             macs = macs + backbone_macs * sizes
-        return cls(macs, method.upload_floats(federation).astype(np.float64) * FLOAT_BYTES)
+        return cls(macs, method.upload_floats(federation).astype(np.float64) * FLOAT_BYTES,
+                   method.statistics_floats())
 
     def cost(self) -> TaskCost:
         """Every client's task, for the deadline's check."""
         return TaskCost(self.macs, 0.0, self.up_bytes)
 
 
-def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: ClosedFormTasks,
-                        stage: str) -> list[ClockedRound]:
+def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: ClosedFormTasks, stage: str,
+                        postprocessing: Postprocessing = Postprocessing(),
+                        blocks: Container[int] | None = None) -> list[ClockedRound]:
     """A closed form's rounds on the clock: a client computes and uploads its statistics until its upload arrives
-    once, and costs nothing when asked again (it has nothing more to send)."""
+    once, and costs nothing when asked again (it has nothing more to send). ``blocks``: the rounds that end an
+    evaluation block (None: each round ends one), whose uploads the postprocessors' protocol sums together."""
     arrived = np.zeros(len(tasks.macs), dtype=bool)
+    protocol: TaskCost | None = None
 
     def costs(clients: np.ndarray) -> TaskCost:
         due = ~arrived[clients]
-        return TaskCost(np.where(due, tasks.macs[clients], 0.0), 0.0, np.where(due, tasks.up_bytes[clients], 0.0))
+        macs, up = np.where(due, tasks.macs[clients], 0.0), np.where(due, tasks.up_bytes[clients], 0.0)
+        if protocol is None:
+            return TaskCost(macs, 0.0, up)
+        return TaskCost(macs + np.where(due, protocol.macs, 0.0), np.where(due, protocol.down_bytes, 0.0),
+                        np.where(due, protocol.up_bytes, 0.0))
 
     records = []
+    block_start = True
     for number, scheduled in enumerate(schedule, start=1):
+        if block_start and postprocessing.postprocessors:
+            end = number
+            while blocks is not None and end < len(schedule) and end not in blocks:
+                end += 1
+            planned = np.unique(np.concatenate([schedule[index] for index in range(number - 1, end)]))
+            protocol = postprocessing.protocol_cost(int((~arrived[planned]).sum()), tasks.values)
         record = clock.round(number, stage, scheduled, costs)
         arrived[record.clients] = True
         records.append(record)
+        block_start = blocks is None or number in blocks
     return records
 
 
 @dataclass(frozen=True)
 class TrainingTasks:
     """A training client's task: its local epochs' multiply-adds, the model and broadcast it downloads, the sums it
-    uploads, and its local steps."""
+    uploads (``values`` of them), and its local steps."""
 
     macs: np.ndarray
     down_bytes: float
-    up_bytes: float
+    values: int
     steps: np.ndarray
 
     @classmethod
@@ -142,15 +168,27 @@ class TrainingTasks:
         broadcast = algorithm.broadcast(model, algorithm_state)
         down = backend.model_floats() + sum(tensor.numel() for tensor in broadcast.values())
         up = sum(tensor.numel() for tensor in empty_sums(algorithm, model, broadcast).values())
-        return cls(backend.client_flops(sizes.astype(np.float64)) / 2, float(down * FLOAT_BYTES),
-                   float(up * FLOAT_BYTES), backend.local_steps(np.arange(len(sizes))))
+        return cls(backend.client_flops(sizes.astype(np.float64)) / 2, float(down * FLOAT_BYTES), int(up),
+                   backend.local_steps(np.arange(len(sizes))))
 
-    def costs(self, clients: np.ndarray) -> TaskCost:
-        return TaskCost(self.macs[clients], self.down_bytes, self.up_bytes)
+    @property
+    def up_bytes(self) -> float:
+        return float(self.values * FLOAT_BYTES)
+
+    def costs(self, clients: np.ndarray, protocol: TaskCost | None = None) -> TaskCost:
+        """The task of ``clients``, with ``protocol`` (the postprocessors', :meth:`Postprocessing.protocol_cost`)."""
+        if protocol is None:
+            return TaskCost(self.macs[clients], self.down_bytes, self.up_bytes)
+        return TaskCost(self.macs[clients] + protocol.macs, self.down_bytes + protocol.down_bytes, protocol.up_bytes)
 
 
-def clocked_training(clock: RunClock, schedule: Sequence[np.ndarray], tasks: TrainingTasks,
-                     first_round: int, stage: str) -> list[ClockedRound]:
-    """Training's rounds on the clock, numbered after ``first_round`` rounds of the run."""
-    return [clock.round(first_round + number, stage, scheduled, tasks.costs, lambda clients: tasks.steps[clients])
-            for number, scheduled in enumerate(schedule, start=1)]
+def clocked_training(clock: RunClock, schedule: Sequence[np.ndarray], tasks: TrainingTasks, first_round: int,
+                     stage: str, postprocessing: Postprocessing = Postprocessing()) -> list[ClockedRound]:
+    """Training's rounds on the clock, numbered after ``first_round`` rounds of the run; each round's uploads summed
+    into one aggregate of its scheduled clients, by ``postprocessing``'s protocol."""
+    records = []
+    for number, scheduled in enumerate(schedule, start=1):
+        protocol = postprocessing.protocol_cost(len(scheduled), tasks.values)
+        records.append(clock.round(first_round + number, stage, scheduled, partial(tasks.costs, protocol=protocol),
+                                   lambda clients: tasks.steps[clients]))
+    return records

@@ -326,21 +326,25 @@ class ClosedForm(Stage):
         run = context.run
         rounds: Sequence[np.ndarray] = run.rounds(self.rounds)
         evaluate_at = columns = None
+        postprocessing = run.sampler.uploads(context.postprocessing)
         if run.clock is not None:
             start_s = run.clock.now
-            clocked = self.clocked(run, pool.federation, method, backbone_macs)
+            clocked = self.clocked(run, pool.federation, method, backbone_macs, postprocessing)
             rounds, evaluate_at = [record.clients for record in clocked], run.clock.evaluate_at(clocked, start_s)
             columns = ClockColumns(run.clock)
         return run_closed_form(pool, method, rounds, run.eval_every, evaluator,
                                on_point=context.on_point, backbone_macs=backbone_macs,
-                               postprocessing=run.sampler.uploads(context.postprocessing), callbacks=context.callbacks,
+                               postprocessing=postprocessing, callbacks=context.callbacks,
                                evaluate_at=evaluate_at, clock=columns)
 
-    def clocked(self, run: RunPlan, federation: Federation, method: ClosedFormMethod,
-                backbone_macs: float | None) -> list[ClockedRound]:
-        """Its rounds on the run's clock, which they advance: who uploads in each, known before any runs."""
-        return clocked_closed_form(run.clock, run.rounds(self.rounds),
-                                   ClosedFormTasks.of(method, federation, backbone_macs), "closed_form")
+    def clocked(self, run: RunPlan, federation: Federation, method: ClosedFormMethod, backbone_macs: float | None,
+                postprocessing: Postprocessing) -> list[ClockedRound]:
+        """Its rounds on the run's clock, which they advance: who uploads in each, known before any runs; each
+        evaluation block's uploads summed together by ``postprocessing``'s protocol."""
+        schedule = run.rounds(self.rounds)
+        blocks = None if run.clock.every_s is not None else EvalRounds(len(schedule), run.eval_every)
+        return clocked_closed_form(run.clock, schedule, ClosedFormTasks.of(method, federation, backbone_macs),
+                                   "closed_form", postprocessing, blocks)
 
     def run(self, context: StageContext, previous: StageResult) -> StageResult:
         """The run's classifier: its rows, its rounds and its arrays (with the method's own, a random feature map);

@@ -183,8 +183,9 @@ class Training(Stage):
         run.clock.check(TaskCost(tasks.macs, tasks.down_bytes, tasks.up_bytes))
         return tasks
 
-    def _clocked(self, run: RunPlan, tasks: TrainingTasks, first_round: int) -> _Clocked:
-        """Training's rounds on the run's clock, which they advance."""
+    def _clocked(self, run: RunPlan, tasks: TrainingTasks, first_round: int,
+                 postprocessing: Postprocessing) -> _Clocked:
+        """Training's rounds on the run's clock, which they advance, their uploads through ``postprocessing``."""
         clock, schedule = run.clock, self.schedule(run)
         start_s, updates = clock.now, None
         if clock.asynchronous.asynchronous:
@@ -193,11 +194,11 @@ class Training(Stage):
             updates = AsyncUpdates(plan.trained_from(), scheduler.weights(), scheduler.staleness_divide == "plain",
                                    (scheduler.mixing or FEDASYNC_MIXING) if scheduler.scheduler == "fedasync" else None)
         else:
-            records = clocked_training(clock, schedule, tasks, first_round, "train")
+            records = clocked_training(clock, schedule, tasks, first_round, "train", postprocessing)
         evaluate_at = clock.evaluate_at(records, start_s)
         steps = [record.steps for record in records] if clock.scheduler.partial else None
         return _Clocked(records, None if evaluate_at is None else {0, *evaluate_at}, ClockColumns(clock), steps,
-                        updates)
+                        [len(record.selected) for record in records], updates)
 
     def _run(self, context: StageContext, backend: TrainingBackend, embeddings: Embeddings,
              backbone_macs: float | None, postprocessing: Postprocessing,
@@ -226,15 +227,16 @@ class Training(Stage):
         clocked = _Clocked()
         if run.clock is not None:
             if context.saved is not None and init_rounds:  # the closed form ran before the checkpoint: its time too
-                self.init.clocked(run, context.federation, self.init.build(context.federation), backbone_macs)
-            clocked = self._clocked(run, tasks, first_round)
+                self.init.clocked(run, context.federation, self.init.build(context.federation), backbone_macs,
+                                  run.sampler.uploads(context.postprocessing))
+            clocked = self._clocked(run, tasks, first_round, postprocessing)
             rounds = [record.clients for record in clocked.records]
         every = None if clocked.asynchronous is not None else self.checkpoint_every  # see fedray.engine.asynchronous
         checkpointing = Checkpointing(every, lambda s: save_checkpoint(run.out, run.identity, s), run.out)
         diverged = train(backend, backend.algorithm, self.server_optimizer, state, rounds, sizes, run.eval_every,
                          first_round, checkpointing, context.on_point, backbone_macs, postprocessing,
                          callbacks.loop("train", self.name, len(rounds), first_round), clocked.evaluate_at,
-                         clocked.columns, clocked.steps, clocked.asynchronous)
+                         clocked.columns, clocked.steps, clocked.downloads, clocked.asynchronous)
         stopped = diverged or callbacks.stopping
         ran = state.points[-1].round - first_round if stopped else len(rounds)  # a stopped run ends at its last row
         return StageResult(state.points, state.accounting, state.params, init_rounds[:first_round] + rounds[:ran])
@@ -243,13 +245,15 @@ class Training(Stage):
 @dataclass(frozen=True)
 class _Clocked:
     """Training's rounds on the clock: who trains in each (``records``), which rounds are evaluated (None: every
-    ``--eval-every``), the rows' clock columns, each round's local steps (None: all of them) and, under an
-    asynchronous scheduler, the updates of its server steps."""
+    ``--eval-every``), the rows' clock columns, each round's local steps (None: all of them), how many clients
+    download the model in each (every selected one; None: the clients that train) and, under an asynchronous
+    scheduler, the updates of its server steps."""
 
     records: list[ClockedRound] = field(default_factory=list)
     evaluate_at: set[int] | None = None
     columns: ClockColumns | None = None
     steps: list[np.ndarray | None] | None = None
+    downloads: list[int] | None = None
     asynchronous: AsyncUpdates | None = None
 
 

@@ -144,12 +144,13 @@ class TrainingRounds:
     def __init__(self, backend: TrainingBackend, algorithm: FederatedAlgorithm, server: ServerOptimizer,
                  state: TrainingState, sizes: np.ndarray, first_round: int, backbone_macs: float | None = None,
                  postprocessing: Postprocessing = Postprocessing(),
-                 steps: Sequence[np.ndarray | None] | None = None,
+                 steps: Sequence[np.ndarray | None] | None = None, downloads: Sequence[int] | None = None,
                  asynchronous: AsyncUpdates | None = None) -> None:
         """``steps``: each round's local steps of its clients (``--stragglers partial``; None: all of them);
-        ``asynchronous``: the updates of asynchronous server steps (None: synchronous rounds)."""
+        ``downloads``: how many clients download the model each round (None: its clients); ``asynchronous``: the
+        updates of asynchronous server steps (None: synchronous rounds)."""
         self.backend, self.algorithm, self.server, self.state, self.sizes = backend, algorithm, server, state, sizes
-        self.steps, self.asynchronous = steps, asynchronous
+        self.steps, self.downloads, self.asynchronous = steps, downloads, asynchronous
         self.first_round, self.backbone_macs, self.postprocessing = first_round, backbone_macs, postprocessing
         self.population = Population(len(sizes), int(sizes.sum()))
         server.state = state.server
@@ -165,6 +166,10 @@ class TrainingRounds:
         model = self._model()
         broadcast = check_tensors(self.algorithm, "broadcast", self.algorithm.broadcast(model, state.algorithm))
         steps = None if self.steps is None else self.steps[number - 1]
+        # A client receives the model and the broadcast: each that downloads them (a clocked round's stragglers and
+        # dropouts too, whose uploads are lost) and sends one of each entry of the summed uploads.
+        down = self.backend.model_floats() + sum(tensor.numel() for tensor in broadcast.values())
+        downloads = len(clients) if self.downloads is None else int(self.downloads[number - 1])
         if self.asynchronous is not None:
             update = self.asynchronous.step(number, self.backend, params, broadcast, model)
         elif steps is None:
@@ -173,6 +178,8 @@ class TrainingRounds:
             update = self.backend.train_round(params, broadcast, clients, number, steps=steps)
         if update is None:  # an empty round (Poisson sampling): the postprocessors still see its sum, all zeros
             if not self.postprocessing.postprocessors:
+                state.accounting.add(clients, self.sizes, 0.0, downloads * down * FLOAT_BYTES, 0.0, self.paper_costs,
+                                     self.backbone_macs)
                 state.done = number
                 return True
             update = RoundUpdate(empty_sums(self.algorithm, model, broadcast), 0.0, 0, 0.0, 0)
@@ -181,10 +188,8 @@ class TrainingRounds:
         participants = self.postprocessing.among(clients, number)
         lost = participants.dropped(number)  # their uploads never reach the server (secure aggregation's dropouts)
         received = clients[~np.isin(clients, lost)] if len(lost) else clients
-        # A client receives the model and the broadcast and sends one of each entry of the summed uploads.
-        down = self.backend.model_floats() + sum(tensor.numel() for tensor in broadcast.values())
         up = sum(tensor.numel() for tensor in (*update.sums.values(), *update.statistics.values()))
-        state.accounting.add(clients, self.sizes, len(received) * up * FLOAT_BYTES, len(clients) * down * FLOAT_BYTES,
+        state.accounting.add(clients, self.sizes, len(received) * up * FLOAT_BYTES, downloads * down * FLOAT_BYTES,
                              float(self.client_flops[clients].sum()), self.paper_costs, self.backbone_macs, received)
         previous = {name: tensor.clone() for name, tensor in params.items()}
         reported = dict(state.reported)
@@ -260,6 +265,7 @@ def train(
     evaluate_at: Container[int] | None = None,
     clock: Callback | None = None,
     steps: Sequence[np.ndarray | None] | None = None,
+    downloads: Sequence[int] | None = None,
     asynchronous: AsyncUpdates | None = None,
 ) -> bool:
     """Run ``rounds[state.done:]``, updating ``state`` in place; whether training diverged.
@@ -272,7 +278,8 @@ def train(
     (:meth:`fedray.engine.callbacks.Callbacks.loop`), which may stop it at an evaluation row. ``evaluate_at``: the
     rounds evaluated (0 included), when not every ``eval_every``-th and the last (``--eval-every-s``); ``clock``: the
     clock's columns, added to each row first; ``steps``: each round's clients' local steps (None: all of them);
-    ``asynchronous``: the updates of asynchronous server steps, ``rounds`` then being the steps' clients.
+    ``downloads``: how many clients download the model each round (a clocked round's every selected client; None: its
+    clients); ``asynchronous``: the updates of asynchronous server steps, ``rounds`` then being the steps' clients.
     """
     recovery = copy.deepcopy(state)
 
@@ -308,7 +315,7 @@ def train(
 
     while True:
         path = TrainingRounds(backend, algorithm, server, state, sizes, first_round, backbone_macs, postprocessing,
-                              steps, asynchronous)
+                              steps, downloads, asynchronous)
         callbacks: list[Callback] = [] if clock is None else [clock]
         callbacks.append(Report(state.points, None if on_point is None else report_once, path.classifier))
         if checkpointing is not None:

@@ -177,9 +177,14 @@ class ClosedFormMethod(ABC, Generic[Stats]):
         class a client holds). ``federation`` has ``client_sizes``,
         ``client_num_classes`` and ``num_clients``.
         """
+        return np.full(federation.num_clients, float(self.statistics_floats()))
+
+    def statistics_floats(self) -> int:
+        """The floats in a client's statistics as :meth:`client_statistics` returns them (one client with one sample):
+        every client's, and their aggregate's, of a fixed size (what a secure sum masks)."""
         features = torch.zeros(1, self.dim, dtype=self.features_dtype or torch.float32)  # as the shards hand them over
         probe = ClientBatch(features, torch.zeros(1, dtype=torch.int64), np.array([0, 1]), np.array([0]))
-        return np.full(federation.num_clients, float(floats_in(self.client_statistics(probe))))
+        return floats_in(self.client_statistics(probe))
 
     def statistics_flops(self, sizes: np.ndarray) -> np.ndarray:
         """FLOPs a client with ``sizes`` samples spends on its statistics (feature extraction excluded).

@@ -71,7 +71,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedray.core.errors import FedrayError
+from fedray.clock.costs import TaskCost
+from fedray.core.errors import FedrayError, shown
 from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Option
 from fedray.core.plugins import is_plugin, load_class, registered
@@ -257,6 +258,14 @@ class Postprocessor:
         ``shared_seed``), in the driver, so that the rows count only what the server received (``clients_seen``,
         ``samples_seen``, ``bytes_up``, the papers' communication columns). None by default."""
         return ()
+
+    def protocol_cost(self, participants: int, values: int) -> TaskCost | None:
+        """What this postprocessor's protocol asks of each participant of an aggregate of ``participants`` uploads of
+        ``values`` values, for the run's clock (:mod:`fedray.clock`), as a participant that completes it: in
+        ``macs`` and ``down_bytes`` the multiply-adds and bytes received it adds to the participant's task, in
+        ``up_bytes`` all it sends, its upload included, in place of the plain upload's bytes (secure aggregation's
+        key agreement, masks and masked vector). None by default: the plain upload, nothing more."""
+        return None
 
     def aggregate_weight(self, weight: float, context: UploadContext) -> float:
         """The weight a training round's server divides its sum by (:attr:`~fedray.Aggregate.weight`), given the sum
@@ -499,6 +508,24 @@ class Postprocessing:
                                       f"some of the aggregate's participants (context.participants)")
                 lost |= named
         return np.array(sorted(lost), dtype=np.int64)
+
+    def protocol_cost(self, participants: int, values: int) -> TaskCost | None:
+        """What the postprocessors' protocols ask of each participant of an aggregate
+        (:meth:`Postprocessor.protocol_cost`), in order: their multiply-adds and bytes received added up, and the last one's bytes sent (each sends what the
+        one before it gave it, in its place); None where none has a protocol. One line where one returns other than a
+        TaskCost of single amounts."""
+        total = None
+        for index, postprocessor in enumerate(self.postprocessors):
+            cost = postprocessor.protocol_cost(participants, values)
+            if cost is None:
+                continue
+            if not isinstance(cost, TaskCost) or any(np.ndim(amount) for amount in (cost.macs, cost.down_bytes,
+                                                                                     cost.up_bytes)):
+                raise FedrayError(f"--postprocessor {self._name(index)}: protocol_cost returned {shown(cost)}; expected "
+                                  f"a TaskCost of one amount each (a participant's), or None")
+            total = cost if total is None else TaskCost(total.macs + cost.macs, total.down_bytes + cost.down_bytes,
+                                                        cost.up_bytes)
+        return total
 
     def aggregate_weight(self, weight: float, round_number: int, clients: int) -> float:
         """A training round's weight sum through every postprocessor's :meth:`Postprocessor.aggregate_weight`, in

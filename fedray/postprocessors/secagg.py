@@ -6,7 +6,8 @@
 
 What the server receives is what SecAgg's would: the sum of the clients' quantized uploads in the ring Z_{2^b},
 nothing else, bit for bit. By default (``secagg_masks=model``) the masks are modelled: the server gets that sum
-directly, and what the masks cost (their expansion, the protocol's bytes and round trips) is reported, not paid
+directly, and what the masks cost (their expansion, the protocol's bytes and round trips) is reported and, on the
+clock, timed in each participant's task (:meth:`protocol_cost`), not paid
 (:mod:`fedray.clock.secagg_costs`). With ``secagg_masks=generate`` the masks are real (expanded from seeds) and
 cancel in the server's sum, to the same bits. Either way the key agreement and secret sharing that make them secret
 are not run, only their effect.
@@ -112,6 +113,7 @@ import numpy as np
 
 import fedray
 from fedray.core.lazy_modules import lazy_module
+from fedray.clock.costs import TaskCost
 from fedray.clock.secagg_costs import KEY_BYTES, secagg_costs
 from fedray.core.options import Option
 
@@ -227,10 +229,24 @@ class SecureAggregation(fedray.Postprocessor):
                                       f"{(fitting + 1).bit_length() - 1} or raise secagg_bits")
         return bits, value_bits, None
 
+    def degree(self, n: int) -> int:
+        """A participant's neighbours in a group of ``n``: every other one (SecAgg), or k (SecAgg+) where k < n − 1."""
+        return n - 1 if self.neighbours is None or self.neighbours >= n - 1 else self.neighbours
+
+    def protocol_cost(self, participants: int, values: int) -> TaskCost | None:
+        """A surviving participant's part of the protocol in a group of ``participants``
+        (:mod:`fedray.clock.secagg_costs`): the masks it expands, its neighbours' keys and the shares addressed to it, and its keys, shares and masked
+        vector sent in place of its plain upload; None for a group of one (refused when it forms)."""
+        if participants < 2:
+            return None
+        degree = self.degree(participants)
+        costs = secagg_costs(values, self.ring(participants)[0], degree, np.ones(1, dtype=bool), np.array([degree]))
+        return TaskCost(float(costs.macs[0]), float(costs.down_bytes[0]), float(costs.up_bytes[0]))
+
     def graph(self, n: int) -> tuple[int, str | None]:
         """A group of ``n``'s threshold t, and why no client's seeds could be reconstructed (None: they can): a
         client's neighbours (n − 1, or k) must be ≥ t, so a group of one is refused (its sum is its upload)."""
-        degree = n - 1 if self.neighbours is None or self.neighbours >= n - 1 else self.neighbours
+        degree = self.degree(n)
         threshold = self.threshold if self.threshold is not None else degree // 2 + 1
         if threshold > degree:
             needs = " (a group needs ≥ t + 1 participants)" if degree == n - 1 else ""
@@ -323,7 +339,7 @@ class Group:
         self.seed, self.bits, self.ring_mask = context.shared_seed, bits, (1 << bits) - 1
         self.half_range = (1 << (value_bits - 1)) - 1  # h: the integer 0 is sent as
         self.clip, self.step = secagg.clip, secagg.clip / self.half_range
-        self.degree = n - 1 if secagg.neighbours is None or secagg.neighbours >= n - 1 else secagg.neighbours
+        self.degree = secagg.degree(n)
         self.half = None if self.degree == n - 1 else self.degree // 2
         order = self._generator(2).permutation(n)
         self.ring_order, self.ring_place = order, np.argsort(order)  # SecAgg+'s Harary graph: ring positions

@@ -118,3 +118,37 @@ def test_evaluation_every_s_seconds_is_the_first_round_ending_at_or_after_each_m
     assert evaluated_rounds(np.array(ends), 0.0, 10.0) == {3, 5, 6}
     assert evaluated_rounds(np.array(ends), 0.0, 100.0) == {6}
     assert evaluated_rounds(np.array([12.0, 25.0]), 10.0, 10.0) == {2}  # started at 10: the next multiple is 20
+
+
+class Unwalkable(list):
+    """A list of rounds that refuses to be walked: what reads it must not go over every round."""
+
+    def __iter__(self):
+        raise AssertionError("walked the clock's rounds")
+
+
+def test_the_columns_are_running_totals_bitwise_a_sum_over_the_rounds_and_walk_no_round(tmp_path):
+    """Rounds whose durations are floats that round differently in another order: the columns after each are the
+    plain sums over the rounds so far, in their order, bit for bit, and a row reads them without walking the rounds."""
+    run = clock(tmp_path, deadline=7.0)
+    tasks = [TaskCost(macs, 100.0, up) for macs, up in [(100.0, 100.0), (0.1, 10.3), (1 / 3, 7.7), (123.4, 0.01)]]
+    for number, task in enumerate(tasks * 3, start=1):
+        run.round(number, "train", np.array([(number + shift) % 6 for shift in range(3)]), lambda clients: task)
+    records = list(run.records)
+    run.records = Unwalkable(records)
+    for number in range(0, len(records) + 1):
+        done = records[:number]
+        assert run.columns(number) == {"clock_s": done[-1].end_s if done else 0.0,
+                                       "clock_compute_s": float(sum(record.compute_s for record in done)),
+                                       "clock_comm_s": float(sum(record.comm_s for record in done)),
+                                       "clients_straggled": sum(record.stragglers for record in done),
+                                       "clients_dropped": sum(record.dropped for record in done)}
+    assert run.columns(1000) == run.columns(len(records))
+
+
+def test_rounds_are_clocked_in_the_runs_order(tmp_path):
+    run = clock(tmp_path)
+    run.round(2, "train", np.array([4, 2, 0]), lambda clients: TASK)
+    with pytest.raises(FedrayError, match=r"^the clock's round 2 comes after its round 2: rounds are clocked in the "
+                                          r"run's order$"):
+        run.round(2, "train", np.array([4, 2, 0]), lambda clients: TASK)

@@ -63,6 +63,8 @@ def test_a_clock_that_changes_nothing_changes_no_bit(ray_session, tmp_path, path
     assert all(later["start_s"] == earlier["end_s"] for earlier, later in zip(per_round, per_round[1:]))
     timed = [row for row in clocked.rows if row["clock_s"] is not None]  # SphereFed's calibration row is not on it
     assert timed and timed[-1]["clock_s"] == per_round[-1]["end_s"] > 0
+    if "secure_aggregation" in PATHS[path]:  # each upload timed as the last block's participants sent theirs
+        assert per_round[-1]["bytes_up"] == per_round[-1]["finished"] * clocked.rows[-1]["secagg_bytes_per_participant"]
 
 
 @pytest.mark.parametrize(("method", "deadline"), [("fed3r", 3e-4), ("fedavg", 1.5e-3)])  # about the median task's
@@ -112,6 +114,10 @@ def test_a_fedavg_run_with_a_deadline_equals_the_plain_loop_over_the_clients_in_
     late = [row for row in schedule if (row % 2 == 1).any()]
     assert all(row["end_s"] - row["start_s"] == 1.0 for row, drawn in zip(per_round, schedule) if (drawn % 2).any())
     assert late and completed.rows[-1]["clients_straggled"] == sum(int((row % 2 == 1).sum()) for row in schedule)
+    # a straggler downloaded the model too: the rows count every selected client's download, as rounds.parquet does
+    model_bytes = (federation.dim + 1) * federation.num_classes * 4
+    assert [row["bytes_down"] for row in per_round] == [5 * model_bytes] * 4
+    assert completed.rows[-1]["bytes_down"] == sum(row["bytes_down"] for row in per_round) == 20 * model_bytes
 
 
 def test_rows_every_s_virtual_seconds_are_the_first_rounds_ending_at_or_after_each_multiple(ray_session, tmp_path):

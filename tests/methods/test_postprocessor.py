@@ -281,3 +281,27 @@ def test_an_entry_map_is_the_postprocessors_maps_in_order_each_checked():
     with pytest.raises(FedrayError, match=r"^--postprocessor halve: entry_map's map returned torch.float32 \(2, 2\) "
                                           r"for round 1, client 3; expected float64 \(2, 2\), like the values it got$"):
         Postprocessing((Halve(), Halve(bad=True)), names=("halve", "halve")).entry_map(3, 1)(values)
+
+
+class Handshake(fedray.Postprocessor):
+    """A protocol of two messages: 10 multiply-adds and 8 bytes received a participant, its upload sent with 16 more."""
+
+    def protocol_cost(self, participants, values):
+        return fedray.TaskCost(10.0, 8.0, 4.0 * values + 16)
+
+
+class Wrong(fedray.Postprocessor):
+    def protocol_cost(self, participants, values):
+        return fedray.TaskCost(np.ones(participants))
+
+
+def test_the_protocols_costs_add_up_and_the_last_ones_upload_is_sent():
+    """The identity has no protocol; two handshakes add their work and received bytes, the second's upload is sent."""
+    assert Postprocessing([fedray.Postprocessor()]).protocol_cost(5, 3) is None
+    cost = Postprocessing([Handshake(), fedray.Postprocessor(), Handshake()]).protocol_cost(5, 3)
+    assert (cost.macs, cost.down_bytes, cost.up_bytes) == (20.0, 16.0, 28.0)
+    from fedray.core.errors import FedrayError
+
+    with pytest.raises(FedrayError, match=r"^--postprocessor w.py:Wrong: protocol_cost returned TaskCost\(.*\); expected "
+                                          r"a TaskCost of one amount each \(a participant's\), or None$"):
+        Postprocessing([Wrong()], names=["w.py:Wrong"]).protocol_cost(5, 3)
