@@ -139,11 +139,31 @@ class StageUploads:
     summed: bool = True
 
 
+class BuiltOnFirstUse:
+    """A field that holds a value or a function that makes it, called the first time the field is read (then kept):
+    :attr:`UploadContext.generator`, whose seed costs a SeedSequence per client, for hooks that mostly never draw."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}"
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            raise AttributeError(self.slot[1:])  # no default: a dataclass field that must be given
+        value = instance.__dict__[self.slot]
+        if callable(value) and not isinstance(value, torch.Generator):
+            value = instance.__dict__[self.slot] = value()
+        return value
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.slot] = value
+
+
 @dataclass(frozen=True)
 class UploadContext:
     """Where an upload is: ``client`` (:data:`AGGREGATE` for the server's sum), the ``round`` it belongs to (a closed-form
-    block's last round for its aggregate), how many ``clients`` it sums, the ``generator`` of its random draws, and the
-    stage's :class:`Sampling` (K, κ, with or without replacement).
+    block's last round for its aggregate), how many ``clients`` it sums, the ``generator`` of its random draws (given
+    as a generator, or as a function that makes it, called only if a hook reads it), and the stage's
+    :class:`Sampling` (K, κ, with or without replacement).
 
     ``participants``: the clients whose uploads are summed into the same aggregate as this one (sorted: a closed-form
     evaluation block's uploaders, or everyone in SphereFed's calibration and the ridge probe), and ``shared_seed`` a
@@ -158,7 +178,7 @@ class UploadContext:
     client: int
     round: int
     clients: int
-    generator: torch.Generator
+    generator: torch.Generator = BuiltOnFirstUse()
     sampling: Sampling = Sampling()
     participants: tuple[int, ...] = ()
     shared_seed: int = 0
@@ -345,9 +365,10 @@ class Postprocessing:
     def _shared_seed(self, index: int) -> int:
         return _seed(self.seed, self.group_round, index, 0) if self.participants else 0
 
-    def _generator(self, round_number: int, client: int, index: int, *stream: int) -> torch.Generator:
-        """``round_number``: the run's; ``stream``: (1,) for :meth:`Postprocessor.select`'s, () for the hooks'."""
-        return torch.Generator().manual_seed(_seed(self.seed, round_number, client + 1, index, *stream))
+    def _generator(self, round_number: int, client: int, index: int, *stream: int) -> Callable[[], torch.Generator]:
+        """What makes the generator of an upload's context (built if a hook draws: :attr:`UploadContext.generator`);
+        ``round_number``: the run's; ``stream``: (1,) for :meth:`Postprocessor.select`'s, () for the hooks'."""
+        return functools.partial(_seeded_generator, self.seed, round_number, client + 1, index, *stream)
 
     def selected(self, batch: ClientBatch, rounds: Sequence[int]) -> ClientBatch:
         """``batch`` (its clients uploading in the stage's ``rounds``) with the rows every postprocessor's
@@ -550,6 +571,10 @@ def _seed(*entropy: int) -> int:
     """A 63-bit seed from ``entropy`` (the run's seed, a round, ...), independent of any other tuple's (cached: a
     group's shared seed is asked for at each of its clients' uploads)."""
     return int(np.random.SeedSequence(entropy).generate_state(2, np.uint64)[0]) & (2**63 - 1)
+
+
+def _seeded_generator(*entropy: int) -> torch.Generator:
+    return torch.Generator().manual_seed(_seed(*entropy))
 
 
 def _same(a: Upload, b: Upload) -> bool:

@@ -241,6 +241,15 @@ def test_a_postprocessor_is_checked_before_any_work():
     assert isinstance(UploadContext(AGGREGATE, 1, 2, torch.Generator()).generator, torch.Generator)
 
 
+def test_an_upload_contexts_generator_is_made_only_when_a_hook_reads_it():
+    made = []
+    context = UploadContext(3, 1, 1, lambda: made.append(1) or torch.Generator().manual_seed(7))
+    assert made == [] and context.client == 3
+    generator = context.generator
+    assert made == [1] and context.generator is generator
+    assert torch.equal(torch.rand(3, generator=generator), torch.rand(3, generator=torch.Generator().manual_seed(7)))
+
+
 class Halve(fedray.Postprocessor):
     """Each value halved, on its own (0 to 0), or as float32 where ``bad``."""
 
