@@ -267,6 +267,21 @@ class Postprocessor:
         as a map of a float64 tensor of some of its values to a new one of the same shape (0 to 0), bit for bit."""
         raise NotImplementedError(f"{type(self).__name__} is not entrywise")
 
+    def entry_maps(self, contexts: Sequence[UploadContext]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """Where :attr:`entrywise`: :meth:`entry_map` of several clients' uploads into one aggregate (``contexts``: the
+        same participants and shared seed), as a map of ``values`` (a float64 vector: some of the values of
+        ``contexts``' clients, client after client) and ``counts`` (int64: how many each client has there) to a new
+        vector, each client's values mapped as its :meth:`entry_map` maps them, bit for bit. By default each client's
+        map on its own values; a postprocessor that maps many clients' values in one call (secure aggregation: one
+        rounding of a shard's clients) overrides it. A subclass that overrides :meth:`entry_map` without overriding
+        this has its clients mapped one by one by its :meth:`entry_map`."""
+        maps = [self.entry_map(context) for context in contexts]
+
+        def mapped(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+            return torch.cat([entry_map(part) for entry_map, part in zip(maps, values.split(counts.tolist()))])
+
+        return mapped
+
     def aggregate(self, total: Params, context: UploadContext) -> Params:
         """The sum of the uploads as the server receives it; return new tensors (``total`` is not to be changed)."""
         return total
@@ -479,25 +494,31 @@ class Postprocessing:
                                       and type(postprocessor).features is Postprocessor.features
                                       for postprocessor in changing)
 
-    def entry_map(self, client: int, round_number: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Where :attr:`entrywise`: what :meth:`statistics` does to each value of ``client``'s upload in the stage's
-        ``round_number``, as a map of a float64 tensor of some of its values (every postprocessor's
-        :meth:`Postprocessor.entry_map`, in order; each one's result checked: a new float64 tensor of that shape)."""
-        round_number = self.first_round + round_number
-        maps = [(index, postprocessor.entry_map(UploadContext(
-            client, round_number, 1, self._generator(round_number, client, index), self.sampling, self.participants,
-            self._shared_seed(index)))) for index, postprocessor in enumerate(self.postprocessors)
-            if postprocessor.per_client]
+    def entry_maps(self, clients: Sequence[int], round_numbers: Sequence[int]
+                   ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """Where :attr:`entrywise`: what :meth:`statistics` does to each value of the uploads of ``clients`` (each in
+        the stage's round of ``round_numbers``), as a map of a float64 vector of some of their values, client after
+        client, and of how many each has there (int64 ``counts``): every postprocessor's
+        :meth:`Postprocessor.entry_maps` in order, each one's result checked (a new float64 vector of that length)."""
+        round_numbers = [self.first_round + int(round_number) for round_number in round_numbers]
+        maps = []
+        for index, postprocessor in enumerate(self.postprocessors):
+            if postprocessor.per_client:
+                contexts = [UploadContext(client, round_number, 1, self._generator(round_number, client, index),
+                                          self.sampling, self.participants, self._shared_seed(index))
+                            for client, round_number in zip(clients, round_numbers)]
+                maps.append((index, _batched_entry_maps(postprocessor)(contexts)))
 
-        def mapped(values: torch.Tensor) -> torch.Tensor:
+        def mapped(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
             for index, entry_map in maps:
-                returned = entry_map(values)
+                returned = entry_map(values, counts)
                 if not isinstance(returned, torch.Tensor) or returned.shape != values.shape \
                         or returned.dtype != torch.float64:
-                    raise FedrayError(f"--postprocessor {self._name(index)}: entry_map's map returned "
+                    raise FedrayError(f"--postprocessor {self._name(index)}: entry_maps' map returned "
                                       f"{getattr(returned, 'dtype', type(returned).__name__)} "
-                                      f"{tuple(getattr(returned, 'shape', ()))} for round {round_number}, client "
-                                      f"{client}; expected float64 {tuple(values.shape)}, like the values it got")
+                                      f"{tuple(getattr(returned, 'shape', ()))} for {len(clients)} clients (client "
+                                      f"{clients[0]} of round {round_numbers[0]} first); expected float64 "
+                                      f"{tuple(values.shape)}, like the values it got")
                 values = returned
             return values
 
@@ -571,6 +592,17 @@ def _seed(*entropy: int) -> int:
     """A 63-bit seed from ``entropy`` (the run's seed, a round, ...), independent of any other tuple's (cached: a
     group's shared seed is asked for at each of its clients' uploads)."""
     return int(np.random.SeedSequence(entropy).generate_state(2, np.uint64)[0]) & (2**63 - 1)
+
+
+def _batched_entry_maps(postprocessor: Postprocessor) -> Callable[[Sequence[UploadContext]], Callable]:
+    """``postprocessor``'s :meth:`Postprocessor.entry_maps`, or the default one (its :meth:`Postprocessor.entry_map`
+    client by client) where the class that defines its ``entry_maps`` is not one that defines its ``entry_map``'s."""
+    def defining(name: str) -> type:
+        return next(cls for cls in type(postprocessor).__mro__ if name in vars(cls))
+
+    if issubclass(defining("entry_maps"), defining("entry_map")):
+        return postprocessor.entry_maps
+    return functools.partial(Postprocessor.entry_maps, postprocessor)
 
 
 def _seeded_generator(*entropy: int) -> torch.Generator:

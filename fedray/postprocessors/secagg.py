@@ -280,6 +280,19 @@ class SecureAggregation(fedray.Postprocessor):
         group = self.group(context)
         return torch.zeros_like if group.dropped[group.position(context.client)] else group.rounded
 
+    def entry_maps(self, contexts: list[fedray.UploadContext]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """:meth:`entry_map` of many clients in one rounding, the dropped clients' values then set to 0."""
+        group = self.group(contexts[0])
+        dropped = torch.tensor([bool(group.dropped[group.position(context.client)]) for context in contexts])
+
+        def mapped(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+            rounded = group.rounded(values)
+            if dropped.any():
+                rounded[torch.repeat_interleave(dropped, counts)] = 0.0
+            return rounded
+
+        return mapped
+
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         """The survivors' quantized sum decoded: with generated masks, the ring's sum unmasked by the survivors'
         self-masks and their pairwise masks with the dropped; with modelled ones, the sum as it arrived (the survivors'
@@ -398,7 +411,7 @@ class Group:
     def rounded(self, values: torch.Tensor) -> torch.Tensor:
         """:meth:`centred`'s integers, rint(clip(x) / Δ), for values that are mostly nonzero (a client's statistics at
         the classes it holds): every value rounded, the same bits (round half to even, as ``np.rint``)."""
-        return torch.round(values.clamp(-self.clip, self.clip) / self.step)
+        return values.clamp(-self.clip, self.clip).div_(self.step).round_()
 
     def _generator(self, *key: int) -> np.random.Generator:
         """The group's stream ``key`` (1: dropouts, 2: the ring order, 3 and 4: masks), Philox from the shared seed."""
