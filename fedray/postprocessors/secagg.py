@@ -84,8 +84,8 @@ mod 2^b once; the server expands one per survivor (and the dropped clients' pair
 on its own and a zero stays 0 (:attr:`entrywise`): where the method gives compact statistics
 (:meth:`fedray.ClosedFormMethod.compact_statistics`: Fed3R, FedNCM), a client's upload is computed, rounded and added
 only at the classes it holds (Fed3R: its ZᵀZ and its classes' columns of ZᵀY, not d·C;
-:mod:`fedray.runtime.compact_sum`), the same sum bit for bit; other methods' uploads go through :meth:`client`
-whole. Secure aggregation still needs each client's statistics on its own, not one GEMM per shard: that, not the
+:mod:`fedray.runtime.compact_sum`), a chunk of a shard's clients rounded in one call (:meth:`entry_maps`), the same
+sum bit for bit; other methods' uploads go through :meth:`client` whole. Secure aggregation still needs each client's statistics on its own, not one GEMM per shard: that, not the
 masks, is what a modelled run pays beyond a plain one (``python -m jobs.bench_secagg``).
 
 **Cost model** (:func:`fedray.clock.secagg_costs.secagg_costs`, reported by the aggregate, columns of
