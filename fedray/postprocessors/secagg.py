@@ -85,8 +85,9 @@ on its own and a zero stays 0 (:attr:`entrywise`): where the method gives compac
 (:meth:`fedray.ClosedFormMethod.compact_statistics`: Fed3R, FedNCM), a client's upload is computed, rounded and added
 only at the classes it holds (Fed3R: its ZᵀZ and its classes' columns of ZᵀY, not d·C;
 :mod:`fedray.runtime.compact_sum`), a chunk of a shard's clients rounded in one call (:meth:`entry_maps`), the same
-sum bit for bit; other methods' uploads go through :meth:`client` whole. Secure aggregation still needs each client's statistics on its own, not one GEMM per shard: that, not the
-masks, is what a modelled run pays beyond a plain one (``python -m jobs.bench_secagg``).
+sum bit for bit; other methods' uploads go through :meth:`client` whole. Secure aggregation still needs each
+client's statistics on its own, not one GEMM per shard: that, not the masks, is what a modelled run pays beyond a
+plain one (``python -m jobs.bench_secagg``).
 
 **Cost model** (:func:`fedray.clock.secagg_costs.secagg_costs`, reported by the aggregate, columns of
 metrics.parquet, for the group of the row's last block or round, the same whether the masks are modelled or
