@@ -108,7 +108,7 @@ def test_compact_modelled_sums_are_the_dense_ones_the_generated_masks_and_the_pl
 
 
 class Thirds(fedray.Postprocessor):
-    """Each value divided by 3, on its own (0 to 0): its sums round, so the order of the additions shows in their bits."""
+    """Each value divided by 3, on its own (0 to 0): its sums round, so the order of the additions shows in the bits."""
 
     @property
     def entrywise(self) -> bool:
