@@ -34,7 +34,7 @@ def compact_sum(method: ClosedFormMethod, rows: HeldRows, clients: np.ndarray, r
     after :meth:`~fedray.methods.postprocessor.Postprocessing.client_sum`."""
     round_of = dict(zip(clients.tolist(), rounds.tolist()))
     totals = ClassTotals(method.upload_parts(), method.num_classes)
-    template, changed = None, False
+    template = None
     for run in rows.runs(clients):
         batch = rows.batch(run, method.features_dtype)
         chunk: list[tuple[int, dict[str, torch.Tensor], torch.Tensor]] = []
@@ -44,11 +44,11 @@ def compact_sum(method: ClosedFormMethod, rows: HeldRows, clients: np.ndarray, r
             chunk.append((client, flatten(statistics), classes))
             size += sum(values.numel() for values in chunk[-1][1].values())
             if size >= CHUNK_VALUES:
-                changed = totals.add(chunk, postprocessing, round_of) or changed
+                totals.add(chunk, postprocessing, round_of)
                 chunk, size = [], 0
         if chunk:
-            changed = totals.add(chunk, postprocessing, round_of) or changed
-    return unflatten(template, totals.sums()) if changed else None
+            totals.add(chunk, postprocessing, round_of)
+    return unflatten(template, totals.sums()) if totals.changed else None
 
 
 class ClassTotals:
@@ -58,20 +58,21 @@ class ClassTotals:
     def __init__(self, parts: UploadParts, num_classes: int) -> None:
         self.parts, self.num_classes = parts, num_classes
         self.totals: dict[str, torch.Tensor] = {}
+        self.changed = False
+        """Whether a map changed a value added so far (once it has, no other is compared)."""
 
     def add(self, chunk: list[tuple[int, dict[str, torch.Tensor], torch.Tensor]], postprocessing: Postprocessing,
-            round_of: dict[int, int]) -> bool:
+            round_of: dict[int, int]) -> None:
         """Add ``chunk``'s statistics ((client, its tensors by name, its classes), in upload order; ``round_of``: when
-        each client uploads) through ``postprocessing``'s entry maps; whether a map changed a value."""
+        each client uploads) through ``postprocessing``'s entry maps."""
         clients = [client for client, _, _ in chunk]
         entry_map = postprocessing.entry_maps(clients, [round_of[client] for client in clients])
-        changed = False
         for name in chunk[0][1]:
             axis = self.parts.of(name).axis_of_classes
             pieces = [tensors[name] if axis is None else tensors[name].movedim(axis, 0) for _, tensors, _ in chunk]
             values = torch.cat([piece.reshape(-1) for piece in pieces])
             mapped = entry_map(values, torch.tensor([piece.numel() for piece in pieces]))
-            changed = changed or not torch.equal(mapped, values)
+            self.changed = self.changed or not torch.equal(mapped, values)
             if name not in self.totals:
                 shape = pieces[0].shape if axis is None else (self.num_classes, *pieces[0].shape[1:])
                 self.totals[name] = torch.zeros(shape, dtype=torch.float64)
@@ -81,7 +82,6 @@ class ClassTotals:
                     total += client_values
             else:  # index_add_ adds the rows in index order: each class's in upload order
                 total.index_add_(0, torch.cat([classes for _, _, classes in chunk]), mapped.view(-1, *total.shape[1:]))
-        return changed
 
     def sums(self) -> dict[str, torch.Tensor]:
         """The totals by name, each axis of classes back in its place."""
