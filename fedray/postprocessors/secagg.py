@@ -284,7 +284,7 @@ class SecureAggregation(fedray.Postprocessor):
     def entry_maps(self, contexts: list[fedray.UploadContext]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """:meth:`entry_map` of many clients in one rounding, the dropped clients' values then set to 0."""
         group = self.group(contexts[0])
-        dropped = torch.tensor([bool(group.dropped[group.position(context.client)]) for context in contexts])
+        dropped = torch.from_numpy(group.dropped[group.positions([context.client for context in contexts])])
 
         def mapped(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
             rounded = group.rounded(values)
@@ -345,11 +345,18 @@ class Group:
 
     def position(self, client: int) -> int:
         """Where ``client`` is among the (sorted) participants; one line when it is not one of them."""
-        position = int(np.searchsorted(self.sorted_participants, client))
-        if position == len(self.participants) or self.participants[position] != client:
-            raise fedray.FedrayError(f"--postprocessor secagg: client {client} uploads into an aggregate of "
+        return int(self.positions([client])[0])
+
+    def positions(self, clients: list[int]) -> np.ndarray:
+        """Where ``clients`` are among the (sorted) participants; one line naming the first that is not one of them."""
+        clients = np.asarray(clients, dtype=np.int64)
+        positions = np.searchsorted(self.sorted_participants, clients)
+        found = positions < len(self.participants)
+        found[found] = self.sorted_participants[positions[found]] == clients[found]
+        if not found.all():
+            raise fedray.FedrayError(f"--postprocessor secagg: client {clients[~found][0]} uploads into an aggregate of "
                                      f"{len(self.participants)} participants it is not one of")
-        return position
+        return positions
 
     def neighbours(self, position: int) -> list[int]:
         """The clients that share pairwise masks with the participant at ``position``."""
