@@ -140,11 +140,31 @@ class StageUploads:
     summed: bool = True
 
 
+class BuiltOnFirstUse:
+    """A field that holds a value or a function that makes it, called the first time the field is read (then kept):
+    :attr:`UploadContext.generator`, whose seed costs a SeedSequence per client, for hooks that mostly never draw."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}"
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            raise AttributeError(self.slot[1:])  # no default: a dataclass field that must be given
+        value = instance.__dict__[self.slot]
+        if callable(value) and not isinstance(value, torch.Generator):
+            value = instance.__dict__[self.slot] = value()
+        return value
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.slot] = value
+
+
 @dataclass(frozen=True)
 class UploadContext:
     """Where an upload is: ``client`` (:data:`AGGREGATE` for the server's sum), the ``round`` it belongs to (a closed-form
-    block's last round for its aggregate), how many ``clients`` it sums, the ``generator`` of its random draws, and the
-    stage's :class:`Sampling` (K, κ, with or without replacement).
+    block's last round for its aggregate), how many ``clients`` it sums, the ``generator`` of its random draws (given
+    as a generator, or as a function that makes it, called only if a hook reads it), and the stage's
+    :class:`Sampling` (K, κ, with or without replacement).
 
     ``participants``: the clients whose uploads are summed into the same aggregate as this one (sorted: a closed-form
     evaluation block's uploaders, or everyone in SphereFed's calibration and the ridge probe), and ``shared_seed`` a
@@ -159,7 +179,7 @@ class UploadContext:
     client: int
     round: int
     clients: int
-    generator: torch.Generator
+    generator: torch.Generator = BuiltOnFirstUse()
     sampling: Sampling = Sampling()
     participants: tuple[int, ...] = ()
     shared_seed: int = 0
@@ -247,6 +267,21 @@ class Postprocessor:
         """Where :attr:`entrywise`: what :meth:`client` does to each value of the closed-form upload ``context`` names,
         as a map of a float64 tensor of some of its values to a new one of the same shape (0 to 0), bit for bit."""
         raise NotImplementedError(f"{type(self).__name__} is not entrywise")
+
+    def entry_maps(self, contexts: Sequence[UploadContext]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """Where :attr:`entrywise`: :meth:`entry_map` of several clients' uploads into one aggregate (``contexts``: the
+        same participants and shared seed), as a map of ``values`` (a float64 vector: some of the values of
+        ``contexts``' clients, client after client) and ``counts`` (int64: how many each client has there) to a new
+        vector, each client's values mapped as its :meth:`entry_map` maps them, bit for bit. By default each client's
+        map on its own values; a postprocessor that maps many clients' values in one call (secure aggregation: one
+        rounding of a shard's clients) overrides it. A subclass that overrides :meth:`entry_map` without overriding
+        this has its clients mapped one by one by its :meth:`entry_map`."""
+        maps = [self.entry_map(context) for context in contexts]
+
+        def mapped(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+            return torch.cat([entry_map(part) for entry_map, part in zip(maps, values.split(counts.tolist()))])
+
+        return mapped
 
     def aggregate(self, total: Params, context: UploadContext) -> Params:
         """The sum of the uploads as the server receives it; return new tensors (``total`` is not to be changed)."""
@@ -354,9 +389,10 @@ class Postprocessing:
     def _shared_seed(self, index: int) -> int:
         return _seed(self.seed, self.group_round, index, 0) if self.participants else 0
 
-    def _generator(self, round_number: int, client: int, index: int, *stream: int) -> torch.Generator:
-        """``round_number``: the run's; ``stream``: (1,) for :meth:`Postprocessor.select`'s, () for the hooks'."""
-        return torch.Generator().manual_seed(_seed(self.seed, round_number, client + 1, index, *stream))
+    def _generator(self, round_number: int, client: int, index: int, *stream: int) -> Callable[[], torch.Generator]:
+        """What makes the generator of an upload's context (built if a hook draws: :attr:`UploadContext.generator`);
+        ``round_number``: the run's; ``stream``: (1,) for :meth:`Postprocessor.select`'s, () for the hooks'."""
+        return functools.partial(_seeded_generator, self.seed, round_number, client + 1, index, *stream)
 
     def selected(self, batch: ClientBatch, rounds: Sequence[int]) -> ClientBatch:
         """``batch`` (its clients uploading in the stage's ``rounds``) with the rows every postprocessor's
@@ -467,25 +503,31 @@ class Postprocessing:
                                       and type(postprocessor).features is Postprocessor.features
                                       for postprocessor in changing)
 
-    def entry_map(self, client: int, round_number: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Where :attr:`entrywise`: what :meth:`statistics` does to each value of ``client``'s upload in the stage's
-        ``round_number``, as a map of a float64 tensor of some of its values (every postprocessor's
-        :meth:`Postprocessor.entry_map`, in order; each one's result checked: a new float64 tensor of that shape)."""
-        round_number = self.first_round + round_number
-        maps = [(index, postprocessor.entry_map(UploadContext(
-            client, round_number, 1, self._generator(round_number, client, index), self.sampling, self.participants,
-            self._shared_seed(index)))) for index, postprocessor in enumerate(self.postprocessors)
-            if postprocessor.per_client]
+    def entry_maps(self, clients: Sequence[int], round_numbers: Sequence[int]
+                   ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """Where :attr:`entrywise`: what :meth:`statistics` does to each value of the uploads of ``clients`` (each in
+        the stage's round of ``round_numbers``), as a map of a float64 vector of some of their values, client after
+        client, and of how many each has there (int64 ``counts``): every postprocessor's
+        :meth:`Postprocessor.entry_maps` in order, each one's result checked (a new float64 vector of that length)."""
+        round_numbers = [self.first_round + int(round_number) for round_number in round_numbers]
+        maps = []
+        for index, postprocessor in enumerate(self.postprocessors):
+            if postprocessor.per_client:
+                contexts = [UploadContext(client, round_number, 1, self._generator(round_number, client, index),
+                                          self.sampling, self.participants, self._shared_seed(index))
+                            for client, round_number in zip(clients, round_numbers)]
+                maps.append((index, _batched_entry_maps(postprocessor)(contexts)))
 
-        def mapped(values: torch.Tensor) -> torch.Tensor:
+        def mapped(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
             for index, entry_map in maps:
-                returned = entry_map(values)
+                returned = entry_map(values, counts)
                 if not isinstance(returned, torch.Tensor) or returned.shape != values.shape \
                         or returned.dtype != torch.float64:
-                    raise FedrayError(f"--postprocessor {self._name(index)}: entry_map's map returned "
+                    raise FedrayError(f"--postprocessor {self._name(index)}: entry_maps' map returned "
                                       f"{getattr(returned, 'dtype', type(returned).__name__)} "
-                                      f"{tuple(getattr(returned, 'shape', ()))} for round {round_number}, client "
-                                      f"{client}; expected float64 {tuple(values.shape)}, like the values it got")
+                                      f"{tuple(getattr(returned, 'shape', ()))} for {len(clients)} clients (client "
+                                      f"{clients[0]} of round {round_numbers[0]} first); expected float64 "
+                                      f"{tuple(values.shape)}, like the values it got")
                 values = returned
             return values
 
@@ -577,6 +619,21 @@ def _seed(*entropy: int) -> int:
     """A 63-bit seed from ``entropy`` (the run's seed, a round, ...), independent of any other tuple's (cached: a
     group's shared seed is asked for at each of its clients' uploads)."""
     return int(np.random.SeedSequence(entropy).generate_state(2, np.uint64)[0]) & (2**63 - 1)
+
+
+def _batched_entry_maps(postprocessor: Postprocessor) -> Callable[[Sequence[UploadContext]], Callable]:
+    """``postprocessor``'s :meth:`Postprocessor.entry_maps`, or the default one (its :meth:`Postprocessor.entry_map`
+    client by client) where the class that defines its ``entry_maps`` is not one that defines its ``entry_map``'s."""
+    def defining(name: str) -> type:
+        return next(cls for cls in type(postprocessor).__mro__ if name in vars(cls))
+
+    if issubclass(defining("entry_maps"), defining("entry_map")):
+        return postprocessor.entry_maps
+    return functools.partial(Postprocessor.entry_maps, postprocessor)
+
+
+def _seeded_generator(*entropy: int) -> torch.Generator:
+    return torch.Generator().manual_seed(_seed(*entropy))
 
 
 def _same(a: Upload, b: Upload) -> bool:

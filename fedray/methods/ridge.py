@@ -82,11 +82,13 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
         return RidgeStatistics(gram(x), sums.T.contiguous())
 
     def compact_statistics(self, batch: ClientBatch) -> Iterator[tuple[RidgeStatistics, torch.Tensor]]:
-        """Each client's ZᵀZ whole and its ZᵀY at the columns of its classes."""
+        """Each client's ZᵀZ whole and its ZᵀY at the columns of its classes: its class sums (k × d, as
+        :func:`~fedray.methods.base.class_sums` adds them), transposed, not copied (what maps them reads them in any
+        layout)."""
         for features, classes, local in held_classes(batch):
             x = self._design(features)
-            _, sums = class_sums(x, local, len(classes))
-            yield RidgeStatistics(gram(x), sums.T.contiguous()), classes
+            sums = torch.zeros(len(classes), x.shape[1], dtype=torch.float64).index_add_(0, local, x)
+            yield RidgeStatistics(gram(x), sums.T), classes
 
     def combine(self, a: RidgeStatistics, b: RidgeStatistics) -> RidgeStatistics:
         return RidgeStatistics(a.gram + b.gram, a.targets + b.targets)

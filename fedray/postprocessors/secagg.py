@@ -85,9 +85,10 @@ mod 2^b once; the server expands one per survivor (and the dropped clients' pair
 on its own and a zero stays 0 (:attr:`entrywise`): where the method gives compact statistics
 (:meth:`fedray.ClosedFormMethod.compact_statistics`: Fed3R, FedNCM), a client's upload is computed, rounded and added
 only at the classes it holds (Fed3R: its ZᵀZ and its classes' columns of ZᵀY, not d·C;
-:mod:`fedray.runtime.compact_sum`), the same sum bit for bit; other methods' uploads go through :meth:`client`
-whole. Secure aggregation still needs each client's statistics on its own, not one GEMM per shard: that, not the
-masks, is what a modelled run pays beyond a plain one (``python -m jobs.bench_secagg``).
+:mod:`fedray.runtime.compact_sum`), a chunk of a shard's clients rounded in one call (:meth:`entry_maps`), the same
+sum bit for bit; other methods' uploads go through :meth:`client` whole. Secure aggregation still needs each
+client's statistics on its own, not one GEMM per shard: that, not the masks, is what a modelled run pays beyond a
+plain one (``python -m jobs.bench_secagg``).
 
 **Cost model** (:func:`fedray.clock.secagg_costs.secagg_costs`, reported by the aggregate, columns of
 metrics.parquet, for the group of the row's last block or round, the same whether the masks are modelled or
@@ -296,6 +297,19 @@ class SecureAggregation(fedray.Postprocessor):
         group = self.group(context)
         return torch.zeros_like if group.dropped[group.position(context.client)] else group.rounded
 
+    def entry_maps(self, contexts: list[fedray.UploadContext]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """:meth:`entry_map` of many clients in one rounding, the dropped clients' values then set to 0."""
+        group = self.group(contexts[0])
+        dropped = torch.from_numpy(group.dropped[group.positions([context.client for context in contexts])])
+
+        def mapped(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+            rounded = group.rounded(values)
+            if dropped.any():
+                rounded[torch.repeat_interleave(dropped, counts)] = 0.0
+            return rounded
+
+        return mapped
+
     def aggregate(self, total: fedray.Params, context: fedray.UploadContext) -> fedray.Params:
         """The survivors' quantized sum decoded: with generated masks, the ring's sum unmasked by the survivors'
         self-masks and their pairwise masks with the dropped; with modelled ones, the sum as it arrived (the survivors'
@@ -347,11 +361,18 @@ class Group:
 
     def position(self, client: int) -> int:
         """Where ``client`` is among the (sorted) participants; one line when it is not one of them."""
-        position = int(np.searchsorted(self.sorted_participants, client))
-        if position == len(self.participants) or self.participants[position] != client:
-            raise fedray.FedrayError(f"--postprocessor secagg: client {client} uploads into an aggregate of "
+        return int(self.positions([client])[0])
+
+    def positions(self, clients: list[int]) -> np.ndarray:
+        """Where ``clients`` are among the (sorted) participants; one line naming the first that is not one of them."""
+        clients = np.asarray(clients, dtype=np.int64)
+        positions = np.searchsorted(self.sorted_participants, clients)
+        found = positions < len(self.participants)
+        found[found] = self.sorted_participants[positions[found]] == clients[found]
+        if not found.all():
+            raise fedray.FedrayError(f"--postprocessor secagg: client {clients[~found][0]} uploads into an aggregate of "
                                      f"{len(self.participants)} participants it is not one of")
-        return position
+        return positions
 
     def neighbours(self, position: int) -> list[int]:
         """The clients that share pairwise masks with the participant at ``position``."""
@@ -414,7 +435,7 @@ class Group:
     def rounded(self, values: torch.Tensor) -> torch.Tensor:
         """:meth:`centred`'s integers, rint(clip(x) / Δ), for values that are mostly nonzero (a client's statistics at
         the classes it holds): every value rounded, the same bits (round half to even, as ``np.rint``)."""
-        return torch.round(values.clamp(-self.clip, self.clip) / self.step)
+        return values.clamp(-self.clip, self.clip).div_(self.step).round_()
 
     def _generator(self, *key: int) -> np.random.Generator:
         """The group's stream ``key`` (1: dropouts, 2: the ring order, 3 and 4: masks), Philox from the shared seed."""

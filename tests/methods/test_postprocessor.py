@@ -241,6 +241,15 @@ def test_a_postprocessor_is_checked_before_any_work():
     assert isinstance(UploadContext(AGGREGATE, 1, 2, torch.Generator()).generator, torch.Generator)
 
 
+def test_an_upload_contexts_generator_is_made_only_when_a_hook_reads_it():
+    made = []
+    context = UploadContext(3, 1, 1, lambda: made.append(1) or torch.Generator().manual_seed(7))
+    assert made == [] and context.client == 3
+    generator = context.generator
+    assert made == [1] and context.generator is generator
+    assert torch.equal(torch.rand(3, generator=generator), torch.rand(3, generator=torch.Generator().manual_seed(7)))
+
+
 class Halve(fedray.Postprocessor):
     """Each value halved, on its own (0 to 0), or as float32 where ``bad``."""
 
@@ -272,15 +281,26 @@ def test_uploads_are_mapped_value_by_value_only_where_every_postprocessor_that_c
     assert Postprocessing(postprocessors).entrywise == entrywise
 
 
-def test_an_entry_map_is_the_postprocessors_maps_in_order_each_checked():
+def test_entry_maps_are_the_postprocessors_maps_in_order_each_clients_own_each_checked():
     from fedray.core.errors import FedrayError
 
-    values = torch.tensor([[2.0, 0.0], [-6.0, 1.0]], dtype=torch.float64)
-    assert torch.equal(Postprocessing((Halve(), Halve())).entry_map(3, 1)(values),
-                       torch.tensor([[0.5, 0.0], [-1.5, 0.25]], dtype=torch.float64))
-    with pytest.raises(FedrayError, match=r"^--postprocessor halve: entry_map's map returned torch.float32 \(2, 2\) "
-                                          r"for round 1, client 3; expected float64 \(2, 2\), like the values it got$"):
-        Postprocessing((Halve(), Halve(bad=True)), names=("halve", "halve")).entry_map(3, 1)(values)
+    values, counts = torch.tensor([2.0, 0.0, -6.0, 1.0, 3.0], dtype=torch.float64), torch.tensor([3, 0, 2])
+    assert torch.equal(Postprocessing((Halve(), Offset())).entry_maps([3, 4, 5], [1, 1, 2])(values, counts),
+                       torch.tensor([1.0, 0.0, -3.0, 0.5, 1.5], dtype=torch.float64)
+                       + torch.tensor([0.03, 0.03, 0.03, 0.05, 0.05], dtype=torch.float64))
+    with pytest.raises(FedrayError, match=r"^--postprocessor halve: entry_maps' map returned torch.float32 \(5,\) "
+                                          r"for 3 clients \(client 3 of round 1 first\); expected float64 \(5,\), like "
+                                          r"the values it got$"):
+        Postprocessing((Halve(), Halve(bad=True)), names=("halve", "halve")).entry_maps([3, 4, 5], [1, 1, 2])(values,
+                                                                                                             counts)
+
+
+class Offset(Halve):
+    """Each value of client k plus k / 100: each client's own map (``entry_maps`` is :class:`fedray.Postprocessor`'s,
+    client by client)."""
+
+    def entry_map(self, context: UploadContext):
+        return lambda values: values + context.client / 100
 
 
 class Handshake(fedray.Postprocessor):

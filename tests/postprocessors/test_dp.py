@@ -236,7 +236,7 @@ def test_fedcofs_rows_are_the_gaussian_mechanism_with_thresholding_written_out()
     pipeline.features(torch.zeros(1, 3, dtype=torch.float64))
     out = pipeline.statistics(stats, 17, 2, COF_PARTS)
 
-    generator = pipeline._generator(2, 17, 0)
+    generator = pipeline._generator(2, 17, 0)()  # made when a hook draws
     count = np.array([1.0, 3.0, 12.0, 7.0]) + noise * torch.randn(4, generator=generator, dtype=torch.float64).numpy()
     total = sums + noise * clip * torch.randn((4, 3), generator=generator, dtype=torch.float64).numpy()
     threshold = 1 + noise * scipy.stats.norm.isf(delta / 2)

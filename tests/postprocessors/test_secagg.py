@@ -229,6 +229,17 @@ def test_zeros_stay_exactly_zero_and_the_grid_is_symmetric():
     assert total.counts.tolist() == [(2**19 - 1) * step, -(2**19 - 1) * step, (2**19 - 1) * step, step, 0.0]
 
 
+def test_an_upload_from_a_client_outside_its_aggregate_stops_in_one_line_naming_it():
+    secagg = SecureAggregation(secagg_clip=10.0, secagg_value_bits=8)
+    contexts = [fedray.UploadContext(client, 1, 1, torch.Generator(), participants=(1, 3, 5, 8), shared_seed=7)
+                for client in (8, 1, 4, 9)]
+    assert secagg.group(contexts[0]).positions([8, 1, 5]).tolist() == [3, 0, 2]
+    for outside in (contexts[2:], contexts[3:]):
+        with pytest.raises(FedrayError, match=rf"^--postprocessor secagg: client {outside[0].client} uploads into an "
+                                              rf"aggregate of 4 participants it is not one of$"):
+            secagg.entry_maps(contexts[:2] + outside)
+
+
 def test_a_sum_that_could_overflow_the_ring_stops_in_one_line():
     with pytest.raises(FedrayError, match=r"^--postprocessor secagg: round 4, 12 participants: their sum of 19-bit "
                                           r"values can reach 12 · \(2\^19 − 1\), which overflows the ring Z_2\^22: set "

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+import fedray
 from fedray.core.reports import reporting
 from fedray.methods.ncm import FedNCM
 from fedray.methods.postprocessor import Postprocessing, flatten
@@ -104,3 +105,35 @@ def test_compact_modelled_sums_are_the_dense_ones_the_generated_masks_and_the_pl
         assert torch.equal(values, flatten(generated_aggregate)[name]), name
         assert np.array_equal(values.numpy(), expected[name]), name
     assert flatten(compact_aggregate).keys() <= expected.keys()
+
+
+class Thirds(fedray.Postprocessor):
+    """Each value divided by 3, on its own (0 to 0): its sums round, so the order of the additions shows in the bits."""
+
+    @property
+    def entrywise(self) -> bool:
+        return True
+
+    def client(self, upload: fedray.Upload, context: fedray.UploadContext) -> fedray.Upload:
+        return fedray.Upload({name: tensor / 3 for name, tensor in upload.tensors.items()}, upload.weight)
+
+    def entry_map(self, context: fedray.UploadContext):
+        return lambda values: values / 3
+
+
+class DenseThirds(Thirds):
+    entrywise = False
+
+
+@pytest.mark.parametrize("method", [Fed3R(DIM, CLASSES), FedNCM(DIM, CLASSES)], ids=["fed3r", "fedncm"])
+def test_compact_sums_in_chunks_add_each_entry_in_upload_order_as_the_dense_sum(method, monkeypatch):
+    monkeypatch.setattr(compact_module, "CHUNK_VALUES", 500)  # a few clients a chunk
+    sums = {}
+    for postprocessor in (Thirds(), DenseThirds()):
+        rows, _, _ = shard()
+        postprocessing = Postprocessing((postprocessor,), SEED).among(CLIENTS, ROUND)
+        sums[type(postprocessor)] = flatten(ShardStatistics(rows, KeptParts()).statistics(
+            method, CLIENTS, postprocessing, np.zeros(len(CLIENTS), int)))
+    assert Postprocessing((Thirds(),)).entrywise and not Postprocessing((DenseThirds(),)).entrywise
+    for name, values in sums[Thirds].items():
+        assert torch.equal(values, sums[DenseThirds][name]), name
