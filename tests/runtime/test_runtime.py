@@ -34,7 +34,8 @@ def pools(ray_session):
             for pool in latest.values():
                 pool.shutdown()
             latest.clear()
-            latest[split, shards] = ShardPool.start(stand_in(split), num_shards=shards, cpus_per_shard=2 / shards)
+            latest[split, shards] = ShardPool.start(stand_in(split), num_shards=shards, cpus_per_shard=2 / shards,
+                                                    reusable=True)
         return latest[split, shards]
 
     yield get
