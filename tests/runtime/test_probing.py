@@ -57,7 +57,7 @@ def test_shard_layouts_differ_in_float32_round_off_only(ray_session, small_inat)
     1, 2 and 3 shards agree to a few float32 ulps (the bound the README gives), not bitwise."""
     rounds = sampling.schedule(small_inat.num_clients, 7, True, seed=3, max_rounds=6)
     heads = {}
-    for shards in (1, 2, 3):
+    for shards in (1, 3, 2):  # 2 last: the next test takes its parked shards
         pool = ShardPool.start(small_inat, num_shards=shards, cpus_per_shard=2 / shards, reusable=True)
         try:
             algorithm = FedAvg()

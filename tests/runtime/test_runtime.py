@@ -90,17 +90,6 @@ def test_same_configuration_gives_bitwise_the_same_results(pools):
     ]
 
 
-def test_a_restarted_shard_gives_bitwise_the_same_statistics(pools):
-    pool = pools("inat-user-120k", 3)
-    method = build_method(RunConfig(method="fed3r"), pool.federation)
-    blocks = np.array_split(np.random.default_rng(0).permutation(pool.federation.num_clients), 4)
-    clean = [pool.statistics(method, block).result() for block in blocks]
-    pending = [pool.statistics(method, block) for block in blocks]
-    ray.kill(pool.actors[0], no_restart=False)
-    for before, after in zip(clean, [reduction.result() for reduction in pending]):
-        assert torch.equal(before.gram, after.gram) and torch.equal(before.targets, after.targets)
-
-
 def test_eval_points_and_accounting(pools):
     pool = pools("inat-geo-100", 3)
     federation = pool.federation
@@ -119,6 +108,17 @@ def test_eval_points_and_accounting(pools):
     assert oracle_rows[-1]["bytes_up"] == 4 * M * (d + d * d)
     _, rf_rows, _ = run_on(pool, method="fed3r-rf", clients_per_round=K, rf_dim=50)
     assert rf_rows[-1]["bytes_up"] == 4 * (M * 50 + K * 50 * 50)
+
+
+def test_a_restarted_shard_gives_bitwise_the_same_statistics(pools):
+    pool = pools("inat-user-120k", 3)
+    method = build_method(RunConfig(method="fed3r"), pool.federation)
+    blocks = np.array_split(np.random.default_rng(0).permutation(pool.federation.num_clients), 4)
+    clean = [pool.statistics(method, block).result() for block in blocks]
+    pending = [pool.statistics(method, block) for block in blocks]
+    ray.kill(pool.actors[0], no_restart=False)
+    for before, after in zip(clean, [reduction.result() for reduction in pending]):
+        assert torch.equal(before.gram, after.gram) and torch.equal(before.targets, after.targets)
 
 
 def test_a_round_budget_stops_early(pools):
