@@ -1,16 +1,46 @@
-"""Placement groups on a real multi-node cluster: the extraction pool with (logical) GPUs, shards beyond the cluster."""
+"""Placement groups on a real multi-node cluster: the extraction pool with (logical) GPUs, shards beyond the cluster,
+and the must-show of a Parquet directory on a cluster (the same closed-form run on two nodes, each shard reading its
+own parts, gives bitwise the classifier of one node).
+
+The tests on two one-CPU nodes without GPUs share one such cluster (starting one takes three processes)."""
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pytest
 
+import fedray
+from fedray.data.export import export_parquet_directory
 from fedray.data.registry import load_federation
 from tests.images import write_image_folder, write_squeezenet_weights
 from tests.local_cluster import ENV, driver_command, local_cluster
 from tests.app.test_cli import SPEC
 from tests.app.test_extract import SIZE, check_against_direct
+
+TINY = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
+RUN = dict(method="fed3r", clients_per_round=20, num_shards=2, cpus_per_shard=1, quiet=True)
+
+DRIVER = """
+import json, sys
+import ray
+import fedray
+
+ray.init(address=sys.argv[1], _node_ip_address="127.0.0.2", logging_level="ERROR")
+fedray.run(dataset=sys.argv[2], out=sys.argv[3], **json.loads(sys.argv[4]))
+actors = ray._private.state.actors().values()  # the GCS's table, dead actors included (no dashboard here)
+print(json.dumps(sorted({actor["Address"]["IPAddress"] for actor in actors if actor["ActorClassName"] == "ShardActor"})))
+"""
+
+
+@pytest.fixture(scope="module")
+def cpu_nodes():
+    """The address of a cluster of two nodes of one CPU each (one shard on each), no GPU."""
+    with local_cluster(nodes=2, cpus=1, gpus=0) as address:
+        yield address
 
 
 def test_gpu_bundles_are_spread_over_the_nodes_and_fall_back_to_cpu(tmp_path, monkeypatch):
@@ -34,16 +64,31 @@ def test_gpu_bundles_are_spread_over_the_nodes_and_fall_back_to_cpu(tmp_path, mo
     check_against_direct(load_federation(f"imagefolder:{folder}"), entry, weights)
 
 
-def test_shards_beyond_a_hand_started_cluster_fail_at_once(tmp_path):
+def test_shards_beyond_a_hand_started_cluster_fail_at_once(cpu_nodes, tmp_path):
     """A cluster started with ``ray start`` runs Ray's read-only autoscaler: no node will come, so no 60 s wait."""
     out = tmp_path / "out"
     argv = ["run", "--dataset", SPEC, "--out", str(out), "--num-shards", "3", "--cpus-per-shard", "1", "--quiet"]
-    with local_cluster(nodes=2, cpus=1, gpus=0) as address:
-        start = time.monotonic()
-        done = subprocess.run(driver_command(address, argv), env=ENV, capture_output=True, text=True, timeout=300)
-        seconds = time.monotonic() - start
+    start = time.monotonic()
+    done = subprocess.run(driver_command(cpu_nodes, argv), env=ENV, capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - start
     assert done.returncode == 2, done.stderr[-2000:]
     assert "fedray: error: cannot reserve 3 shards × 1 CPU: the cluster has 2 CPU, 0 GPU" in done.stderr, done.stderr[-2000:]
     assert "on 2 nodes and no autoscaler to add more; lower --num-shards or --cpus-per-shard" in done.stderr
     assert seconds < 50, "failed at once, not after the 60 s wait"
     assert not out.exists()
+
+
+def test_a_closed_form_run_on_two_nodes_reading_a_parquet_directory_is_bitwise_one_nodes(ray_session, cpu_nodes,
+                                                                                        tmp_path):
+    folder = tmp_path / "parts"
+    export_parquet_directory(load_federation(TINY), folder, 300)
+    dataset = f"parquet:{folder}"
+    one_node = fedray.run(dataset=dataset, out=tmp_path / "one-node", **RUN)
+    source = fedray.run(dataset=TINY, out=tmp_path / "source", **RUN)
+    driver = [sys.executable, "-c", DRIVER, cpu_nodes, dataset, str(tmp_path / "two-nodes"), json.dumps(RUN)]
+    done = subprocess.run(driver, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["127.0.0.2", "127.0.0.3"], "a shard on each node"
+    with np.load(tmp_path / "two-nodes" / "classifier.npz") as two_nodes:
+        assert np.array_equal(two_nodes["W"], one_node.classifier.weight.numpy())
+        assert np.array_equal(two_nodes["W"], source.classifier.weight.numpy())

@@ -22,7 +22,7 @@ def test_the_shards_get_the_blocks_a_few_ahead_of_the_solve(ray_session, monkeyp
                         or statistics(self, method, clients, *args))
     monkeypatch.setattr(ClosedFormRounds, "_solved", lambda self, state, number: solving.append((number, len(given)))
                         or solved(self, state, number))
-    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25, reusable=True)
     try:
         config = RunConfig(quiet=True, method="fedcof", clients_per_round=4, eval_every=1)
         outcome = simulate(config, build_method(config, federation), pool, Evaluator(pool))[2]

@@ -170,8 +170,7 @@ def test_a_run_through_shards_is_the_solve_in_one_process(ray_session, tmp_path)
     square root of a round-off eigenvalue of a singular class adds ~1e-8 of the class's scale at most); cast to float32
     they differ in at most a last bit here and there, and the convex SGD fit carries that along without growing it:
     1e-5 relative on W and b, against classifiers that differ by O(1) between seeds (test above)."""
-    result = fedray.run(method="ccvr", dataset=SPEC, num_shards=2, cpus_per_shard=0.5, quiet=True,
-                        out=tmp_path / "run")
+    result = fedray.run(method="ccvr", dataset=SPEC, num_shards=2, quiet=True, out=tmp_path / "run")
     federation = fedray.load_federation(SPEC)
     alone = METHODS["ccvr"](federation.dim, federation.num_classes, seed=0)
     expected = alone.solve(alone.client_statistics(all_clients_batch(federation)))

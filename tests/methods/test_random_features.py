@@ -12,7 +12,7 @@ from fedray.runtime.shards import ShardPool
 
 @pytest.fixture(scope="module")
 def pool(ray_session):
-    started = ShardPool.start(synthetic.build("inat-user-120k", dim=256, scale=0.5), num_shards=2)
+    started = ShardPool.start(synthetic.build("inat-user-120k", dim=256, scale=0.5), num_shards=2, reusable=True)
     yield started
     started.shutdown()
 

@@ -27,7 +27,7 @@ def test_the_shards_count_every_test_row_once(ray_session):
     expected = int((scores.argmax(1).numpy() == labels).sum()) / len(labels)
     accuracies = []
     for shards in (1, 3):
-        pool = ShardPool.start(federation, num_shards=shards, cpus_per_shard=2 / shards)
+        pool = ShardPool.start(federation, num_shards=shards, cpus_per_shard=2 / shards, reusable=True)
         try:
             accuracies.append(Evaluator(pool).accuracy(Identity(), classifier))
         finally:

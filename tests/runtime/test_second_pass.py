@@ -45,14 +45,14 @@ def federation():
 
 @pytest.fixture(scope="module")
 def kept(ray_session, federation):
-    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25, reusable=True)
     yield pool
     pool.shutdown()
 
 
 @pytest.fixture(scope="module")
 def recomputed(ray_session, federation):
-    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25, kept_budget=0)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25, kept_budget=0, reusable=True)
     yield pool
     pool.shutdown()
 
@@ -85,7 +85,7 @@ def test_parts_over_the_budget_are_computed_again_to_the_same_bits(kept, recompu
 def test_a_budget_that_holds_some_blocks_gives_the_same_bits(ray_session, federation, kept, passes_again):
     """Runs of a block are dropped as soon as they pass the budget (a shard never holds a whole block over it: a
     single block of a million clients' means took 18 GB); the blocks that fit stay."""
-    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25, kept_budget=50_000)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.25, kept_budget=50_000, reusable=True)
     try:
         partly = run_on(pool)
     finally:
@@ -225,7 +225,7 @@ class Totals:
 
 def test_a_plugin_keeps_its_uploads_in_the_shards(ray_session):
     population = load_federation("synthetic:inat-user-120k?clients=400&dim=6&classes=10&seed=2")
-    pool = ShardPool.start(population, num_shards=2, cpus_per_shard=0.25)
+    pool = ShardPool.start(population, num_shards=2, cpus_per_shard=0.25, reusable=True)
     try:
         config = RunConfig(quiet=True, clients_per_round=100, eval_every=2)
         outcome = simulate(config, SpreadOfClientMeans(6, 10), pool, Evaluator(pool))[2]
