@@ -7,8 +7,8 @@ per round until every client was seen, evaluation every 100 rounds, twice, each
 in a fresh process as ``fedray run`` would: on the synthetic stand-in, and on
 the same federation exported to a Parquet file (written once with
 ``fedray data export``: 0.8 GB at scale 1, kept for later runs; ``--scale``
-makes a smaller one for a quick run; ``--clients K`` a population of K clients shaped like the split's, as
-``jobs.bench_flower`` runs). Each process times its stages from its
+makes a smaller one for a quick run; ``--clients K`` runs only the synthetic population of K clients shaped like the
+split's, as ``jobs.bench_flower`` does, which has no Parquet copy). Each process times its stages from its
 own start (imports, driver load, Ray start, shard start (the shards load their
 training and test rows), the rounds (and within them the driver's solves and
 its waits for evaluations), writing) and, in the same process, Ray's floor
@@ -46,7 +46,7 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 MB = 2**20
-DEFAULT_PARQUET = Path(tempfile.gettempdir()) / "fedray-bench" / "inat-{dim}-{size}.parquet"
+DEFAULT_PARQUET = Path(tempfile.gettempdir()) / "fedray-bench" / "inat-{dim}-{scale:g}.parquet"
 
 
 def timed(compute):
@@ -240,10 +240,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(one_run(args.one)))
         return
     synthetic = f"synthetic:inat-user-120k?dim={args.dim}" + (f"&scale={args.scale:g}" if args.scale < 1 else "")
-    size = f"{args.scale:g}"
-    if args.clients is not None:
-        synthetic, size = f"synthetic:inat-user-120k?clients={args.clients}&dim={args.dim}", f"{args.clients}clients"
-    parquet = Path(args.parquet or str(DEFAULT_PARQUET).format(dim=args.dim, size=size))
+    if args.clients is not None:  # a population generates its rows in the shards: it has no Parquet copy to export
+        synthetic = f"synthetic:inat-user-120k?clients={args.clients}&dim={args.dim}"
+        print(json.dumps({"benchmark": "closedform_fed3r", "synthetic": child(synthetic)}))
+        return
+    parquet = Path(args.parquet or str(DEFAULT_PARQUET).format(dim=args.dim, scale=args.scale))
     if not parquet.exists():
         parquet.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "fedray", "data", "export", synthetic, "--out", str(parquet)], check=True,
