@@ -1,13 +1,14 @@
 """Benchmark: the whole process of a Fed3R run over the iNat-User-120K stand-in, beside Ray's floor and bare GEMMs.
 
-    python -m jobs.bench_closedform [--dim 1280] [--scale 1.0] [--parquet /tmp/fedray-bench/inat.parquet]
+    python -m jobs.bench_closedform [--dim 1280] [--scale 1.0 | --clients K] [--parquet /tmp/fedray-bench/inat.parquet]
 
 Runs Fed3R on all clients (9,275 at scale 1; d = 1,280, C = 1,203), 10 clients
 per round until every client was seen, evaluation every 100 rounds, twice, each
 in a fresh process as ``fedray run`` would: on the synthetic stand-in, and on
 the same federation exported to a Parquet file (written once with
 ``fedray data export``: 0.8 GB at scale 1, kept for later runs; ``--scale``
-makes a smaller one for a quick run). Each process times its stages from its
+makes a smaller one for a quick run; ``--clients K`` runs only the synthetic population of K clients shaped like the
+split's, as ``jobs.bench_flower`` does, which has no Parquet copy). Each process times its stages from its
 own start (imports, driver load, Ray start, shard start (the shards load their
 training and test rows), the rounds (and within them the driver's solves and
 its waits for evaluations), writing) and, in the same process, Ray's floor
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=1280)
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the clients (a smaller, quicker run)")
+    parser.add_argument("--clients", type=int, help="a population of this many clients instead (synthetic's clients=K)")
     parser.add_argument("--parquet", help="the Parquet file to use, written once when absent")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -238,6 +240,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(one_run(args.one)))
         return
     synthetic = f"synthetic:inat-user-120k?dim={args.dim}" + (f"&scale={args.scale:g}" if args.scale < 1 else "")
+    if args.clients is not None:  # a population generates its rows in the shards: it has no Parquet copy to export
+        synthetic = f"synthetic:inat-user-120k?clients={args.clients}&dim={args.dim}"
+        print(json.dumps({"benchmark": "closedform_fed3r", "synthetic": child(synthetic)}))
+        return
     parquet = Path(args.parquet or str(DEFAULT_PARQUET).format(dim=args.dim, scale=args.scale))
     if not parquet.exists():
         parquet.parent.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
     cli_values = with_shipped_options({**cli_values, "options": parse_options(args.option or [])}, shipped, "fedray run")
     config = resolve(file_values, cli_values)
     with interrupts.reporting(lambda: _left_by_run(config)):
+        _check_dataset(config.dataset)
         interrupts.import_whole("torch")
         from fedray.engine.run_config import run
 
@@ -126,6 +127,18 @@ def _cmd_run(args: argparse.Namespace) -> None:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
                           f"rows up to there are in {config.out}")
     print(summary_line(config, last))
+
+
+def _check_dataset(spec: str) -> None:
+    """The checks of the run's dataset spec that need no data (its kind, its options, a population's and a re-split's),
+    before torch is imported: a bad spec is refused in a fraction of a second, not after torch's seconds. A
+    researcher's dataset function is imported there and may import torch itself, where a signal could cut the import
+    short: torch is imported whole before it."""
+    from fedray.data.registry import PLUGIN, check_spec, parse_spec
+
+    if parse_spec(spec)[0] == PLUGIN:
+        interrupts.import_whole("torch")
+    check_spec(spec)
 
 
 def summary_line(config: RunConfig, last: dict) -> str:

@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import numpy as np
-from scipy.stats import binom
 
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.numeric_options import check_positive
 from fedray.clock.availability import Availability
 from fedray.clock.streams import uniforms
+
+stats = lazy_module("scipy.stats", globals())  # seconds to import; only a Markov availability uses it
 
 STREAM = 42
 MAX_BLOCKS = 2**32
@@ -62,7 +64,7 @@ class MarkovAvailability(Availability):
         """Refuse when at a given moment (the process is stationary: at any moment) κ of the K clients are online
         with probability below 10⁻⁶: P(Binomial(K, p) ≥ κ) < 10⁻⁶, rounds would wait practically forever."""
         super().check_rounds_can_fill(clients_per_round, num_clients)
-        chance = binom.sf(clients_per_round - 1, num_clients, self.online_fraction)
+        chance = stats.binom.sf(clients_per_round - 1, num_clients, self.online_fraction)
         if chance < FILL_PROBABILITY:
             raise FedrayError(
                 f"--availability markov:{self.markov_on_s:g},{self.markov_off_s:g} keeps {self.online_fraction:.3g} "

@@ -16,10 +16,12 @@ selectors 45–46, rounds 47–49). ``draw`` numbers the independent values one 
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import ndtri
 
 from fedray.core.errors import FedrayError
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.numeric_options import MAX_SEED
+
+special = lazy_module("scipy.special", globals())  # a second to import; only normal draws use it
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 """2⁶⁴ / φ, odd: SplitMix64's increment, here the multiplier that spreads an absorbed counter over the word."""
@@ -67,7 +69,7 @@ def uniforms(seed: int, stream: int, clients: np.ndarray, round: int | np.ndarra
 
 def normals(seed: int, stream: int, clients: np.ndarray, round: int | np.ndarray = 0, draw: int = 0) -> np.ndarray:
     """Standard normal numbers, the inverse normal CDF of :func:`uniforms` (one uniform each: any client alone)."""
-    return ndtri(uniforms(seed, stream, clients, round, draw))
+    return special.ndtri(uniforms(seed, stream, clients, round, draw))
 
 
 def lognormal_factors(sigma: float | np.ndarray, seed: int, stream: int, clients: np.ndarray,

@@ -17,9 +17,11 @@ from typing import ClassVar, Protocol
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
 
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.errors import FedrayError
+
+torch = lazy_module("torch", globals())
 
 TRAIN, TEST = "train", "test"
 

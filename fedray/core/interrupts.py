@@ -151,12 +151,13 @@ def deferring_interrupts() -> Iterator[None]:
     builds it crashes the process (SIGSEGV) when it exits.
     """
     global _deferring
-    _deferring = True
+    outer, _deferring = _deferring, True
     try:
         yield
     finally:
-        _deferring = False
-    check()
+        _deferring = outer
+    if not outer:  # inside another such block, its end raises it
+        check()
 
 
 def import_whole(name: str) -> ModuleType:
@@ -200,6 +201,7 @@ def handling_interrupts() -> Iterator[None]:
                 for number in HANDLED:
                     signal.signal(number, signal.SIG_IGN)
             _forget_unhandled_keyboard_interrupt()
+            _received = None  # said; a later import made whole (a lazy module, another command) does not raise it
 
 
 def _forget_unhandled_keyboard_interrupt() -> None:

@@ -16,6 +16,8 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from fedray.core.interrupts import import_whole
+
 
 class _LazyModule:
     """Stands for the module ``name`` in ``namespace`` until an attribute is read."""
@@ -25,7 +27,7 @@ class _LazyModule:
         self._namespace = namespace
 
     def _load(self) -> ModuleType:
-        module = importlib.import_module(self._name)
+        module = import_whole(self._name)  # a signal in torch's C initialisation would leave it unimportable
         for key, value in list(self._namespace.items()):  # every name bound to this placeholder now names the module
             if value is self:
                 self._namespace[key] = module

@@ -19,16 +19,19 @@ with one line naming ``where`` (the file, or the federation's name) and the row.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
 
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.federation import TEST, TRAIN, Federation, split_table
 from fedray.core.errors import FedrayError
+
+torch = lazy_module("torch", globals())
 
 REQUIRED = ("client_id", "split", "label", "features")
 NUM_CLASSES_KEY = b"fedray.num_classes"
@@ -220,7 +223,8 @@ def _length(name: str, column: str, values: object) -> int:
 
 def _numpy(values: object) -> object:
     """A torch tensor as a numpy array (on the CPU, detached); anything else unchanged."""
-    return values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else values
+    is_tensor = "torch" in sys.modules and isinstance(values, sys.modules["torch"].Tensor)  # no tensor without torch
+    return values.detach().cpu().numpy() if is_tensor else values
 
 
 def _arrow_column(name: str, column: str, values: object) -> pa.Array:

@@ -6,9 +6,11 @@ import hashlib
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.federation import TEST, TRAIN, Federation
+
+torch = lazy_module("torch", globals())
 
 MEMORY = "memory"
 """The kind of :func:`memory_label`'s names (a dataset spec of that kind is refused: nothing to load it from)."""

@@ -17,12 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.federation import Federation
 from fedray.core.schema import check_columns, checked_features, feature_dim, split_rows
 from fedray.core.errors import FedrayError
 from fedray.data.export import PART_PATTERN
+
+torch = lazy_module("torch", globals())
 
 SPLIT_COLUMNS = ["client_id", "split", "label"]
 """What :func:`load_parquet` reads: the features stay in the file until a process needs some rows."""

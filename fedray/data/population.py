@@ -34,12 +34,14 @@ from urllib.parse import urlencode
 
 import numpy as np
 import pyarrow as pa
-import torch
 
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.errors import FedrayError
 from fedray.core.threads import single_threaded
 from fedray.core.federation import TEST, TRAIN, Federation, split_table
 from fedray.data.synthetic import LOW_RANK, POOLS, SPLITS, Pool, SyntheticFeatures, pool_labels, real_client_sizes
+
+torch = lazy_module("torch", globals())
 
 
 def _mixed(values: np.ndarray) -> np.ndarray:

@@ -31,10 +31,12 @@ from urllib.parse import urlencode
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import torch
 
+from fedray.core.lazy_modules import lazy_module
 from fedray.core.federation import TEST, TRAIN, Federation, split_table
 from fedray.core.errors import FedrayError
+
+torch = lazy_module("torch", globals())
 
 BLOCK = 4096
 LOW_RANK = 16

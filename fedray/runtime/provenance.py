@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import ray
 import torch
@@ -49,7 +48,7 @@ def record(num_shards: int | None, cpus_per_shard: float, command: str | None, s
     return {
         "fedray": _installed_version("fedray"), "commit": commit, "dirty": dirty,
         "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-        "ray": ray.__version__, "pyarrow": pa.__version__, "polars": pl.__version__,
+        "ray": ray.__version__, "pyarrow": pa.__version__, "polars": _installed_version("polars"),
         "cpu": _cpu_model(), "isa": torch.backends.cpu.get_cpu_capability(),
         "nodes": sum(1 for node in ray.nodes() if node.get("Alive")), "shards": num_shards,
         "cpus_per_shard": float(cpus_per_shard), "threads": shard_threads(cpus_per_shard),
@@ -64,6 +63,7 @@ def _gpu_models(cluster: dict[str, float]) -> str | None:
 
 
 def _installed_version(package: str) -> str | None:
+    """``package``'s installed version, read without importing it (polars takes a second)."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

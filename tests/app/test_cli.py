@@ -117,6 +117,29 @@ def test_help_methods_and_refusals_import_no_heavy_module():
     assert result.stdout == "\n"
 
 
+SPEC_REFUSAL_MODULES = ("torch", "ray", "polars", "pandas", "scipy")
+"""What a refusal of the dataset spec must not import: it reads no data."""
+
+
+def test_refusals_of_the_dataset_spec_import_no_torch_nor_ray():
+    """An unknown synthetic split, a dataset option of the wrong type and a population of no clients are refused before
+    torch is imported (seconds) and before Ray starts: checked in one fresh process."""
+    script = (
+        "import contextlib, io, sys\n"
+        "from fedray.app.cli import main\n"
+        "codes, errors = [], io.StringIO()\n"
+        "for dataset in ('synthetic:nosuch', 'synthetic:cifar100?dim=abc', 'synthetic:inat-user-120k?clients=0'):\n"
+        "    with contextlib.redirect_stderr(errors):\n"
+        "        codes.append(main(['run', '--method', 'fed3r', '--dataset', dataset, '--out', '/nonexistent/out']))\n"
+        "print(codes, len(errors.getvalue().splitlines()))\n"
+        f"print(','.join(name for name in {SPEC_REFUSAL_MODULES!r} if name in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[2, 2, 2] 3\n\n"
+
+
 @pytest.mark.parametrize("argv, message", [
     ([], "the following arguments are required: command; see fedray --help"),
     (["run", "--lamda", "0.1"], "unrecognized arguments: --lamda 0.1; see fedray run --help"),

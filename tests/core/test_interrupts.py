@@ -87,6 +87,17 @@ def test_a_deferred_signal_is_raised_when_the_step_is_done_and_a_second_one_at_o
     assert steps == ["the step went on", "a second signal raised at once"]
 
 
+def test_a_signal_deferred_by_nested_steps_is_raised_when_the_outer_one_is_done():
+    steps = []
+    with interrupts.handling_interrupts():
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.deferring_interrupts():
+                with interrupts.deferring_interrupts():  # an import made whole inside ray.init's connection
+                    signalled(signal.SIGINT)
+                steps.append("the inner step ended; the outer goes on")
+    assert steps == ["the inner step ended; the outer goes on"]
+
+
 def test_handlers_are_put_back_and_an_error_of_its_own_is_no_stop():
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with interrupts.handling_interrupts():
