@@ -196,3 +196,15 @@ def test_a_closed_form_under_availability_hears_every_client_and_solves_the_run_
     for name, array in plain.arrays.items():
         assert np.allclose(array, clocked.arrays[name], rtol=0, atol=tolerance), name
 
+
+def test_fed3r_then_fedavg_hears_every_client_in_its_first_stage_and_trains_after_it(ray_session, tmp_path):
+    clocked = run(RunConfig(method="fedavg", init="fed3r", rounds=2, out=str(tmp_path / "clocked"), devices="phones",
+                            availability="diurnal:86400,0.3", **COMMON))
+    first = [row for row in clocked.rows if row["stage"] == "closed_form"]
+    per_round = pq.read_table(tmp_path / "clocked" / "rounds.parquet").to_pylist()
+    closed_form = [row for row in per_round if row["stage"] == "closed_form"]
+    assert first[-1]["clients_seen"] == load_federation(TINY).num_clients
+    assert first[-1]["round"] == len(closed_form) and first[-1]["clock_s"] == closed_form[-1]["end_s"]
+    assert [row["round"] for row in per_round] == list(range(1, len(closed_form) + 3))
+    assert [row["stage"] for row in per_round[len(closed_form):]] == ["train", "train"]
+    assert clocked.rows[-1]["round"] == len(closed_form) + 2 and len(clocked.rounds) == len(per_round)
