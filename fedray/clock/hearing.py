@@ -25,10 +25,18 @@ pass over the eligible clients that may be online: each one found offline
 keeps the moment it comes online next (exact, since it stays offline until
 then), and is not looked up again before that moment, as a round's start never
 goes back. A round where few clients still to hear are online, or one that must
-wait for one (:meth:`StillToHear.next_online`), then costs a scan of the
-K-entry mask (about a millisecond at 10⁶ clients) and availability lookups of
-the clients online or coming online since the last pass only, not of all the
-clients still to hear.
+wait for one (:meth:`StillToHear.next_online`), then costs a few scans of the
+K-entry mask and availability lookups of the clients online or coming online
+since the last pass only, not of all the clients still to hear.
+
+Measured once on a 2-core machine under a load of about 12: a 10⁵-client
+Fed3R stage (d = 128) on ``phones`` with ``diurnal:86400,0.3``, κ = 100, its
+1,000 scheduled rounds then 67,781 more (the stage's tail hears clients one or
+two a round as they come online, 60,461 rounds waiting for one), took 786 s of
+round loop, 11 ms a round, for 16.9 virtual hours. At 10⁶ clients a scan of
+the mask costs about 14 ms there (a few a round in the tail), while a client
+still to hear comes online every 0.09 virtual seconds, so that the tail's
+rounds fill and number fewer than the clients.
 
 The stage goes on after its schedule's rounds, numbered on, each asking up to
 κ eligible clients, until none is left. A client whose upload is lost (it
