@@ -32,10 +32,11 @@ beside the plain run's (``clock_wall_s``, ``clock_driver_peak_rss_mb``),
 their ratios to the plain run's (``clock_wall_ratio``, target at most 1.10;
 ``clock_driver_memory_ratio``, target 1: the clock keeps per-client numbers
 in the driver only for the clients a round asks), and the clients the
-clocked run saw (``clock_clients_seen``): a closed-form run of ⌈K / 100⌉
-rounds under diurnal availability asks only the clients online as it goes,
-and a client asked again has nothing to send, so it may see fewer clients,
-and do less work, than the plain run. Prints one JSON line.
+clocked run saw (``clock_clients_seen``): a closed form on the clock asks
+only clients it has not heard yet, online as it goes, and goes on after its
+⌈K / 100⌉ scheduled rounds until it has heard every client, so it sees what
+the plain run sees (fewer only where a client's uploads were lost too often:
+:data:`fedray.clock.hearing.MAX_LOST`). Prints one JSON line.
 """
 
 from __future__ import annotations

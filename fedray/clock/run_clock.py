@@ -23,13 +23,16 @@ computing time (its partial steps' under ``--stragglers partial``), and
 wait beyond it: for a deadline or a dropout when no upload ends the round).
 A round with no upload counts all of its duration as ``comm_s``. A round that finds nobody online at its start waits
 for the first client to come online and starts then: that idle time is in neither part (it is in ``clock_s``).
+A closed form's round is told the clients the stage still has to hear
+(:class:`~fedray.clock.hearing.StillToHear`): it draws only among them, and waits for the first of them to come
+online when none is.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,6 +40,7 @@ from fedray.clock.asynchronous import AsynchronousRounds
 from fedray.clock.availability import Availability
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
+from fedray.clock.hearing import StillToHear
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.selector import ClientHistory, RoundContext, Selector, check_selection
 from fedray.core.errors import FedrayError
@@ -70,6 +74,9 @@ class ClockedRound:
     """Every selected client's download."""
     compute_s: float
     comm_s: float
+    lost: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The selected clients whose uploads were lost (stragglers with nothing sent, dropouts), by id; not those that
+    over-commitment cut."""
 
     def row(self) -> dict[str, object]:
         """The round's row of rounds.parquet."""
@@ -131,25 +138,35 @@ class RunClock:
             raise FedrayError(f"--deadline {deadline:g}: no device can meet it: the quickest client's task takes "
                               f"{quickest:.6g} s on the fastest device of {table.source}")
 
-    def round(self, number: int, stage: str, scheduled: np.ndarray, costs: Costs,
-              local_steps: Steps | None = None) -> ClockedRound:
-        """Round ``number`` of ``stage`` from the schedule's row ``scheduled``, starting when the last one ended."""
+    def round(self, number: int, stage: str, scheduled: np.ndarray, costs: Costs, local_steps: Steps | None = None,
+              places: int | None = None, hearing: StillToHear | None = None) -> ClockedRound:
+        """Round ``number`` of ``stage`` from the schedule's row ``scheduled``, starting when the last one ended.
+
+        ``places``: the clients the round keeps (None: the row's; a closed form's row less the clients it heard
+        through another round has fewer, a round after its schedule's none). ``hearing``: the clients a closed form
+        still has to hear (None: a training round), the only ones it draws beyond the row; a round whose selection
+        holds none of them and finds none online at its start starts when the first comes online
+        (:meth:`~fedray.clock.hearing.StillToHear.next_online`). Without ``hearing``, a round that finds nobody online
+        starts when the first client comes online (O(K), only then)."""
         scheduled = np.asarray(scheduled, dtype=np.int64)
+        places = len(scheduled) if places is None else places
         start, devices, seed = self.now, self.devices, self.seed
-        selected = self._selected(number, start, scheduled, costs)
-        if not len(selected) and len(scheduled) and self.availability is not None:
-            # nobody online to ask: the round starts when the first client comes online (O(K), only then)
-            online = float(self.availability.next_available(np.arange(self.num_clients), start).min())
+        context = self._context(number, start, scheduled, places, costs, hearing)
+        selected = self._selected(context)
+        if places and self.availability is not None and self._waits(context, selected):
+            online = float(self.availability.next_available(np.arange(self.num_clients), start).min()) \
+                if hearing is None else hearing.next_online(start)
             if np.isfinite(online):
                 start = online
-                selected = self._selected(number, start, scheduled, costs)
+                context = self._context(number, start, scheduled, places, costs, hearing)
+                selected = self._selected(context)
         cost = costs(selected)
         durations = devices.durations(selected, number, cost, seed)
         comm_s = durations.down_s + durations.up_s
         steps = None
         if self.scheduler.partial:
             steps = np.ones(len(selected), dtype=np.int64) if local_steps is None else local_steps(selected)
-        keep = len(selected) if self.sized_by_draw else len(scheduled)
+        keep = len(selected) if self.sized_by_draw else places
         outcome = self.scheduler.run(selected, durations.compute_s, comm_s, start, keep, steps, self.availability)
         kept = np.isin(selected, outcome.finished)
         clients = selected[kept]
@@ -165,11 +182,13 @@ class RunClock:
         if outcome.steps is not None and self.scheduler.partial:
             by_client = dict(zip(outcome.finished.tolist(), outcome.steps.tolist()))
             clients_steps = np.array([by_client[client] for client in clients.tolist()], dtype=np.int64)
+        lost = np.union1d(outcome.stragglers, outcome.dropped)
+        lost = lost[~np.isin(lost, clients)]  # a partial straggler's steps arrived
         up = np.broadcast_to(np.asarray(cost.up_bytes, dtype=np.float64), selected.shape)
         down = np.broadcast_to(np.asarray(cost.down_bytes, dtype=np.float64), selected.shape)
         record = ClockedRound(number, stage, start, outcome.end_s, selected, clients, clients_steps,
                               len(outcome.stragglers), len(outcome.dropped), float(up[kept].sum()),
-                              float(down.sum()), compute, outcome.end_s - start - compute)
+                              float(down.sum()), compute, outcome.end_s - start - compute, lost)
         self.append(record)
         self.now = outcome.end_s
         return record
@@ -186,14 +205,30 @@ class RunClock:
         self._totals.append(_Totals(record.end_s, before.compute_s + record.compute_s, before.comm_s + record.comm_s,
                                     before.stragglers + record.stragglers, before.dropped + record.dropped))
 
-    def _selected(self, number: int, start: float, scheduled: np.ndarray, costs: Costs) -> np.ndarray:
-        """The selector's clients for round ``number`` starting at ``start``, checked."""
+    def _context(self, number: int, start: float, scheduled: np.ndarray, places: int, costs: Costs,
+                 hearing: StillToHear | None) -> RoundContext:
+        """What the selector knows of round ``number`` starting at ``start``."""
         devices, seed = self.devices, self.seed
-        wanted = len(scheduled) if self.sized_by_draw else self.scheduler.wanted(len(scheduled), self.num_clients)
-        context = RoundContext(number, start, self.per_round, wanted, self.num_clients, seed, scheduled,
-                               self.history, self.availability,
-                               lambda clients: devices.durations(clients, number, costs(clients), seed).total_s)
+        wanted = len(scheduled) if self.sized_by_draw else self.scheduler.wanted(places, self.num_clients)
+        return RoundContext(number, start, self.per_round, wanted, self.num_clients, seed, scheduled, self.history,
+                            self.availability,
+                            lambda clients: devices.durations(clients, number, costs(clients), seed).total_s,
+                            None if hearing is None else hearing.eligible,
+                            None if hearing is None else lambda: hearing.online(start),
+                            None if hearing is None else hearing.found)
+
+    def _selected(self, context: RoundContext) -> np.ndarray:
+        """The selector's clients for the round of ``context``, checked."""
         return check_selection(context, self.selector.select(context), self.selector_name)
+
+    @staticmethod
+    def _waits(context: RoundContext, selected: np.ndarray) -> bool:
+        """Whether the round waits for a client to come online: it asks nobody, or (with an eligible set) none of the
+        clients it still has to hear while none of them is online at its start (one draw: O(κ) while they are a fair
+        share of the online clients, else a pass over them)."""
+        if context.eligible is None:
+            return not len(selected)
+        return not context.eligible[selected].any() and not len(context.draw_online(1))
 
     def columns(self, number: int) -> dict[str, float | int]:
         """The clock's columns of the row after the run's round ``number``: virtual seconds at its end and their

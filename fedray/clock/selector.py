@@ -15,7 +15,9 @@ The built-ins, and the rule that keeps a clock that changes nothing bitwise the 
 * ``uniform`` keeps the round's scheduled clients that are online at its
   start, in their order, and fills up to the number asked with clients drawn
   from the round's own stream (stream 45: a counter-based hash of the run's seed,
-  the round and a draw counter) among the online clients not yet picked. With
+  the round and a draw counter) among the round's candidates not yet picked: the
+  online clients, and in a closed form's round only those it still has to hear
+  (:attr:`RoundContext.eligible`). With
   everyone online and nothing more asked, it returns the schedule row: today's
   rounds bit for bit. The scheduled row is a uniform κ-subset of the clients
   (a row drawn with replacement, or a slice of a uniform permutation), and the
@@ -30,11 +32,14 @@ The built-ins, and the rule that keeps a clock that changes nothing bitwise the 
   Nothing is filled and over-commitment does not apply (the round's size is
   random by design).
 
-The cost is O(κ) a round while the online clients are a fair share of the
-population (expected K/|online| draws a pick); when the draws run past
-:data:`FILL_BUDGET` per pick, one pass over every client (O(K)) finishes the
-round uniformly instead, so a round with fewer online clients than asked takes
-all of them.
+The cost is O(κ) a round while the candidates are a fair share of the
+population (expected K/|candidates| draws a pick); when the draws run past
+:data:`FILL_BUDGET` per pick, one pass finishes the round uniformly instead,
+so a round with fewer candidates than asked takes all of them: a pass over
+every client (O(K) lookups), or where the round has an eligible set a pass
+over its online clients (:attr:`RoundContext.eligible_online`), which is
+also where a draw starts while the last pass found fewer than K /
+:data:`FILL_BUDGET` of them.
 """
 
 from __future__ import annotations
@@ -94,7 +99,15 @@ class RoundContext:
     ``wanted`` how many clients to ask: ⌈o·m⌉ for a scheduled row of m (m with no
     over-commitment). ``availability`` None: every client is always online.
     ``expected_s``: the clients' expected duration for the round's task on their
-    devices, where a device model is set.
+    devices, where a device model is set. ``eligible``: a mask over the K
+    clients of those the round may draw beyond its scheduled row (a closed
+    form's: the clients it still has to hear, see
+    :class:`~fedray.clock.hearing.StillToHear`); None: every client.
+    ``eligible_online``: those of them online at the round's start, by id, for
+    a draw that passes over them (None: a pass over the mask), and
+    ``eligible_found`` how many such clients the last pass found (None: none
+    yet), so that a draw goes straight to the pass while they are too few for
+    random draws to find them.
     """
 
     round: int
@@ -107,6 +120,9 @@ class RoundContext:
     history: ClientHistory
     availability: AvailabilityLookup | None = None
     expected_s: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+    eligible: np.ndarray | None = field(default=None, repr=False)
+    eligible_online: Callable[[], np.ndarray] | None = field(default=None, repr=False)
+    eligible_found: int | None = None
 
     def online(self, clients: np.ndarray) -> np.ndarray:
         """Whether each of ``clients`` is online at the round's start."""
@@ -114,14 +130,20 @@ class RoundContext:
             return np.ones(len(clients), dtype=bool)
         return np.asarray(self.availability.available(clients, self.start_s), dtype=bool)
 
+    def candidates(self, clients: np.ndarray) -> np.ndarray:
+        """Whether each of ``clients`` is a candidate of the round: online at its start and :attr:`eligible`."""
+        online = self.online(clients)
+        return online if self.eligible is None else online & self.eligible[clients]
+
     def draw_online(self, count: int, taken: np.ndarray | None = None, eligible: Eligible | None = None) -> np.ndarray:
-        """Up to ``count`` distinct clients, in the order drawn, uniform among those online at the round's start, not
-        in ``taken`` (none, if None) and ``eligible`` (all, if None): fewer only when fewer are such (see the module's
-        note)."""
+        """Up to ``count`` distinct clients, in the order drawn, uniform among the round's candidates (online at its
+        start and :attr:`eligible`), not in ``taken`` (none, if None) and ``eligible`` (all, if None): fewer only when
+        fewer are such (see the module's note)."""
         picked = np.empty(0, dtype=np.int64)
         taken = picked if taken is None else taken
         drawn = 0
-        budget = FILL_BUDGET * count + FILL_FLOOR
+        scarce = self.eligible_found is not None and self.eligible_found * FILL_BUDGET < self.num_clients
+        budget = 0 if scarce else FILL_BUDGET * count + FILL_FLOOR
         while len(picked) < count and drawn < budget:
             size = max(2 * (count - len(picked)), 64)
             candidates = np.floor(uniforms(self.seed, FILL_STREAM, np.arange(drawn, drawn + size), self.round)
@@ -131,14 +153,20 @@ class RoundContext:
             _, first = np.unique(candidates, return_index=True)
             picked = np.concatenate((picked, candidates[np.sort(first)][: count - len(picked)]))
         if len(picked) < count:
-            everyone = np.arange(self.num_clients, dtype=np.int64)
-            rest = everyone[self._pickable(everyone, np.concatenate((taken, picked)), eligible)]
+            rest = self._pass()
+            rest = rest[self._pickable(rest, np.concatenate((taken, picked)), eligible)]
             order = np.argsort(uniforms(self.seed, ORDER_STREAM, rest, self.round), kind="stable")
             picked = np.concatenate((picked, rest[order][: count - len(picked)]))
         return picked
 
+    def _pass(self) -> np.ndarray:
+        """The clients a pass looks at: every client, the eligible ones, or those of them online."""
+        if self.eligible_online is not None:
+            return self.eligible_online()
+        return np.arange(self.num_clients, dtype=np.int64) if self.eligible is None else np.flatnonzero(self.eligible)
+
     def _pickable(self, clients: np.ndarray, taken: np.ndarray, eligible: Eligible | None) -> np.ndarray:
-        pickable = self.online(clients) & ~np.isin(clients, taken)
+        pickable = self.candidates(clients) & ~np.isin(clients, taken)
         return pickable & np.asarray(eligible(clients), dtype=bool) if eligible is not None else pickable
 
 

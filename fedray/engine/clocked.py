@@ -29,6 +29,7 @@ from fedray.clock.availability import AlwaysAvailable
 from fedray.clock.choices import ClockChoices, selector_class
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
+from fedray.clock.hearing import StillToHear
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.run_clock import ClockedRound, RunClock
 from fedray.core.errors import FedrayError
@@ -118,14 +119,17 @@ class ClosedFormTasks:
 def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: ClosedFormTasks, stage: str,
                         postprocessing: Postprocessing = Postprocessing(),
                         blocks: Container[int] | None = None) -> list[ClockedRound]:
-    """A closed form's rounds on the clock: a client computes and uploads its statistics until its upload arrives
-    once, and costs nothing when asked again (it has nothing more to send). ``blocks``: the rounds that end an
-    evaluation block (None: each round ends one), whose uploads the postprocessors' protocol sums together."""
-    arrived = np.zeros(len(tasks.macs), dtype=bool)
+    """A closed form's rounds on the clock: its schedule's, then as many more as it takes to hear every client of
+    the schedule (:class:`~fedray.clock.hearing.StillToHear`: a round draws only clients not heard yet, one whose
+    upload is lost is asked again). A client computes and uploads its statistics until its upload arrives once, and
+    costs nothing when the schedule asks it again (it has nothing more to send). ``blocks``: the rounds that end an
+    evaluation block (None: each round ends one), whose uploads the postprocessors' protocol sums together; the
+    rounds after the schedule's are timed with the last block's protocol."""
+    hearing = StillToHear.of(schedule, len(tasks.macs), clock.availability)
     protocol: TaskCost | None = None
 
     def costs(clients: np.ndarray) -> TaskCost:
-        due = ~arrived[clients]
+        due = ~hearing.heard[clients]
         macs, up = np.where(due, tasks.macs[clients], 0.0), np.where(due, tasks.up_bytes[clients], 0.0)
         if protocol is None:
             return TaskCost(macs, 0.0, up)
@@ -140,11 +144,21 @@ def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: 
             while blocks is not None and end < len(schedule) and end not in blocks:
                 end += 1
             planned = np.unique(np.concatenate([schedule[index] for index in range(number - 1, end)]))
-            protocol = postprocessing.protocol_cost(int((~arrived[planned]).sum()), tasks.values)
-        record = clock.round(number, stage, scheduled, costs)
-        arrived[record.clients] = True
+            protocol = postprocessing.protocol_cost(int((~hearing.heard[planned]).sum()), tasks.values)
+        record = clock.round(number, stage, hearing.row(scheduled), costs, places=len(scheduled), hearing=hearing)
+        hearing.hear(record.clients, record.lost)
         records.append(record)
         block_start = blocks is None or number in blocks
+    number = len(schedule)
+    while hearing.remaining:
+        number += 1
+        record = clock.round(number, stage, np.zeros(0, dtype=np.int64), costs, places=clock.per_round,
+                             hearing=hearing)
+        if not hearing.eligible[record.selected].any():
+            raise FedrayError(f"selector {clock.selector_name} asked none of the clients the {stage} stage still has "
+                              f"to hear ({hearing.remaining}) in round {number}: it would never end")
+        hearing.hear(record.clients, record.lost)
+        records.append(record)
     return records
 
 

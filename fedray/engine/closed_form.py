@@ -29,6 +29,7 @@ from fedray.engine.clocked import ClockColumns, ClosedFormTasks, clocked_closed_
 from fedray.engine.round_loop import Callback, EvalRounds, Listener, Report, run_rounds
 from fedray.runtime.actor_group import Reduction
 from fedray.runtime.footprint import Footprint, largest_clients
+from fedray.runtime.schedules import Schedule
 from fedray.runtime.shards import ShardPool
 
 
@@ -330,7 +331,8 @@ class ClosedForm(Stage):
         if run.clock is not None:
             start_s = run.clock.now
             clocked = self.clocked(run, pool.federation, method, backbone_macs, postprocessing)
-            rounds, evaluate_at = [record.clients for record in clocked], run.clock.evaluate_at(clocked, start_s)
+            rounds = Schedule.of(record.clients for record in clocked)
+            evaluate_at = run.clock.evaluate_at(clocked, start_s)
             columns = ClockColumns(run.clock)
         return run_closed_form(pool, method, rounds, run.eval_every, evaluator,
                                on_point=context.on_point, backbone_macs=backbone_macs,

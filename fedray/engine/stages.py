@@ -212,7 +212,7 @@ class Training(Stage):
             params, accounting, points = backend.initial_params(run.seed), None, []
             if init_rounds:
                 init = self.init
-                head, accounting, points = embeddings(params, lambda pool, evaluator: _initial_head(
+                head, accounting, points, init_rounds = embeddings(params, lambda pool, evaluator: _initial_head(
                     init, context, pool, evaluator, backbone_macs))
                 params = backend.with_head(params, classifier_head(head))
             model = params if backend.trained_names is None else {name: params[name] for name in backend.trained_names}
@@ -227,8 +227,9 @@ class Training(Stage):
         clocked = _Clocked()
         if run.clock is not None:
             if context.saved is not None and init_rounds:  # the closed form ran before the checkpoint: its time too
-                self.init.clocked(run, context.federation, self.init.build(context.federation), backbone_macs,
-                                  run.sampler.uploads(context.postprocessing))
+                init_rounds = Schedule.of(record.clients for record in self.init.clocked(
+                    run, context.federation, self.init.build(context.federation), backbone_macs,
+                    run.sampler.uploads(context.postprocessing)))
             clocked = self._clocked(run, tasks, first_round, postprocessing)
             rounds = [record.clients for record in clocked.records]
         every = None if clocked.asynchronous is not None else self.checkpoint_every  # see fedray.engine.asynchronous
@@ -264,8 +265,9 @@ def _on_pool(context: StageContext) -> Embeddings:
 
 
 def _initial_head(init: ClosedForm, context: StageContext, pool: ShardPool, evaluator: Evaluator,
-                  backbone_macs: float | None) -> tuple[Classifier, Accounting, list[EvalPoint]]:
-    """``--init``'s classifier on ``pool``'s features, with its rows and accounting."""
+                  backbone_macs: float | None) -> tuple[Classifier, Accounting, list[EvalPoint], Schedule]:
+    """``--init``'s classifier on ``pool``'s features, with its rows, accounting and rounds (on the clock, the clients
+    each of its rounds heard from, its rounds after the schedule's too)."""
     federation = pool.federation
     outcome = init.solve(context, init.method.build(federation), pool, evaluator, backbone_macs)
     last = outcome.points[-1]
@@ -275,4 +277,4 @@ def _initial_head(init: ClosedForm, context: StageContext, pool: ShardPool, eval
     seen[outcome.dropped] = False  # their statistics never reached the server
     accounting = Accounting(seen, last.samples_seen, last.bytes_up, last.bytes_down,
                             last.flops_client_avg * last.clients_seen, outcome.paper)
-    return outcome.classifier, accounting, outcome.points
+    return outcome.classifier, accounting, outcome.points, outcome.rounds

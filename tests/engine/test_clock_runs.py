@@ -174,3 +174,43 @@ def test_partial_stragglers_send_the_steps_they_finished_by_the_deadline(ray_ses
     assert sum(row["stragglers"] for row in dropped) > 0
     heads = [completed.arrays["W"] for completed in (runs["partial"], runs["drop"], unhurried)]
     assert not np.array_equal(heads[0], heads[1]) and not np.array_equal(heads[0], heads[2])
+
+
+def heard_once_each(rounds) -> list[int]:
+    return sorted(np.concatenate(list(rounds)).tolist())
+
+
+@pytest.mark.parametrize(("method", "availability"), [("fedncm", "diurnal:86400,0.3"), ("fed3r", "markov:3600,1800")])
+def test_a_closed_form_under_availability_hears_every_client_and_solves_the_run_without_a_clock(ray_session, tmp_path,
+                                                                                                method, availability):
+    """Its ⌈46 / 5⌉ = 10 scheduled rounds find some clients offline at their turn: it asks only clients not heard yet,
+    waits for them to come online, and goes on after the schedule until it has heard all 46, each once."""
+    plain = run(RunConfig(method=method, out=str(tmp_path / "plain"), **COMMON))
+    clocked = run(RunConfig(method=method, out=str(tmp_path / "clocked"), devices="phones", availability=availability,
+                            **COMMON))
+    num_clients = load_federation(TINY).num_clients
+    assert heard_once_each(clocked.rounds) == list(range(num_clients)) == heard_once_each(plain.rounds)
+    assert clocked.rows[-1]["clients_seen"] == plain.rows[-1]["clients_seen"] == num_clients
+    per_round = pq.read_table(tmp_path / "clocked" / "rounds.parquet").to_pylist()
+    assert [row["round"] for row in per_round] == list(range(1, len(clocked.rounds) + 1))
+    assert len(per_round) > len(plain.rounds) == 10
+    assert any(later["start_s"] > earlier["end_s"] for earlier, later in zip(per_round, per_round[1:]))  # a wait
+    assert clocked.rows[-1]["round"] == len(per_round) and clocked.rows[-1]["clock_s"] == per_round[-1]["end_s"]
+    # the same clients' statistics, summed in other blocks and orders: FedNCM's class sums of float32 features in
+    # float64 need fewer than 53 bits here, so they are exact in any order; Fed3R's Gram matrix rounds differently
+    tolerance = 0.0 if method == "fedncm" else 1e-12
+    for name, array in plain.arrays.items():
+        assert np.allclose(array, clocked.arrays[name], rtol=0, atol=tolerance), name
+
+
+def test_fed3r_then_fedavg_hears_every_client_in_its_first_stage_and_trains_after_it(ray_session, tmp_path):
+    clocked = run(RunConfig(method="fedavg", init="fed3r", rounds=2, out=str(tmp_path / "clocked"), devices="phones",
+                            availability="diurnal:86400,0.3", **COMMON))
+    first = [row for row in clocked.rows if row["stage"] == "closed_form"]
+    per_round = pq.read_table(tmp_path / "clocked" / "rounds.parquet").to_pylist()
+    closed_form = [row for row in per_round if row["stage"] == "closed_form"]
+    assert first[-1]["clients_seen"] == load_federation(TINY).num_clients
+    assert first[-1]["round"] == len(closed_form) and first[-1]["clock_s"] == closed_form[-1]["end_s"]
+    assert [row["round"] for row in per_round] == list(range(1, len(closed_form) + 3))
+    assert [row["stage"] for row in per_round[len(closed_form):]] == ["train", "train"]
+    assert clocked.rows[-1]["round"] == len(closed_form) + 2 and len(clocked.rounds) == len(per_round)
