@@ -131,6 +131,21 @@ class AsynchronousRounds:
     def asynchronous(self) -> bool:
         return self.scheduler in ("fedbuff", "fedasync")
 
+    @property
+    def flag(self) -> str:
+        """The option as a user gave it, for messages: ``--scheduler fedbuff``."""
+        return f"--scheduler {self.scheduler or 'sync'}"
+
+    @property
+    def mixing_rate(self) -> float | None:
+        """fedasync's α (its default when not given); None for a scheduler that does not mix."""
+        return (self.mixing or FEDASYNC_MIXING) if self.scheduler == "fedasync" else None
+
+    @property
+    def divides_plainly(self) -> bool:
+        """Whether a fedbuff step divides by the updates' plain total (the FedBuff paper's), not their weighted one."""
+        return self.staleness_divide == "plain"
+
     def sizes(self, per_round: int) -> tuple[int, int]:
         """The concurrency M and the buffer K of a run of ``per_round`` clients a round."""
         concurrency = self.concurrency or per_round
@@ -140,7 +155,8 @@ class AsynchronousRounds:
                               f"ever fill its buffer")
         return concurrency, buffer
 
-    def weights(self) -> Callable[[np.ndarray], np.ndarray]:
+    def staleness_function(self) -> Callable[[np.ndarray], np.ndarray]:
+        """The weight w(s) of an update s versions old (``--staleness``, 1/√(1+s) when not given)."""
         return staleness_weights(self.staleness or "sqrt")
 
 

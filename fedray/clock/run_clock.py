@@ -31,12 +31,12 @@ online when none is.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedray.clock.asynchronous import AsynchronousRounds
+from fedray.clock.asynchronous import AsyncPlan, AsynchronousRounds, plan_async
 from fedray.clock.availability import Availability
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
@@ -192,6 +192,49 @@ class RunClock:
         self.append(record)
         self.now = outcome.end_s
         return record
+
+    def asynchronous_steps(self, steps: int, schedule: list[np.ndarray], costs: Costs, first_round: int,
+                           stage: str) -> AsyncPlan:
+        """``steps`` server steps of the run's asynchronous scheduler (:mod:`fedray.clock.asynchronous`) from the
+        clock's present, which they advance, each appended as one of the clock's rounds (rounds.parquet's rows: its
+        dispatched clients as ``selected``, its updates as ``finished``, the updates dropped as too stale as
+        ``stragglers``).
+
+        Dispatch wave w asks first for the idle online clients of the schedule's row w (where it has one: with a
+        buffer equal to the concurrency on equal devices, the synchronous rounds' draw), then fills uniformly among
+        the idle online clients (the uniform selector's stream)."""
+        concurrency, buffer = self.asynchronous.sizes(self.per_round)
+        if concurrency > self.num_clients:
+            raise FedrayError(f"--concurrency {concurrency} is more than the federation's {self.num_clients} clients")
+
+        def pick(wave: int, t: float, count: int, busy: np.ndarray) -> np.ndarray:
+            row = schedule[wave - 1] if wave <= len(schedule) else np.empty(0, dtype=np.int64)
+            context = RoundContext(first_round + wave, t, self.per_round, count, self.num_clients, self.seed,
+                                   np.asarray(row, dtype=np.int64), self.history, self.availability)
+            kept = context.scheduled[context.online(context.scheduled) & ~np.isin(context.scheduled, busy)][:count]
+            if len(kept) == count:
+                return kept
+            return np.concatenate((kept, context.draw_online(count - len(kept), np.concatenate((kept, busy)))))
+
+        plan = plan_async(steps, concurrency, buffer, self.asynchronous.max_staleness, pick, costs, self.devices,
+                          self.availability, self.num_clients, self.seed, self.now)
+        for step in plan.aggregations:
+            record = ClockedRound(first_round + step.number, stage, step.start_s, step.end_s, step.dispatched,
+                                  step.clients, None, step.stale, step.dropped, step.bytes_up, step.bytes_down,
+                                  step.compute_s, step.end_s - step.start_s - step.compute_s)
+            self.append(record)
+            self.history.record(step.clients, record.number, step.end_s - step.start_s)
+            self.now = step.end_s
+        return plan
+
+    @property
+    def partial(self) -> bool:
+        """Whether a late client sends the local steps it finished by the deadline (``--stragglers partial``)."""
+        return self.scheduler.partial
+
+    def still_to_hear(self, schedule: Sequence[np.ndarray], num_clients: int) -> StillToHear:
+        """Who a closed form's stage has to hear, from its schedule, on this clock's availability."""
+        return StillToHear.of(schedule, num_clients, self.availability)
 
     def append(self, record: ClockedRound) -> None:
         """``record`` after the others (its number after theirs), and the totals after it (a round another scheduler

@@ -27,9 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedray.clock.asynchronous import AsyncPlan, AsynchronousRounds, plan_async
-from fedray.clock.run_clock import ClockedRound, RunClock
-from fedray.clock.selector import RoundContext
+from fedray.clock.asynchronous import AsynchronousRounds
 from fedray.core.errors import FedrayError
 from fedray.methods.training.backend import Params, RoundUpdate, TrainingBackend
 
@@ -52,7 +50,7 @@ class AsyncUpdates:
     """For each version, the clients trained from it, by the step that takes their updates."""
     weight: Callable[[np.ndarray], np.ndarray]
     plain: bool
-    mixing: float | None
+    mixing_rate: float | None
     """fedasync's α (None: fedbuff)."""
     waiting: dict[int, RoundUpdate] = field(default_factory=dict)
     versions: dict[int, Params] = field(default_factory=dict)
@@ -66,10 +64,10 @@ class AsyncUpdates:
         version = number - 1
         for target, clients in self.trained_from[version].items():
             update = _trained(backend, params, broadcast, clients, number)
-            weight = 1.0 if self.mixing is not None else float(self.weight(np.array([target - number]))[0])
+            weight = 1.0 if self.mixing_rate is not None else float(self.weight(np.array([target - number]))[0])
             update = scaled(update, weight, self.plain)
             self.waiting[target] = update if target not in self.waiting else self.waiting[target] + update
-        if self.mixing is not None and any(target > number for target in self.trained_from[version]):
+        if self.mixing_rate is not None and any(target > number for target in self.trained_from[version]):
             self.versions[version] = {name: value.clone() for name, value in model.items()}
         return self.waiting.pop(number, None)
 
@@ -77,7 +75,7 @@ class AsyncUpdates:
         """fedasync's update of step ``number`` (one update, trained from version v) from the algorithm's ``delta``
         (Δ_k): α·w(s)·(θ_v + Δ_k − θ), s = ``number`` − 1 − v."""
         version = self.version_of[number]
-        rate = self.mixing * float(self.weight(np.array([number - 1 - version]))[0])
+        rate = self.mixing_rate * float(self.weight(np.array([number - 1 - version]))[0])
         base = self.versions.get(version, model)
         if number >= max(self.trained_from[version]):  # no later step takes an update trained from it
             self.versions.pop(version, None)
@@ -110,7 +108,7 @@ def _trained(backend: TrainingBackend, params: Params, broadcast: Params, client
 def check_asynchronous(scheduler: AsynchronousRounds, stateful: bool, algorithm: str, postprocessors: bool,
                        synchronous_options: list[str], selector: str) -> None:
     """Refuse in one line, before any work, what asynchronous rounds do not define yet."""
-    name = f"--scheduler {scheduler.scheduler}"
+    name = scheduler.flag
     if stateful:
         raise FedrayError(f"{name}: {algorithm} keeps state for each client (control variates, a dual), which no "
                           f"asynchronous rule of its paper updates under staleness; use a stateless algorithm "
@@ -123,40 +121,3 @@ def check_asynchronous(scheduler: AsynchronousRounds, stateful: bool, algorithm:
     if selector != "uniform":
         raise FedrayError(f"{name} picks its clients uniformly among the idle online ones; --selector {selector} is "
                           f"for synchronous rounds")
-
-
-def planned(clock: RunClock, scheduler: AsynchronousRounds, steps: int, schedule: list[np.ndarray],
-            costs: Callable, first_round: int, stage: str) -> tuple[AsyncPlan, list[ClockedRound]]:
-    """The asynchronous plan of ``steps`` server steps from the clock's present, and its steps as the clock's
-    records (rounds.parquet's rows, the rows' clock columns), which advance it.
-
-    Dispatch wave w asks first for the idle online clients of the schedule's row w (where it has one: with a
-    buffer equal to the concurrency on equal devices, the synchronous rounds' draw), then fills uniformly among the
-    idle online clients (the uniform selector's stream)."""
-    concurrency, buffer = scheduler.sizes(clock.per_round)
-    if concurrency > clock.num_clients:
-        raise FedrayError(f"--concurrency {concurrency} is more than the federation's {clock.num_clients} clients")
-
-    def pick(wave: int, t: float, count: int, busy: np.ndarray) -> np.ndarray:
-        row = schedule[wave - 1] if wave <= len(schedule) else np.empty(0, dtype=np.int64)
-        context = RoundContext(first_round + wave, t, clock.per_round, count, clock.num_clients, clock.seed,
-                               np.asarray(row, dtype=np.int64), clock.history, clock.availability)
-        kept = context.scheduled[context.online(context.scheduled) & ~np.isin(context.scheduled, busy)][:count]
-        if len(kept) == count:
-            return kept
-        return np.concatenate((kept, context.draw_online(count - len(kept), np.concatenate((kept, busy)))))
-
-    plan = plan_async(steps, concurrency, buffer, scheduler.max_staleness, pick, costs, clock.devices,
-                      clock.availability, clock.num_clients, clock.seed, clock.now)
-    records = []
-    for aggregation in plan.aggregations:
-        record = ClockedRound(first_round + aggregation.number, stage, aggregation.start_s, aggregation.end_s,
-                              aggregation.dispatched, aggregation.clients, None, aggregation.stale,
-                              aggregation.dropped, aggregation.bytes_up, aggregation.bytes_down,
-                              aggregation.compute_s, aggregation.end_s - aggregation.start_s - aggregation.compute_s)
-        clock.append(record)
-        clock.history.record(aggregation.clients, record.number, aggregation.end_s - aggregation.start_s)
-        records.append(record)
-    if records:
-        clock.now = records[-1].end_s
-    return plan, records

@@ -75,7 +75,7 @@ def _check_asynchronous(config: RunConfig, scheduler: AsynchronousRounds, synchr
                         selector: str) -> None:
     """Refuse in one line, before any work, an asynchronous scheduler where it does not apply."""
     if not config.trains:
-        raise FedrayError(f"--scheduler {scheduler.scheduler} schedules training's server steps: {config.method} "
+        raise FedrayError(f"{scheduler.flag} schedules training's server steps: {config.method} "
                           f"does not train")
     given = [f"--{name.replace('_', '-')}" for name in options_of(SynchronousRounds)
              if getattr(synchronous, name) is not None]
@@ -125,7 +125,7 @@ def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: 
     costs nothing when the schedule asks it again (it has nothing more to send). ``blocks``: the rounds that end an
     evaluation block (None: each round ends one), whose uploads the postprocessors' protocol sums together; the
     rounds after the schedule's are timed with the last block's protocol."""
-    hearing = StillToHear.of(schedule, len(tasks.macs), clock.availability)
+    hearing = clock.still_to_hear(schedule, len(tasks.macs))
     protocol: TaskCost | None = None
 
     def costs(clients: np.ndarray) -> TaskCost:

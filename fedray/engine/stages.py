@@ -25,8 +25,7 @@ from fedray.core.federation import Federation
 from fedray.core.results import EvalPoint
 from fedray.engine.checkpoint import RunShape, save_checkpoint
 from fedray.engine.closed_form import ClosedForm
-from fedray.clock.asynchronous import FEDASYNC_MIXING
-from fedray.engine.asynchronous import AsyncUpdates, planned
+from fedray.engine.asynchronous import AsyncUpdates
 from fedray.engine.clocked import ClockColumns, TrainingTasks, clocked_training
 from fedray.engine.parts import Images, training_uploads
 from fedray.engine.pipeline import Embeddings, RunPlan, Stage, StageContext, StageResult
@@ -190,13 +189,14 @@ class Training(Stage):
         start_s, updates = clock.now, None
         if clock.asynchronous.asynchronous:
             scheduler = clock.asynchronous
-            plan, records = planned(clock, scheduler, len(schedule), list(schedule), tasks.costs, first_round, "train")
-            updates = AsyncUpdates(plan.trained_from(), scheduler.weights(), scheduler.staleness_divide == "plain",
-                                   (scheduler.mixing or FEDASYNC_MIXING) if scheduler.scheduler == "fedasync" else None)
+            plan = clock.asynchronous_steps(len(schedule), list(schedule), tasks.costs, first_round, "train")
+            records = clock.records[len(clock.records) - len(plan.aggregations):]
+            updates = AsyncUpdates(plan.trained_from(), scheduler.staleness_function(), scheduler.divides_plainly,
+                                   scheduler.mixing_rate)
         else:
             records = clocked_training(clock, schedule, tasks, first_round, "train", postprocessing)
         evaluate_at = clock.evaluate_at(records, start_s)
-        steps = [record.steps for record in records] if clock.scheduler.partial else None
+        steps = [record.steps for record in records] if clock.partial else None
         return _Clocked(records, None if evaluate_at is None else {0, *evaluate_at}, ClockColumns(clock), steps,
                         [len(record.selected) for record in records], updates)
 

@@ -205,7 +205,7 @@ class TrainingRounds:
             if bool(np.isfinite(update.loss_sum)) and _finite(sums) and _finite(update.statistics):
                 delta, algorithm_state = check_server_update(self.algorithm, self.algorithm.server_update(
                     model, Aggregate(sums, weight, update.clients), state.algorithm, self.population), model)
-                if self.asynchronous is not None and self.asynchronous.mixing is not None:
+                if self.asynchronous is not None and self.asynchronous.mixing_rate is not None:
                     delta = self.asynchronous.mixed(number, delta, model)
                 for name, change in update.statistics.items():
                     params[name] += change / float(update.samples)

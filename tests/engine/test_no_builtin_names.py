@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fedray.clock.asynchronous import AsynchronousRounds
 from fedray.clock.choices import ClockChoices
 from fedray.clock.devices import Devices
 from fedray.clock.rounds import SynchronousRounds
@@ -34,9 +35,10 @@ ENGINE = Path(__file__).resolve().parents[2] / "fedray" / "engine"
 ALLOWED: set[tuple[str, str]] = set()
 """(module, name) pairs that cannot move out of the engine, each with its reason. None."""
 
-COMPONENTS = (ClientOptimizer, SphereHead, FineTuning, TctStage2Options, Devices, ClockChoices, SynchronousRounds)
+COMPONENTS = (ClientOptimizer, SphereHead, FineTuning, TctStage2Options, Devices, ClockChoices, SynchronousRounds,
+              AsynchronousRounds)
 """The built-in components a run has by its kind: local SGD, SphereFed's head, the network on images, TCT's stage 2,
-the clock's devices, choices and rounds."""
+the clock's devices, choices and rounds (synchronous and asynchronous)."""
 
 REGISTRY_NAMES = frozenset({*METHODS, *ALGORITHMS, *SERVER_OPTIMIZERS, *POSTPROCESSORS, "tct"})
 BUILT_IN_CLASSES = (*METHODS.values(), *(algorithm_class(name) for name in ALGORITHMS), *SERVER_OPTIMIZERS.values(),
