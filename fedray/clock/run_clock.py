@@ -194,7 +194,7 @@ class RunClock:
         return record
 
     def asynchronous_steps(self, steps: int, schedule: list[np.ndarray], costs: Costs, first_round: int,
-                           stage: str) -> AsyncPlan:
+                           stage: str) -> tuple[AsyncPlan, list[ClockedRound]]:
         """``steps`` server steps of the run's asynchronous scheduler (:mod:`fedray.clock.asynchronous`) from the
         clock's present, which they advance, each appended as one of the clock's rounds (rounds.parquet's rows: its
         dispatched clients as ``selected``, its updates as ``finished``, the updates dropped as too stale as
@@ -202,7 +202,7 @@ class RunClock:
 
         Dispatch wave w asks first for the idle online clients of the schedule's row w (where it has one: with a
         buffer equal to the concurrency on equal devices, the synchronous rounds' draw), then fills uniformly among
-        the idle online clients (the uniform selector's stream)."""
+        the idle online clients (the uniform selector's stream). Returns the plan and its steps' records."""
         concurrency, buffer = self.asynchronous.sizes(self.per_round)
         if concurrency > self.num_clients:
             raise FedrayError(f"--concurrency {concurrency} is more than the federation's {self.num_clients} clients")
@@ -218,6 +218,7 @@ class RunClock:
 
         plan = plan_async(steps, concurrency, buffer, self.asynchronous.max_staleness, pick, costs, self.devices,
                           self.availability, self.num_clients, self.seed, self.now)
+        records = []
         for step in plan.aggregations:
             record = ClockedRound(first_round + step.number, stage, step.start_s, step.end_s, step.dispatched,
                                   step.clients, None, step.stale, step.dropped, step.bytes_up, step.bytes_down,
@@ -225,7 +226,8 @@ class RunClock:
             self.append(record)
             self.history.record(step.clients, record.number, step.end_s - step.start_s)
             self.now = step.end_s
-        return plan
+            records.append(record)
+        return plan, records
 
     @property
     def partial(self) -> bool:

@@ -55,7 +55,11 @@ class AsyncUpdates:
     waiting: dict[int, RoundUpdate] = field(default_factory=dict)
     versions: dict[int, Params] = field(default_factory=dict)
     """fedasync: the models that updates still to come were trained from."""
-    _version_of: dict[int, int] | None = None
+    version_of: dict[int, int] = field(init=False)
+    """The version each step's updates were trained from (fedasync: one update a step)."""
+
+    def __post_init__(self) -> None:
+        self.version_of = {target: version for version, group in enumerate(self.trained_from) for target in group}
 
     def step(self, number: int, backend: TrainingBackend, params: Params, broadcast: Params,
              model: Params) -> RoundUpdate | None:
@@ -80,14 +84,6 @@ class AsyncUpdates:
         if number >= max(self.trained_from[version]):  # no later step takes an update trained from it
             self.versions.pop(version, None)
         return {name: rate * (change + base[name] - model[name]) for name, change in delta.items()}
-
-    @property
-    def version_of(self) -> dict[int, int]:
-        """The version each step's updates were trained from (fedasync: one update a step)."""
-        if self._version_of is None:
-            self._version_of = {target: version for version, group in enumerate(self.trained_from)
-                                for target in group}
-        return self._version_of
 
 
 def _trained(backend: TrainingBackend, params: Params, broadcast: Params, clients: np.ndarray,

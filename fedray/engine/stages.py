@@ -189,8 +189,7 @@ class Training(Stage):
         start_s, updates = clock.now, None
         if clock.asynchronous.asynchronous:
             scheduler = clock.asynchronous
-            plan = clock.asynchronous_steps(len(schedule), list(schedule), tasks.costs, first_round, "train")
-            records = clock.records[len(clock.records) - len(plan.aggregations):]
+            plan, records = clock.asynchronous_steps(len(schedule), list(schedule), tasks.costs, first_round, "train")
             updates = AsyncUpdates(plan.trained_from(), scheduler.staleness_function(), scheduler.divides_plainly,
                                    scheduler.mixing_rate)
         else:
