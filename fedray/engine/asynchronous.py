@@ -93,7 +93,8 @@ def _trained(backend: TrainingBackend, params: Params, broadcast: Params, client
     (a round's clients are distinct), on the same mini-batches: its updates are equal."""
     if len(np.unique(clients)) == len(clients):
         return backend.train_round(params, broadcast, clients, number)
-    occurrence = np.array([int((clients[:position] == client).sum()) for position, client in enumerate(clients.tolist())])
+    occurrence = np.array([int((clients[:position] == client).sum())
+                           for position, client in enumerate(clients.tolist())])
     total = None
     for k in range(int(occurrence.max()) + 1):
         part = backend.train_round(params, broadcast, clients[occurrence == k], number)
