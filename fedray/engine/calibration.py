@@ -13,6 +13,12 @@ uploads reached the server (not a secure aggregation's dropouts:
 :meth:`~fedray.Postprocessor.dropped`) in ``clients_seen``, ``samples_seen``
 and ``bytes_up``, every client's computation in the FLOPs. The ridge probe
 measures the features: its uploads count in no column.
+
+On the run's clock each is a round of every client (:func:`~fedray.engine.clocked.clocked_everyone`), its task the
+pass its accounting counts (the statistics' FLOPs / 2, SphereFed's projection included, and the upload): a
+calibration's row gains the clock's columns at its round's end; the ridge probe, which has no row of its own, is a
+round of rounds.parquet after the last row's (stage ``ridge_probe``). The stage still sums every client's statistics:
+under availability or a deadline its round's time is that of the clients the round hears.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from fedray.clock.run_clock import RunClock
 from fedray.core.federation import Federation
 from fedray.core.reports import reporting
 from fedray.engine.closed_form import everyone_uploads
+from fedray.engine.clocked import ClientTasks, ClockColumns, clocked_everyone
 from fedray.engine.config import COLUMNS
 from fedray.engine.parts import MethodSpec, uploads_of_everyone
 from fedray.engine.pipeline import RunPlan, Stage, StageContext, StageResult
@@ -95,6 +103,9 @@ class Calibration(Stage):
         method = self.method.build(federation)
         if weight is not None:
             method = ProjectedCalibration.around(method, weight, bias)
+        clock = context.run.clock
+        if clock is not None:
+            clocked_everyone(clock, points[-1].round + 1, "calibrated", ClientTasks.closed_form(method, federation))
         with reporting(reported, COLUMNS):  # a postprocessor's aggregate of the calibration's uploads may report
             classifier, accuracy, dropped = calibrate(pool, evaluator, method, context.postprocessing,
                                                       points[-1].round + 1)
@@ -107,6 +118,8 @@ class Calibration(Stage):
         last = points[-1]
         point = accounting.point(last.round + 1, accuracy, last.wall_s + time.perf_counter() - start, "calibrated",
                                  reported=reported)
+        if clock is not None:
+            ClockColumns(clock).on_point(point)
         points.append(point)
         if context.on_point is not None:
             context.on_point(point, classifier)
@@ -132,11 +145,14 @@ class Probe(Stage):
         last = previous.points[-1]
         with reporting(last.reported, COLUMNS):  # the probe's numbers go in the last row, with its accuracy
             accuracy = previous.embeddings(previous.params, lambda pool, evaluator: self._accuracy(
-                pool, evaluator, context.postprocessing, last.round + 1))
+                pool, evaluator, context.postprocessing, last.round + 1, context.run.clock))
         return replace(previous, last_columns={**previous.last_columns, "ridge_probe_accuracy": accuracy})
 
-    def _accuracy(self, pool: ShardPool, evaluator: Evaluator, postprocessing: Postprocessing,
-                  round_number: int) -> float:
+    def _accuracy(self, pool: ShardPool, evaluator: Evaluator, postprocessing: Postprocessing, round_number: int,
+                  clock: RunClock | None = None) -> float:
+        """The probe's accuracy; on ``clock`` its round of every client, which advances it."""
         method = self.method.build(pool.federation)
+        if clock is not None:
+            clocked_everyone(clock, round_number, "ridge_probe", ClientTasks.closed_form(method, pool.federation))
         statistics, _ = everyone_uploads(pool, method, postprocessing, round_number)  # a measurement: not counted
         return evaluator.accuracy(method, method.solve(statistics))

@@ -5,9 +5,11 @@ What a client's task costs is what fedray already accounts for the stage: a
 closed form's statistics (their FLOPs / 2 multiply-adds, plus the backbone's
 F_φ per sample where known) and its upload, once, the first time its upload
 arrives; a training round's local epochs (the backend's FLOPs / 2), the model
-and broadcast it downloads and the sums it uploads. Secure aggregation's masks
-and key exchange, SphereFed's calibration, the ridge probe and TCT's stage 2
-are not on the clock yet: they take no virtual time.
+and broadcast it downloads and the sums it uploads; a calibration
+(SphereFed's, ``--calibrate``) and the ridge probe what its accounting counts
+for each client's pass (:class:`ClientTasks`). Secure aggregation's masks and
+key exchange and TCT's stage 2 are not on the clock yet: they take no virtual
+time.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from fedray.clock.availability import AlwaysAvailable
 from fedray.clock.choices import ClockChoices, selector_class
-from fedray.clock.costs import TaskCost
+from fedray.clock.costs import Amount, TaskCost
 from fedray.clock.devices import Devices
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.run_clock import ClockedRound, RunClock
@@ -136,3 +138,33 @@ def clocked_training(clock: RunClock, schedule: Sequence[np.ndarray], tasks: Tra
     """Training's rounds on the clock, numbered after ``first_round`` rounds of the run."""
     return [clock.round(first_round + number, stage, scheduled, tasks.costs, lambda clients: tasks.steps[clients])
             for number, scheduled in enumerate(schedule, start=1)]
+
+
+@dataclass(frozen=True)
+class ClientTasks:
+    """Each client's task in a round of a stage after training (a calibration, the ridge probe, TCT's stage 2): the
+    multiply-adds of its pass and the bytes it downloads and uploads, each one amount for every client or one per
+    client of the federation."""
+
+    macs: Amount
+    down_bytes: Amount = 0.0
+    up_bytes: Amount = 0.0
+
+    @classmethod
+    def closed_form(cls, method: ClosedFormMethod, federation: Federation) -> ClientTasks:
+        """A closed form's statistics after training (what a calibration's accounting counts: their FLOPs / 2 and
+        its upload; nothing downloaded)."""
+        tasks = ClosedFormTasks.of(method, federation, None)
+        return cls(tasks.macs, 0.0, tasks.up_bytes)
+
+    def costs(self, clients: np.ndarray) -> TaskCost:
+        return TaskCost(*(amount if np.ndim(amount) == 0 else np.asarray(amount)[clients]
+                          for amount in (self.macs, self.down_bytes, self.up_bytes)))
+
+
+def clocked_everyone(clock: RunClock, number: int, stage: str, tasks: ClientTasks) -> ClockedRound:
+    """Round ``number`` of ``stage`` asking every client once (a calibration, the ridge probe, TCT's normalization
+    and closed form) on the clock, which it advances: the selector, availability and deadline of any round, with the
+    federation as the schedule's row."""
+    return clock.round(number, stage, np.arange(clock.num_clients, dtype=np.int64), tasks.costs)
+

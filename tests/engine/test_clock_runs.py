@@ -1,7 +1,7 @@
 """Whole runs on the clock: a clock that changes nothing changes no bit on every method path, the same events on one
 shard or two (and the classifier up to the order of float sums, as without a clock), a FedAvg run with a deadline
-against a plain loop, rows every S virtual seconds, rounds.parquet, and bad input refused in one line before any
-work."""
+against a plain loop, rows every S virtual seconds, the stages after training on the clock, rounds.parquet, and bad
+input refused in one line before any work."""
 
 from pathlib import Path
 
@@ -33,9 +33,12 @@ PATHS = {
     "fedavg": {"method": "fedavg", "rounds": 3},
     "scaffold": {"method": "scaffold", "rounds": 3},
     "fed3r-then-fedavg": {"method": "fedavg", "init": "fed3r", "rounds": 2},
-    "spherefed": {"method": "fedavg", "head": "sphere", "sphere_dim": 8, "rounds": 2},
+    "spherefed": {"method": "fedavg", "head": "sphere", "sphere_dim": 8, "rounds": 2, "probe_ridge": True},
+    "calibrate": {"method": "fedavg", "calibrate": "fed3r", "rounds": 2},
     "fed3r-secagg": {"method": "fed3r", "secure_aggregation": True, "options": {"secagg_clip": 10.0}},
 }
+AFTER_TRAINING = {"spherefed": ["calibrated", "ridge_probe"], "calibrate": ["calibrated"]}
+"""The rounds.parquet stages of the paths' rounds after training's."""
 
 
 def rows_of(out: Path) -> list[dict]:
@@ -61,8 +64,11 @@ def test_a_clock_that_changes_nothing_changes_no_bit(ray_session, tmp_path, path
     assert [row["round"] for row in per_round] == list(range(1, len(per_round) + 1))
     assert all(row["stragglers"] == row["dropped"] == 0 for row in per_round)
     assert all(later["start_s"] == earlier["end_s"] for earlier, later in zip(per_round, per_round[1:]))
-    timed = [row for row in clocked.rows if row["clock_s"] is not None]  # SphereFed's calibration row is not on it
-    assert timed and timed[-1]["clock_s"] == per_round[-1]["end_s"] > 0
+    ends = {row["round"]: row["end_s"] for row in per_round}
+    assert [row["clock_s"] for row in clocked.rows] == [ends.get(row["round"], 0.0) for row in clocked.rows]
+    stages = [row["stage"] for row in per_round]
+    after = AFTER_TRAINING.get(path, [])
+    assert stages[len(stages) - len(after):] == after
 
 
 @pytest.mark.parametrize(("method", "deadline"), [("fed3r", 3e-4), ("fedavg", 1.5e-3)])  # about the median task's
@@ -168,3 +174,32 @@ def test_partial_stragglers_send_the_steps_they_finished_by_the_deadline(ray_ses
     assert sum(row["stragglers"] for row in dropped) > 0
     heads = [completed.arrays["W"] for completed in (runs["partial"], runs["drop"], unhurried)]
     assert not np.array_equal(heads[0], heads[1]) and not np.array_equal(heads[0], heads[2])
+
+
+def test_a_calibration_of_three_clients_lasts_its_slowest_clients_pass_and_upload(ray_session, tmp_path):
+    """One FedAvg round of all three clients, then ``--calibrate fedncm``, every client on the uniform device: a client
+    computes its class sums (n_k·d FLOPs, n_k·d / 2 multiply-adds) at 1,305,366,530 multiply-adds/s and uploads its
+    M_k means of d float32s at 26,037,371 bit/s; it downloads nothing. The calibration's round starts when training's
+    ends and lasts as long as its slowest client."""
+    dataset = "synthetic:inat-geo-100?clients=3&dim=8&classes=4&seed=2"
+    sizes, classes_held, dim = [8, 23, 60], [1, 2, 3], 8  # the federation's, checked below
+    federation = load_federation(dataset)
+    assert federation.client_sizes.tolist() == sizes and federation.client_num_classes.tolist() == classes_held
+    completed = run(RunConfig(method="fedavg", dataset=dataset, out=str(tmp_path / "run"), rounds=1, eval_every=1,
+                              clients_per_round=3, calibrate="fedncm", devices="uniform", num_shards=1,
+                              cpus_per_shard=0.5, quiet=True))
+    compute = [n * dim / 2 / 1305366530 for n in sizes]
+    upload = [m * dim * 4 * 8 / 26037371 for m in classes_held]
+    slowest = max(range(3), key=lambda k: compute[k] + upload[k])
+    train, calibration = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()
+    assert (calibration["round"], calibration["stage"], calibration["selected"], calibration["finished"]) == \
+        (2, "calibrated", 3, 3)
+    assert (calibration["bytes_up"], calibration["bytes_down"]) == (sum(classes_held) * dim * 4, 0.0)
+    assert calibration["start_s"] == train["end_s"] > 0
+    assert calibration["end_s"] - calibration["start_s"] == pytest.approx(compute[slowest] + upload[slowest], rel=1e-12)
+    rows = completed.rows
+    assert [(row["round"], row["stage"]) for row in rows] == [(0, "train"), (1, "train"), (2, "calibrated")]
+    assert [row["clock_s"] for row in rows] == [0.0, train["end_s"], calibration["end_s"]]
+    assert rows[2]["clock_compute_s"] - rows[1]["clock_compute_s"] == pytest.approx(compute[slowest], rel=1e-12)
+    assert rows[2]["clock_comm_s"] - rows[1]["clock_comm_s"] == pytest.approx(upload[slowest], rel=1e-12)
+
