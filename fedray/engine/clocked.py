@@ -5,17 +5,17 @@ What a client's task costs is what fedray already accounts for the stage: a
 closed form's statistics (their FLOPs / 2 multiply-adds, plus the backbone's
 F_φ per sample where known) and its upload, once, the first time its upload
 arrives; a training round's local epochs (the backend's FLOPs / 2), the model
-and broadcast it downloads and the sums it uploads; a calibration
-(SphereFed's, ``--calibrate``) and the ridge probe what its accounting counts
-for each client's pass (:class:`ClientTasks`). Secure aggregation's masks and
-key exchange and TCT's stage 2 are not on the clock yet: they take no virtual
-time.
+and broadcast it downloads and the sums it uploads; a stage after training
+(SphereFed's calibration, ``--calibrate``, the ridge probe, TCT's stage 2) what
+its accounting counts for each client's pass (:class:`ClientTasks`). Secure
+aggregation's masks and key exchange are not on the clock yet: they take no
+virtual time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -167,4 +167,27 @@ def clocked_everyone(clock: RunClock, number: int, stage: str, tasks: ClientTask
     and closed form) on the clock, which it advances: the selector, availability and deadline of any round, with the
     federation as the schedule's row."""
     return clock.round(number, stage, np.arange(clock.num_clients, dtype=np.int64), tasks.costs)
+
+
+@dataclass
+class FirstPassClock:
+    """A stage's rounds on the run's clock whose clients make one pass over their samples before their first upload of
+    the stage (TCT's eNTK features at the stage-1 weights, ``first_macs`` per client), besides each round's task: a
+    client pays the pass in the first round that keeps its upload, and is charged it again until one does."""
+
+    clock: RunClock
+    first_macs: np.ndarray
+    passed: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.passed = np.zeros(len(self.first_macs), dtype=bool)
+
+    def round(self, number: int, stage: str, scheduled: np.ndarray, tasks: ClientTasks) -> ClockedRound:
+        """Round ``number`` of ``stage`` from the schedule's row ``scheduled``, which advances the clock."""
+        def costs(clients: np.ndarray) -> TaskCost:
+            return tasks.costs(clients) + TaskCost(np.where(self.passed[clients], 0.0, self.first_macs[clients]))
+
+        record = self.clock.round(number, stage, scheduled, costs)
+        self.passed[record.clients] = True
+        return record
 
