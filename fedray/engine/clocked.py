@@ -14,7 +14,7 @@ virtual time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +33,7 @@ from fedray.engine.parts import Sampler
 from fedray.engine.round_loop import Callback
 from fedray.methods.algorithm import FederatedAlgorithm
 from fedray.methods.base import FLOAT_BYTES, ClosedFormMethod
+from fedray.methods.postprocessor import Sampling, StageUploads
 from fedray.methods.training.backend import Params, TrainingBackend
 
 
@@ -191,3 +192,21 @@ class FirstPassClock:
         self.passed[record.clients] = True
         return record
 
+
+def clocked_closed_form_uploads(stage: str, sampling: Sampling, records: Sequence[ClockedRound],
+                                evaluate_at: Container[int], summed: bool = True) -> StageUploads:
+    """A closed form's uploads on the clock (its rounds ``records``, numbered from 1): each client's first kept upload,
+    summed an evaluation block at a time, the blocks ending at the rounds of ``evaluate_at`` (as
+    :class:`~fedray.engine.closed_form.ClosedFormRounds` forms them); ``group`` and ``smallest_group`` are the most and
+    fewest uploads of a block with any. ``summed``: the method's :attr:`~fedray.ClosedFormMethod.uploads_summed`."""
+    seen = np.zeros(sampling.population, dtype=bool)
+    blocks, uploads = [], 0
+    for number, record in enumerate(records, start=1):
+        new = record.clients[~seen[record.clients]]  # a round's clients are distinct
+        seen[new] = True
+        uploads += len(new)
+        if number in evaluate_at:
+            blocks.append(uploads)
+            uploads = 0
+    sizes = [size for size in blocks if size] or [0]
+    return StageUploads(stage, False, sampling, len(records), max(sizes), min(sizes), summed)

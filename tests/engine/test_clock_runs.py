@@ -1,15 +1,18 @@
 """Whole runs on the clock: a clock that changes nothing changes no bit on every method path, the same events on one
 shard or two (and the classifier up to the order of float sums, as without a clock), a FedAvg run with a deadline
-against a plain loop, rows every S virtual seconds, the stages after training on the clock, rounds.parquet, and bad
-input refused in one line before any work."""
+against a plain loop, rows every S virtual seconds and the upload groups they make, the stages after training on the
+clock, rounds.parquet, and bad input refused in one line before any work."""
 
+import json
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
+import fedray
 from fedray.core.errors import FedrayError
 from fedray.data.registry import load_federation
 from fedray.engine.config import RunConfig
@@ -203,3 +206,45 @@ def test_a_calibration_of_three_clients_lasts_its_slowest_clients_pass_and_uploa
     assert rows[2]["clock_compute_s"] - rows[1]["clock_compute_s"] == pytest.approx(compute[slowest], rel=1e-12)
     assert rows[2]["clock_comm_s"] - rows[1]["clock_comm_s"] == pytest.approx(upload[slowest], rel=1e-12)
 
+
+class Recorder(fedray.Postprocessor):
+    """Writes to ``log`` (JSON lines) the closed form's upload groups it is told before the run, and the round and
+    size of each aggregate it then sees; changes nothing."""
+
+    def __init__(self, log: Annotated[str, "the file it writes to"] = "") -> None:
+        super().__init__()
+        self.log = log
+
+    def write(self, entry: list) -> None:
+        with open(self.log, "a") as log:
+            log.write(json.dumps(entry) + "\n")
+
+    def start(self, stages):
+        for told in stages:
+            self.write(["told", told.group, told.smallest_group])
+
+    def aggregate(self, total, context):
+        self.write(["aggregate", context.round, context.clients])
+        return total
+
+
+def test_evaluation_points_in_virtual_seconds_make_the_upload_groups_the_postprocessors_are_told(ray_session,
+                                                                                               tmp_path):
+    """Fed3R with DP's central noise and evaluation every 0.5 ms of virtual time: the rounds evaluated are uneven, each
+    evaluation block's uploads are summed and noised once (one aggregate a row), and the postprocessors are told the
+    largest and smallest of those blocks before the run, not κ·--eval-every."""
+    log = tmp_path / "log.jsonl"
+    completed = run(RunConfig(method="fed3r", out=str(tmp_path / "run"), eval_every_s=5e-4,
+                              postprocessor=f"{__name__}:Recorder", options={"log": str(log)}, clip_norm=10.0,
+                              dp_noise=1.0, dp_delta=1e-5, **COMMON))
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    per_round = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()
+    evaluated = [row["round"] for row in completed.rows]
+    assert len(set(np.diff(evaluated))) > 1, "uneven evaluation points"
+    blocks = [sum(row["finished"] for row in per_round if start < row["round"] <= end)  # each client uploads once
+              for start, end in zip([0, *evaluated], evaluated)]
+    aggregates = [entry[1:] for entry in entries if entry[0] == "aggregate"]
+    assert aggregates == [[number, size] for number, size in zip(evaluated, blocks)]
+    assert all(row["dp_noise"] == 1.0 and row["dp_epsilon"] > 0 for row in completed.rows)
+    assert [entry[1:] for entry in entries if entry[0] == "told"] == [[max(blocks), min(blocks)]]
+    assert [max(blocks), min(blocks)] != [COMMON["clients_per_round"] * COMMON["eval_every"], 6]  # --eval-every's
