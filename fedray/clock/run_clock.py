@@ -239,10 +239,13 @@ class RunClock:
         return StillToHear.of(schedule, num_clients, self.availability)
 
     def append(self, record: ClockedRound) -> None:
-        """``record`` after the others (its number after theirs), and the totals after it (a round another scheduler
-        ran: asynchronous server steps)."""
-        if self.records and record.number <= self.records[-1].number:
-            raise FedrayError(f"the clock's round {record.number} comes after its round {self.records[-1].number}: "
+        """``record`` after the others (its number after theirs, or the last one's in another stage: TCT's closed form
+        and SCAFFOLD's first round), and the totals after it (a round another scheduler ran: asynchronous server
+        steps)."""
+        last = self.records[-1] if self.records else None
+        if last is not None and (record.number < last.number or record.number == last.number
+                                 and record.stage == last.stage):
+            raise FedrayError(f"the clock's round {record.number} comes after its round {last.number}: "
                               f"rounds are clocked in the run's order")
         before = self._totals[-1] if self._totals else _Totals()
         self.records.append(record)

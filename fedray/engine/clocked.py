@@ -5,21 +5,27 @@ What a client's task costs is what fedray already accounts for the stage: a
 closed form's statistics (their FLOPs / 2 multiply-adds, plus the backbone's
 F_φ per sample where known) and its upload, once, the first time its upload
 arrives; a training round's local epochs (the backend's FLOPs / 2), the model
-and broadcast it downloads and the sums it uploads. A postprocessor's protocol
-(secure aggregation's key agreement, masks and masked vector:
-:meth:`~fedray.Postprocessor.protocol_cost`) adds to the task of each client
-whose upload goes into an aggregate, as a participant that completes it, in a
-group of the size the aggregate is planned to have when the round starts: a
-training round's κ clients; a closed form's evaluation block's clients not yet
-heard from in its scheduled rounds (with ``--eval-every-s``, whose blocks the
-clock's own times decide, the round's). SphereFed's calibration, the ridge
-probe and TCT's stage 2 are not on the clock yet: they take no virtual time.
+and broadcast it downloads and the sums it uploads; a stage after training
+(SphereFed's calibration, ``--calibrate``, the ridge probe, TCT's stage 2) what
+its accounting counts for each client's pass (:class:`ClientTasks`). A
+postprocessor's protocol (secure aggregation's key agreement, masks and masked
+vector: :meth:`~fedray.Postprocessor.protocol_cost`) adds to the task of each
+client whose upload goes into an aggregate, as a participant that completes it,
+in a group of the size the aggregate is planned to have when the round starts:
+a training round's κ clients (TCT's SCAFFOLD rounds too); a closed form's
+evaluation block's clients not yet heard from in its scheduled rounds (with
+``--eval-every-s``, whose blocks the clock's own times decide, the round's); a
+stage that asks every client once (a calibration, the ridge probe, TCT's
+normalization and closed form), every client. The stages that must hear every
+client (a closed form, and those that ask every client once) go through one
+hearing loop (:func:`clocked_hearing`): rounds that draw only clients not
+heard yet, numbered on after the stage's own, until every client is heard.
 """
 
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -27,7 +33,7 @@ import numpy as np
 from fedray.clock.asynchronous import AsynchronousRounds
 from fedray.clock.availability import AlwaysAvailable
 from fedray.clock.choices import ClockChoices, selector_class
-from fedray.clock.costs import TaskCost
+from fedray.clock.costs import Amount, TaskCost
 from fedray.clock.devices import Devices
 from fedray.clock.hearing import StillToHear
 from fedray.clock.rounds import SynchronousRounds
@@ -42,7 +48,7 @@ from fedray.engine.parts import Sampler
 from fedray.engine.round_loop import Callback
 from fedray.methods.algorithm import FederatedAlgorithm, keeps_client_state
 from fedray.methods.base import FLOAT_BYTES, ClosedFormMethod
-from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads
 from fedray.methods.training.backend import Params, TrainingBackend
 
 
@@ -101,6 +107,7 @@ class ClosedFormTasks:
     macs: np.ndarray
     up_bytes: np.ndarray
     values: int
+    down_bytes: float = 0.0
 
     @classmethod
     def of(cls, method: ClosedFormMethod, federation: Federation, backbone_macs: float | None) -> ClosedFormTasks:
@@ -116,24 +123,25 @@ class ClosedFormTasks:
         return TaskCost(self.macs, 0.0, self.up_bytes)
 
 
-def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: ClosedFormTasks, stage: str,
-                        postprocessing: Postprocessing = Postprocessing(),
-                        blocks: Container[int] | None = None) -> list[ClockedRound]:
-    """A closed form's rounds on the clock: its schedule's, then as many more as it takes to hear every client of
+def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: ClosedFormTasks | ClientTasks,
+                        stage: str, postprocessing: Postprocessing = Postprocessing(),
+                        blocks: Container[int] | None = None, first_round: int = 0) -> list[ClockedRound]:
+    """A closed form's rounds on the clock (the hearing loop of every stage that must hear its clients): its
+    schedule's, numbered after the run's ``first_round`` rounds, then as many more as it takes to hear every client of
     the schedule (:class:`~fedray.clock.hearing.StillToHear`: a round draws only clients not heard yet, one whose
     upload is lost is asked again). A client computes and uploads its statistics until its upload arrives once, and
-    costs nothing when the schedule asks it again (it has nothing more to send). ``blocks``: the rounds that end an
-    evaluation block (None: each round ends one), whose uploads the postprocessors' protocol sums together; the
-    rounds after the schedule's are timed with the last block's protocol."""
-    hearing = clock.still_to_hear(schedule, len(tasks.macs))
+    costs nothing when the schedule asks it again (it has nothing more to send). ``blocks``: the rounds (numbered from
+    1) that end an evaluation block (None: each round ends one), whose uploads the postprocessors' protocol sums
+    together; the rounds after the schedule's are timed with the last block's protocol."""
+    hearing = clock.still_to_hear(schedule, clock.num_clients)
     protocol: TaskCost | None = None
 
     def costs(clients: np.ndarray) -> TaskCost:
         due = ~hearing.heard[clients]
-        macs, up = np.where(due, tasks.macs[clients], 0.0), np.where(due, tasks.up_bytes[clients], 0.0)
+        macs, down, up = (_owed(due, amount, clients) for amount in (tasks.macs, tasks.down_bytes, tasks.up_bytes))
         if protocol is None:
-            return TaskCost(macs, 0.0, up)
-        return TaskCost(macs + np.where(due, protocol.macs, 0.0), np.where(due, protocol.down_bytes, 0.0),
+            return TaskCost(macs, down, up)
+        return TaskCost(macs + np.where(due, protocol.macs, 0.0), down + np.where(due, protocol.down_bytes, 0.0),
                         np.where(due, protocol.up_bytes, 0.0))
 
     records = []
@@ -145,21 +153,28 @@ def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: 
                 end += 1
             planned = np.unique(np.concatenate([schedule[index] for index in range(number - 1, end)]))
             protocol = postprocessing.protocol_cost(int((~hearing.heard[planned]).sum()), tasks.values)
-        record = clock.round(number, stage, hearing.row(scheduled), costs, places=len(scheduled), hearing=hearing)
+        record = clock.round(first_round + number, stage, hearing.row(scheduled), costs, places=len(scheduled),
+                             hearing=hearing)
         hearing.hear(record.clients, record.lost)
         records.append(record)
         block_start = blocks is None or number in blocks
     number = len(schedule)
     while hearing.remaining:
         number += 1
-        record = clock.round(number, stage, np.zeros(0, dtype=np.int64), costs, places=clock.per_round,
-                             hearing=hearing)
+        record = clock.round(first_round + number, stage, np.zeros(0, dtype=np.int64), costs,
+                             places=clock.per_round, hearing=hearing)
         if not hearing.eligible[record.selected].any():
             raise FedrayError(f"selector {clock.selector_name} asked none of the clients the {stage} stage still has "
-                              f"to hear ({hearing.remaining}) in round {number}: it would never end")
+                              f"to hear ({hearing.remaining}) in round {first_round + number}: it would never end")
         hearing.hear(record.clients, record.lost)
         records.append(record)
     return records
+
+
+def _owed(due: np.ndarray, amount: Amount, clients: np.ndarray) -> np.ndarray:
+    """Each of ``clients``' ``amount`` (one for all, or one per client of the federation) where it is ``due``, else
+    0."""
+    return np.where(due, amount if np.ndim(amount) == 0 else np.asarray(amount)[clients], 0.0)
 
 
 @dataclass(frozen=True)
@@ -206,3 +221,101 @@ def clocked_training(clock: RunClock, schedule: Sequence[np.ndarray], tasks: Tra
         records.append(clock.round(first_round + number, stage, scheduled, partial(tasks.costs, protocol=protocol),
                                    lambda clients: tasks.steps[clients]))
     return records
+
+
+@dataclass(frozen=True)
+class ClientTasks:
+    """Each client's task in a round of a stage after training (a calibration, the ridge probe, TCT's stage 2): the
+    multiply-adds of its pass and the bytes it downloads and uploads, each one amount for every client or one per
+    client of the federation, and the values of its upload's aggregate (what a secure sum masks)."""
+
+    macs: Amount
+    down_bytes: Amount = 0.0
+    up_bytes: Amount = 0.0
+    values: int = 0
+
+    @classmethod
+    def closed_form(cls, method: ClosedFormMethod, federation: Federation) -> ClientTasks:
+        """A closed form's statistics after training (what a calibration's accounting counts: their FLOPs / 2 and
+        its upload; nothing downloaded)."""
+        tasks = ClosedFormTasks.of(method, federation, None)
+        return cls(tasks.macs, 0.0, tasks.up_bytes, tasks.values)
+
+    def costs(self, clients: np.ndarray, protocol: TaskCost | None = None) -> TaskCost:
+        """The task of ``clients``, with ``protocol`` (the postprocessors', :meth:`Postprocessing.protocol_cost`: its
+        bytes sent in place of the plain upload's)."""
+        macs, down, up = (amount if np.ndim(amount) == 0 else np.asarray(amount)[clients]
+                          for amount in (self.macs, self.down_bytes, self.up_bytes))
+        if protocol is None:
+            return TaskCost(macs, down, up)
+        return TaskCost(macs + protocol.macs, down + protocol.down_bytes, protocol.up_bytes)
+
+
+def clocked_everyone(clock: RunClock, first_round: int, stage: str, tasks: ClientTasks,
+                     postprocessing: Postprocessing = Postprocessing()) -> list[ClockedRound]:
+    """The rounds on the clock, which they advance, of a stage that asks every client once (a calibration, the ridge
+    probe, TCT's normalization and closed form), numbered after the run's ``first_round`` rounds: a round with the
+    federation as the schedule's row, its uploads summed by ``postprocessing``'s protocol in one aggregate of every
+    client, then the hearing loop's (:func:`clocked_closed_form`) until every client is heard."""
+    return clocked_closed_form(clock, [np.arange(clock.num_clients, dtype=np.int64)], tasks, stage, postprocessing,
+                               None, first_round)
+
+
+@dataclass
+class FirstPassClock:
+    """A stage's rounds on the run's clock whose clients make one pass over their samples before their first upload of
+    the stage (TCT's eNTK features at the stage-1 weights, ``first_macs`` per client), besides each round's task: a
+    client pays the pass in the first round that keeps its upload, and is charged it again until one does."""
+
+    clock: RunClock
+    first_macs: np.ndarray
+    passed: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.passed = np.zeros(len(self.first_macs), dtype=bool)
+
+    def everyone(self, first_round: int, stage: str, tasks: ClientTasks,
+                 postprocessing: Postprocessing) -> list[ClockedRound]:
+        """The rounds of a round of every client (:func:`clocked_everyone`), which advance the clock."""
+        records = clocked_everyone(self.clock, first_round, stage, replace(tasks, macs=self._with_pass(tasks.macs)),
+                                   postprocessing)
+        for record in records:
+            self.passed[record.clients] = True
+        return records
+
+    def round(self, number: int, stage: str, scheduled: np.ndarray, tasks: ClientTasks,
+              postprocessing: Postprocessing) -> ClockedRound:
+        """Round ``number`` of ``stage`` from the schedule's row ``scheduled``, which advances the clock; its uploads
+        summed into one aggregate of its scheduled clients by ``postprocessing``'s protocol."""
+        protocol = postprocessing.protocol_cost(len(scheduled), tasks.values)
+
+        def costs(clients: np.ndarray) -> TaskCost:
+            return tasks.costs(clients, protocol) + TaskCost(np.where(self.passed[clients], 0.0,
+                                                                      self.first_macs[clients]))
+
+        record = self.clock.round(number, stage, scheduled, costs)
+        self.passed[record.clients] = True
+        return record
+
+    def _with_pass(self, macs: Amount) -> np.ndarray:
+        """Every client's ``macs`` and the pass where it has not made it yet."""
+        return macs + np.where(self.passed, 0.0, self.first_macs)
+
+
+def clocked_closed_form_uploads(stage: str, sampling: Sampling, records: Sequence[ClockedRound],
+                                evaluate_at: Container[int], summed: bool = True) -> StageUploads:
+    """A closed form's uploads on the clock (its rounds ``records``, numbered from 1): each client's first kept upload,
+    summed an evaluation block at a time, the blocks ending at the rounds of ``evaluate_at`` (as
+    :class:`~fedray.engine.closed_form.ClosedFormRounds` forms them); ``group`` and ``smallest_group`` are the most and
+    fewest uploads of a block with any. ``summed``: the method's :attr:`~fedray.ClosedFormMethod.uploads_summed`."""
+    seen = np.zeros(sampling.population, dtype=bool)
+    blocks, uploads = [], 0
+    for number, record in enumerate(records, start=1):
+        new = record.clients[~seen[record.clients]]  # a round's clients are distinct
+        seen[new] = True
+        uploads += len(new)
+        if number in evaluate_at:
+            blocks.append(uploads)
+            uploads = 0
+    sizes = [size for size in blocks if size] or [0]
+    return StageUploads(stage, False, sampling, len(records), max(sizes), min(sizes), summed)

@@ -87,8 +87,12 @@ class Training(Stage):
         return run.sampler.uploads(run.postprocessing, len(self.init_rounds(run)))
 
     def check(self, run: RunPlan, federation: Federation) -> None:
+        """``--rounds``; on the clock, ``--init``'s rounds on features planned (on images its features and F_φ are
+        known only once the network is loaded)."""
         if self.rounds is not None:  # training runs exactly --rounds rounds
             sampling.check_rounds(self.rounds)
+        if run.clock is not None and self.init is not None and self.images is None:
+            self.init.plan_clock(run, federation)
 
     def uploads(self, run: RunPlan) -> tuple[StageUploads, ...]:
         init = () if self.init is None else self.init.uploads(run, "init")

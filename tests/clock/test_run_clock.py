@@ -147,8 +147,14 @@ def test_the_columns_are_running_totals_bitwise_a_sum_over_the_rounds_and_walk_n
 
 
 def test_rounds_are_clocked_in_the_runs_order(tmp_path):
+    """A round's number comes after the last one's, or is the last one's in another stage (TCT's closed form, then
+    SCAFFOLD's first round)."""
     run = clock(tmp_path)
     run.round(2, "train", np.array([4, 2, 0]), lambda clients: TASK)
     with pytest.raises(FedrayError, match=r"^the clock's round 2 comes after its round 2: rounds are clocked in the "
                                           r"run's order$"):
         run.round(2, "train", np.array([4, 2, 0]), lambda clients: TASK)
+    run.round(2, "tct_scaffold", np.array([4, 2, 0]), lambda clients: TASK)
+    with pytest.raises(FedrayError, match=r"^the clock's round 1 comes after its round 2"):
+        run.round(1, "tct_closed_form", np.array([4, 2, 0]), lambda clients: TASK)
+    assert [(record.number, record.stage) for record in run.records] == [(2, "train"), (2, "tct_scaffold")]

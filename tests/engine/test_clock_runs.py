@@ -1,15 +1,18 @@
 """Whole runs on the clock: a clock that changes nothing changes no bit on every method path, the same events on one
 shard or two (and the classifier up to the order of float sums, as without a clock), a FedAvg run with a deadline
-against a plain loop, rows every S virtual seconds, rounds.parquet, and bad input refused in one line before any
-work."""
+against a plain loop, rows every S virtual seconds and the upload groups they make, the stages after training on the
+clock, rounds.parquet, and bad input refused in one line before any work."""
 
+import json
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
+import fedray
 from fedray.core.errors import FedrayError
 from fedray.data.registry import load_federation
 from fedray.engine.config import RunConfig
@@ -33,9 +36,12 @@ PATHS = {
     "fedavg": {"method": "fedavg", "rounds": 3},
     "scaffold": {"method": "scaffold", "rounds": 3},
     "fed3r-then-fedavg": {"method": "fedavg", "init": "fed3r", "rounds": 2},
-    "spherefed": {"method": "fedavg", "head": "sphere", "sphere_dim": 8, "rounds": 2},
+    "spherefed": {"method": "fedavg", "head": "sphere", "sphere_dim": 8, "rounds": 2, "probe_ridge": True},
+    "calibrate": {"method": "fedavg", "calibrate": "fed3r", "rounds": 2},
     "fed3r-secagg": {"method": "fed3r", "secure_aggregation": True, "options": {"secagg_clip": 10.0}},
 }
+AFTER_TRAINING = {"spherefed": ["calibrated", "ridge_probe"], "calibrate": ["calibrated"]}
+"""The rounds.parquet stages of the paths' rounds after training's."""
 
 
 def rows_of(out: Path) -> list[dict]:
@@ -61,8 +67,11 @@ def test_a_clock_that_changes_nothing_changes_no_bit(ray_session, tmp_path, path
     assert [row["round"] for row in per_round] == list(range(1, len(per_round) + 1))
     assert all(row["stragglers"] == row["dropped"] == 0 for row in per_round)
     assert all(later["start_s"] == earlier["end_s"] for earlier, later in zip(per_round, per_round[1:]))
-    timed = [row for row in clocked.rows if row["clock_s"] is not None]  # SphereFed's calibration row is not on it
-    assert timed and timed[-1]["clock_s"] == per_round[-1]["end_s"] > 0
+    ends = {row["round"]: row["end_s"] for row in per_round}
+    assert [row["clock_s"] for row in clocked.rows] == [ends.get(row["round"], 0.0) for row in clocked.rows]
+    stages = [row["stage"] for row in per_round]
+    after = AFTER_TRAINING.get(path, [])
+    assert stages[len(stages) - len(after):] == after
     if "secure_aggregation" in PATHS[path]:  # each upload timed as the last block's participants sent theirs
         assert per_round[-1]["bytes_up"] == per_round[-1]["finished"] * clocked.rows[-1]["secagg_bytes_per_participant"]
 
@@ -214,3 +223,96 @@ def test_fed3r_then_fedavg_hears_every_client_in_its_first_stage_and_trains_afte
     assert [row["round"] for row in per_round] == list(range(1, len(closed_form) + 3))
     assert [row["stage"] for row in per_round[len(closed_form):]] == ["train", "train"]
     assert clocked.rows[-1]["round"] == len(closed_form) + 2 and len(clocked.rounds) == len(per_round)
+
+
+def test_a_calibration_of_three_clients_lasts_its_slowest_clients_pass_and_upload(ray_session, tmp_path):
+    """One FedAvg round of all three clients, then ``--calibrate fedncm``, every client on the uniform device: a client
+    computes its class sums (n_k·d FLOPs, n_k·d / 2 multiply-adds) at 1,305,366,530 multiply-adds/s and uploads its
+    M_k means of d float32s at 26,037,371 bit/s; it downloads nothing. The calibration's round starts when training's
+    ends and lasts as long as its slowest client."""
+    dataset = "synthetic:inat-geo-100?clients=3&dim=8&classes=4&seed=2"
+    sizes, classes_held, dim = [8, 23, 60], [1, 2, 3], 8  # the federation's, checked below
+    federation = load_federation(dataset)
+    assert federation.client_sizes.tolist() == sizes and federation.client_num_classes.tolist() == classes_held
+    completed = run(RunConfig(method="fedavg", dataset=dataset, out=str(tmp_path / "run"), rounds=1, eval_every=1,
+                              clients_per_round=3, calibrate="fedncm", devices="uniform", num_shards=1,
+                              cpus_per_shard=0.5, quiet=True))
+    compute = [n * dim / 2 / 1305366530 for n in sizes]
+    upload = [m * dim * 4 * 8 / 26037371 for m in classes_held]
+    slowest = max(range(3), key=lambda k: compute[k] + upload[k])
+    train, calibration = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()
+    assert (calibration["round"], calibration["stage"], calibration["selected"], calibration["finished"]) == \
+        (2, "calibrated", 3, 3)
+    assert (calibration["bytes_up"], calibration["bytes_down"]) == (sum(classes_held) * dim * 4, 0.0)
+    assert calibration["start_s"] == train["end_s"] > 0
+    assert calibration["end_s"] - calibration["start_s"] == pytest.approx(compute[slowest] + upload[slowest], rel=1e-12)
+    rows = completed.rows
+    assert [(row["round"], row["stage"]) for row in rows] == [(0, "train"), (1, "train"), (2, "calibrated")]
+    assert [row["clock_s"] for row in rows] == [0.0, train["end_s"], calibration["end_s"]]
+    assert rows[2]["clock_compute_s"] - rows[1]["clock_compute_s"] == pytest.approx(compute[slowest], rel=1e-12)
+    assert rows[2]["clock_comm_s"] - rows[1]["clock_comm_s"] == pytest.approx(upload[slowest], rel=1e-12)
+
+
+class Recorder(fedray.Postprocessor):
+    """Writes to ``log`` (JSON lines) the closed form's upload groups it is told before the run, and the round and
+    size of each aggregate it then sees; changes nothing."""
+
+    def __init__(self, log: Annotated[str, "the file it writes to"] = "") -> None:
+        super().__init__()
+        self.log = log
+
+    def write(self, entry: list) -> None:
+        with open(self.log, "a") as log:
+            log.write(json.dumps(entry) + "\n")
+
+    def start(self, stages):
+        for told in stages:
+            self.write(["told", told.group, told.smallest_group])
+
+    def aggregate(self, total, context):
+        self.write(["aggregate", context.round, context.clients])
+        return total
+
+
+def test_evaluation_points_in_virtual_seconds_make_the_upload_groups_the_postprocessors_are_told(ray_session,
+                                                                                               tmp_path):
+    """Fed3R with DP's central noise and evaluation every 0.5 ms of virtual time: the rounds evaluated are uneven, each
+    evaluation block's uploads are summed and noised once (one aggregate a row), and the postprocessors are told the
+    largest and smallest of those blocks before the run, not κ·--eval-every."""
+    log = tmp_path / "log.jsonl"
+    completed = run(RunConfig(method="fed3r", out=str(tmp_path / "run"), eval_every_s=5e-4,
+                              postprocessor=f"{__name__}:Recorder", options={"log": str(log)}, clip_norm=10.0,
+                              dp_noise=1.0, dp_delta=1e-5, **COMMON))
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    per_round = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()
+    evaluated = [row["round"] for row in completed.rows]
+    assert len(set(np.diff(evaluated))) > 1, "uneven evaluation points"
+    blocks = [sum(row["finished"] for row in per_round if start < row["round"] <= end)  # each client uploads once
+              for start, end in zip([0, *evaluated], evaluated)]
+    aggregates = [entry[1:] for entry in entries if entry[0] == "aggregate"]
+    assert aggregates == [[number, size] for number, size in zip(evaluated, blocks)]
+    assert all(row["dp_noise"] == 1.0 and row["dp_epsilon"] > 0 for row in completed.rows)
+    assert [entry[1:] for entry in entries if entry[0] == "told"] == [[max(blocks), min(blocks)]]
+    assert [max(blocks), min(blocks)] != [COMMON["clients_per_round"] * COMMON["eval_every"], 6]  # --eval-every's
+
+
+def test_a_calibration_and_the_ridge_probe_under_availability_hear_every_client_after_training(ray_session, tmp_path):
+    """SphereFed with the ridge probe on diurnal availability: the calibration's round finds some of the 46 clients
+    offline, so the hearing loop asks them again in rounds numbered on until each upload has arrived once; the
+    ``calibrated`` row is its last round's, and the probe's rounds come after it, hearing every client too."""
+    path = PATHS["spherefed"]
+    completed = run(RunConfig(out=str(tmp_path / "run"), devices="phones", availability="diurnal:86400,0.3",
+                              **COMMON, **path))
+    num_clients = load_federation(TINY).num_clients
+    per_round = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()
+    assert [row["round"] for row in per_round] == list(range(1, len(per_round) + 1))
+    calibrated = [row for row in per_round if row["stage"] == "calibrated"]
+    probe = [row for row in per_round if row["stage"] == "ridge_probe"]
+    assert per_round[-len(calibrated) - len(probe):] == calibrated + probe and len(calibrated) > 1 and len(probe) > 1
+    for rounds in (calibrated, probe):
+        assert rounds[0]["selected"] < num_clients and sum(row["finished"] for row in rounds) == num_clients
+    row = completed.rows[-1]
+    assert (row["stage"], row["round"], row["clock_s"]) == ("calibrated", calibrated[-1]["round"],
+                                                           calibrated[-1]["end_s"])
+    assert len(completed.rounds) == row["round"]
+    assert sorted(np.concatenate(completed.rounds[-len(calibrated):]).tolist()) == list(range(num_clients))

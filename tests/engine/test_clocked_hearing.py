@@ -5,7 +5,9 @@ client was heard."""
 import numpy as np
 import pytest
 
+from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
+from fedray.clock.diurnal import DiurnalAvailability
 from fedray.clock.hearing import MAX_LOST
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.run_clock import RunClock
@@ -108,3 +110,55 @@ def test_a_selector_that_asks_none_of_the_clients_still_to_hear_after_the_schedu
                                           r"stage still has to hear \(5\) in round 4: it would never end$"):
         clocked_closed_form(clock(tmp_path, selector=Repeating(), name="repeating.py:Repeating"),
                             [np.array([0, 1]), np.array([2, 3]), np.array([4, 5])], TASKS, "closed_form")
+
+
+class FirstOnline(Selector):
+    """The round's scheduled clients online at its start, then the lowest ids of those it still has to hear that are
+    online (the hearing's own list of them)."""
+
+    def select(self, context):
+        kept = context.scheduled[context.online(context.scheduled)][: context.wanted]
+        fill = context.eligible_online()
+        fill = fill[~np.isin(fill, kept)]
+        return np.concatenate((kept, fill[: context.wanted - len(kept)]))
+
+
+def test_the_tail_of_a_closed_form_under_diurnal_availability_is_a_plain_loop_over_the_clients_still_to_hear():
+    """40 phones online 30 % of every 20 s, tasks of about 1 to 20 s: after the schedule's 10 rounds the stage hears the
+    rest a few at a time, rounds waiting for a client still to hear to come online and clients dropping out. Each of
+    those rounds against a plain loop that looks every client still to hear up at each round's start."""
+    num_clients, per_round, seed = 40, 4, 5
+    availability = DiurnalAvailability(diurnal_period_s=20.0, diurnal_duty=0.3, seed=seed)
+    devices = Devices("phones")
+    tasks = ClosedFormTasks(np.full(num_clients, 1e6), 1e6 * (1.0 + np.arange(num_clients) % 7), 25)
+    schedule = [np.arange(start, start + per_round) for start in range(0, num_clients, per_round)]
+    run = RunClock(devices, availability, SynchronousRounds(), FirstOnline(), "first_online.py:FirstOnline",
+                   num_clients, per_round, seed=seed)
+    records = clocked_closed_form(run, schedule, tasks, "closed_form")
+
+    scheduled = records[:len(schedule)]
+    heard = {int(client) for record in scheduled for client in record.clients}
+    lost = {client: sum(client in record.lost for record in scheduled) for client in range(num_clients)}
+    to_hear = [client for client in range(num_clients) if client not in heard and lost[client] < MAX_LOST]
+    t, number, expected = scheduled[-1].end_s, len(schedule), []
+    while to_hear:
+        number += 1
+        online = [client for client in to_hear if availability.available(np.array([client]), t)[0]]
+        if not online:
+            t = min(float(availability.next_available(np.array([client]), t)[0]) for client in to_hear)
+            online = [client for client in to_hear if availability.available(np.array([client]), t)[0]]
+        asked = np.array(online[:per_round], dtype=np.int64)
+        durations = devices.durations(asked, number, TaskCost(tasks.macs[asked], 0.0, tasks.up_bytes[asked]), seed)
+        finish = t + ((durations.down_s + durations.up_s) + durations.compute_s)
+        stays = availability.stays_available(asked, t, finish)
+        expected.append((number, t, float(finish.max()), asked.tolist(), asked[stays].tolist()))
+        for client in asked[~stays].tolist():
+            lost[client] += 1
+        to_hear = [client for client in to_hear
+                   if client not in asked[stays].tolist() and lost[client] < MAX_LOST]
+        t = float(finish.max())
+    tail = records[len(schedule):]
+    assert [(record.number, record.start_s, record.end_s, record.selected.tolist(), record.clients.tolist())
+            for record in tail] == expected
+    assert any(later.start_s > earlier.end_s for earlier, later in zip(tail, tail[1:]))  # rounds that waited
+    assert any(len(record.lost) for record in tail) and any(len(record.clients) > 1 for record in tail)

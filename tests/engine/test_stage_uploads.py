@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import pytest
 
 import fedray
+from fedray.clock.run_clock import ClockedRound
 from fedray.core.errors import FedrayError
+from fedray.engine.clocked import clocked_closed_form_uploads
 from fedray.engine.config import resolve
 from fedray.engine.plan import closed_form_uploads, training_uploads
 from fedray.engine.run_config import run
@@ -60,6 +63,23 @@ def test_a_closed_form_block_sums_kappa_times_eval_every_uploads_and_the_last_bl
     assert closed_form_uploads("closed form", Sampling(10, 3, True), 9, 2) == \
         StageUploads("closed form", False, Sampling(10, 3, True), 9, 6, None)
     assert closed_form_uploads("closed form", Sampling(10, 3, False), 4, 5).group == 10   # one block: everyone
+
+
+def kept(number: int, *clients: int) -> ClockedRound:
+    """Round ``number`` on the clock keeping the uploads of ``clients`` (its times are not read)."""
+    ids = np.array(clients, dtype=np.int64)
+    return ClockedRound(number, "closed_form", 0.0, 1.0, ids, ids, None, 0, 0, 0.0, 0.0, 0.0, 1.0)
+
+
+def test_a_closed_form_block_on_the_clock_sums_the_first_uploads_of_its_rounds_up_to_an_evaluation():
+    # drawn with replacement: a client kept again uploads nothing new; rounds 1-2 make a block of 4 (0, 1, 2, 3),
+    # round 3 one of none (no aggregate), rounds 4-5 one of 1 (client 4)
+    records = [kept(1, 0, 1, 2), kept(2, 2, 3), kept(3, 1, 0), kept(4, 0), kept(5, 4, 3)]
+    sampling = Sampling(6, 3, True)
+    assert clocked_closed_form_uploads("closed form", sampling, records, {2, 3, 5}) == \
+        StageUploads("closed form", False, sampling, 5, 4, 1)
+    assert clocked_closed_form_uploads("init", sampling, records, {1, 5}, summed=False) == \
+        StageUploads("init", False, sampling, 5, 3, 2, False)
 
 
 def test_a_training_round_sums_kappa_uploads_and_a_pass_s_last_round_k_mod_kappa():

@@ -15,6 +15,15 @@ import torchvision
 import yaml
 
 from fedray.app.cli import main
+from fedray.clock.devices import Devices
+from fedray.clock.rounds import SynchronousRounds
+from fedray.clock.run_clock import RunClock
+from fedray.clock.selector import UniformSelector
+from fedray.core.results import EvalPoint
+from fedray.engine.clocked import FirstPassClock
+from fedray.engine.plan import Sampler, stages
+from fedray.engine.tct import Stage2Run
+from fedray.engine.training import Accounting
 from fedray.engine.config import RunConfig
 from fedray.data.registry import load_federation
 from fedray.core.errors import FedrayError
@@ -28,6 +37,8 @@ from fedray.data.images.backbones import images_backbone
 from fedray.methods.entk import EntkSpec, coordinate_index
 from fedray.methods.tct_stage2 import normalize
 from tests.methods.tct_stage2_reference import ClientData, closed_form_stage2, normalization
+from tests.methods.test_tct_stage2 import NUM_CLASSES, label_skewed
+from tests.runtime import test_tct_shards as tct_shards
 from tests.images import write_image_folder
 
 
@@ -198,3 +209,91 @@ def test_closed_form_stage2_needs_a_width_it_can_solve():
     RunConfig(method="tct", tct_solver="closed_form", tct_projection=2000).validate()
     with pytest.raises(FedrayError, match="--base"):
         RunConfig(method="tct", base="fedsgd").validate()
+
+
+def test_stage2_rounds_are_on_the_clock_with_each_clients_pass_counted(ray_session):
+    """Stage 2 (both solvers) of six clients on the uniform device (1,305,366,530 multiply-adds/s, 33,943,262 bit/s
+    down, 26,037,371 up), after a stage 1 of 7 rounds: the normalization round, the closed form's and SCAFFOLD's are
+    rounds of the clock in that order, each as long as its slowest client, a client's eNTK pass (here 1,000
+    multiply-adds a sample) counted in its first; the rows' clock columns are their rounds' ends."""
+    clients, held_out = label_skewed(seed=4), label_skewed(seed=5, num_clients=4)
+    held_out = ClientData(torch.cat([c.features for c in held_out]), torch.cat([c.labels for c in held_out]))
+    sizes = np.array([len(c.labels) for c in clients])
+    config = RunConfig(method="tct", tct_solver="both", tct_rounds=3, tct_local_steps=2, tct_lr=0.05,
+                       clients_per_round=3, eval_every=1, seed=3).resolved()
+    sampler = Sampler(len(sizes), 3, False, config.seed)
+    clock = RunClock(Devices("uniform"), None, SynchronousRounds(), UniformSelector(), "uniform", len(sizes), 3, 3)
+    start = EvalPoint(7, 0, 0, 0.5, 0.0, 0.0, 0.0, 0.0, "train")
+    # the same stage 2 under a deadline no client meets: SCAFFOLD's rounds keep no upload and change nothing
+    late = RunClock(Devices("uniform"), None, SynchronousRounds(deadline=1e-9), UniformSelector(), "uniform",
+                    len(sizes), 3, 3)
+    pool = tct_shards.start_pool(None, clients, held_out)
+    try:
+        stage2 = Stage2Run(stages(config)[-1], sampler, config.eval_every, pool, sizes, NUM_CLASSES, 20, [start],
+                           Accounting(np.zeros(len(sizes), dtype=bool)), clock=FirstPassClock(clock, 1000.0 * sizes))
+        normalization = stage2.normalize()
+        stage2.closed_form(normalization)
+        stage2.scaffold(normalization)
+        unheard = Stage2Run(stages(config)[-1], sampler, config.eval_every, pool, sizes, NUM_CLASSES, 20, [start],
+                            Accounting(np.zeros(len(sizes), dtype=bool)), clock=FirstPassClock(late, 1000.0 * sizes))
+        unchanged = unheard.scaffold(unheard.normalize())
+    finally:
+        pool.shutdown()
+    assert not unchanged.any() and [len(clients) for clients in unheard.scaffold_rounds] == [0, 0, 0]
+    # the normalization asks every client until it has lost MAX_LOST = 10 uploads of each (6 · 10 asks: its round
+    # of six, then rounds of up to κ = 3 clients still to hear), SCAFFOLD's rounds numbered after them
+    late_rounds = late.rows()
+    normalization = [row for row in late_rounds if row["stage"] == "tct_normalization"]
+    assert [row["stage"] for row in late_rounds] == ["tct_normalization"] * len(normalization) + ["tct_scaffold"] * 3
+    assert [row["round"] for row in late_rounds] == list(range(8, 8 + len(late_rounds)))
+    assert normalization[0]["stragglers"] == 6 and all(0 < row["stragglers"] <= 3 for row in normalization[1:])
+    assert sum(row["stragglers"] for row in normalization) == 60
+    assert [row["stragglers"] for row in late_rounds[-3:]] == [3, 3, 3]
+    last = 7 + len(normalization)
+    assert [(row.round, row.train_loss) for row in unheard.points[1:]] == [(last + 1, None), (last + 2, None),
+                                                                            (last + 3, None)]
+    p, c = 20, NUM_CLASSES
+
+    def seconds(macs, down_floats, up_floats):
+        return macs / 1305366530 + down_floats * 4 * 8 / 33943262 + up_floats * 4 * 8 / 26037371
+
+    normalize_s = max(seconds(1000.0 * n + 3 * n * p / 2, 2 * p, 2 * p + 1) for n in sizes)
+    closed_form_s = max(seconds(n * (p + 1) * (p + 1 + c), 0, (p + 1) ** 2 + (p + 1) * c) for n in sizes)
+    rounds = clock.rows()
+    assert [(row["round"], row["stage"]) for row in rounds] == [
+        (8, "tct_normalization"), (9, "tct_closed_form"), (9, "tct_scaffold"), (10, "tct_scaffold"),
+        (11, "tct_scaffold")]
+    assert [row["selected"] for row in rounds] == [6, 6, 3, 3, 3]
+    assert rounds[0]["end_s"] - rounds[0]["start_s"] == pytest.approx(normalize_s, rel=1e-12)
+    assert rounds[1]["end_s"] - rounds[1]["start_s"] == pytest.approx(closed_form_s, rel=1e-12)
+    for row, drawn in zip(rounds[2:], stage2.scaffold_rounds):  # ψ and c down (κ < K), Δ up
+        expected = max(seconds(2 * 2 * sizes[k] * (p + 1) * c, 2 * (p + 1) * c, (p + 1) * c) for k in drawn)
+        assert row["end_s"] - row["start_s"] == pytest.approx(expected, rel=1e-12)
+    assert all(later["start_s"] == earlier["end_s"] for earlier, later in zip(rounds, rounds[1:]))
+    rows = stage2.points[1:]
+    assert [(row.stage, row.round) for row in rows] == [("tct_closed_form", 9), ("tct_scaffold", 9),
+                                                       ("tct_scaffold", 10), ("tct_scaffold", 11)]
+    assert [row.clock_columns["clock_s"] for row in rows] == [row["end_s"] for row in rounds[1:]]
+
+
+@pytest.mark.slow
+def test_a_clock_that_changes_nothing_changes_no_bit_of_tct_and_times_each_stage(ray_session, tmp_path, capsys):
+    """TCT with both solvers on the uniform device (no deadline, everyone online) gives the run without a clock bit for
+    bit, its rows with the clock's columns: non-null, at their rounds' ends, in order; rounds.parquet holds stage 1's
+    rounds, then stage 2's (no normalization round here) with their stage names."""
+    options = ("--entk-params", "last_layer", "--tct-no-normalization", "--entk-dim", "1000", "--tct-solver", "both",
+               "--tct-lam", "0.1")
+    plain_rows, plain_arrays, _, _ = tct_on_grayscale(tmp_path / "plain", capsys, *options)
+    rows, arrays, _, _ = tct_on_grayscale(tmp_path / "clocked", capsys, *options, "--devices", "uniform")
+    assert plain_arrays.keys() == arrays.keys()
+    assert all(np.array_equal(plain_arrays[name], arrays[name]) for name in arrays)
+    clock_columns = {"clock_s", "clock_compute_s", "clock_comm_s", "clients_straggled", "clients_dropped"}
+    for before, after in zip(plain_rows, rows, strict=True):
+        kept = set(before) - {"wall_s", "dataset"}  # the same images, generated in each run's folder
+        assert {name: before[name] for name in kept} == {name: after[name] for name in kept}
+    rounds = pq.read_table(tmp_path / "clocked" / "run" / "rounds.parquet").to_pylist()
+    assert [(row["round"], row["stage"]) for row in rounds] == [
+        (1, "train"), (2, "train"), (3, "tct_closed_form"), (3, "tct_scaffold"), (4, "tct_scaffold")]
+    assert all(later["start_s"] == earlier["end_s"] < later["end_s"] for earlier, later in zip(rounds, rounds[1:]))
+    assert [row["clock_s"] for row in rows] == [0.0, rounds[1]["end_s"], rounds[2]["end_s"], rounds[4]["end_s"]]
+    assert all(clock_columns <= set(row) and None not in [row[name] for name in clock_columns] for row in rows)
