@@ -144,7 +144,8 @@ class Training(Stage):
 
             backend, embeddings, backbone_macs = open_network(self.images, context, sgd=self.sgd,
                                                               algorithm=self.algorithm, sphere=self.sphere,
-                                                              postprocessing=postprocessing)
+                                                              postprocessing=postprocessing,
+                                                              client_losses=_measures_losses(context.run))
             resolved: dict[str, object] = {}
         else:
             backend, embeddings = self._open_head(context, postprocessing), _on_pool(context)
@@ -165,7 +166,7 @@ class Training(Stage):
         """Linear probing (SphereFed: its projection) on the pool's features, measuring the clients' losses where the
         run's clock reads them."""
         run = context.run
-        losses = run.clock is not None and run.clock.measures_losses
+        losses = _measures_losses(run)
         if self.sphere is not None:
             return SphereBackend(context.pool, self.sgd, run.seed, context.evaluator, self.algorithm, self.sphere,
                                  postprocessing, losses)
@@ -259,6 +260,11 @@ class _Clocked:
     steps: Sequence[np.ndarray | None] | None = None
     downloads: Sequence[int] | None = None
     asynchronous: AsyncUpdates | None = None
+
+
+def _measures_losses(run: RunPlan) -> bool:
+    """Whether training measures its clients' losses: the run's clock reads them."""
+    return run.clock is not None and run.clock.measures_losses
 
 
 def _on_pool(context: StageContext) -> Embeddings:
