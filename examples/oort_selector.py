@@ -8,7 +8,9 @@ A round asks n clients. A client the server has heard from (an explored one) is 
     U_i = |B_i| · sqrt(mean of its samples' loss²)             its statistical utility, from its last upload
         × (T / t_i)^α        where t_i > T                      a penalty for being slower than the preferred duration
 
-where t_i is its last round's duration and T the ``round_threshold``-th percentile of the known durations. A
+where t_i is its last round's duration and T the ``round_threshold``-th percentile of the known durations; B_i are
+the client's training samples, each sample's loss taken at the model its last round sent (``uses_utility`` below asks
+the run to measure them: round r is then picked after round r − 1 has trained, from the losses it measured). A
 fraction ε = max(ε₀ · decay^(r + 1), ε_min) of the n (rounded down) explores: drawn uniformly among the online clients
 never heard from; the rest exploit: the online explored clients of the highest U (ties by client id). Whichever side
 runs short, the other fills. The defaults are the paper's (FedScale's): α = 2, T at the 30th percentile, ε from 0.9,
@@ -29,6 +31,8 @@ import fedray
 
 @dataclass(frozen=True)
 class Oort(fedray.Selector):
+    uses_utility = True  # the run measures each client's losses, and picks a round after the one before has trained
+
     round_penalty: Annotated[float, "α: a slow client's utility × (T / t)^α"] = 2.0
     round_threshold: Annotated[float, "T, the preferred round duration, as a percentile of the known durations"] = 30.0
     exploration_factor: Annotated[float, "ε₀, the share of a round that explores at the start"] = 0.9

@@ -230,6 +230,12 @@ class RunClock:
         return plan, records
 
     @property
+    def measures_losses(self) -> bool:
+        """Whether training's rounds measure their clients' losses: its selector reads their utility and picks the
+        clients of synchronous rounds (the asynchronous schedulers' dispatch does not ask it)."""
+        return self.selector.uses_utility and not self.asynchronous.asynchronous
+
+    @property
     def partial(self) -> bool:
         """Whether a late client sends the local steps it finished by the deadline (``--stragglers partial``)."""
         return self.scheduler.partial

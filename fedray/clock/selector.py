@@ -47,6 +47,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -77,7 +78,9 @@ class ClientHistory:
         self.duration_s = np.full(num_clients, np.nan)
         """The client's duration in its last such round, from the round's start to its upload (NaN: unknown)."""
         self.utility = np.full(num_clients, np.nan)
-        """Its statistical utility in that round where the run measures one (Oort's |B|·sqrt(mean loss²)), else NaN."""
+        """Its statistical utility in its last round that measured one (NaN: none): Oort's |B|·sqrt(mean loss²), B its
+        training samples, each sample's loss at the model the round sent (:meth:`measured`). A run measures it only
+        for a selector that reads it (:attr:`Selector.uses_utility`)."""
 
     def record(self, clients: np.ndarray, round: int, duration_s: np.ndarray,
                utility: np.ndarray | None = None) -> None:
@@ -88,6 +91,12 @@ class ClientHistory:
         self.duration_s[clients] = duration_s
         if utility is not None:
             self.utility[clients] = utility
+
+    def measured(self, clients: np.ndarray, samples: np.ndarray, loss_squares: np.ndarray) -> None:
+        """The losses of ``clients``' last round: each one's ``samples`` |B| and the sum of their squared losses,
+        giving its statistical utility |B| · sqrt(Σ loss² / |B|)."""
+        samples = np.asarray(samples, dtype=np.float64)
+        self.utility[clients] = samples * np.sqrt(np.asarray(loss_squares, dtype=np.float64) / samples)
 
 
 @dataclass(frozen=True)
@@ -173,7 +182,12 @@ class RoundContext:
 @dataclass(frozen=True)
 class Selector(ABC):
     """Picks a round's clients (``fedray.Selector``): subclass it as a frozen dataclass whose fields with defaults are
-    its options, and define :meth:`select`."""
+    its options, and define :meth:`select`. One that reads :attr:`ClientHistory.utility` says so with
+    ``uses_utility = True``: the run then measures the clients' losses, and clocks training's rounds one at a time,
+    each once the rounds before it have trained."""
+
+    uses_utility: ClassVar[bool] = False
+    """Whether :meth:`select` reads the clients' statistical utility (the run measures it only then)."""
 
     @abstractmethod
     def select(self, context: RoundContext) -> np.ndarray:

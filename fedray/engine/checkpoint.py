@@ -27,7 +27,7 @@ from fedray.core.accounting import PaperTotals
 from fedray.engine.config import RunConfig
 from fedray.data.registry import canonical_spec
 from fedray.core.errors import FedrayError
-from fedray.methods.training.backend import Params
+from fedray.methods.training.backend import ClientLosses, Params
 from fedray.engine.training import CLIENT_STATES, Accounting, TrainingState
 from fedray.runtime.client_states import check_saved, remove_saved
 from fedray.core.results import EvalPoint, torch_size, write_atomically
@@ -165,6 +165,9 @@ def _plain_state(state: TrainingState) -> dict:
         "client_states": list(state.client_states),
         "postprocessors": list(state.postprocessors),
         "reported": dict(state.reported),
+        "client_losses": [{"round": number, "clients": torch.from_numpy(losses.clients),
+                           "squares": torch.from_numpy(losses.squares)}
+                          for number, losses in state.client_losses.items()],
         "accounting": {"seen": torch.from_numpy(accounting.seen), "samples_seen": int(accounting.samples_seen),
                        "bytes_up": float(accounting.bytes_up), "bytes_down": float(accounting.bytes_down),
                        "flops": float(accounting.flops), "paper": accounting.paper.to_dict()},
@@ -224,6 +227,7 @@ def _training_state(plain: dict, out: Path) -> TrainingState:
         client_states=_client_states(client_states, done, out),
         postprocessors=[_tensors(state, "a postprocessor's state") for state in plain.get("postprocessors", [])],
         reported=_reported(plain.get("reported", {}), "reported numbers"),
+        client_losses=_client_losses(plain.get("client_losses", [])),
     )
 
 
@@ -235,6 +239,22 @@ def _reported(value: object, name: str) -> dict[str, float | str]:
                                               for key, reported in value.items()):
         raise FedrayError(f"its {name} are {value!r}, not a mapping of names to numbers (not NaN) or strings")
     return dict(value)
+
+
+def _client_losses(value: object) -> dict[int, ClientLosses]:
+    """Each round's clients' squared losses (a run that measured none, or a checkpoint from before, has none)."""
+    if not isinstance(value, list):
+        raise FedrayError(f"its clients' losses are {type(value).__name__}, not a list of rounds")
+    losses = {}
+    for entry in value:
+        if not (isinstance(entry, dict) and type(entry.get("round")) is int
+                and isinstance(entry.get("clients"), torch.Tensor) and entry["clients"].dtype == torch.int64
+                and isinstance(entry.get("squares"), torch.Tensor) and entry["squares"].dtype == torch.float64
+                and entry["clients"].dim() == 1 and entry["squares"].shape == entry["clients"].shape):
+            raise FedrayError(f"its clients' losses hold {entry!r}, not a round's clients (int64) and their squared "
+                              f"losses (float64)")
+        losses[entry["round"]] = ClientLosses(entry["clients"].numpy(), entry["squares"].numpy())
+    return losses
 
 
 def _callback_columns(value: object, where: str) -> dict[str, float | str]:

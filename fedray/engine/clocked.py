@@ -24,9 +24,11 @@ heard yet, numbered on after the stage's own, until every client is heard.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+import math
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import TypeVar, overload
 
 import numpy as np
 
@@ -49,7 +51,9 @@ from fedray.engine.round_loop import Callback
 from fedray.methods.algorithm import FederatedAlgorithm, keeps_client_state
 from fedray.methods.base import FLOAT_BYTES, ClosedFormMethod
 from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads
-from fedray.methods.training.backend import Params, TrainingBackend
+from fedray.methods.training.backend import ClientLosses, Params, TrainingBackend
+
+T = TypeVar("T")
 
 
 def run_clock(config: RunConfig, federation: Federation, sampler: Sampler) -> RunClock | None:
@@ -211,16 +215,103 @@ class TrainingTasks:
         return TaskCost(self.macs[clients] + protocol.macs, self.down_bytes + protocol.down_bytes, protocol.up_bytes)
 
 
-def clocked_training(clock: RunClock, schedule: Sequence[np.ndarray], tasks: TrainingTasks, first_round: int,
-                     stage: str, postprocessing: Postprocessing = Postprocessing()) -> list[ClockedRound]:
-    """Training's rounds on the clock, numbered after ``first_round`` rounds of the run; each round's uploads summed
-    into one aggregate of its scheduled clients, by ``postprocessing``'s protocol."""
-    records = []
-    for number, scheduled in enumerate(schedule, start=1):
-        protocol = postprocessing.protocol_cost(len(scheduled), tasks.values)
-        records.append(clock.round(first_round + number, stage, scheduled, partial(tasks.costs, protocol=protocol),
-                                   lambda clients: tasks.steps[clients]))
-    return records
+class ClockedTraining(Sequence[np.ndarray]):
+    """Training's synchronous rounds on the clock, each clocked when the round loop first asks for its clients.
+
+    Round r is clocked (the selector picks its clients, their durations decide
+    who finishes and when it ends) only once round r − 1 has trained and the
+    losses its clients measured (``measured(r − 1)``, the training state's
+    :attr:`~fedray.engine.training.TrainingState.client_losses`) went into the
+    clock's history as their statistical utility: a selector that reads it
+    picks round r from round r − 1's losses. A round clocked stays clocked: a
+    replay (after an actor lost its clients' states) gets the same clients. The
+    uniform and Poisson selectors read no loss, and their rounds are the ones
+    clocked all before training. Each round's uploads are summed into one
+    aggregate of its scheduled clients, by ``postprocessing``'s protocol.
+    """
+
+    def __init__(self, clock: RunClock, schedule: Sequence[np.ndarray], tasks: TrainingTasks, first_round: int,
+                 stage: str, sizes: np.ndarray, measured: Callable[[int], ClientLosses | None] = lambda number: None,
+                 postprocessing: Postprocessing = Postprocessing()) -> None:
+        """Rounds numbered after ``first_round`` rounds of the run; ``sizes``: the clients' samples (|B| of their
+        utility)."""
+        self.clock, self.schedule, self.tasks, self.first_round, self.stage = clock, schedule, tasks, first_round, stage
+        self.sizes, self.measured, self.postprocessing = sizes, measured, postprocessing
+        self.start_s = clock.now
+        """When the first round starts (the clock's present when training begins)."""
+        self.records: list[ClockedRound] = []
+        """The rounds clocked so far, in order."""
+
+    def __len__(self) -> int:
+        return len(self.schedule)
+
+    @overload
+    def __getitem__(self, index: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, index: int | slice) -> np.ndarray | list[np.ndarray]:
+        """The clients that train in round ``index + 1`` (its kept uploads, in the selector's order)."""
+        if isinstance(index, slice):
+            return [self.record(position).clients for position in range(*index.indices(len(self)))]
+        return self.record(index).clients
+
+    def record(self, index: int) -> ClockedRound:
+        """Round ``index + 1`` on the clock, clocking the rounds up to it that are not yet."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"training has {len(self)} rounds, not a round {index + 1}")
+        while len(self.records) <= index:
+            self._clock_next()
+        return self.records[index]
+
+    def _clock_next(self) -> None:
+        number = len(self.records) + 1
+        losses = self.measured(number - 1)
+        if losses is not None:
+            self.clock.history.measured(losses.clients, self.sizes[losses.clients], losses.squares)
+        scheduled = self.schedule[number - 1]
+        protocol = self.postprocessing.protocol_cost(len(scheduled), self.tasks.values)
+        self.records.append(self.clock.round(self.first_round + number, self.stage, scheduled,
+                                             partial(self.tasks.costs, protocol=protocol),
+                                             lambda clients: self.tasks.steps[clients]))
+
+    def per_round(self, read: Callable[[ClockedRound], T]) -> Sequence[T]:
+        """``read`` of each round's record, as the round loop asks for it (round ``index + 1`` at ``[index]``)."""
+        return _PerRound(self, read)
+
+    def every_s(self, every_s: float) -> Container[int]:
+        """The rounds evaluated every ``every_s`` virtual seconds, as the round loop asks after each: round 0 (the
+        initial model), the first round ending at or after each multiple of ``every_s`` (since the run's start), and
+        the last (:func:`~fedray.clock.run_clock.evaluated_rounds`'s rule, one round at a time)."""
+        return _EverySeconds(self, every_s)
+
+
+@dataclass(frozen=True)
+class _PerRound(Sequence[T]):
+    rounds: ClockedTraining
+    read: Callable[[ClockedRound], T]
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+    def __getitem__(self, index):  # type: ignore[override]  # the round loop asks by round, never by slice
+        return self.read(self.rounds.record(index))
+
+
+@dataclass(frozen=True)
+class _EverySeconds(Container[int]):
+    rounds: ClockedTraining
+    every_s: float
+
+    def __contains__(self, number: object) -> bool:
+        if not isinstance(number, int) or not 0 <= number <= len(self.rounds):
+            return False
+        if number in (0, len(self.rounds)):
+            return True
+        end = self.rounds.record(number - 1).end_s
+        previous = self.rounds.start_s if number == 1 else self.rounds.record(number - 2).end_s
+        return math.floor(end / self.every_s) > math.floor(previous / self.every_s)
 
 
 @dataclass(frozen=True)

@@ -29,17 +29,17 @@ T = TypeVar("T")
 
 
 def open_network(images: Images, context: StageContext, *, sgd: LocalSGD, algorithm: FederatedAlgorithm,
-                 sphere: SphereHead | None,
-                 postprocessing: Postprocessing) -> tuple[FineTuneBackend, Embeddings, float | None]:
+                 sphere: SphereHead | None, postprocessing: Postprocessing,
+                 client_losses: bool = False) -> tuple[FineTuneBackend, Embeddings, float | None]:
     """The backend fine-tuning ``images`` with ``algorithm`` and ``sgd`` (SphereFed's backbone under its fixed
     classifier with ``sphere``), on a trainer pool of its own (in the Tune trial's bundles inside one), held by
     ``context`` until the run ends; where the closed-form stages find the embeddings; and F_φ (the run's, else half
-    the backbone's measured FLOPs per image)."""
+    the backbone's measured FLOPs per image). ``client_losses``: each round measures its clients' squared losses."""
     run = context.run
     backend = FineTuneBackend.start(
         context.federation, images.network, images.mode, sgd, run.seed, num_trainers=images.num_trainers,
         cpus_per_trainer=images.cpus_per_trainer, algorithm=algorithm, sphere=sphere, postprocessing=postprocessing,
-        trial_group=context.trial_group, state_budget=run.shards.state_memory,
+        trial_group=context.trial_group, state_budget=run.shards.state_memory, client_losses=client_losses,
     )
     context.hold(backend, backend.shutdown)
     backbone_macs = backend.flops_per_image / 2 if run.backbone_macs is None else run.backbone_macs

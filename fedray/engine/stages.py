@@ -14,19 +14,18 @@ column), and their traffic and FLOPs accumulate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from fedray.clock.costs import TaskCost
-from fedray.clock.run_clock import ClockedRound
 from fedray.core.federation import Federation
 from fedray.core.results import EvalPoint
 from fedray.engine.checkpoint import RunShape, save_checkpoint
 from fedray.engine.closed_form import ClosedForm
 from fedray.engine.asynchronous import AsyncUpdates
-from fedray.engine.clocked import ClockColumns, TrainingTasks, clocked_training
+from fedray.engine.clocked import ClockColumns, ClockedTraining, TrainingTasks
 from fedray.engine.parts import Images, training_uploads
 from fedray.engine.pipeline import Embeddings, RunPlan, Stage, StageContext, StageResult
 from fedray.engine.training import Accounting, Checkpointing, TrainingState, train
@@ -149,7 +148,8 @@ class Training(Stage):
 
             backend, embeddings, backbone_macs = open_network(self.images, context, sgd=self.sgd,
                                                               algorithm=self.algorithm, sphere=self.sphere,
-                                                              postprocessing=postprocessing)
+                                                              postprocessing=postprocessing,
+                                                              client_losses=_measures_losses(context.run))
             resolved: dict[str, object] = {}
         else:
             backend, embeddings = self._open_head(context, postprocessing), _on_pool(context)
@@ -167,13 +167,15 @@ class Training(Stage):
         return result
 
     def _open_head(self, context: StageContext, postprocessing: Postprocessing) -> TrainingBackend:
-        """Linear probing (SphereFed: its projection) on the pool's features."""
+        """Linear probing (SphereFed: its projection) on the pool's features, measuring the clients' losses where the
+        run's clock reads them."""
         run = context.run
+        losses = _measures_losses(run)
         if self.sphere is not None:
             return SphereBackend(context.pool, self.sgd, run.seed, context.evaluator, self.algorithm, self.sphere,
-                                 postprocessing)
+                                 postprocessing, losses)
         return ProbeBackend(context.pool, self.sgd, run.seed, context.evaluator, self.algorithm,
-                            postprocessing=postprocessing)
+                            postprocessing=postprocessing, client_losses=losses)
 
     def _tasks(self, run: RunPlan, backend: TrainingBackend, federation: Federation) -> TrainingTasks:
         """A training client's task on the clock (the sizes of the model, broadcast and upload, from the initial
@@ -186,22 +188,25 @@ class Training(Stage):
         run.clock.check(TaskCost(tasks.macs, tasks.down_bytes, tasks.up_bytes))
         return tasks
 
-    def _clocked(self, run: RunPlan, tasks: TrainingTasks, first_round: int,
-                 postprocessing: Postprocessing) -> _Clocked:
-        """Training's rounds on the run's clock, which they advance, their uploads through ``postprocessing``."""
+    def _clocked(self, run: RunPlan, tasks: TrainingTasks, first_round: int, postprocessing: Postprocessing,
+                 state: TrainingState, sizes: np.ndarray) -> _Clocked:
+        """Training's rounds on the run's clock, which they advance, their uploads through ``postprocessing``:
+        synchronous rounds clocked one at a time as training reaches them (their selector may read the losses of the
+        rounds before, kept in ``state``), an asynchronous scheduler's server steps all at once."""
         clock, schedule = run.clock, self.schedule(run)
-        start_s, updates = clock.now, None
         if clock.asynchronous.asynchronous:
-            scheduler = clock.asynchronous
+            start_s, scheduler = clock.now, clock.asynchronous
             plan, records = clock.asynchronous_steps(len(schedule), list(schedule), tasks.costs, first_round, "train")
             updates = AsyncUpdates(plan.trained_from(), scheduler.staleness_function(), scheduler.divides_plainly,
                                    scheduler.mixing_rate)
-        else:
-            records = clocked_training(clock, schedule, tasks, first_round, "train", postprocessing)
-        evaluate_at = clock.evaluate_at(records, start_s)
-        steps = [record.steps for record in records] if clock.partial else None
-        return _Clocked(records, None if evaluate_at is None else {0, *evaluate_at}, ClockColumns(clock), steps,
-                        [len(record.selected) for record in records], updates)
+            evaluate_at = clock.evaluate_at(records, start_s)
+            return _Clocked([record.clients for record in records], None if evaluate_at is None else {0, *evaluate_at},
+                            ClockColumns(clock), None, [len(record.selected) for record in records], updates)
+        rounds = ClockedTraining(clock, schedule, tasks, first_round, "train", sizes,
+                                 lambda number: state.client_losses.get(number), postprocessing)
+        return _Clocked(rounds, None if clock.every_s is None else rounds.every_s(clock.every_s), ClockColumns(clock),
+                        rounds.per_round(lambda record: record.steps) if clock.partial else None,
+                        rounds.per_round(lambda record: len(record.selected)))
 
     def _run(self, context: StageContext, backend: TrainingBackend, embeddings: Embeddings,
              backbone_macs: float | None, postprocessing: Postprocessing,
@@ -233,8 +238,8 @@ class Training(Stage):
                 init_rounds = Schedule.of(record.clients for record in self.init.clocked(
                     run, context.federation, self.init.build(context.federation), backbone_macs,
                     run.sampler.uploads(context.postprocessing)))
-            clocked = self._clocked(run, tasks, first_round, postprocessing)
-            rounds = [record.clients for record in clocked.records]
+            clocked = self._clocked(run, tasks, first_round, postprocessing, state, sizes)
+            rounds = clocked.rounds
         every = None if clocked.asynchronous is not None else self.checkpoint_every  # see fedray.engine.asynchronous
         checkpointing = Checkpointing(every, lambda s: save_checkpoint(run.out, run.identity, s), run.out)
         diverged = train(backend, backend.algorithm, self.server_optimizer, state, rounds, sizes, run.eval_every,
@@ -248,17 +253,22 @@ class Training(Stage):
 
 @dataclass(frozen=True)
 class _Clocked:
-    """Training's rounds on the clock: who trains in each (``records``), which rounds are evaluated (None: every
+    """Training's rounds on the clock: who trains in each (``rounds``), which rounds are evaluated (None: every
     ``--eval-every``), the rows' clock columns, each round's local steps (None: all of them), how many clients
     download the model in each (every selected one; None: the clients that train) and, under an asynchronous
     scheduler, the updates of its server steps."""
 
-    records: list[ClockedRound] = field(default_factory=list)
-    evaluate_at: set[int] | None = None
+    rounds: Sequence[np.ndarray] = ()
+    evaluate_at: Container[int] | None = None
     columns: ClockColumns | None = None
-    steps: list[np.ndarray | None] | None = None
-    downloads: list[int] | None = None
+    steps: Sequence[np.ndarray | None] | None = None
+    downloads: Sequence[int] | None = None
     asynchronous: AsyncUpdates | None = None
+
+
+def _measures_losses(run: RunPlan) -> bool:
+    """Whether training measures its clients' losses: the run's clock reads them."""
+    return run.clock is not None and run.clock.measures_losses
 
 
 def _on_pool(context: StageContext) -> Embeddings:

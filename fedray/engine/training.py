@@ -22,7 +22,7 @@ import torch
 
 from fedray.core.accounting import PaperCosts, PaperTotals
 from fedray.core.errors import FedrayError
-from fedray.methods.training.backend import Params, RoundUpdate, TrainingBackend
+from fedray.methods.training.backend import ClientLosses, Params, RoundUpdate, TrainingBackend
 from fedray.methods.training.server import ServerOptimizer
 from fedray.methods.algorithm import Aggregate, ClientRound, FederatedAlgorithm, Population
 from fedray.methods.base import FLOAT_BYTES, Classifier
@@ -95,6 +95,9 @@ class TrainingState:
     postprocessors: list[Params] = field(default_factory=list)
     reported: dict[str, float | str] = field(default_factory=dict)
     """The last number each plugin reported by name (:func:`fedray.report`)."""
+    client_losses: dict[int, ClientLosses] = field(default_factory=dict)
+    """Each round's clients' squared losses by round number, where the backend measures them (a clock's selector
+    reads them: a resumed run's clock replays its rounds with them)."""
 
 
 CLIENT_STATES = "checkpoint-clients"
@@ -185,6 +188,8 @@ class TrainingRounds:
             update = RoundUpdate(empty_sums(self.algorithm, model, broadcast), 0.0, 0, 0.0, 0)
         state.loss_sum += update.loss_sum
         state.loss_samples += update.samples
+        if update.client_losses is not None:
+            state.client_losses[number] = update.client_losses
         participants = self.postprocessing.among(clients, number)
         lost = participants.dropped(number)  # their uploads never reach the server (secure aggregation's dropouts)
         received = clients[~np.isin(clients, lost)] if len(lost) else clients

@@ -33,12 +33,14 @@ from fedray.runtime.shards import ShardPool
 
 @dataclass(frozen=True)
 class LocalTrainer:
-    """What every shard runs in a round (put in the object store once per run): its clients' local training."""
+    """What every shard runs in a round (put in the object store once per run): its clients' local training, and with
+    ``client_losses`` the measure of each client's squared losses (:class:`RoundUpdate`'s ``client_losses``)."""
 
     sgd: LocalSGD
     seed: int
     algorithm: FederatedAlgorithm
     postprocessing: Postprocessing = Postprocessing()
+    client_losses: bool = False
 
     @property
     def stateful(self) -> bool:
@@ -49,7 +51,7 @@ class LocalTrainer:
         """``received`` holds the model (``params``) and the algorithm's ``broadcast``; ``steps``: each client's step
         budget (None: none)."""
         return train_linear_heads(batch, received["params"], received["broadcast"], self.sgd, self.algorithm, self.seed,
-                                  round_number, states, self.postprocessing, steps)
+                                  round_number, states, self.postprocessing, steps, self.client_losses)
 
     def state_layout(self, shapes: Layout) -> Layout | None:
         """The shapes of a client's state when it trains parameters of ``shapes`` (-1: its samples): SCAFFOLD's dual
@@ -73,10 +75,12 @@ class ProbeBackend:
     trained_names: frozenset[str] | None = None
 
     def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, algorithm: FederatedAlgorithm,
-                 trainer: LocalTrainer | None = None, postprocessing: Postprocessing = Postprocessing()) -> None:
-        """``trainer`` replaces the softmax head's local training (SphereFed's projection)."""
+                 trainer: LocalTrainer | None = None, postprocessing: Postprocessing = Postprocessing(),
+                 client_losses: bool = False) -> None:
+        """``trainer`` replaces the softmax head's local training (SphereFed's projection); ``client_losses``: each
+        round measures its clients' squared losses."""
         self.pool, self.sgd, self.evaluator, self.algorithm = pool, sgd, evaluator, algorithm
-        self.trainer = trainer or LocalTrainer(sgd, seed, algorithm, postprocessing)
+        self.trainer = trainer or LocalTrainer(sgd, seed, algorithm, postprocessing, client_losses)
         self.trainer_ref = ray.put(self.trainer)
         federation = pool.federation
         self.dim, self.num_classes = federation.dim, federation.num_classes

@@ -46,7 +46,7 @@ class SphereTrainer(LocalTrainer):
         path_loss = partial(sphere_loss, loss=self.loss, temperature=self.sgd.temperature)
         forward = partial(_sphere_forward, classifier=self.classifier)
         return train_features(batch, received["params"], received["broadcast"], self.sgd, self.algorithm, self.seed,
-                              round_number, states, forward, path_loss, self.postprocessing, steps)
+                              round_number, states, forward, path_loss, self.postprocessing, steps, self.client_losses)
 
 
 def _sphere_forward(params: Params, features: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:
@@ -75,11 +75,12 @@ class SphereBackend(ProbeBackend):
     """SphereFed's training on the features of a :class:`ShardPool`; the fixed classifier never travels."""
 
     def __init__(self, pool: ShardPool, sgd: LocalSGD, seed: int, evaluator: Evaluator, algorithm: FederatedAlgorithm,
-                 head: SphereHead, postprocessing: Postprocessing = Postprocessing()) -> None:
+                 head: SphereHead, postprocessing: Postprocessing = Postprocessing(),
+                 client_losses: bool = False) -> None:
         self.sphere_dim = head.width(pool.federation.dim)
         self.classifier = fixed_classifier(pool.federation.num_classes, self.sphere_dim, seed).to(torch.float32)
         super().__init__(pool, sgd, seed, evaluator, algorithm, trainer=SphereTrainer(
-            sgd, seed, algorithm, postprocessing, classifier=self.classifier, loss=head.sphere_loss))
+            sgd, seed, algorithm, postprocessing, client_losses, classifier=self.classifier, loss=head.sphere_loss))
 
     def initial_params(self, seed: int) -> Params:
         return initial_projection(self.dim, self.sphere_dim, seed)

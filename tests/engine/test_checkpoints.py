@@ -16,6 +16,7 @@ from fedray.core.accounting import PaperTotals
 from fedray.engine.config import RunConfig
 from fedray.core.errors import FedrayError
 from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
+from fedray.methods.training.backend import ClientLosses
 from fedray.methods.training.server import ServerAdam
 from fedray.engine.training import Accounting, TrainingState
 from fedray.core.results import EvalPoint
@@ -91,6 +92,20 @@ def test_a_checkpoint_is_plain_data_and_gives_the_state_back(tmp_path):
     assert loaded.points[-1].callback_columns == {"macro_f1": 0.125, "phase": "early"}  # a researcher's columns
     assert [getattr(loaded, f) for f in ("done", "loss_sum", "loss_samples", "wall_s", "eval_s")] == [4, 12.5, 40, 2.5, 0.5]
     assert loaded.reported == {"eta_g": 1.5}   # what plugins reported: a resumed run's rows carry it on
+
+
+def test_a_checkpoint_keeps_the_losses_each_round_measured(tmp_path):
+    """What a clock's selector read (Oort's utilities): a resumed run replays its rounds with them."""
+    state = state_as_every_backend_keeps_it()
+    state.client_losses = {1: ClientLosses(np.array([3, 10]), np.array([2.5, 0.25])),
+                           4: ClientLosses(np.array([7]), np.array([1e-3]))}
+    saved_with_client_states(tmp_path, run_config(tmp_path), state)
+    loaded = load_checkpoint(tmp_path, run_config(tmp_path)).client_losses
+    assert {number: (losses.clients.tolist(), losses.squares.tolist()) for number, losses in loaded.items()} == \
+        {1: ([3, 10], [2.5, 0.25]), 4: ([7], [1e-3])}
+    assert load_checkpoint(tmp_path, run_config(tmp_path)).client_losses[1].clients.dtype == np.int64
+    saved_with_client_states(tmp_path, run_config(tmp_path), state_as_every_backend_keeps_it())
+    assert load_checkpoint(tmp_path, run_config(tmp_path)).client_losses == {}
 
 
 def test_a_checkpoint_keeps_an_infinite_reported_number_as_fedray_report_takes_it(tmp_path):
@@ -274,6 +289,9 @@ EDITS = {
                                        "'checkpoint-clients-r4-0.pt', not a file of the clients' states after training round 8"),
     "client-states-missing": (lambda state: state["client_states"].append("checkpoint-clients-r4-2.pt"),
                               "the clients' states it names are not beside it ("),
+    "client-losses-of-strings": (lambda state: state.update(client_losses=[{"round": "1"}]),
+                                 "its clients' losses hold {'round': '1'}, not a round's clients (int64) and their "
+                                 "squared losses (float64)"),
 }
 
 

@@ -1,8 +1,10 @@
 """The engine's tasks on the clock: secure aggregation's protocol in a participant's task, by hand from its formulas
 (Bonawitz et al.'s four rounds, :mod:`fedray.clock.secagg_costs`), SecAgg+ against SecAgg, a closed form's evaluation
-block as one group, and a run without a protocol timed bit for bit as before."""
+block as one group, a run without a protocol timed bit for bit as before, and training's rounds clocked one at a time:
+each after the losses of the one before became its clients' utilities, rows every S seconds decided as they come."""
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -10,11 +12,12 @@ import pytest
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
 from fedray.clock.rounds import SynchronousRounds
-from fedray.clock.run_clock import RunClock
-from fedray.clock.selector import UniformSelector
-from fedray.engine.clocked import ClosedFormTasks, TrainingTasks, clocked_closed_form, clocked_training
+from fedray.clock.run_clock import RunClock, evaluated_rounds
+from fedray.clock.selector import Selector, UniformSelector
+from fedray.engine.clocked import ClockedTraining, ClosedFormTasks, TrainingTasks, clocked_closed_form
 from fedray.engine.round_loop import EvalRounds
 from fedray.methods.postprocessor import Postprocessing, Postprocessor
+from fedray.methods.training.backend import ClientLosses
 from fedray.postprocessors.secagg import SecureAggregation
 
 TABLE = """client_id,macs_per_s,down_bps,up_bps
@@ -38,7 +41,8 @@ def clock(tmp_path, clients: int) -> RunClock:
 def training(tmp_path, clients: int, postprocessing: Postprocessing):
     """One training round of ``clients`` clients, each 100 multiply-adds of local work and 100 bytes down."""
     tasks = TrainingTasks(np.full(clients, 100.0), 100.0, VALUES, np.ones(clients, dtype=np.int64))
-    return clocked_training(clock(tmp_path, clients), [np.arange(clients)], tasks, 0, "train", postprocessing)[0]
+    return ClockedTraining(clock(tmp_path, clients), [np.arange(clients)], tasks, 0, "train", np.ones(clients),
+                           postprocessing=postprocessing).record(0)
 
 
 def secagg(**options) -> Postprocessing:
@@ -101,8 +105,53 @@ def test_a_run_without_a_protocol_is_timed_bit_for_bit_as_before(tmp_path):
     expected = clock(tmp_path, 3).round(1, "train", np.arange(3),
                                         lambda clients: TaskCost(tasks.macs[clients], 100.0, 40.0))
     for postprocessing in (Postprocessing(), Postprocessing([Postprocessor()], seed=7)):
-        record = clocked_training(clock(tmp_path, 3), [np.arange(3)], tasks, 0, "train", postprocessing)[0]
+        record = ClockedTraining(clock(tmp_path, 3), [np.arange(3)], tasks, 0, "train", np.ones(3),
+                                 postprocessing=postprocessing).record(0)
         assert (record.start_s, record.end_s, record.compute_s, record.comm_s, record.bytes_up, record.bytes_down) \
             == (expected.start_s, expected.end_s, expected.compute_s, expected.comm_s, expected.bytes_up,
                 expected.bytes_down)
         assert record.clients.tolist() == expected.clients.tolist()
+
+
+SEEN = []
+"""The utilities :class:`Recording` saw, a round each."""
+
+
+@dataclass(frozen=True)
+class Recording(Selector):
+    """Reads the clients' utility: keeps what it saw, asks the schedule's clients."""
+
+    uses_utility = True
+
+    def select(self, context):
+        SEEN.append(context.history.utility.copy())
+        return context.scheduled
+
+
+def test_a_round_is_clocked_when_asked_after_the_last_ones_losses_became_utilities(tmp_path):
+    """Round 1's clients 0, 1, 2 (4, 9 and 1 samples) measured Σ loss² = 8, 18 and 2: round 2's selector sees Oort's
+    |B| · sqrt(Σ loss² / |B|) = 4√2, 9√2, √2 for them and nothing for the others."""
+    SEEN.clear()
+    table = tmp_path / "devices.csv"
+    table.write_text(TABLE)
+    run_clock = RunClock(Devices(str(table)), None, SynchronousRounds(), Recording(), "recording", 5, 3, seed=7)
+    tasks = TrainingTasks(np.full(5, 100.0), 100.0, VALUES, np.ones(5, dtype=np.int64))
+    measured = {1: ClientLosses(np.array([0, 2, 1]), np.array([8.0, 2.0, 18.0]))}
+    rounds = ClockedTraining(run_clock, [np.array([0, 1, 2]), np.array([2, 3, 4])], tasks, 0, "train",
+                             np.array([4, 9, 1, 16, 25]), measured.get)
+    assert len(rounds) == 2 and rounds[0].tolist() == [0, 1, 2]
+    assert len(run_clock.records) == 1 and np.isnan(SEEN[0]).all()
+    assert rounds[1].tolist() == [2, 3, 4] and len(run_clock.records) == 2
+    assert SEEN[1][:3].tolist() == [4 * math.sqrt(2), 9 * math.sqrt(2), math.sqrt(2)] and np.isnan(SEEN[1][3:]).all()
+    assert rounds[0].tolist() == [0, 1, 2] and len(SEEN) == 2  # a round asked again is not clocked again
+
+
+def test_rounds_every_s_seconds_are_decided_round_by_round_as_all_at_once(tmp_path):
+    tasks = TrainingTasks(np.array([100.0, 60.0, 250.0, 30.0, 80.0]), 100.0, VALUES, np.ones(5, dtype=np.int64))
+    schedule = [np.array([0, 1]), np.array([2]), np.array([3, 4]), np.array([1]), np.array([2, 4]), np.array([0])]
+    for every_s in (1.0, 2.5, 4.0, 100.0):
+        rounds = ClockedTraining(clock(tmp_path, 5), schedule, tasks, 0, "train", np.ones(5))
+        evaluated = {number for number in range(len(schedule) + 1) if number in rounds.every_s(every_s)}
+        ends = np.array([rounds.record(index).end_s for index in range(len(schedule))])
+        assert evaluated == {0} | evaluated_rounds(ends, 0.0, every_s)
+    assert evaluated == {0, 6}

@@ -347,6 +347,25 @@ def test_linear_probing_on_images_trains_the_head_only_exactly_like_probing_on_f
     np.testing.assert_allclose(ftlp.client_flops(np.array([1, 7])), np.array([1, 7]) * SGD.epochs * per_sample)
 
 
+def test_each_clients_squared_losses_at_the_model_received_are_measured_when_asked(pools, images):
+    """Σ over each client's images of its squared cross-entropy at the round's starting model (what Oort's utility is
+    made of), written out here on the features embed() gives (eval-mode BN, as ftlp's loss pass)."""
+    ftlp = backend(pools, "ftlp", backbone="mobilenet_v2", client_losses=True)
+    params = ftlp.initial_params(HEAD_SEED)
+    update = ftlp.train_round(params, {}, CLIENTS, ROUND)
+    features, labels = ftlp.embed(params, "train")
+    expected = []
+    for client in CLIENTS:
+        rows = slice(images.client_offsets[client], images.client_offsets[client + 1])
+        logits = (features[rows] @ params["head.weight"].T + params["head.bias"]) / SGD.temperature
+        losses = nn.functional.cross_entropy(logits, torch.from_numpy(labels[rows].astype(np.int64)), reduction="none")
+        expected.append(float((losses.double() ** 2).sum()))
+    measured = dict(zip(update.client_losses.clients.tolist(), update.client_losses.squares.tolist()))
+    assert sorted(measured) == sorted(CLIENTS.tolist())
+    np.testing.assert_allclose([measured[client] for client in CLIENTS.tolist()], expected, rtol=1e-5)
+    assert backend(pools, "ftlp", backbone="mobilenet_v2").train_round(params, {}, CLIENTS, ROUND).client_losses is None
+
+
 def test_ftfeat_trains_the_backbone_and_leaves_the_head_alone(pools):
     ftfeat = backend(pools, "ftfeat")
     params = ftfeat.initial_params(HEAD_SEED)

@@ -20,6 +20,20 @@ from fedray.methods.algorithm import Aggregate, FederatedAlgorithm, Params
 from fedray.methods.base import Classifier
 
 
+@dataclass(frozen=True)
+class ClientLosses:
+    """Each of ``clients``' sum over its training samples of the squared loss at the round's starting model
+    (``squares``, float64): what Oort's statistical utility |B_k| · sqrt(Σ loss² / |B_k|) is made of, measured only
+    where a run asks for it (a clock's selector that reads the clients' utility)."""
+
+    clients: np.ndarray
+    squares: np.ndarray
+
+    def __add__(self, other: ClientLosses) -> ClientLosses:
+        return ClientLosses(np.concatenate((self.clients, other.clients)),
+                            np.concatenate((self.squares, other.squares)))
+
+
 @dataclass
 class RoundUpdate:
     """A round's uploads summed over the clients (inside each shard or trainer, then over them), and their loss.
@@ -30,7 +44,8 @@ class RoundUpdate:
     training samples of the round's clients (the loss FL papers plot).
     ``statistics`` are what a path averages besides the algorithm's uploads
     (a network's BatchNorm running statistics): Σ_k n_k (s_k − s), averaged
-    with the clients' samples as plain FedAvg does, never stepped.
+    with the clients' samples as plain FedAvg does, never stepped. ``client_losses``: each client's squared losses,
+    where the backend was asked to measure them (None: not measured).
     """
 
     sums: Params
@@ -39,11 +54,14 @@ class RoundUpdate:
     loss_sum: float
     samples: int
     statistics: Params = field(default_factory=dict)
+    client_losses: ClientLosses | None = None
 
     def __add__(self, other: RoundUpdate) -> RoundUpdate:
+        losses = self.client_losses if other.client_losses is None else \
+            other.client_losses if self.client_losses is None else self.client_losses + other.client_losses
         return RoundUpdate(_added(self.sums, other.sums), self.weight + other.weight, self.clients + other.clients,
                            self.loss_sum + other.loss_sum, self.samples + other.samples,
-                           _added(self.statistics, other.statistics))
+                           _added(self.statistics, other.statistics), losses)
 
     def aggregate(self) -> Aggregate:
         return Aggregate(self.sums, self.weight, self.clients)
@@ -65,7 +83,8 @@ class TrainingBackend(Protocol):
                     steps: np.ndarray | None = None) -> RoundUpdate:
         """Local training of ``clients`` (distinct global numbers) from ``params`` with the algorithm's ``broadcast``;
         neither is modified. ``steps[i]`` (≥ 1) is the most local SGD steps ``clients[i]`` takes (a straggler's
-        partial work, :mod:`~fedray.methods.training.budgets`); None: every client all of :meth:`local_steps`."""
+        partial work, :mod:`~fedray.methods.training.budgets`); None: every client all of :meth:`local_steps`. A
+        backend made to measure the clients' losses returns them in :attr:`RoundUpdate.client_losses`."""
         ...
 
     def local_steps(self, clients: np.ndarray) -> np.ndarray:

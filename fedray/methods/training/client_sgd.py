@@ -32,6 +32,10 @@ class CrossEntropy:
     def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(output / self.temperature, labels)
 
+    def per_sample(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Each sample's cross-entropy (what :meth:`__call__` averages)."""
+        return torch.nn.functional.cross_entropy(output / self.temperature, labels, reduction="none")
+
 
 def client_batches(size: int, sgd: LocalSGD, seed: int, round_number: int, client: int) -> list[np.ndarray]:
     """A client's mini-batches in a round, the same on every path: they depend on the seed, the round and the client only."""
@@ -79,6 +83,16 @@ def start_loss(path_loss: Loss, output: Callable[[Params], torch.Tensor], labels
     at = {name: value.detach().requires_grad_() for name, value in params.items()}
     loss = path_loss(output(at), labels)
     return float(loss.detach()), dict(zip(at, torch.autograd.grad(loss, list(at.values()))))
+
+
+def loss_squares(path_loss: Loss, output: torch.Tensor, labels: torch.Tensor) -> float:
+    """Σ over the samples ``output`` scores of their squared loss, in float64: a loss's own ``per_sample`` losses
+    where it has them, else the path's mean loss of each sample alone (a path's loss is a mean over its samples)."""
+    with torch.no_grad():
+        per_sample = getattr(path_loss, "per_sample", None)
+        losses = per_sample(output, labels) if per_sample is not None else \
+            torch.stack([path_loss(output[row:row + 1], labels[row:row + 1]) for row in range(len(labels))])
+        return float((losses.double() ** 2).sum())
 
 
 def train_client(

@@ -21,9 +21,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fedray.methods.training.backend import RoundUpdate
+from fedray.methods.training.backend import ClientLosses, RoundUpdate
 from fedray.methods.training.budgets import budgeted
-from fedray.methods.training.client_sgd import CrossEntropy, add_upload, client_batches, start_client, start_loss, train_client
+from fedray.methods.training.client_sgd import (CrossEntropy, add_upload, client_batches, loss_squares, start_client,
+                                                 start_loss, train_client)
 from fedray.methods.training.local import Control, LocalSGD, TrainedHeads, train_heads
 from fedray.methods.algorithm import FederatedAlgorithm, Loss, Params, Upload
 from fedray.methods.training.dual_form import dual_form
@@ -53,17 +54,21 @@ def linear(params: Params, features: torch.Tensor) -> torch.Tensor:
 
 def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: LocalSGD, algorithm: FederatedAlgorithm,
                    seed: int, round_number: int, states: States, forward: Forward, path_loss: Loss,
-                   postprocessing: Postprocessing = Postprocessing(), steps: np.ndarray | None = None) -> RoundUpdate:
+                   postprocessing: Postprocessing = Postprocessing(), steps: np.ndarray | None = None,
+                   client_losses: bool = False) -> RoundUpdate:
     """Every client of ``batch`` trained by autograd from ``params``, one after another; their uploads, each through
     the postprocessors' client hooks, summed. ``steps[k]``: the most local steps client ``k`` takes (None: all of
-    them; see :func:`train_linear_heads`)."""
+    them; see :func:`train_linear_heads`); ``client_losses``: measure each client's squared losses at ``params``."""
     sgd = sgd.for_round(round_number)
     sums, weight, loss_sum = None, 0.0, 0.0
+    squares = np.zeros(len(batch.clients)) if client_losses else None
     for k, client in enumerate(batch.clients.tolist()):
         rows = slice(batch.offsets[k], batch.offsets[k + 1])
         x, y = batch.features[rows], batch.labels[rows]
         loss, gradient = start_loss(path_loss, lambda at: forward(at, x), y, params, algorithm.needs_start_gradient)
         loss_sum += len(y) * loss
+        if squares is not None:
+            squares[k] = loss_squares(path_loss, forward(params, x), y)
         budget = None if steps is None else int(steps[k])
         batches = budgeted(client_batches(len(y), sgd, seed, round_number, client), budget)
         round_ = start_client(algorithm, client, round_number, len(y), batches, sgd, params, broadcast, states.get(client),
@@ -74,13 +79,14 @@ def train_features(batch: ClientBatch, params: Params, broadcast: Params, sgd: L
         sums = add_upload(sums, upload, algorithm, weighted=not postprocessing.exact)
         weight += upload.weight
         states.put(client, state)
-    return RoundUpdate(sums, weight, len(batch.clients), loss_sum, len(batch.labels))
+    losses = None if squares is None else ClientLosses(batch.clients.astype(np.int64), squares)
+    return RoundUpdate(sums, weight, len(batch.clients), loss_sum, len(batch.labels), client_losses=losses)
 
 
 def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sgd: LocalSGD,
                        algorithm: FederatedAlgorithm, seed: int, round_number: int, states: States,
                        postprocessing: Postprocessing = Postprocessing(),
-                       steps: np.ndarray | None = None) -> RoundUpdate:
+                       steps: np.ndarray | None = None, client_losses: bool = False) -> RoundUpdate:
     """Every client's softmax head (x ↦ x W + b at ``sgd``'s temperature), by the dual form when the algorithm takes
     it, else by autograd. A postprocessor that sees each upload gets each client's update formed from the dual form;
     the batched sums stand unless it changed one.
@@ -91,11 +97,12 @@ def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sg
     τ_k, SCAFFOLD option II's c_i⁺ = c_i − c + (θ⁰ − θ_i)/(τ_i η)) counts them. Its upload keeps the weight its
     algorithm gives it, FedAvg's n_k (its samples, not the samples its steps processed: the usual choice, which
     FedNova's p_k = n_k / n shares); SCAFFOLD option I's c_i⁺ is the gradient at the model received, whatever the
-    steps taken. The round's loss is still the starting model's over all its samples."""
+    steps taken. The round's loss is still the starting model's over all its samples, and so are the squared losses
+    each client's ``client_losses`` sums (measured only when asked)."""
     dual = dual_form(algorithm)
     if dual is None:
         return train_features(batch, params, broadcast, sgd, algorithm, seed, round_number, states, linear,
-                              CrossEntropy(sgd.temperature), postprocessing, steps)
+                              CrossEntropy(sgd.temperature), postprocessing, steps, client_losses)
     weight, bias = params["weight"], params["bias"]
     control = None
     if dual.control:
@@ -106,19 +113,23 @@ def train_linear_heads(batch: ClientBatch, params: Params, broadcast: Params, sg
         control = Control(broadcast[CONTROL + "weight"], broadcast[CONTROL + "bias"], torch.cat(rows))
     sgd = replace(sgd, prox_mu=dual.prox_mu)
     heads = train_heads(batch.features, batch.labels, batch.offsets, batch.clients, weight, bias, sgd, seed, round_number,
-                        control, steps)
+                        control, steps, client_losses)
+    losses = None if heads.loss_squares is None else ClientLosses(batch.clients.astype(np.int64),
+                                                                  heads.loss_squares.numpy())
     if control is not None:
         for k, client in enumerate(batch.clients.tolist()):
             states.put(client, {ROWS: heads.gradient_rows[batch.offsets[k]:batch.offsets[k + 1]].clone()})
     processed = _postprocessed(heads, batch, bias, algorithm, round_number, postprocessing)
     if processed is not None:
         sums, total_weight = processed
-        return RoundUpdate(sums, total_weight, len(batch.clients), heads.start_loss, len(batch.labels))
+        return RoundUpdate(sums, total_weight, len(batch.clients), heads.start_loss, len(batch.labels),
+                           client_losses=losses)
     delta_weight, delta_bias, count = heads.weighted_update(bias)
     sums = {"weight": delta_weight, "bias": delta_bias}
     if control is not None:
         sums[CONTROL + "weight"], sums[CONTROL + "bias"] = heads.control_update()
-    return RoundUpdate(sums, float(count), len(batch.clients), heads.start_loss, len(batch.labels))
+    return RoundUpdate(sums, float(count), len(batch.clients), heads.start_loss, len(batch.labels),
+                       client_losses=losses)
 
 
 def _postprocessed(heads: TrainedHeads, batch: ClientBatch, bias: torch.Tensor, algorithm: FederatedAlgorithm,

@@ -19,9 +19,9 @@ from torch.nn.functional import cross_entropy
 
 from fedray.data.images.reader import ImageReader
 from fedray.methods.finetune_model import FineTuneModel, Mode, sent_names, trained_names
-from fedray.methods.training.backend import RoundUpdate
+from fedray.methods.training.backend import ClientLosses, RoundUpdate
 from fedray.methods.training.budgets import budgeted
-from fedray.methods.training.client_sgd import add_upload, client_batches, start_client, train_client
+from fedray.methods.training.client_sgd import add_upload, client_batches, loss_squares, start_client, train_client
 from fedray.methods.training.heads import States
 from fedray.methods.training.local import LocalSGD
 from fedray.methods.algorithm import FederatedAlgorithm, Params
@@ -46,6 +46,9 @@ class LocalTraining:
     algorithm: FederatedAlgorithm
     sphere_loss: str | None = None
     postprocessing: Postprocessing = Postprocessing()
+    client_losses: bool = False
+    """Measure each client's squared losses at the round's starting model (:class:`RoundUpdate`'s
+    ``client_losses``)."""
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, total: bool = False) -> torch.Tensor:
         """The mean loss of a batch, or its sum over the batch with ``total``."""
@@ -116,11 +119,12 @@ class ClientTrainer:
         start = self._on_device(params)
         broadcast = self._on_device(broadcast)
         sums, statistics, weight, loss_sum, samples = None, {}, 0.0, 0.0, 0
+        squares = np.zeros(len(clients)) if self.training.client_losses else None
         for k, (client, client_rows) in enumerate(zip(clients, rows)):
             own = states.get(client)
             client_loss, upload, state = self._train_client(start, broadcast, None if own is None else self._on_device(own),
                                                             client_rows, labels, reader, round_number, client,
-                                                            None if steps is None else int(steps[k]))
+                                                            None if steps is None else int(steps[k]), squares, k)
             size = len(client_rows)
             model_state = self.model.state_dict()
             for name in self.statistics:
@@ -132,8 +136,9 @@ class ClientTrainer:
             states.put(client, None if state is None else {name: value.cpu() for name, value in state.items()})
             loss_sum += client_loss
             samples += size
+        losses = None if squares is None else ClientLosses(np.asarray(clients, dtype=np.int64), squares)
         return RoundUpdate({name: value.cpu() for name, value in sums.items()}, weight, len(clients), loss_sum, samples,
-                           {name: value.cpu() for name, value in statistics.items()})
+                           {name: value.cpu() for name, value in statistics.items()}, losses)
 
     def _train_client(
         self,
@@ -146,9 +151,12 @@ class ClientTrainer:
         round_number: int,
         client: int,
         budget: int | None,
+        squares: np.ndarray | None = None,
+        position: int = 0,
     ) -> tuple[float, object, Params | None]:
         """Local SGD of one client from ``start`` (at most ``budget`` steps): the starting model's summed loss, its
-        upload and its next state."""
+        upload and its next state; the sum of its squared losses at ``start`` into ``squares[position]`` (None: not
+        measured)."""
         sgd, size = self.sgd.for_round(round_number), len(rows)
         plan = budgeted(client_batches(size, sgd, self.seed, round_number, client), budget)
         evaluation = chunks(size, sgd.batch_size)
@@ -164,6 +172,8 @@ class ClientTrainer:
                 logits = self.model(next(stream).to(self.device))
                 loss = self.training.loss(logits, labels[rows[batch]], total=True)
                 loss_sum += float(loss.detach())
+                if squares is not None:
+                    squares[position] += loss_squares(self.training.loss, logits.detach(), labels[rows[batch]])
                 if gradient:  # ∇ of the mean loss over the client's samples, accumulated chunk by chunk
                     (loss / size).backward()
         start_gradient = None

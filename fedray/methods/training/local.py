@@ -127,7 +127,9 @@ class TrainedHeads:
     client, ``offsets`` delimiting them). ``start_loss`` is the cross-entropy of
     the starting head summed over those samples; ``gradient_rows`` is G of each
     sample at the starting head (the new SCAFFOLD control variates),
-    ``control`` the one trained with (or None).
+    ``control`` the one trained with (or None), ``loss_squares`` each client's
+    sum of its samples' squared cross-entropy at the starting head, in float64
+    (None: not measured).
     """
 
     weight: torch.Tensor
@@ -140,6 +142,7 @@ class TrainedHeads:
     start_loss: float
     gradient_rows: torch.Tensor
     control: Control | None
+    loss_squares: torch.Tensor | None = None
 
     @property
     def sizes(self) -> torch.Tensor:
@@ -230,6 +233,7 @@ def train_heads(
     round_number: int,
     control: Control | None = None,
     steps: np.ndarray | None = None,
+    loss_squares: bool = False,
 ) -> TrainedHeads:
     """Train every client's head from (``weight`` (d, C), ``bias`` (C,)) on its own samples.
 
@@ -241,13 +245,19 @@ def train_heads(
     the steps run per group of similar sizes (:func:`size_groups`).
     ``steps[k]`` (≥ 1; None: no budget) is the most steps client ``k`` takes,
     the first of its mini-batches (:mod:`~fedray.methods.training.budgets`): a
-    slot leaves the batched steps when its plan ends, as a smaller client's does.
+    slot leaves the batched steps when its plan ends, as a smaller client's does. With ``loss_squares`` each
+    client's squared losses at the starting head are summed too (one segment sum over the rows).
     """
     count, dtype = len(clients), weight.dtype
     sgd = sgd.for_round(round_number)
     sizes = np.diff(offsets)
     start_logits = torch.addmm(bias, features, weight)
     start_loss = float(torch.nn.functional.cross_entropy(start_logits / sgd.temperature, labels, reduction="sum"))
+    squares = None
+    if loss_squares:
+        losses = torch.nn.functional.cross_entropy(start_logits / sgd.temperature, labels, reduction="none")
+        owners = torch.repeat_interleave(torch.arange(count), torch.from_numpy(sizes))
+        squares = torch.zeros(count, dtype=torch.float64).index_add_(0, owners, losses.double() ** 2)
     row_sizes = torch.repeat_interleave(torch.from_numpy(sizes).to(dtype), torch.from_numpy(sizes))
     gradient = torch.softmax(start_logits / sgd.temperature, dim=-1)
     gradient[torch.arange(len(labels)), labels] -= 1
@@ -263,7 +273,7 @@ def train_heads(
     for group in size_groups(sizes):
         _train_group(state, group, features, labels, offsets, clients, bias, sgd, seed, round_number, control, steps)
     return TrainedHeads(weight, state.scale, state.coefficients, state.control_scale, state.biases, features, offsets,
-                        start_loss, gradient, control)
+                        start_loss, gradient, control, squares)
 
 
 @dataclass

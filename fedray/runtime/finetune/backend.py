@@ -66,12 +66,13 @@ class FineTuneBackend:
     def __init__(
         self, pool: TrainerPool, weights_spec: str, mode: str, sgd: LocalSGD, seed: int, *,
         algorithm: FederatedAlgorithm = FedAvg(), sphere_loss: str | None = None, owns_pool: bool = False,
-        postprocessing: Postprocessing = Postprocessing(),
+        postprocessing: Postprocessing = Postprocessing(), client_losses: bool = False,
     ) -> None:
+        """``client_losses``: each round measures its clients' squared losses."""
         self.pool, self.owns_pool, self.algorithm = pool, owns_pool, algorithm
         if sphere_loss is not None and get_mode(mode).trains_head:
             raise FedrayError(f"SphereFed's classifier is fixed: fine-tune the backbone only (ftfeat), not {mode}")
-        self.training = LocalTraining(get_mode(mode), sgd, seed, algorithm, sphere_loss, postprocessing)
+        self.training = LocalTraining(get_mode(mode), sgd, seed, algorithm, sphere_loss, postprocessing, client_losses)
         check_sgd(sgd)
         federation, backbone = pool.federation, pool.backbone
         weights = load_weights(backbone, weights_spec, seed)
@@ -105,6 +106,7 @@ class FineTuneBackend:
         eval_batch_size: int = 64,
         trial_group: PlacementGroup | None = None,
         state_budget: int | None = None,
+        client_losses: bool = False,
     ) -> FineTuneBackend:
         """A backend fine-tuning ``network`` (SphereFed's backbone under its fixed classifier with ``sphere``) on a pool
         of its own (see :meth:`TrainerPool.start`, also for ``trial_group``), shut down with it."""
@@ -115,7 +117,8 @@ class FineTuneBackend:
                                  state_budget=state_budget)
         try:
             return cls(pool, network.weights, mode, sgd, seed, algorithm=algorithm, owns_pool=True,
-                       sphere_loss=None if sphere is None else sphere.sphere_loss, postprocessing=postprocessing)
+                       sphere_loss=None if sphere is None else sphere.sphere_loss, postprocessing=postprocessing,
+                       client_losses=client_losses)
         except BaseException:
             pool.shutdown()
             raise
