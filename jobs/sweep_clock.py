@@ -154,7 +154,8 @@ QUICK = Setting("synthetic:inat-user-120k?dim=16&scale=0.02&classes=60", 20, 1, 
 
 def chosen(asynchronous: bool) -> list[Configuration]:
     """The runs of the sweep: every configuration, or FedScale's comparison (:data:`ASYNCHRONOUS`) alone."""
-    return [configuration for configuration in CONFIGURATIONS if not asynchronous or configuration.label in ASYNCHRONOUS]
+    return [configuration for configuration in CONFIGURATIONS
+            if not asynchronous or configuration.label in ASYNCHRONOUS]
 
 
 def run_keywords(configuration: Configuration, setting: Setting, deadline: float | None) -> dict:

@@ -117,8 +117,9 @@ def test_fedbuff_equals_the_plain_event_loop_and_fedavg_with_staleness_weights(r
     assert [row["staleness_counts"] for row in per_step] == [[step.count(s) for s in range(max(step) + 1)]
                                                               for step in ages]
     every = [age for step in ages for age in step]
-    assert [(row["round"], row["aggregations"], row["staleness_mean"], row["staleness_max"]) for row in completed.rows] \
-        == [(0, 0, None, None), (4, 4, sum(every) / len(every), max(every))]
+    staleness = [(row["round"], row["aggregations"], row["staleness_mean"], row["staleness_max"])
+                 for row in completed.rows]
+    assert staleness == [(0, 0, None, None), (4, 4, sum(every) / len(every), max(every))]
 
 
 def test_fedasync_mixes_each_update_in_at_its_staleness_s_rate(ray_session, tmp_path, devices):
@@ -150,7 +151,8 @@ def test_a_buffer_of_the_whole_concurrency_on_equal_devices_is_synchronous_fedav
 @pytest.mark.parametrize("options", [{"scheduler": "fedbuff", "concurrency": 10, "buffer": 4},
                                      {"scheduler": "fedasync", "concurrency": 6, "mixing": 0.5}])
 def test_one_shard_or_two_give_the_same_events_and_the_same_model(ray_session, tmp_path, options):
-    config = {**COMMON, "rounds": 8, "eval_every": 4, "devices": "phones", "availability": "diurnal:0.005,0.7", **options}
+    config = {**COMMON, "rounds": 8, "eval_every": 4, "devices": "phones", "availability": "diurnal:0.005,0.7",
+              **options}
     one = run(RunConfig(out=str(tmp_path / "one"), **{**config, "num_shards": 1}))
     two = run(RunConfig(out=str(tmp_path / "two"), **config))
     events = pq.read_table(tmp_path / "one" / "rounds.parquet")
