@@ -21,9 +21,10 @@ probing at FedAvg's concurrency (10 clients training at once; FedBuff
 stepping every 5 updates, FedScale's setting; FedAsync on every update,
 mixing at 0.6). Each asynchronous run aggregates as many updates as
 ``fedavg (LP)`` does: ``--rounds`` × 10 / its buffer server steps (FedBuff
-2R, FedAsync 10R), evaluated after the same numbers of updates. The gradient runs use
-:mod:`jobs.sweep_baselines`' settings (Fed3R's Appendix C, the stand-in's
-learning rates). The deadline is the median round duration of the plain
+2R, FedAsync 10R), evaluated after the same numbers of updates. The
+gradient runs use :mod:`jobs.sweep_baselines`' settings (Fed3R's Appendix
+C, the stand-in's learning rates; ``--probe-lr`` sets the random-head runs'
+client learning rate). The deadline is the median round duration of the plain
 ``fedavg (LP)`` run (its ``rounds.parquet``): a deadline that about half of
 its rounds would have missed, so that it cuts the slow phones' tail rather
 than every round or none; ``--deadline`` sets it instead.
@@ -226,18 +227,18 @@ def asynchronous_summary(results: pl.DataFrame, times: pl.DataFrame, out: Path) 
     performed in the same virtual time (the shortest of their spans, from their ``rounds.parquet``), the virtual hours
     to each level, and FedBuff's and FedAsync's updates' mean staleness over the run."""
     folders = dict(results.select("label", "trial_id").unique("label", keep="first", maintain_order=True).iter_rows())
-    ends = {label: pl.read_parquet(out / folders[label] / "rounds.parquet")["end_s"] for label in ASYNCHRONOUS}
-    window = min(float(end.max()) for end in ends.values())
-    chosen = times.filter(pl.col("label").is_in(ASYNCHRONOUS))
+    steps = {label: pl.read_parquet(out / folders[label] / "rounds.parquet") for label in ASYNCHRONOUS}
+    window = min(float(rows["end_s"].max()) for rows in steps.values())
+    compared = times.filter(pl.col("label").is_in(ASYNCHRONOUS))
     hours_to = {level: dict(zip(rows["label"], rows["virtual_h"]))
-                for (level,), rows in chosen.group_by("level", maintain_order=True)}
+                for (level,), rows in compared.group_by("level", maintain_order=True)}
     staleness = {}
     for label in ASYNCHRONOUS[1:]:
-        counts = pl.read_parquet(out / folders[label] / "rounds.parquet")["staleness_counts"].to_list()
-        ages = [age * count for step in counts for age, count in enumerate(step)]
-        staleness[label] = round(sum(ages) / sum(sum(step) for step in counts), 3)
+        counts = steps[label]["staleness_counts"].to_list()
+        total = sum(age * count for step in counts for age, count in enumerate(step))
+        staleness[label] = round(total / sum(sum(step) for step in counts), 3)
     return {"window_h": float(f"{window / clock.SECONDS_PER_HOUR:.{clock.SHOWN_FIGURES}g}"),
-            "server_steps_in_window": {label: int((end <= window).sum()) for label, end in ends.items()},
+            "server_steps_in_window": {label: int((rows["end_s"] <= window).sum()) for label, rows in steps.items()},
             "hours_to": hours_to, "mean_staleness": staleness}
 
 
