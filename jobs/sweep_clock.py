@@ -56,7 +56,9 @@ once, so its time to accuracy is the time to reach enough clients once (the
 upload of d² + d·C numbers on each phone's link), where gradient training
 pays a model download and upload every round for thousands of rounds; the
 deadline and over-commitment show how much of FedAvg's time is the slowest
-phones' tail. Where the stand-in cannot speak for real features: its
+phones' tail, and FedBuff, which never waits for it, steps several times as
+often as FedAvg in the same virtual time (FedScale's asynchronous result).
+Where the stand-in cannot speak for real features: its
 features are generated, not a backbone's, so no client pays a forward pass
 of MobileNetV2 (about 3 × 10⁸ multiply-adds a sample, seconds a client on a
 phone, the same for every method and so a constant added to each closed-form
