@@ -20,8 +20,12 @@ METRIC_COLUMNS = tuple(f.name for f in fields(EvalPoint))
 CLOCK_COLUMNS = ("clock_s", "clock_compute_s", "clock_comm_s", "clients_straggled", "clients_dropped")
 """What a run on the virtual clock adds to its rows, absent from a run without one: virtual seconds since the run's
 start, their split into compute and communication, and the stragglers and dropped clients so far (where they apply)."""
-NOT_PARAMETERS = {*METRIC_COLUMNS, *CLOCK_COLUMNS, "trial_id", "sweep", "method", "seed", "out", "quiet", "num_shards",
-                  "cpus_per_shard", "label", "section"}
+ASYNCHRONOUS_COLUMNS = ("aggregations", "staleness_mean", "staleness_max")
+"""What a run under an asynchronous scheduler (``--scheduler fedbuff|fedasync``) adds to its rows besides
+:data:`CLOCK_COLUMNS`: the server steps so far, and the mean and largest staleness of the updates they aggregated
+since the row before."""
+NOT_PARAMETERS = {*METRIC_COLUMNS, *CLOCK_COLUMNS, *ASYNCHRONOUS_COLUMNS, "trial_id", "sweep", "method", "seed", "out",
+                  "quiet", "num_shards", "cpus_per_shard", "label", "section"}
 
 
 @contextmanager

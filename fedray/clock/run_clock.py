@@ -44,6 +44,7 @@ from fedray.clock.hearing import StillToHear
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.selector import ClientHistory, RoundContext, Selector, check_selection
 from fedray.core.errors import FedrayError
+from fedray.core.results import STALENESS_COUNTS
 
 Costs = Callable[[np.ndarray], TaskCost]
 """The task of each of the given clients (ids) in a round: one amount for all, or one per client in their order."""
@@ -77,12 +78,18 @@ class ClockedRound:
     lost: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """The selected clients whose uploads were lost (stragglers with nothing sent, dropouts), by id; not those that
     over-commitment cut."""
+    staleness: np.ndarray | None = None
+    """An asynchronous server step's updates by staleness: element s counts those s versions old (None: a
+    synchronous round)."""
 
     def row(self) -> dict[str, object]:
-        """The round's row of rounds.parquet."""
-        return {"round": self.number, "stage": self.stage, "start_s": self.start_s, "end_s": self.end_s,
-                "selected": len(self.selected), "finished": len(self.clients), "stragglers": self.stragglers,
-                "dropped": self.dropped, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down}
+        """The round's row of rounds.parquet (an asynchronous step's with its ``staleness_counts``)."""
+        row = {"round": self.number, "stage": self.stage, "start_s": self.start_s, "end_s": self.end_s,
+               "selected": len(self.selected), "finished": len(self.clients), "stragglers": self.stragglers,
+               "dropped": self.dropped, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down}
+        if self.staleness is not None:
+            row[STALENESS_COUNTS] = self.staleness.tolist()
+        return row
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,8 @@ class _Totals:
     comm_s: float = 0
     stragglers: int = 0
     dropped: int = 0
+    aggregations: int = 0
+    """Asynchronous server steps."""
 
 
 class RunClock:
@@ -222,7 +231,8 @@ class RunClock:
         for step in plan.aggregations:
             record = ClockedRound(first_round + step.number, stage, step.start_s, step.end_s, step.dispatched,
                                   step.clients, None, step.stale, step.dropped, step.bytes_up, step.bytes_down,
-                                  step.compute_s, step.end_s - step.start_s - step.compute_s)
+                                  step.compute_s, step.end_s - step.start_s - step.compute_s,
+                                  staleness=np.bincount(step.staleness))
             self.append(record)
             self.history.record(step.clients, record.number, step.end_s - step.start_s)
             self.now = step.end_s
@@ -257,7 +267,8 @@ class RunClock:
         self.records.append(record)
         self._numbers.append(record.number)
         self._totals.append(_Totals(record.end_s, before.compute_s + record.compute_s, before.comm_s + record.comm_s,
-                                    before.stragglers + record.stragglers, before.dropped + record.dropped))
+                                    before.stragglers + record.stragglers, before.dropped + record.dropped,
+                                    before.aggregations + (record.staleness is not None)))
 
     def _context(self, number: int, start: float, scheduled: np.ndarray, places: int, costs: Costs,
                  hearing: StillToHear | None) -> RoundContext:
@@ -284,15 +295,35 @@ class RunClock:
             return not len(selected)
         return not context.eligible[selected].any() and not len(context.draw_online(1))
 
-    def columns(self, number: int) -> dict[str, float | int]:
+    def columns(self, number: int, after: int | None = None) -> dict[str, float | int]:
         """The clock's columns of the row after the run's round ``number``: virtual seconds at its end and their
         split, and the stragglers and dropouts so far (a row before any round: the clock's start). Running totals
-        kept round by round, added in the rounds' order: O(log rounds) a row."""
+        kept round by round, added in the rounds' order: O(log rounds) a row.
+
+        Under an asynchronous scheduler also ``aggregations``, the server steps so far, and, where the row's
+        window (the rounds after round ``after``, the row before's, up to ``number``; None: from the start) holds
+        server steps, the staleness of the updates they aggregated (:meth:`staleness_columns`)."""
         done = bisect_right(self._numbers, number)
         totals = self._totals[done - 1] if done else _Totals()
-        return {"clock_s": totals.end_s, "clock_compute_s": float(totals.compute_s),
-                "clock_comm_s": float(totals.comm_s), "clients_straggled": totals.stragglers,
-                "clients_dropped": totals.dropped}
+        values: dict[str, float | int] = {
+            "clock_s": totals.end_s, "clock_compute_s": float(totals.compute_s), "clock_comm_s": float(totals.comm_s),
+            "clients_straggled": totals.stragglers, "clients_dropped": totals.dropped}
+        if self.asynchronous.asynchronous:
+            values["aggregations"] = totals.aggregations
+            values |= self.staleness_columns(0 if after is None else bisect_right(self._numbers, after), done)
+        return values
+
+    def staleness_columns(self, first: int, stop: int) -> dict[str, float | int]:
+        """``staleness_mean`` and ``staleness_max`` of the updates the server steps among ``records[first:stop]``
+        aggregated (none when they hold no server step): O(the window's steps)."""
+        counts = [record.staleness for record in self.records[first:stop] if record.staleness is not None]
+        if not counts:
+            return {}
+        histogram = np.zeros(max(len(count) for count in counts), dtype=np.int64)
+        for count in counts:
+            histogram[:len(count)] += count
+        total = int(histogram @ np.arange(len(histogram)))
+        return {"staleness_mean": total / int(histogram.sum()), "staleness_max": int(np.flatnonzero(histogram)[-1])}
 
     def evaluate_at(self, records: list[ClockedRound], start_s: float) -> set[int] | None:
         """The rounds of ``records`` (numbered from 1), which started at ``start_s``, evaluated every ``every_s``

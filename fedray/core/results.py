@@ -90,13 +90,20 @@ POINT_COLUMNS = tuple(f.name for f in fields(EvalPoint)
 """The columns every evaluation row has (besides the configuration's and what plugins report)."""
 
 
-def rounds_schema() -> pa.Schema:
+STALENESS_COUNTS = "staleness_counts"
+"""rounds.parquet's column of an asynchronous server step's updates by staleness: element s counts those s versions
+old (null on a synchronous round's row; absent from a run without asynchronous steps)."""
+
+
+def rounds_schema(asynchronous: bool = False) -> pa.Schema:
     """rounds.parquet: one row a round of a run on the clock (virtual seconds since the run's start; the bytes of the
-    kept uploads and of every selected client's download)."""
-    return pa.schema([("round", pa.int64()), ("stage", pa.string()), ("start_s", pa.float64()),
-                      ("end_s", pa.float64()), ("selected", pa.int64()), ("finished", pa.int64()),
-                      ("stragglers", pa.int64()), ("dropped", pa.int64()), ("bytes_up", pa.float64()),
-                      ("bytes_down", pa.float64())])
+    kept uploads and of every selected client's download); ``asynchronous``: with :data:`STALENESS_COUNTS`."""
+    columns = [("round", pa.int64()), ("stage", pa.string()), ("start_s", pa.float64()), ("end_s", pa.float64()),
+               ("selected", pa.int64()), ("finished", pa.int64()), ("stragglers", pa.int64()), ("dropped", pa.int64()),
+               ("bytes_up", pa.float64()), ("bytes_down", pa.float64())]
+    if asynchronous:
+        columns.append((STALENESS_COUNTS, pa.list_(pa.int64())))
+    return pa.schema(columns)
 
 
 Size = int | Callable[[], int] | None
@@ -270,7 +277,8 @@ def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.nd
         files.append((MODEL, lambda p: _save_model(p, model), lambda: torch_size(model)))
     files.append((CONFIG, lambda p: _save_text(p, text), len(text.encode())))
     if rounds is not None:
-        per_round = pa.Table.from_pylist(rounds, schema=rounds_schema())
+        schema = rounds_schema(asynchronous=any(STALENESS_COUNTS in row for row in rounds))
+        per_round = pa.Table.from_pylist(rounds, schema=schema)
         files.append((ROUNDS, lambda p: _save_table(p, per_round), lambda: _parquet_size(per_round)))
     if record is not None:
         made = json.dumps(record, indent=2) + "\n"

@@ -95,12 +95,16 @@ def _check_asynchronous(config: RunConfig, scheduler: AsynchronousRounds, synchr
 
 @dataclass
 class ClockColumns(Callback):
-    """Adds the clock's columns to each row, before the rows' listeners hear it (first among the callbacks)."""
+    """Adds the clock's columns to each row, before the rows' listeners hear it (first among the callbacks); an
+    asynchronous run's staleness columns are over the server steps since the row before."""
 
     clock: RunClock
+    previous: int | None = None
+    """The round of the row before (None: none yet)."""
 
     def on_point(self, point: EvalPoint) -> None:
-        point.clock_columns.update(self.clock.columns(point.round))
+        point.clock_columns.update(self.clock.columns(point.round, self.previous))
+        self.previous = point.round
 
 
 @dataclass(frozen=True)

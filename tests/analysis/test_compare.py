@@ -217,6 +217,19 @@ def test_a_swept_deadline_tells_the_runs_apart_and_the_clocks_columns_are_not_pa
                                              for level in ("25%", "50%", "75%", "90%")]]
 
 
+def test_an_asynchronous_run_beside_a_synchronous_one_differs_by_its_scheduler_not_by_its_staleness(tmp_path, capsys):
+    """FedBuff's rows carry its server steps and staleness: results, not the runs' parameters."""
+    rows = [(10, 0.5, 100.0, 80.0, 20.0, 1e6, 0, 0), (20, 0.6, 200.0, 160.0, 40.0, 2e6, 0, 0)]
+    runs = [write_clock_run(tmp_path / "sync", "fedavg", rows, scheduler="sync"),
+            write_clock_run(tmp_path / "fedbuff", "fedavg", rows, scheduler="fedbuff", aggregations=20,
+                            staleness_mean=1.25, staleness_max=3)]
+    rc, out, err = fedray(capsys, "compare", "--by", "clock", *runs)
+    assert (rc, err) == (0, "")
+    assert [line.split(" ┆ ")[:4] for line in table_lines(out)][:3] == [
+        ["│ method", "dataset", "scheduler", "accuracy_%"], ["│ fedavg", "inat   ", "sync     ", "60.0      "],
+        ["│ fedavg", "inat   ", "fedbuff  ", "60.0      "]]
+
+
 def test_compare_by_clock_refuses_a_run_without_a_clock_in_one_line_naming_it(clocked, quickstart, capsys):
     rc, out, err = fedray(capsys, "compare", "--by", "clock", *clocked, quickstart / "fed3r")
     assert (rc, out) == (2, "")

@@ -1,5 +1,6 @@
 """FedBuff's and FedAsync's events against a plain event loop written out here: who trains from which version, which
-updates each server step takes, and when."""
+updates each server step takes, and when; and the run clock's results of those steps (their staleness histograms in
+rounds.parquet's rows, the metrics rows' staleness and server steps) against the same loop."""
 
 import math
 
@@ -9,6 +10,9 @@ import pytest
 from fedray.clock.asynchronous import AsynchronousRounds, plan_async, staleness_weights
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
+from fedray.clock.rounds import SynchronousRounds
+from fedray.clock.run_clock import RunClock
+from fedray.clock.selector import UniformSelector
 from fedray.clock.streams import uniforms
 from fedray.clock.traces import TraceAvailability
 from fedray.core.errors import FedrayError
@@ -152,6 +156,45 @@ def test_staleness_functions_are_the_papers():
     assert staleness_weights("sqrt")(s).tolist() == [1 / math.sqrt(1 + x) for x in range(6)]
     assert staleness_weights("poly:0.5")(s).tolist() == [(1 + x) ** -0.5 for x in range(6)]
     assert staleness_weights("hinge:10,2")(s).tolist() == [1.0, 1.0, 1.0, 1 / 11, 1 / 21, 1 / 31]
+
+
+def clocked_steps(devices, steps, buffer, max_staleness=None, availability=None):
+    """``steps`` FedBuff steps of the run's clock with every client training at once (each idle online client is
+    dispatched, whatever the pick's order: the plain loop's events)."""
+    scheduler = AsynchronousRounds("fedbuff", concurrency=CLIENTS, buffer=buffer, max_staleness=max_staleness)
+    clock = RunClock(devices, availability, SynchronousRounds(), UniformSelector(), "uniform", CLIENTS, CLIENTS, SEED,
+                     asynchronous=scheduler)
+    _, records = clock.asynchronous_steps(steps, [], lambda clients: TaskCost(MACS, 0.0, 0.0), 0, "train")
+    return clock, records
+
+
+@pytest.mark.parametrize("buffer, max_staleness, online", [(5, None, False), (3, 1, False), (4, None, True)])
+def test_each_step_s_staleness_histogram_and_the_rows_staleness_are_the_plain_event_loop_s(devices, traces, buffer,
+                                                                                          max_staleness, online):
+    steps, rows = 15, [4, 9, 15]
+    expected = reference(steps, CLIENTS, buffer, max_staleness,
+                         {client: windows(client) for client in range(CLIENTS)} if online else None)
+    clock, records = clocked_steps(devices, steps, buffer, max_staleness, traces if online else None)
+    staleness = [[number - 1 - version for version in versions]
+                 for number, (_, _, versions) in enumerate(expected, start=1)]
+    assert max(max(step) for step in staleness) >= 1
+    assert [(record.end_s, record.clients.tolist()) for record in records] == [(end, c) for end, c, _ in expected]
+    for record, ages in zip(records, staleness):
+        row = record.row()
+        assert row["staleness_counts"] == [ages.count(s) for s in range(max(ages) + 1)]
+        assert sum(row["staleness_counts"]) == row["finished"] == buffer
+    assert clock.columns(0) == {"clock_s": 0.0, "clock_compute_s": 0.0, "clock_comm_s": 0.0, "clients_straggled": 0,
+                                "clients_dropped": 0, "aggregations": 0}  # no update yet: no staleness
+    previous = 0
+    for row in rows:
+        window = [age for ages in staleness[previous:row] for age in ages]
+        columns = clock.columns(row, previous)
+        assert (columns["aggregations"], columns["clock_s"]) == (row, expected[row - 1][0])
+        assert (columns["staleness_mean"], columns["staleness_max"]) == (sum(window) / len(window), max(window))
+        previous = row
+    whole = [age for ages in staleness for age in ages]
+    assert (clock.columns(steps)["staleness_mean"], clock.columns(steps)["staleness_max"]) == \
+        (sum(whole) / len(whole), max(whole))  # no row before: from the start
 
 
 @pytest.mark.parametrize("options, message", [
