@@ -14,6 +14,7 @@ from fedray.engine.config import RunConfig
 from fedray.engine.run_config import run
 from fedray.methods.base import Classifier
 from fedray.methods.training.local import LocalSGD, client_rng, minibatches, random_head
+from fedray.runtime.probing import ProbeBackend
 from tests.reference import train_client_plainly
 
 TINY = "synthetic:inat-user-120k?dim=16&scale=0.005&classes=10&seed=3"  # 46 clients, d = 16, 10 classes
@@ -132,6 +133,17 @@ def test_a_buffer_of_the_whole_concurrency_on_equal_devices_is_synchronous_fedav
         assert np.array_equal(array, buffered.arrays[name]), name
     kept = set(synchronous.rows[0]) - {"wall_s", "scheduler", "concurrency", "buffer"}
     assert [{k: row[k] for k in kept} for row in synchronous.rows] == [{k: row[k] for k in kept} for row in buffered.rows]
+
+
+def test_a_version_s_batches_queued_at_once_are_the_batches_trained_one_by_one_bit_for_bit(ray_session, tmp_path,
+                                                                                          devices, monkeypatch):
+    options = {**COMMON, "rounds": 4, "eval_every": 4, "devices": devices, "scheduler": "fedbuff", "concurrency": 46,
+               "buffer": 10}
+    queued = run(RunConfig(out=str(tmp_path / "queued"), **options))
+    monkeypatch.delattr(ProbeBackend, "train_batches")  # each batch through train_round, awaited before the next
+    one_by_one = run(RunConfig(out=str(tmp_path / "one_by_one"), **options))
+    for name, array in one_by_one.arrays.items():
+        assert np.array_equal(array, queued.arrays[name]), name
 
 
 @pytest.mark.parametrize("options, message", [
