@@ -54,8 +54,8 @@ FEDASYNC_MIXING = 0.6
 """FedAsync's mixing rate α when none is given (the value of the paper's main experiments)."""
 
 Pick = Callable[[int, float, int, np.ndarray], np.ndarray]
-"""``pick(wave, t, count, busy)``: up to ``count`` distinct clients online at ``t`` and not in ``busy`` (training
-now), in the order chosen; fewer only when fewer are such."""
+"""``pick(wave, t, count, busy)``: up to ``count`` distinct clients online at ``t`` and not ``busy`` (a read-only bool
+array over the clients: training now), in the order chosen; fewer only when fewer are such."""
 Costs = Callable[[np.ndarray], TaskCost]
 """The task of each of the given clients."""
 
@@ -234,6 +234,9 @@ def plan_async(steps: int, concurrency: int, buffer: int, max_staleness: int | N
         raise FedrayError(f"--buffer {buffer} is more than the concurrency {concurrency}")
     events: list[tuple[float, int, int, bool]] = []  # (time, client, version, arrives)
     training: dict[int, tuple[int, float, float, int]] = {}  # client -> (version, up bytes, compute s, dispatch)
+    busy = np.zeros(num_clients, dtype=bool)  # training's clients, for O(1) lookups (no pass over them per event)
+    seen_busy = busy.view()
+    seen_busy.flags.writeable = False
     aggregations: list[Aggregation] = []
     buffered: list[tuple[int, int, int]] = []
     version, wave, now, last_step = 0, 0, start_s, start_s
@@ -246,9 +249,9 @@ def plan_async(steps: int, concurrency: int, buffer: int, max_staleness: int | N
         if free <= 0:
             return math.inf
         wave += 1
-        busy = np.fromiter(training, dtype=np.int64, count=len(training))
-        clients = np.asarray(pick(wave, t, free, busy), dtype=np.int64)
+        clients = np.asarray(pick(wave, t, free, seen_busy), dtype=np.int64)
         if len(clients):
+            busy[clients] = True
             cost = costs(clients)
             durations = devices.durations(clients, wave, cost, seed)
             finish = t + durations.total_s
@@ -265,7 +268,7 @@ def plan_async(steps: int, concurrency: int, buffer: int, max_staleness: int | N
             tally.down += float(down.sum())
         if len(clients) == free or availability is None:
             return math.inf
-        idle = np.setdiff1d(np.arange(num_clients, dtype=np.int64), np.fromiter(training, dtype=np.int64))
+        idle = np.flatnonzero(~busy)
         later = availability.next_available(idle, np.nextafter(t, math.inf)) if len(idle) else np.array([math.inf])
         return float(later.min())
 
@@ -278,6 +281,7 @@ def plan_async(steps: int, concurrency: int, buffer: int, max_staleness: int | N
         while events and events[0][0] == now and len(aggregations) < steps:
             _, client, downloaded, arrives = heapq.heappop(events)
             _, sent, computing, sequence = training.pop(client)
+            busy[client] = False
             if not arrives:
                 tally.dropped += 1
                 continue

@@ -220,10 +220,11 @@ class RunClock:
             row = schedule[wave - 1] if wave <= len(schedule) else np.empty(0, dtype=np.int64)
             context = RoundContext(first_round + wave, t, self.per_round, count, self.num_clients, self.seed,
                                    np.asarray(row, dtype=np.int64), self.history, self.availability)
-            kept = context.scheduled[context.online(context.scheduled) & ~np.isin(context.scheduled, busy)][:count]
+            scheduled = context.scheduled  # after the schedule's rows: empty, with no lookup
+            kept = scheduled[context.online(scheduled) & ~busy[scheduled]][:count] if len(scheduled) else scheduled
             if len(kept) == count:
                 return kept
-            return np.concatenate((kept, context.draw_online(count - len(kept), np.concatenate((kept, busy)))))
+            return np.concatenate((kept, context.draw_online(count - len(kept), kept, lambda clients: ~busy[clients])))
 
         plan = plan_async(steps, concurrency, buffer, self.asynchronous.max_staleness, pick, costs, self.devices,
                           self.availability, self.num_clients, self.seed, self.now)

@@ -22,7 +22,7 @@ An asynchronous run writes no checkpoint (the updates waiting for a later step a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,8 +66,8 @@ class AsyncUpdates:
         """Train the clients dispatched at version ``number`` − 1 from ``params``, and the updates step ``number``
         takes (None: none)."""
         version = number - 1
-        for target, clients in self.trained_from[version].items():
-            update = _trained(backend, params, broadcast, clients, number)
+        trained = _trained(backend, params, broadcast, list(self.trained_from[version].values()), number)
+        for target, update in zip(self.trained_from[version], trained):
             weight = 1.0 if self.mixing_rate is not None else float(self.weight(np.array([target - number]))[0])
             update = scaled(update, weight, self.plain)
             self.waiting[target] = update if target not in self.waiting else self.waiting[target] + update
@@ -86,20 +86,33 @@ class AsyncUpdates:
         return {name: rate * (change + base[name] - model[name]) for name, change in delta.items()}
 
 
-def _trained(backend: TrainingBackend, params: Params, broadcast: Params, clients: np.ndarray,
-             number: int) -> RoundUpdate:
-    """The summed updates of ``clients`` trained from ``params`` as round ``number``'s. A client that arrived twice
-    from one version (re-dispatched at once, faster than a step) is trained once per arrival, in a batch of its own
-    (a round's clients are distinct), on the same mini-batches: its updates are equal."""
-    if len(np.unique(clients)) == len(clients):
-        return backend.train_round(params, broadcast, clients, number)
-    occurrence = np.array([int((clients[:position] == client).sum())
-                           for position, client in enumerate(clients.tolist())])
-    total = None
-    for k in range(int(occurrence.max()) + 1):
-        part = backend.train_round(params, broadcast, clients[occurrence == k], number)
-        total = part if total is None else total + part
-    return total
+def _trained(backend: TrainingBackend, params: Params, broadcast: Params, groups: list[np.ndarray],
+             number: int) -> Iterator[RoundUpdate]:
+    """The summed updates of each of ``groups`` trained from ``params`` as round ``number``'s, in order, all of them
+    queued at once where the backend can (:meth:`~fedray.runtime.probing.ProbeBackend.train_batches`) and fetched one
+    by one. A client that arrived twice from one version (re-dispatched at once, faster than a step) is trained once
+    per arrival, in a batch of its own (a round's clients are distinct), on the same mini-batches: its updates are
+    equal."""
+    batches, owners = [], []
+    for group, clients in enumerate(groups):
+        occurrence = np.zeros(len(clients), dtype=np.int64)
+        if len(np.unique(clients)) != len(clients):
+            occurrence = np.array([int((clients[:position] == client).sum())
+                                   for position, client in enumerate(clients.tolist())])
+        for k in range(int(occurrence.max()) + 1):
+            batches.append(clients[occurrence == k])
+            owners.append(group)
+    train_batches = getattr(backend, "train_batches", None)
+    updates = train_batches(params, broadcast, batches, number) if train_batches is not None else \
+        (backend.train_round(params, broadcast, clients, number) for clients in batches)
+    total, last = None, 0
+    for group, update in zip(owners, updates):
+        if group != last:
+            yield total
+            total, last = None, group
+        total = update if total is None else total + update
+    if owners:
+        yield total
 
 
 def check_asynchronous(scheduler: AsynchronousRounds, stateful: bool, algorithm: str, postprocessors: bool,

@@ -10,6 +10,7 @@ algorithm's server half and the server optimizer.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -94,6 +95,19 @@ class ProbeBackend:
             trainer = replace(trainer, postprocessing=trainer.postprocessing.among(clients, round_number))
             trainer_ref = ray.put(trainer)
         return self.pool.local_train(trainer, trainer_ref, received, clients, round_number, steps).result()
+
+    def train_batches(self, params: Params, broadcast: Params, batches: list[np.ndarray],
+                      round_number: int) -> Iterator[RoundUpdate]:
+        """:meth:`train_round` of each of ``batches`` (distinct clients each) from the same ``params``, in order: the
+        model put in the object store once and every batch queued on the shards at once, so that a model version's
+        many small batches (asynchronous steps) run back to back; each sum fetched when asked for (the driver holds
+        one at a time). The same sums, bit for bit."""
+        if self.trainer.postprocessing.per_client:  # each batch tells its own participants: one at a time
+            return (self.train_round(params, broadcast, clients, round_number) for clients in batches)
+        received = ray.put({"params": params, "broadcast": broadcast})
+        reductions = [self.pool.local_train(self.trainer, self.trainer_ref, received, clients, round_number)
+                      for clients in batches]
+        return (reduction.result() for reduction in reductions)
 
     def local_steps(self, clients: np.ndarray) -> np.ndarray:
         return full_steps(np.diff(self.pool.federation.client_offsets)[clients], self.sgd.batch_size, self.sgd.epochs)

@@ -12,7 +12,7 @@ from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.run_clock import RunClock
-from fedray.clock.selector import UniformSelector
+from fedray.clock.selector import ClientHistory, RoundContext, UniformSelector
 from fedray.clock.streams import uniforms
 from fedray.clock.traces import TraceAvailability
 from fedray.core.errors import FedrayError
@@ -102,7 +102,7 @@ def reference(steps, concurrency, buffer, max_staleness=None, online=None):
 
 def lowest_ids(availability):
     def pick(wave, t, count, busy):
-        idle = np.setdiff1d(np.arange(CLIENTS), busy)
+        idle = np.flatnonzero(~busy)
         if availability is not None:
             idle = idle[availability.available(idle, t)]
         return idle[:count]
@@ -148,6 +148,31 @@ def test_each_version_s_trainees_are_grouped_by_the_step_that_takes_them(devices
             assert number > version
             assert clients.tolist() == aggregation.clients[mine][np.argsort(aggregation.dispatches[mine])].tolist()
     assert sum(len(c) for group in groups for c in group.values()) == sum(len(a.clients) for a in plan.aggregations)
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_the_clock_s_picks_are_the_plain_picks_over_the_training_clients_ids(devices, traces, online):
+    """The clock looks each candidate up in a mask of the clients training; the plain pick passes over their ids:
+    the schedule's row's idle online clients in order, then uniform draws among the idle online ones (a tight
+    availability, so that draws meet busy and offline clients and some waves find too few)."""
+    availability = traces if online else None
+    schedule = [np.array(row) for row in ([3, 0, 7, 11, 5, 2], [4, 9, 3, 1], [8, 6, 10, 2, 0], [1, 2])]
+    costs = lambda clients: TaskCost(MACS * (1.0 + clients % 3), 0.0, 0.0)  # noqa: E731
+
+    def plain_pick(wave, t, count, busy):
+        training = np.flatnonzero(busy)
+        row = schedule[wave - 1] if wave <= len(schedule) else np.empty(0, dtype=np.int64)
+        context = RoundContext(wave, t, 6, count, CLIENTS, SEED, row, ClientHistory(CLIENTS), availability)
+        kept = row[context.online(row) & ~np.isin(row, training)][:count]
+        return np.concatenate((kept, context.draw_online(count - len(kept), np.concatenate((kept, training)))))
+
+    clock = RunClock(devices, availability, SynchronousRounds(), UniformSelector(), "uniform", CLIENTS, 6, SEED,
+                     asynchronous=AsynchronousRounds("fedbuff", concurrency=6, buffer=2))
+    ours, _ = clock.asynchronous_steps(20, schedule, costs, 0, "train")
+    plain = plan_async(20, 6, 2, None, plain_pick, costs, devices, availability, CLIENTS, SEED)
+    fields = ("end_s", "clients", "versions", "dispatches", "dispatched", "dropped", "bytes_down")
+    assert [[np.asarray(getattr(a, name)).tolist() for name in fields] for a in ours.aggregations] == \
+        [[np.asarray(getattr(a, name)).tolist() for name in fields] for a in plain.aggregations]
 
 
 def test_staleness_functions_are_the_papers():

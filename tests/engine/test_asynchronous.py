@@ -15,6 +15,7 @@ from fedray.engine.config import RunConfig
 from fedray.engine.run_config import run
 from fedray.methods.base import Classifier
 from fedray.methods.training.local import LocalSGD, client_rng, minibatches, random_head
+from fedray.runtime.probing import ProbeBackend
 from tests.reference import train_client_plainly
 
 TINY = "synthetic:inat-user-120k?dim=16&scale=0.005&classes=10&seed=3"  # 46 clients, d = 16, 10 classes
@@ -167,6 +168,17 @@ def test_one_shard_or_two_give_the_same_events_and_the_same_model(ray_session, t
     # run's (tests/engine/test_clock_runs.py; synchronous FedAvg with these options: 9.3e-7 apart, fedbuff 1.3e-6)
     for name, array in one.arrays.items():
         assert np.allclose(array, two.arrays[name], rtol=0, atol=1e-5), name
+
+
+def test_a_version_s_batches_queued_at_once_are_the_batches_trained_one_by_one_bit_for_bit(ray_session, tmp_path,
+                                                                                          devices, monkeypatch):
+    options = {**COMMON, "rounds": 4, "eval_every": 4, "devices": devices, "scheduler": "fedbuff", "concurrency": 46,
+               "buffer": 10}
+    queued = run(RunConfig(out=str(tmp_path / "queued"), **options))
+    monkeypatch.delattr(ProbeBackend, "train_batches")  # each batch through train_round, awaited before the next
+    one_by_one = run(RunConfig(out=str(tmp_path / "one_by_one"), **options))
+    for name, array in one_by_one.arrays.items():
+        assert np.array_equal(array, queued.arrays[name]), name
 
 
 @pytest.mark.parametrize("options, message", [
