@@ -15,6 +15,8 @@ selectors 45–46, rounds 47–49). ``draw`` numbers the independent values one 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from fedray.core.errors import FedrayError
@@ -59,12 +61,22 @@ def uniforms(seed: int, stream: int, clients: np.ndarray, round: int | np.ndarra
     interval (0, 1): (k + ½)·2⁻⁵² for k uniform on 0 .. 2⁵² − 1, so that no transform meets 0 or 1."""
     if not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
         raise FedrayError(f"clock streams: the seed must be an integer from 0 to 2^63 - 1, got {seed!r}")
-    key = np.uint64(0)
+    key = _key(int(seed), stream, draw)
     with np.errstate(over="ignore"):
-        for name, values in (("the seed", seed), ("the stream", stream), ("the draw", draw),
-                             ("the client ids", clients), ("the round", round)):
+        for name, values in (("the client ids", clients), ("the round", round)):
             key = _absorbed(key, _counters(name, values))
     return ((key >> np.uint64(64 - _MANTISSA)).astype(np.float64) + 0.5) * 2.0**-_MANTISSA
+
+
+@functools.lru_cache(maxsize=256)
+def _key(seed: int, stream: int, draw: int) -> np.uint64:
+    """The hash after absorbing ``seed``, ``stream`` and ``draw``: the same few for every call of a run, kept (the
+    clock asks for a few clients' numbers many times a round)."""
+    key = np.uint64(0)
+    with np.errstate(over="ignore"):
+        for name, values in (("the seed", seed), ("the stream", stream), ("the draw", draw)):
+            key = _absorbed(key, _counters(name, values))
+    return key
 
 
 def normals(seed: int, stream: int, clients: np.ndarray, round: int | np.ndarray = 0, draw: int = 0) -> np.ndarray:
