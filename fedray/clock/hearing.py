@@ -40,8 +40,8 @@ diurnal:86400,0.3``, κ = 100, d = 16): at 10⁴ clients 7,075 rounds (100
 scheduled), at 10⁵ 70,494 rounds (1,000 scheduled: the tail hears clients one
 or two a round as they come online), 16.8 virtual hours; at 10⁵ 280 s of CPU
 with one pass over the mask and availability lookups of every client still to
-hear that may be online, a round, 83 s with the calendar (the same events), about
-1.2 ms a round, left in the selector's, devices' and rounds' own per-round work.
+hear that may be online, a round, 66 s with the calendar (the same events), about
+0.9 ms a round, left in the selector's, devices' and rounds' own per-round work.
 
 The stage goes on after its schedule's rounds, numbered on, each asking up to
 κ eligible clients, until none is left. A client whose upload is lost (it
