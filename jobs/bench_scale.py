@@ -27,12 +27,17 @@ wall time over that sum.
 
 ``--clock`` runs each point a second time on the virtual clock, with
 ``--devices phones --availability diurnal:86400,0.3`` (:data:`CLOCK`), in a
-fresh process of its own, and adds its wall time and driver peak memory
+fresh process of its own (a closed form evaluated as often as the plain run,
+in virtual time: ``--eval-every-s`` spreads its rows over the 16.8 virtual
+hours it lasts, :data:`CLOCK_SPAN_S`; by rounds its rows would follow its
+many more rounds, each a solve and an evaluation), and adds its wall time and
+driver peak memory
 beside the plain run's (``clock_wall_s``, ``clock_driver_peak_rss_mb``),
 their ratios to the plain run's (``clock_wall_ratio``, target at most 1.10;
 ``clock_driver_memory_ratio``, target 1: the clock keeps per-client numbers
-in the driver only for the clients a round asks), and the clients the
-clocked run saw (``clock_clients_seen``): a closed form on the clock asks
+in the driver only for the clients a round asks), the clients the clocked
+run saw (``clock_clients_seen``) and its rounds and rows (``clock_rounds``,
+``clock_rows``; the plain run's ``rounds``, ``rows``): a closed form on the clock asks
 only clients it has not heard yet, online as it goes, and goes on after its
 ⌈K / 100⌉ scheduled rounds until it has heard every client, so it sees what
 the plain run sees (fewer only where a client's uploads were lost too often:
@@ -58,6 +63,9 @@ CLOSED_FORM = ("fedncm", "fed3r", "fedcof")
 TRAINING_ROUNDS = 100
 CLOCK = {"devices": "phones", "availability": "diurnal:86400,0.3"}
 """``--clock``'s options: measured phones, each client online 30 % of a 24 h day."""
+CLOCK_SPAN_S = 86400 * (1 - 0.3)
+"""About how long a closed form lasts on :data:`CLOCK`: its last client comes online within the 70 % of a day it is
+offline (16.8 virtual hours at 10⁴ and 10⁵ clients); its ``--evaluations`` rows are spread over it."""
 
 
 def dataset(clients: int, dim: int) -> str:
@@ -87,10 +95,11 @@ def one_point(method: str, clients: int, dim: int, state_memory: float | None, e
     ShardPool.shutdown = measured_shutdown
     training = method not in CLOSED_FORM
     rounds = TRAINING_ROUNDS if training else math.ceil(clients / PER_ROUND)
+    options = {**CLOCK, **({} if training else {"eval_every_s": CLOCK_SPAN_S / evaluations})} if clock else {}
     config = RunConfig(method=method, dataset=dataset(clients, dim), clients_per_round=PER_ROUND,
                        rounds=rounds if training else None, eval_every=max(1, rounds // evaluations), quiet=True,
                        out=tempfile.mkdtemp(prefix="fedray-scale-"), client_state_memory=state_memory,
-                       component_options=dict(CLOCK) if clock else {})
+                       component_options=options)
     rows = run(config).rows
     ray.shutdown()
     seconds = time.perf_counter() - STARTED
@@ -99,6 +108,7 @@ def one_point(method: str, clients: int, dim: int, state_memory: float | None, e
         "clients": clients,
         "samples": rows[-1]["samples_seen"] if not training else None,
         "rounds": rows[-1]["round"],
+        "rows": len(rows),
         "wall_s": round(seconds, 1),
         "clients_seen": rows[-1]["clients_seen"],
         "clients_per_s": round(rows[-1]["clients_seen"] / seconds),
@@ -181,7 +191,8 @@ def main(argv: list[str] | None = None) -> None:
                           "clock_wall_ratio": round(clocked["wall_s"] / point["wall_s"], 3),
                           "clock_driver_memory_ratio": round(clocked["driver_peak_rss_mb"]
                                                              / point["driver_peak_rss_mb"], 3),
-                          "clock_clients_seen": clocked["clients_seen"]}
+                          "clock_clients_seen": clocked["clients_seen"], "clock_rounds": clocked["rounds"],
+                          "clock_rows": clocked["rows"]}
             points.append(point)
             print(json.dumps(points[-1]), file=sys.stderr)
     print(json.dumps({"benchmark": "scale", "dim": args.dim, "clients_per_round": PER_ROUND,

@@ -20,23 +20,28 @@ keeps, over the K clients (O(K) once, O(κ) a round):
   (everyone online, no deadline, no over-commitment) asks the schedule's rows
   bit for bit.
 
-Who of them is online at a round's start (:meth:`StillToHear.online`) is one
-pass over the eligible clients that may be online: each one found offline
-keeps the moment it comes online next (exact, since it stays offline until
-then), and is not looked up again before that moment, as a round's start never
-goes back. A round where few clients still to hear are online, or one that must
-wait for one (:meth:`StillToHear.next_online`), then costs a few scans of the
-K-entry mask and availability lookups of the clients online or coming online
-since the last pass only, not of all the clients still to hear.
+Who of them is online at a round's start (:meth:`StillToHear.online`) is
+looked up once, for every client still to hear, the first time it is asked
+(O(K), vectorised, in chunks); each one found offline then waits in a calendar
+by the moment it comes online next (exact, since it stays offline until then:
+``next_available``), sorted once (O(K log K)). Later, a round looks up only the
+clients found online before and those the calendar says have come online since
+(O(κ) while they are few, as in a stage's tail, O(log K) each to put back), and
+a round that must wait for one (:meth:`StillToHear.next_online`) reads the
+calendar's first entry, so that it starts when that client comes online without
+any lookup of the others (the clock does not ask its selector at the moment the
+round would have started: :meth:`~fedray.clock.run_clock.RunClock.round`).
+Asked again at the same moment with nobody heard since, it answers from the
+last lookup.
 
-Measured once on a 2-core machine under a load of about 12: a 10⁵-client
-Fed3R stage (d = 128) on ``phones`` with ``diurnal:86400,0.3``, κ = 100, its
-1,000 scheduled rounds then 67,781 more (the stage's tail hears clients one or
-two a round as they come online, 60,461 rounds waiting for one), took 786 s of
-round loop, 11 ms a round, for 16.9 virtual hours. At 10⁶ clients a scan of
-the mask costs about 14 ms there (a few a round in the tail), while a client
-still to hear comes online every 0.09 virtual seconds, so that the tail's
-rounds fill and number fewer than the clients.
+Measured on a 2-core machine under a load of 8 to 16 (other runs), the
+closed form's planning alone (``--devices phones --availability
+diurnal:86400,0.3``, κ = 100, d = 16): at 10⁴ clients 7,075 rounds (100
+scheduled), at 10⁵ 70,494 rounds (1,000 scheduled: the tail hears clients one
+or two a round as they come online), 16.8 virtual hours; at 10⁵ 280 s of CPU
+with one pass over the mask and availability lookups of every client still to
+hear that may be online, a round, 66 s with the calendar (the same events), about
+0.9 ms a round, left in the selector's, devices' and rounds' own per-round work.
 
 The stage goes on after its schedule's rounds, numbered on, each asking up to
 κ eligible clients, until none is left. A client whose upload is lost (it
@@ -51,12 +56,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import heapq
+
 import numpy as np
 
 from fedray.clock.availability import Availability
 
 MAX_LOST = 10
 """Lost uploads (dropouts, stragglers) after which a closed form stops asking a client."""
+LOOKUP_CHUNK = 1 << 16
+"""Clients looked up at once: the first lookup's temporaries stay a few megabytes at any K."""
+PROBE_CHUNK = 256
+"""Clients :meth:`StillToHear.surely_online` looks up at once, until one is online."""
 
 
 class StillToHear:
@@ -78,6 +89,12 @@ class StillToHear:
         """For an eligible client, a moment before which it is offline (from the last lookup that found it so)."""
         self.found: int | None = None
         """How many eligible clients the last :meth:`online` found (None: not asked yet)."""
+        self._online = np.zeros(0, dtype=np.int64)
+        """The eligible clients the last :meth:`online` found online, by id."""
+        self._calendar: _Calendar | None = None
+        """The other eligible clients by the moment they next come online (None: :meth:`online` not asked yet)."""
+        self._asked: float | None = None
+        """The moment the last :meth:`online` looked up, while no client was heard or given up since."""
 
     @classmethod
     def of(cls, schedule: Sequence[np.ndarray], num_clients: int,
@@ -90,11 +107,18 @@ class StillToHear:
 
     def online(self, t: float) -> np.ndarray:
         """The eligible clients online at ``t``, by id (``t`` no earlier than any moment asked before)."""
-        clients = np.flatnonzero(self.eligible)
-        if self.availability is not None:
-            maybe = clients[self.online_from[clients] <= t]
-            self.online_from[maybe] = self.availability.next_available(maybe, t)
-            clients = maybe[self.online_from[maybe] == t]
+        if self.availability is None:
+            clients = np.flatnonzero(self.eligible)
+        elif t == self._asked:  # asked again before anyone was heard (a round's start, then its selector's pass)
+            clients = self._online
+        else:
+            if self._calendar is None:
+                maybe = np.flatnonzero(self.eligible)  # the first lookup: every client still to hear, O(K) once
+                self._calendar = _Calendar()
+            else:
+                maybe = np.concatenate((self._online, self._calendar.due(t)))
+                maybe = np.sort(maybe[self.eligible[maybe]])
+            clients, self._asked = self._look_up(maybe, t), t
         self.found = len(clients)
         return clients
 
@@ -102,8 +126,32 @@ class StillToHear:
         """The first moment at or after ``t`` an eligible client is online (+inf if none ever is)."""
         if self.availability is None:
             return t if self.remaining else np.inf
-        self.online(t)
-        return float(self.online_from[self.eligible].min(initial=np.inf))
+        if len(self.online(t)):
+            return t
+        return self._calendar.first(self.eligible)
+
+    def surely_online(self, t: float) -> bool:
+        """Whether a client the last :meth:`online` found is still to hear and online at ``t``: a few lookups while the
+        clients online are many (a stage's first rounds), and no change to what the hearing keeps."""
+        for start in range(0, len(self._online), PROBE_CHUNK):
+            part = self._online[start:start + PROBE_CHUNK]
+            part = part[self.eligible[part]]
+            if len(part) and self.availability.available(part, t).any():
+                return True
+        return False
+
+    def _look_up(self, maybe: np.ndarray, t: float) -> np.ndarray:
+        """Of ``maybe`` (eligible clients by id, each either found online before or due to come online by ``t``), those
+        online at ``t``; the others wait in the calendar until they next come online (never again: not kept)."""
+        moments = np.empty(len(maybe))
+        for start in range(0, len(maybe), LOOKUP_CHUNK):  # a first lookup of 10⁶ clients in bounded memory
+            part = slice(start, start + LOOKUP_CHUNK)
+            moments[part] = self.availability.next_available(maybe[part], t)
+        self.online_from[maybe] = moments
+        self._online = maybe[moments == t]
+        later = np.isfinite(moments) & (moments > t)
+        self._calendar.add(moments[later], maybe[later])
+        return self._online
 
     def row(self, scheduled: np.ndarray) -> np.ndarray:
         """The clients of the schedule's next row that the round still asks, in their order: the row less the clients
@@ -121,5 +169,45 @@ class StillToHear:
         given_up = lost[self.lost[lost] >= MAX_LOST]
         done = np.concatenate((clients[self.eligible[clients]], given_up))
         self.eligible[done] = False
+        self._asked = None
         self.remaining -= len(done)
         self.given_up += len(given_up)
+
+
+class _Calendar:
+    """Clients by the moment they next come online, earliest first (ties by id): the first lookup's, sorted once
+    (O(K log K)), and those added later in a heap (O(log K) each). Entries of clients no longer eligible are dropped
+    as they come up."""
+
+    def __init__(self) -> None:
+        self._moments = np.zeros(0)
+        self._clients = np.zeros(0, dtype=np.int64)
+        self._head = 0
+        self._added: list[tuple[float, int]] = []
+
+    def add(self, moments: np.ndarray, clients: np.ndarray) -> None:
+        if self._head == len(self._moments) and not self._added:  # empty: sorted in one go (the first lookup)
+            order = np.lexsort((clients, moments))
+            self._moments, self._clients, self._head = moments[order], clients[order], 0
+            return
+        for moment, client in zip(moments.tolist(), clients.tolist()):
+            heapq.heappush(self._added, (moment, client))
+
+    def due(self, t: float) -> np.ndarray:
+        """The clients that come online at or before ``t``, taken out."""
+        end = int(np.searchsorted(self._moments, t, side="right"))
+        due = self._clients[self._head:max(end, self._head)]
+        self._head = max(end, self._head)
+        added = []
+        while self._added and self._added[0][0] <= t:
+            added.append(heapq.heappop(self._added)[1])
+        return np.concatenate((due, np.array(added, dtype=np.int64))) if added else due
+
+    def first(self, eligible: np.ndarray) -> float:
+        """The earliest moment of an ``eligible`` client's (+inf if none), entries of others dropped."""
+        while self._head < len(self._clients) and not eligible[self._clients[self._head]]:
+            self._head += 1
+        while self._added and not eligible[self._added[0][1]]:
+            heapq.heappop(self._added)
+        sorted_first = self._moments[self._head] if self._head < len(self._moments) else np.inf
+        return float(min(sorted_first, self._added[0][0] if self._added else np.inf))

@@ -153,16 +153,19 @@ class RunClock:
 
         ``places``: the clients the round keeps (None: the row's; a closed form's row less the clients it heard
         through another round has fewer, a round after its schedule's none). ``hearing``: the clients a closed form
-        still has to hear (None: a training round), the only ones it draws beyond the row; a round whose selection
-        holds none of them and finds none online at its start starts when the first comes online
-        (:meth:`~fedray.clock.hearing.StillToHear.next_online`). Without ``hearing``, a round that finds nobody online
+        still has to hear (None: a training round), the only ones it draws beyond the row; a round that finds none of
+        them online at its start starts when the first comes online
+        (:meth:`~fedray.clock.hearing.StillToHear.next_online`), its selector asked then only. Without ``hearing``, a round that finds nobody online
         starts when the first client comes online (O(K), only then)."""
         scheduled = np.asarray(scheduled, dtype=np.int64)
         places = len(scheduled) if places is None else places
         start, devices, seed = self.now, self.devices, self.seed
+        waited = False
+        if hearing is not None and places and self.availability is not None:
+            start, waited = self._heard_start(start, hearing)
         context = self._context(number, start, scheduled, places, costs, hearing)
         selected = self._selected(context)
-        if places and self.availability is not None and self._waits(context, selected):
+        if not waited and places and self.availability is not None and self._waits(context, selected):
             online = float(self.availability.next_available(np.arange(self.num_clients), start).min()) \
                 if hearing is None else hearing.next_online(start)
             if np.isfinite(online):
@@ -286,6 +289,22 @@ class RunClock:
     def _selected(self, context: RoundContext) -> np.ndarray:
         """The selector's clients for the round of ``context``, checked."""
         return check_selection(context, self.selector.select(context), self.selector_name)
+
+    @staticmethod
+    def _heard_start(start: float, hearing: StillToHear) -> tuple[float, bool]:
+        """When a round of a closed form that could start at ``start`` does, and whether it waited: at ``start`` if a
+        client it still has to hear is online then, else when the first comes online, found in the hearing's calendar
+        without asking the selector at ``start`` (whose choice such a round drops: :meth:`_waits`). Leaves the
+        hearing's count of the clients found online as it was where the round does not wait, so that its selector
+        sees what it saw before."""
+        if hearing.surely_online(start):
+            return start, False
+        found = hearing.found
+        online = hearing.next_online(start)
+        if start < online < np.inf:
+            return online, True
+        hearing.found = found
+        return start, False
 
     @staticmethod
     def _waits(context: RoundContext, selected: np.ndarray) -> bool:

@@ -135,7 +135,7 @@ class RoundContext:
 
     def online(self, clients: np.ndarray) -> np.ndarray:
         """Whether each of ``clients`` is online at the round's start."""
-        if self.availability is None:
+        if self.availability is None or not len(clients):
             return np.ones(len(clients), dtype=bool)
         return np.asarray(self.availability.available(clients, self.start_s), dtype=bool)
 
@@ -163,7 +163,12 @@ class RoundContext:
             picked = np.concatenate((picked, candidates[np.sort(first)][: count - len(picked)]))
         if len(picked) < count:
             rest = self._pass()
-            rest = rest[self._pickable(rest, np.concatenate((taken, picked)), eligible)]
+            taken = np.concatenate((taken, picked))
+            if self.eligible_online is None:
+                rest = rest[self._pickable(rest, taken, eligible)]
+            else:  # the round's online eligible clients already: only those taken, or not ``eligible``, are left out
+                pickable = ~np.isin(rest, taken)
+                rest = rest[pickable & np.asarray(eligible(rest), dtype=bool) if eligible is not None else pickable]
             order = np.argsort(uniforms(self.seed, ORDER_STREAM, rest, self.round), kind="stable")
             picked = np.concatenate((picked, rest[order][: count - len(picked)]))
         return picked

@@ -4,6 +4,7 @@ clients less those heard in another round's place, and keeps the schedule's own 
 import numpy as np
 
 from fedray.clock.availability import Availability
+from fedray.clock.diurnal import DiurnalAvailability
 from fedray.clock.hearing import MAX_LOST, StillToHear
 
 
@@ -58,3 +59,36 @@ def test_who_is_online_looks_up_only_the_clients_still_to_hear_that_may_be_onlin
     assert hearing.next_online(12.0) == 20.0 and availability.looked_up == 6  # 0 never again, 1 heard: none looked up
     assert hearing.online(21.0).tolist() == [2] and availability.looked_up == 7
     assert hearing.found == 1
+
+
+def test_the_clients_online_and_the_next_to_come_online_agree_with_a_lookup_of_every_client_still_to_hear():
+    """200 clients online 30 % of every 10 s, asked at increasing moments while some are heard and others lost: who
+    is online and when the next comes online, against every client still to hear looked up afresh."""
+    availability = DiurnalAvailability(diurnal_period_s=10.0, diurnal_duty=0.3, seed=7)
+    target = np.zeros(200, dtype=bool)
+    target[::3] = target[1::3] = True
+    hearing = StillToHear(200, target, availability)
+    draws = np.random.default_rng(0)
+    t, found = 0.0, []
+    while hearing.remaining:
+        t += float(draws.exponential(0.4))
+        to_hear = np.flatnonzero(hearing.eligible)
+        online = to_hear[availability.available(to_hear, t)]
+        assert hearing.online(t).tolist() == online.tolist() and hearing.found == len(online)
+        expected = float(availability.next_available(to_hear, t).min(initial=np.inf))
+        assert hearing.next_online(t) == expected
+        hearing.hear(online[::2], online[1::2])  # half heard, half lost
+        found.append(len(online))
+    assert 0 in found and max(found) > 10
+
+
+def test_whether_a_client_found_online_before_still_is_asks_only_those_and_changes_nothing():
+    availability = Windows()
+    hearing = StillToHear(4, np.ones(4, dtype=bool), availability)
+    assert not hearing.surely_online(0.0) and availability.looked_up == 0  # nobody found online yet
+    assert hearing.online(0.0).tolist() == [0] and availability.looked_up == 4
+    assert hearing.surely_online(3.0) and availability.looked_up == 5 and hearing.found == 1
+    assert not hearing.surely_online(6.0) and availability.looked_up == 6  # client 0 went offline at 5
+    hearing.hear(np.array([0]), np.zeros(0, dtype=np.int64))
+    assert not hearing.surely_online(3.0) and availability.looked_up == 6  # heard: not looked up
+    assert hearing.next_online(6.0) == 10.0

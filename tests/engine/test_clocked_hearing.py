@@ -162,3 +162,21 @@ def test_the_tail_of_a_closed_form_under_diurnal_availability_is_a_plain_loop_ov
             for record in tail] == expected
     assert any(later.start_s > earlier.end_s for earlier, later in zip(tail, tail[1:]))  # rounds that waited
     assert any(len(record.lost) for record in tail) and any(len(record.clients) > 1 for record in tail)
+
+
+class Watched(UniformSelector):
+    """The uniform selector, noting the round and start of each round it is asked for."""
+
+    asked: list[tuple[int, float]] = []
+
+    def select(self, context):
+        Watched.asked.append((context.round, context.start_s))
+        return super().select(context)
+
+
+def test_a_round_that_waits_for_a_client_to_come_online_asks_the_selector_once_when_it_starts(tmp_path):
+    Watched.asked.clear()
+    records = clocked_closed_form(clock(tmp_path, selector=Watched()), [np.array([0, 1]), np.array([2, 3]),
+                                                                        np.array([4, 5])], TASKS, "closed_form")
+    assert [record.start_s for record in records] == [0.0, 3.0, 20.0, 30.0, 41.0, 52.0]  # the first test's rounds
+    assert Watched.asked == [(record.number, record.start_s) for record in records]
