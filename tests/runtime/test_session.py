@@ -14,7 +14,7 @@ import ray
 from ray._common.utils import get_ray_address_file
 from ray._private import services
 
-from fedray.runtime import session, watchdog
+from fedray.runtime import session, tensor_transfer, watchdog
 from tests.runtime.test_address import answering_head
 
 
@@ -25,7 +25,7 @@ def ray_init_calls(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **options: calls.append(options))
     monkeypatch.setattr(session.watchdog, "start", lambda: calls.append("watchdog"))
-    monkeypatch.setattr(session.tensor_transfer, "register", lambda: None)
+    monkeypatch.setattr(tensor_transfer, "register", lambda: None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     return calls
 
