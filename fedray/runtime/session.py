@@ -156,12 +156,25 @@ def _raylet_messages(verbose: bool) -> AbstractContextManager[None]:
     return _patched(ray._private.worker, "listen_error_messages", lambda worker, threads_stopped: None)
 
 
+def _without_dashboard_packages() -> AbstractContextManager[None]:
+    """Around the start of an embedded Ray (whose dashboard is left out): its processes run as a minimal install of Ray
+    runs them, without the dashboard's optional packages.
+
+    ``ray.init`` imports those packages (aiohttp, grpc, opentelemetry, pydantic, ...: 2 s, and more on a loaded
+    machine) only to tell whether they are installed, which decides whether the dashboard's processes load the parts
+    that need them; with the dashboard left out, those parts (the agent's HTTP and gRPC servers, its metrics and
+    reports) serve nothing fedray uses. The check is answered as a minimal install's: nothing is imported.
+    """
+    return _patched(ray._private.utils, "get_dashboard_dependency_error",
+                    lambda: ImportError("fedray starts an embedded Ray without its dashboard"))
+
+
 def _start_or_join(address: str | None, verbose: bool) -> None:
     given = cluster_address(address)
     options = {"log_to_driver": verbose, "logging_level": logging.WARNING}
     if given is None:
-        with _without_token_auth_notice(), _interruptible(), _killing_what_a_failed_start_leaves(), \
-                _raylet_messages(verbose):
+        with _without_token_auth_notice(), _without_dashboard_packages(), _interruptible(), \
+                _killing_what_a_failed_start_leaves(), _raylet_messages(verbose):
             ray.init(address=LOCAL, include_dashboard=False, **options)
         watchdog.start()
         return

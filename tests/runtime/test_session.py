@@ -64,6 +64,19 @@ def test_the_driver_prints_rays_pushed_raylet_messages_only_when_verbose(ray_ini
     assert ray._private.worker.listen_error_messages is listening, "Ray's own again after ray.init"
 
 
+def test_an_embedded_ray_starts_without_importing_the_dashboard_s_packages(ray_init_calls, monkeypatch):
+    """``ray.init`` imported aiohttp, grpc, opentelemetry, ... (2 s) only to ask whether they are installed: an
+    embedded Ray (its dashboard left out) is told they are not, as a minimal install of Ray is; a cluster's is not."""
+    check = ray._private.utils.get_dashboard_dependency_error
+    told = []
+    monkeypatch.setattr(ray, "init", lambda **options: told.append(ray._private.utils.get_dashboard_dependency_error()))
+    session.init_ray()
+    with answering_head() as address:
+        session.init_ray(address)
+    assert [type(error) for error in told] == [ImportError, check().__class__]
+    assert ray._private.utils.get_dashboard_dependency_error is check, "Ray's own check again after ray.init"
+
+
 def test_auto_is_left_to_ray(ray_init_calls):
     session.init_ray("auto")
     assert ray_init_calls == [{"address": "auto", "log_to_driver": False, "logging_level": logging.WARNING}]
