@@ -120,11 +120,12 @@ def _cmd_run(args: argparse.Namespace) -> None:
         _check_dataset(config.dataset)
         from fedray.engine.run_start import starting
 
-        with starting(config, args.address, args.verbose) as (checked, ray_start):  # Ray starts while torch imports
+        with starting(config, args.address, args.verbose) as (_, ray_start):  # Ray starts while torch imports
             interrupts.import_whole("torch")
-            from fedray.engine.run_config import run_started
+            from fedray.engine.run_config import run
 
-            rows = run_started(checked, ray_start, resume=args.resume, command=args.command_line).rows
+            rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose,
+                       command=args.command_line, ray_start=ray_start).rows
     last = rows[-1]
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "

@@ -109,6 +109,7 @@ def run(
     verbose: bool = False,
     callbacks: Callbacks | None = None,
     command: str | None = None,
+    ray_start: RayStart | None = None,
 ) -> CompletedRun:
     """Load, simulate and write ``config.out``; nothing but checkpoints is written unless the run completes.
 
@@ -125,8 +126,12 @@ def run(
     the output folder included, is checked before the work starts; the run
     holds that folder to its end (a second run into it is refused) and removes
     the checkpoint at the end only if it resumed from it or wrote it. Ray starts in the background while the data is
-    read (see :func:`~fedray.engine.run_start.starting`).
+    read (see :func:`~fedray.engine.run_start.starting`); ``ray_start``: that start, begun by a caller inside
+    :func:`~fedray.engine.run_start.starting` for ``config`` (``fedray run``, before it imports torch).
     """
+    if ray_start is not None:
+        return run_started(config.validate().resolved(), ray_start, trial_group, on_point, resume, federation,
+                           callbacks, command)
     with starting(config, address, verbose) as (config, ray_start):
         return run_started(config, ray_start, trial_group, on_point, resume, federation, callbacks, command)
 
