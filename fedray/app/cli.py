@@ -20,6 +20,7 @@ from fedray.core import interrupts
 from fedray.core.errors import FedrayError
 from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.plugins import display_name, plugin_failure
+from fedray.runtime.ray_start import ray_is_up
 
 if TYPE_CHECKING:
     from fedray.core.options import Option
@@ -117,11 +118,14 @@ def _cmd_run(args: argparse.Namespace) -> None:
     config = resolve(file_values, cli_values)
     with interrupts.reporting(lambda: _left_by_run(config)):
         _check_dataset(config.dataset)
-        interrupts.import_whole("torch")
-        from fedray.engine.run_config import run
+        from fedray.engine.run_start import starting
 
-        rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose,
-                   command=args.command_line).rows
+        with starting(config, args.address, args.verbose) as (_, ray_start):  # Ray starts while torch imports
+            interrupts.import_whole("torch")
+            from fedray.engine.run_config import run
+
+            rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose,
+                       command=args.command_line, ray_start=ray_start).rows
     last = rows[-1]
     if last["diverged"]:
         raise FedrayError(f"{config.method} diverged in round {last['round']} (non-finite loss or update: lower --client-lr or --tct-lr?); "
@@ -408,17 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _ray_is_up() -> bool:
-    """Whether this process is connected to Ray (without importing it: ``fedray --help`` stays quick; a signal may
-    have stopped its import halfway)."""
-    is_initialized = getattr(sys.modules.get("ray"), "is_initialized", None)
-    return is_initialized is not None and is_initialized()
-
-
 def main(argv: list[str] | None = None) -> int:
     """``fedray ARGV``; the exit code: 0, 2 for bad input, 1 when a plugin raised (or ``fedray reproduce`` found a
     difference), 130 after Ctrl-C and 143 after SIGTERM, whenever it comes."""
-    ray_was_up = _ray_is_up()
+    ray_was_up = ray_is_up()
     with interrupts.handling_interrupts():
         try:
             args = build_parser().parse_args(argv)
@@ -439,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             stop = error if isinstance(error, interrupts.Stopped) else interrupts.Stopped(number)
             with interrupts.ignoring_interrupts():
-                if _ray_is_up() and not ray_was_up:
+                if ray_is_up() and not ray_was_up:
                     sys.modules["ray"].shutdown()
             print(f"fedray: {stop}", file=sys.stderr)
             return stop.exit_code

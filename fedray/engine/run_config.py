@@ -23,11 +23,10 @@ from fedray.engine.callbacks import Callbacks
 from fedray.core.results import RUN_FILES, EvalPoint, remove_stale_temporaries, write_run
 from fedray.engine.round_loop import Listener
 from fedray.runtime import provenance, sampling
-from fedray.runtime.session import check_address, init_ray
+from fedray.runtime.ray_start import RayStart
 from fedray.runtime.shards import ShardPool
 from fedray.engine.closed_form import RunOutcome, run_closed_form
-from fedray.core.folder_lock import holding
-from fedray.core.writable import check_folder
+from fedray.engine.run_start import starting
 
 
 @dataclass
@@ -110,6 +109,7 @@ def run(
     verbose: bool = False,
     callbacks: Callbacks | None = None,
     command: str | None = None,
+    ray_start: RayStart | None = None,
 ) -> CompletedRun:
     """Load, simulate and write ``config.out``; nothing but checkpoints is written unless the run completes.
 
@@ -125,21 +125,24 @@ def run(
     A diverged training run is written too; its last row says so. Every input,
     the output folder included, is checked before the work starts; the run
     holds that folder to its end (a second run into it is refused) and removes
-    the checkpoint at the end only if it resumed from it or wrote it.
+    the checkpoint at the end only if it resumed from it or wrote it. Ray starts in the background while the data is
+    read (see :func:`~fedray.engine.run_start.starting`); ``ray_start``: that start, begun by a caller inside
+    :func:`~fedray.engine.run_start.starting` for ``config`` (``fedray run``, before it imports torch).
     """
+    if ray_start is not None:
+        return run_started(config.validate().resolved(), ray_start, trial_group, on_point, resume, federation,
+                           callbacks, command)
+    with starting(config, address, verbose) as (config, ray_start):
+        return run_started(config, ray_start, trial_group, on_point, resume, federation, callbacks, command)
+
+
+def run_started(config: RunConfig, ray_start: RayStart, trial_group: PlacementGroup | None = None,
+                on_point: Listener | None = None, resume: bool = False, federation: Federation | None = None,
+                callbacks: Callbacks | None = None, command: str | None = None) -> CompletedRun:
+    """:func:`run` inside :func:`~fedray.engine.run_start.starting`: ``config`` as it yields it (validated and
+    resolved, its output folder held), Ray starting as ``ray_start``; for ``fedray run``, which enters that block
+    before it imports torch (this module's imports)."""
     started = provenance.utc_now()
-    config = config.validate().resolved()
-    check_address(address)
-    check_folder(Path(config.out))
-    with holding(Path(config.out)):  # one run at a time in a folder: no run removes or mixes with another's files
-        return _run(config, address, trial_group, on_point, resume, federation, verbose, callbacks, command, started)
-
-
-def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | None, on_point: Listener | None,
-         resume: bool, federation: Federation | None, verbose: bool, callbacks: Callbacks | None, command: str | None,
-         started: str) -> CompletedRun:
-    """:func:`run` of a validated ``config`` whose output folder this run holds, started at ``started`` by
-    ``command``."""
     out = Path(config.out)
     built = postprocessing(config)  # the run's one postprocessing, every stage's: the plugins' checks, before any work
     planned = stages(config)  # the training algorithm and server optimizer, built with their options before the data
@@ -160,7 +163,7 @@ def _run(config: RunConfig, address: str | None, trial_group: PlacementGroup | N
     callbacks = Callbacks.of_run(callbacks, config.quiet)
     callbacks.start(config.to_dict())
     on_point = callbacks.hearing(on_point)
-    init_ray(address, verbose)
+    ray_start.join()
     context = StageContext(run, federation, callbacks, on_point, saved, trial_group)
     try:
         result = run_stages(run.stages, context)

@@ -4,11 +4,13 @@ range) forever, and refuses other malformed ones with a traceback."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import shlex
 import socket
 
 from fedray.core.errors import FedrayError
+from fedray.runtime.ray_start import ray_is_up
 
 CONNECT_TIMEOUT_S = 10.0
 RAY_CLIENT_PORT = 10001
@@ -68,6 +70,23 @@ def endpoint(address: str, source: str = "--address") -> tuple[str, int] | None:
     if not 1 <= int(port) <= 65535:
         raise wrong(f"port {int(port)} is out of range (1 to 65535)")
     return host, int(port)
+
+
+def cluster_address(address: str | None) -> tuple[str, str] | None:
+    """The address to join and where it came from (``--address``, else $RAY_ADDRESS); None for an embedded Ray
+    (neither set, or set to ``local``)."""
+    for given, source in ((address, "--address"), (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS")):
+        if given:
+            return None if given == LOCAL else (given, source)
+    return None
+
+
+def check_address(address: str | None = None) -> None:
+    """Before any work: a one-line error within seconds when the cluster to join does not answer (none to join when
+    this process is connected to Ray already)."""
+    given = None if ray_is_up() else cluster_address(address)
+    if given is not None:
+        check_reachable(*given)
 
 
 def check_reachable(address: str, source: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:

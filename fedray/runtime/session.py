@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -26,25 +27,11 @@ import ray._private.worker
 
 from fedray.core import interrupts
 from fedray.core.errors import FedrayError
-from fedray.runtime import tensor_transfer, watchdog
-from fedray.runtime.address import LOCAL, check_reachable
+from fedray.runtime import watchdog
+from fedray.runtime.address import LOCAL, check_address, check_reachable, cluster_address
 from fedray.runtime.messages import without_messages
 
-
-def _cluster_address(address: str | None) -> tuple[str, str] | None:
-    """The address to join and where it came from (``--address``, else $RAY_ADDRESS); None for an embedded Ray
-    (neither set, or set to ``local``)."""
-    for given, source in ((address, "--address"), (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS")):
-        if given:
-            return None if given == LOCAL else (given, source)
-    return None
-
-
-def check_address(address: str | None = None) -> None:
-    """Before any work: a one-line error within seconds when the cluster to join does not answer."""
-    given = None if ray.is_initialized() else _cluster_address(address)
-    if given is not None:
-        check_reachable(*given)
+__all__ = ["check_address", "init_ray", "start_or_join", "where_written"]
 
 
 WORKING_DIR_COPIES = "/runtime_resources/working_dir_files/"
@@ -65,6 +52,8 @@ def where_written(folder: str | Path) -> tuple[str, str | None]:
 
 TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+WORKER_LOGGER = "ray._private.worker"
+NOT_MAIN_THREAD_NOTICE = "SIGTERM handler is not set because current thread is not the main thread"
 
 
 def _without_token_auth_notice() -> AbstractContextManager[None]:
@@ -83,10 +72,18 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
     The caller's SIGTERM handler stays (``ray.init`` would replace it). Either way, this process then sends its
     tensors through the object store as numpy buffers (:mod:`fedray.runtime.tensor_transfer`).
     """
+    start_or_join(address, verbose)
+    from fedray.runtime import tensor_transfer  # torch: a start in the background (fedray.runtime.ray_start) needs none
+
+    tensor_transfer.register()
+
+
+def start_or_join(address: str | None = None, verbose: bool = False) -> None:
+    """:func:`init_ray` but for the tensors' serializer; from the main thread or another
+    (:class:`~fedray.runtime.ray_start.RayStart`'s)."""
     if not ray.is_initialized():
         interrupts.check()  # no Ray is started for a run that a signal already stopped
         _start_or_join(address, verbose)
-    tensor_transfer.register()
 
 
 @contextmanager
@@ -122,12 +119,17 @@ def _interruptible() -> Iterator[None]:
     (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``, read when it starts; Ray's workers
     keep theirs). An interrupt while that core worker is built would leave it
     half-built, and the process would crash (SIGSEGV) as it exits: the
-    interrupt waits until the driver is connected (a second signal does not).
+    interrupt waits until the driver is connected (a second signal does not). On a thread other than the main one
+    (:mod:`fedray.runtime.ray_start`) no signal reaches the start: nothing waits, and Ray's warning that it sets no
+    SIGTERM handler there (the caller's is the one wanted) is dropped.
     """
     worker = ray._private.worker
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    connect = _deferring_interrupts(worker.connect) if on_main_thread else worker.connect
+    quiet = nullcontext() if on_main_thread else without_messages(WORKER_LOGGER, NOT_MAIN_THREAD_NOTICE)
     with _patched(ray._private.utils, "set_sigterm_handler", lambda handler: None), \
             _patched(ray._private.ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", True), \
-            _patched(worker, "connect", _deferring_interrupts(worker.connect)), interrupts.keeping_sigterm_handler():
+            _patched(worker, "connect", connect), interrupts.keeping_sigterm_handler(), quiet:
         yield
 
 
@@ -154,12 +156,25 @@ def _raylet_messages(verbose: bool) -> AbstractContextManager[None]:
     return _patched(ray._private.worker, "listen_error_messages", lambda worker, threads_stopped: None)
 
 
+def _without_dashboard_packages() -> AbstractContextManager[None]:
+    """Around the start of an embedded Ray (whose dashboard is left out): its processes run as a minimal install of Ray
+    runs them, without the dashboard's optional packages.
+
+    ``ray.init`` imports those packages (aiohttp, grpc, opentelemetry, pydantic, ...: 2 s, and more on a loaded
+    machine) only to tell whether they are installed, which decides whether the dashboard's processes load the parts
+    that need them; with the dashboard left out, those parts (the agent's HTTP and gRPC servers, its metrics and
+    reports) serve nothing fedray uses. The check is answered as a minimal install's: nothing is imported.
+    """
+    return _patched(ray._private.utils, "get_dashboard_dependency_error",
+                    lambda: ImportError("fedray starts an embedded Ray without its dashboard"))
+
+
 def _start_or_join(address: str | None, verbose: bool) -> None:
-    given = _cluster_address(address)
+    given = cluster_address(address)
     options = {"log_to_driver": verbose, "logging_level": logging.WARNING}
     if given is None:
-        with _without_token_auth_notice(), _interruptible(), _killing_what_a_failed_start_leaves(), \
-                _raylet_messages(verbose):
+        with _without_token_auth_notice(), _without_dashboard_packages(), _interruptible(), \
+                _killing_what_a_failed_start_leaves(), _raylet_messages(verbose):
             ray.init(address=LOCAL, include_dashboard=False, **options)
         watchdog.start()
         return

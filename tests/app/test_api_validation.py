@@ -19,6 +19,7 @@ import fedray.app.sweeps.tuning
 from fedray.app.cli import main
 from fedray.engine.config import RUN_OPTIONS, catalogue
 from fedray.engine.config_files import typed_value
+from tests.engine.test_run_start import no_ray_start
 
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
@@ -50,6 +51,7 @@ def engine(monkeypatch):
 
     ray_was_up = ray.is_initialized()  # another test file's session Ray may be up already
     monkeypatch.setattr(fedray.engine.run_config, "run", reached)
+    no_ray_start(monkeypatch)  # fedray run begins no Ray before it reaches the engine
     yield
     assert ray.is_initialized() is ray_was_up
 

@@ -13,6 +13,7 @@ from fedray.engine.config import resolve
 from fedray.engine.config_files import load_config_file
 from fedray.engine.plan import postprocessing
 from fedray.engine.settings import server_optimizer, training_algorithm
+from tests.engine.test_run_start import no_ray_start
 
 PLUGINS = '''
 from dataclasses import dataclass
@@ -131,6 +132,7 @@ def engine(monkeypatch):
 
     monkeypatch.setattr(fedray.engine.run_config, "run", reached)
 
+    no_ray_start(monkeypatch)  # fedray run begins no Ray before it reaches the engine
 
 class Reached(Exception):
     def __init__(self, config):

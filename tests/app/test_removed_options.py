@@ -13,6 +13,7 @@ from fedray.app.cli import main
 from fedray.app.sweeps.spec import load_sweep
 from fedray.engine.config import REMOVED, resolve
 from fedray.engine.config_files import load_config_file
+from tests.engine.test_run_start import no_ray_start
 
 REPO = Path(__file__).resolve().parents[2]
 PROXIMAL = f"{REPO / 'examples' / 'proximal_client.py'}:Proximal"
@@ -35,6 +36,7 @@ def engine(monkeypatch):
 
     monkeypatch.setattr(fedray.engine.run_config, "run", reached)
 
+    no_ray_start(monkeypatch)  # fedray run begins no Ray before it reaches the engine
 
 def test_the_client_algorithm_is_the_one_removed_option():
     assert set(REMOVED) == {"client_algorithm"}

@@ -16,6 +16,7 @@ import fedray.engine.run_config
 from fedray.app.cli import main
 from fedray.app.reproduce import Difference, compare_runs, relative_difference
 from fedray.core.results import write_run
+from tests.engine.test_run_start import no_ray_start
 
 SPEC = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
 
@@ -74,6 +75,7 @@ def no_rerun(monkeypatch):
 
     monkeypatch.setattr(fedray.engine.run_config, "run", refused)
 
+    no_ray_start(monkeypatch)  # fedray run begins no Ray before it reaches the engine
 
 @pytest.mark.parametrize("present, message", [
     (None, "{out}: no such run folder"),
@@ -111,6 +113,7 @@ def test_the_default_rerun_folder_is_a_fresh_one_beside_the_run(finished_run, tm
     (tmp_path / "run-reproduced").mkdir()
     written = []
     monkeypatch.setattr(fedray.engine.run_config, "run", lambda config, **_: written.append(config.out))
+    no_ray_start(monkeypatch)  # fedray run begins no Ray before it reaches the engine
     monkeypatch.setattr(fedray.app.reproduce, "compare_runs", lambda recorded, rerun: None)
     fedray.app.reproduce.reproduce(out)
     assert written == [str(tmp_path / "run-reproduced-2")]

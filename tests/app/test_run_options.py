@@ -15,6 +15,7 @@ from fedray.core.errors import FedrayError
 from fedray.methods import method_class
 from fedray.core.options import options_of
 from fedray.app.sweeps.spec import load_sweep
+from tests.engine.test_run_start import no_ray_start
 
 REPO = Path(__file__).resolve().parents[2]
 NCM = f"{REPO / 'examples' / 'nearest_class_mean.py'}:NearestClassMean"
@@ -285,6 +286,7 @@ def resolved_command_line(monkeypatch, *args: str) -> RunConfig:
         raise FedrayError("captured")
 
     monkeypatch.setattr(fedray.engine.run_config, "run", capture)
+    no_ray_start(monkeypatch)  # fedray run begins no Ray before it reaches the engine
     assert main(["run", "--quiet", "--out", "unused", *args]) == 2
     return seen[0]
 

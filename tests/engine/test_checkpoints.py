@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-import fedray.engine.run_config
 from fedray.core.accounting import PaperTotals
 from fedray.engine.config import RunConfig
 from fedray.core.errors import FedrayError
@@ -21,6 +20,7 @@ from fedray.methods.training.server import ServerAdam
 from fedray.engine.training import Accounting, TrainingState
 from fedray.core.results import EvalPoint
 from tests.app.test_cli import expect_error
+from tests.engine.test_run_start import no_ray_start
 from tests.images import write_image_folder
 from tests.full_disk import disk_full, fill, hashes, small_disk  # noqa: F401 (a fixture)
 
@@ -212,7 +212,7 @@ def write_bad_checkpoint(kind: str, path: Path, config: dict) -> None:
     ],
 )
 def test_a_bad_checkpoint_is_refused_in_one_line(monkeypatch, tmp_path, capsys, kind, needles):
-    monkeypatch.setattr(fedray.engine.run_config, "init_ray", lambda address=None, verbose=False: pytest.fail("a bad checkpoint was accepted"))
+    no_ray_start(monkeypatch, at_join=lambda: pytest.fail("a bad checkpoint was accepted"))
     out = tmp_path / "run"
     out.mkdir()
     checkpoint = out / CHECKPOINT
@@ -237,7 +237,7 @@ def scaffold_config(out: Path) -> dict:
     return config.validate().resolved().to_dict()
 
 
-def ray_would_start(address=None, verbose=False):
+def ray_would_start() -> None:
     raise FedrayError("the checkpoint was accepted: Ray would start here")
 
 
@@ -299,7 +299,7 @@ EDITS = {
 def test_a_checkpoint_edited_by_hand_is_refused_in_one_line_before_ray_starts(monkeypatch, tmp_path, capsys, edit):
     """Wrong shapes, string parameters and ``done = -3`` failed with tracebacks half a minute in (once the shards had
     started); ``done`` at or beyond --rounds wrote the checkpoint's rows out as a complete run."""
-    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    no_ray_start(monkeypatch, at_join=ray_would_start)
     out = tmp_path / "run"
     checkpoint = saved_with_client_states(out, scaffold_config(out))
     contents = torch.load(checkpoint, weights_only=True)
@@ -314,7 +314,7 @@ def test_a_checkpoint_edited_by_hand_is_refused_in_one_line_before_ray_starts(mo
 
 
 def test_a_checkpoint_as_a_run_writes_it_is_accepted(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    no_ray_start(monkeypatch, at_join=ray_would_start)
     out = tmp_path / "run"
     saved_with_client_states(out, scaffold_config(out))
     expect_error(capsys, [*SCAFFOLD_RUN, "--out", out, "--resume"], "the checkpoint was accepted: Ray would start here")
@@ -324,7 +324,7 @@ def test_a_damaged_file_of_clients_states_stops_a_resumed_run_in_one_line_before
                                                                                               capsys):
     """The clients' states are checked with the rest of the checkpoint: a damaged file ended in a 53-72-line traceback
     (before the shards read their states before any round)."""
-    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    no_ray_start(monkeypatch, at_join=ray_would_start)
     out = tmp_path / "run"
     saved_with_client_states(out, scaffold_config(out))
     for name in ("checkpoint-clients-r4-0.pt", "checkpoint-clients-r4-1.pt"):
@@ -338,7 +338,7 @@ def test_a_damaged_file_of_clients_states_stops_a_resumed_run_in_one_line_before
 
 def test_a_checkpoint_from_before_the_training_algorithms_is_accepted_by_a_run(monkeypatch, tmp_path, capsys):
     """``backend: {}`` instead of the algorithm's state and the client-state files: FedAvg's, which keeps neither."""
-    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    no_ray_start(monkeypatch, at_join=ray_would_start)
     out = tmp_path / "run"
     out.mkdir()
     save_checkpoint(out, run_config(out), state_as_every_backend_keeps_it())
@@ -372,7 +372,7 @@ def resume_finetuning(tmp_path: Path, capsys, params: dict[str, torch.Tensor]) -
 
 
 def test_a_fine_tuning_checkpoint_holds_the_network_s_state_dict(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    no_ray_start(monkeypatch, at_join=ray_would_start)
     params = {name: torch.zeros(shape) for name, shape in TCT_CNN_ON_4_CLASSES.items()}
     checkpoint, err = resume_finetuning(tmp_path / "right", capsys, params)
     assert "the checkpoint was accepted: Ray would start here" in err
@@ -386,7 +386,7 @@ def test_a_fine_tuning_checkpoint_holds_the_network_s_state_dict(monkeypatch, tm
 
 def test_a_spherefed_checkpoint_holds_the_projection(monkeypatch, tmp_path, capsys):
     """SphereFed trains an l × d projection (l = --sphere-dim), not the d × C head."""
-    monkeypatch.setattr(fedray.engine.run_config, "init_ray", ray_would_start)
+    no_ray_start(monkeypatch, at_join=ray_would_start)
     out = tmp_path / "run"
     config = RunConfig(method="fedavg", dataset=SMALL, out=str(out), rounds=10, head="sphere", sphere_dim=8, num_shards=2,
                        cpus_per_shard=0.5, quiet=True).validate().resolved().to_dict()

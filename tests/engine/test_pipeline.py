@@ -48,7 +48,7 @@ class Echo(Stage):
 
 
 def test_the_runner_and_the_run_dispatch_on_no_kind_of_stage():
-    for function in (run_stages, fedray.engine.run_config._run, fedray.engine.pipeline.footprints,
+    for function in (run_stages, fedray.engine.run_config.run_started, fedray.engine.pipeline.footprints,
                      RunPlan.stage_uploads, RunPlan.checkpoint_shape):
         calls = [node.func.id for node in ast.walk(ast.parse(inspect.getsource(function).strip()))
                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]

@@ -19,6 +19,7 @@ from fedray.engine.checkpoint import CHECKPOINT
 from fedray.engine.config import RunConfig
 from fedray.engine.run_config import run
 from fedray.runtime.client_states import spilled_folder
+from fedray.runtime.ray_start import RayStart
 
 SMALL = "synthetic:inat-user-120k?dim=24&scale=0.04&classes=60"
 STATE_GB = 4 * (24 * 60 + 60) / 1e9
@@ -113,7 +114,7 @@ def test_a_resume_from_spilled_states_that_are_missing_or_not_finite_is_refused_
     interrupted = tmp_path / "interrupted"
     with pytest.raises(Interrupted):
         run(replace(FEDDYN, out=str(interrupted), client_state_memory=0.0), on_point=stop_at_round_eight)
-    monkeypatch.setattr("fedray.engine.run_config.init_ray", work_started)
+    monkeypatch.setattr(RayStart, "join", work_started)
 
     without_folders = tmp_path / "without-folders"
     shutil.copytree(interrupted, without_folders)

@@ -14,7 +14,7 @@ import ray
 from ray._common.utils import get_ray_address_file
 from ray._private import services
 
-from fedray.runtime import session, watchdog
+from fedray.runtime import session, tensor_transfer, watchdog
 from tests.runtime.test_address import answering_head
 
 
@@ -25,7 +25,7 @@ def ray_init_calls(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **options: calls.append(options))
     monkeypatch.setattr(session.watchdog, "start", lambda: calls.append("watchdog"))
-    monkeypatch.setattr(session.tensor_transfer, "register", lambda: None)
+    monkeypatch.setattr(tensor_transfer, "register", lambda: None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     return calls
 
@@ -62,6 +62,19 @@ def test_the_driver_prints_rays_pushed_raylet_messages_only_when_verbose(ray_ini
     session.init_ray(verbose=True)
     assert heard == [False, True]
     assert ray._private.worker.listen_error_messages is listening, "Ray's own again after ray.init"
+
+
+def test_an_embedded_ray_starts_without_importing_the_dashboard_s_packages(ray_init_calls, monkeypatch):
+    """``ray.init`` imported aiohttp, grpc, opentelemetry, ... (2 s) only to ask whether they are installed: an
+    embedded Ray (its dashboard left out) is told they are not, as a minimal install of Ray is; a cluster's is not."""
+    check = ray._private.utils.get_dashboard_dependency_error
+    told = []
+    monkeypatch.setattr(ray, "init", lambda **options: told.append(ray._private.utils.get_dashboard_dependency_error()))
+    session.init_ray()
+    with answering_head() as address:
+        session.init_ray(address)
+    assert [type(error) for error in told] == [ImportError, check().__class__]
+    assert ray._private.utils.get_dashboard_dependency_error is check, "Ray's own check again after ray.init"
 
 
 def test_auto_is_left_to_ray(ray_init_calls):

@@ -1,0 +1,104 @@
+"""Ray started (or joined) on a thread of its own, while the driver imports torch and reads its data.
+
+``ray.init`` spends seconds waiting on the processes it starts (the GCS, the raylet and its agents): a run spends them
+importing torch, reading its federation and planning its stages instead. :class:`RayStart` begins the start on a
+thread once the checks that need neither the data nor Ray have passed; :meth:`RayStart.join` waits for it where Ray is
+first needed. A block (``with RayStart(...)``) that ends in an error before the join (a refusal that read the data,
+Ctrl-C, SIGTERM) stops what the start began: it waits for ``ray.init`` to end and shuts that Ray down, so that no
+process of it outlives the refusal; a second signal meanwhile SIGKILLs those processes at once.
+
+Signals reach the main thread only, so a start on its own thread is never cut short halfway (the driver's core worker
+half-built, which :func:`fedray.runtime.session.init_ray` defers interrupts for on the main thread). The thread lives
+on once Ray is up, as long as the process (or until :meth:`RayStart.stop`): Ray ties its GCS, raylet and monitors to
+the thread that started them (Linux's PR_SET_PDEATHSIG fires when that thread ends, not the process), and they would
+be killed with it.
+
+This module imports neither torch nor Ray; the thread imports Ray, :meth:`RayStart.join` torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from types import TracebackType
+
+from fedray.core import interrupts
+from fedray.runtime import watchdog
+
+
+def ray_is_up() -> bool:
+    """Whether this process is connected to Ray, without importing Ray (``fedray --help`` stays quick; a signal may
+    have stopped its import halfway)."""
+    is_initialized = getattr(sys.modules.get("ray"), "is_initialized", None)
+    return is_initialized is not None and is_initialized()
+
+
+class RayStart:
+    """:func:`~fedray.runtime.session.init_ray` begun on a thread of its own (nothing to begin when this process is
+    connected to Ray already: a Tune trial, a second run in a notebook)."""
+
+    def __init__(self, address: str | None = None, verbose: bool = False) -> None:
+        self.address, self.verbose = address, verbose
+        self.up_s: float | None = None
+        """Seconds the start took on its thread, from its beginning until Ray was up (None: none was begun)."""
+        self._error: BaseException | None = None
+        self._joined = False
+        self._up, self._released = threading.Event(), threading.Event()
+        self._thread: threading.Thread | None = None
+        if ray_is_up():
+            return
+        interrupts.check()  # no Ray is started for a run that a signal already stopped
+        self._spared = set(watchdog.descendants(os.getpid()))
+        self._thread = threading.Thread(target=self._start, name="fedray-ray-start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        begun = time.perf_counter()
+        try:
+            from fedray.runtime import session
+
+            session.start_or_join(self.address, self.verbose)
+        except BaseException as error:  # raised in the main thread by join
+            self._error = error
+        self.up_s = time.perf_counter() - begun
+        self._up.set()
+        self._released.wait()  # Ray's processes die with this thread
+
+    def join(self) -> None:
+        """Wait until Ray is up (the start's error, e.g. a cluster that refused the driver, is raised here); this
+        process then sends its tensors as numpy buffers (see :func:`~fedray.runtime.session.init_ray`)."""
+        if self._thread is not None:
+            self._up.wait()
+            self._joined = True
+            if self._error is not None:
+                raise self._error
+        from fedray.runtime import session
+
+        session.init_ray(self.address, self.verbose)  # Ray is up: registers the tensors' serializer only
+
+    def stop(self) -> None:
+        """Wait for the start to end, then shut down the Ray it started (or disconnect from the cluster it joined);
+        a second signal meanwhile SIGKILLs the processes it started instead (``ray.init`` may hang)."""
+        if self._thread is None or self._joined:
+            return
+        try:
+            self._up.wait()
+        except BaseException:
+            with watchdog.adopting_orphans():
+                watchdog.kill_descendants(self._spared)
+            raise
+        self._joined = True
+        if ray_is_up():
+            with interrupts.ignoring_interrupts():
+                sys.modules["ray"].shutdown()
+        self._released.set()
+
+    def __enter__(self) -> RayStart:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if error is not None:
+            self.stop()
