@@ -53,9 +53,10 @@ STARTED = time.perf_counter()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+
+from jobs.fresh_process import json_line_of  # noqa: E402
 
 MB = 2**20
 PER_ROUND = 100
@@ -145,10 +146,8 @@ def bare(clients: int, dim: int) -> dict:
 
 
 def child(*arguments: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "jobs.bench_scale", *arguments], capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(arguments)}: exit {done.returncode}\n{done.stderr}")
-    return json.loads(done.stdout.splitlines()[-1])
+    """This job's point of ``arguments`` in a fresh process."""
+    return json_line_of("jobs.bench_scale", *arguments)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -155,8 +155,8 @@ class RunClock:
         through another round has fewer, a round after its schedule's none). ``hearing``: the clients a closed form
         still has to hear (None: a training round), the only ones it draws beyond the row; a round that finds none of
         them online at its start starts when the first comes online
-        (:meth:`~fedray.clock.hearing.StillToHear.next_online`), its selector asked then only. Without ``hearing``, a round that finds nobody online
-        starts when the first client comes online (O(K), only then)."""
+        (:meth:`~fedray.clock.hearing.StillToHear.next_online`), its selector asked then only. Without ``hearing``, a
+        round that finds nobody online starts when the first client comes online (O(K), only then)."""
         scheduled = np.asarray(scheduled, dtype=np.int64)
         places = len(scheduled) if places is None else places
         start, devices, seed = self.now, self.devices, self.seed

@@ -18,7 +18,7 @@ evaluation block's clients not yet heard from in its scheduled rounds (with
 stage that asks every client once (a calibration, the ridge probe, TCT's
 normalization and closed form), every client. The stages that must hear every
 client (a closed form, and those that ask every client once) go through one
-hearing loop (:func:`clocked_hearing`): rounds that draw only clients not
+hearing loop (:func:`clocked_closed_form`): rounds that draw only clients not
 heard yet, numbered on after the stage's own, until every client is heard.
 """
 
@@ -180,9 +180,13 @@ def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: 
 
 
 def _owed(due: np.ndarray, amount: Amount, clients: np.ndarray) -> np.ndarray:
-    """Each of ``clients``' ``amount`` (one for all, or one per client of the federation) where it is ``due``, else
-    0."""
-    return np.where(due, amount if np.ndim(amount) == 0 else np.asarray(amount)[clients], 0.0)
+    """Each of ``clients``' ``amount`` where it is ``due``, else 0."""
+    return np.where(due, _of_clients(amount, clients), 0.0)
+
+
+def _of_clients(amount: Amount, clients: np.ndarray) -> Amount:
+    """``clients``' ``amount``: one for all as it is, or one per client of the federation at theirs."""
+    return amount if np.ndim(amount) == 0 else np.asarray(amount)[clients]
 
 
 @dataclass(frozen=True)
@@ -339,8 +343,7 @@ class ClientTasks:
     def costs(self, clients: np.ndarray, protocol: TaskCost | None = None) -> TaskCost:
         """The task of ``clients``, with ``protocol`` (the postprocessors', :meth:`Postprocessing.protocol_cost`: its
         bytes sent in place of the plain upload's)."""
-        macs, down, up = (amount if np.ndim(amount) == 0 else np.asarray(amount)[clients]
-                          for amount in (self.macs, self.down_bytes, self.up_bytes))
+        macs, down, up = (_of_clients(amount, clients) for amount in (self.macs, self.down_bytes, self.up_bytes))
         if protocol is None:
             return TaskCost(macs, down, up)
         return TaskCost(macs + protocol.macs, down + protocol.down_bytes, protocol.up_bytes)

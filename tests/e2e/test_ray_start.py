@@ -1,6 +1,7 @@
 """Ray started in the background (:mod:`fedray.runtime.ray_start`) while the driver imports torch and reads the data:
 a refusal that comes after the start, while Ray is still starting or once it is up, stops that Ray; no process of it
-outlives the driver, and a refused run leaves no folder. Ctrl-C and SIGTERM during the start: tests/e2e/test_interrupts.py."""
+outlives the driver, and a refused run leaves no folder. Ctrl-C and SIGTERM during the start:
+tests/e2e/test_interrupts.py."""
 
 import subprocess
 import sys

@@ -91,7 +91,8 @@ def test_the_losses_are_measured_only_when_asked_and_change_nothing_else(algorit
 
 
 def test_spherefeds_mean_squared_loss_is_measured_sample_by_sample():
-    """SphereFed's path loss (1/C)‖W z − onehot(y)‖², z = normalize(P x + q), has no per-sample form of its own."""
+    """SphereFed's path loss (1/C)‖W z − onehot(y)‖², z = normalize(P x + q), has no per-sample form of its
+    own."""
     generator = torch.Generator().manual_seed(5)
     width = 3
     classifier = torch.randn(CLASSES, width, generator=generator, dtype=torch.float64)
