@@ -44,27 +44,21 @@ class Availability:
     def next_available(self, clients: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         """The first moment ≥ t each client is online: t when online at t, +inf if never."""
         clients, t = _lookup("next_available", clients, t)
-        online = self._available(clients, t)
-        moment = t.copy()
-        moment[~online] = self._next_online(clients[~online], t[~online])
-        return moment
+        return self._next_available(clients, t)
 
     def online_until(self, clients: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         """The first moment after t each client is offline (the end of its online interval holding t; +inf if it
         never goes offline), or t itself when it is offline at t."""
         clients, t = _lookup("online_until", clients, t)
-        online = self._available(clients, t)
-        moment = t.copy()
-        moment[online] = self._online_end(clients[online], t[online])
-        return moment
+        return self._online_until(clients, t)
 
     def stays_available(self, clients: np.ndarray, t0: float | np.ndarray, t1: float | np.ndarray) -> np.ndarray:
         """Whether each client is online during the whole of [t0, t1) (t1 ≥ t0; with t1 = t0: online at t0)."""
         clients, t0 = _lookup("stays_available", clients, t0)
         t1 = _times("stays_available", t1, clients.shape)
-        if np.any(t1 < t0):
+        if (t1 < t0).any():
             raise FedrayError("stays_available: an interval [t0, t1) ends before it starts (t1 < t0)")
-        until = self.online_until(clients, t0)
+        until = self._online_until(clients, t0.copy())
         return (until > t0) & (until >= t1)
 
     def check_rounds_can_fill(self, clients_per_round: int, num_clients: int) -> None:
@@ -75,6 +69,19 @@ class Availability:
 
     def _available(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def _next_available(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """:meth:`next_available` on checked arrays (``t`` a copy it may change): a model that answers both lookups
+        from one pass over its clients' draws overrides it."""
+        online = self._available(clients, t)
+        t[~online] = self._next_online(clients[~online], t[~online])
+        return t
+
+    def _online_until(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """:meth:`online_until` on checked arrays (``t`` a copy it may change), like :meth:`_next_available`."""
+        online = self._available(clients, t)
+        t[online] = self._online_end(clients[online], t[online])
+        return t
 
     def _next_online(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
         """For clients offline at t: the first moment after t they are online (+inf if never)."""
@@ -104,7 +111,7 @@ def _lookup(what: str, clients: np.ndarray, t: float | np.ndarray) -> tuple[np.n
     """``clients`` as a 1-d int64 array of ids ≥ 0 and ``t`` as a float64 array of its shape (a fresh copy), or a
     one-line error naming ``what`` was asked."""
     ids = np.asarray(clients)
-    if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
+    if ids.ndim != 1 or not (ids.size == 0 or ids.dtype.kind in "iu"):
         raise FedrayError(f"{what}: clients must be a 1-d array of integer ids, got {ids.dtype} of shape {ids.shape}")
     if ids.size and ids.min() < 0:
         raise FedrayError(f"{what}: client ids must be ≥ 0, got {ids.min()}")
@@ -116,6 +123,6 @@ def _times(what: str, t: float | np.ndarray, shape: tuple[int, ...]) -> np.ndarr
     times = np.asarray(t, dtype=np.float64)
     if times.ndim > 1 or (times.ndim == 1 and times.shape != shape):
         raise FedrayError(f"{what}: times must be one number or one per client ({shape[0]}), got shape {times.shape}")
-    if not np.all(np.isfinite(times)) or np.any(times < 0):
+    if not (np.isfinite(times).all() and (times >= 0).all()):
         raise FedrayError(f"{what}: times must be finite virtual seconds ≥ 0")
-    return np.array(np.broadcast_to(times, shape))
+    return np.full(shape, times) if times.ndim == 0 else times.copy()

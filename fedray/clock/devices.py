@@ -223,6 +223,10 @@ class Devices:
     """For a table of client ids: each client id's row (−1 where it has none); None for a table of shares."""
     _edges: np.ndarray | None = field(init=False, repr=False, compare=False)
     """For a table of shares: the shares' cumulative sums, normalised so that the last is exactly 1."""
+    _jittered: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    """The draws (0 compute, 1 download, 2 upload) of the table's parts with a jitter σ other than 0."""
+    _assigned: tuple[int, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+    """The seed and every client's row that :meth:`assign` last drew (None: not asked yet)."""
 
     def __post_init__(self) -> None:
         table = load_table(self.devices or DEFAULT_TABLE)
@@ -236,18 +240,29 @@ class Devices:
             edges = cumulative / cumulative[-1]
         object.__setattr__(self, "_row_of_client", row_of_client)
         object.__setattr__(self, "_edges", edges)
+        sigmas = (table.macs_jitter, table.down_jitter, table.up_jitter)
+        object.__setattr__(self, "_jittered", tuple(draw for draw, sigma in enumerate(sigmas) if np.any(sigma)))
 
     def assign(self, num_clients: int, seed: int) -> np.ndarray:
         """Each of the population's clients' device (its table row, int64), O(K); a table of client ids must list
-        exactly the clients 0 .. ``num_clients`` − 1."""
+        exactly the clients 0 .. ``num_clients`` − 1. The rows are kept for ``seed`` (in the smallest integer type
+        that holds them: a byte a client for a table of up to 256 devices), so that :meth:`device_of` then reads
+        them instead of drawing them again each round."""
         if self.table.client_id is not None:
             self._check_population(num_clients)
-        return self.device_of(np.arange(num_clients, dtype=np.int64), seed)
+        rows = self.device_of(np.arange(num_clients, dtype=np.int64), seed)
+        object.__setattr__(self, "_assigned", (seed, rows.astype(np.min_scalar_type(max(len(self.table) - 1, 0)))))
+        return rows
 
     def device_of(self, clients: np.ndarray, seed: int) -> np.ndarray:
         """The device (table row, int64) of each of ``clients`` (ids, any order): from the stream (seed, 40, client)
-        by the shares' inverse CDF, or the client's own row. O(len(clients))."""
+        by the shares' inverse CDF, or the client's own row (the rows :meth:`assign` kept for ``seed``, where it did).
+        O(len(clients))."""
         clients = np.asarray(clients, dtype=np.int64)
+        if self._assigned is not None and self._assigned[0] == seed and clients.size:
+            rows = self._assigned[1]
+            if 0 <= clients.min() and clients.max() < len(rows):
+                return rows[clients].astype(np.int64)
         if self._edges is not None:
             if len(self._edges) == 1:  # one device: every client's, no draw needed
                 return np.zeros(clients.shape, dtype=np.int64)
@@ -285,11 +300,13 @@ class Devices:
                                   f"clients {clients.shape}") from None
         device = self.device_of(clients, seed)
         table = self.table
-        parts = (cost.macs / table.macs_per_s[device], cost.down_bytes * 8.0 / table.down_bps[device],
-                 cost.up_bytes * 8.0 / table.up_bps[device])
-        jittered = []
-        for draw, (seconds, sigma) in enumerate(zip(parts, (table.macs_jitter, table.down_jitter, table.up_jitter))):
-            if np.any(sigma):  # a σ of 0 everywhere changes no bit: no factor is drawn
-                seconds = seconds * lognormal_factors(sigma[device], seed, JITTER_STREAM, clients, round, draw)
-            jittered.append(np.broadcast_to(seconds, clients.shape).astype(np.float64))
-        return Durations(*jittered)
+        parts = [cost.macs / table.macs_per_s[device], cost.down_bytes * 8.0 / table.down_bps[device],
+                 cost.up_bytes * 8.0 / table.up_bps[device]]
+        draws = self._jittered  # a σ of 0 everywhere changes no bit: no factor is drawn
+        if draws:
+            sigmas = np.stack([(table.macs_jitter, table.down_jitter, table.up_jitter)[draw][device] for draw in draws])
+            factors = lognormal_factors(sigmas, seed, JITTER_STREAM, clients, round, draws)
+            for factor, draw in zip(factors, draws):
+                parts[draw] = parts[draw] * factor
+        return Durations(*(np.broadcast_to(seconds, clients.shape).astype(np.float64) for seconds in parts))
+

@@ -9,7 +9,7 @@ disagree with its own interval edges by a rounding).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import numpy as np
@@ -29,6 +29,8 @@ class DiurnalAvailability(Availability):
     diurnal_period_s: Annotated[float, "the availability pattern's period, virtual seconds (a day: 86400)"] = 86400.0
     diurnal_duty: Annotated[float, "the fraction of each period a client is online, in (0, 1)"] = 0.5
     seed: int = 0
+    _population_phases: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+    """Every client's phase, kept by :meth:`check_rounds_can_fill` (None: not asked yet)."""
 
     def __post_init__(self) -> None:
         check_positive({"diurnal_period_s": self.diurnal_period_s})
@@ -36,14 +38,23 @@ class DiurnalAvailability(Availability):
             raise FedrayError(f"--diurnal-duty must be in (0, 1) (1 is --availability always), got {self.diurnal_duty}")
 
     def phases(self, clients: np.ndarray) -> np.ndarray:
-        """Each client's phase in [0, 1)."""
+        """Each client's phase in [0, 1): from the population's phases where :meth:`check_rounds_can_fill` drew them
+        (the same numbers), else drawn."""
+        clients = np.asarray(clients)
+        population = self._population_phases
+        if population is not None and clients.size and clients.max() < len(population) and clients.min() >= 0:
+            return population[clients]
         return uniforms(self.seed, STREAM, clients)
 
     def check_rounds_can_fill(self, clients_per_round: int, num_clients: int) -> None:
         """Refuse when at no moment κ clients are online: the most clients online at once is the most phases of the
-        population that fall in one arc of length DUTY of the circle [0, 1) (computed exactly, O(K log K) once)."""
+        population that fall in one arc of length DUTY of the circle [0, 1) (computed exactly, O(K log K) once). The
+        population's phases are kept for the lookups that follow (8 bytes a client): a round's lookups then read its
+        clients' phases instead of hashing them again, several times a round."""
         super().check_rounds_can_fill(clients_per_round, num_clients)
-        phases = np.sort(self.phases(np.arange(num_clients)))
+        population = uniforms(self.seed, STREAM, np.arange(num_clients))
+        object.__setattr__(self, "_population_phases", population)
+        phases = np.sort(population)
         around = np.concatenate([phases, phases + 1.0])
         most = int((np.searchsorted(around, phases + self.diurnal_duty, side="left") - np.arange(num_clients)).max())
         if most < clients_per_round:
@@ -52,27 +63,48 @@ class DiurnalAvailability(Availability):
                               "never fills")
 
     def _available(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
+        return self._online(self.phases(clients), t)
+
+    def _next_online(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
+        return self._next_start(self.phases(clients), t)
+
+    def _online_end(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
+        return self._end_of_online(self.phases(clients), t)
+
+    def _next_available(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
         phase = self.phases(clients)
+        offline = ~self._online(phase, t)
+        t[offline] = self._next_start(phase[offline], t[offline])
+        return t
+
+    def _online_until(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
+        phase = self.phases(clients)
+        online = self._online(phase, t)
+        t[online] = self._end_of_online(phase[online], t[online])
+        return t
+
+    def _online(self, phase: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Whether a client of ``phase`` is online at ``t``."""
         nearest = np.floor(t / self.diurnal_period_s + phase)
-        online = np.zeros(clients.shape, dtype=bool)
+        online = np.zeros(phase.shape, dtype=bool)
         for n in (nearest - 1, nearest, nearest + 1):
             start = self._start(n, phase)
             online |= (start <= t) & (t < self._end(start))
         return online
 
-    def _next_online(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
-        phase = self.phases(clients)
+    def _next_start(self, phase: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """For clients of ``phase`` offline at ``t``: when their next online interval starts."""
         nearest = np.floor(t / self.diurnal_period_s + phase)
-        moment = np.full(clients.shape, np.inf)
+        moment = np.full(phase.shape, np.inf)
         for n in (nearest + 2, nearest + 1, nearest, nearest - 1):
             start = self._start(n, phase)
             moment = np.where(start > t, start, moment)
         return moment
 
-    def _online_end(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
-        phase = self.phases(clients)
+    def _end_of_online(self, phase: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """For clients of ``phase`` online at ``t``: when the online interval holding ``t`` ends."""
         nearest = np.floor(t / self.diurnal_period_s + phase)
-        moment = np.full(clients.shape, np.nan)
+        moment = np.full(phase.shape, np.nan)
         for n in (nearest - 1, nearest, nearest + 1):
             start = self._start(n, phase)
             end = self._end(start)

@@ -56,12 +56,18 @@ def _counters(name: str, values: object) -> np.ndarray:
     return array.astype(np.uint64)
 
 
-def uniforms(seed: int, stream: int, clients: np.ndarray, round: int | np.ndarray = 0, draw: int = 0) -> np.ndarray:
+def uniforms(seed: int, stream: int, clients: np.ndarray, round: int | np.ndarray = 0,
+             draw: int | tuple[int, ...] = 0) -> np.ndarray:
     """One uniform number per client (float64, of the shape of ``clients`` broadcast with ``round``), in the open
-    interval (0, 1): (k + ½)·2⁻⁵² for k uniform on 0 .. 2⁵² − 1, so that no transform meets 0 or 1."""
+    interval (0, 1): (k + ½)·2⁻⁵² for k uniform on 0 .. 2⁵² − 1, so that no transform meets 0 or 1. ``draw`` a tuple:
+    each draw's numbers in one call, stacked along a first axis (the same numbers as one call a draw)."""
     if not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
         raise FedrayError(f"clock streams: the seed must be an integer from 0 to 2^63 - 1, got {seed!r}")
-    key = _stream_key(int(seed), stream, draw)
+    if isinstance(draw, tuple):
+        key = np.array([_stream_key(int(seed), stream, one) for one in draw], dtype=np.uint64)
+        key = key.reshape(len(draw), *(1,) * np.ndim(clients))
+    else:
+        key = _stream_key(int(seed), stream, draw)
     with np.errstate(over="ignore"):
         for name, values in (("the client ids", clients), ("the round", round)):
             key = _absorbed(key, _counters(name, values))
@@ -79,13 +85,14 @@ def _stream_key(seed: int, stream: int, draw: int) -> np.uint64:
     return key
 
 
-def normals(seed: int, stream: int, clients: np.ndarray, round: int | np.ndarray = 0, draw: int = 0) -> np.ndarray:
+def normals(seed: int, stream: int, clients: np.ndarray, round: int | np.ndarray = 0,
+            draw: int | tuple[int, ...] = 0) -> np.ndarray:
     """Standard normal numbers, the inverse normal CDF of :func:`uniforms` (one uniform each: any client alone)."""
     return special.ndtri(uniforms(seed, stream, clients, round, draw))
 
 
 def lognormal_factors(sigma: float | np.ndarray, seed: int, stream: int, clients: np.ndarray,
-                      round: int | np.ndarray = 0, draw: int = 0) -> np.ndarray:
-    """exp(σ·z) for z of :func:`normals`: lognormal factors of median 1 (σ per client or one for all). A σ of 0
-    gives exactly 1."""
+                      round: int | np.ndarray = 0, draw: int | tuple[int, ...] = 0) -> np.ndarray:
+    """exp(σ·z) for z of :func:`normals`: lognormal factors of median 1 (σ per client or one for all; with a tuple of
+    draws, one row of σ a draw). A σ of 0 gives exactly 1."""
     return np.exp(np.asarray(sigma, dtype=np.float64) * normals(seed, stream, clients, round, draw))

@@ -63,8 +63,7 @@ def run_clock(config: RunConfig, federation: Federation, sampler: Sampler) -> Ru
         return None
     choices = config.component(ClockChoices)
     devices = config.component(Devices)
-    if devices.table.client_id is not None:
-        devices.assign(federation.num_clients, config.seed)
+    devices.assign(federation.num_clients, config.seed)  # checks a table of client ids; keeps every client's device
     spec = choices.selector_spec(sampler.poisson)
     cls = selector_class(spec)
     selector = build(cls, config.option_values(cls), f"--selector {spec}", seed=config.seed)

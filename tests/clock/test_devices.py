@@ -68,6 +68,16 @@ def test_assignment_follows_the_shares(tmp_path):
     assert ((counts - expected) ** 2 / expected).sum() < stats.chi2.ppf(0.999, df=2)
 
 
+def test_the_devices_kept_by_assign_are_those_drawn_for_its_seed_and_no_other():
+    drawn = Devices("phones")
+    kept = Devices("phones")
+    kept.assign(500, seed=3)
+    clients = np.array([499, 7, 600, 7, 0])  # 600 is beyond the kept rows: drawn
+    assert kept.device_of(clients, seed=3).tolist() == drawn.device_of(clients, seed=3).tolist()
+    assert kept.device_of(clients, seed=4).tolist() == drawn.device_of(clients, seed=4).tolist()
+    assert kept.device_of(clients, seed=3).dtype == np.int64
+
+
 def test_a_clients_device_does_not_depend_on_the_layout():
     devices = Devices("phones")
     everyone = devices.assign(10_000, seed=3)

@@ -70,6 +70,17 @@ def test_the_most_clients_online_at_once_decides_whether_rounds_fill():
         model.check_rounds_can_fill(most + 1, CLIENTS.size)
 
 
+def test_the_lookups_after_the_check_read_the_phases_it_drew_the_same_numbers():
+    model = DiurnalAvailability(diurnal_period_s=PERIOD, diurnal_duty=DUTY, seed=SEED)
+    model.check_rounds_can_fill(1, 30)  # keeps the phases of clients 0..29
+    fresh = DiurnalAvailability(diurnal_period_s=PERIOD, diurnal_duty=DUTY, seed=SEED)
+    clients = np.array([29, 3, 41, 0, 3])  # 41 is beyond the kept phases: drawn
+    assert model.phases(clients).tolist() == uniforms(SEED, 43, clients).tolist()
+    t = np.linspace(0.0, 3 * PERIOD, len(clients))
+    for lookup in ("available", "next_available", "online_until"):
+        assert getattr(model, lookup)(clients, t).tolist() == getattr(fresh, lookup)(clients, t).tolist()
+
+
 @pytest.mark.parametrize("options, message", [
     ({"diurnal_duty": 0.0}, r"--diurnal-duty must be in \(0, 1\)"),
     ({"diurnal_duty": 1.0}, r"--diurnal-duty must be in \(0, 1\) \(1 is --availability always\)"),

@@ -55,6 +55,13 @@ def test_rounds_broadcast_like_one_call_per_round():
         assert np.array_equal(table[row], uniforms(3, 47, clients, round_))
 
 
+def test_draws_in_one_call_are_one_call_a_draw():
+    clients = np.array([5, 0, 17])
+    together = lognormal_factors(np.array([[0.5, 0.1, 0.0], [1.0, 2.0, 3.0]]), 9, 41, clients, 4, (1, 2))
+    assert together.tolist() == [lognormal_factors(np.array([0.5, 0.1, 0.0]), 9, 41, clients, 4, 1).tolist(),
+                                 lognormal_factors(np.array([1.0, 2.0, 3.0]), 9, 41, clients, 4, 2).tolist()]
+
+
 @pytest.mark.parametrize("vary", ["clients", "rounds"])
 def test_uniform_on_the_open_unit_interval(vary):
     """Kolmogorov-Smirnov against U(0, 1) at a fixed seed, over consecutive clients (one round) or consecutive rounds

@@ -48,8 +48,15 @@ def availability(name: str, tmp_path):
 
 
 def run_clock(devices: str, available: str, tmp_path, poisson: bool = False, **rounds) -> RunClock:
+    """A clock as the engine builds it (:func:`fedray.engine.clocked.run_clock`: the clients' devices assigned, the
+    availability checked)."""
     selector = PoissonSelector() if poisson else UniformSelector()
-    return RunClock(Devices(devices), availability(available, tmp_path), SynchronousRounds(**rounds), selector,
+    model = availability(available, tmp_path)
+    if model is not None:
+        model.check_rounds_can_fill(PER_ROUND, CLIENTS)
+    table = Devices(devices)
+    table.assign(CLIENTS, SEED)
+    return RunClock(table, model, SynchronousRounds(**rounds), selector,
                     "poisson" if poisson else "uniform", CLIENTS, PER_ROUND, SEED, sized_by_draw=poisson)
 
 
