@@ -7,6 +7,7 @@ key exchange); a device model turns it into seconds (:mod:`fedray.clock.devices`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -29,8 +30,10 @@ class TaskCost:
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
+            if type(value) is float and 0 <= value < math.inf:  # a round's amount for all: the check at no cost
+                continue
             amount = np.asarray(value, dtype=np.float64) if _numeric(value) else None
-            if amount is None or not np.all(np.isfinite(amount)) or np.any(amount < 0):
+            if amount is None or not (np.isfinite(amount).all() and (amount >= 0).all()):
                 raise FedrayError(f"TaskCost: {field.name} must be finite numbers ≥ 0, got {shown(value)}")
             object.__setattr__(self, field.name, float(amount) if amount.ndim == 0 else amount)
         try:

@@ -36,6 +36,7 @@ arrays given.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Annotated, Literal
@@ -70,8 +71,11 @@ class RoundOutcome:
     """Clients not needed: their uploads came after the first ``keep``, or the round ended before their fate was
     known. Every selected client is in exactly one of ``finished``, ``cut``, ``dropped`` and the stragglers whose
     uploads were lost."""
+    kept: np.ndarray
+    """Where each of ``finished`` is among the clients the round was given (their positions, int64)."""
 
 
+@functools.lru_cache(maxsize=256)
 def _exact_ceil(factor: float, count: int) -> int:
     """⌈factor · count⌉ of the decimal ``factor`` as written (1.1 · 10 is 11, not 12 as in floating point)."""
     return int(-(-Fraction(repr(factor)) * count // 1))
@@ -143,7 +147,7 @@ class SynchronousRounds:
         return RoundOutcome(
             start_s=start_s, end_s=end_s, finished=clients[kept], finish_s=finish[kept],
             steps=None if steps is None else steps[kept], stragglers=np.sort(clients[late & ~cut]),
-            dropped=np.sort(clients[dropped & ~cut]), cut=np.sort(clients[cut]))
+            dropped=np.sort(clients[dropped & ~cut]), cut=np.sort(clients[cut]), kept=kept)
 
     def _partial(self, compute_s: np.ndarray, comm_s: np.ndarray, start_s: float, local_steps: np.ndarray,
                  finish: np.ndarray, late: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -172,7 +176,7 @@ def _checked(clients: np.ndarray, compute_s: np.ndarray, comm_s: np.ndarray,
         if bad.any():
             raise FedrayError(f"a round's {name} must be finite seconds ≥ 0, got {seconds[bad][0]} for client "
                               f"{clients[bad][0]}")
-    if len(np.unique(clients)) != len(clients):
+    if len(clients) > 1 and not np.diff(np.sort(clients)).all():
         raise FedrayError("a round's selected clients must be distinct")
     if keep < 0:
         raise FedrayError(f"a round keeps ≥ 0 uploads, got {keep}")

@@ -180,10 +180,10 @@ class RunClock:
             steps = np.ones(len(selected), dtype=np.int64) if local_steps is None else local_steps(selected)
         keep = len(selected) if self.sized_by_draw else places
         outcome = self.scheduler.run(selected, durations.compute_s, comm_s, start, keep, steps, self.availability)
-        kept = np.isin(selected, outcome.finished)
+        at = outcome.kept  # each finisher's place among the selected, in arrival order
+        kept = np.zeros(len(selected), dtype=bool)
+        kept[at] = True
         clients = selected[kept]
-        position = np.searchsorted(selected[np.argsort(selected)], outcome.finished)
-        at = np.argsort(selected)[position]  # each finisher's place among the selected
         self.history.record(outcome.finished, number, outcome.finish_s - start)
         compute = 0.0
         if len(outcome.finished):
@@ -192,10 +192,11 @@ class RunClock:
             compute = min(float(durations.compute_s[last] * share), outcome.end_s - start)
         clients_steps = None
         if outcome.steps is not None and self.scheduler.partial:
-            by_client = dict(zip(outcome.finished.tolist(), outcome.steps.tolist()))
-            clients_steps = np.array([by_client[client] for client in clients.tolist()], dtype=np.int64)
-        lost = np.union1d(outcome.stragglers, outcome.dropped)
-        lost = lost[~np.isin(lost, clients)]  # a partial straggler's steps arrived
+            clients_steps = outcome.steps[np.argsort(at)].astype(np.int64)  # in the selector's order, as ``clients``
+        lost = np.zeros(0, dtype=np.int64)
+        if len(outcome.stragglers) or len(outcome.dropped):
+            lost = np.union1d(outcome.stragglers, outcome.dropped)
+            lost = lost[~np.isin(lost, clients)]  # a partial straggler's steps arrived
         up = np.broadcast_to(np.asarray(cost.up_bytes, dtype=np.float64), selected.shape)
         down = np.broadcast_to(np.asarray(cost.down_bytes, dtype=np.float64), selected.shape)
         record = ClockedRound(number, stage, start, outcome.end_s, selected, clients, clients_steps,

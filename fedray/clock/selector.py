@@ -167,7 +167,7 @@ class RoundContext:
             if self.eligible_online is None:
                 rest = rest[self._pickable(rest, taken, eligible)]
             else:  # the round's online eligible clients already: only those taken, or not ``eligible``, are left out
-                pickable = ~np.isin(rest, taken)
+                pickable = ~np.isin(rest, taken) if len(taken) else np.ones(len(rest), dtype=bool)
                 rest = rest[pickable & np.asarray(eligible(rest), dtype=bool) if eligible is not None else pickable]
             order = np.argsort(uniforms(self.seed, ORDER_STREAM, rest, self.round), kind="stable")
             picked = np.concatenate((picked, rest[order][: count - len(picked)]))
@@ -180,7 +180,7 @@ class RoundContext:
         return np.arange(self.num_clients, dtype=np.int64) if self.eligible is None else np.flatnonzero(self.eligible)
 
     def _pickable(self, clients: np.ndarray, taken: np.ndarray, eligible: Eligible | None) -> np.ndarray:
-        pickable = self.candidates(clients) & ~np.isin(clients, taken)
+        pickable = self.candidates(clients) & ~np.isin(clients, taken) if len(taken) else self.candidates(clients)
         return pickable & np.asarray(eligible(clients), dtype=bool) if eligible is not None else pickable
 
 
@@ -232,7 +232,7 @@ def check_selection(context: RoundContext, clients: np.ndarray, name: str) -> np
     if len(clients) and (clients.min() < 0 or clients.max() >= context.num_clients):
         raise FedrayError(f"selector {name} picked a client outside 0..{context.num_clients - 1} in round "
                           f"{context.round}")
-    if len(np.unique(clients)) != len(clients):
+    if len(clients) > 1 and not np.diff(np.sort(clients)).all():
         raise FedrayError(f"selector {name} picked a client twice in round {context.round}")
     if not context.online(clients).all():
         raise FedrayError(f"selector {name} picked a client offline at the start of round {context.round}")
