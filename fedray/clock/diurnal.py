@@ -20,6 +20,10 @@ from fedray.clock.availability import Availability
 from fedray.clock.streams import uniforms
 
 STREAM = 43
+AROUND = np.array([-1.0, 0.0, 1.0])[:, None]
+"""The intervals that may hold t, by n relative to ⌊t / PERIOD_S + phase⌋ (one either side for the roundings)."""
+AHEAD = np.array([-1.0, 0.0, 1.0, 2.0])[:, None]
+"""The intervals among which the next one to start after t is."""
 
 
 @dataclass(frozen=True)
@@ -84,32 +88,29 @@ class DiurnalAvailability(Availability):
         return t
 
     def _online(self, phase: np.ndarray, t: np.ndarray) -> np.ndarray:
-        """Whether a client of ``phase`` is online at ``t``."""
-        nearest = np.floor(t / self.diurnal_period_s + phase)
-        online = np.zeros(phase.shape, dtype=bool)
-        for n in (nearest - 1, nearest, nearest + 1):
-            start = self._start(n, phase)
-            online |= (start <= t) & (t < self._end(start))
-        return online
+        """Whether a client of ``phase`` is online at ``t``: in one of the intervals around it."""
+        starts = self._starts(phase, t, AROUND)
+        return ((starts <= t) & (t < self._end(starts))).any(axis=0)
 
     def _next_start(self, phase: np.ndarray, t: np.ndarray) -> np.ndarray:
-        """For clients of ``phase`` offline at ``t``: when their next online interval starts."""
-        nearest = np.floor(t / self.diurnal_period_s + phase)
-        moment = np.full(phase.shape, np.inf)
-        for n in (nearest + 2, nearest + 1, nearest, nearest - 1):
-            start = self._start(n, phase)
-            moment = np.where(start > t, start, moment)
-        return moment
+        """For clients of ``phase`` offline at ``t``: when their next online interval starts (the first of the
+        intervals around and after it that starts after ``t``: their starts increase with n)."""
+        starts = self._starts(phase, t, AHEAD)
+        return np.where(starts > t, starts, np.inf).min(axis=0)
 
     def _end_of_online(self, phase: np.ndarray, t: np.ndarray) -> np.ndarray:
         """For clients of ``phase`` online at ``t``: when the online interval holding ``t`` ends."""
-        nearest = np.floor(t / self.diurnal_period_s + phase)
+        starts = self._starts(phase, t, AROUND)
+        ends = self._end(starts)
+        holds = (starts <= t) & (t < ends)
         moment = np.full(phase.shape, np.nan)
-        for n in (nearest - 1, nearest, nearest + 1):
-            start = self._start(n, phase)
-            end = self._end(start)
-            moment = np.where((start <= t) & (t < end), end, moment)
+        for row in range(len(AROUND)):
+            moment = np.where(holds[row], ends[row], moment)
         return moment
+
+    def _starts(self, phase: np.ndarray, t: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """The starts of the intervals n = ⌊t / PERIOD_S + phase⌋ + each of ``offsets``, one row an offset."""
+        return self._start(np.floor(t / self.diurnal_period_s + phase) + offsets, phase)
 
     def _start(self, n: np.ndarray, phase: np.ndarray) -> np.ndarray:
         return (n - phase) * self.diurnal_period_s
