@@ -52,7 +52,12 @@ Steps = Callable[[np.ndarray], np.ndarray]
 """The local steps each of the given clients takes in a round (all of them: its whole task)."""
 
 
-@dataclass(frozen=True)
+NOTHING_LOST = np.zeros(0, dtype=np.int64)
+NOTHING_LOST.flags.writeable = False
+"""The ``lost`` of every round that lost no upload (most of them): one array shared, read-only."""
+
+
+@dataclass(frozen=True, slots=True)
 class ClockedRound:
     """One round on the clock, as rounds.parquet holds it, and the clients that train in it."""
 
@@ -75,7 +80,7 @@ class ClockedRound:
     """Every selected client's download."""
     compute_s: float
     comm_s: float
-    lost: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    lost: np.ndarray = field(default_factory=lambda: NOTHING_LOST)
     """The selected clients whose uploads were lost (stragglers with nothing sent, dropouts), by id; not those that
     over-commitment cut."""
     staleness: np.ndarray | None = None
@@ -92,7 +97,7 @@ class ClockedRound:
         return row
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Totals:
     """The clock after some rounds: the last one's end, and its columns' sums over them (0 + the first + the second
     + ..., in the rounds' order: the same floats as summing the rounds afresh)."""
@@ -193,7 +198,7 @@ class RunClock:
         clients_steps = None
         if outcome.steps is not None and self.scheduler.partial:
             clients_steps = outcome.steps[np.argsort(at)].astype(np.int64)  # in the selector's order, as ``clients``
-        lost = np.zeros(0, dtype=np.int64)
+        lost = NOTHING_LOST
         if len(outcome.stragglers) or len(outcome.dropped):
             lost = np.union1d(outcome.stragglers, outcome.dropped)
             lost = lost[~np.isin(lost, clients)]  # a partial straggler's steps arrived

@@ -77,10 +77,17 @@ class ClientHistory:
         """The last such round (-1: none)."""
         self.duration_s = np.full(num_clients, np.nan)
         """The client's duration in its last such round, from the round's start to its upload (NaN: unknown)."""
-        self.utility = np.full(num_clients, np.nan)
-        """Its statistical utility in its last round that measured one (NaN: none): Oort's |B|·sqrt(mean loss²), B its
-        training samples, each sample's loss at the model the round sent (:meth:`measured`). A run measures it only
-        for a selector that reads it (:attr:`Selector.uses_utility`)."""
+        self._utility: np.ndarray | None = None
+
+    @property
+    def utility(self) -> np.ndarray:
+        """Each client's statistical utility in its last round that measured one (NaN: none): Oort's
+        |B|·sqrt(mean loss²), B its training samples, each sample's loss at the model the round sent (:meth:`measured`).
+        A run measures it only for a selector that reads it (:attr:`Selector.uses_utility`); the array is made when
+        first read or written (8 bytes a client that other runs do not hold)."""
+        if self._utility is None:
+            self._utility = np.full(len(self.rounds), np.nan)
+        return self._utility
 
     def record(self, clients: np.ndarray, round: int, duration_s: np.ndarray,
                utility: np.ndarray | None = None) -> None:
