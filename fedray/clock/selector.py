@@ -62,6 +62,8 @@ ORDER_STREAM = 46
 FILL_BUDGET = 16
 """Draws a fill tries per client it still needs (plus :data:`FILL_FLOOR`) before the pass over every client."""
 FILL_FLOOR = 1024
+FILL_AHEAD = 4
+"""Draws per client a fill needs that it first looks at all at once (:meth:`RoundContext._drawn_at_once`)."""
 
 Eligible = Callable[[np.ndarray], np.ndarray]
 """Which of the given clients a draw may pick: a bool array."""
@@ -155,19 +157,12 @@ class RoundContext:
         """Up to ``count`` distinct clients, in the order drawn, uniform among the round's candidates (online at its
         start and :attr:`eligible`), not in ``taken`` (none, if None) and ``eligible`` (all, if None): fewer only when
         fewer are such (see the module's note)."""
-        picked = np.empty(0, dtype=np.int64)
-        taken = picked if taken is None else taken
-        drawn = 0
+        taken = np.empty(0, dtype=np.int64) if taken is None else taken
         scarce = self.eligible_found is not None and self.eligible_found * FILL_BUDGET < self.num_clients
         budget = 0 if scarce else FILL_BUDGET * count + FILL_FLOOR
-        while len(picked) < count and drawn < budget:
-            size = max(2 * (count - len(picked)), 64)
-            candidates = np.floor(uniforms(self.seed, FILL_STREAM, np.arange(drawn, drawn + size), self.round)
-                                  * self.num_clients).astype(np.int64)
-            drawn += size
-            candidates = candidates[self._pickable(candidates, np.concatenate((taken, picked)), eligible)]
-            _, first = np.unique(candidates, return_index=True)
-            picked = np.concatenate((picked, candidates[np.sort(first)][: count - len(picked)]))
+        picked = self._drawn_at_once(count, taken, eligible, budget)
+        if picked is None:
+            picked = self._drawn_in_batches(count, taken, eligible, budget)
         if len(picked) < count:
             rest = self._pass()
             taken = np.concatenate((taken, picked))
@@ -179,6 +174,42 @@ class RoundContext:
             order = np.argsort(uniforms(self.seed, ORDER_STREAM, rest, self.round), kind="stable")
             picked = np.concatenate((picked, rest[order][: count - len(picked)]))
         return picked
+
+    def _drawn_in_batches(self, count: int, taken: np.ndarray, eligible: Eligible | None,
+                          budget: int) -> np.ndarray:
+        """Up to ``count`` distinct candidates not ``taken``, in the order drawn, from batches of draws while fewer are
+        found and fewer than ``budget`` were drawn (the draws a pass over every client then follows)."""
+        picked = np.empty(0, dtype=np.int64)
+        drawn = 0
+        while len(picked) < count and drawn < budget:
+            size = max(2 * (count - len(picked)), 64)
+            candidates = self._draws(drawn, drawn + size)
+            drawn += size
+            candidates = candidates[self._pickable(candidates, np.concatenate((taken, picked)), eligible)]
+            _, first = np.unique(candidates, return_index=True)
+            picked = np.concatenate((picked, candidates[np.sort(first)][: count - len(picked)]))
+        return picked
+
+    def _drawn_at_once(self, count: int, taken: np.ndarray, eligible: Eligible | None,
+                       budget: int) -> np.ndarray | None:
+        """:meth:`_drawn_in_batches`' clients where the first ``count`` distinct candidates are among the first
+        ``budget`` draws, found looking at a prefix of the draws at once (a few, then the whole budget): the batches
+        would have found the same clients, stopping once they had; None where they are not (the batches decide which
+        draws the pass follows)."""
+        if not count or not budget:
+            return None if count else np.empty(0, dtype=np.int64)
+        for length in sorted({min(FILL_AHEAD * count + 64, budget), budget}):
+            draws = self._draws(0, length)
+            positions = np.flatnonzero(self._pickable(draws, taken, eligible))
+            _, first = np.unique(draws[positions], return_index=True)
+            if len(first) >= count:
+                return draws[positions[np.sort(first)[:count]]]
+        return None
+
+    def _draws(self, start: int, stop: int) -> np.ndarray:
+        """The round's fill draws ``start`` .. ``stop`` − 1: clients, uniform on the federation, any may repeat."""
+        return np.floor(uniforms(self.seed, FILL_STREAM, np.arange(start, stop), self.round)
+                        * self.num_clients).astype(np.int64)
 
     def _pass(self) -> np.ndarray:
         """The clients a pass looks at: every client, the eligible ones, or those of them online."""

@@ -170,3 +170,37 @@ def test_a_selection_of_distinct_online_clients_passes_as_int64():
     checked = check_selection(context(4, np.arange(5), 50, availability=ThirdOffline()), np.array([1, 4], np.int32),
                               "mine")
     assert checked.dtype == np.int64 and checked.tolist() == [1, 4]
+
+
+def drawn_in_batches(context, count, taken):
+    """The fill's draws as the module's note says, batch by batch (a plain reference): candidates from stream 45 in
+    batches of max(2·(still needed), 64) while fewer than ``count`` are found and fewer than 16·count + 1024 drawn;
+    then the online clients left, ordered by stream 46."""
+    picked, drawn = [], 0
+    online = set(context.availability.online.tolist())
+    while len(picked) < count and drawn < 16 * count + 1024:
+        size = max(2 * (count - len(picked)), 64)
+        for u in uniforms(context.seed, 45, np.arange(drawn, drawn + size), context.round):
+            client = int(np.floor(u * context.num_clients))
+            if client in online and client not in taken and client not in picked and len(picked) < count:
+                picked.append(client)
+        drawn += size
+    if len(picked) < count:
+        rest = [client for client in range(context.num_clients) if client in online and client not in taken
+                and client not in picked]
+        keys = uniforms(context.seed, 46, np.array(rest, dtype=np.int64), context.round)
+        picked += [rest[index] for index in np.argsort(keys, kind="stable")][:count - len(picked)]
+    return picked
+
+
+@pytest.mark.parametrize("online_share", [0.9, 0.3, 0.05, 0.004])
+def test_a_fill_picks_the_first_distinct_online_draws_batch_by_batch_or_falls_back_to_a_pass(online_share):
+    """Many online (found in the first draws), few (found after many) and fewer than asked (the pass)."""
+    num_clients = 2000
+    for round in range(6):
+        rng = np.random.default_rng(round)
+        online = np.flatnonzero(rng.random(num_clients) < online_share)
+        taken = online[:3]
+        fill = context(round, np.zeros(0, dtype=np.int64), num_clients, availability=OnlineSet(online))
+        for count in (1, 20, 130):
+            assert fill.draw_online(count, taken).tolist() == drawn_in_batches(fill, count, set(taken.tolist()))
