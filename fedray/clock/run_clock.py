@@ -188,7 +188,7 @@ class RunClock:
         at = outcome.kept  # each finisher's place among the selected, in arrival order
         kept = np.zeros(len(selected), dtype=bool)
         kept[at] = True
-        clients = selected[kept]
+        clients = selected if len(at) == len(selected) else selected[kept]  # everyone kept: the same array, once
         self.history.record(outcome.finished, number, outcome.finish_s - start)
         compute = 0.0
         if len(outcome.finished):
