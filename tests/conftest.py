@@ -9,13 +9,24 @@ from fedray.data import synthetic
 from fedray.methods.base import ClientBatch
 
 E2E = Path(__file__).resolve().parent / "e2e"
+COLLECTED = pytest.StashKey[list[pytest.Item]]()
+"""Every test this session collected, before ``-m`` deselected any (see :func:`collected_tests`)."""
 
 
-def pytest_collection_modifyitems(items):
-    """Every test under tests/e2e/ (whole processes, clusters, full-size runs) is slow: ``pytest -m "not slow"`` skips them."""
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/e2e/ (whole processes, clusters, full-size runs) is slow: ``pytest -m "not slow"`` skips
+    them. Runs before ``-m`` deselects, so that the collected tests can be kept whole."""
     for item in items:
         if E2E in item.path.parents:
             item.add_marker(pytest.mark.slow)
+    config.stash[COLLECTED] = list(items)
+
+
+@pytest.fixture
+def collected_tests(request) -> list[pytest.Item]:
+    """Every test this session collected, slow or not, whatever ``-m`` selected."""
+    return request.config.stash[COLLECTED]
 
 
 @pytest.fixture(scope="session")
