@@ -9,20 +9,38 @@ from fedray.data import synthetic
 from fedray.methods.base import ClientBatch
 
 E2E = Path(__file__).resolve().parent / "e2e"
+COLLECTED = pytest.StashKey[list[pytest.Item]]()
+"""Every test this session collected, before ``-m`` deselected any (see :func:`collected_tests`)."""
 
 
-def pytest_collection_modifyitems(items):
-    """Every test under tests/e2e/ (whole processes, clusters, full-size runs) is slow: ``pytest -m "not slow"`` skips them."""
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/e2e/ (whole processes, clusters, full-size runs) is slow: ``pytest -m "not slow"`` skips
+    them. Runs before ``-m`` deselects, so that the collected tests can be kept whole."""
     for item in items:
         if E2E in item.path.parents:
             item.add_marker(pytest.mark.slow)
+    config.stash[COLLECTED] = list(items)
+
+
+@pytest.fixture
+def collected_tests(request) -> list[pytest.Item]:
+    """Every test this session collected, slow or not, whatever ``-m`` selected."""
+    return request.config.stash[COLLECTED]
+
+
+OBJECT_STORE_BYTES = 2 * 1024**3
+"""Each test process's object store: the tests' federations need a few MB; Ray's default (30 % of the machine's
+memory) for each of pytest-xdist's two workers would promise /dev/shm more than half the machine."""
 
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One embedded Ray for the whole test session (2 CPUs, no dashboard), a new one even where ``ray start`` left a
-    cluster on the machine (a bare ``ray.init()`` would join it)."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    """One embedded Ray for the whole test session, one per pytest-xdist worker (2 logical CPUs each: the tests size
+    their shards by them; no dashboard), a new one even where ``ray start`` left a cluster on the machine (a bare
+    ``ray.init()`` would join it)."""
+    ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
+             log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -90,6 +90,7 @@ class Spread(fedray.Callback):
         return {"largest_weight": float(classifier.weight.max()), "rows_heard": self.rows}
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_sweep_from_python_returns_its_results_table_with_its_callbacks_columns(ray_session, tmp_path):
     table = fedray.sweep({"name": "seeds", "base": {"dataset": SPEC, "method": "fedncm", "eval_every": 100},
                           "grid": {"seed": [0, 1]}, "cpus_per_shard": 0.5, "driver_cpus": 0.5},

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 import fedray
@@ -26,6 +27,7 @@ def test_a_class_of_a_module_in_the_working_directory_or_installed_is_named_by_i
     assert spec_of(Doubling) == "tests.app.test_api:Doubling"
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_python_runs_plugin_from_a_module_elsewhere_is_recorded_by_its_file_and_reruns(ray_session, tmp_path,
                                                                                           monkeypatch):
     """``ccvr.py`` beside the script that imported it, the run started in another folder: config.yaml names the

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 import ray
 import torch
 
@@ -28,6 +29,7 @@ def outputs(out: Path) -> tuple[list[dict], dict[str, np.ndarray]]:
     return rows, dict(np.load(out / "classifier.npz"))
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_shard_killed_mid_run_gives_bitwise_the_uninterrupted_run(ray_session, tmp_path, monkeypatch, capsys):
     fedray.engine.run_config.run(config(tmp_path / "plain"))
     pools = keeping_started_pools(monkeypatch)

@@ -76,7 +76,8 @@ def test_a_clock_that_changes_nothing_changes_no_bit(ray_session, tmp_path, path
         assert per_round[-1]["bytes_up"] == per_round[-1]["finished"] * clocked.rows[-1]["secagg_bytes_per_participant"]
 
 
-@pytest.mark.parametrize(("method", "deadline"), [("fed3r", 3e-4), ("fedavg", 1.5e-3)])  # about the median task's
+@pytest.mark.parametrize(("method", "deadline"),  # about the median task's
+                         [("fed3r", 3e-4), pytest.param("fedavg", 1.5e-3, marks=pytest.mark.slow)])
 def test_one_shard_or_two_give_the_same_events_and_bits(ray_session, tmp_path, method, deadline):
     clock = {"devices": "phones", "availability": "diurnal:0.005,0.7", "over_commit": 1.4, "deadline": deadline}
     extra = {"rounds": 6} if method == "fedavg" else {}

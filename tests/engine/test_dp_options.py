@@ -146,6 +146,7 @@ def cli_run(capsys, out: Path, *args: str) -> tuple[list[dict], dict[str, np.nda
     return rows, dict(np.load(out / "classifier.npz"))
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_dp_run_from_the_flags_reruns_from_its_config_yaml_to_the_same_bits(ray_session, tmp_path, capsys):
     """The flags, the --option spelling and the written config.yaml: one run, noise and all; the plain run differs."""
     run = ["--method", "fedncm", "--dataset", SPEC, *SMALL_RUN]

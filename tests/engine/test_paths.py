@@ -31,7 +31,7 @@ def classifier(tmp_path, name: str, method: str, **values) -> dict[str, np.ndarr
 
 
 @pytest.mark.parametrize("method, values", [
-    ("fedavg", {}), pytest.param("fedavgm", {}, marks=pytest.mark.slow),
+    pytest.param("fedavg", {}, marks=pytest.mark.slow), pytest.param("fedavgm", {}, marks=pytest.mark.slow),
     pytest.param("fedadam", {"server_lr": 0.01}, marks=pytest.mark.slow),
     pytest.param("fedprox", {"options": {"prox_mu": 0.1}}, marks=pytest.mark.slow), ("scaffold", {})])
 def test_the_dual_form_and_autograd_train_the_same_classifier(ray_session, tmp_path, method, values):

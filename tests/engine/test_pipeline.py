@@ -90,6 +90,7 @@ def test_a_plan_is_told_and_estimated_stage_by_stage():
     assert run.rounds(3) is run.rounds(3), "drawn once"
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_new_kind_of_stage_runs_through_the_engine_after_a_closed_form(ray_session, tmp_path, monkeypatch):
     told = StageUploads("echo", False, Sampling(721, 721, False), 1, 721, 721)
     monkeypatch.setattr(fedray.engine.run_config, "stages", lambda config: (*stages(config), Echo(told=(told,))))

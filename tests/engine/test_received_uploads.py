@@ -64,7 +64,8 @@ def completed(tmp_path, name: str, **values) -> CompletedRun:
     return run(config)
 
 
-@pytest.mark.parametrize("calibration", [{"head": "sphere"}, {"calibrate": "fed3r"}])
+@pytest.mark.parametrize("calibration", [pytest.param({"head": "sphere"}, marks=pytest.mark.slow),
+                                         {"calibrate": "fed3r"}])
 def test_a_calibration_counts_the_uploads_that_arrived_and_the_ridge_probe_none(ray_session, tmp_path, calibration):
     """SphereFed's FFC on l = d = 8 and Fed3R both upload M_k·8 + 8·8 floats (float32), every client once; the ridge
     probe after them adds nothing to any count."""
@@ -112,6 +113,7 @@ def tct_held_out():
     return tct_shards.ClientData(torch.cat([c.features for c in held]), torch.cat([c.labels for c in held]))
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_tct_stage2_counts_and_solves_what_arrived(ray_session, tct_clients, tct_held_out):
     """TCT's stage 2 on six clients (0 and 3 drop out of every aggregate), 20 eNTK coordinates: the normalization
     round's 2p + 1 floats and the closed form's (p + 1)² + (p + 1)·C from the four that arrive, and the closed form is

@@ -89,6 +89,7 @@ def plain_sphere_scaffold(federation, config, rounds, lrs=None):
     return weight, bias
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_spherefed_with_scaffold_on_features_equals_plain_scaffold(ray_session, tmp_path):
     out = tmp_path / "sphere-scaffold"
     config = RunConfig(method="scaffold", variant="II", head="sphere", sphere_dim=6, client_lr=0.2, batch_size=4, local_epochs=2,

@@ -211,6 +211,7 @@ def test_closed_form_stage2_needs_a_width_it_can_solve():
         RunConfig(method="tct", base="fedsgd").validate()
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_stage2_rounds_are_on_the_clock_with_each_clients_pass_counted(ray_session):
     """Stage 2 (both solvers) of six clients on the uniform device (1,305,366,530 multiply-adds/s, 33,943,262 bit/s
     down, 26,037,371 up), after a stage 1 of 7 rounds: the normalization round, the closed form's and SCAFFOLD's are

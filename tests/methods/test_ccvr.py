@@ -181,6 +181,7 @@ def test_a_run_through_shards_is_the_solve_in_one_process(ray_session, tmp_path)
     assert result.metrics["accuracy"][-1] >= 0.12
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_ccvr_initializes_a_training_run(ray_session, tmp_path):
     """--init ccvr: the CCVR classifier is the head, then FedAvg trains it; the first training row has CCVR's
     accuracy (the logits' temperature leaves the argmax alone)."""
@@ -224,6 +225,7 @@ def test_the_plan_estimates_ccvr_with_its_virtual_features_alone_and_as_init(sma
     assert [footprint.stage for footprint in estimated(method="fedavg", init="ccvr")] == ["ccvr (--init)", "fedavg"]
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_the_estimate_bounds_the_shards_measured_growth(ray_session):
     """As tests/runtime/test_footprint.py checks fedcof: on 2 shards, each shard's peak memory growth past its
     features is at most the estimate (+ 50 MB of buffers) and not 0.5 GB below it; d = 128 and C = 200 make the class

@@ -179,6 +179,7 @@ def same(a: tuple[list[dict], dict[str, np.ndarray]], b: tuple[list[dict], dict[
 NOISE = {"postprocessor": "count-noise", "options": {"count_noise": "laplace", "count_noise_epsilon": "0.1"}}
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_fedcof_run_with_noisy_counts_is_reproducible_its_draws_the_same_on_any_shard_layout(ray_session, tmp_path):
     """The same run twice is the same bit for bit; on one shard its noisy counts are the same, so only the order of
     the float sums differs (as a plain run's does: W within 1e-12), and it is not the plain run."""

@@ -477,10 +477,11 @@ def test_options_are_checked_before_any_work(options, error):
 
 
 @pytest.mark.parametrize("options, error", [
-    (["dp_epsilon=1e-4", "dp_delta=1e-5"], "no noise multiplier up to 1000 meets dp_epsilon=0.0001 at dp_delta=1e-05"),
-    (["dp_epsilon=1"], "option dp_delta is required"),
+    pytest.param(["dp_epsilon=1e-4", "dp_delta=1e-5"],
+                 "no noise multiplier up to 1000 meets dp_epsilon=0.0001 at dp_delta=1e-05", marks=pytest.mark.slow),
+    pytest.param(["dp_epsilon=1"], "option dp_delta is required", marks=pytest.mark.slow),
     (["dp_noise=1", "dp_delta=1e-5", "dp_unit=user"], "option dp_unit must be sample or client, got 'user'"),
-])
+])  # whole processes: the fast layer keeps one; test_options_are_checked_before_any_work checks every message
 def test_the_cli_refuses_bad_options_in_one_line_and_writes_nothing(tmp_path, options, error):
     """``python -m fedray run`` in a fresh process: exit 2, one line on stderr naming the postprocessor, no output."""
     out = tmp_path / "out"

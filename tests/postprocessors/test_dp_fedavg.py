@@ -213,6 +213,7 @@ def private(**options) -> dict:
     return {"postprocessor": SPEC, "options": {key: str(value) for key, value in options.items()}}
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_poisson_run_reports_the_subsampled_gaussians_epsilon_and_is_the_same_on_any_layout(ray_session, tmp_path):
     rows = metrics(tmp_path, "two", **private(clip_norm=0.5, dp_noise=1.0, dp_delta=DELTA, dp_accountant="rdp"))
     assert [row["round"] for row in rows] == [0, 4, 8]

@@ -610,6 +610,7 @@ def tct_stage2(clients, held_out, postprocessor: fedray.Postprocessor) -> tuple[
         pool.shutdown()
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_tct_stage2_through_secagg_is_stage2_through_exact_quantized_sums_bit_for_bit(ray_session, tct_clients_data,
                                                                                       tct_held_out):
     secure = tct_stage2(tct_clients_data, tct_held_out, SecureAggregation(secagg_clip=1e5, secagg_bits=47,

@@ -52,6 +52,7 @@ def test_the_runtime_equals_plain_fedavg(ray_session, small_inat, sgd, shards, s
     assert all(np.isfinite(p.train_loss) for p in points[1:]) and points[0].train_loss is None
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_shard_layouts_differ_in_float32_round_off_only(ray_session, small_inat):
     """The shards' sums of the clients' float32 updates are added in another order on another layout: the heads of
     1, 2 and 3 shards agree to a few float32 ulps (the bound the README gives), not bitwise."""

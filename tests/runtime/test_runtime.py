@@ -82,6 +82,7 @@ def test_fedcof_matches_its_algorithm_1(pools, shards):
     assert max_relative_difference(outcome.classifier.weight, fedcof_algorithm1(z, labels, offsets, 60, 0.1)) <= 1e-8
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_same_configuration_gives_bitwise_the_same_results(pools):
     first = run_on(pools("inat-user-120k", 3), method="fedcof", clients_per_round=9, sampling="with", seed=4)
     second = run_on(pools("inat-user-120k", 3), method="fedcof", clients_per_round=9, sampling="with", seed=4)
@@ -144,6 +145,7 @@ def test_sampling_schedules():
     assert all(np.array_equal(a, b) for a, b in zip(with_replacement, sampling.schedule(95, 10, True, seed=0)))
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_shard_layouts_differ_in_float64_round_off_only(pools):
     """1, 2 and 3 shards sum the clients' statistics in different orders: FedNCM's sums of float32 features agree
     bitwise, Fed3R's and FedCOF's solves to float64 round-off (the bounds the README gives), with the same rows."""

@@ -211,7 +211,8 @@ def plain_stable_lr(clients: list[ClientData], normalized: bool) -> float:
     return stable_lr(standardize_clients(clients)[0] if normalized else clients)
 
 
-@pytest.mark.parametrize("ablation", ["tct_fedavg", "tct_no_normalization", "tct_loss_ce"])
+@pytest.mark.parametrize("ablation", [pytest.param("tct_fedavg", marks=pytest.mark.slow), "tct_no_normalization",
+                                      pytest.param("tct_loss_ce", marks=pytest.mark.slow)])
 def test_each_ablation_equals_plain_stage2(ray_session, clients, held_out, ablation):
     options = {"tct_fedavg": {"tct_fedavg": True}, "tct_no_normalization": {"tct_no_normalization": True},
                "tct_loss_ce": {"tct_loss": "ce"}}[ablation]
@@ -246,6 +247,7 @@ def test_each_ablation_equals_plain_stage2(ray_session, clients, held_out, ablat
         assert rows[0].train_loss == pytest.approx(np.log(NUM_CLASSES), rel=1e-12), "ψ = 0 scores every class alike"
 
 
+@pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_closed_form_on_raw_features_equals_plain_least_squares(ray_session, clients, held_out):
     pool = start_pool(ray_session, clients, held_out)
     try:
