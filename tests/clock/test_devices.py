@@ -1,7 +1,5 @@
 """Device tables: loading and validation, each client's device, a task's durations by hand, the built-ins."""
 
-import time
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -92,11 +90,11 @@ def test_a_clients_device_does_not_depend_on_the_layout():
         assert np.array_equal(some, all_of[shuffled])
 
 
-def test_a_million_clients_get_their_devices_in_well_under_a_second():
+def test_a_million_clients_get_their_devices_in_one_call():
+    """Vectorised over the clients (its speed is jobs.bench_scale --clock's): every client gets a row of the table."""
     devices = Devices("phones")
-    start = time.perf_counter()
     assigned = devices.assign(1_000_000, seed=0)
-    assert time.perf_counter() - start < 1.0 and assigned.min() >= 0 and assigned.max() < len(devices.table)
+    assert assigned.shape == (1_000_000,) and assigned.min() >= 0 and assigned.max() < len(devices.table)
 
 
 def test_a_table_of_client_ids_gives_each_client_its_row(tmp_path):

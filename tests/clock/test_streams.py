@@ -1,7 +1,5 @@
 """The clock's counter-based random numbers: a plain reference of the hash, layout independence, distributions."""
 
-import time
-
 import numpy as np
 import pytest
 from scipy import stats
@@ -96,11 +94,13 @@ def test_normals_and_lognormal_factors():
     assert per_client[0] == 1.0 and per_client[1] == np.exp(z[4])
 
 
-def test_a_million_clients_in_well_under_a_second():
+def test_a_million_clients_draw_in_one_call_each_its_own_value():
+    """Vectorised over the clients (its speed is jobs.bench_scale --clock's): client k's draw is the one it gets alone."""
     clients = np.arange(1_000_000)
-    start = time.perf_counter()
     values = uniforms(1, 40, clients, 12)
-    assert values.shape == (1_000_000,) and time.perf_counter() - start < 1.0
+    assert values.shape == (1_000_000,) and np.all((values >= 0) & (values < 1))
+    for k in (0, 1, 999_999):
+        assert values[k] == uniforms(1, 40, np.array([k]), 12)[0]
 
 
 @pytest.mark.parametrize("arguments, message", [
