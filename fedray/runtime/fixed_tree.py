@@ -31,9 +31,9 @@ from fedray.runtime.actor_group import balanced_bounds, combine_partials
 
 LEAF_SAMPLES = 2**15
 """A leaf holds about this many samples (a federation of N samples has ⌈N / LEAF_SAMPLES⌉ leaves, at least
-:data:`MIN_LEAVES`). Each leaf costs a statistics object of its own a block (Fed3R: a d×d Gram, written and added
-once more): at 2**15 samples that is a few percent of its GEMM at d = 1,280, and it is what bounds how many shards
-share a closed form's work (not how many shards a run has)."""
+:data:`MIN_LEAVES`). A leaf's statistics are an object of their own each block (Fed3R: a d×d Gram written and added
+once more than one call over a shard's clients would): large leaves keep that small beside their GEMMs; the leaves bound
+how many shards share a closed form's statistics (not how many shards a run has)."""
 MIN_LEAVES = 4
 """The leaves of a small federation (fewer where it has fewer clients)."""
 
