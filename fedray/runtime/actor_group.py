@@ -188,25 +188,31 @@ class Reduction:
 
     partials: tuple[ray.ObjectRef, ...]
     add: Callable[[Any, Any], Any] = operator.add
+    finish: Callable[[Any], Any] | None = None
+    """What the sum of every partial becomes (a :class:`~fedray.runtime.fixed_tree.TreeSum`'s root); None: itself."""
 
     def result(self, get: Callable[[list[ray.ObjectRef]], list[Any]] = fetch) -> Any:
         """The sum, the partial sums fetched by ``get``."""
         values = get(list(self.partials))
-        return values[0] if len(values) == 1 else combine_partials(*values, self.add)
+        total = values[0] if len(values) == 1 else combine_partials(*values, self.add)
+        return total if self.finish is None else self.finish(total)
 
 
 def tree_reduce(method: ray.ObjectRef | None, partials: list[tuple[ray.ObjectRef, Any]],
-                add: Callable[[Any, Any], Any] = operator.add, combine: str = "combine") -> Reduction:
+                add: Callable[[Any, Any], Any] = operator.add, combine: str = "combine",
+                finish: Callable[[Any], Any] | None = None) -> Reduction:
     """Pairwise sums through object refs, in a fixed order, O(log actors) deep; the last one by ``add`` in the caller.
 
     Each pair but the last is combined by the actor that produced its left
     operand (its method named ``combine``: ``actor.combine(method, a, b)``, which must add as ``add`` does),
     so the reduction needs no resources beyond the actors' own; the order of
-    the sums is the same as if the actors did the last one too.
+    the sums is the same as if the actors did the last one too. Each pair is two neighbours (actors ``2i`` and
+    ``2i + 1``, then their sums likewise), so a sum over ranges of clients always joins adjacent ranges; ``finish``
+    turns the whole sum into the result (:attr:`Reduction.finish`).
     """
     level = partials
     while len(level) > 2:
         paired = [(getattr(left[1], combine).remote(method, left[0], right[0]), left[1])
                   for left, right in zip(level[::2], level[1::2])]
         level = paired + ([level[-1]] if len(level) % 2 else [])
-    return Reduction(tuple(ref for ref, _ in level), add)
+    return Reduction(tuple(ref for ref, _ in level), add, finish)

@@ -1,14 +1,15 @@
 """What a closed-form method keeps in a shard for its second pass (FedCOF's received means), within a memory budget.
 
 A method whose solve needs a second look at what clients sent (``ClosedFormMethod.kept_in_shards``) leaves that
-part in the shard that computed it, tagged by the run and the block of rounds it came in. Parts beyond the
-shard's budget are not kept: the second pass computes them again from the clients' rows, in the same runs of
+part in the shard that computed it, tagged by the run, the block of rounds it came in and its leaf of clients. Parts
+beyond the shard's budget are not kept: the second pass computes them again from the clients' rows, in the same runs of
 clients and so to the same bits (as it does after Ray restarted a shard, which lost them).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +29,14 @@ def default_budget(cpus: float | None = None) -> int:
 
 @dataclass
 class KeptParts:
-    """Kept parts by run token and block tag: a list per block (one per run of clients), or None where not kept."""
+    """Kept parts by run token and tag (block, leaf): a list per tag (one per run of clients), or None where not
+    kept."""
 
     budget: int = field(default_factory=default_budget)
     used: int = 0
-    runs: dict[str, dict[int, list[Any] | None]] = field(default_factory=dict)
+    runs: dict[str, dict[Hashable, list[Any] | None]] = field(default_factory=dict)
 
-    def add(self, token: str, tag: int, parts: list[Any], must_keep: bool = False) -> None:
+    def add(self, token: str, tag: Hashable, parts: list[Any], must_keep: bool = False) -> None:
         """Keep ``parts`` if they fit the budget (or ``must_keep``: they cannot be computed again)."""
         size = 8 * floats_in(parts)
         held = must_keep or self.used + size <= self.budget
@@ -45,8 +47,8 @@ class KeptParts:
         """Whether ``size`` more bytes of parts fit the budget."""
         return self.used + size <= self.budget
 
-    def parts(self, token: str, tag: int) -> list[Any] | None:
-        """The parts of block ``tag``, None where they were not kept (over the budget, or lost with a restart)."""
+    def parts(self, token: str, tag: Hashable) -> list[Any] | None:
+        """The parts of ``tag``, None where they were not kept (over the budget, or lost with a restart)."""
         return self.runs.get(token, {}).get(tag)
 
     def forget(self, token: str) -> None:

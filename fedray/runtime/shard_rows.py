@@ -55,7 +55,8 @@ class ShardRows:
     """Which rows a shard holds, small enough to travel inline with the actor's creation task.
 
     Clients ``first_client .. end_client-1`` and test rows ``first_test ..
-    end_test-1`` (positions in the federation's test split) of the federation
+    end_test-1`` (positions in the federation's test split; the clients reach past the shard's own to the end of the
+    last leaf of the fixed tree it computes, :mod:`fedray.runtime.fixed_tree`) of the federation
     that ``spec`` rebuilds (the shard reads only these rows' features), or, for
     a federation that exists only in memory (``spec`` None), the name of the
     :class:`~fedray.runtime.named_objects.NamedObjects` holding their

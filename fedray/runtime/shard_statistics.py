@@ -2,14 +2,17 @@
 
 Per block of rounds the driver sends the numbers of the clients that upload in
 that block; the shard gathers their rows and computes the block's statistics in
-one call (for Fed3R: one GEMM), so Ray's overhead scales with shards ×
+one call per leaf of clients it owns (for Fed3R: one GEMM each), summed in
+the fixed tree over the leaves (:mod:`fedray.runtime.fixed_tree`), so that
+any shard layout gives the same bits; Ray's overhead scales with shards ×
 evaluation points, not with clients or rounds. What a method keeps in the
 shards for its second pass (FedCOF's received means) stays here
 (:mod:`fedray.runtime.kept`), or, where the server knows every evaluation's
 request before the pass (``ClosedFormMethod.label_statistics``), is read once:
 each part's second pass is added, as it is computed, into one sum per
-evaluation still to come (E d×d floats at most for FedCOF, its GEMMs those of
-the second passes they replace), in the order the second pass would add it.
+evaluation still to come and leaf (E × the shard's leaves d×d floats at most
+for FedCOF, its GEMMs those of the second passes they replace), in the order
+the second pass would add it.
 """
 
 from __future__ import annotations
@@ -28,25 +31,31 @@ from fedray.methods.checks import combine_checked
 from fedray.methods.postprocessor import Postprocessing, flatten
 from fedray.runtime.actor_group import combine_partials
 from fedray.runtime.compact_sum import compact_sum
+from fedray.runtime.fixed_tree import LeafRange, TreeSum
 from fedray.runtime.kept import KeptParts
 from fedray.runtime.shard_rows import HeldRows
 
 
 @dataclass
 class Accumulated:
-    """One evaluation's second pass over a shard's parts, summed as the blocks ``tags`` computed them."""
+    """One evaluation's second pass over a shard's parts, summed leaf by leaf: each leaf's sum over the blocks
+    ``tags[leaf]`` that computed it, in their order."""
 
     request: Any
-    tags: list[int] = field(default_factory=list)
-    total: Any = None
+    tags: dict[int, list[int]] = field(default_factory=dict)
+    totals: dict[int, Any] = field(default_factory=dict)
 
 
 class ShardStatistics:
-    """The closed-form statistics of the clients of ``rows``, and what methods keep of them within ``kept``'s budget."""
+    """The closed-form statistics of the clients of ``rows``, and what methods keep of them within ``kept``'s budget.
 
-    def __init__(self, rows: HeldRows, kept: KeptParts) -> None:
+    Every sum follows the fixed tree over ``leaves`` (:mod:`fedray.runtime.fixed_tree`; default: all of ``rows``'s
+    clients in one leaf): the clients of a leaf in id order, the leaves' sums pairwise by index."""
+
+    def __init__(self, rows: HeldRows, kept: KeptParts, leaves: LeafRange | None = None) -> None:
         self.rows = rows
         self.kept = kept
+        self.leaves = leaves or LeafRange(0, np.array([rows.first_client, rows.first_client + len(rows.offsets) - 1]))
         self.accumulated: dict[str, dict[int, Accumulated]] = {}
         """By run token and evaluation: the second passes summed ahead (:meth:`statistics`' ``ahead``)."""
 
@@ -56,42 +65,53 @@ class ShardStatistics:
 
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None = None,
                    rounds: np.ndarray | None = None, keep: tuple[str, int] | None = None,
-                   ahead: list[tuple[int, Any]] | None = None) -> Any:
-        """Statistics summed over ``clients`` (global numbers, in upload order; ``rounds``: when each uploads); None if
-        there are none. With a postprocessor that sees each client's upload, client by client through it, summed in
-        that order if it changed any (else the batched statistics, bit for bit those of a run without it).
+                   ahead: list[tuple[int, Any]] | None = None) -> TreeSum:
+        """Statistics summed over ``clients`` (global numbers; ``rounds``: when each uploads) in the fixed tree over
+        this shard's leaves: its nodes (:class:`TreeSum`). With a postprocessor that sees each client's upload, a
+        leaf's clients one by one through it, summed in id order if it changed any (else the leaf's batched
+        statistics, bit for bit those of a run without it).
 
         ``keep`` (run token, block tag): what the method keeps in the shards (``kept_in_shards``) stays here for
         :meth:`second_pass`, and only the rest is returned. With ``ahead`` ((evaluation, request) of each evaluation
         from this block on), nothing is kept: each kept part's second pass is added into each evaluation's sum.
         """
+        per_client = postprocessing is not None and postprocessing.per_client
+        leaves = self.leaves.split(clients, rounds if per_client else None)
+        values = (self._leaf_statistics(method, leaf, leaf_clients, postprocessing if per_client else None,
+                                        leaf_rounds, keep, ahead) for leaf, leaf_clients, leaf_rounds in leaves)
+        return TreeSum.of(self.leaves.first, values, partial(combine_checked, method))
+
+    def _leaf_statistics(self, method: ClosedFormMethod, leaf: int, clients: np.ndarray,
+                         postprocessing: Postprocessing | None, rounds: np.ndarray | None,
+                         keep: tuple[str, int] | None, ahead: list[tuple[int, Any]] | None) -> Any:
+        """The statistics of one leaf's ``clients`` (in id order), None if there are none (see :meth:`statistics`)."""
         if not len(clients):
             return None
-        per_client = postprocessing is not None and postprocessing.per_client
         total, kept, size = None, [] if ahead is None else None, 0
-        sums = None if ahead is None or keep is None else self._sums_ahead(keep, ahead)
-        for stats in self._uploads(method, clients, postprocessing if per_client else None, rounds):
+        sums = None if ahead is None or keep is None else self._sums_ahead(keep, leaf, ahead)
+        for stats in self._uploads(method, clients, postprocessing, rounds):
             if keep is not None:
                 stats, part = method.kept_in_shards(stats)
                 for entry in sums or ():
-                    entry.total = combine_partials(entry.total, method.second_pass(entry.request, part),
-                                                   method.combine_second)
+                    passed = method.second_pass(entry.request, part)
+                    entry.totals[leaf] = combine_partials(entry.totals.get(leaf), passed, method.combine_second)
                 if kept is not None:
                     kept.append(part)
                     size += 8 * floats_in([part])
-                    if not per_client and not self.kept.fits(size):
-                        kept = None  # dropped run by run, never held whole: the second pass computes this block again
+                    if postprocessing is None and not self.kept.fits(size):
+                        kept = None  # dropped run by run, never held whole: the second pass computes this leaf again
             total = stats if total is None else combine_checked(method, total, stats)
         if keep is not None and kept is not None and any(part is not None for part in kept):
-            self.kept.add(*keep, kept, must_keep=per_client)
+            token, tag = keep
+            self.kept.add(token, (tag, leaf), kept, must_keep=postprocessing is not None)
         return total
 
-    def _sums_ahead(self, keep: tuple[str, int], ahead: list[tuple[int, Any]]) -> list[Accumulated]:
-        """The sums of the evaluations ``ahead`` of run ``keep[0]``, block ``keep[1]`` recorded in each."""
+    def _sums_ahead(self, keep: tuple[str, int], leaf: int, ahead: list[tuple[int, Any]]) -> list[Accumulated]:
+        """The sums of the evaluations ``ahead`` of run ``keep[0]``, block ``keep[1]`` recorded in each for ``leaf``."""
         token, tag = keep
         sums = self.accumulated.setdefault(token, {})
         for evaluation, request in ahead:
-            sums.setdefault(evaluation, Accumulated(request)).tags.append(tag)
+            sums.setdefault(evaluation, Accumulated(request)).tags.setdefault(leaf, []).append(tag)
         return [sums[evaluation] for evaluation, _ in ahead]
 
     def _uploads(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None,
@@ -123,21 +143,36 @@ class ShardStatistics:
             yield method.client_statistics(batch(run))
 
     def second_pass(self, method: ClosedFormMethod, request: Any, token: str, uploads: list[tuple[int, np.ndarray]],
-                    per_client: bool, evaluation: int | None = None) -> Any:
+                    per_client: bool, evaluation: int | None = None) -> TreeSum:
         """``method``'s second pass over what its run (``token``) kept here from the blocks ``uploads`` ((tag, this
-        shard's clients that uploaded in it), in order): one ``second_pass`` per kept part, added in order. A part not
-        kept (over the budget, or lost when Ray restarted this shard) is computed again from its clients' rows.
+        shard's clients that uploaded in it), in order), in the fixed tree over this shard's leaves: a leaf's sum
+        is one ``second_pass`` per part it kept, block after block. A part not kept (over the budget, or lost when Ray
+        restarted this shard) is computed again from its clients' rows.
 
-        ``evaluation``: the sum :meth:`statistics` added ahead for it, if that was for ``request`` (bit for bit) over
-        every block of ``uploads`` that has clients here (a restarted shard lost its sums: then, or for another
+        ``evaluation``: the sums :meth:`statistics` added ahead for it, if that was for ``request`` (bit for bit) over
+        every block of ``uploads`` that has clients in each leaf (a restarted shard lost its sums: then, or for another
         request, the second pass runs as above)."""
+        by_leaf: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for tag, clients in uploads:
+            for leaf, leaf_clients, _ in self.leaves.split(clients):
+                by_leaf.setdefault(leaf, []).append((tag, leaf_clients))
         summed = self.accumulated.get(token, {}).pop(evaluation, None)
-        if summed is not None and summed.tags == [tag for tag, clients in uploads if len(clients)] \
+        tags = {leaf: [tag for tag, clients in blocks if len(clients)] for leaf, blocks in by_leaf.items()}
+        if summed is not None and summed.tags == {leaf: listed for leaf, listed in tags.items() if listed} \
                 and same_request(summed.request, request):
-            return summed.total
+            leaves = range(self.leaves.first, self.leaves.first + self.leaves.count)
+            values = (summed.totals.get(leaf) for leaf in leaves)
+        else:
+            values = (self._leaf_second_pass(method, request, token, leaf, by_leaf.get(leaf, []), per_client)
+                      for leaf in range(self.leaves.first, self.leaves.first + self.leaves.count))
+        return TreeSum.of(self.leaves.first, values, method.combine_second)
+
+    def _leaf_second_pass(self, method: ClosedFormMethod, request: Any, token: str, leaf: int,
+                          uploads: list[tuple[int, np.ndarray]], per_client: bool) -> Any:
+        """One leaf's second pass (see :meth:`second_pass`) over its clients of each block of ``uploads``."""
         total = None
         for tag, clients in uploads:
-            parts = self.kept.parts(token, tag)
+            parts = self.kept.parts(token, (tag, leaf))
             if parts is None and len(clients):
                 if per_client:
                     raise FedrayError(f"a restarted shard lost the uploads {method.name or type(method).__name__} kept "
@@ -163,11 +198,11 @@ def same_request(a: Any, b: Any) -> bool:
         left[path].dtype == right[path].dtype and torch.equal(left[path], right[path]) for path in left)
 
 
-def add_statistics(method: ClosedFormMethod, a: Any, b: Any) -> Any:
-    """Two shards' statistics (None: nothing) added as ``method`` adds them, their shapes checked."""
-    return combine_partials(a, b, partial(combine_checked, method))
+def add_statistics(method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
+    """Two adjacent ranges of leaves' statistics merged, added as ``method`` adds them, their shapes checked."""
+    return a.merged(b, partial(combine_checked, method))
 
 
-def add_second(method: ClosedFormMethod, a: Any, b: Any) -> Any:
-    """Two shards' second-pass sums (None: nothing) added as ``method`` adds them."""
-    return combine_partials(a, b, method.combine_second)
+def add_second(method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
+    """Two adjacent ranges of leaves' second-pass sums merged, added as ``method`` adds them."""
+    return a.merged(b, method.combine_second)

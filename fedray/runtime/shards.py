@@ -5,8 +5,10 @@ share them: the closed-form statistics and second passes
 (:mod:`fedray.runtime.shard_statistics`), local training with the clients'
 states (:mod:`fedray.runtime.shard_training`) and the count of correct
 predictions on its test rows (:mod:`fedray.runtime.shard_evaluation`). Each
-job adds its partial sums as its method (or trainer) defines, in the tree
-reduction of :class:`ShardPool`.
+job adds its partial sums as its method (or trainer) defines in the tree
+reduction of :class:`ShardPool`: the closed-form sums as the nodes of the fixed
+tree over leaves of clients (:mod:`fedray.runtime.fixed_tree`), the same bits on
+any number of shards; training's sums in shard order.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from fedray.runtime.named_objects import NamedObjects, fetch
 from fedray.runtime.placement import default_count
 from fedray.runtime.actor_group import (CLEAR_TIMEOUT_S, ActorGroup, Reduction, balanced_bounds, combine_partials,
                                        tree_reduce)
+from fedray.runtime.fixed_tree import LeafOwners, LeafRange, TreeSum, leaf_bounds, merge_with, root_of
 from fedray.runtime.shard_evaluation import ShardEvaluation
 from fedray.runtime.shard_rows import HeldRows, Rows, ShardRows
 from fedray.runtime.shard_statistics import ShardStatistics, add_second, add_statistics
@@ -57,13 +60,17 @@ def peak_memory_bytes() -> int:
 
 @dataclass(frozen=True)
 class ShardAssignment:
-    """What a shard holds and how it runs: its rows, its threads, and the bytes it keeps for second passes
-    (``kept_budget``) and of clients' states in memory (``state_budget``)."""
+    """What a shard holds and how it runs: its rows, its threads, the bytes it keeps for second passes
+    (``kept_budget``) and of clients' states in memory (``state_budget``), and the leaves whose statistics it
+    computes."""
 
     rows: ShardRows
     threads: int
     kept_budget: int
     state_budget: int | None = None
+    leaves: LeafRange | None = None
+    """The leaves of the fixed tree whose statistics it computes (:mod:`fedray.runtime.fixed_tree`); None: its rows as
+    one leaf."""
 
 
 @ray.remote(max_restarts=3, max_task_retries=3)
@@ -101,7 +108,7 @@ class ShardActor:
             self.error = str(error)
             return self.error
         held = HeldRows(loaded, assignment.rows.first_client)
-        self.statistics_job = ShardStatistics(held, KeptParts(assignment.kept_budget))
+        self.statistics_job = ShardStatistics(held, KeptParts(assignment.kept_budget), assignment.leaves)
         self.training = ShardTraining(held, self.client_states)
         self.evaluation = ShardEvaluation(loaded.test_features, loaded.test_labels)
         return None
@@ -138,10 +145,10 @@ class ShardActor:
     def forget(self, token: str) -> None:
         self.statistics_job.forget(token)
 
-    def combine_statistics(self, method: ClosedFormMethod, a: Any, b: Any) -> Any:
+    def combine_statistics(self, method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
         return add_statistics(method, a, b)
 
-    def combine_second(self, method: ClosedFormMethod, a: Any, b: Any) -> Any:
+    def combine_second(self, method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
         return add_second(method, a, b)
 
     # --- local training with the clients' states (ShardTraining)
@@ -197,6 +204,9 @@ class ShardPool(ActorGroup):
     stored: NamedObjects
     """The shards' assignments (under ``("shard", index)``) and the rows of a federation held in memory (see
     :class:`ShardRows`), kept for a shard that restarts."""
+    leaves: LeafOwners
+    """The leaves of the fixed tree (:func:`~fedray.runtime.fixed_tree.leaf_bounds`) and the shard computing each:
+    every closed-form sum over clients follows that tree, whatever the shards."""
     loading: list | None = None
     reusable: bool = False
 
@@ -238,15 +248,18 @@ class ShardPool(ActorGroup):
         bundle = {"CPU": cpus_per_shard}
         cut = f" (--num-shards {num_shards} cut at equal sample counts over {federation.num_clients} clients)" if shards < num_shards else ""
         tests = eval_bounds(federation.num_test, shards)
+        leaves = LeafOwners.of(leaf_bounds(federation.client_offsets), bounds)
+        held = [leaves.held_end(index, int(end)) for index, end in enumerate(bounds[1:])]
 
         def check_fit() -> None:
             for footprint in footprints:
-                check_memory(footprint, np.diff(federation.client_offsets[bounds]), np.diff(tests))
+                check_memory(footprint, federation.client_offsets[held] - federation.client_offsets[bounds[:-1]],
+                             np.diff(tests))
 
         threads = shard_threads(cpus_per_shard)
         kept_budget = default_budget(cpus_per_shard) if kept_budget is None else kept_budget
         state_budget = default_budget(cpus_per_shard) if state_budget is None else state_budget
-        ranges = [((int(a), int(b)), (int(t), int(u))) for a, b, t, u in zip(bounds[:-1], bounds[1:], tests[:-1], tests[1:])]
+        ranges = [((int(a), int(b)), (int(t), int(u))) for a, b, t, u in zip(bounds[:-1], held, tests[:-1], tests[1:])]
         reusable = reusable and trial_group is None and parked.allowed()
 
         def assigned(name: str) -> dict:
@@ -256,7 +269,7 @@ class ShardPool(ActorGroup):
             rows = {} if federation.spec is not None else {
                 clients[0]: Rows.of(federation, clients, test_rows) for clients, test_rows in ranges}
             return {**rows, **{("shard", index): ShardAssignment(ShardRows(*clients, *test_rows, **where), threads,
-                                                                 kept_budget, state_budget)
+                                                                 kept_budget, state_budget, leaves.range_of(index))
                                for index, (clients, test_rows) in enumerate(ranges)}}
 
         taken = parked.take(_parking_key(shards, cpus_per_shard)) if reusable else None
@@ -264,7 +277,7 @@ class ShardPool(ActorGroup):
             try:
                 check_fit()
                 taken.stored.replace(assigned(taken.stored.name))
-                pool = replace(taken, bounds=bounds, federation=federation, reusable=True)
+                pool = replace(taken, bounds=bounds, leaves=leaves, federation=federation, reusable=True)
                 pool.loading = [actor.load.remote() for actor in pool.actors]
                 return pool
             except BaseException:
@@ -276,7 +289,8 @@ class ShardPool(ActorGroup):
             pool = cls.launch(ShardActor, bundle, [(name, index) for index in range(shards)], bounds,
                               what=f"{shards} shard{'s' if shards > 1 else ''}{cut} × {cpus_per_shard:g} CPU",
                               hint="lower --num-shards or --cpus-per-shard", trial_group=trial_group,
-                              before_start=check_fit, federation=federation, stored=stored, reusable=reusable)
+                              before_start=check_fit, federation=federation, stored=stored, leaves=leaves,
+                              reusable=reusable)
         except BaseException:
             stored.release()
             raise
@@ -326,7 +340,8 @@ class ShardPool(ActorGroup):
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray, method_ref: ray.ObjectRef | None = None,
                    postprocessing: Postprocessing | None = None, rounds: np.ndarray | None = None,
                    keep: tuple[str, int] | None = None, ahead: list[tuple[int, Any]] | None = None) -> Reduction:
-        """Submit the statistics of ``clients`` to their shards and tree-reduce the partial sums (``.result()``: the sum).
+        """Submit the statistics of ``clients`` to their shards and join their sums in the fixed tree (``.result()``:
+        the sum, the same bits on any number of shards).
 
         ``method_ref`` is ``method`` put in the object store (once per run, by a caller that submits many blocks);
         ``postprocessing``'s client hooks see each upload, made in round ``rounds[i]`` by ``clients[i]``; ``keep``
@@ -336,19 +351,21 @@ class ShardPool(ActorGroup):
         """
         self.wait()
         method_ref = ray.put(method) if method_ref is None else method_ref
-        owners = self.owners(clients)
+        owners = self.leaves.owners(clients)
         per_client = postprocessing is not None and postprocessing.per_client
         partials = [(actor.statistics.remote(method_ref, clients[owners == index], postprocessing if per_client else None,
                                              rounds[owners == index] if per_client else None, keep, ahead), actor)
                     for index, actor in enumerate(self.actors)]
-        return tree_reduce(method_ref, partials, partial(combine_checked, method), combine="combine_statistics")
+        add = partial(combine_checked, method)
+        return tree_reduce(method_ref, partials, merge_with(add), combine="combine_statistics",
+                           finish=root_of(len(self.leaves.leaves) - 1, add))
 
     def label_statistics(self, method: ClosedFormMethod, method_ref: ray.ObjectRef,
                          blocks: list[np.ndarray]) -> list[Any]:
         """``method``'s :meth:`~fedray.ClosedFormMethod.label_statistics` of each block of clients, each summed over
         the shards in their order (None for a block without clients), waited for: the labels only, no features."""
         self.wait()
-        owned = [self.owners(clients) for clients in blocks]
+        owned = [self.leaves.owners(clients) for clients in blocks]
         shards = ray.get([actor.label_statistics.remote(method_ref, [clients[owners == index]
                                                                       for clients, owners in zip(blocks, owned)])
                           for index, actor in enumerate(self.actors)])
@@ -363,12 +380,13 @@ class ShardPool(ActorGroup):
         the sums the shards added ahead for it, where they are whole (see :meth:`statistics`)."""
         self.wait()
         request_ref = ray.put(request)
-        owned = [(tag, self.owners(clients), clients) for tag, clients in uploads]
+        owned = [(tag, self.leaves.owners(clients), clients) for tag, clients in uploads]
         partials = [(actor.second_pass.remote(method_ref, request_ref, token,
                                               [(tag, clients[owners == index]) for tag, owners, clients in owned],
                                               per_client, evaluation), actor)
                     for index, actor in enumerate(self.actors)]
-        return tree_reduce(method_ref, partials, method.combine_second, combine="combine_second")
+        return tree_reduce(method_ref, partials, merge_with(method.combine_second), combine="combine_second",
+                           finish=root_of(len(self.leaves.leaves) - 1, method.combine_second))
 
     def forget(self, token: str) -> None:
         """Drop what run ``token`` kept in the shards, waiting for them: a call still pending when the pool shuts down

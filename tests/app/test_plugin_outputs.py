@@ -376,17 +376,19 @@ def test_uploads_of_other_names_than_the_other_clients_are_refused(ray_session, 
                     "a dict of tensors named bias, norm, weight with their shapes"}, line
 
 
+# A closed form takes a leaf's uploading clients in id order (fedray.runtime.fixed_tree), so the first upload refused
+# is the block's lowest-numbered client, here one of round 2's; training's are refused in round order.
 @pytest.mark.parametrize("method, plugin, message", [
     ("fed3r", "DropsUploads", "client returned an empty dict; expected the upload's tensors: a dict of tensors named "
                               "gram, targets with their shapes"),
-    ("fed3r", "ReturnsTensors", "client returned a dict (round 1, client K); expected the fedray.Upload it got, or a new "
+    ("fed3r", "ReturnsTensors", "client returned a dict (round 2, client K); expected the fedray.Upload it got, or a new "
                                 "one (tensors and weight)"),
-    ("fed3r", "NanUploads", "client returned gram with NaN or inf (round 1, client K; it got finite values); expected "
+    ("fed3r", "NanUploads", "client returned gram with NaN or inf (round 2, client K; it got finite values); expected "
                             "finite values"),
     ("fedncm", "NanSum", "aggregate returned counts with NaN or inf (round 2; it got finite values); expected finite values"),
-    ("fed3r", "IntegerUploads", "client returned gram of dtype torch.int64 (round 1, client K); expected gram of dtype "
+    ("fed3r", "IntegerUploads", "client returned gram of dtype torch.int64 (round 2, client K); expected gram of dtype "
                                 "torch.float64, as it got"),
-    ("fedcof", "FloatUploads", "client returned blocks.0.classes of dtype torch.float64 (round 1, client K); expected "
+    ("fedcof", "FloatUploads", "client returned blocks.0.classes of dtype torch.float64 (round 2, client K); expected "
                                "blocks.0.classes of dtype torch.int64, as it got"),
     ("fedavg", "WeighsNothing", "client returned an Upload of weight 0.0 (round 1, client K); expected a finite number > 0 as "
                              "its weight"),

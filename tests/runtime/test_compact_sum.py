@@ -50,7 +50,8 @@ def through(secagg: type[SecureAggregation], method, clients: np.ndarray, **opti
     postprocessing = Postprocessing((secagg(secagg_clip=CLIP, secagg_value_bits=VALUE_BITS, secagg_dropout=0.25,
                                             secagg_neighbours=6, secagg_threshold=2, **options),), SEED)
     postprocessing = postprocessing.among(clients, ROUND)
-    total = ShardStatistics(rows, KeptParts()).statistics(method, clients, postprocessing, np.zeros(len(clients), int))
+    total = ShardStatistics(rows, KeptParts()).statistics(method, clients, postprocessing,
+                                                          np.zeros(len(clients), int)).root(1, method.combine)
     with reporting({}):
         aggregate = postprocessing.aggregate(total, ROUND, len(clients), method.upload_parts())
     return total, aggregate, set(postprocessing.dropped(ROUND).tolist())

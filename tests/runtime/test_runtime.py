@@ -146,16 +146,20 @@ def test_sampling_schedules():
 
 
 @pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
-def test_shard_layouts_differ_in_float64_round_off_only(pools):
-    """1, 2 and 3 shards sum the clients' statistics in different orders: FedNCM's sums of float32 features agree
-    bitwise, Fed3R's and FedCOF's solves to float64 round-off (the bounds the README gives), with the same rows."""
-    options = {"fedncm": {}, "fed3r": {}, "fedcof": {"sampling": "with", "clients_per_round": 11}}
-    layouts = {shards: {method: run_on(pools("inat-user-120k", shards), method=method, seed=5, **extra)
+def test_shard_layouts_give_the_same_bits(pools):
+    """1, 2 and 3 shards (2, 1 and 1 threads) add the clients' statistics in the one fixed tree over leaves of clients
+    (fedray.runtime.fixed_tree): every method's classifier and every evaluation row are bitwise the same."""
+    options = {"fedncm": {}, "fed3r": {}, "fed3r-rf": {"rf_dim": 40, "clients_per_round": 9},
+               "fedcof": {"sampling": "with", "clients_per_round": 11}}
+    layouts = {shards: {method: run_on(pools("inat-user-120k", shards), method=method, seed=5, eval_every=3, **extra)
                         for method, extra in options.items()} for shards in (1, 2, 3)}
     for shards in (2, 3):
-        one, other = layouts[1], layouts[shards]
-        assert torch.equal(other["fedncm"][2].classifier.weight, one["fedncm"][2].classifier.weight)
-        assert max_relative_difference(other["fed3r"][2].classifier.weight, one["fed3r"][2].classifier.weight) <= 1e-13
-        assert max_relative_difference(other["fedcof"][2].classifier.weight, one["fedcof"][2].classifier.weight) <= 1e-11
         for method in options:
-            assert [r["accuracy"] for r in other[method][1]] == [r["accuracy"] for r in one[method][1]]
+            (_, rows, outcome), (_, one_rows, one) = layouts[shards][method], layouts[1][method]
+            assert torch.equal(outcome.classifier.weight, one.classifier.weight), (shards, method)
+            assert len(rows) > 2 and [without_wall(row) for row in rows] == [without_wall(row) for row in one_rows]
+
+
+def without_wall(row: dict) -> dict:
+    """A row without what differs between layouts by design: this machine's time and the layout itself."""
+    return {name: value for name, value in row.items() if name not in ("wall_s", "num_shards")}

@@ -158,13 +158,14 @@ def test_a_shard_reads_each_mean_once_for_every_later_evaluation(federation, mon
     assert shard.kept.used == 0 and shard.kept.runs == {}, "no mean kept"
     today, received = one_shard(federation), None
     for tag, clients in blocks:
-        received = combine_partials(received, today.statistics(method, clients, keep=("run", tag)), method.combine)
+        block = today.statistics(method, clients, keep=("run", tag)).root(1, method.combine)
+        received = combine_partials(received, block, method.combine)
         assert torch.equal(method.second_pass_request(received), dict(requests)[tag]), "the server's weights"
     for number, (evaluation, request) in enumerate(requests, start=1):
         passes.clear()
-        summed = shard.second_pass(method, request, "run", blocks[:number], False, evaluation)
+        summed = shard.second_pass(method, request, "run", blocks[:number], False, evaluation).root(1, torch.add)
         assert passes == [], "the sum is served as it was added"
-        assert torch.equal(summed, today.second_pass(method, request, "run", blocks[:number], False))
+        assert torch.equal(summed, today.second_pass(method, request, "run", blocks[:number], False).root(1, torch.add))
     assert shard.accumulated["run"] == {}
 
 
@@ -175,12 +176,12 @@ def test_a_shard_passes_again_for_another_request_or_after_losing_its_sums(feder
     blocks, requests, shard = summed_ahead(federation, method)
     today = one_shard(federation)
     other = requests[1][1] * 2
-    assert torch.equal(shard.second_pass(method, other, "run", blocks[:2], False, 6),
-                       today.second_pass(method, other, "run", blocks[:2], False))
+    assert torch.equal(shard.second_pass(method, other, "run", blocks[:2], False, 6).root(1, torch.add),
+                       today.second_pass(method, other, "run", blocks[:2], False).root(1, torch.add))
     shard.accumulated.clear()
     shard.statistics(method, blocks[2][1], keep=("run", 9), ahead=[requests[2]])  # retried after the restart
-    assert torch.equal(shard.second_pass(method, requests[2][1], "run", blocks, False, 9),
-                       today.second_pass(method, requests[2][1], "run", blocks, False))
+    assert torch.equal(shard.second_pass(method, requests[2][1], "run", blocks, False, 9).root(1, torch.add),
+                       today.second_pass(method, requests[2][1], "run", blocks, False).root(1, torch.add))
 
 
 class SpreadOfClientMeans(ClosedFormMethod):
