@@ -158,13 +158,13 @@ class ShardStatistics:
                 by_leaf.setdefault(leaf, []).append((tag, leaf_clients))
         summed = self.accumulated.get(token, {}).pop(evaluation, None)
         tags = {leaf: [tag for tag, clients in blocks if len(clients)] for leaf, blocks in by_leaf.items()}
+        leaves = range(self.leaves.first, self.leaves.first + self.leaves.count)
         if summed is not None and summed.tags == {leaf: listed for leaf, listed in tags.items() if listed} \
                 and same_request(summed.request, request):
-            leaves = range(self.leaves.first, self.leaves.first + self.leaves.count)
             values = (summed.totals.get(leaf) for leaf in leaves)
         else:
             values = (self._leaf_second_pass(method, request, token, leaf, by_leaf.get(leaf, []), per_client)
-                      for leaf in range(self.leaves.first, self.leaves.first + self.leaves.count))
+                      for leaf in leaves)
         return TreeSum.of(self.leaves.first, values, method.combine_second)
 
     def _leaf_second_pass(self, method: ClosedFormMethod, request: Any, token: str, leaf: int,
