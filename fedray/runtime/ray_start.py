@@ -45,7 +45,7 @@ class RayStart:
         """Seconds the start took on its thread, from its beginning until Ray was up (None: none was begun)."""
         self._error: BaseException | None = None
         self._joined = False
-        self._up, self._released = threading.Event(), threading.Event()
+        self._imported, self._up, self._released = threading.Event(), threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
         if ray_is_up():
             return
@@ -57,14 +57,23 @@ class RayStart:
     def _start(self) -> None:
         begun = time.perf_counter()
         try:
-            from fedray.runtime import session
-
+            try:
+                from fedray.runtime import session  # imports Ray
+            finally:
+                self._imported.set()
             session.start_or_join(self.address, self.verbose)
         except BaseException as error:  # raised in the main thread by join
             self._error = error
         self.up_s = time.perf_counter() - begun
         self._up.set()
         self._released.wait()  # Ray's processes die with this thread
+
+    def ray_imported(self) -> None:
+        """Wait until the thread has imported Ray (or failed to): the main thread imports Ray's modules only after
+        that, since one module imported by two threads at once can be seen half-initialized (``cannot import name
+        'get_address' from partially initialized module 'ray._private.services'``)."""
+        if self._thread is not None:
+            self._imported.wait()
 
     def join(self) -> None:
         """Wait until Ray is up (the start's error, e.g. a cluster that refused the driver, is raised here); this

@@ -27,6 +27,19 @@ except FedrayError:
     print("refused, connected:", ray_is_up(), flush=True)
 """
 
+IMPORTED_BESIDE_THE_START = """
+import sys
+from fedray.runtime.ray_start import RayStart
+
+with RayStart() as ray_start:
+    ray_start.ray_imported()
+    services = sys.modules.get("ray._private.services")
+    print("whole:", services is not None and hasattr(services, "get_address"), flush=True)
+    from ray.util.placement_group import PlacementGroup
+    ray_start.stop()
+print("stopped", flush=True)
+"""
+
 
 def run_watched(arguments: list[str]) -> tuple[int, str, dict[int, str]]:
     """``arguments`` as a process; its exit code, its output, and every process below it seen while it ran or named
@@ -49,6 +62,17 @@ def test_a_refusal_after_the_start_shuts_that_ray_down(moment):
 
     assert code == 0 and output.strip().splitlines()[-1] == "refused, connected: False", output[-3000:]
     assert seen, "Ray was started"
+    assert survivors(seen) == {}
+
+
+def test_the_main_thread_imports_ray_only_once_the_start_s_thread_has():
+    """The start's thread imports Ray; the main thread waits for that import (``ray_imported``) before it imports
+    Ray's modules itself (``fedray run`` imports ``ray.util.placement_group`` after torch). Two threads importing
+    Ray at once could see ``ray._private.services`` half-initialized (``cannot import name 'get_address' from
+    partially initialized module``)."""
+    code, output, seen = run_watched([sys.executable, "-c", IMPORTED_BESIDE_THE_START])
+
+    assert code == 0 and output.strip().splitlines()[-2:] == ["whole: True", "stopped"], output[-3000:]
     assert survivors(seen) == {}
 
 
