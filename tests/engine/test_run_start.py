@@ -34,6 +34,9 @@ def no_ray_start(monkeypatch, at_join: Callable[[], None] = lambda: None) -> lis
             if error is not None and "joined" not in heard:
                 heard.append("stopped")
 
+        def ray_imported(self) -> None:
+            """No thread imports Ray: nothing to wait for."""
+
         def join(self) -> None:
             heard.append("joined")
             at_join()
