@@ -23,6 +23,25 @@ def pytest_collection_modifyitems(config, items):
     config.stash[COLLECTED] = list(items)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With pytest-xdist's ``--dist loadfile`` (pyproject.toml's default), the files of tests/e2e/ are one unit: they
+    run one after another on one worker while the other takes the rest. Each of their whole processes and clusters
+    keeps both cores busy; two at once would double the load that their timed assertions see (a signal's moment, a
+    refusal's timeout, a killed run's cleanup)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    e2e = E2E.relative_to(config.rootpath).as_posix() + "/"
+
+    class E2ETogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return e2e if nodeid.startswith(e2e) else super()._split_scope(nodeid)
+
+    return E2ETogether(config, log)
+
+
 @pytest.fixture
 def collected_tests(request) -> list[pytest.Item]:
     """Every test this session collected, slow or not, whatever ``-m`` selected."""
