@@ -1,5 +1,3 @@
-import sys
+from fedray.app.cli import command
 
-from fedray.app.cli import main
-
-sys.exit(main())
+command()

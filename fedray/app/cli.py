@@ -20,7 +20,7 @@ from fedray.core import interrupts
 from fedray.core.errors import FedrayError
 from fedray.core.numeric_options import check_numeric_options, command_line
 from fedray.core.plugins import display_name, plugin_failure
-from fedray.runtime.ray_start import ray_is_up
+from fedray.runtime.ray_start import end_process, ray_is_up
 
 if TYPE_CHECKING:
     from fedray.core.options import Option
@@ -411,6 +411,13 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("--seed", type=int, default=0)
     cov.set_defaults(handler=_cmd_coverage)
     return parser
+
+
+def command() -> typing.NoReturn:
+    """``fedray`` as a command (``python -m fedray``, the ``fedray`` script): :func:`main` on the command line, then the
+    process ends with its exit code, at once where it started an embedded Ray
+    (:func:`~fedray.runtime.ray_start.end_process`)."""
+    end_process(main())
 
 
 def main(argv: list[str] | None = None) -> int:

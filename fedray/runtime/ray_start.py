@@ -13,16 +13,22 @@ on once Ray is up, as long as the process (or until :meth:`RayStart.stop`): Ray 
 the thread that started them (Linux's PR_SET_PDEATHSIG fires when that thread ends, not the process), and they would
 be killed with it.
 
+A command that started an embedded Ray ends without Ray's shutdown (:func:`end_process`): the watchdog
+(:mod:`fedray.runtime.watchdog`) ends Ray's processes as it does whenever the driver ends, and the command returns as
+soon as its work is done.
+
 This module imports neither torch nor Ray; the thread imports Ray, :meth:`RayStart.join` torch.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
 import time
 from types import TracebackType
+from typing import NoReturn
 
 from fedray.core import interrupts
 from fedray.runtime import watchdog
@@ -33,6 +39,36 @@ def ray_is_up() -> bool:
     have stopped its import halfway)."""
     is_initialized = getattr(sys.modules.get("ray"), "is_initialized", None)
     return is_initialized is not None and is_initialized()
+
+
+def started_embedded_ray() -> bool:
+    """Whether this process is connected to an embedded Ray that it started itself (not to a cluster it joined),
+    without importing Ray."""
+    worker = getattr(sys.modules.get("ray"), "_private", None)
+    node = getattr(getattr(worker, "worker", None), "_global_node", None)
+    return ray_is_up() and node is not None and node.head
+
+
+def end_process(code: int) -> NoReturn:
+    """End this process with exit ``code``. A process that started an embedded Ray ends at once: its exit handlers run
+    (flushing its output), all but Ray's shutdown, and then it leaves without Python's interpreter teardown.
+
+    Ray's shutdown stops its processes one after another, each given time to end (1.3–1.7 s at a load of 8 on 2
+    cores), and the teardown of a process that imported torch and Ray takes about as long again: neither is needed
+    once the command's results are written, since Ray's processes end with the driver anyway (the raylet and the GCS
+    with its Ray-start thread, their workers with the raylet, and the rest by the watchdog,
+    :mod:`fedray.runtime.watchdog`). Files a plugin left open and unflushed are not flushed. Elsewhere (no Ray, or a
+    cluster joined), the process exits as usual."""
+    if not started_embedded_ray():
+        sys.exit(code)
+    atexit.unregister(sys.modules["ray"]._private.worker.shutdown)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            pass
+    os._exit(code)
 
 
 class RayStart:

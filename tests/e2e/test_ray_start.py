@@ -90,3 +90,27 @@ def test_a_run_refused_once_its_data_is_read_leaves_no_ray_and_no_folder(tmp_pat
     assert not out.exists()
     assert seen, "Ray was started while the data was read"
     assert survivors(seen) == {}
+
+
+CONNECTED_AT_EXIT = """
+import atexit, runpy, sys
+atexit.register(lambda: print("connected at exit:", sys.modules["ray"].is_initialized(), flush=True))  # runs last
+runpy.run_module("fedray", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_finished_run_ends_without_rays_shutdown_and_leaves_no_ray(tmp_path):
+    """``python -m fedray run`` that started an embedded Ray ends once its results are written: its exit handlers run
+    but Ray's shutdown (which would have disconnected it before the handler registered first), and none of Ray's
+    processes outlives it."""
+    out = tmp_path / "out"
+    code, output, seen = run_watched([sys.executable, "-c", CONNECTED_AT_EXIT, "run", "--method", "fedncm",
+                                      "--dataset", "synthetic:inat-user-120k?dim=8&scale=0.01&classes=20",
+                                      "--out", str(out), *SMALL_RUN])
+
+    assert code == 0, output[-3000:]
+    lines = output.strip().splitlines()
+    assert lines[-2].startswith("fedncm on synthetic:") and lines[-1] == "connected at exit: True", output[-3000:]
+    assert (out / "metrics.parquet").exists() and (out / "classifier.npz").exists()
+    assert seen, "Ray was started"
+    assert survivors(seen) == {}
