@@ -50,8 +50,10 @@ def started_embedded_ray() -> bool:
 
 
 def end_process(code: int) -> NoReturn:
-    """End this process with exit ``code``. A process that started an embedded Ray ends at once: its exit handlers run
-    (flushing its output), all but Ray's shutdown, and then it leaves without Python's interpreter teardown.
+    """End this process with exit ``code``. A process that finished its work (``code`` 0) on an embedded Ray it started
+    ends at once: its exit handlers run (flushing its output), all but Ray's shutdown, and then it leaves without
+    Python's interpreter teardown. A refusal or a signal (any other code) ends through Ray's shutdown as before: a
+    signal may come while Ray's processes are still being started, which only the shutdown waits for.
 
     Ray's shutdown stops its processes one after another, each given time to end (1.3–1.7 s at a load of 8 on 2
     cores), and the teardown of a process that imported torch and Ray takes about as long again: neither is needed
@@ -59,7 +61,7 @@ def end_process(code: int) -> NoReturn:
     with its Ray-start thread, their workers with the raylet, and the rest by the watchdog,
     :mod:`fedray.runtime.watchdog`). Files a plugin left open and unflushed are not flushed. Elsewhere (no Ray, or a
     cluster joined), the process exits as usual."""
-    if not started_embedded_ray():
+    if code != 0 or not started_embedded_ray():
         sys.exit(code)
     atexit.unregister(sys.modules["ray"]._private.worker.shutdown)
     atexit._run_exitfuncs()
