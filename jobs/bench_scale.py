@@ -1,6 +1,7 @@
 """Benchmark: FedNCM, Fed3R and FedCOF over populations of 10⁴, 10⁵ and 10⁶ clients.
 
     python -m jobs.bench_scale [--clients 10000,100000,1000000] [--methods fedncm,fed3r,fedcof] [--dim 1280] [--clock]
+                               [--training-rounds 100]
 
 Each point runs one method on ``synthetic:inat-user-120k?clients=K`` (d = 1,280,
 C = 1,203; about 13 samples a client, so 13 million samples at 10⁶), every client
@@ -13,7 +14,7 @@ uploads and the final accuracy. The shards generate their own clients' rows; the
 driver holds per-client numbers only, so its peak should not grow with K.
 
 With ``--methods fedavg,scaffold,feddyn`` (any training method) each point runs
-100 rounds of 100 clients instead, the clients' states in the shards (at most
+100 rounds of 100 clients instead (``--training-rounds``), the clients' states in the shards (at most
 ``--client-state-memory`` GB a shard in memory, the rest spilled to disk), and
 reports the same figures (``samples`` none: a training run visits some clients
 many times) and, at the end, the states' megabytes in the shards' memory and on
@@ -74,9 +75,9 @@ def dataset(clients: int, dim: int) -> str:
 
 
 def one_point(method: str, clients: int, dim: int, state_memory: float | None, evaluations: int,
-              clock: bool = False) -> dict:
+              clock: bool = False, training_rounds: int = TRAINING_ROUNDS) -> dict:
     """One run as ``fedray run`` does it, in this process; its figures. A closed-form method sees every client once; a
-    training method runs :data:`TRAINING_ROUNDS` rounds; ``evaluations`` rows, evenly spaced, the last at the end;
+    training method runs ``training_rounds`` rounds; ``evaluations`` rows, evenly spaced, the last at the end;
     ``clock``: on the virtual clock, with :data:`CLOCK`."""
     import ray
 
@@ -95,7 +96,7 @@ def one_point(method: str, clients: int, dim: int, state_memory: float | None, e
 
     ShardPool.shutdown = measured_shutdown
     training = method not in CLOSED_FORM
-    rounds = TRAINING_ROUNDS if training else math.ceil(clients / PER_ROUND)
+    rounds = training_rounds if training else math.ceil(clients / PER_ROUND)
     options = {**CLOCK, **({} if training else {"eval_every_s": CLOCK_SPAN_S / evaluations})} if clock else {}
     config = RunConfig(method=method, dataset=dataset(clients, dim), clients_per_round=PER_ROUND,
                        rounds=rounds if training else None, eval_every=max(1, rounds // evaluations), quiet=True,
@@ -159,14 +160,18 @@ def main(argv: list[str] | None = None) -> None:
                         "10%% of its rounds)")
     parser.add_argument("--client-state-memory", type=float, help="GB of clients' states a shard keeps in memory "
                         "(default: a run's, 1/8 of the machine's memory shared by its shards)")
+    parser.add_argument("--training-rounds", type=int, default=TRAINING_ROUNDS, help="rounds of a training method's "
+                        "point (default %(default)s)")
     parser.add_argument("--clock", action="store_true", help="also run each point on the virtual clock (phones, "
                         "diurnal availability) and report its wall time and driver memory beside the plain run's")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.training_rounds < 1:
+        parser.error(f"--training-rounds must be at least 1, got {args.training_rounds}")
     if args.one:
         print(json.dumps(one_point(args.one[0], int(args.one[1]), args.dim, args.client_state_memory, args.evaluations,
-                                   args.clock)))
+                                   args.clock, args.training_rounds)))
         return
     if args.bare:
         print(json.dumps(bare(args.bare, args.dim)))
@@ -177,14 +182,17 @@ def main(argv: list[str] | None = None) -> None:
     points = []
     for k in sizes:
         for method in methods:
-            memory = [] if args.client_state_memory is None else ["--client-state-memory", str(args.client_state_memory)]
-            point = child("--one", method, str(k), "--dim", str(args.dim), "--evaluations", str(args.evaluations), *memory)
+            point_options = ["--training-rounds", str(args.training_rounds)]
+            if args.client_state_memory is not None:
+                point_options += ["--client-state-memory", str(args.client_state_memory)]
+            point = child("--one", method, str(k), "--dim", str(args.dim), "--evaluations", str(args.evaluations),
+                          *point_options)
             if method in CLOSED_FORM:
                 bare_total = bare_s[str(k)]["total_s"]  # 0 only for a population too small to time
                 point["ratio_vs_bare"] = round(point["wall_s"] / bare_total, 2) if bare_total else None
             if args.clock:
                 clocked = child("--one", method, str(k), "--dim", str(args.dim), "--evaluations", str(args.evaluations),
-                                *memory, "--clock")
+                                *point_options, "--clock")
                 point |= {"clock_wall_s": clocked["wall_s"],
                           "clock_driver_peak_rss_mb": clocked["driver_peak_rss_mb"],
                           "clock_wall_ratio": round(clocked["wall_s"] / point["wall_s"], 3),

@@ -26,7 +26,8 @@ SMALL = {"dataset": DATASET, "clients_per_round": 6, "num_shards": 2, "cpus_per_
 
 
 class Telling(fedray.Postprocessor):
-    """Writes the stages it is told to ``log`` (JSON lines); changes nothing."""
+    """Writes the stages it is told to ``log`` (JSON lines), then refuses the run: what a run tells is all these tests
+    read, and a refusal in ``start`` stops the run before any work."""
 
     def __init__(self, log: Annotated[str, "the file the stages are written to"] = "") -> None:
         super().__init__()
@@ -38,6 +39,7 @@ class Telling(fedray.Postprocessor):
                 log.write(json.dumps([told.stage, told.training, told.sampling.population, told.sampling.per_round,
                                       told.sampling.replacement, told.rounds, told.group, told.smallest_group,
                                       told.summed]) + "\n")
+        raise ValueError("told")
 
 
 class Refusing(fedray.Postprocessor):
@@ -49,7 +51,8 @@ def told(tmp_path: Path, name: str, **values) -> list[list]:
     log = tmp_path / f"{name}.log"
     config = resolve({}, {**SMALL, "out": str(tmp_path / name), "postprocessor": f"{__name__}:Telling",
                           "options": {"log": str(log)}, **values}, drop_unused=True)
-    run(config)
+    with pytest.raises(FedrayError, match=f"^--postprocessor {__name__}:Telling: told$"):
+        run(config)
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 

@@ -28,15 +28,19 @@ def test_the_benchmark_prints_one_line_with_every_point():
 
 @pytest.mark.slow
 def test_a_training_point_reports_its_clients_states_in_memory_and_spilled():
-    done = subprocess.run([sys.executable, "-m", "jobs.bench_scale", "--clients", "300", "--methods", "feddyn",
-                           "--dim", "8", "--client-state-memory", "0"], capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-m", "jobs.bench_scale", "--clients", "100", "--methods", "feddyn",
+                           "--dim", "8", "--client-state-memory", "0", "--training-rounds", "2"],
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     point, = json.loads(done.stdout.strip().splitlines()[-1])["points"]
-    assert point["rounds"] == 100 and point["samples"] is None
-    # FedDyn keeps ∇L_k (9 × 1,203 float32, 43 kB) for each client sampled in 100 rounds of 100 among 300: all of
-    # them but by a chance of (1 - 100/300)^100; with a budget of 0, every one on disk
+    assert point["rounds"] == 2 and point["samples"] is None
+    # FedDyn keeps ∇L_k (9 × 1,203 float32, 43 kB) for each client sampled: in rounds of 100 among 100, every client
+    # in each; with a budget of 0, every one on disk (written in round 1, read back and written again in round 2)
     assert point["states_memory_mb"] == 0
-    assert point["states_spilled_mb"] == round(300 * 9 * 1203 * 4 / 2**20)
+    assert point["states_spilled_mb"] == round(100 * 9 * 1203 * 4 / 2**20)
+    refused = subprocess.run([sys.executable, "-m", "jobs.bench_scale", "--training-rounds", "0"], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "--training-rounds must be at least 1, got 0" in refused.stderr
 
 
 @pytest.mark.slow

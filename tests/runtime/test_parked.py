@@ -52,6 +52,7 @@ class Holder:
     pass
 
 
+@pytest.mark.slow  # six runs, three on new shards, one killed; the fast layer keeps the parked shards' giving way
 def test_two_runs_through_parked_shards_give_bitwise_two_fresh_runs(fresh_runs, tmp_path, monkeypatch):
     pools = keeping_started_pools(monkeypatch)
 
@@ -69,6 +70,7 @@ def test_two_runs_through_parked_shards_give_bitwise_two_fresh_runs(fresh_runs, 
     assert_same(killed, fresh_runs["fed3r"])
 
 
+@pytest.mark.slow  # with the fresh runs on new shards, four runs; the fast layer keeps the parked shards' giving way
 def test_a_failed_run_leaves_no_shards_that_change_the_next(fresh_runs, tmp_path):
     def fail(point, classifier):
         if point.round == 2:
