@@ -1,12 +1,12 @@
-"""Real signals to real ``fedray run`` and ``fedray sweep`` processes: Ctrl-C and SIGTERM stop cleanly, and SIGKILL
-leaves no Ray behind.
+"""Real signals to real ``fedray run`` processes: Ctrl-C and SIGTERM stop cleanly, and SIGKILL leaves no Ray behind
+(``fedray sweep`` stopped by Ctrl-C: tests/e2e/test_sweep_trials.py).
 
 Each test starts the command line as a process of its own session (as a shell
 starts a job), waits until the work is under way (a checkpoint file, the
-progress bar when no checkpoint is due, a trial's first result) or until a
-moment of its start-up, signals it, and checks its exit code, its last line,
-the files it leaves and that every process it had started is gone. SIGINT goes
-to the whole process group, as Ctrl-C in a terminal sends it.
+progress bar when no checkpoint is due) or until a moment of its start-up,
+signals it, and checks its exit code, its last line, the files it leaves and
+that every process it had started is gone. SIGINT goes to the whole process
+group, as Ctrl-C in a terminal sends it.
 """
 
 import os
@@ -215,29 +215,6 @@ def test_the_next_run_removes_the_states_a_killed_run_spilled(start, ray_session
 
     assert main(command_line(tmp_path / "later", rounds=1, eval_every=1, quiet=True)[3:]) == 0
     assert not any(folder.exists() for folder in leaked)
-
-
-def test_ctrl_c_stops_a_sweep_whose_state_tune_keeps(start, tmp_path):
-    """Tune stops its trials on Ctrl-C and returns; the sweep goes on as interrupted (it used to exit 0, tabling nothing)."""
-    sweep_file = tmp_path / "long.yaml"
-    sweep_file.write_text(f"""
-name: long
-base: {{method: fedavg, rounds: 100000, eval_every: 5, checkpoint_every: 100000, dataset: "{SPEC}"}}
-grid: {{seed: [0, 1, 2]}}
-cpus_per_shard: 0.5
-driver_cpus: 0.5
-""")
-    out, log = tmp_path / "sweeps", tmp_path / "stderr.txt"
-    arguments = [sys.executable, "-m", "fedray", "sweep", "--config", str(sweep_file), "--out", str(out), "--quiet"]
-    driver = start(out, log, arguments)
-    wait_until(lambda: any(path.stat().st_size for path in out.glob("long/*/result.json")), driver, log)  # a trial reported
-    processes, exit_code = signal_run(driver, signal.SIGINT)
-
-    assert exit_code == 130, log.read_text()[-3000:]
-    assert "Traceback" not in log.read_text()
-    assert last_line(log) == f"fedray: stopped by SIGINT: the sweep's state is kept in {out / 'long'}; continue with --resume"
-    assert not (out / "long" / "results.parquet").exists() and any((out / "long").glob("experiment_state-*.json"))
-    assert survivors(processes) == {}
 
 
 def handles_signals(pid: int) -> bool:
