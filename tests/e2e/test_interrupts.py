@@ -308,10 +308,19 @@ STEPS = {
     "shard_actors": once_running("ray::ShardActor"),
 }
 """ray.init's steps and what follows it, whatever the machine's speed."""
+SIGINT, SIGTERM = (signal.SIGINT, 130), (signal.SIGTERM, 143)
+MOMENTS = [(moment, *signalled) for moment, signalled in zip(TIMES, [SIGINT, SIGTERM] * len(TIMES))] + \
+          [(moment, *signalled) for moment in STEPS for signalled in (SIGINT, SIGTERM)]
+"""Each of ``STEPS`` with both signals, each of ``TIMES`` with one, in turn. In the driver the two take one path (the
+handler raises the signal's interrupt in the main thread, the same blocks unwind, the same line is printed with the
+signal's name); they differ in who else gets them: Ctrl-C goes to the whole process group, Ray's processes included
+(a raylet or an agent ended by it while ``ray.init`` waits on them), SIGTERM to the driver alone. That matters once
+Ray's processes run, at each of ``STEPS``; ``TIMES`` fall in the imports and the reading of the data, with Ray's
+processes, if any are up yet, already taken at each step by both signals."""
 
 
-@pytest.mark.parametrize("moment", [*TIMES, *STEPS])
-@pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("moment, number, code", [
+    pytest.param(moment, number, code, id=f"{number}-{code}-{moment}") for moment, number, code in MOMENTS])
 def test_a_signal_at_any_moment_of_start_up_stops_the_run_in_one_line(start, tmp_path, moment, number, code):
     """Once fedray's main runs, Ctrl-C and SIGTERM end a starting run with 130 / 143 and one line, whatever it was
     doing (importing torch, building the federation, starting Ray's processes, connecting, starting the shards),
