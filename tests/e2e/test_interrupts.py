@@ -35,6 +35,15 @@ CLEANUP_S = 30
 """Bound on the wait for a signalled run and every process it started to end (Ray's agents outlived a killed driver by 60 s)."""
 
 
+def starting_stop_s() -> float:
+    """Bound, from now, on the end of a run signalled while Ray starts: ``CLEANUP_S`` on a machine no busier than its
+    cores, more in proportion to its load. Such a run first lets ``ray.init`` end on its thread (a core worker cut short
+    would crash the process: :mod:`fedray.runtime.ray_start`), then shuts that Ray down: seconds of CPU (Ray's wait for
+    its raylet to register, the driver's connection, the imports ``ray.shutdown`` makes), 9 s at a load of 4 on 2
+    cores, and more than 30 s beside the other pytest-xdist worker's tests."""
+    return CLEANUP_S * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 def command_line(out: Path, **options) -> list[str]:
     arguments = [sys.executable, "-m", "fedray", "run", "--out", str(out)]
     for key, value in {**FOREVER, **options}.items():
@@ -272,11 +281,12 @@ class RunProcesses:
             os.killpg(self.driver.pid, number)
         else:
             os.kill(self.driver.pid, number)
-        deadline = time.monotonic() + CLEANUP_S
+        bound = starting_stop_s()
+        deadline = time.monotonic() + bound
         while self.driver.poll() is None:
             self.poll()
             if time.monotonic() > deadline:
-                pytest.fail(f"signal {number}: the run did not stop within {CLEANUP_S} s")
+                pytest.fail(f"signal {number}: the run did not stop within {bound:.0f} s")
             time.sleep(0.02)
         self.seen.update(session_processes(self.driver.pid, self.driver_started))
         return self.driver.returncode
