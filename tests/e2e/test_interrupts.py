@@ -1,12 +1,12 @@
-"""Real signals to real ``fedray run`` and ``fedray sweep`` processes: Ctrl-C and SIGTERM stop cleanly, and SIGKILL
-leaves no Ray behind.
+"""Real signals to real ``fedray run`` processes: Ctrl-C and SIGTERM stop cleanly, and SIGKILL leaves no Ray behind
+(``fedray sweep`` stopped by Ctrl-C: tests/e2e/test_sweep_trials.py).
 
 Each test starts the command line as a process of its own session (as a shell
 starts a job), waits until the work is under way (a checkpoint file, the
-progress bar when no checkpoint is due, a trial's first result) or until a
-moment of its start-up, signals it, and checks its exit code, its last line,
-the files it leaves and that every process it had started is gone. SIGINT goes
-to the whole process group, as Ctrl-C in a terminal sends it.
+progress bar when no checkpoint is due) or until a moment of its start-up,
+signals it, and checks its exit code, its last line, the files it leaves and
+that every process it had started is gone. SIGINT goes to the whole process
+group, as Ctrl-C in a terminal sends it.
 """
 
 import os
@@ -33,6 +33,15 @@ STARTUP_S = 300
 """Bound on the wait for Ray, the shards and the first rounds (minutes on a loaded 2-core machine)."""
 CLEANUP_S = 30
 """Bound on the wait for a signalled run and every process it started to end (Ray's agents outlived a killed driver by 60 s)."""
+
+
+def starting_stop_s() -> float:
+    """Bound, from now, on the end of a run signalled while Ray starts: ``CLEANUP_S`` on a machine no busier than its
+    cores, more in proportion to its load. Such a run first lets ``ray.init`` end on its thread (a core worker cut short
+    would crash the process: :mod:`fedray.runtime.ray_start`), then shuts that Ray down: seconds of CPU (Ray's wait for
+    its raylet to register, the driver's connection, the imports ``ray.shutdown`` makes), 9 s at a load of 4 on 2
+    cores, and more than 30 s beside the other pytest-xdist worker's tests."""
+    return CLEANUP_S * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 def command_line(out: Path, **options) -> list[str]:
@@ -160,8 +169,10 @@ def test_a_signal_stops_a_run_at_its_last_checkpoint(start, tmp_path, number, co
     assert survivors(processes) == {}, "Ray is shut down with the run"
 
 
-@pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("number, code", [(signal.SIGINT, 130)])
 def test_a_signal_before_the_first_checkpoint_says_nothing_was_written(start, tmp_path, number, code):
+    """Ctrl-C, as a user watching the progress bar presses it. SIGTERM in training is the last test's; its line when
+    nothing is written, the start-up moments' (test_a_signal_at_any_moment_of_start_up_stops_the_run_in_one_line)."""
     out, log = tmp_path / "run", tmp_path / "stderr.txt"
     driver = start(out, log, checkpoint_every=100000)
     wait_until(lambda: "fedavg:" in log.read_text(), driver, log)  # the progress bar of fedavg: training has started
@@ -217,29 +228,6 @@ def test_the_next_run_removes_the_states_a_killed_run_spilled(start, ray_session
     assert not any(folder.exists() for folder in leaked)
 
 
-def test_ctrl_c_stops_a_sweep_whose_state_tune_keeps(start, tmp_path):
-    """Tune stops its trials on Ctrl-C and returns; the sweep goes on as interrupted (it used to exit 0, tabling nothing)."""
-    sweep_file = tmp_path / "long.yaml"
-    sweep_file.write_text(f"""
-name: long
-base: {{method: fedavg, rounds: 100000, eval_every: 5, checkpoint_every: 100000, dataset: "{SPEC}"}}
-grid: {{seed: [0, 1, 2]}}
-cpus_per_shard: 0.5
-driver_cpus: 0.5
-""")
-    out, log = tmp_path / "sweeps", tmp_path / "stderr.txt"
-    arguments = [sys.executable, "-m", "fedray", "sweep", "--config", str(sweep_file), "--out", str(out), "--quiet"]
-    driver = start(out, log, arguments)
-    wait_until(lambda: any(path.stat().st_size for path in out.glob("long/*/result.json")), driver, log)  # a trial reported
-    processes, exit_code = signal_run(driver, signal.SIGINT)
-
-    assert exit_code == 130, log.read_text()[-3000:]
-    assert "Traceback" not in log.read_text()
-    assert last_line(log) == f"fedray: stopped by SIGINT: the sweep's state is kept in {out / 'long'}; continue with --resume"
-    assert not (out / "long" / "results.parquet").exists() and any((out / "long").glob("experiment_state-*.json"))
-    assert survivors(processes) == {}
-
-
 def handles_signals(pid: int) -> bool:
     """Whether ``pid`` catches SIGINT and SIGTERM (its SigCgt mask): fedray's ``main`` has begun. Before it, the
     interpreter is still starting and a signal can only do what it does by default (end the process)."""
@@ -293,11 +281,12 @@ class RunProcesses:
             os.killpg(self.driver.pid, number)
         else:
             os.kill(self.driver.pid, number)
-        deadline = time.monotonic() + CLEANUP_S
+        bound = starting_stop_s()
+        deadline = time.monotonic() + bound
         while self.driver.poll() is None:
             self.poll()
             if time.monotonic() > deadline:
-                pytest.fail(f"signal {number}: the run did not stop within {CLEANUP_S} s")
+                pytest.fail(f"signal {number}: the run did not stop within {bound:.0f} s")
             time.sleep(0.02)
         self.seen.update(session_processes(self.driver.pid, self.driver_started))
         return self.driver.returncode
@@ -331,10 +320,19 @@ STEPS = {
     "shard_actors": once_running("ray::ShardActor"),
 }
 """ray.init's steps and what follows it, whatever the machine's speed."""
+SIGINT, SIGTERM = (signal.SIGINT, 130), (signal.SIGTERM, 143)
+MOMENTS = [(moment, *signalled) for moment, signalled in zip(TIMES, [SIGINT, SIGTERM] * len(TIMES))] + \
+          [(moment, *signalled) for moment in STEPS for signalled in (SIGINT, SIGTERM)]
+"""Each of ``STEPS`` with both signals, each of ``TIMES`` with one, in turn. In the driver the two take one path (the
+handler raises the signal's interrupt in the main thread, the same blocks unwind, the same line is printed with the
+signal's name); they differ in who else gets them: Ctrl-C goes to the whole process group, Ray's processes included
+(a raylet or an agent ended by it while ``ray.init`` waits on them), SIGTERM to the driver alone. That matters once
+Ray's processes run, at each of ``STEPS``; ``TIMES`` fall in the imports and the reading of the data, with Ray's
+processes, if any are up yet, already taken at each step by both signals."""
 
 
-@pytest.mark.parametrize("moment", [*TIMES, *STEPS])
-@pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("moment, number, code", [
+    pytest.param(moment, number, code, id=f"{number}-{code}-{moment}") for moment, number, code in MOMENTS])
 def test_a_signal_at_any_moment_of_start_up_stops_the_run_in_one_line(start, tmp_path, moment, number, code):
     """Once fedray's main runs, Ctrl-C and SIGTERM end a starting run with 130 / 143 and one line, whatever it was
     doing (importing torch, building the federation, starting Ray's processes, connecting, starting the shards),

@@ -2,7 +2,8 @@
 and the must-show of a Parquet directory on a cluster (the same closed-form run on two nodes, each shard reading its
 own parts, gives bitwise the classifier of one node).
 
-The tests on two one-CPU nodes without GPUs share one such cluster (starting one takes three processes)."""
+The tests share one cluster of two one-CPU nodes with a logical GPU each (starting one takes three processes per node):
+the extraction pool takes its GPUs, and the closed-form runs, which ask for none, its CPUs."""
 
 import json
 import subprocess
@@ -37,21 +38,20 @@ print(json.dumps(sorted({actor["Address"]["IPAddress"] for actor in actors if ac
 
 
 @pytest.fixture(scope="module")
-def cpu_nodes():
-    """The address of a cluster of two nodes of one CPU each (one shard on each), no GPU."""
-    with local_cluster(nodes=2, cpus=1, gpus=0) as address:
+def two_nodes():
+    """The address of a cluster of two nodes of one CPU (one shard on each) and one logical GPU each (no CUDA)."""
+    with local_cluster(nodes=2, cpus=1, gpus=1) as address:
         yield address
 
 
-def test_gpu_bundles_are_spread_over_the_nodes_and_fall_back_to_cpu(tmp_path, monkeypatch):
+def test_gpu_bundles_are_spread_over_the_nodes_and_fall_back_to_cpu(two_nodes, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDRAY_CACHE_DIR", str(tmp_path / "fedray-cache"))
     folder = write_image_folder(tmp_path / "folder", classes=2, train_per_class=6, test_per_class=2)
     weights = write_squeezenet_weights(tmp_path / "squeezenet.pt", seed=5)
     argv = ["extract", "--dataset", f"imagefolder:{folder}", "--backbone", "squeezenet1_1", "--weights", str(weights),
             "--image-size", str(SIZE), "--batch-size", "4", "--out", str(tmp_path / "cache"), "--quiet"]
-    with local_cluster(nodes=2, cpus=1, gpus=1) as address:
-        done = subprocess.run(driver_command(address, argv), env={**ENV, "FEDRAY_CACHE_DIR": str(tmp_path / "fedray-cache")},
-                              capture_output=True, text=True, timeout=300)
+    env = {**ENV, "FEDRAY_CACHE_DIR": str(tmp_path / "fedray-cache")}
+    done = subprocess.run(driver_command(two_nodes, argv), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     entry = done.stdout.split("features:")[-1].strip()
     workers = json.loads((Path(entry) / "manifest.json").read_text())["workers"]
@@ -64,31 +64,31 @@ def test_gpu_bundles_are_spread_over_the_nodes_and_fall_back_to_cpu(tmp_path, mo
     check_against_direct(load_federation(f"imagefolder:{folder}"), entry, weights)
 
 
-def test_shards_beyond_a_hand_started_cluster_fail_at_once(cpu_nodes, tmp_path):
+def test_shards_beyond_a_hand_started_cluster_fail_at_once(two_nodes, tmp_path):
     """A cluster started with ``ray start`` runs Ray's read-only autoscaler: no node will come, so no 60 s wait."""
     out = tmp_path / "out"
     argv = ["run", "--dataset", SPEC, "--out", str(out), "--num-shards", "3", "--cpus-per-shard", "1", "--quiet"]
     start = time.monotonic()
-    done = subprocess.run(driver_command(cpu_nodes, argv), env=ENV, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(driver_command(two_nodes, argv), env=ENV, capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - start
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "fedray: error: cannot reserve 3 shards × 1 CPU: the cluster has 2 CPU, 0 GPU" in done.stderr, done.stderr[-2000:]
+    assert "fedray: error: cannot reserve 3 shards × 1 CPU: the cluster has 2 CPU, 2 GPU" in done.stderr, done.stderr[-2000:]
     assert "on 2 nodes and no autoscaler to add more; lower --num-shards or --cpus-per-shard" in done.stderr
     assert seconds < 50, "failed at once, not after the 60 s wait"
     assert not out.exists()
 
 
-def test_a_closed_form_run_on_two_nodes_reading_a_parquet_directory_is_bitwise_one_nodes(ray_session, cpu_nodes,
+def test_a_closed_form_run_on_two_nodes_reading_a_parquet_directory_is_bitwise_one_nodes(ray_session, two_nodes,
                                                                                         tmp_path):
     folder = tmp_path / "parts"
     export_parquet_directory(load_federation(TINY), folder, 300)
     dataset = f"parquet:{folder}"
     one_node = fedray.run(dataset=dataset, out=tmp_path / "one-node", **RUN)
     source = fedray.run(dataset=TINY, out=tmp_path / "source", **RUN)
-    driver = [sys.executable, "-c", DRIVER, cpu_nodes, dataset, str(tmp_path / "two-nodes"), json.dumps(RUN)]
+    driver = [sys.executable, "-c", DRIVER, two_nodes, dataset, str(tmp_path / "two-nodes"), json.dumps(RUN)]
     done = subprocess.run(driver, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["127.0.0.2", "127.0.0.3"], "a shard on each node"
-    with np.load(tmp_path / "two-nodes" / "classifier.npz") as two_nodes:
-        assert np.array_equal(two_nodes["W"], one_node.classifier.weight.numpy())
-        assert np.array_equal(two_nodes["W"], source.classifier.weight.numpy())
+    with np.load(tmp_path / "two-nodes" / "classifier.npz") as on_two_nodes:
+        assert np.array_equal(on_two_nodes["W"], one_node.classifier.weight.numpy())
+        assert np.array_equal(on_two_nodes["W"], source.classifier.weight.numpy())

@@ -91,6 +91,7 @@ def test_a_sweep_stopped_by_ctrl_c_says_so_once_and_resumes_to_the_uninterrupted
     assert log.read_text().splitlines() == [
         f"fedray: stopped by SIGINT: the sweep's state is kept in {folder}; continue with --resume"], log.read_text()
     assert survivors(processes) == {}
+    assert not (folder / RESULTS).exists() and any(folder.glob("experiment_state-*.json")), "Tune's state, no table"
     (trial,) = trial_folders(folder)
     assert (trial / "checkpoint.pt").is_file(), "the interrupted trial's checkpoint, to continue from"
 
