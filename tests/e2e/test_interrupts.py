@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from fedray.app.cli import main
 from fedray.engine.config import resolve
 from fedray.engine.checkpoint import CHECKPOINT, load_checkpoint
 from fedray.core.folder_lock import LOCK
@@ -57,10 +56,11 @@ def start():
     """Starts ``fedray run`` (stderr to a file) in a session of its own; kills what is left of it after the test."""
     drivers = []
 
-    def started(out: Path, log: Path, arguments: list[str] | None = None, **options) -> subprocess.Popen:
-        """``fedray run`` with FOREVER and ``options``, or the command line ``arguments``."""
+    def started(out: Path, log: Path, arguments: list[str] | None = None, env: dict[str, str] | None = None,
+                **options) -> subprocess.Popen:
+        """``fedray run`` with FOREVER and ``options``, or the command line ``arguments`` (``env``: its environment)."""
         with open(log, "w") as stderr:
-            drivers.append(subprocess.Popen(arguments or command_line(out, **options), cwd=REPO,
+            drivers.append(subprocess.Popen(arguments or command_line(out, **options), cwd=REPO, env=env,
                                             stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True))
         return drivers[-1]
 
@@ -205,26 +205,33 @@ def test_no_ray_process_outlives_a_killed_run(start, tmp_path):
     assert survivors(processes) == {}
 
 
-def spill_folders_holding(out: Path) -> set[Path]:
-    """The spill folders (in this machine's temporary folder) holding files a checkpoint in ``out`` links to."""
+def spill_folders_holding(out: Path, temporary: Path) -> set[Path]:
+    """The spill folders (in the temporary folder ``temporary``) holding files a checkpoint in ``out`` links to."""
     linked = {file.stat().st_ino for file in out.glob("checkpoint-clients-r*-spilled/client-*.safetensors")}
     assert linked, "the run spilled every state and its checkpoint links them"
-    return {file.parent for file in (Path(tempfile.gettempdir()) / SPILL_FOLDERS).glob("*/client-*.safetensors")
+    return {file.parent for file in (temporary / SPILL_FOLDERS).glob("*/client-*.safetensors")
             if file.stat().st_ino in linked}
 
 
-def test_the_next_run_removes_the_states_a_killed_run_spilled(start, ray_session, tmp_path):
+def test_the_next_run_removes_the_states_a_killed_run_spilled(start, tmp_path):
     """SIGKILL runs no cleanup: the killed run's shards' spill folders stayed (29 and 31 files after a later run, tens of
-    GB at iNat scale); the next run's shards remove them as they start."""
+    GB at iNat scale); the next run's shards remove them as they start. Both runs spill into a temporary folder of
+    their own (``TMPDIR``; Ray's stays where it was): any shard that starts on the machine removes a dead run's spill
+    folders, another test's beside this one (pytest-xdist) included."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "TMPDIR": str(temporary), "RAY_TMPDIR": tempfile.gettempdir()}
     out, log = tmp_path / "run", tmp_path / "stderr.txt"
-    driver = start(out, log, method="feddyn", checkpoint_every=2, client_state_memory=0, quiet=True)
+    driver = start(out, log, env=env, method="feddyn", checkpoint_every=2, client_state_memory=0, quiet=True)
     wait_until(lambda: (out / CHECKPOINT).is_file(), driver, log)
     processes, exit_code = signal_run(driver, signal.SIGKILL)
     assert exit_code == -signal.SIGKILL and survivors(processes) == {}
-    leaked = spill_folders_holding(out)
+    leaked = spill_folders_holding(out, temporary)
     assert len(leaked) == 2, "both shards' spill folders are left behind"
 
-    assert main(command_line(tmp_path / "later", rounds=1, eval_every=1, quiet=True)[3:]) == 0
+    later_log = tmp_path / "later.txt"
+    later = start(tmp_path / "later", later_log, env=env, rounds=1, eval_every=1, quiet=True)
+    assert later.wait(timeout=STARTUP_S) == 0, later_log.read_text()[-3000:]
     assert not any(folder.exists() for folder in leaked)
 
 
