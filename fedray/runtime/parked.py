@@ -20,7 +20,8 @@ from collections.abc import Hashable
 from typing import Protocol
 
 import ray
-import ray._private.worker
+
+from fedray.runtime.ray_start import started_embedded_ray
 
 
 class Parkable(Protocol):
@@ -33,8 +34,7 @@ _parked: dict[Hashable, Parkable] = {}
 
 def allowed() -> bool:
     """Whether actors may be parked: a Ray is running and this process started it (its head node is ours)."""
-    node = ray._private.worker._global_node
-    return ray.is_initialized() and node is not None and node.head
+    return started_embedded_ray()
 
 
 def _session() -> str:

@@ -13,9 +13,9 @@ on once Ray is up, as long as the process (or until :meth:`RayStart.stop`): Ray 
 the thread that started them (Linux's PR_SET_PDEATHSIG fires when that thread ends, not the process), and they would
 be killed with it.
 
-A command that started an embedded Ray ends without Ray's shutdown (:func:`end_process`): the watchdog
-(:mod:`fedray.runtime.watchdog`) ends Ray's processes as it does whenever the driver ends, and the command returns as
-soon as its work is done.
+A command that finished its work on an embedded Ray it started ends without Ray's shutdown (:func:`end_process`):
+the watchdog (:mod:`fedray.runtime.watchdog`) ends Ray's processes as it does whenever the driver ends, and the command
+returns as soon as its work is done (a refused or signalled one still ends through Ray's shutdown).
 
 This module imports neither torch nor Ray; the thread imports Ray, :meth:`RayStart.join` torch.
 """
