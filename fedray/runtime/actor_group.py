@@ -132,6 +132,10 @@ class ActorGroup:
         fetch([actor.restore_client_states.remote(names, int(first), int(end), layout)
                  for actor, first, end in zip(self.actors, self.bounds[:-1], self.bounds[1:])])
 
+    def reserved(self) -> dict[str, float]:
+        """The resources its actors' bundles hold together."""
+        return {name: amount * len(self.actors) for name, amount in self.bundle.items()}
+
     def shutdown(self) -> None:
         if self.keeps_client_states:
             self._clear_client_states()

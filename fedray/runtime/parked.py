@@ -6,9 +6,11 @@ quickstart, every ``fedray.run`` in a notebook. A run that ends cleanly may
 park its actors here instead of killing them, and the next run asking for
 the same actors takes them back and reloads them. A parked group keeps its
 placement group, and so its CPUs: anything else of this process that
-reserves resources (:func:`~fedray.runtime.placement.reserve`, a sweep's
-trials) calls :func:`release` first, so that parked actors never stand in
-its way.
+reserves resources calls :func:`make_room` first (the longest parked give
+way until what it asks fits, :func:`~fedray.runtime.placement.reserve`) or
+:func:`release` (a sweep's trials), so that parked actors never stand in its
+way. Groups of several layouts may stay parked side by side (one run on one
+shard, the next on two, each taking its own again).
 
 Parking is only for a Ray this process started itself (an embedded one):
 on a cluster other jobs would wait for the CPUs a parked group holds.
@@ -27,6 +29,9 @@ from fedray.runtime.ray_start import started_embedded_ray
 class Parkable(Protocol):
     def end(self) -> None:
         """Kill the actors and free their resources (never park them again)."""
+
+    def reserved(self) -> dict[str, float]:
+        """The resources the group holds (each actor's bundle times the actors)."""
 
 
 _parked: dict[Hashable, Parkable] = {}
@@ -57,6 +62,28 @@ def take(key: Hashable) -> Parkable | None:
     for stale in [entry for entry in _parked if entry[0] != session]:
         del _parked[stale]
     return _parked.pop((session, key), None)
+
+
+def make_room(needed: dict[str, float]) -> None:
+    """Shut down parked groups of the running Ray, the longest parked first, until ``needed`` (a resource's amount by
+    name) fits in what Ray reports free plus what the groups shut down held; every one if it never fits."""
+    if not _parked:
+        return
+    free = ray.available_resources()
+    session = _session()
+    for entry in list(_parked):
+        if all(free.get(name, 0.0) >= amount - 1e-9 for name, amount in needed.items()):
+            return
+        group = _parked.pop(entry)
+        if entry[0] == session:
+            for name, amount in group.reserved().items():
+                free[name] = free.get(name, 0.0) + amount
+            group.end()
+
+
+def any_parked() -> bool:
+    """Whether a group is parked (in the running Ray or an earlier one)."""
+    return bool(_parked)
 
 
 def release() -> None:

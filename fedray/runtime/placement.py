@@ -11,6 +11,9 @@ from fedray.runtime import parked
 from fedray.runtime.cluster import check_bundles_fit
 
 WAIT_S = 60.0
+ROOM_WAIT_S = 2.0
+"""How long a reservation that parked groups seemed to leave room for waits before they all give way: Ray's report
+of the free resources lags a placement group created or removed a moment ago."""
 
 
 def reserve(bundle: dict[str, float], count: int, strategy: str, what: str, hint: str, wait_s: float = WAIT_S) -> PlacementGroup:
@@ -21,11 +24,13 @@ def reserve(bundle: dict[str, float], count: int, strategy: str, what: str, hint
     lower), instead of running on a partial set or waiting forever: at once
     when the cluster can never hold them and no autoscaler may add nodes, else
     after ``wait_s`` seconds (other jobs may free resources, an autoscaler add
-    nodes). Shards parked by an earlier run give way first (:mod:`fedray.runtime.parked`).
+    nodes). Shards parked by an earlier run give way where they stand in its way (:mod:`fedray.runtime.parked`).
     """
-    parked.release()
     check_bundles_fit([bundle] * count, what, hint)
+    parked.make_room({name: amount * count for name, amount in bundle.items()})
     group = placement_group([bundle] * count, strategy=strategy)
+    if parked.any_parked() and not group.wait(timeout_seconds=min(ROOM_WAIT_S, wait_s)):
+        parked.release()
     if not group.wait(timeout_seconds=wait_s):
         remove_placement_group(group)
         totals = ray.cluster_resources()

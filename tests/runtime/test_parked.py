@@ -85,3 +85,15 @@ def test_parked_shards_give_way_to_any_reservation(ray_session, tmp_path):
     run(tmp_path / "parks", "fed3r")
     group = ActorGroup.launch(Holder, {"CPU": 2}, [()], np.array([0, 1]), what="all the CPUs", hint="none")
     group.shutdown()
+
+
+def test_parked_shards_stay_beside_a_reservation_that_fits_beside_them(ray_session, tmp_path, monkeypatch):
+    pools = keeping_started_pools(monkeypatch)
+    run(tmp_path / "parks", "fed3r")  # 2 shards × 0.5 CPU of the session's 2
+    beside = ActorGroup.launch(Holder, {"CPU": 1}, [()], np.array([0, 1]), what="the other CPU", hint="none")
+    beside.shutdown()
+    run(tmp_path / "takes", "fed3r")
+    assert pools[1].actors == pools[0].actors, "the second run took the shards the first parked"
+    whole = ActorGroup.launch(Holder, {"CPU": 2}, [()], np.array([0, 1]), what="all the CPUs", hint="none")
+    whole.shutdown()
+    assert not parked.any_parked(), "a reservation that needs their CPUs shut them down"
