@@ -24,7 +24,7 @@ def engine_head(tmp_path, method: str, batch_size: int, epochs: int, **options) 
     config = resolve({}, {"method": method, "dataset": DATASET, "out": str(out), "seed": SEED,
                           "client_lr": LR, "weight_decay": 0.0, "batch_size": batch_size, "local_epochs": epochs,
                           "rounds": ROUNDS, "clients_per_round": PER_ROUND, "eval_every": ROUNDS, "num_shards": 2,
-                          "cpus_per_shard": 1.0, "quiet": True, "options": options})
+                          "cpus_per_shard": 0.5, "quiet": True, "options": options})
     run(config)
     saved = np.load(out / "classifier.npz")
     return {"weight": saved["W"], "bias": saved["bias"]}

@@ -382,7 +382,7 @@ def test_byo_parquet_gives_the_centralized_ridge(ray_session, tmp_path, capsys, 
     path = tmp_path / "byo.parquet"
     pq.write_table(table, path)
     rc, _, err = cli(capsys, "run", "--method", "fed3r", "--dataset", f"parquet:{path}", "--out", tmp_path / "out",
-                     "--num-shards", "1", "--cpus-per-shard", "1", "--quiet", "--clients-per-round", "2",
+                     "--num-shards", "1", "--cpus-per-shard", "0.5", "--quiet", "--clients-per-round", "2",
                      "--lam", LAM)
     assert rc == 0, err
     w = weight(tmp_path / "out")

@@ -54,7 +54,7 @@ def even(tmp_path_factory):
 
 def rows_of(tmp_path, dataset, **options):
     config = RunConfig(**{"dataset": dataset, "out": str(tmp_path / "out"), "quiet": True, "num_shards": 1,
-                          "cpus_per_shard": 1, "clients_per_round": 3, **options})
+                          "cpus_per_shard": 0.5, "clients_per_round": 3, **options})
     return run(config).rows
 
 

@@ -14,7 +14,7 @@ from fedray.engine.run_config import run
 from fedray.engine.config import resolve
 
 DATASET = "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6"
-SMALL = {"dataset": DATASET, "clients_per_round": 4, "num_shards": 1, "cpus_per_shard": 1.0, "quiet": True}
+SMALL = {"dataset": DATASET, "clients_per_round": 4, "num_shards": 1, "cpus_per_shard": 0.5, "quiet": True}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import fedray
 from fedray.core.errors import FedrayError
 
 DATASET = "synthetic:inat-geo-100?dim=8&scale=0.2&classes=6"
-SMALL = {"dataset": DATASET, "clients_per_round": 4, "num_shards": 1, "cpus_per_shard": 1.0, "quiet": True}
+SMALL = {"dataset": DATASET, "clients_per_round": 4, "num_shards": 1, "cpus_per_shard": 0.5, "quiet": True}
 TRAIN = {**SMALL, "client_lr": 0.05}
 
 

@@ -20,7 +20,7 @@ DATASET = "synthetic:inat-geo-100?dim=8&scale=0.3&classes=6"
 def config(out: Path, **values):
     return resolve({}, {"method": f"{REPO / 'examples' / 'local_drift.py'}:LocalDrift", "dataset": DATASET,
                         "out": str(out), "client_lr": 0.05, "rounds": 8, "clients_per_round": 6, "eval_every": 2,
-                        "num_shards": 2, "cpus_per_shard": 1.0, "checkpoint_every": 3, "quiet": True,
+                        "num_shards": 2, "cpus_per_shard": 0.5, "checkpoint_every": 3, "quiet": True,
                         "options": {"drift_alpha": 0.3}, **values})
 
 

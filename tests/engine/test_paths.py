@@ -25,7 +25,7 @@ FedAvgByAutograd, FedProxByAutograd, ScaffoldByAutograd = map(by_autograd, (FedA
 def classifier(tmp_path, name: str, method: str, **values) -> dict[str, np.ndarray]:
     config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 6,
                           "rounds": 4, "eval_every": 2, "client_lr": 0.05, "local_epochs": 2, "batch_size": 8,
-                          "client_momentum": 0.5, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+                          "client_momentum": 0.5, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True, **values})
     completed = run(config)
     return completed.arrays
 

@@ -50,7 +50,7 @@ class DropsMultiplesOfThree(fedray.Postprocessor):
 DROPS = f"{__name__}:DropsMultiplesOfThree"
 DATASET = "synthetic:inat-user-120k?dim=8&scale=0.01&classes=6&seed=1&split=dirichlet&alpha=0.3&clients=24"
 """24 clients of 41 samples, d = 8, C = 6."""
-SMALL = {"dataset": DATASET, "clients_per_round": 6, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+SMALL = {"dataset": DATASET, "clients_per_round": 6, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True,
          "client_lr": 0.05, "local_epochs": 1, "batch_size": 8}
 
 

@@ -21,7 +21,7 @@ from fedray.methods.postprocessor import Sampling, StageUploads
 
 DATASET = "synthetic:inat-geo-100?dim=12&scale=0.2&classes=10"
 """721 clients."""
-SMALL = {"dataset": DATASET, "clients_per_round": 6, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+SMALL = {"dataset": DATASET, "clients_per_round": 6, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True,
          "client_lr": 0.05, "local_epochs": 1, "batch_size": 8}
 
 

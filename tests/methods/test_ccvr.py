@@ -170,7 +170,7 @@ def test_a_run_through_shards_is_the_solve_in_one_process(ray_session, tmp_path)
     square root of a round-off eigenvalue of a singular class adds ~1e-8 of the class's scale at most); cast to float32
     they differ in at most a last bit here and there, and the convex SGD fit carries that along without growing it:
     1e-5 relative on W and b, against classifiers that differ by O(1) between seeds (test above)."""
-    result = fedray.run(method="ccvr", dataset=SPEC, num_shards=2, quiet=True, out=tmp_path / "run")
+    result = fedray.run(method="ccvr", dataset=SPEC, num_shards=2, cpus_per_shard=0.5, quiet=True, out=tmp_path / "run")
     federation = fedray.load_federation(SPEC)
     alone = METHODS["ccvr"](federation.dim, federation.num_classes, seed=0)
     expected = alone.solve(alone.client_statistics(all_clients_batch(federation)))
@@ -239,7 +239,7 @@ def test_the_estimate_bounds_the_shards_measured_growth(ray_session):
     from fedray.runtime.shards import ShardPool
 
     federation = synthetic.build("inat-user-120k", dim=128, scale=0.05, classes=200, seed=3)
-    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.5)
     try:
         loaded = np.array(pool.peak_memory_bytes())
         config = RunConfig(method="ccvr", quiet=True, virtual_per_class=5, virtual_epochs=1).validate().resolved()

@@ -161,7 +161,7 @@ def test_a_training_run_whose_postprocessor_divides_by_zero_stops_at_its_first_r
     with pytest.raises(FedrayError, match=r"^--postprocessor tests.methods.test_postprocessor:Denominator: "
                                           r"aggregate_weight returned 0.0 in training round 1 \(handed \d+\)"):
         fedray.run(method="fedavg", dataset="synthetic:inat-geo-100?dim=8&scale=0.2&classes=6", out=tmp_path / "run",
-                   postprocessor=Denominator, rounds=2, clients_per_round=4, num_shards=1, cpus_per_shard=1.0,
+                   postprocessor=Denominator, rounds=2, clients_per_round=4, num_shards=1, cpus_per_shard=0.5,
                    quiet=True)
     assert not (tmp_path / "run" / "metrics.parquet").exists()
 
@@ -169,7 +169,7 @@ def test_a_training_run_whose_postprocessor_divides_by_zero_stops_at_its_first_r
 def runs(tmp_path: Path, method: str, name: str, on_point=None, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
     """The run's rows and its classifier's arrays; ``on_point`` hears each evaluation point with its classifier."""
     config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / name), "client_lr": 0.01,
-                          "clients_per_round": 8, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values},
+                          "clients_per_round": 8, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True, **values},
                      drop_unused=True)  # client_lr applies to the training runs only
     run(config, on_point=on_point)
     rows = pq.read_table(tmp_path / name / "metrics.parquet").drop(["wall_s"]).to_pylist()

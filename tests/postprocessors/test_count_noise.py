@@ -165,7 +165,7 @@ def test_the_noise_has_the_papers_distributions():
 
 def runs(tmp_path: Path, name: str, method: str = "fedcof", **values) -> tuple[list[dict], dict[str, np.ndarray]]:
     config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
-                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True, **values})
     run(config)
     rows = pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
     keep = ("round", "accuracy", "bytes_up", "bytes_down", "clients_seen", "samples_seen")

@@ -135,7 +135,7 @@ def test_the_gram_noise_is_symmetric_with_every_upper_entry_of_variance_sigma_r_
 
 def runs(tmp_path: Path, name: str, method: str, **options) -> list[dict]:
     config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
-                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True,
                           "postprocessor": SPEC, "options": {key: str(value) for key, value in options.items()}})
     run(config)
     return pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
@@ -155,7 +155,7 @@ class ClipOnly(fedray.Postprocessor):
 
 def classifier_of(tmp_path: Path, name: str, **values) -> dict[str, np.ndarray]:
     config = resolve({}, {"method": "fedncm", "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
-                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True, **values})
     run(config)
     return dict(np.load(tmp_path / name / "classifier.npz"))
 
@@ -276,7 +276,7 @@ def test_fedcofs_epsilon_is_one_release_at_the_accountants_share_of_delta():
 
 def fedcof_classifier(tmp_path: Path, name: str, **values) -> tuple[dict[str, np.ndarray], list[dict]]:
     config = resolve({}, {"method": "fedcof", "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
-                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+                          "rounds": 6, "eval_every": 3, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True, **values})
     run(config)
     return dict(np.load(tmp_path / name / "classifier.npz")), pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
 
@@ -340,7 +340,7 @@ def fedcof_config(tmp_path: Path, values: dict, options: dict) -> RunConfig:
     """A FedCOF run through dp into ``tmp_path``/refused, with ``values`` and dp's ``options`` (R = 1, δ = 1e-5)."""
     return resolve({}, {"method": "fedcof", "dataset": DATASET, "out": str(tmp_path / "refused"),
                         "clients_per_round": 8, "rounds": 6, "eval_every": 3, "num_shards": 2,
-                        "cpus_per_shard": 1.0, "quiet": True, "postprocessor": SPEC, **values,
+                        "cpus_per_shard": 0.5, "quiet": True, "postprocessor": SPEC, **values,
                         "options": {"clip_norm": "1", "dp_delta": "1e-5", **options}})
 
 

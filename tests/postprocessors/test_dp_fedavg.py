@@ -203,7 +203,7 @@ def test_poisson_rounds_are_told_as_kappa_expected_and_possibly_empty():
 
 def metrics(tmp_path: Path, name: str, method: str = "fedavg", sampling: str = "poisson", **values) -> list[dict]:
     config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 10,
-                          "rounds": 8, "eval_every": 4, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "rounds": 8, "eval_every": 4, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True,
                           "sampling": sampling, **values})
     run(config)
     return pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()

@@ -314,7 +314,7 @@ class QuantizedSum(fedray.Postprocessor):
 def runs(tmp_path: Path, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
     config = resolve({}, {"method": "fed3r", "dataset": "synthetic:inat-geo-100?dim=8&scale=0.3&classes=6",
                           "out": str(tmp_path / name), "clients_per_round": 8, "rounds": 4, "eval_every": 2,
-                          "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True, **values})
+                          "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True, **values})
     run(config)
     rows = pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
     return [{key: row[key] for key in ("round", "accuracy")} for row in rows], dict(np.load(tmp_path / name /
@@ -523,7 +523,7 @@ class QuantizedWeighted(fedray.Postprocessor):
 
 def trained(tmp_path: Path, name: str, **values) -> tuple[list[dict], dict[str, np.ndarray]]:
     config = resolve({}, {"dataset": DATASET, "out": str(tmp_path / name), "clients_per_round": 8,
-                          "rounds": 4, "eval_every": 2, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "rounds": 4, "eval_every": 2, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True,
                           "client_lr": 0.05, "local_epochs": 1, "batch_size": 8, **values}, drop_unused=True)
     run(config)
     rows = pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
@@ -574,7 +574,7 @@ class Recording(SecureAggregation):
 def test_the_masks_are_drawn_in_the_shards_for_each_blocks_uploaders_only(ray_session, tmp_path):
     log = tmp_path / "hooks.log"
     config = resolve({}, {"method": "fed3r", "dataset": DATASET, "out": str(tmp_path / "run"), "clients_per_round": 8,
-                          "rounds": 5, "eval_every": 2, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "rounds": 5, "eval_every": 2, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True,
                           "postprocessor": "tests.postprocessors.test_secagg:Recording",
                           "options": {"log": str(log), "secagg_clip": "2000"}})
     run(config)
@@ -650,7 +650,7 @@ def test_with_dropouts_the_rows_count_only_the_uploads_that_reached_the_server(r
     """fedncm: an evaluation block of 2 rounds is one aggregate; fedavg: a round is. A dropped client's upload is not
     seen, nor its samples, nor its bytes; what it computed and downloaded is counted as in the plain run."""
     common = {"method": method, "dataset": DATASET, "clients_per_round": 8, "rounds": len(blocks) * len(blocks[0]),
-              "eval_every": len(blocks[0]), "num_shards": 1, "cpus_per_shard": 1.0, "quiet": True,
+              "eval_every": len(blocks[0]), "num_shards": 1, "cpus_per_shard": 0.5, "quiet": True,
               **({"client_lr": 0.05} if method == "fedavg" else {})}
     secure = fedray.run(**common, out=tmp_path / "secure", postprocessor=SPEC,
                         options={"secagg_clip": 1000.0, "secagg_dropout": 0.3, "secagg_threshold": 2})

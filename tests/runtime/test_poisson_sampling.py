@@ -109,7 +109,7 @@ def test_empty_rounds_are_a_no_op_step_on_every_training_path(ray_session, tmp_p
     """κ = 1 of 100 clients: about a third of the rounds are empty. The run completes; a stretch of empty rounds between
     two rows leaves the model as it was (the same accuracy), and so does a run whose every round is empty."""
     config = resolve({}, {"method": method, "dataset": DATASET, "out": str(tmp_path / method), "clients_per_round": 1,
-                          "rounds": 12, "eval_every": 1, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "rounds": 12, "eval_every": 1, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True,
                           "sampling": "poisson"})
     run(config)
     rows = pq.read_table(tmp_path / method / "metrics.parquet").to_pylist()
@@ -138,7 +138,7 @@ class Unchanged(fedray.Postprocessor):
 
 def test_an_upload_the_meta_device_cannot_run_stops_at_the_first_empty_round_in_one_line(ray_session, tmp_path):
     config = resolve({}, {"method": f"{__name__}:ReadsItsUpload", "dataset": DATASET, "out": str(tmp_path / "out"),
-                          "clients_per_round": 1, "rounds": 30, "num_shards": 2, "cpus_per_shard": 1.0, "quiet": True,
+                          "clients_per_round": 1, "rounds": 30, "num_shards": 2, "cpus_per_shard": 0.5, "quiet": True,
                           "sampling": "poisson", "postprocessor": f"{__name__}:Unchanged"}, drop_unused=True)
     with pytest.raises(FedrayError, match=r"^the plugin .*:ReadsItsUpload: a round Poisson sampling left empty still "
                                           r"sends .* where they failed: RuntimeError: .*meta") as raised:

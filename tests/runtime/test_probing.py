@@ -84,7 +84,7 @@ def test_step_budgets_reach_each_shards_clients(ray_session, small_inat):
     generator = torch.Generator().manual_seed(1)
     params = {"weight": 0.01 * torch.randn(small_inat.dim, small_inat.num_classes, generator=generator),
               "bias": torch.zeros(small_inat.num_classes)}
-    pool = ShardPool.start(small_inat, num_shards=2, cpus_per_shard=1, reusable=True)
+    pool = ShardPool.start(small_inat, num_shards=2, cpus_per_shard=0.5, reusable=True)
     try:
         assert len(set(pool.owners(clients).tolist())) == 2
         backend = ProbeBackend(pool, sgd, 3, Evaluator(pool), FedAvg())

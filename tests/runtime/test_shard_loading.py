@@ -71,7 +71,7 @@ def test_the_driver_holds_no_features(parquet_path):
 
 def test_each_shard_holds_exactly_its_clients_rows_from_the_file(ray_session, parquet_path):
     federation = load_parquet(parquet_path)
-    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1, reusable=True)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.5, reusable=True)
     try:
         method = Rows(federation.dim, federation.num_classes)
         for first, end in zip(pool.bounds[:-1], pool.bounds[1:]):
@@ -85,7 +85,7 @@ def test_each_shard_holds_exactly_its_clients_rows_from_the_file(ray_session, pa
 @pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_restarted_parquet_shard_reloads_the_same_rows(ray_session, parquet_path):
     federation = load_parquet(parquet_path)
-    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1, reusable=True)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.5, reusable=True)
     try:
         method = Rows(federation.dim, federation.num_classes)
         clients = np.arange(pool.bounds[1])
@@ -103,7 +103,7 @@ def test_a_federation_held_in_memory_gives_the_same_rows(ray_session):
     clients = np.arange(federation.num_clients)
     held = {}
     for name, which in (("spec", federation), ("memory", replace(federation, spec=None))):
-        pool = ShardPool.start(which, num_shards=2, cpus_per_shard=1, reusable=True)
+        pool = ShardPool.start(which, num_shards=2, cpus_per_shard=0.5, reusable=True)
         try:
             held[name] = torch.cat(pool.statistics(Rows(federation.dim, federation.num_classes), clients).result())
         finally:
@@ -137,7 +137,7 @@ class Rows64(Rows):
 
 def test_a_method_asking_for_float64_gets_its_clients_rows_exactly_in_id_order(ray_session, parquet_path):
     federation = load_parquet(parquet_path)
-    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=1, reusable=True)
+    pool = ShardPool.start(federation, num_shards=2, cpus_per_shard=0.5, reusable=True)
     try:
         clients = np.random.default_rng(0).permutation(np.arange(pool.bounds[1]))  # shard 0's clients, shuffled
         method = Rows64(federation.dim, federation.num_classes)

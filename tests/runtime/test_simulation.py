@@ -31,7 +31,7 @@ class RecordingEvaluator(Evaluator):
 
 @pytest.fixture(scope="module")
 def pool(ray_session, small_inat):
-    pool = ShardPool.start(small_inat, num_shards=2, cpus_per_shard=1, reusable=True)
+    pool = ShardPool.start(small_inat, num_shards=2, cpus_per_shard=0.5, reusable=True)
     yield pool
     pool.shutdown()
 
