@@ -20,6 +20,7 @@ from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Unset
 from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums, column_norms, gram,
                                  held_classes, spd_solve)
+from fedray.methods.row_blocks import rowwise_matmul
 from fedray.methods.upload_parts import SampleSum, UploadParts
 
 torch = lazy_module("torch", globals())
@@ -187,7 +188,7 @@ class Fed3RRandomFeatures(Fed3R):
         return self.rf_dim
 
     def transform(self, features: torch.Tensor) -> torch.Tensor:
-        return math.sqrt(2.0 / self.rf_dim) * torch.cos(features @ self.omega + self.phase)
+        return math.sqrt(2.0 / self.rf_dim) * torch.cos(rowwise_matmul(features, self.omega) + self.phase)
 
     def statistics_flops(self, sizes: np.ndarray) -> np.ndarray:
         return super().statistics_flops(sizes) + 2.0 * sizes * self.dim * self.rf_dim
