@@ -24,6 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fedray.core.errors import FedrayError
 from fedray.runtime.client_states import Layout, spill_folder
+from fedray.runtime import parked
 from fedray.runtime.placement import reserve, start_actors
 
 CLEAR_TIMEOUT_S = 10
@@ -90,12 +91,17 @@ class ActorGroup:
         """Actor ``i`` is ``actor_class(*arguments[i])``; ``fields`` are the subclass's own.
 
         Outside a trial the bundles are reserved all or nothing (``what`` and
-        ``hint`` name them in the error, see :func:`reserve`). ``before_start``
+        ``hint`` name them in the error, see :func:`reserve`); inside one, actors
+        an earlier trial of the same process parked give the trial's bundles back. ``before_start``
         checks what must hold before any actor starts (e.g. memory),
         ``ready`` waits for the started actors; if either fails, the group
         reserved here is released.
         """
-        group = reserve(bundle, len(arguments), "SPREAD", what, hint) if trial_group is None else trial_group
+        if trial_group is None:
+            group = reserve(bundle, len(arguments), "SPREAD", what, hint)
+        else:  # what an earlier trial of this process parked holds the trial's bundles
+            parked.release()
+            group = trial_group
         try:
             if before_start is not None:
                 before_start()

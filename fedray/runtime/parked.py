@@ -13,7 +13,11 @@ way. Groups of several layouts may stay parked side by side (one run on one
 shard, the next on two, each taking its own again).
 
 Parking is only for a Ray this process started itself (an embedded one):
-on a cluster other jobs would wait for the CPUs a parked group holds.
+on a cluster other jobs would wait for the CPUs a parked group holds. And
+in a Tune trial's own bundles: a sweep keeps a finished trial's process,
+with its placement group, for its next trial of the same resources (Tune's
+actor reuse), so its shards wait for nobody else's CPUs, are taken by that
+next trial, and end with the process.
 """
 
 from __future__ import annotations

@@ -179,9 +179,10 @@ class ShardActor:
         return self.evaluation.correct(feature_map, classifier)
 
 
-def _parking_key(shards: int, cpus_per_shard: float) -> tuple:
-    """What makes parked shards fit a run: as many, of the same resources (and so the same threads)."""
-    return "shards", shards, cpus_per_shard
+def _parking_key(shards: int, cpus_per_shard: float, trial_group: PlacementGroup | None) -> tuple:
+    """What makes parked shards fit a run: as many, of the same resources (and so the same threads), in the same Tune
+    trial's placement group (None: in one of their own)."""
+    return "shards", shards, cpus_per_shard, None if trial_group is None else trial_group.id.hex()
 
 
 @dataclass(kw_only=True)
@@ -232,9 +233,9 @@ class ShardPool(ActorGroup):
         (default :func:`~fedray.runtime.kept.default_budget`'s share of the machine's memory split among the shards
         that fill it; what exceeds it is computed again when needed); ``state_budget``: bytes of clients' states each
         shard keeps in memory (default: the same share; the least recently used beyond it spill to the node's disk,
-        :mod:`fedray.runtime.client_states`). ``reusable``: outside a trial, on a Ray this process started, take the
-        shards a run parked with as many shards of the same resources, reloaded with these rows (bitwise what new
-        shards give), and park them at :meth:`shutdown`.
+        :mod:`fedray.runtime.client_states`). ``reusable``: on a Ray this process started, or in the bundles of a Tune
+        trial whose process the sweep reuses, take the shards a run parked with as many shards of the same resources,
+        reloaded with these rows (bitwise what new shards give), and park them at :meth:`shutdown`.
         """
         federation.require_features()
         if trial_group is not None:
@@ -260,7 +261,7 @@ class ShardPool(ActorGroup):
         kept_budget = default_budget(cpus_per_shard) if kept_budget is None else kept_budget
         state_budget = default_budget(cpus_per_shard) if state_budget is None else state_budget
         ranges = [((int(a), int(b)), (int(t), int(u))) for a, b, t, u in zip(bounds[:-1], held, tests[:-1], tests[1:])]
-        reusable = reusable and trial_group is None and parked.allowed()
+        reusable = reusable and (trial_group is not None or parked.allowed())
 
         def assigned(name: str) -> dict:
             """Each shard's assignment, and the rows of a federation held in memory, as the named objects ``name``
@@ -272,7 +273,7 @@ class ShardPool(ActorGroup):
                                                                  kept_budget, state_budget, leaves.range_of(index))
                                for index, (clients, test_rows) in enumerate(ranges)}}
 
-        taken = parked.take(_parking_key(shards, cpus_per_shard)) if reusable else None
+        taken = parked.take(_parking_key(shards, cpus_per_shard, trial_group)) if reusable else None
         if taken is not None:
             try:
                 check_fit()
@@ -324,7 +325,8 @@ class ShardPool(ActorGroup):
         except ray.exceptions.RayError:  # a shard failed, or is still busy with an interrupted run's call
             return False
         self.stored.replace({})
-        parked.park(_parking_key(self.num_shards, self.bundle["CPU"]), replace(self, federation=None))  # none held
+        parked.park(_parking_key(self.num_shards, self.bundle["CPU"], self.trial_group),
+                    replace(self, federation=None))  # none held
 
         return True
 

@@ -1,12 +1,14 @@
 """Sweeps: the sweep file, Tune trials with their shards in the trial's placement group, results.parquet, resume."""
 
 import re
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import polars as pl
 import pytest
+from ray._private.state import actors
 
 from fedray.app.cli import main
 from fedray.data.export import export_parquet
@@ -42,10 +44,13 @@ def write(tmp_path, text: str) -> Path:
 def test_the_participation_sweep_runs_and_tables_every_evaluation(ray_session, tmp_path):
     spec = small(load_sweep(SWEEPS / "participation.yaml"))
     spec = replace(spec, base={**spec.base, "eval_every": 5}, grid={**spec.grid, "clients_per_round": [20, 50]})
+    before = set(actors())
     table = sweep(spec, tmp_path, quiet=True)
+    started = Counter(actor["ActorClassName"] for key, actor in actors().items() if key not in before)
     assert table.equals(pl.read_parquet(tmp_path / "participation" / RESULTS))
     per_trial = table.group_by("trial_id").agg(pl.col("method").first(), pl.col("clients_per_round").first(), pl.col("round").max(), pl.len())
     assert per_trial.height == 6
+    assert started["ImplicitFunc"] < 6 and started["ShardActor"] < 6, f"a finished trial's process and shards run the next: {started}"
     clients = load_federation(spec.base["dataset"]).num_clients
     for row in per_trial.iter_rows(named=True):
         rounds = -(-clients // row["clients_per_round"])

@@ -141,7 +141,8 @@ def sweep(
         tuner = tune.Tuner(
             trainable,
             param_space=param_space(spec),
-            tune_config=tune.TuneConfig(metric="accuracy", mode="max", num_samples=spec.num_samples),
+            # a finished trial's process (ray, fedray and torch imported) and its shards run the next trial
+            tune_config=tune.TuneConfig(metric="accuracy", mode="max", num_samples=spec.num_samples, reuse_actors=True),
             run_config=tune.RunConfig(name=spec.name, storage_path=str(folder.parent), verbose=0 if quiet else 1),
         )
     with _without_tune_s_failure_messages(), _environment("RAY_AIR_NEW_OUTPUT", "0") if quiet else nullcontext():
