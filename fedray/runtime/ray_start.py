@@ -17,12 +17,19 @@ A command that finished its work on an embedded Ray it started ends without Ray'
 the watchdog (:mod:`fedray.runtime.watchdog`) ends Ray's processes as it does whenever the driver ends, and the command
 returns as soon as its work is done (a refused or signalled one still ends through Ray's shutdown).
 
-This module imports neither torch nor Ray; the thread imports Ray, :meth:`RayStart.join` torch.
+This module imports neither torch nor Ray; the thread imports Ray, :meth:`RayStart.join` torch. It imports the
+standard modules that register fork hooks taking a lock before a fork and releasing it after (``logging``,
+``concurrent.futures``'s threads): torch's import on the main thread imported them while the start thread forked
+Ray's processes, and a hook registered between a fork's two halves released a lock it had never taken (``Exception
+ignored in: <built-in method release of _thread.lock object> ... RuntimeError: release unlocked lock`` in the middle
+of a refusal's one line).
 """
 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.thread  # noqa: F401  fork hooks registered before any start thread forks (see above)
+import logging  # noqa: F401  the same
 import os
 import sys
 import threading
