@@ -19,4 +19,3 @@ def test_each_row_is_the_same_bits_wherever_it_stands_and_on_any_threads(dim, co
             assert torch.equal(part, everything[start:start + count]), (start, count, threads)
     reference = rows.double() @ matrix.double()  # the product itself, to float32 round-off
     assert torch.allclose(everything.double(), reference, rtol=1e-5, atol=1e-4 * dim ** 0.5)
-
