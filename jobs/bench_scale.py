@@ -28,17 +28,19 @@ wall time over that sum.
 
 ``--clock`` runs each point a second time on the virtual clock, with
 ``--devices phones --availability diurnal:86400,0.3`` (:data:`CLOCK`), in a
-fresh process of its own (a closed form evaluated as often as the plain run,
-in virtual time: ``--eval-every-s`` spreads its rows over the 16.8 virtual
-hours it lasts, :data:`CLOCK_SPAN_S`; by rounds its rows would follow its
-many more rounds, each a solve and an evaluation), and adds its wall time and
-driver peak memory
+fresh process of its own, and adds its wall time and driver peak memory
 beside the plain run's (``clock_wall_s``, ``clock_driver_peak_rss_mb``),
 their ratios to the plain run's (``clock_wall_ratio``, target at most 1.10;
 ``clock_driver_memory_ratio``, target 1: the clock keeps per-client numbers
 in the driver only for the clients a round asks), the clients the clocked
 run saw (``clock_clients_seen``) and its rounds and rows (``clock_rounds``,
-``clock_rows``; the plain run's ``rounds``, ``rows``): a closed form on the clock asks
+``clock_rows``; the plain run's ``rounds``, ``rows``). A closed form on the
+clock is evaluated as often as the plain run, evenly in virtual time:
+``--eval-every-s`` is its span (``clock_span_h``, virtual hours) over
+``--evaluations``, the span found beforehand in a process of its own that
+plans the run's rounds on the clock and does nothing else (by rounds, its rows
+would follow its many more rounds, each a solve and an evaluation; the span
+depends on the uploads' size as well as on availability). It asks
 only clients it has not heard yet, online as it goes, and goes on after its
 ⌈K / 100⌉ scheduled rounds until it has heard every client, so it sees what
 the plain run sees (fewer only where a client's uploads were lost too often:
@@ -56,8 +58,12 @@ import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from jobs.fresh_process import json_line_of  # noqa: E402
+
+if TYPE_CHECKING:
+    from fedray.engine.config import RunConfig
 
 MB = 2**20
 PER_ROUND = 100
@@ -65,23 +71,49 @@ CLOSED_FORM = ("fedncm", "fed3r", "fedcof")
 TRAINING_ROUNDS = 100
 CLOCK = {"devices": "phones", "availability": "diurnal:86400,0.3"}
 """``--clock``'s options: measured phones, each client online 30 % of a 24 h day."""
-CLOCK_SPAN_S = 86400 * (1 - 0.3)
-"""About how long a closed form lasts on :data:`CLOCK`: its last client comes online within the 70 % of a day it is
-offline (16.8 virtual hours at 10⁴ and 10⁵ clients); its ``--evaluations`` rows are spread over it."""
 
 
 def dataset(clients: int, dim: int) -> str:
     return f"synthetic:inat-user-120k?clients={clients}&dim={dim}"
 
 
+def point_config(method: str, clients: int, dim: int, state_memory: float | None, evaluations: int,
+                 clock: bool, clock_span_s: float | None, training_rounds: int) -> RunConfig:
+    """The run of a point (see :func:`one_point`)."""
+    from fedray.engine.config import RunConfig
+
+    training = method not in CLOSED_FORM
+    rounds = training_rounds if training else math.ceil(clients / PER_ROUND)
+    options = dict(CLOCK) if clock else {}
+    if clock_span_s is not None:  # evenly in virtual time, the last row at the end (a hair past the span: no extra)
+        options["eval_every_s"] = clock_span_s / evaluations * (1 + 1e-9)
+    return RunConfig(method=method, dataset=dataset(clients, dim), clients_per_round=PER_ROUND,
+                     rounds=rounds if training else None, eval_every=max(1, rounds // evaluations), quiet=True,
+                     out=tempfile.mkdtemp(prefix="fedray-scale-"), client_state_memory=state_memory,
+                     component_options=options)
+
+
+def clock_span(method: str, clients: int, dim: int) -> float:
+    """The virtual seconds a closed form's point lasts on :data:`CLOCK`: its rounds planned on the clock, as the run
+    plans them before any work (no Ray, no statistics)."""
+    from fedray.data.registry import load_federation
+    from fedray.engine.plan import plan, postprocessing, stages
+
+    config = point_config(method, clients, dim, None, 1, True, None, TRAINING_ROUNDS).resolved()
+    federation = load_federation(config.dataset)
+    run = plan(config, federation, stages(config), postprocessing(config))
+    for stage in run.stages:
+        stage.check(run, federation)
+    return run.clock.now
+
+
 def one_point(method: str, clients: int, dim: int, state_memory: float | None, evaluations: int,
-              clock: bool = False, training_rounds: int = TRAINING_ROUNDS) -> dict:
+              clock: bool = False, clock_span_s: float | None = None, training_rounds: int = TRAINING_ROUNDS) -> dict:
     """One run as ``fedray run`` does it, in this process; its figures. A closed-form method sees every client once; a
     training method runs ``training_rounds`` rounds; ``evaluations`` rows, evenly spaced, the last at the end;
-    ``clock``: on the virtual clock, with :data:`CLOCK`."""
+    ``clock``: on the virtual clock, with :data:`CLOCK` (a closed form's rows spread over ``clock_span_s``)."""
     import ray
 
-    from fedray.engine.config import RunConfig
     from fedray.engine.run_config import run
     from fedray.runtime.shards import ShardPool, peak_memory_bytes
 
@@ -96,12 +128,7 @@ def one_point(method: str, clients: int, dim: int, state_memory: float | None, e
 
     ShardPool.shutdown = measured_shutdown
     training = method not in CLOSED_FORM
-    rounds = training_rounds if training else math.ceil(clients / PER_ROUND)
-    options = {**CLOCK, **({} if training else {"eval_every_s": CLOCK_SPAN_S / evaluations})} if clock else {}
-    config = RunConfig(method=method, dataset=dataset(clients, dim), clients_per_round=PER_ROUND,
-                       rounds=rounds if training else None, eval_every=max(1, rounds // evaluations), quiet=True,
-                       out=tempfile.mkdtemp(prefix="fedray-scale-"), client_state_memory=state_memory,
-                       component_options=options)
+    config = point_config(method, clients, dim, state_memory, evaluations, clock, clock_span_s, training_rounds)
     rows = run(config).rows
     ray.shutdown()
     seconds = time.perf_counter() - STARTED
@@ -165,13 +192,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clock", action="store_true", help="also run each point on the virtual clock (phones, "
                         "diurnal availability) and report its wall time and driver memory beside the plain run's")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--clock-span-s", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--span", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.training_rounds < 1:
         parser.error(f"--training-rounds must be at least 1, got {args.training_rounds}")
     if args.one:
         print(json.dumps(one_point(args.one[0], int(args.one[1]), args.dim, args.client_state_memory, args.evaluations,
-                                   args.clock, args.training_rounds)))
+                                   args.clock, args.clock_span_s, args.training_rounds)))
+        return
+    if args.span:
+        print(json.dumps({"span_s": clock_span(args.span[0], int(args.span[1]), args.dim)}))
         return
     if args.bare:
         print(json.dumps(bare(args.bare, args.dim)))
@@ -191,15 +223,18 @@ def main(argv: list[str] | None = None) -> None:
                 bare_total = bare_s[str(k)]["total_s"]  # 0 only for a population too small to time
                 point["ratio_vs_bare"] = round(point["wall_s"] / bare_total, 2) if bare_total else None
             if args.clock:
+                span_s = child("--span", method, str(k), "--dim", str(args.dim))["span_s"] \
+                    if method in CLOSED_FORM else None
                 clocked = child("--one", method, str(k), "--dim", str(args.dim), "--evaluations", str(args.evaluations),
-                                *point_options, "--clock")
+                                *point_options, "--clock", *(["--clock-span-s", repr(span_s)] if span_s else []))
                 point |= {"clock_wall_s": clocked["wall_s"],
                           "clock_driver_peak_rss_mb": clocked["driver_peak_rss_mb"],
                           "clock_wall_ratio": round(clocked["wall_s"] / point["wall_s"], 3),
                           "clock_driver_memory_ratio": round(clocked["driver_peak_rss_mb"]
                                                              / point["driver_peak_rss_mb"], 3),
                           "clock_clients_seen": clocked["clients_seen"], "clock_rounds": clocked["rounds"],
-                          "clock_rows": clocked["rows"]}
+                          "clock_rows": clocked["rows"],
+                          **({"clock_span_h": round(span_s / 3600, 2)} if span_s else {})}
             points.append(point)
             print(json.dumps(points[-1]), file=sys.stderr)
     print(json.dumps({"benchmark": "scale", "dim": args.dim, "clients_per_round": PER_ROUND,

@@ -57,3 +57,6 @@ def test_clock_runs_each_point_again_on_phones_with_diurnal_availability_and_rep
     assert point["clock_driver_memory_ratio"] == round(memory_ratio, 3)
     # the plain run sees every client once; the clocked one those online (30 % of a day) while it runs
     assert point["clients_seen"] == 1000 and 0 < point["clock_clients_seen"] <= 1000
+    # as often evaluated, evenly over its span: the last client comes online within the 70 % of a day it is offline
+    assert point["clock_rows"] == point["rows"] == 10
+    assert 0.5 * 24 < point["clock_span_h"] <= 24
