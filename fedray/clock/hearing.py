@@ -55,8 +55,7 @@ server, which stops asking a client that keeps failing).
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import heapq
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -68,6 +67,8 @@ LOOKUP_CHUNK = 1 << 16
 """Clients looked up at once: the first lookup's temporaries stay a few megabytes at any K."""
 PROBE_CHUNK = 256
 """Clients :meth:`StillToHear.surely_online` looks up at once, until one is online."""
+FIRST_CHUNK = 1024
+"""Calendar entries looked at once for the first eligible one (:meth:`_Run.first`)."""
 
 
 class StillToHear:
@@ -175,39 +176,66 @@ class StillToHear:
 
 
 class _Calendar:
-    """Clients by the moment they next come online, earliest first (ties by id): the first lookup's, sorted once
-    (O(K log K)), and those added later in a heap (O(log K) each). Entries of clients no longer eligible are dropped
-    as they come up."""
+    """Clients by the moment they next come online, earliest first (ties by id): sorted runs of numpy arrays (16 bytes
+    an entry), the first lookup's sorted once (O(K log K)), each later lookup's a run of its own, merged with the run
+    before while that one is at most twice its size (so a few runs, O(log K) each entry over its life). Entries of
+    clients no longer eligible are dropped as they come up."""
 
     def __init__(self) -> None:
-        self._moments = np.zeros(0)
-        self._clients = np.zeros(0, dtype=np.int64)
-        self._head = 0
-        self._added: list[tuple[float, int]] = []
+        self._runs: list[_Run] = []
 
     def add(self, moments: np.ndarray, clients: np.ndarray) -> None:
-        if self._head == len(self._moments) and not self._added:  # empty: sorted in one go (the first lookup)
-            order = np.lexsort((clients, moments))
-            self._moments, self._clients, self._head = moments[order], clients[order], 0
+        if not len(moments):
             return
-        for moment, client in zip(moments.tolist(), clients.tolist()):
-            heapq.heappush(self._added, (moment, client))
+        self._runs.append(_Run.of(moments, clients))
+        while len(self._runs) > 1 and len(self._runs[-2]) <= 2 * len(self._runs[-1]):
+            later = self._runs.pop()
+            self._runs[-1] = self._runs[-1].merged(later)
 
     def due(self, t: float) -> np.ndarray:
         """The clients that come online at or before ``t``, taken out."""
-        end = int(np.searchsorted(self._moments, t, side="right"))
-        due = self._clients[self._head:max(end, self._head)]
-        self._head = max(end, self._head)
-        added = []
-        while self._added and self._added[0][0] <= t:
-            added.append(heapq.heappop(self._added)[1])
-        return np.concatenate((due, np.array(added, dtype=np.int64))) if added else due
+        due = [run.due(t) for run in self._runs]
+        self._runs = [run for run in self._runs if len(run)]
+        return np.concatenate(due) if len(due) > 1 else due[0] if due else np.zeros(0, dtype=np.int64)
 
     def first(self, eligible: np.ndarray) -> float:
         """The earliest moment of an ``eligible`` client's (+inf if none), entries of others dropped."""
-        while self._head < len(self._clients) and not eligible[self._clients[self._head]]:
-            self._head += 1
-        while self._added and not eligible[self._added[0][1]]:
-            heapq.heappop(self._added)
-        sorted_first = self._moments[self._head] if self._head < len(self._moments) else np.inf
-        return float(min(sorted_first, self._added[0][0] if self._added else np.inf))
+        return min((run.first(eligible) for run in self._runs), default=np.inf)
+
+
+@dataclass
+class _Run:
+    """Entries sorted by (moment, client); those before ``head`` taken out."""
+
+    moments: np.ndarray
+    clients: np.ndarray
+    head: int = 0
+
+    @classmethod
+    def of(cls, moments: np.ndarray, clients: np.ndarray) -> _Run:
+        order = np.lexsort((clients, moments))
+        return cls(moments[order], clients[order])
+
+    def __len__(self) -> int:
+        return len(self.moments) - self.head
+
+    def merged(self, other: _Run) -> _Run:
+        return _Run.of(np.concatenate((self.moments[self.head:], other.moments[other.head:])),
+                       np.concatenate((self.clients[self.head:], other.clients[other.head:])))
+
+    def due(self, t: float) -> np.ndarray:
+        end = max(int(np.searchsorted(self.moments, t, side="right")), self.head)
+        due, self.head = self.clients[self.head:end], end
+        return due
+
+    def first(self, eligible: np.ndarray) -> float:
+        """This run's earliest moment of an ``eligible`` client (+inf if none), the entries of others before it
+        taken out."""
+        while self.head < len(self.clients):
+            ahead = np.flatnonzero(eligible[self.clients[self.head:self.head + FIRST_CHUNK]])
+            if len(ahead):
+                self.head += int(ahead[0])
+                return float(self.moments[self.head])
+            self.head += FIRST_CHUNK
+        self.head = len(self.clients)
+        return np.inf

@@ -92,3 +92,28 @@ def test_whether_a_client_found_online_before_still_is_asks_only_those_and_chang
     hearing.hear(np.array([0]), np.zeros(0, dtype=np.int64))
     assert not hearing.surely_online(3.0) and availability.looked_up == 6  # heard: not looked up
     assert hearing.next_online(6.0) == 10.0
+
+
+def test_the_calendar_gives_what_a_plain_list_of_entries_gives():
+    """Random additions, takings and first moments among the eligible, against a plain list of (moment, client)."""
+    from fedray.clock.hearing import _Calendar
+
+    rng = np.random.default_rng(7)
+    calendar, entries = _Calendar(), []
+    eligible = np.ones(5000, dtype=bool)
+    t = 0.0
+    for step in range(300):
+        count = int(rng.integers(0, 3000 if step == 0 else 60))
+        moments = t + np.round(rng.exponential(50.0, count), 1)  # ties among moments too
+        clients = rng.choice(5000, count, replace=False)
+        calendar.add(moments, clients)
+        entries += list(zip(moments.tolist(), clients.tolist()))
+        eligible[rng.choice(5000, 20, replace=False)] = False
+        first = min((moment for moment, client in entries if eligible[client]), default=np.inf)
+        assert calendar.first(eligible) == first
+        t += float(rng.exponential(20.0))
+        due = sorted(client for moment, client in entries if moment <= t)
+        entries = [(moment, client) for moment, client in entries if moment > t]
+        taken = calendar.due(t)
+        assert sorted(taken[eligible[taken]].tolist()) == [client for client in due if eligible[client]]
+    assert len(calendar._runs) <= 12
