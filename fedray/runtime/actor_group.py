@@ -115,9 +115,13 @@ class ActorGroup:
             raise
         return cls(actors=actors, bounds=bounds, group=group, bundle=bundle, trial_group=trial_group, **fields)
 
+    def owned_bounds(self) -> np.ndarray:
+        """Where the clients each actor trains (and keeps the states of) start, plus K: its rows' by default."""
+        return self.bounds
+
     def owners(self, clients: np.ndarray) -> np.ndarray:
-        """The index of the actor holding each of ``clients`` (global numbers)."""
-        return np.searchsorted(self.bounds, clients, side="right") - 1
+        """The index of the actor training each of ``clients`` (global numbers)."""
+        return np.searchsorted(self.owned_bounds(), clients, side="right") - 1
 
     def split_clients(self, clients: np.ndarray) -> list[np.ndarray]:
         """``clients`` (global numbers) by actor, each in the given order."""
@@ -134,9 +138,9 @@ class ActorGroup:
     def restore_client_states(self, paths: list[Path], layout: Layout | None = None) -> None:
         """Every actor takes its clients' states from ``paths`` (none: no states, as at the start of a run), each
         checked against ``layout`` (the shapes of a client's state, -1 where it is the client's samples) when given."""
-        names = [str(path) for path in paths]
+        names, bounds = [str(path) for path in paths], self.owned_bounds()
         fetch([actor.restore_client_states.remote(names, int(first), int(end), layout)
-                 for actor, first, end in zip(self.actors, self.bounds[:-1], self.bounds[1:])])
+                 for actor, first, end in zip(self.actors, bounds[:-1], bounds[1:])])
 
     def reserved(self) -> dict[str, float]:
         """The resources its actors' bundles hold together."""

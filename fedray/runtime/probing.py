@@ -21,7 +21,7 @@ from fedray.core.accounting import PaperCosts
 from fedray.methods.training.backend import RoundUpdate
 from fedray.methods.training.budgets import checked_budgets, full_steps
 from fedray.methods.training.dual_form import dual_form
-from fedray.methods.training.heads import ROWS, States, train_linear_heads
+from fedray.methods.training.heads import ROWS, Parts, States, train_linear_heads
 from fedray.methods.training.local import LocalSGD, random_head
 from fedray.methods.algorithm import FederatedAlgorithm, Params
 from fedray.methods.base import Classifier, ClientBatch
@@ -48,11 +48,12 @@ class LocalTrainer:
         return self.algorithm.stateful
 
     def train(self, batch: ClientBatch, received: dict[str, Params], round_number: int, states: States,
-              steps: np.ndarray | None = None) -> RoundUpdate:
+              steps: np.ndarray | None = None, parts: Parts | None = None) -> list[RoundUpdate | None]:
         """``received`` holds the model (``params``) and the algorithm's ``broadcast``; ``steps``: each client's step
-        budget (None: none)."""
+        budget (None: none); the uploads summed per part of the clients (``parts``, None: one; see
+        :func:`~fedray.methods.training.heads.train_linear_heads`)."""
         return train_linear_heads(batch, received["params"], received["broadcast"], self.sgd, self.algorithm, self.seed,
-                                  round_number, states, self.postprocessing, steps, self.client_losses)
+                                  round_number, states, self.postprocessing, steps, self.client_losses, parts)
 
     def state_layout(self, shapes: Layout) -> Layout | None:
         """The shapes of a client's state when it trains parameters of ``shapes`` (-1: its samples): SCAFFOLD's dual

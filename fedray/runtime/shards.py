@@ -109,7 +109,7 @@ class ShardActor:
             return self.error
         held = HeldRows(loaded, assignment.rows.first_client)
         self.statistics_job = ShardStatistics(held, KeptParts(assignment.kept_budget), assignment.leaves)
-        self.training = ShardTraining(held, self.client_states)
+        self.training = ShardTraining(held, self.client_states, self.statistics_job.leaves)
         self.evaluation = ShardEvaluation(loaded.test_features, loaded.test_labels)
         return None
 
@@ -157,8 +157,8 @@ class ShardActor:
                     steps: np.ndarray | None = None) -> Any:
         return self.training.local_train(trainer, received, clients, round_number, steps)
 
-    def combine_updates(self, trainer: Any, a: Any, b: Any) -> Any:
-        return combine_partials(a, b, trainer.combine)
+    def combine_updates(self, trainer: Any, a: TreeSum, b: TreeSum) -> TreeSum:
+        return a.merged(b, trainer.combine)
 
     def client_state_sizes(self) -> tuple[int, int]:
         """Bytes of its clients' states in memory, and spilled to disk."""
@@ -339,6 +339,11 @@ class ShardPool(ActorGroup):
     def num_shards(self) -> int:
         return len(self.actors)
 
+    def owned_bounds(self) -> np.ndarray:
+        """Where the clients each shard trains start, plus K: those of the leaves it computes (a shard where no leaf
+        starts trains none), so that a round's sum follows the fixed tree."""
+        return self.leaves.leaves[self.leaves.first_leaves]
+
     def statistics(self, method: ClosedFormMethod, clients: np.ndarray, method_ref: ray.ObjectRef | None = None,
                    postprocessing: Postprocessing | None = None, rounds: np.ndarray | None = None,
                    keep: tuple[str, int] | None = None, ahead: list[tuple[int, Any]] | None = None) -> Reduction:
@@ -413,7 +418,8 @@ class ShardPool(ActorGroup):
         partials = [(actor.local_train.remote(trainer_ref, received, clients[owners == index], round_number,
                                               None if steps is None else steps[owners == index]), actor)
                     for index, actor in enumerate(self.actors)]
-        return tree_reduce(trainer_ref, partials, trainer.combine, combine="combine_updates")
+        return tree_reduce(trainer_ref, partials, merge_with(trainer.combine), combine="combine_updates",
+                           finish=root_of(len(self.leaves.leaves) - 1, trainer.combine))
 
     def peak_memory_bytes(self) -> list[int]:
         self.wait()

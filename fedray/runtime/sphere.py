@@ -19,7 +19,7 @@ import torch
 
 from fedray.core.accounting import PaperCosts
 from fedray.methods.training.backend import RoundUpdate
-from fedray.methods.training.heads import States, train_features
+from fedray.methods.training.heads import Parts, States, train_features
 from fedray.methods.training.local import LocalSGD, random_head
 from fedray.runtime.probing import LocalTrainer, ProbeBackend
 from fedray.methods.algorithm import FederatedAlgorithm, Params
@@ -42,11 +42,11 @@ class SphereTrainer(LocalTrainer):
         return meta_layout(self.algorithm, shapes)
 
     def train(self, batch: ClientBatch, received: dict[str, Params], round_number: int, states: States,
-              steps: np.ndarray | None = None) -> RoundUpdate:
+              steps: np.ndarray | None = None, parts: Parts | None = None) -> list[RoundUpdate | None]:
         path_loss = partial(sphere_loss, loss=self.loss, temperature=self.sgd.temperature)
         forward = partial(_sphere_forward, classifier=self.classifier)
         return train_features(batch, received["params"], received["broadcast"], self.sgd, self.algorithm, self.seed,
-                              round_number, states, forward, path_loss, self.postprocessing, steps, self.client_losses)
+                              round_number, states, forward, path_loss, self.postprocessing, steps, self.client_losses, parts)
 
 
 def _sphere_forward(params: Params, features: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import fedray
@@ -92,3 +93,45 @@ def test_a_closed_form_run_on_two_nodes_reading_a_parquet_directory_is_bitwise_o
     with np.load(tmp_path / "two-nodes" / "classifier.npz") as on_two_nodes:
         assert np.array_equal(on_two_nodes["W"], one_node.classifier.weight.numpy())
         assert np.array_equal(on_two_nodes["W"], source.classifier.weight.numpy())
+
+
+LAYOUT_RUNS = {"fed3r": {}, "fedcof": {}, "fedncm": {}, "fedavg": {"rounds": 4},
+               "scaffold": {"rounds": 4}, "feddyn": {"rounds": 4}, "fednova": {"rounds": 4},
+               "two-stage": {"method": "fedavg", "init": "fed3r", "rounds": 4, "temperature": 0.1, "client_lr": 0.001}}
+"""Runs of every kind of sum (closed forms, training with and without clients' states, a two-stage run) by name."""
+
+LAYOUT_DRIVER = """
+import json, sys
+import ray
+import fedray
+
+ray.init(address=sys.argv[1], _node_ip_address="127.0.0.2", logging_level="ERROR")
+for name, options in json.loads(sys.argv[4]).items():
+    fedray.run(dataset=sys.argv[2], out=f"{sys.argv[3]}/{name}", **{"method": name, **options})
+"""
+
+
+@pytest.mark.slow
+def test_every_kind_of_run_on_two_nodes_is_bitwise_three_shards_on_one(ray_session, two_nodes, tmp_path):
+    """Two shards on two nodes (one thread each) and three shards of half a CPU on one node: the same classifier and
+    the same rows, bit for bit, for closed forms, training runs and a two-stage run."""
+    common = dict(clients_per_round=20, eval_every=2, seed=3, quiet=True)
+    runs = {name: {**common, **options} for name, options in LAYOUT_RUNS.items()}
+    nodes = {name: {**options, "num_shards": 2, "cpus_per_shard": 1} for name, options in runs.items()}
+    driver = [sys.executable, "-c", LAYOUT_DRIVER, two_nodes, TINY, str(tmp_path / "two-nodes"), json.dumps(nodes)]
+    done = subprocess.run(driver, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name, options in runs.items():
+        one = fedray.run(dataset=TINY, out=tmp_path / "one-node" / name,
+                         **{"method": name, **options, "num_shards": 3, "cpus_per_shard": 0.5})
+        two = tmp_path / "two-nodes" / name
+        with np.load(two / "classifier.npz") as arrays:
+            assert np.array_equal(arrays["W"], one.classifier.weight.numpy()), name
+        assert (pq.read_table(two / "metrics.parquet").to_pylist() and
+                [without_layout(row) for row in pq.read_table(two / "metrics.parquet").to_pylist()]
+                == [without_layout(row) for row in one.metrics.to_dicts()]), name
+
+
+def without_layout(row: dict) -> dict:
+    """A row without what differs between layouts by design: this machine's time and the layout itself."""
+    return {name: value for name, value in row.items() if name not in ("wall_s", "num_shards", "cpus_per_shard")}

@@ -179,3 +179,35 @@ def test_divergence_stops_the_run_with_a_marked_row(ray_session, tmp_path, capsy
     assert np.isnan(rows[-1]["accuracy"])
     with np.load(out / "classifier.npz") as arrays:
         assert np.isfinite(arrays["W"]).all(), "the last finite head is kept"
+
+
+LAYOUTS = ((1, 1.0), (2, 0.5), (3, 0.5))
+"""(--num-shards, --cpus-per-shard): one, two and three shards, each computing on one thread (a shard of 2 CPUs computes
+on 2 threads, which split some products and reductions between them: another order, so other last bits)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, extra", [
+    ("fedavg", {}), ("scaffold", {}), ("feddyn", {}), ("fednova", {}),
+    ("fedavg", {"init": "fed3r", "temperature": 0.1, "client_lr": 0.001}),
+])
+def test_shard_layouts_give_the_same_bits(ray_session, tmp_path, method, extra):
+    """A client trains in bits of its own whichever clients share its shard, and a round's sums are added per leaf of
+    the fixed tree: the same head and the same rows, bit for bit, on every layout (SCAFFOLD's and FedDyn's client
+    states held by other shards; a two-stage run's closed form and training)."""
+    results = []
+    for shards, cpus in LAYOUTS:
+        config = RunConfig(method=method, dataset=SMALL, out=str(tmp_path / str(shards)), rounds=6, eval_every=3,
+                           clients_per_round=40, seed=2, num_shards=shards, cpus_per_shard=cpus, quiet=True, **extra)
+        results.append(run(config))
+    one = results[0]
+    assert len(one.rows) >= 3 and one.rows[-1]["accuracy"] > one.rows[0]["accuracy"]
+    for (shards, _), result in zip(LAYOUTS[1:], results[1:]):
+        assert result.arrays.keys() == one.arrays.keys()
+        assert all(np.array_equal(result.arrays[name], one.arrays[name]) for name in one.arrays), shards
+        assert [without_layout(row) for row in result.rows] == [without_layout(row) for row in one.rows], shards
+
+
+def without_layout(row: dict) -> dict:
+    """A row without what differs between layouts by design: this machine's time and the layout itself."""
+    return {name: value for name, value in row.items() if name not in ("wall_s", "num_shards", "cpus_per_shard")}

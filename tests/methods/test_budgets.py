@@ -77,7 +77,7 @@ def test_a_clients_full_steps_are_its_minibatches_over_all_epochs():
 
 def test_fedavg_with_step_budgets_equals_a_plain_loop_weighted_by_the_clients_samples():
     batch, params = problem()
-    update = train_linear_heads(batch, params, {}, SGD, FedAvg(), SEED, ROUND, DictStates(), steps=BUDGETS)
+    [update] = train_linear_heads(batch, params, {}, SGD, FedAvg(), SEED, ROUND, DictStates(), steps=BUDGETS)
     updates, taken = plain_updates(batch, params, BUDGETS)
     assert taken.tolist() == [2, 3, 1, 7, 2]
     n = SIZES.astype(np.float64)
@@ -92,7 +92,7 @@ def test_fedavg_with_step_budgets_equals_a_plain_loop_weighted_by_the_clients_sa
 
 def test_fednova_with_heterogeneous_budgets_is_its_papers_normalized_average_of_the_steps_taken():
     batch, params = problem()
-    update = train_linear_heads(batch, params, {}, SGD, FedNova(), SEED, ROUND, DictStates(), steps=BUDGETS)
+    [update] = train_linear_heads(batch, params, {}, SGD, FedNova(), SEED, ROUND, DictStates(), steps=BUDGETS)
     population = Population(100, 1000)
     delta, _ = FedNova().server_update(params, update.aggregate(), {}, population)
     updates, tau = plain_updates(batch, params, BUDGETS)
@@ -144,7 +144,7 @@ def test_budgets_that_do_not_bind_change_no_bit(algorithm, momentum):
         rows = {client: {ROWS: 0.1 * torch.randn(int(n), 5, generator=generator, dtype=torch.float64)}
                 for client, n in zip(CLIENTS.tolist(), SIZES)}
     sgd = LocalSGD(lr=0.1, weight_decay=1e-3, batch_size=4, epochs=2, momentum=momentum)
-    rounds = [train_linear_heads(batch, params, broadcast, sgd, algorithm, SEED, ROUND, DictStates(rows), steps=steps)
+    rounds = [train_linear_heads(batch, params, broadcast, sgd, algorithm, SEED, ROUND, DictStates(rows), steps=steps)[0]
               for steps in (None, FULL, FULL + np.array([0, 1, 0, 9, 100]))]
     for other in rounds[1:]:
         assert other.weight == rounds[0].weight and other.loss_sum == rounds[0].loss_sum
@@ -178,6 +178,6 @@ def test_a_scaffold_clients_first_round_in_float64_starts_from_zero_rows_of_the_
     broadcast = {CONTROL + name: 0.1 * torch.randn(value.shape, generator=generator, dtype=torch.float64)
                  for name, value in params.items()}
     zeros = {client: {ROWS: torch.zeros(int(n), 5, dtype=torch.float64)} for client, n in zip(CLIENTS.tolist(), SIZES)}
-    first, stored = (train_linear_heads(batch, params, broadcast, SGD, Scaffold(), SEED, ROUND, DictStates(rows))
+    first, stored = (train_linear_heads(batch, params, broadcast, SGD, Scaffold(), SEED, ROUND, DictStates(rows))[0]
                      for rows in ({}, zeros))
     assert all(torch.equal(first.sums[name], stored.sums[name]) for name in stored.sums)

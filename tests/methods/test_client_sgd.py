@@ -71,8 +71,8 @@ def test_the_dual_form_and_autograd_train_the_same_heads(algorithm, momentum):
             dual_states[client] = {ROWS: own}
             x = batch.features[OFFSETS[k]:OFFSETS[k + 1]]
             autograd_states[client] = {CONTROL + "weight": x.T @ own, CONTROL + "bias": own.sum(dim=0)}
-    dual = train_linear_heads(batch, params, broadcast, sgd, dual_algorithm, 5, 17, dual_states)
-    dense = train_linear_heads(batch, params, broadcast, sgd, autograd_algorithm, 5, 17, autograd_states)
+    [dual] = train_linear_heads(batch, params, broadcast, sgd, dual_algorithm, 5, 17, dual_states)
+    [dense] = train_linear_heads(batch, params, broadcast, sgd, autograd_algorithm, 5, 17, autograd_states)
     # float64 throughout: the two differ by the order of their sums only
     tolerance = {"rtol": 1e-10, "atol": 1e-12}
     for name in ("weight", "bias"):
@@ -116,7 +116,7 @@ def test_a_plugin_algorithms_own_loss_trains_by_autograd_like_plain_torch():
     batch, params, _, _ = problem()
     weight, bias = params["weight"], params["bias"]
     trainer = LocalTrainer(sgd, 3, SmoothedProximal(prox_mu=0.25))
-    update = trainer.train(batch, {"params": params, "broadcast": {}}, 4, DictStates())
+    [update] = trainer.train(batch, {"params": params, "broadcast": {}}, 4, DictStates())
 
     expected_w, expected_b, expected_loss = torch.zeros_like(weight), torch.zeros_like(bias), 0.0
     for k, client in enumerate(CLIENTS):
@@ -174,8 +174,8 @@ def test_scaffold_option_i_is_the_same_algorithm_in_the_dual_form_and_by_autogra
     batch, params, control, _ = problem()
     dual_states, autograd_states = DictStates(), DictStates()
     for round_number in (1, 2, 3):
-        dual = train_linear_heads(batch, params, control, sgd, Scaffold(), 5, round_number, dual_states)
-        dense = train_linear_heads(batch, params, control, sgd, ScaffoldByAutograd(), 5, round_number, autograd_states)
+        [dual] = train_linear_heads(batch, params, control, sgd, Scaffold(), 5, round_number, dual_states)
+        [dense] = train_linear_heads(batch, params, control, sgd, ScaffoldByAutograd(), 5, round_number, autograd_states)
         for name in ("weight", "bias", CONTROL + "weight", CONTROL + "bias"):
             torch.testing.assert_close(dense.sums[name], dual.sums[name], rtol=1e-10, atol=1e-12)
         for k, client in enumerate(CLIENTS.tolist()):

@@ -71,7 +71,7 @@ def plain_cross_entropy_squares(batch, weight, bias, temperature):
 def test_each_clients_squared_losses_are_those_of_the_starting_head_over_all_its_samples(algorithm, steps):
     sgd = LocalSGD(lr=0.1, batch_size=2, epochs=2, temperature=0.5)
     params, clients = head(), batch()
-    update = train_linear_heads(clients, params, {}, sgd, algorithm, seed=1, round_number=3, states=Kept(),
+    [update] = train_linear_heads(clients, params, {}, sgd, algorithm, seed=1, round_number=3, states=Kept(),
                                 steps=steps, client_losses=True)
     assert update.client_losses.clients.tolist() == CLIENTS.tolist()
     assert update.client_losses.squares.dtype == np.float64
@@ -82,8 +82,8 @@ def test_each_clients_squared_losses_are_those_of_the_starting_head_over_all_its
 @pytest.mark.parametrize("algorithm", [FedAvg(), ByAutograd()], ids=["dual-form", "autograd"])
 def test_the_losses_are_measured_only_when_asked_and_change_nothing_else(algorithm):
     sgd = LocalSGD(lr=0.1, batch_size=2, epochs=2)
-    plain = train_linear_heads(batch(), head(), {}, sgd, algorithm, seed=1, round_number=3, states=Kept())
-    measured = train_linear_heads(batch(), head(), {}, sgd, algorithm, seed=1, round_number=3, states=Kept(),
+    [plain] = train_linear_heads(batch(), head(), {}, sgd, algorithm, seed=1, round_number=3, states=Kept())
+    [measured] = train_linear_heads(batch(), head(), {}, sgd, algorithm, seed=1, round_number=3, states=Kept(),
                                   client_losses=True)
     assert plain.client_losses is None
     assert measured.loss_sum == plain.loss_sum and measured.weight == plain.weight
@@ -99,7 +99,7 @@ def test_spherefeds_mean_squared_loss_is_measured_sample_by_sample():
     projection = {"weight": torch.randn(width, DIM, generator=generator, dtype=torch.float64),
                   "bias": torch.randn(width, generator=generator, dtype=torch.float64)}
     clients = batch()
-    update = train_features(clients, projection, {}, LocalSGD(lr=0.1, batch_size=2), FedAvg(), 1, 3, Kept(),
+    [update] = train_features(clients, projection, {}, LocalSGD(lr=0.1, batch_size=2), FedAvg(), 1, 3, Kept(),
                             lambda params, x: sphere_logits(x, params["weight"], params["bias"], classifier),
                             partial(sphere_loss, loss="mse", temperature=1.0), client_losses=True)
     expected = []

@@ -7,6 +7,7 @@ import torch
 from fedray.methods.training.local import Control, LocalSGD, client_rng, minibatches, train_heads
 from fedray.methods.training.schedule import LrSchedule
 from tests.reference import client_gradient, train_client_plainly
+from tests.threads import on_threads
 
 
 @pytest.mark.parametrize("sgd, scaffold", [
@@ -57,9 +58,58 @@ def test_batched_training_equals_training_each_client_alone(sgd, scaffold):
     expected_loss = sum(float(torch.nn.functional.cross_entropy((features[offsets[k]:offsets[k + 1]] @ weight + bias) / sgd.temperature,
                                                                 labels[offsets[k]:offsets[k + 1]], reduction="sum"))
                         for k in range(len(clients)))
-    assert heads.start_loss == pytest.approx(expected_loss, rel=1e-12)
+    assert heads.start_loss() == pytest.approx(expected_loss, rel=1e-12)
     if scaffold:
         torch.testing.assert_close(heads.control_update()[0], expected_control, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("sgd, scaffold", [
+    (LocalSGD(lr=0.05, batch_size=8, epochs=2), False),
+    (LocalSGD(lr=0.05, batch_size=8, epochs=2, prox_mu=0.1, momentum=0.9), False),
+    (LocalSGD(lr=0.05, batch_size=8, epochs=2, temperature=0.5), True),
+])
+def test_a_clients_head_and_a_parts_sums_are_the_same_bits_among_any_clients_on_any_threads(sgd, scaffold):
+    """What a client trains, in float32 as the shards do, does not depend on which clients train beside it (padding,
+    groups, products of many rows) or on the threads; a part's sums depend on its clients alone."""
+    generator = torch.Generator().manual_seed(3)
+    sizes = np.array([1, 2, 5, 13, 16, 17, 40, 64, 65, 130, 9, 300])
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    dim, classes = 48, 30
+    features = torch.randn(offsets[-1], dim, generator=generator)
+    labels = torch.randint(classes, (offsets[-1],), generator=generator)
+    weight, bias = 0.1 * torch.randn(dim, classes, generator=generator), 0.1 * torch.randn(classes, generator=generator)
+    control_rows = 0.1 * torch.randn(offsets[-1], classes, generator=generator)
+    control_w, control_b = 0.1 * torch.randn(dim, classes, generator=generator), 0.1 * torch.randn(classes, generator=generator)
+    clients = np.arange(100, 100 + len(sizes))
+
+    def trained(ks: list[int], threads: int):
+        rows = np.concatenate([np.arange(offsets[k], offsets[k + 1]) for k in ks])
+        part_offsets = np.concatenate([[0], np.cumsum(sizes[ks])])
+        control = Control(control_w, control_b, control_rows[rows]) if scaffold else None
+        return on_threads(threads, lambda: train_heads(features[rows], labels[rows], part_offsets, clients[ks], weight,
+                                                       bias, sgd, seed=5, round_number=3, control=control,
+                                                       loss_squares=True))
+
+    everyone = trained(list(range(len(sizes))), 1)
+
+    def client(heads, k):
+        rows = slice(heads.offsets[k], heads.offsets[k + 1])
+        return [heads.scale[k], heads.control_scale[k], heads.bias[k], heads.coefficients[rows],
+                heads.start_losses[rows], heads.gradient_rows[rows], heads.loss_squares[k]]
+
+    for ks in ([11, 0, 3], [3], [0], [8, 7, 1], [9, 10, 5, 2, 4, 6]):
+        for threads in (1, 2):
+            heads = trained(ks, threads)
+            for position, k in enumerate(ks):
+                assert all(torch.equal(a, b) for a, b in zip(client(heads, position), client(everyone, k))), \
+                    (ks, threads, k)
+    for first, end in [(0, 3), (3, 4), (4, 12)]:
+        alone = trained(list(range(first, end)), 2)
+        together = everyone.weighted_update(bias, slice(first, end))
+        assert all(torch.equal(a, b) for a, b in zip(alone.weighted_update(bias), together))
+        assert alone.start_loss() == everyone.start_loss(slice(first, end))
+        if scaffold:
+            assert all(torch.equal(a, b) for a, b in zip(alone.control_update(), everyone.control_update(slice(first, end))))
 
 
 def test_a_clients_minibatches_depend_only_on_seed_round_and_client():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fedray.methods.row_blocks import ROWS, rowwise_matmul
+from fedray.methods.row_blocks import rowwise_matmul
 from tests.threads import on_threads
 
 
@@ -11,9 +11,10 @@ from tests.threads import on_threads
 def test_each_row_is_the_same_bits_wherever_it_stands_and_on_any_threads(dim, columns):
     generator = torch.Generator().manual_seed(4)
     matrix = torch.randn(dim, columns, generator=generator)
-    rows = torch.randn(3 * ROWS + 7, dim, generator=generator)
+    rows = torch.randn(199, dim, generator=generator)
     everything = on_threads(1, lambda: rowwise_matmul(rows, matrix))
-    for start, count in [(0, 1), (5, 2), (9, 5), (0, ROWS), (3, ROWS + 1), (11, 2 * ROWS - 3)]:
+    for start, count in [(0, 1), (5, 2), (9, 3), (9, 5), (2, 8), (4, 9), (7, 12), (1, 15), (6, 17), (20, 23), (0, 64), (3, 65),
+                         (30, 100), (11, 125), (0, 199)]:
         for threads in (1, 2):
             part = on_threads(threads, lambda: rowwise_matmul(rows[start:start + count], matrix))
             assert torch.equal(part, everything[start:start + count]), (start, count, threads)

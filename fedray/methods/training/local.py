@@ -12,9 +12,13 @@ Training therefore runs in this "dual" form: one GEMM gives the logits X W₀,
 one gives the Gram matrix X Xᵀ, and each step then costs b · n · C (a batch of b
 rows against the client's n samples) instead of touching the d × C weights.
 Clients are stacked (padded) and trained together, largest first, so a step
-computes only the clients that still have mini-batches. The summed update of
-all clients, Σ n_k (W_k − W₀), is one more GEMM over their concatenated
-samples. SGD momentum keeps the form: the momentum buffer is a sum of such
+computes only the clients that still have mini-batches. A client's padding
+and every product it takes part in have shapes fixed by its own size alone
+(:func:`size_groups`, :func:`~fedray.methods.row_blocks.rowwise_matmul`), so
+its head comes out in the same bits whichever clients share its shard or its
+batch. The summed update of a group of clients, Σ n_k (W_k − W₀), is one
+more GEMM over their concatenated samples (:meth:`TrainedHeads.weighted_update`,
+per part of the clients). SGD momentum keeps the form: the momentum buffer is a sum of such
 gradients, ν W₀ + Xᵀ V. The result equals training each client alone with
 ``torch.optim.SGD`` (with or without momentum) on the same mini-batches
 (tested to float64 round-off). It trains the built-in algorithms' clients only
@@ -31,6 +35,7 @@ import numpy as np
 
 from fedray.core.lazy_modules import lazy_module
 from fedray.methods.base import Classifier
+from fedray.methods.row_blocks import rowwise_matmul
 from fedray.methods.training.budgets import budgeted
 from fedray.methods.training.schedule import LrSchedule
 
@@ -124,8 +129,8 @@ class TrainedHeads:
 
     Per-client values are in the order the clients were given; ``coefficients``
     (rows, C) holds every A_k, row-aligned with ``features`` (client after
-    client, ``offsets`` delimiting them). ``start_loss`` is the cross-entropy of
-    the starting head summed over those samples; ``gradient_rows`` is G of each
+    client, ``offsets`` delimiting them). ``start_losses`` is the cross-entropy of
+    the starting head on each of those samples; ``gradient_rows`` is G of each
     sample at the starting head (the new SCAFFOLD control variates),
     ``control`` the one trained with (or None), ``loss_squares`` each client's
     sum of its samples' squared cross-entropy at the starting head, in float64
@@ -139,7 +144,7 @@ class TrainedHeads:
     bias: torch.Tensor
     features: torch.Tensor
     offsets: np.ndarray
-    start_loss: float
+    start_losses: torch.Tensor
     gradient_rows: torch.Tensor
     control: Control | None
     loss_squares: torch.Tensor | None = None
@@ -148,10 +153,19 @@ class TrainedHeads:
     def sizes(self) -> torch.Tensor:
         return torch.from_numpy(np.diff(self.offsets)).to(self.weight.dtype)
 
-    def _row_sizes(self) -> torch.Tensor:
-        """Each sample's client size, row-aligned with ``features``."""
-        sizes = self.sizes
+    def _row_sizes(self, part: slice) -> torch.Tensor:
+        """Each sample's client size, row-aligned with the rows of the clients ``part``."""
+        sizes = self.sizes[part]
         return torch.repeat_interleave(sizes, sizes.long())[:, None]
+
+    def _rows(self, part: slice) -> slice:
+        """The rows of the clients ``part`` (a range of them)."""
+        first, end, _ = part.indices(len(self.scale))
+        return slice(int(self.offsets[first]), int(self.offsets[end]))
+
+    def start_loss(self, part: slice = slice(None)) -> float:
+        """The starting head's cross-entropy summed over the samples of the clients ``part`` (a range of them)."""
+        return float(self.start_losses[self._rows(part)].sum())
 
     def weights(self) -> torch.Tensor:
         """The heads themselves, (clients, d, C); for checks — aggregation never forms them."""
@@ -164,14 +178,16 @@ class TrainedHeads:
             heads.append(head)
         return torch.stack(heads)
 
-    def weighted_update(self, global_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(Σ n_k (W_k − W₀), Σ n_k (c_k − b₀), Σ n_k): what a shard sends for FedAvg-style aggregation."""
-        n = self.sizes
-        delta_w = torch.addmm(self.weight, self.features.T, self._row_sizes() * self.coefficients,
-                              beta=float((n * (self.scale - 1)).sum()))
+    def weighted_update(self, global_bias: torch.Tensor, part: slice = slice(None)
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(Σ n_k (W_k − W₀), Σ n_k (c_k − b₀), Σ n_k) over the clients ``part`` (a range of them; default all): what
+        FedAvg-style aggregation sums. Its bits depend on those clients' heads alone."""
+        n, rows = self.sizes[part], self._rows(part)
+        delta_w = torch.addmm(self.weight, self.features[rows].T, self._row_sizes(part) * self.coefficients[rows],
+                              beta=float((n * (self.scale[part] - 1)).sum()))
         if self.control is not None:
-            delta_w += (n * self.control_scale).sum() * self.control.weight
-        delta_b = (n[:, None] * (self.bias - global_bias)).sum(dim=0)
+            delta_w += (n * self.control_scale[part]).sum() * self.control.weight
+        delta_b = (n[:, None] * (self.bias[part] - global_bias)).sum(dim=0)
         return delta_w, delta_b, n.sum()
 
     def client_update(self, k: int, global_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,9 +204,12 @@ class TrainedHeads:
         change = self.gradient_rows[rows] - self.control.rows[rows]
         return self.features[rows].T @ change, change.sum(dim=0)
 
-    def control_update(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Σ n_k (c_k⁺ − c_k) for the weights, the same for the bias): SCAFFOLD's server-side sum."""
-        return control_change(self.features, self._row_sizes(), self.gradient_rows, self.control.rows)
+    def control_update(self, part: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Σ n_k (c_k⁺ − c_k) for the weights, the same for the bias) over the clients ``part`` (a range of them;
+        default all): SCAFFOLD's server-side sum."""
+        rows = self._rows(part)
+        return control_change(self.features[rows], self._row_sizes(part), self.gradient_rows[rows],
+                              self.control.rows[rows])
 
 
 def control_change(features: torch.Tensor, row_sizes: torch.Tensor, gradient_rows: torch.Tensor,
@@ -200,25 +219,26 @@ def control_change(features: torch.Tensor, row_sizes: torch.Tensor, gradient_row
     return features.T @ change, change.sum(dim=0)
 
 
-SMALL_CLIENT = 64
-"""Clients up to this size train in one group whatever their sizes (their padding is cheap)."""
+SMALLEST_WIDTH = 4
+"""The padded width of the smallest clients (a group each of the widths 4, 8, 16, ...)."""
 
 
-def size_groups(sizes: np.ndarray) -> list[np.ndarray]:
-    """Client indices grouped so that padding to a group's largest client at most doubles a member's size.
+def padded_width(size: int) -> int:
+    """The width a client of ``size`` samples is padded to: the smallest power of two ≥ its size, at least
+    :data:`SMALLEST_WIDTH`. Fixed by the client's own size, so that every product of its steps has the same shapes
+    whichever clients train beside it (a product's bits follow its shapes: a wider padding sums the same terms in
+    another order)."""
+    return max(SMALLEST_WIDTH, 1 << (int(size) - 1).bit_length())
 
-    A step of a padded group costs batch × width × C per client, so mixing a
-    2,500-sample client with 2-sample ones would make each small step cost as
-    much as a large one.
-    """
-    order = np.argsort(-sizes, kind="stable")
-    groups, current = [], []
-    for k in order:
-        if current and sizes[k] * 2 < sizes[current[0]] and sizes[current[0]] > SMALL_CLIENT:
-            groups.append(np.array(current))
-            current = []
-        current.append(k)
-    return groups + [np.array(current)]
+
+def size_groups(sizes: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """Client indices grouped by :func:`padded_width`, widest first, with that width: padding to it at most doubles a
+    member's size (beyond the smallest width), so that a 2,500-sample client's step never makes a 2-sample one's cost
+    as much."""
+    widths = np.array([padded_width(size) for size in sizes], dtype=np.int64)
+    order = np.argsort(-widths, kind="stable")
+    starts = np.flatnonzero(np.diff(widths[order], prepend=-1))
+    return [(int(widths[order[start]]), group) for start, group in zip(starts, np.split(order, starts[1:]))]
 
 
 def train_heads(
@@ -251,11 +271,11 @@ def train_heads(
     count, dtype = len(clients), weight.dtype
     sgd = sgd.for_round(round_number)
     sizes = np.diff(offsets)
-    start_logits = torch.addmm(bias, features, weight)
-    start_loss = float(torch.nn.functional.cross_entropy(start_logits / sgd.temperature, labels, reduction="sum"))
+    base = rowwise_matmul(features, weight)
+    start_logits = base + bias
+    losses = torch.nn.functional.cross_entropy(start_logits / sgd.temperature, labels, reduction="none")
     squares = None
     if loss_squares:
-        losses = torch.nn.functional.cross_entropy(start_logits / sgd.temperature, labels, reduction="none")
         owners = torch.repeat_interleave(torch.arange(count), torch.from_numpy(sizes))
         squares = torch.zeros(count, dtype=torch.float64).index_add_(0, owners, losses.double() ** 2)
     row_sizes = torch.repeat_interleave(torch.from_numpy(sizes).to(dtype), torch.from_numpy(sizes))
@@ -263,17 +283,18 @@ def train_heads(
     gradient[torch.arange(len(labels)), labels] -= 1
     gradient /= (row_sizes * sgd.temperature)[:, None]
     state = _Steps(
-        base=start_logits - bias,
-        control_logits=None if control is None else features @ control.weight,
+        base=base,
+        control_logits=None if control is None else rowwise_matmul(features, control.weight),
         coefficients=torch.zeros_like(start_logits),
         scale=torch.ones(count, dtype=dtype),
         control_scale=torch.zeros(count, dtype=dtype),
         biases=bias.expand(count, -1).clone(),
     )
-    for group in size_groups(sizes):
-        _train_group(state, group, features, labels, offsets, clients, bias, sgd, seed, round_number, control, steps)
+    for width, group in size_groups(sizes):
+        _train_group(state, width, group, features, labels, offsets, clients, bias, sgd, seed, round_number, control,
+                     steps)
     return TrainedHeads(weight, state.scale, state.coefficients, state.control_scale, state.biases, features, offsets,
-                        start_loss, gradient, control, squares)
+                        losses, gradient, control, squares)
 
 
 @dataclass
@@ -289,18 +310,17 @@ class _Steps:
 
 
 def _train_group(
-    state: _Steps, group: np.ndarray, features: torch.Tensor, labels: torch.Tensor, offsets: np.ndarray,
+    state: _Steps, width: int, group: np.ndarray, features: torch.Tensor, labels: torch.Tensor, offsets: np.ndarray,
     clients: np.ndarray, bias: torch.Tensor, sgd: LocalSGD, seed: int, round_number: int, control: Control | None,
     steps: np.ndarray | None,
 ) -> None:
-    """All steps of the clients ``group`` (indices into ``clients``), padded to the group's largest client.
+    """All steps of the clients ``group`` (indices into ``clients``), padded to ``width`` samples.
 
     Slots are the group's clients ordered by number of steps (within their budgets ``steps``), largest first,
     so step ``t`` computes only the first ``active`` slots.
     """
     count, dtype = len(group), state.base.dtype
     sizes = np.diff(offsets)[group]
-    width = int(sizes.max())
     plans = [budgeted(minibatches(int(sizes[i]), sgd.batch_size, sgd.epochs,
                                   client_rng(seed, round_number, int(clients[k]))),
                       None if steps is None else int(steps[k]))
