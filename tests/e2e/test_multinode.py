@@ -22,6 +22,7 @@ from tests.images import write_image_folder, write_squeezenet_weights
 from tests.local_cluster import ENV, driver_command, local_cluster
 from tests.app.test_cli import SPEC
 from tests.app.test_extract import SIZE, check_against_direct
+from tests.engine.test_training_runs import without_layout
 
 TINY = "synthetic:inat-user-120k?dim=8&scale=0.02&classes=20"
 RUN = dict(method="fed3r", clients_per_round=20, num_shards=2, cpus_per_shard=1, quiet=True)
@@ -127,11 +128,6 @@ def test_every_kind_of_run_on_two_nodes_is_bitwise_three_shards_on_one(ray_sessi
         two = tmp_path / "two-nodes" / name
         with np.load(two / "classifier.npz") as arrays:
             assert np.array_equal(arrays["W"], one.classifier.weight.numpy()), name
-        assert (pq.read_table(two / "metrics.parquet").to_pylist() and
-                [without_layout(row) for row in pq.read_table(two / "metrics.parquet").to_pylist()]
-                == [without_layout(row) for row in one.metrics.to_dicts()]), name
-
-
-def without_layout(row: dict) -> dict:
-    """A row without what differs between layouts by design: this machine's time and the layout itself."""
-    return {name: value for name, value in row.items() if name not in ("wall_s", "num_shards", "cpus_per_shard")}
+        rows = pq.read_table(two / "metrics.parquet").to_pylist()
+        assert rows and ([without_layout(row) for row in rows]
+                         == [without_layout(row) for row in one.metrics.to_dicts()]), name
