@@ -8,7 +8,8 @@ transforms each client's features (Fed3R-RF's random features) then gave differe
 On that MKL every product of whole runs of 8 rows a thread gives each row the bits of any
 other such product (measured for 1 to 300 rows on 1 and 2 threads, d up to 1,280; a product of 1 to 3 rows, or
 split into such a part between threads, does not; the tests check it on the machine they run on): so one product of
-all the rows, padded with zero rows to a multiple of 8.
+all the rows, padded with zero rows to a multiple of 8. Not at a handful of columns: at d = 16 with 10 columns, or
+d = 8 with 6, a row's bits also follow its place in the product (How it runs says what that leaves of the promise).
 """
 
 from __future__ import annotations
