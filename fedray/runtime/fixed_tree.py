@@ -17,6 +17,10 @@ them, none where no leaf starts there), holding the rows of its last leaf's clie
 (:class:`LeafOwners`), and returns the nodes of the tree that lie wholly inside its range (:class:`TreeSum`); two
 adjacent ranges merge into the nodes of their union (:meth:`TreeSum.merged`) and the whole range into the root
 (:meth:`TreeSum.root`): the same additions of the same values on any number of shards.
+
+Actors that work client after client (fine-tuning's trainers, TCT's stage-2 shards) use the same tree with one client
+a leaf (:meth:`TreeSum.of_terms`): their ranges need not follow any leaves, and a range's few participants cost
+O(log K) nodes each, however many clients it holds.
 """
 
 from __future__ import annotations
@@ -121,6 +125,18 @@ class TreeSum:
             total.end += 1
         return total
 
+    @classmethod
+    def of_terms(cls, first: int, end: int, terms: Iterable[tuple[int, Any]], add: Add) -> "TreeSum":
+        """The sum over leaves ``first .. end − 1`` of ``terms``, (leaf, value) in increasing leaf order, every other
+        leaf None: O(log) nodes a term, however many leaves the range has (a tree with one client a leaf)."""
+        total = cls(first, first)
+        for leaf, value in terms:
+            total._skip_to(leaf, add)
+            total._append((0, leaf, value), add)
+            total.end = leaf + 1
+        total._skip_to(end, add)
+        return total
+
     def merged(self, other: "TreeSum", add: Add) -> "TreeSum":
         """This range's sum and the next one's (``other`` starts where this one ends), as the nodes of their union."""
         if other.first != self.end:
@@ -131,20 +147,28 @@ class TreeSum:
         total.end = other.end
         return total
 
+    def mapped(self, function: Callable[[Any], Any]) -> "TreeSum":
+        """This sum with ``function`` applied to each node's value (None stays None)."""
+        return TreeSum(self.first, self.end, [(level, index, None if value is None else function(value))
+                                              for level, index, value in self.nodes])
+
     def root(self, num_leaves: int, add: Add) -> Any:
         """The sum over all ``num_leaves`` leaves (this must cover them): the value of the tree's root."""
         if (self.first, self.end) != (0, num_leaves):
             raise ValueError(f"leaves {self.first}..{self.end - 1} are not all {num_leaves}")
-        total = TreeSum(0, 0, list(self.nodes))
-        width = 1 << max(num_leaves - 1, 0).bit_length()
-        position = num_leaves
-        while position < width:  # leaves past the last, None, in the largest nodes that fit
-            level = (position & -position).bit_length() - 1
-            while position + (1 << level) > width:
-                level -= 1
-            total._append((level, position >> level, None), add)
-            position += 1 << level
+        total = TreeSum(0, num_leaves, list(self.nodes))
+        total._skip_to(1 << max(num_leaves - 1, 0).bit_length(), add)  # leaves past the last, None
         return total.nodes[0][2] if total.nodes else None
+
+    def _skip_to(self, end: int, add: Add) -> None:
+        """Leaves ``self.end .. end − 1``, None, in the largest nodes that fit: O(log) nodes however many leaves."""
+        position = self.end
+        while position < end:
+            aligned = (position & -position).bit_length() - 1 if position else end.bit_length()
+            level = min(aligned, (end - position).bit_length() - 1)
+            self._append((level, position >> level, None), add)
+            position += 1 << level
+        self.end = max(self.end, end)
 
     def _append(self, node: tuple[int, int, Any], add: Add) -> None:
         """Add ``node`` after the last, then each node and its left sibling, last before it, into their parent."""

@@ -6,9 +6,9 @@ share them: the closed-form statistics and second passes
 states (:mod:`fedray.runtime.shard_training`) and the count of correct
 predictions on its test rows (:mod:`fedray.runtime.shard_evaluation`). Each
 job adds its partial sums as its method (or trainer) defines in the tree
-reduction of :class:`ShardPool`: the closed-form sums as the nodes of the fixed
-tree over leaves of clients (:mod:`fedray.runtime.fixed_tree`), the same bits on
-any number of shards; training's sums in shard order.
+reduction of :class:`ShardPool`: the closed-form sums and training's as the
+nodes of the fixed tree over leaves of clients (:mod:`fedray.runtime.fixed_tree`),
+the same bits on any number of shards.
 """
 
 from __future__ import annotations

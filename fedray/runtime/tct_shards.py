@@ -11,9 +11,16 @@ stage-2 shard keeps state between calls: its clients' control variates c_k
 themselves would in TCT's algorithm.
 
 Every upload passes through the run's postprocessing: the client hooks in the
-shards, client by client (when a postprocessor has them: else, and when they
-changed nothing, a shard's batched sums stand, bit for bit), the aggregate
-hook on the driver (:class:`Stage2Pool`'s calls).
+shards, client by client (when a postprocessor has them), the aggregate hook on
+the driver (:class:`Stage2Pool`'s calls).
+
+A shard works client after client, and every sum over clients (the moments, the
+closed form's statistics, a round's updates) is added in the fixed tree with one
+client a leaf (:meth:`~fedray.runtime.fixed_tree.TreeSum.of_terms`): the
+shards' nodes merged and rooted on the driver, the same bits on any number of
+stage-2 shards. A shard holds at most one partial sum a level of that tree
+(⌈log₂ n⌉ + 1 for n clients): the closed form's (p + 1)² statistics that many
+times.
 
 The maths is :mod:`fedray.methods.tct_stage2`'s, applied per client to the
 standardized features with the intercept appended (``with_intercept``), for
@@ -24,8 +31,8 @@ the in-memory reference solver of the tests run on the same standardized clients
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields, replace
 from functools import reduce
 from typing import Any
 
@@ -38,7 +45,8 @@ from fedray.methods.algorithm import Upload
 from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.training.images import training_device
 from fedray.runtime import tensor_transfer
-from fedray.runtime.actor_group import ActorGroup, combine_partials, tree_reduce
+from fedray.runtime.actor_group import ActorGroup, tree_reduce
+from fedray.runtime.fixed_tree import TreeSum, merge_with, root_of
 from fedray.methods.tct_stage2 import (
     STD_FLOOR,
     Moments,
@@ -117,6 +125,13 @@ class LocalSolver:
         return cls(options.tct_local_steps, options.tct_lr, options.corrected, options.tct_loss)
 
 
+def _on_cpu(total: Any) -> Any:
+    """A sum (:class:`Moments`, :class:`Statistics`, :class:`RoundSums`) with its tensors on the CPU: the driver adds
+    the shards' nodes."""
+    return replace(total, **{field.name: getattr(total, field.name).cpu() for field in fields(total)
+                             if isinstance(getattr(total, field.name), torch.Tensor)})
+
+
 @ray.remote(max_restarts=0)
 class Stage2Shard:
     """Clients ``first_client ..`` with row ``offsets`` (local, from 0) into ``train``'s features; ``test``: its test rows.
@@ -148,14 +163,23 @@ class Stage2Shard:
         local = client - self.first_client
         return slice(int(self.offsets[local]), int(self.offsets[local + 1]))
 
-    def _client_sum(self, uploads: Postprocessing | None, round_number: int, upload_of: Callable[[slice], Any],
-                    add: Callable[[Any, Any], Any]) -> Any:
-        """Each client's upload (``upload_of`` its rows) through ``uploads``' client hooks, summed by ``add``; None
-        without hooks or when they changed nothing (see :meth:`~fedray.methods.postprocessor.Postprocessing.client_sum`)."""
-        if uploads is None:
-            return None
-        clients = range(self.first_client, self.first_client + len(self.offsets) - 1)
-        return uploads.client_sum(((client, round_number, upload_of(self._rows(client))) for client in clients), add)
+    @property
+    def end_client(self) -> int:
+        """The client after this shard's last."""
+        return self.first_client + len(self.offsets) - 1
+
+    def _summed(self, terms: Iterable[tuple[int, Any]]) -> TreeSum:
+        """``terms`` (client, value), in increasing client order, as the nodes of the tree with one client a leaf over
+        this shard's clients."""
+        return TreeSum.of_terms(self.first_client, self.end_client, terms, operator.add).mapped(_on_cpu)
+
+    def _every_client(self, uploads: Postprocessing | None, round_number: int,
+                      upload_of: Callable[[slice], Any]) -> TreeSum:
+        """Every client's upload (``upload_of`` its rows), each through ``uploads``' client hooks when given, summed."""
+        def upload(client: int) -> Any:
+            value = upload_of(self._rows(client))
+            return value if uploads is None else uploads.statistics(value, client, round_number)
+        return self._summed((client, upload(client)) for client in range(self.first_client, self.end_client))
 
     def _client(self, client: int, normalization: Normalization, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Client ``client``'s design [Z̃_k, 1] and targets of ``loss``, in the shard's compute dtype."""
@@ -166,22 +190,18 @@ class Stage2Shard:
     def _on_device(self, normalization: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
         return normalization.mean.to(self.device), normalization.std.to(self.device)
 
-    def moments(self, uploads: Postprocessing | None = None, round_number: int = 0) -> Moments:
-        """The normalization round: this shard's clients' (n_k, Σ z, Σ z²) uploads, summed in float64 (each through
+    def moments(self, uploads: Postprocessing | None = None, round_number: int = 0) -> TreeSum:
+        """The normalization round: this shard's clients' (n_k, Σ z, Σ z²) uploads in float64, summed (each through
         ``uploads``' client hooks, in round ``round_number``, when given)."""
         features = self.features["train"]
-        moments = self._client_sum(uploads, round_number, lambda rows: Moments.of(features[rows]), operator.add)
-        moments = Moments.of(features) if moments is None else moments
-        return Moments(moments.count, moments.sums.cpu(), moments.squares.cpu())
+        return self._every_client(uploads, round_number, lambda rows: Moments.of(features[rows]))
 
     def statistics(self, normalization: Normalization, uploads: Postprocessing | None = None,
-                   round_number: int = 0) -> Statistics:
-        """The closed form's upload summed over this shard's clients (each through ``uploads``' client hooks, in round
+                   round_number: int = 0) -> TreeSum:
+        """The closed form's uploads of this shard's clients, summed (each through ``uploads``' client hooks, in round
         ``round_number``, when given)."""
         mean, std = self._on_device(normalization)
-        total = self._client_sum(uploads, round_number, lambda rows: self._statistics(rows, mean, std), operator.add)
-        total = self._statistics(slice(0, len(self.features["train"])), mean, std) if total is None else total
-        return Statistics(total.matrix.cpu(), total.rhs.cpu())
+        return self._every_client(uploads, round_number, lambda rows: self._statistics(rows, mean, std))
 
     def _statistics(self, rows: slice, mean: torch.Tensor, std: torch.Tensor) -> Statistics:
         """XᵀX and XᵀY of ``rows``, standardized in float64 a block of rows at a time."""
@@ -192,24 +212,21 @@ class Stage2Shard:
 
     def train(self, solver: LocalSolver, normalization: Normalization, model: torch.Tensor, control: torch.Tensor,
               clients: np.ndarray, weights: np.ndarray, uploads: Postprocessing | None = None,
-              round_number: int = 0) -> RoundSums | None:
-        """One round's local work of ``clients`` (global numbers, aggregation weights w_k); None if there are none.
+              round_number: int = 0) -> TreeSum:
+        """One round's local work of ``clients`` (global numbers, aggregation weights w_k), summed.
 
         A client uploads Δ_k (``delta``) and c_k⁺ − c_k (``control_change``) with weight w_k, through ``uploads``'
-        client hooks when given (its own c_k⁺ stays as computed); an unchanged upload adds exactly as without them.
+        client hooks when given (its own c_k⁺ stays as computed); its term is w_k · Δ_k (the tensors as they are where
+        a hook asks for exact sums: w_k · Δ_k in float64 already).
         """
-        if not len(clients):
-            return None
         model, control = model.to(self.device, self.dtype), control.to(self.device, self.dtype)
         exact = uploads is not None and uploads.exact  # w_k · t_k in float64, added as they are (Postprocessor.exact_sum)
-        summed = torch.float64 if exact else self.dtype
-        delta, change = torch.zeros_like(model, dtype=summed), torch.zeros_like(model, dtype=summed)
-        loss, total_weight, changed = 0.0, 0.0, False
-        for client, weight in zip(clients.tolist(), weights.tolist()):
+
+        def term(client: int, weight: float) -> RoundSums:
             features, target = self._client(client, normalization, solver.loss)
             own = self.controls.get(client, torch.zeros_like(model))
             correction = own - control if solver.correction else torch.zeros_like(model)
-            loss += weight * client_loss(features, target, model, solver.loss)
+            loss = weight * client_loss(features, target, model, solver.loss)
             step = local_delta(features, target, model, correction, solver.steps, solver.lr, solver.loss)
             tensors = {"delta": step}
             if solver.correction:
@@ -218,18 +235,17 @@ class Stage2Shard:
                 self.controls[client] = updated
             upload = Upload(tensors, weight)
             processed = upload if uploads is None else uploads.client(upload, client, round_number)
-            changed = changed or processed is not upload
             scale = 1.0 if exact else processed.weight
-            delta += scale * processed.tensors["delta"]
-            if solver.correction:
-                change += scale * processed.tensors["control_change"]
-            total_weight += processed.weight
-        return RoundSums(delta.cpu(), total_weight if changed else float(weights.sum()),
-                         change.cpu() if solver.correction else None, loss)
+            change = scale * processed.tensors["control_change"] if solver.correction else None
+            return RoundSums(scale * processed.tensors["delta"], processed.weight, change, loss)
 
-    def combine(self, _method: object, a, b):
-        """The pairwise step of :func:`~fedray.runtime.actor_group.tree_reduce`."""
-        return combine_partials(a, b)
+        order = np.argsort(clients, kind="stable")
+        return self._summed((client, term(client, weight))
+                            for client, weight in zip(clients[order].tolist(), weights[order].tolist()))
+
+    def combine(self, _method: object, a: TreeSum, b: TreeSum) -> TreeSum:
+        """The pairwise step of :func:`~fedray.runtime.actor_group.tree_reduce`: two adjacent shards' sums merged."""
+        return a.merged(b, operator.add)
 
     def correct(self, normalization: Normalization, model: torch.Tensor) -> tuple[int, int]:
         """(correctly classified, total) test rows by argmax of Z̃ W + 1 bᵀ, Z̃ the standardized features and ``model`` = [W; bᵀ]."""
@@ -269,23 +285,22 @@ class Stage2Pool(ActorGroup):
         """The normalization round: μ and σ from every client's moments (see :meth:`~fedray.methods.tct_stage2.Moments.normalization`),
         through ``uploads`` in round ``round_number``."""
         hooks = uploads if uploads.per_client else None
-        moments = reduce(operator.add, ray.get([shard.moments.remote(hooks, round_number) for shard in self.actors]))
+        moments = self._summed([(shard.moments.remote(hooks, round_number), shard) for shard in self.actors])
         return Normalization(*uploads.aggregate(moments, round_number, self.num_clients).normalization(eps))
 
     def statistics(self, normalization: ray.ObjectRef, uploads: Postprocessing = Postprocessing(),
                    round_number: int = 0) -> Statistics:
-        """Every client's closed-form upload, summed in the shards and tree-reduced, through ``uploads`` in round
-        ``round_number``."""
+        """Every client's closed-form upload, summed, through ``uploads`` in round ``round_number``."""
         hooks = uploads if uploads.per_client else None
-        total = tree_reduce(None, [(shard.statistics.remote(normalization, hooks, round_number), shard)
-                                   for shard in self.actors]).result()
+        total = self._summed([(shard.statistics.remote(normalization, hooks, round_number), shard)
+                              for shard in self.actors])
         return uploads.aggregate(total, round_number, self.num_clients)
 
     def train(self, solver: ray.ObjectRef, normalization: ray.ObjectRef, model: ray.ObjectRef, control: ray.ObjectRef,
               clients: np.ndarray, weights: np.ndarray, uploads: Postprocessing = Postprocessing(),
               round_number: int = 0) -> RoundSums:
-        """One round (``round_number``) of ``clients`` (sorted) with aggregation weights ``weights``, the shards' sums
-        tree-reduced, through ``uploads``."""
+        """One round (``round_number``) of ``clients`` with aggregation weights ``weights``, summed, through
+        ``uploads``."""
         hooks = ray.put(uploads) if uploads.per_client else None
         shard_of = self.owners(clients)
         partials = [
@@ -293,7 +308,12 @@ class Stage2Pool(ActorGroup):
                                 hooks, round_number), shard)
             for s, shard in enumerate(self.actors)
         ]
-        return uploads.aggregate(tree_reduce(None, partials).result(), round_number, len(clients))
+        return uploads.aggregate(self._summed(partials), round_number, len(clients))
+
+    def _summed(self, partials: list[tuple[ray.ObjectRef, Any]]) -> Any:
+        """The shards' sums (their :class:`~fedray.runtime.fixed_tree.TreeSum`, one client a leaf) merged and rooted."""
+        return tree_reduce(None, partials, merge_with(operator.add),
+                           finish=root_of(self.num_clients, operator.add)).result()
 
     @property
     def num_clients(self) -> int:

@@ -35,6 +35,25 @@ def test_any_cut_into_adjacent_ranges_merged_in_any_grouping_gives_the_same_addi
     assert left_first.root(7, written) == right_first.root(7, written) == whole
 
 
+@pytest.mark.parametrize("cuts", [[], [1], [5], [37], [13, 64], [1, 2, 3, 63, 64, 99]])
+def test_a_few_terms_among_many_leaves_add_as_if_every_leaf_were_given(cuts):
+    """One client a leaf: a shard's few participants among its range's clients, the others skipped in O(log) nodes."""
+    terms = {3: "a", 17: "b", 18: "c", 40: "d", 64: "e", 99: "f"}
+    dense = [terms.get(leaf) for leaf in range(100)]
+    assert TreeSum.of(0, dense, written).root(100, written) == "(((a+(b+c))+d)+(e+f))"
+    bounds = [0, *cuts, 100]
+    ranges = [TreeSum.of_terms(first, end, [(leaf, value) for leaf, value in terms.items() if first <= leaf < end],
+                               written) for first, end in zip(bounds[:-1], bounds[1:])]
+    for first, end, sparse in zip(bounds[:-1], bounds[1:], ranges):
+        assert sparse.nodes == TreeSum.of(first, dense[first:end], written).nodes
+        assert len(sparse.nodes) <= 2 * 7, "a range's nodes: at most two a level"
+    merged = ranges[0]
+    for other in ranges[1:]:
+        merged = merged.merged(other, written)
+    assert merged.root(100, written) == "(((a+(b+c))+d)+(e+f))"
+    assert TreeSum.of_terms(0, 10**6, [], written).root(10**6, written) is None
+
+
 def test_only_adjacent_ranges_merge():
     with pytest.raises(ValueError, match="not adjacent"):
         TreeSum.of(0, "ab", written).merged(TreeSum.of(3, "d", written), written)

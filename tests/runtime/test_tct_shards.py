@@ -34,18 +34,19 @@ def held_out() -> ClientData:
     return ClientData(torch.cat([c.features for c in clients]), torch.cat([c.labels for c in clients]))
 
 
-def start_pool(ray_session, clients: list[ClientData], held_out: ClientData, projection: Projection | None = None) -> Stage2Pool:
+def start_pool(ray_session, clients: list[ClientData], held_out: ClientData, projection: Projection | None = None,
+               bounds: np.ndarray = BOUNDS) -> Stage2Pool:
     sizes = np.array([len(c.labels) for c in clients])
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     train, train_labels, test, test_labels = [], [], [], []
-    test_bounds = np.linspace(0, len(held_out.labels), len(BOUNDS)).astype(int)
-    for s in range(len(BOUNDS) - 1):
-        mine = clients[BOUNDS[s] : BOUNDS[s + 1]]
+    test_bounds = np.linspace(0, len(held_out.labels), len(bounds)).astype(int)
+    for s in range(len(bounds) - 1):
+        mine = clients[bounds[s] : bounds[s + 1]]
         train.append(ray.put(torch.cat([c.features for c in mine])))
         train_labels.append(torch.cat([c.labels for c in mine]).numpy())
         test.append(ray.put(held_out.features[test_bounds[s] : test_bounds[s + 1]]))
         test_labels.append(held_out.labels[test_bounds[s] : test_bounds[s + 1]].numpy())
-    return Stage2Pool.start(train, train_labels, test, test_labels, BOUNDS, offsets, NUM_CLASSES, {"CPU": 0.5}, projection)
+    return Stage2Pool.start(train, train_labels, test, test_labels, bounds, offsets, NUM_CLASSES, {"CPU": 0.5}, projection)
 
 
 def stage2_run(pool: Stage2Pool, clients: list[ClientData], config: RunConfig, width: int) -> Stage2Run:
@@ -88,6 +89,31 @@ def test_sharded_scaffold_equals_in_memory(ray_session, clients, held_out, per_r
     assert rows[-1].bytes_up == normalization_up + 8 * per_round * floats * 4
     assert rows[-1].bytes_down == normalization_down + 8 * per_round * floats * 4 * (1 if per_round == 6 else 2)
     assert 0 < rows[-1].train_loss < rows[0].train_loss
+
+
+def test_shard_layouts_give_the_same_bits(ray_session, clients, held_out):
+    """The moments, the closed form's statistics and SCAFFOLD's rounds are summed in the tree with one client a leaf:
+    one, two or three stage-2 shards give the same normalization, models and rows, bit for bit."""
+    lr = stable_lr(standardize_clients(clients)[0])
+    config = RunConfig(method="tct", tct_solver="both", tct_rounds=4, tct_local_steps=5, tct_lr=lr, clients_per_round=4,
+                       eval_every=2, seed=3)
+    results = []
+    for bounds in (np.array([0, 6]), BOUNDS, np.array([0, 1, 4, 6])):
+        pool = start_pool(ray_session, clients, held_out, bounds=bounds)
+        try:
+            run = stage2_run(pool, clients, config, width=20)
+            normalization_ref = run.normalize()
+            closed = run.closed_form(normalization_ref)
+            scaffold = run.scaffold(normalization_ref)
+        finally:
+            pool.shutdown()
+        results.append((run.normalization, closed, scaffold, [(row.round, row.train_loss, row.accuracy) for row in run.points]))
+    (normalization_1, closed_1, scaffold_1, rows_1) = results[0]
+    assert len(rows_1) == 1 + 1 + 2 and scaffold_1.abs().max() > 0
+    for normalization_s, closed_s, scaffold_s, rows_s in results[1:]:
+        assert torch.equal(normalization_s.mean, normalization_1.mean) and torch.equal(normalization_s.std, normalization_1.std)
+        assert torch.equal(closed_s, closed_1) and torch.equal(scaffold_s, scaffold_1)
+        assert rows_s == rows_1
 
 
 @pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling

@@ -5,12 +5,14 @@ pure function of the global state, its samples, its mini-batches and its own
 state (SCAFFOLD's c_i, ...; kept by its trainer): the model is reloaded
 from the global state before every client, and the mini-batches are
 ``minibatches(n, batch_size, epochs, client_rng(seed, round, client))`` — the
-linear-probing path's — so a run does not depend on how clients are spread
-over trainers (beyond the float round-off of summing them).
+linear-probing path's — so a client's upload does not depend on how clients are
+spread over trainers, and their sum follows the fixed tree with one client a
+leaf (:meth:`~fedray.runtime.fixed_tree.TreeSum.of_terms`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +23,7 @@ from fedray.data.images.reader import ImageReader
 from fedray.methods.finetune_model import FineTuneModel, Mode, sent_names, trained_names
 from fedray.methods.training.backend import ClientLosses, RoundUpdate
 from fedray.methods.training.budgets import budgeted
+from fedray.methods.checks import check_same_upload
 from fedray.methods.training.client_sgd import add_upload, client_batches, loss_squares, start_client, train_client
 from fedray.methods.training.heads import States
 from fedray.methods.training.local import LocalSGD
@@ -101,7 +104,7 @@ class ClientTrainer:
     def _on_device(self, tensors: Params) -> Params:
         return {name: tensor.to(self.device) for name, tensor in tensors.items()}
 
-    def train_clients(
+    def client_updates(
         self,
         params: Params,
         broadcast: Params,
@@ -112,33 +115,31 @@ class ClientTrainer:
         round_number: int,
         states: States,
         steps: np.ndarray | None = None,
-    ) -> RoundUpdate:
+    ) -> Iterator[tuple[int, RoundUpdate]]:
         """Train each client (``rows[k]``: its rows in ``reader``/``labels``) from ``params``, one after another, with
-        its state from ``states`` (its new state goes back there), at most ``steps[k]`` local steps (None: all); the
-        sums of their uploads, on the CPU."""
+        its state from ``states`` (its new state goes back there), at most ``steps[k]`` local steps (None: all); each
+        client's upload as it is added, a one-client :class:`RoundUpdate` on the CPU (w_k · t_k), in order."""
         start = self._on_device(params)
         broadcast = self._on_device(broadcast)
-        sums, statistics, weight, loss_sum, samples = None, {}, 0.0, 0.0, 0
-        squares = np.zeros(len(clients)) if self.training.client_losses else None
+        weighted, first = not self.training.postprocessing.exact, None
         for k, (client, client_rows) in enumerate(zip(clients, rows)):
             own = states.get(client)
+            squares = np.zeros(1) if self.training.client_losses else None
             client_loss, upload, state = self._train_client(start, broadcast, None if own is None else self._on_device(own),
                                                             client_rows, labels, reader, round_number, client,
-                                                            None if steps is None else int(steps[k]), squares, k)
+                                                            None if steps is None else int(steps[k]), squares)
             size = len(client_rows)
             model_state = self.model.state_dict()
-            for name in self.statistics:
-                change = size * (model_state[name] - start[name])
-                statistics[name] = change if name not in statistics else statistics[name] + change
+            statistics = {name: (size * (model_state[name] - start[name])).cpu() for name in self.statistics}
             upload = self.training.postprocessing.client(upload, client, round_number)
-            sums = add_upload(sums, upload, self.algorithm, weighted=not self.training.postprocessing.exact)
-            weight += upload.weight
+            sums = {name: value.cpu() for name, value in add_upload(None, upload, self.algorithm, weighted).items()}
+            if first is None:
+                first = sums
+            else:
+                check_same_upload(self.algorithm, sums, first)
             states.put(client, None if state is None else {name: value.cpu() for name, value in state.items()})
-            loss_sum += client_loss
-            samples += size
-        losses = None if squares is None else ClientLosses(np.asarray(clients, dtype=np.int64), squares)
-        return RoundUpdate({name: value.cpu() for name, value in sums.items()}, weight, len(clients), loss_sum, samples,
-                           {name: value.cpu() for name, value in statistics.items()}, losses)
+            losses = None if squares is None else ClientLosses(np.array([client], dtype=np.int64), squares)
+            yield client, RoundUpdate(sums, upload.weight, 1, client_loss, size, statistics, losses)
 
     def _train_client(
         self,
@@ -152,10 +153,9 @@ class ClientTrainer:
         client: int,
         budget: int | None,
         squares: np.ndarray | None = None,
-        position: int = 0,
     ) -> tuple[float, object, Params | None]:
         """Local SGD of one client from ``start`` (at most ``budget`` steps): the starting model's summed loss, its
-        upload and its next state; the sum of its squared losses at ``start`` into ``squares[position]`` (None: not
+        upload and its next state; the sum of its squared losses at ``start`` into ``squares[0]`` (None: not
         measured)."""
         sgd, size = self.sgd.for_round(round_number), len(rows)
         plan = budgeted(client_batches(size, sgd, self.seed, round_number, client), budget)
@@ -173,7 +173,7 @@ class ClientTrainer:
                 loss = self.training.loss(logits, labels[rows[batch]], total=True)
                 loss_sum += float(loss.detach())
                 if squares is not None:
-                    squares[position] += loss_squares(self.training.loss, logits.detach(), labels[rows[batch]])
+                    squares[0] += loss_squares(self.training.loss, logits.detach(), labels[rows[batch]])
                 if gradient:  # ∇ of the mean loss over the client's samples, accumulated chunk by chunk
                     (loss / size).backward()
         start_gradient = None

@@ -11,6 +11,7 @@ and torchvision are imported in every new process).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ from fedray.data.images.decode import ImageTransform
 from fedray.runtime.held import Held
 from fedray.runtime.kept import default_budget
 from fedray.runtime.actor_group import ActorGroup, balanced_bounds, fetch, tree_reduce
+from fedray.runtime.fixed_tree import merge_with, root_of
 from fedray.runtime.placement import default_count, gpu_share, trial_bundles
 from fedray.methods.entk import EntkSpec
 
@@ -115,12 +117,13 @@ class TrainerPool(ActorGroup):
     def train(self, training: ray.ObjectRef, received: ray.ObjectRef, clients: np.ndarray, round_number: int,
               steps: np.ndarray | None = None) -> RoundUpdate:
         """One round of local training of ``clients`` on their trainers (``steps``: each client's step budget, None:
-        none), the trainers' sums tree-reduced."""
+        none), summed in the tree with one client a leaf: the same bits on any number of trainers."""
         owners = self.owners(clients)
         partials = [(actor.train.remote(held, training, received, clients[owners == index], round_number,
                                         None if steps is None else steps[owners == index]), actor)
                     for index, (actor, held) in enumerate(zip(self.actors, self.rows))]
-        return tree_reduce(None, partials).result(fetch)
+        return tree_reduce(None, partials, merge_with(operator.add),
+                           finish=root_of(self.federation.num_clients, operator.add)).result(fetch)
 
     def accuracy(self, params: ray.ObjectRef) -> float:
         if self.federation.test.num_rows == 0:

@@ -11,6 +11,7 @@ of any mode and settings.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,11 @@ from fedray.methods.training.images import (
     training_device,
 )
 from fedray.methods.finetune_model import build_model
-from fedray.methods.training.backend import Params, RoundUpdate
+from fedray.methods.training.backend import Params
 from fedray.data.images.backbones import Backbone
 from fedray.data.images.decode import ImageTransform
 from fedray.runtime.held import Held
-from fedray.runtime.actor_group import combine_partials
+from fedray.runtime.fixed_tree import TreeSum
 from fedray.runtime.client_states import ClientStates, Layout
 from fedray.runtime import tensor_transfer
 from fedray.methods.entk import EntkSpec
@@ -93,23 +94,28 @@ class Trainer:
         return {"node_id": context.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device)}
 
     def train(self, held: Held, training: LocalTraining, received: dict[str, Params], clients: np.ndarray,
-              round_number: int, steps: np.ndarray | None = None) -> RoundUpdate | None:
-        """One round's local training of ``clients`` (global numbers, trained in the given order) from what the server
-        sent (``received``: the model's ``params`` and the algorithm's ``broadcast``), each within its step budget
-        ``steps`` (None: none); their states stay here. None if there are none."""
+              round_number: int, steps: np.ndarray | None = None) -> TreeSum:
+        """One round's local training of ``clients`` (global numbers) from what the server sent (``received``: the
+        model's ``params`` and the algorithm's ``broadcast``), each within its step budget ``steps`` (None: none), their
+        uploads summed in the tree with one client a leaf over this trainer's clients; their states stay here."""
         if training.algorithm.stateful:
             self.client_states.begin_round(round_number)
-        if not len(clients):
-            return None
         self._load(held)
-        rows = [np.arange(self.offsets[k], self.offsets[k + 1]) for k in clients - self.first_client]
-        trainer = ClientTrainer(self.model, training, self.device)
-        return trainer.train_clients(received["params"], received["broadcast"], clients.tolist(), rows, self.labels[TRAIN],
-                                     self.readers[TRAIN], round_number, self.client_states, steps)
+        updates = []
+        if len(clients):
+            order = np.argsort(clients, kind="stable")
+            clients = clients[order]
+            rows = [np.arange(self.offsets[k], self.offsets[k + 1]) for k in clients - self.first_client]
+            trainer = ClientTrainer(self.model, training, self.device)
+            updates = trainer.client_updates(received["params"], received["broadcast"], clients.tolist(), rows,
+                                             self.labels[TRAIN], self.readers[TRAIN], round_number, self.client_states,
+                                             None if steps is None else steps[order])
+        return TreeSum.of_terms(self.first_client, self.first_client + len(self.offsets) - 1, updates, operator.add)
 
-    def combine(self, _method: Any, a: RoundUpdate | None, b: RoundUpdate | None) -> RoundUpdate | None:
-        """The pairwise step of :func:`~fedray.runtime.actor_group.tree_reduce` (which passes a method this sum does not need)."""
-        return combine_partials(a, b)
+    def combine(self, _method: Any, a: TreeSum, b: TreeSum) -> TreeSum:
+        """The pairwise step of :func:`~fedray.runtime.actor_group.tree_reduce` (which passes a method this sum does
+        not need): two adjacent trainers' sums merged."""
+        return a.merged(b, operator.add)
 
     def save_client_states(self, path: str) -> None:
         self.client_states.save(Path(path))
