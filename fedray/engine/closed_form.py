@@ -27,9 +27,10 @@ from fedray.engine.parts import MethodSpec, closed_form_uploads
 from fedray.engine.pipeline import RunPlan, Stage, StageContext, StageResult
 from fedray.engine.clocked import ClockColumns, ClosedFormTasks, clocked_closed_form, clocked_closed_form_uploads
 from fedray.engine.round_loop import Callback, EvalRounds, Listener, Report, run_rounds
-from fedray.runtime.actor_group import Reduction
+from fedray.runtime.actor_group import Reduction, combine_partials
 from fedray.runtime.footprint import Footprint, largest_clients
 from fedray.runtime.schedules import Schedule
+from fedray.runtime.shard_statistics import WithSecondPasses, same_request
 from fedray.runtime.shards import ShardPool
 
 
@@ -68,6 +69,8 @@ class _Block:
     accuracy: PendingAccuracy | None = None
     classifier: Classifier | None = None
     reported: dict[str, float | str] = field(default_factory=dict)
+    ahead: list[int] = field(default_factory=list)
+    """The evaluations whose second pass the shards computed with this block's statistics."""
 
 
 class ClosedFormRounds:
@@ -97,7 +100,11 @@ class ClosedFormRounds:
         self.pool, self.method_ref, self.token = pool, ray.put(method), uuid.uuid4().hex
         self.uploads: list[tuple[int, np.ndarray]] = []
         """Each block's tag and uploading clients, for a method that keeps a part of them in the shards."""
-        self.summed_ahead = False
+        self.requests_ahead: dict[int, Any] = {}
+        """Each evaluation's second-pass request, where the shards compute it with the statistics (see
+        :meth:`_requests_ahead`)."""
+        self.second_passes: dict[int, Any] = {}
+        """Each evaluation's second pass over the blocks solved so far, added block after block."""
         """Whether the shards sum each evaluation's second pass as they compute the statistics
         (:meth:`_requests_ahead`)."""
         self.unsubmitted: list[tuple[int, np.ndarray, Postprocessing, np.ndarray, list[tuple[int, Any]] | None]] = []
@@ -150,7 +157,7 @@ class ClosedFormRounds:
             blocks[number] = _Block(number, clients_seen, samples, bytes_up, flops / max(clients_seen, 1),
                                     paper.columns(federation.num_clients), None, len(uploaded), group, lost)
         ahead = self._requests_ahead(pool, method_ref)
-        self.summed_ahead = ahead is not None
+        self.requests_ahead = {} if ahead is None else dict(ahead)
         if ahead is not None:
             self.unsubmitted = [(number, uploaded, group, when, [(evaluation, request) for evaluation, request in ahead
                                                                  if evaluation >= number])
@@ -163,14 +170,16 @@ class ClosedFormRounds:
         last = order[min(order.index(number) + BLOCKS_AHEAD, len(order) - 1)]
         while self.unsubmitted and self.unsubmitted[0][0] <= last:
             tag, uploaded, group, when, later = self.unsubmitted.pop(0)
+            self.blocks[tag].ahead = [evaluation for evaluation, _ in later or ()]
             self.blocks[tag].total = self.pool.statistics(self.method, uploaded, self.method_ref, group, when,
                                                           (self.token, tag), later)
 
     def _requests_ahead(self, pool: ShardPool, method_ref: ray.ObjectRef) -> list[tuple[int, Any]] | None:
         """Each evaluation's second-pass request, known before the pass from the labels of the clients that upload up to
         it (:meth:`~fedray.ClosedFormMethod.label_statistics`, counted in the shards), so that the shards read each
-        part they would keep once, summing it into every later evaluation's second pass; None where the method cannot
-        tell them, or a postprocessor changes uploads (the server then receives other counts than the labels')."""
+        part they would keep once, computing its second pass for every later evaluation with the block's statistics;
+        None where the method cannot tell them, or a postprocessor changes uploads (the server then receives other
+        counts than the labels')."""
         if type(self.method).label_statistics is ClosedFormMethod.label_statistics or self.postprocessing.per_client \
                 or not self.uploads:
             return None
@@ -191,6 +200,11 @@ class ClosedFormRounds:
             block.reported = dict(self.reported)
             return
         partial, block.total = block.total.result(), None  # its sums go into the state: the store may free them
+        if isinstance(partial, WithSecondPasses):
+            for evaluation, second in zip(block.ahead, partial.second_passes):
+                self.second_passes[evaluation] = combine_partials(self.second_passes.get(evaluation), second,
+                                                                  self.method.combine_second)
+            partial = partial.statistics
         with reporting(self.reported, COLUMNS):
             partial = block.postprocessing.aggregate(partial, block.round, block.uploads, self.method.upload_parts())
             solve_start = time.perf_counter()
@@ -210,10 +224,12 @@ class ClosedFormRounds:
         request = self.method.second_pass_request(state)
         if request is None:
             return self.method.solve(state)
+        summed = self.second_passes.pop(round_number, None)
+        if round_number in self.requests_ahead and same_request(request, self.requests_ahead[round_number]):
+            return self.method.solve_second(state, summed)
         uploads = [(tag, clients) for tag, clients in self.uploads if tag <= round_number]
         second = self.pool.second_pass(self.method, self.method_ref, request, self.token, uploads,
-                                       self.postprocessing.per_client,
-                                       round_number if self.summed_ahead else None).result()
+                                       self.postprocessing.per_client).result()
         return self.method.solve_second(state, second)
 
     def finish(self) -> None:

@@ -9,17 +9,22 @@ evaluation points, not with clients or rounds. What a method keeps in the
 shards for its second pass (FedCOF's received means) stays here
 (:mod:`fedray.runtime.kept`), or, where the server knows every evaluation's
 request before the pass (``ClosedFormMethod.label_statistics``), is read once:
-each part's second pass is added, as it is computed, into one sum per
-evaluation still to come and leaf (E × the shard's leaves d×d floats at most
-for FedCOF, its GEMMs those of the second passes they replace), in the order
-the second pass would add it.
+each part's second pass is computed with the block's statistics for every
+evaluation still to come, and goes back with them (:class:`WithSecondPasses`),
+nothing kept.
+
+A second pass is summed block by block: a block's second pass is its leaves'
+in the fixed tree, and the blocks' are added in block order on the driver, by
+either path (one :class:`BlockSums` a leaf). So a shard never holds a sum per
+leaf and evaluation (FedCOF at 10⁶ clients: 395 leaves × 10 evaluations × a
+d×d Gram), only the tree's partial sums of the block it computes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from functools import partial
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial, reduce
 from typing import Any
 
 import numpy as np
@@ -37,13 +42,23 @@ from fedray.runtime.shard_rows import HeldRows
 
 
 @dataclass
-class Accumulated:
-    """One evaluation's second pass over a shard's parts, summed leaf by leaf: each leaf's sum over the blocks
-    ``tags[leaf]`` that computed it, in their order."""
+class WithSecondPasses:
+    """A block's statistics and, for each evaluation ahead (:meth:`ShardStatistics.statistics`' ``ahead``, in its
+    order), the second pass over the parts the method would have kept of them (None: nothing)."""
 
-    request: Any
-    tags: dict[int, list[int]] = field(default_factory=dict)
-    totals: dict[int, Any] = field(default_factory=dict)
+    statistics: Any
+    second_passes: list[Any]
+
+
+@dataclass
+class BlockSums:
+    """A second pass over several blocks, one sum per block in their order (None: no client of it here)."""
+
+    sums: list[Any]
+
+    def total(self, add: Callable[[Any, Any], Any]) -> Any:
+        """The blocks' sums added in block order (None: none)."""
+        return reduce(partial(combine_partials, add=add), self.sums, None)
 
 
 class ShardStatistics:
@@ -56,8 +71,6 @@ class ShardStatistics:
         self.rows = rows
         self.kept = kept
         self.leaves = leaves or LeafRange(0, np.array([rows.first_client, rows.first_client + len(rows.offsets) - 1]))
-        self.accumulated: dict[str, dict[int, Accumulated]] = {}
-        """By run token and evaluation: the second passes summed ahead (:meth:`statistics`' ``ahead``)."""
 
     def label_statistics(self, method: ClosedFormMethod, blocks: list[np.ndarray]) -> list[Any]:
         """``method``'s :meth:`~fedray.ClosedFormMethod.label_statistics` of each block of clients (None: none here)."""
@@ -73,13 +86,14 @@ class ShardStatistics:
 
         ``keep`` (run token, block tag): what the method keeps in the shards (``kept_in_shards``) stays here for
         :meth:`second_pass`, and only the rest is returned. With ``ahead`` ((evaluation, request) of each evaluation
-        from this block on), nothing is kept: each kept part's second pass is added into each evaluation's sum.
+        from this block on), nothing is kept: a leaf's value is :class:`WithSecondPasses`, its statistics and each
+        kept part's second pass for each evaluation, summed in the leaf as :meth:`second_pass` would sum them.
         """
         per_client = postprocessing is not None and postprocessing.per_client
         leaves = self.leaves.split(clients, rounds if per_client else None)
         values = (self._leaf_statistics(method, leaf, leaf_clients, postprocessing if per_client else None,
                                         leaf_rounds, keep, ahead) for leaf, leaf_clients, leaf_rounds in leaves)
-        return TreeSum.of(self.leaves.first, values, partial(combine_checked, method))
+        return TreeSum.of(self.leaves.first, values, partial(add_block, method))
 
     def _leaf_statistics(self, method: ClosedFormMethod, leaf: int, clients: np.ndarray,
                          postprocessing: Postprocessing | None, rounds: np.ndarray | None,
@@ -88,13 +102,13 @@ class ShardStatistics:
         if not len(clients):
             return None
         total, kept, size = None, [] if ahead is None else None, 0
-        sums = None if ahead is None or keep is None else self._sums_ahead(keep, leaf, ahead)
+        passes = None if ahead is None or keep is None else [None] * len(ahead)
         for stats in self._uploads(method, clients, postprocessing, rounds):
             if keep is not None:
                 stats, part = method.kept_in_shards(stats)
-                for entry in sums or ():
-                    passed = method.second_pass(entry.request, part)
-                    entry.totals[leaf] = combine_partials(entry.totals.get(leaf), passed, method.combine_second)
+                if passes is not None:
+                    passes = [combine_partials(total, method.second_pass(request, part), method.combine_second)
+                              for total, (_, request) in zip(passes, ahead)]
                 if kept is not None:
                     kept.append(part)
                     size += 8 * floats_in([part])
@@ -104,15 +118,7 @@ class ShardStatistics:
         if keep is not None and kept is not None and any(part is not None for part in kept):
             token, tag = keep
             self.kept.add(token, (tag, leaf), kept, must_keep=postprocessing is not None)
-        return total
-
-    def _sums_ahead(self, keep: tuple[str, int], leaf: int, ahead: list[tuple[int, Any]]) -> list[Accumulated]:
-        """The sums of the evaluations ``ahead`` of run ``keep[0]``, block ``keep[1]`` recorded in each for ``leaf``."""
-        token, tag = keep
-        sums = self.accumulated.setdefault(token, {})
-        for evaluation, request in ahead:
-            sums.setdefault(evaluation, Accumulated(request)).tags.setdefault(leaf, []).append(tag)
-        return [sums[evaluation] for evaluation, _ in ahead]
+        return total if passes is None else WithSecondPasses(total, passes)
 
     def _uploads(self, method: ClosedFormMethod, clients: np.ndarray, postprocessing: Postprocessing | None,
                  rounds: np.ndarray | None) -> Iterator[Any]:
@@ -143,49 +149,37 @@ class ShardStatistics:
             yield method.client_statistics(batch(run))
 
     def second_pass(self, method: ClosedFormMethod, request: Any, token: str, uploads: list[tuple[int, np.ndarray]],
-                    per_client: bool, evaluation: int | None = None) -> TreeSum:
+                    per_client: bool) -> TreeSum:
         """``method``'s second pass over what its run (``token``) kept here from the blocks ``uploads`` ((tag, this
-        shard's clients that uploaded in it), in order), in the fixed tree over this shard's leaves: a leaf's sum
-        is one ``second_pass`` per part it kept, block after block. A part not kept (over the budget, or lost when Ray
-        restarted this shard) is computed again from its clients' rows.
-
-        ``evaluation``: the sums :meth:`statistics` added ahead for it, if that was for ``request`` (bit for bit) over
-        every block of ``uploads`` that has clients in each leaf (a restarted shard lost its sums: then, or for another
-        request, the second pass runs as above)."""
+        shard's clients that uploaded in it), in order), in the fixed tree over this shard's leaves: a leaf's value is
+        its :class:`BlockSums`, one ``second_pass`` per part it kept in each block, added in order. A part not kept
+        (over the budget, or lost when Ray restarted this shard) is computed again from its clients' rows."""
         by_leaf: dict[int, list[tuple[int, np.ndarray]]] = {}
         for tag, clients in uploads:
             for leaf, leaf_clients, _ in self.leaves.split(clients):
                 by_leaf.setdefault(leaf, []).append((tag, leaf_clients))
-        summed = self.accumulated.get(token, {}).pop(evaluation, None)
-        tags = {leaf: [tag for tag, clients in blocks if len(clients)] for leaf, blocks in by_leaf.items()}
-        leaves = range(self.leaves.first, self.leaves.first + self.leaves.count)
-        if summed is not None and summed.tags == {leaf: listed for leaf, listed in tags.items() if listed} \
-                and same_request(summed.request, request):
-            values = (summed.totals.get(leaf) for leaf in leaves)
-        else:
-            values = (self._leaf_second_pass(method, request, token, leaf, by_leaf.get(leaf, []), per_client)
-                      for leaf in leaves)
-        return TreeSum.of(self.leaves.first, values, method.combine_second)
+        values = (BlockSums([self._leaf_second_pass(method, request, token, leaf, tag, clients, per_client)
+                             for tag, clients in by_leaf.get(leaf, [])])
+                  for leaf in range(self.leaves.first, self.leaves.first + self.leaves.count))
+        return TreeSum.of(self.leaves.first, values, partial(add_second, method))
 
-    def _leaf_second_pass(self, method: ClosedFormMethod, request: Any, token: str, leaf: int,
-                          uploads: list[tuple[int, np.ndarray]], per_client: bool) -> Any:
-        """One leaf's second pass (see :meth:`second_pass`) over its clients of each block of ``uploads``."""
+    def _leaf_second_pass(self, method: ClosedFormMethod, request: Any, token: str, leaf: int, tag: int,
+                          clients: np.ndarray, per_client: bool) -> Any:
+        """One leaf's second pass (see :meth:`second_pass`) over its ``clients`` of block ``tag`` (None: none)."""
+        parts = self.kept.parts(token, (tag, leaf))
+        if parts is None and len(clients):
+            if per_client:
+                raise FedrayError(f"a restarted shard lost the uploads {method.name or type(method).__name__} kept "
+                                  f"in it, which a per-client postprocessor changed: run it again")
+            parts = (method.kept_in_shards(stats)[1] for stats in self._uploads(method, clients, None, None))
         total = None
-        for tag, clients in uploads:
-            parts = self.kept.parts(token, (tag, leaf))
-            if parts is None and len(clients):
-                if per_client:
-                    raise FedrayError(f"a restarted shard lost the uploads {method.name or type(method).__name__} kept "
-                                      f"in it, which a per-client postprocessor changed: run it again")
-                parts = (method.kept_in_shards(stats)[1] for stats in self._uploads(method, clients, None, None))
-            for part in parts or ():
-                total = combine_partials(total, method.second_pass(request, part), method.combine_second)
+        for part in parts or ():
+            total = combine_partials(total, method.second_pass(request, part), method.combine_second)
         return total
 
     def forget(self, token: str) -> None:
         """Drop what run ``token`` kept here."""
         self.kept.forget(token)
-        self.accumulated.pop(token, None)
 
 
 def same_request(a: Any, b: Any) -> bool:
@@ -198,11 +192,26 @@ def same_request(a: Any, b: Any) -> bool:
         left[path].dtype == right[path].dtype and torch.equal(left[path], right[path]) for path in left)
 
 
-def add_statistics(method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
-    """Two adjacent ranges of leaves' statistics merged, added as ``method`` adds them, their shapes checked."""
-    return a.merged(b, partial(combine_checked, method))
+def add_block(method: ClosedFormMethod, a: Any, b: Any) -> Any:
+    """Two sums of a block's statistics added as ``method`` adds them, their shapes checked; with second passes
+    (:class:`WithSecondPasses`), each evaluation's too."""
+    if not isinstance(a, WithSecondPasses):
+        return combine_checked(method, a, b)
+    return WithSecondPasses(combine_partials(a.statistics, b.statistics, partial(combine_checked, method)),
+                            [combine_partials(x, y, method.combine_second)
+                             for x, y in zip(a.second_passes, b.second_passes)])
 
 
-def add_second(method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
-    """Two adjacent ranges of leaves' second-pass sums merged, added as ``method`` adds them."""
-    return a.merged(b, method.combine_second)
+def add_second(method: ClosedFormMethod, a: BlockSums, b: BlockSums) -> BlockSums:
+    """Two second passes over the same blocks added block by block, as ``method`` adds them."""
+    return BlockSums([combine_partials(x, y, method.combine_second) for x, y in zip(a.sums, b.sums)])
+
+
+def merge_statistics(method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
+    """Two adjacent ranges of leaves' statistics merged (:func:`add_block`)."""
+    return a.merged(b, partial(add_block, method))
+
+
+def merge_second(method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
+    """Two adjacent ranges of leaves' second passes merged (:func:`add_second`)."""
+    return a.merged(b, partial(add_second, method))

@@ -43,7 +43,7 @@ from fedray.runtime.actor_group import (CLEAR_TIMEOUT_S, ActorGroup, Reduction, 
 from fedray.runtime.fixed_tree import LeafOwners, LeafRange, TreeSum, leaf_bounds, merge_with, root_of
 from fedray.runtime.shard_evaluation import ShardEvaluation
 from fedray.runtime.shard_rows import HeldRows, Rows, ShardRows
-from fedray.runtime.shard_statistics import ShardStatistics, add_second, add_statistics
+from fedray.runtime.shard_statistics import BlockSums, ShardStatistics, add_block, add_second, merge_statistics, merge_second
 from fedray.runtime.shard_training import ShardTraining
 from fedray.runtime import tensor_transfer
 
@@ -139,17 +139,17 @@ class ShardActor:
         return self.statistics_job.statistics(method, clients, postprocessing, rounds, keep, ahead)
 
     def second_pass(self, method: ClosedFormMethod, request: Any, token: str, uploads: list[tuple[int, np.ndarray]],
-                    per_client: bool, evaluation: int | None = None) -> Any:
-        return self.statistics_job.second_pass(method, request, token, uploads, per_client, evaluation)
+                    per_client: bool) -> Any:
+        return self.statistics_job.second_pass(method, request, token, uploads, per_client)
 
     def forget(self, token: str) -> None:
         self.statistics_job.forget(token)
 
     def combine_statistics(self, method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
-        return add_statistics(method, a, b)
+        return merge_statistics(method, a, b)
 
     def combine_second(self, method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
-        return add_second(method, a, b)
+        return merge_second(method, a, b)
 
     # --- local training with the clients' states (ShardTraining)
 
@@ -353,8 +353,9 @@ class ShardPool(ActorGroup):
         ``method_ref`` is ``method`` put in the object store (once per run, by a caller that submits many blocks);
         ``postprocessing``'s client hooks see each upload, made in round ``rounds[i]`` by ``clients[i]``; ``keep``
         (run token, block tag): what the method keeps in the shards stays there, for :meth:`second_pass`, or, with
-        ``ahead`` ((evaluation, request) of each evaluation from this block on), is summed into each evaluation's
-        second pass as it is computed (:meth:`second_pass` with ``evaluation`` returns that sum).
+        ``ahead`` ((evaluation, request) of each evaluation from this block on), goes into each evaluation's second
+        pass over this block as it is computed: the sum is then a
+        :class:`~fedray.runtime.shard_statistics.WithSecondPasses`.
         """
         self.wait()
         method_ref = ray.put(method) if method_ref is None else method_ref
@@ -363,7 +364,7 @@ class ShardPool(ActorGroup):
         partials = [(actor.statistics.remote(method_ref, clients[owners == index], postprocessing if per_client else None,
                                              rounds[owners == index] if per_client else None, keep, ahead), actor)
                     for index, actor in enumerate(self.actors)]
-        add = partial(combine_checked, method)
+        add = partial(add_block, method)
         return tree_reduce(method_ref, partials, merge_with(add), combine="combine_statistics",
                            finish=root_of(len(self.leaves.leaves) - 1, add))
 
@@ -380,20 +381,25 @@ class ShardPool(ActorGroup):
                 for parts in zip(*shards)]
 
     def second_pass(self, method: ClosedFormMethod, method_ref: ray.ObjectRef, request: Any, token: str,
-                    uploads: list[tuple[int, np.ndarray]], per_client: bool = False,
-                    evaluation: int | None = None) -> Reduction:
+                    uploads: list[tuple[int, np.ndarray]], per_client: bool = False) -> Reduction:
         """Submit ``method``'s second pass over what run ``token`` kept in the shards from the blocks ``uploads`` ((tag,
-        the clients that uploaded in it)) and tree-reduce the shards' sums (``.result()``: the sum); ``evaluation``:
-        the sums the shards added ahead for it, where they are whole (see :meth:`statistics`)."""
+        the clients that uploaded in it)), each block's summed in the fixed tree, the blocks' then in their order
+        (``.result()``: the sum)."""
         self.wait()
         request_ref = ray.put(request)
         owned = [(tag, self.leaves.owners(clients), clients) for tag, clients in uploads]
         partials = [(actor.second_pass.remote(method_ref, request_ref, token,
                                               [(tag, clients[owners == index]) for tag, owners, clients in owned],
-                                              per_client, evaluation), actor)
+                                              per_client), actor)
                     for index, actor in enumerate(self.actors)]
-        return tree_reduce(method_ref, partials, merge_with(method.combine_second), combine="combine_second",
-                           finish=root_of(len(self.leaves.leaves) - 1, method.combine_second))
+        add = partial(add_second, method)
+        root = root_of(len(self.leaves.leaves) - 1, add)
+
+        def finish(total: TreeSum) -> Any:
+            blocks: BlockSums | None = root(total)
+            return None if blocks is None else blocks.total(method.combine_second)
+
+        return tree_reduce(method_ref, partials, merge_with(add), combine="combine_second", finish=finish)
 
     def forget(self, token: str) -> None:
         """Drop what run ``token`` kept in the shards, waiting for them: a call still pending when the pool shuts down

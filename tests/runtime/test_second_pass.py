@@ -4,6 +4,7 @@ shard, are computed again from the rows, to the same bits. Where the labels tell
 pass (FedCOF's weights), the shards sum each part into every later evaluation's second pass as they compute it."""
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pytest
@@ -22,7 +23,8 @@ from fedray.runtime.actor_group import combine_partials
 from fedray.runtime.evaluator import Evaluator
 from fedray.runtime.kept import KeptParts
 from fedray.runtime.shard_rows import HeldRows, Rows
-from fedray.runtime.shard_statistics import ShardStatistics
+from fedray.methods.postprocessor import flatten
+from fedray.runtime.shard_statistics import BlockSums, ShardStatistics, add_block, add_second
 from fedray.runtime.shards import ShardPool
 from tests.reference import fedcof_algorithm1, features_and_labels, max_relative_difference
 
@@ -133,8 +135,8 @@ def one_shard(federation) -> ShardStatistics:
 
 
 def summed_ahead(federation, method):
-    """Three blocks of clients (tags 3, 6, 9), each evaluation's request from the labels, and a shard that summed
-    them ahead."""
+    """Three blocks of clients (tags 3, 6, 9), each evaluation's request from the labels, a shard, and each block's
+    statistics from it with their second pass for every evaluation from the block on (its root)."""
     clients = np.random.default_rng(0).permutation(federation.num_clients)
     blocks = list(zip((3, 6, 9), np.array_split(clients, 3)))
     shard = one_shard(federation)
@@ -142,9 +144,14 @@ def summed_ahead(federation, method):
     for (tag, _), counted in zip(blocks, shard.label_statistics(method, [clients for _, clients in blocks])):
         total = counted if total is None else method.combine(total, counted)
         requests.append((tag, method.second_pass_request(total)))
-    for tag, clients in blocks:
-        shard.statistics(method, clients, keep=("run", tag), ahead=[(e, r) for e, r in requests if e >= tag])
-    return blocks, requests, shard
+    sums = [shard.statistics(method, clients, keep=("run", tag), ahead=[(e, r) for e, r in requests if e >= tag])
+            .root(1, partial(add_block, method)) for tag, clients in blocks]
+    return blocks, requests, shard, sums
+
+
+def same_bits(a, b) -> bool:
+    left, right = flatten(a), flatten(b)
+    return left.keys() == right.keys() and all(torch.equal(left[path], right[path]) for path in left)
 
 
 def test_a_shard_reads_each_mean_once_for_every_later_evaluation(federation, monkeypatch):
@@ -153,35 +160,36 @@ def test_a_shard_reads_each_mean_once_for_every_later_evaluation(federation, mon
     second_pass = FedCOF.second_pass
     monkeypatch.setattr(FedCOF, "second_pass",
                         lambda self, request, part: passes.append(1) or second_pass(self, request, part))
-    blocks, requests, shard = summed_ahead(federation, method)
+    blocks, requests, shard, sums = summed_ahead(federation, method)
     assert len(passes) == 3 + 2 + 1, "each block's means, once per evaluation from its own on"
     assert shard.kept.used == 0 and shard.kept.runs == {}, "no mean kept"
     today, received = one_shard(federation), None
-    for tag, clients in blocks:
+    for (tag, clients), summed in zip(blocks, sums):
         block = today.statistics(method, clients, keep=("run", tag)).root(1, method.combine)
+        assert same_bits(summed.statistics, block), "the statistics themselves as without the second passes"
         received = combine_partials(received, block, method.combine)
         assert torch.equal(method.second_pass_request(received), dict(requests)[tag]), "the server's weights"
     for number, (evaluation, request) in enumerate(requests, start=1):
+        by_block = [summed.second_passes[[e for e, _ in requests[index:]].index(evaluation)]
+                    for index, summed in enumerate(sums[:number])]
+        one_pass = BlockSums(by_block).total(torch.add)
         passes.clear()
-        summed = shard.second_pass(method, request, "run", blocks[:number], False, evaluation).root(1, torch.add)
-        assert passes == [], "the sum is served as it was added"
-        assert torch.equal(summed, today.second_pass(method, request, "run", blocks[:number], False).root(1, torch.add))
-    assert shard.accumulated["run"] == {}
+        again = today.second_pass(method, request, "run", blocks[:number], False).root(1, partial(add_second, method))
+        assert len(passes) == number, "the second pass reads the kept means of every block again"
+        assert torch.equal(one_pass, again.total(torch.add))
 
 
-def test_a_shard_passes_again_for_another_request_or_after_losing_its_sums(federation):
-    """Another request (a postprocessor changed the counts the server received), or a restarted shard's sums (the blocks
-    before its restart missing): the second pass runs from the rows, to the bits of the one it replaces."""
+def test_a_blocks_second_passes_are_a_function_of_the_block_alone(federation):
+    """Nothing stays in the shard between blocks: a block computed again (a restarted shard's retried call) gives the
+    same bits, and the sums of one evaluation are its blocks' second passes added in block order."""
     method = FedCOF(16, 30)
-    blocks, requests, shard = summed_ahead(federation, method)
-    today = one_shard(federation)
-    other = requests[1][1] * 2
-    assert torch.equal(shard.second_pass(method, other, "run", blocks[:2], False, 6).root(1, torch.add),
-                       today.second_pass(method, other, "run", blocks[:2], False).root(1, torch.add))
-    shard.accumulated.clear()
-    shard.statistics(method, blocks[2][1], keep=("run", 9), ahead=[requests[2]])  # retried after the restart
-    assert torch.equal(shard.second_pass(method, requests[2][1], "run", blocks, False, 9).root(1, torch.add),
-                       today.second_pass(method, requests[2][1], "run", blocks, False).root(1, torch.add))
+    blocks, requests, shard, sums = summed_ahead(federation, method)
+    (tag, clients), later = blocks[1], requests[1:]
+    again = shard.statistics(method, clients, keep=("run", tag), ahead=later).root(1, partial(add_block, method))
+    assert same_bits(again.statistics, sums[1].statistics)
+    assert all(torch.equal(a, b) for a, b in zip(again.second_passes, sums[1].second_passes))
+    last = BlockSums([sums[0].second_passes[2], sums[1].second_passes[1], sums[2].second_passes[0]]).total(torch.add)
+    assert torch.equal(last, (sums[0].second_passes[2] + sums[1].second_passes[1]) + sums[2].second_passes[0])
 
 
 class SpreadOfClientMeans(ClosedFormMethod):
