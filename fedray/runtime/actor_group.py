@@ -214,7 +214,7 @@ class Reduction:
 
 def tree_reduce(method: ray.ObjectRef | None, partials: list[tuple[ray.ObjectRef, Any]],
                 add: Callable[[Any, Any], Any] = operator.add, combine: str = "combine",
-                finish: Callable[[Any], Any] | None = None) -> Reduction:
+                finish: Callable[[Any], Any] | None = None, finish_in: tuple[str, tuple] | None = None) -> Reduction:
     """Pairwise sums through object refs, in a fixed order, O(log actors) deep; the last one by ``add`` in the caller.
 
     Each pair but the last is combined by the actor that produced its left
@@ -223,10 +223,19 @@ def tree_reduce(method: ray.ObjectRef | None, partials: list[tuple[ray.ObjectRef
     the sums is the same as if the actors did the last one too. Each pair is two neighbours (actors ``2i`` and
     ``2i + 1``, then their sums likewise), so a sum over ranges of clients always joins adjacent ranges; ``finish``
     turns the whole sum into the result (:attr:`Reduction.finish`).
+
+    ``finish_in`` (an actor method's name, its arguments after the sum): the actors make the last pair too, and the
+    first actor turns the whole sum into the result (``actor.name(method, total, *arguments)``), so that the caller
+    fetches only the result: for partial sums much larger than it (the nodes of a fixed tree, each holding one sum
+    per evaluation ahead).
     """
     level = partials
-    while len(level) > 2:
+    while len(level) > (1 if finish_in else 2):
         paired = [(getattr(left[1], combine).remote(method, left[0], right[0]), left[1])
                   for left, right in zip(level[::2], level[1::2])]
         level = paired + ([level[-1]] if len(level) % 2 else [])
+    if finish_in is not None:
+        name, arguments = finish_in
+        ref, actor = level[0]
+        return Reduction((getattr(actor, name).remote(method, ref, *arguments),), add)
     return Reduction(tuple(ref for ref, _ in level), add, finish)

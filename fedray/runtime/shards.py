@@ -151,6 +151,10 @@ class ShardActor:
     def combine_second(self, method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
         return merge_second(method, a, b)
 
+    def root_statistics(self, method: ClosedFormMethod, total: TreeSum, num_leaves: int) -> Any:
+        """The sum a block's :class:`TreeSum` over all ``num_leaves`` leaves stands for (see :meth:`ShardPool.statistics`)."""
+        return total.root(num_leaves, partial(add_block, method))
+
     # --- local training with the clients' states (ShardTraining)
 
     def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int,
@@ -364,9 +368,12 @@ class ShardPool(ActorGroup):
         partials = [(actor.statistics.remote(method_ref, clients[owners == index], postprocessing if per_client else None,
                                              rounds[owners == index] if per_client else None, keep, ahead), actor)
                     for index, actor in enumerate(self.actors)]
-        add = partial(add_block, method)
+        add, num_leaves = partial(add_block, method), len(self.leaves.leaves) - 1
+        if ahead:  # each node holds a d×d sum per evaluation ahead: the shards root them, the driver gets the sums only
+            return tree_reduce(method_ref, partials, merge_with(add), combine="combine_statistics",
+                               finish_in=("root_statistics", (num_leaves,)))
         return tree_reduce(method_ref, partials, merge_with(add), combine="combine_statistics",
-                           finish=root_of(len(self.leaves.leaves) - 1, add))
+                           finish=root_of(num_leaves, add))
 
     def label_statistics(self, method: ClosedFormMethod, method_ref: ray.ObjectRef,
                          blocks: list[np.ndarray]) -> list[Any]:
