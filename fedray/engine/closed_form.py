@@ -229,7 +229,7 @@ class ClosedFormRounds:
             return self.method.solve_second(state, summed)
         uploads = [(tag, clients) for tag, clients in self.uploads if tag <= round_number]
         second = self.pool.second_pass(self.method, self.method_ref, request, self.token, uploads,
-                                       self.postprocessing.per_client).result()
+                                       self.postprocessing.per_client)
         return self.method.solve_second(state, second)
 
     def finish(self) -> None:

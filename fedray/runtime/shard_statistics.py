@@ -15,16 +15,16 @@ nothing kept.
 
 A second pass is summed block by block: a block's second pass is its leaves'
 in the fixed tree, and the blocks' are added in block order on the driver, by
-either path (one :class:`BlockSums` a leaf). So a shard never holds a sum per
-leaf and evaluation (FedCOF at 10⁶ clients: 395 leaves × 10 evaluations × a
-d×d Gram), only the tree's partial sums of the block it computes.
+either path. So a shard never holds a sum per leaf and evaluation (FedCOF at
+10⁶ clients: 395 leaves × 10 evaluations × a d×d Gram), only the tree's partial
+sums of the block it computes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from functools import partial, reduce
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -50,15 +50,6 @@ class WithSecondPasses:
     second_passes: list[Any]
 
 
-@dataclass
-class BlockSums:
-    """A second pass over several blocks, one sum per block in their order (None: no client of it here)."""
-
-    sums: list[Any]
-
-    def total(self, add: Callable[[Any, Any], Any]) -> Any:
-        """The blocks' sums added in block order (None: none)."""
-        return reduce(partial(combine_partials, add=add), self.sums, None)
 
 
 class ShardStatistics:
@@ -148,20 +139,15 @@ class ShardStatistics:
         for run in self.rows.runs(clients):
             yield method.client_statistics(batch(run))
 
-    def second_pass(self, method: ClosedFormMethod, request: Any, token: str, uploads: list[tuple[int, np.ndarray]],
+    def second_pass(self, method: ClosedFormMethod, request: Any, token: str, tag: int, clients: np.ndarray,
                     per_client: bool) -> TreeSum:
-        """``method``'s second pass over what its run (``token``) kept here from the blocks ``uploads`` ((tag, this
-        shard's clients that uploaded in it), in order), in the fixed tree over this shard's leaves: a leaf's value is
-        its :class:`BlockSums`, one ``second_pass`` per part it kept in each block, added in order. A part not kept
-        (over the budget, or lost when Ray restarted this shard) is computed again from its clients' rows."""
-        by_leaf: dict[int, list[tuple[int, np.ndarray]]] = {}
-        for tag, clients in uploads:
-            for leaf, leaf_clients, _ in self.leaves.split(clients):
-                by_leaf.setdefault(leaf, []).append((tag, leaf_clients))
-        values = (BlockSums([self._leaf_second_pass(method, request, token, leaf, tag, clients, per_client)
-                             for tag, clients in by_leaf.get(leaf, [])])
-                  for leaf in range(self.leaves.first, self.leaves.first + self.leaves.count))
-        return TreeSum.of(self.leaves.first, values, partial(add_second, method))
+        """``method``'s second pass over what its run (``token``) kept here from block ``tag`` (this shard's
+        ``clients`` that uploaded in it), in the fixed tree over this shard's leaves: a leaf's value is one
+        ``second_pass`` per part it kept, added in order. A part not kept (over the budget, or lost when Ray restarted
+        this shard) is computed again from its clients' rows."""
+        values = (self._leaf_second_pass(method, request, token, leaf, tag, leaf_clients, per_client)
+                  for leaf, leaf_clients, _ in self.leaves.split(clients))
+        return TreeSum.of(self.leaves.first, values, method.combine_second)
 
     def _leaf_second_pass(self, method: ClosedFormMethod, request: Any, token: str, leaf: int, tag: int,
                           clients: np.ndarray, per_client: bool) -> Any:
@@ -202,16 +188,11 @@ def add_block(method: ClosedFormMethod, a: Any, b: Any) -> Any:
                              for x, y in zip(a.second_passes, b.second_passes)])
 
 
-def add_second(method: ClosedFormMethod, a: BlockSums, b: BlockSums) -> BlockSums:
-    """Two second passes over the same blocks added block by block, as ``method`` adds them."""
-    return BlockSums([combine_partials(x, y, method.combine_second) for x, y in zip(a.sums, b.sums)])
-
-
 def merge_statistics(method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
     """Two adjacent ranges of leaves' statistics merged (:func:`add_block`)."""
     return a.merged(b, partial(add_block, method))
 
 
 def merge_second(method: ClosedFormMethod, a: TreeSum, b: TreeSum) -> TreeSum:
-    """Two adjacent ranges of leaves' second passes merged (:func:`add_second`)."""
-    return a.merged(b, partial(add_second, method))
+    """Two adjacent ranges of leaves' second passes merged, added as ``method`` adds them."""
+    return a.merged(b, method.combine_second)

@@ -43,7 +43,7 @@ from fedray.runtime.actor_group import (CLEAR_TIMEOUT_S, ActorGroup, Reduction, 
 from fedray.runtime.fixed_tree import LeafOwners, LeafRange, TreeSum, leaf_bounds, merge_with, root_of
 from fedray.runtime.shard_evaluation import ShardEvaluation
 from fedray.runtime.shard_rows import HeldRows, Rows, ShardRows
-from fedray.runtime.shard_statistics import BlockSums, ShardStatistics, add_block, add_second, merge_statistics, merge_second
+from fedray.runtime.shard_statistics import ShardStatistics, add_block, merge_statistics, merge_second
 from fedray.runtime.shard_training import ShardTraining
 from fedray.runtime import tensor_transfer
 
@@ -138,9 +138,9 @@ class ShardActor:
                    ahead: list[tuple[int, Any]] | None = None) -> Any:
         return self.statistics_job.statistics(method, clients, postprocessing, rounds, keep, ahead)
 
-    def second_pass(self, method: ClosedFormMethod, request: Any, token: str, uploads: list[tuple[int, np.ndarray]],
+    def second_pass(self, method: ClosedFormMethod, request: Any, token: str, tag: int, clients: np.ndarray,
                     per_client: bool) -> Any:
-        return self.statistics_job.second_pass(method, request, token, uploads, per_client)
+        return self.statistics_job.second_pass(method, request, token, tag, clients, per_client)
 
     def forget(self, token: str) -> None:
         self.statistics_job.forget(token)
@@ -388,25 +388,22 @@ class ShardPool(ActorGroup):
                 for parts in zip(*shards)]
 
     def second_pass(self, method: ClosedFormMethod, method_ref: ray.ObjectRef, request: Any, token: str,
-                    uploads: list[tuple[int, np.ndarray]], per_client: bool = False) -> Reduction:
-        """Submit ``method``'s second pass over what run ``token`` kept in the shards from the blocks ``uploads`` ((tag,
-        the clients that uploaded in it)), each block's summed in the fixed tree, the blocks' then in their order
-        (``.result()``: the sum)."""
+                    uploads: list[tuple[int, np.ndarray]], per_client: bool = False) -> Any:
+        """``method``'s second pass over what run ``token`` kept in the shards from the blocks ``uploads`` ((tag, the
+        clients that uploaded in it)): each block's summed in the fixed tree (one reduction a block, all submitted at
+        once), the blocks' added in their order here, as :class:`~fedray.engine.closed_form.ClosedFormRounds` adds the
+        second passes the shards computed with the statistics."""
         self.wait()
-        request_ref = ray.put(request)
-        owned = [(tag, self.leaves.owners(clients), clients) for tag, clients in uploads]
-        partials = [(actor.second_pass.remote(method_ref, request_ref, token,
-                                              [(tag, clients[owners == index]) for tag, owners, clients in owned],
-                                              per_client), actor)
-                    for index, actor in enumerate(self.actors)]
-        add = partial(add_second, method)
-        root = root_of(len(self.leaves.leaves) - 1, add)
-
-        def finish(total: TreeSum) -> Any:
-            blocks: BlockSums | None = root(total)
-            return None if blocks is None else blocks.total(method.combine_second)
-
-        return tree_reduce(method_ref, partials, merge_with(add), combine="combine_second", finish=finish)
+        request_ref, add, num_leaves = ray.put(request), method.combine_second, len(self.leaves.leaves) - 1
+        reductions = []
+        for tag, clients in uploads:
+            owners = self.leaves.owners(clients)
+            partials = [(actor.second_pass.remote(method_ref, request_ref, token, tag, clients[owners == index],
+                                                  per_client), actor)
+                        for index, actor in enumerate(self.actors)]
+            reductions.append(tree_reduce(method_ref, partials, merge_with(add), combine="combine_second",
+                                          finish=root_of(num_leaves, add)))
+        return reduce(partial(combine_partials, add=add), (reduction.result() for reduction in reductions), None)
 
     def forget(self, token: str) -> None:
         """Drop what run ``token`` kept in the shards, waiting for them: a call still pending when the pool shuts down
