@@ -10,11 +10,12 @@ when training: at most N_s, and at most the largest such set of clients):
                 that streams its features, whose block is then at most
                 STREAMED_ROWS samples plus a client); the block's rows gathered
                 (B × (4d + 8)) and their float64 design (B × 8p, plus the float32
-                output of the method's feature map); four statistics objects at
+                output of the method's feature map); five statistics objects at
                 once (a partial received in the tree reduction, its own, their sum,
-                and the copy Ray pickles to return it); its test rows (T_s × (4d + 8),
-                T_s its whole chunks of 8,192 test rows) and their feature map's
-                output; one chunk of test scores (8192 × 4C);
+                the copy Ray pickles to return it, the root the first shard makes);
+                its test rows (T_s × (4d + 8), T_s its whole chunks of 8,192 test
+                rows) and their feature map's output; one chunk of test scores
+                (8192 × 4C);
   the driver    three statistics objects (the running total, a block's, their
                 sum); the solver's workspace.
 
@@ -59,9 +60,10 @@ from fedray.runtime.client_states import meta_client_state
 from fedray.runtime.kept import default_budget
 
 FLOAT32, FLOAT64, INT64 = 4, 8, 8
-SHARD_COPIES = 4
+SHARD_COPIES = 5
 """Statistics objects alive at once in a shard: a partial received in the tree reduction,
-its own, their sum, and the copy Ray pickles to return the sum (as measured)."""
+its own, their sum, the copy Ray pickles to return the sum, and, in the shard that makes
+the tree's root, the root it returns (as measured)."""
 DRIVER_COPIES = 3
 """On the driver: the running total, a block's total, their sum."""
 TRAINING_COPIES = 4

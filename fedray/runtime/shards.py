@@ -352,7 +352,10 @@ class ShardPool(ActorGroup):
                    postprocessing: Postprocessing | None = None, rounds: np.ndarray | None = None,
                    keep: tuple[str, int] | None = None, ahead: list[tuple[int, Any]] | None = None) -> Reduction:
         """Submit the statistics of ``clients`` to their shards and join their sums in the fixed tree (``.result()``:
-        the sum, the same bits on any number of shards).
+        the sum, the same bits on any number of shards). The shards make the last step and the root too, so that the
+        driver fetches the sum alone, not the tree's nodes (O(log leaves) statistics objects from each side: Fed3R's
+        driver at 10⁵ clients peaked 350 MB higher that way; with FedCOF's second passes ahead, a d × d per evaluation
+        in each node).
 
         ``method_ref`` is ``method`` put in the object store (once per run, by a caller that submits many blocks);
         ``postprocessing``'s client hooks see each upload, made in round ``rounds[i]`` by ``clients[i]``; ``keep``
@@ -368,12 +371,8 @@ class ShardPool(ActorGroup):
         partials = [(actor.statistics.remote(method_ref, clients[owners == index], postprocessing if per_client else None,
                                              rounds[owners == index] if per_client else None, keep, ahead), actor)
                     for index, actor in enumerate(self.actors)]
-        add, num_leaves = partial(add_block, method), len(self.leaves.leaves) - 1
-        if ahead:  # each node holds a d×d sum per evaluation ahead: the shards root them, the driver gets the sums only
-            return tree_reduce(method_ref, partials, merge_with(add), combine="combine_statistics",
-                               finish_in=("root_statistics", (num_leaves,)))
-        return tree_reduce(method_ref, partials, merge_with(add), combine="combine_statistics",
-                           finish=root_of(num_leaves, add))
+        return tree_reduce(method_ref, partials, merge_with(partial(add_block, method)), combine="combine_statistics",
+                           finish_in=("root_statistics", (len(self.leaves.leaves) - 1,)))
 
     def label_statistics(self, method: ClosedFormMethod, method_ref: ray.ObjectRef,
                          blocks: list[np.ndarray]) -> list[Any]:
