@@ -69,8 +69,6 @@ class _Block:
     accuracy: PendingAccuracy | None = None
     classifier: Classifier | None = None
     reported: dict[str, float | str] = field(default_factory=dict)
-    ahead: list[int] = field(default_factory=list)
-    """The evaluations whose second pass the shards computed with this block's statistics."""
 
 
 class ClosedFormRounds:
@@ -170,7 +168,6 @@ class ClosedFormRounds:
         last = order[min(order.index(number) + BLOCKS_AHEAD, len(order) - 1)]
         while self.unsubmitted and self.unsubmitted[0][0] <= last:
             tag, uploaded, group, when, later = self.unsubmitted.pop(0)
-            self.blocks[tag].ahead = [evaluation for evaluation, _ in later or ()]
             self.blocks[tag].total = self.pool.statistics(self.method, uploaded, self.method_ref, group, when,
                                                           (self.token, tag), later)
 
@@ -201,7 +198,8 @@ class ClosedFormRounds:
             return
         partial, block.total = block.total.result(), None  # its sums go into the state: the store may free them
         if isinstance(partial, WithSecondPasses):
-            for evaluation, second in zip(block.ahead, partial.second_passes):
+            ahead = [evaluation for evaluation in self.requests_ahead if evaluation >= block.round]  # as submitted
+            for evaluation, second in zip(ahead, partial.second_passes):
                 self.second_passes[evaluation] = combine_partials(self.second_passes.get(evaluation), second,
                                                                   self.method.combine_second)
             partial = partial.statistics
