@@ -91,6 +91,7 @@ def test_sharded_scaffold_equals_in_memory(ray_session, clients, held_out, per_r
     assert 0 < rows[-1].train_loss < rows[0].train_loss
 
 
+@pytest.mark.slow  # three pools' starts (21 s); the fast layer keeps test_sharded_scaffold_equals_in_memory[3]
 def test_shard_layouts_give_the_same_bits(ray_session, clients, held_out):
     """The moments, the closed form's statistics and SCAFFOLD's rounds are summed in the tree with one client a leaf:
     one, two or three stage-2 shards give the same normalization, models and rows, bit for bit."""
