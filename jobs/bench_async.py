@@ -8,9 +8,11 @@ For each availability, two runs of FedAvg linear probing on ``synthetic:inat-use
 ``--concurrency`` clients) and FedBuff (``--scheduler fedbuff``, ``--steps`` server steps with ``--concurrency``
 clients training at once, the buffer its default ⌈M / 2⌉). Each reports its wall time (the whole process, from the
 interpreter's start, as :mod:`jobs.bench_scale` does), the part of it inside the run (``run_s``: after Ray and the
-federation are up) and the driver's peak resident memory; the point adds their ratios, FedBuff's over the
-synchronous run's (``wall_ratio``, target at most 1.2; ``driver_memory_ratio``, target about 1: the driver keeps
-per-client numbers only for the clients training now). Prints one JSON line.
+federation are up), the driver's peak resident memory and the two parts of it (:mod:`jobs.private_memory`): its
+private memory and the object store's pages it has mapped; the point adds their ratios, FedBuff's over the
+synchronous run's (``wall_ratio``, target at most 1.2; ``driver_private_memory_ratio``, target about 1: the driver
+keeps per-client numbers only for the clients training now, and the updates waiting for their steps are held in the
+first shard; ``driver_memory_ratio``, the resident memory's, store pages included). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 
 from jobs.fresh_process import json_line_of  # noqa: E402
+from jobs.private_memory import PeakPrivateMemory  # noqa: E402
 
 MB = 2**20
 DEVICES = "phones"
@@ -46,12 +49,13 @@ def one_run(scheduler: str, clients: int, concurrency: int, steps: int, dim: int
     config = RunConfig(method="fedavg", dataset=f"synthetic:inat-user-120k?clients={clients}&dim={dim}",
                        clients_per_round=concurrency, rounds=steps, eval_every=steps, quiet=True,
                        out=tempfile.mkdtemp(prefix="fedray-async-"), component_options=options)
+    memory = PeakPrivateMemory().start()
     begun = time.perf_counter()
     rows = run(config).rows
     run_s = time.perf_counter() - begun
     ray.shutdown()
     return {"scheduler": scheduler, "wall_s": round(time.perf_counter() - STARTED, 1), "run_s": round(run_s, 1),
-            "driver_peak_rss_mb": round(peak_memory_bytes() / MB), "steps": rows[-1]["round"],
+            "driver_peak_rss_mb": round(peak_memory_bytes() / MB), **memory.figures(), "steps": rows[-1]["round"],
             "clock_s": round(rows[-1]["clock_s"], 1), "accuracy": round(rows[-1]["accuracy"], 4)}
 
 
@@ -84,7 +88,9 @@ def main(argv: list[str] | None = None) -> None:
         points.append({"availability": availability, "sync": sync, "fedbuff": fedbuff,
                        "wall_ratio": round(fedbuff["wall_s"] / sync["wall_s"], 3),
                        "run_ratio": round(fedbuff["run_s"] / sync["run_s"], 3),
-                       "driver_memory_ratio": round(fedbuff["driver_peak_rss_mb"] / sync["driver_peak_rss_mb"], 3)})
+                       "driver_memory_ratio": round(fedbuff["driver_peak_rss_mb"] / sync["driver_peak_rss_mb"], 3),
+                       "driver_private_memory_ratio": round(fedbuff["driver_peak_private_mb"]
+                                                            / sync["driver_peak_private_mb"], 3)})
         print(json.dumps(points[-1]), file=sys.stderr)
     print(json.dumps({"benchmark": "async", "clients": args.clients, "concurrency": args.concurrency,
                       "steps": args.steps, "dim": args.dim, "devices": DEVICES, "points": points}))

@@ -6,8 +6,9 @@ work, which clients train from each model version and which server step takes
 each update. So at version v — after step v, before step v + 1 — the clients
 dispatched at v are trained from the model of version v, one batch for each
 step that takes their updates, and each batch's summed uploads, scaled by the
-staleness weight w(s) of that step (s = its number − 1 − v), waits in
-:class:`AsyncUpdates` until its step. Step v + 1 then takes what waits for it
+staleness weight w(s) of that step (s = its number − 1 − v), waits until its step
+(:mod:`~fedray.methods.training.held_updates`: in the first shard, so that the driver holds one sum at a time,
+whatever the staleness). Step v + 1 then takes what waits for it
 (only clients dispatched at versions ≤ v) and goes through the same server
 update as a synchronous round:
 
@@ -22,7 +23,7 @@ An asynchronous run writes no checkpoint (the updates waiting for a later step a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,16 +31,7 @@ import numpy as np
 from fedray.clock.asynchronous import AsynchronousRounds
 from fedray.core.errors import FedrayError
 from fedray.methods.training.backend import Params, RoundUpdate, TrainingBackend
-
-
-def scaled(update: RoundUpdate, weight: float, plain: bool) -> RoundUpdate:
-    """``update``'s uploads times ``weight``, and its total weight too unless ``plain`` (the FedBuff paper's division
-    by the plain total). A weight of 1 is the update itself."""
-    if weight == 1.0:
-        return update
-    return RoundUpdate({name: value * weight for name, value in update.sums.items()},
-                       update.weight if plain else update.weight * weight, update.clients, update.loss_sum,
-                       update.samples, update.statistics)
+from fedray.methods.training.held_updates import Arrival, HeldUpdates
 
 
 @dataclass
@@ -52,7 +44,8 @@ class AsyncUpdates:
     plain: bool
     mixing_rate: float | None
     """fedasync's α (None: fedbuff)."""
-    waiting: dict[int, RoundUpdate] = field(default_factory=dict)
+    held: HeldUpdates = field(default_factory=HeldUpdates)
+    """The updates waiting for their steps, where the backend cannot hold them."""
     versions: dict[int, Params] = field(default_factory=dict)
     """fedasync: the models that updates still to come were trained from."""
     version_of: dict[int, int] = field(init=False)
@@ -66,14 +59,34 @@ class AsyncUpdates:
         """Train the clients dispatched at version ``number`` − 1 from ``params``, and the updates step ``number``
         takes (None: none)."""
         version = number - 1
-        trained = _trained(backend, params, broadcast, list(self.trained_from[version].values()), number)
-        for target, update in zip(self.trained_from[version], trained):
-            weight = 1.0 if self.mixing_rate is not None else float(self.weight(np.array([target - number]))[0])
-            update = scaled(update, weight, self.plain)
-            self.waiting[target] = update if target not in self.waiting else self.waiting[target] + update
+        batches = self._batches(version)
+        hold_batches = getattr(backend, "hold_batches", None)
+        if hold_batches is not None:
+            hold_batches(params, broadcast, batches, number, first=version == 0)
+            update = backend.take_held(number)
+        else:
+            for (clients, arrival) in batches:
+                self.held.hold(backend.train_round(params, broadcast, clients, number), arrival)
+            update = self.held.take(number)
         if self.mixing_rate is not None and any(target > number for target in self.trained_from[version]):
             self.versions[version] = {name: value.clone() for name, value in model.items()}
-        return self.waiting.pop(number, None)
+        return update
+
+    def _batches(self, version: int) -> list[tuple[np.ndarray, Arrival]]:
+        """The batches of distinct clients trained from ``version``, each with the step that takes it. A client that
+        arrived twice from one version (re-dispatched at once, faster than a step) is trained once per arrival, in a
+        batch of its own (a round's clients are distinct), on the same mini-batches: its updates are equal."""
+        batches = []
+        for target, clients in self.trained_from[version].items():
+            weight = 1.0 if self.mixing_rate is not None else float(self.weight(np.array([target - version - 1]))[0])
+            occurrence = np.zeros(len(clients), dtype=np.int64)
+            if len(np.unique(clients)) != len(clients):
+                occurrence = np.array([int((clients[:position] == client).sum())
+                                       for position, client in enumerate(clients.tolist())])
+            last = int(occurrence.max())
+            batches += [(clients[occurrence == k], Arrival(target, weight, k == last, self.plain))
+                        for k in range(last + 1)]
+        return batches
 
     def mixed(self, number: int, delta: Params, model: Params) -> Params:
         """fedasync's update of step ``number`` (one update, trained from version v) from the algorithm's ``delta``
@@ -84,35 +97,6 @@ class AsyncUpdates:
         if number >= max(self.trained_from[version]):  # no later step takes an update trained from it
             self.versions.pop(version, None)
         return {name: rate * (change + base[name] - model[name]) for name, change in delta.items()}
-
-
-def _trained(backend: TrainingBackend, params: Params, broadcast: Params, groups: list[np.ndarray],
-             number: int) -> Iterator[RoundUpdate]:
-    """The summed updates of each of ``groups`` trained from ``params`` as round ``number``'s, in order, all of them
-    queued at once where the backend can (:meth:`~fedray.runtime.probing.ProbeBackend.train_batches`) and fetched one
-    by one. A client that arrived twice from one version (re-dispatched at once, faster than a step) is trained once
-    per arrival, in a batch of its own (a round's clients are distinct), on the same mini-batches: its updates are
-    equal."""
-    batches, owners = [], []
-    for group, clients in enumerate(groups):
-        occurrence = np.zeros(len(clients), dtype=np.int64)
-        if len(np.unique(clients)) != len(clients):
-            occurrence = np.array([int((clients[:position] == client).sum())
-                                   for position, client in enumerate(clients.tolist())])
-        for k in range(int(occurrence.max()) + 1):
-            batches.append(clients[occurrence == k])
-            owners.append(group)
-    train_batches = getattr(backend, "train_batches", None)
-    updates = train_batches(params, broadcast, batches, number) if train_batches is not None else \
-        (backend.train_round(params, broadcast, clients, number) for clients in batches)
-    total, last = None, 0
-    for group, update in zip(owners, updates):
-        if group != last:
-            yield total
-            total, last = None, group
-        total = update if total is None else total + update
-    if owners:
-        yield total
 
 
 def check_asynchronous(scheduler: AsynchronousRounds, stateful: bool, algorithm: str, postprocessors: bool,

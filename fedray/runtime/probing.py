@@ -10,7 +10,6 @@ algorithm's server half and the server optimizer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 
 from fedray.core.accounting import PaperCosts
 from fedray.methods.training.backend import RoundUpdate
+from fedray.methods.training.held_updates import Arrival
 from fedray.methods.training.budgets import checked_budgets, full_steps
 from fedray.methods.training.dual_form import dual_form
 from fedray.methods.training.heads import ROWS, Parts, States, train_linear_heads
@@ -97,18 +97,22 @@ class ProbeBackend:
             trainer_ref = ray.put(trainer)
         return self.pool.local_train(trainer, trainer_ref, received, clients, round_number, steps).result()
 
-    def train_batches(self, params: Params, broadcast: Params, batches: list[np.ndarray],
-                      round_number: int) -> Iterator[RoundUpdate]:
-        """:meth:`train_round` of each of ``batches`` (distinct clients each) from the same ``params``, in order: the
-        model put in the object store once and every batch queued on the shards at once, so that a model version's
-        many small batches (asynchronous steps) run back to back; each sum fetched when asked for (the driver holds
-        one at a time). The same sums, bit for bit."""
-        if self.trainer.postprocessing.per_client:  # each batch tells its own participants: one at a time
-            return (self.train_round(params, broadcast, clients, round_number) for clients in batches)
+    def hold_batches(self, params: Params, broadcast: Params, batches: list[tuple[np.ndarray, Arrival]],
+                     round_number: int, first: bool) -> None:
+        """:meth:`train_round` of each of ``batches`` (distinct clients each) from the same ``params``, each sum held
+        in the first shard for the step of its :class:`Arrival`, until :meth:`take_held` (``first``: the run's first
+        batches, which drop whatever an earlier run left held). The model is put in the object store once and every
+        batch queued at once, so that a model version's many small batches run back to back; the sums, added in the
+        first shard in the order of ``batches``, are the bits the driver would add."""
         received = ray.put({"params": params, "broadcast": broadcast})
-        reductions = [self.pool.local_train(self.trainer, self.trainer_ref, received, clients, round_number)
-                      for clients in batches]
-        return (reduction.result() for reduction in reductions)
+        if first:
+            self.pool.hold_from_now()
+        for clients, arrival in batches:
+            self.pool.local_train(self.trainer, self.trainer_ref, received, clients, round_number, hold=arrival)
+
+    def take_held(self, step: int) -> RoundUpdate | None:
+        """The sum of the updates held for server step ``step`` (None: none)."""
+        return self.pool.take_held(step)
 
     def local_steps(self, clients: np.ndarray) -> np.ndarray:
         return full_steps(np.diff(self.pool.federation.client_offsets)[clients], self.sgd.batch_size, self.sgd.epochs)

@@ -31,11 +31,13 @@ from fedray.methods.evaluation import eval_bounds
 from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.checks import combine_checked
 from fedray.methods.postprocessor import Postprocessing
+from fedray.methods.training.backend import RoundUpdate
+from fedray.methods.training.held_updates import Arrival, HeldUpdates
 from fedray.runtime.cluster import check_memory
 from fedray.runtime.client_states import ClientStates, Layout
 from fedray.runtime.kept import KeptParts, default_budget
 from fedray.runtime.footprint import Footprint
-from fedray.runtime import parked
+from fedray.runtime import actor_group, parked
 from fedray.runtime.named_objects import NamedObjects, fetch
 from fedray.runtime.placement import default_count
 from fedray.runtime.actor_group import (CLEAR_TIMEOUT_S, ActorGroup, Reduction, balanced_bounds, combine_partials,
@@ -163,6 +165,15 @@ class ShardActor:
 
     def combine_updates(self, trainer: Any, a: TreeSum, b: TreeSum) -> TreeSum:
         return a.merged(b, trainer.combine)
+
+    def hold_update(self, trainer: Any, total: TreeSum, num_leaves: int, arrival: Arrival) -> None:
+        self.training.hold(trainer, total, num_leaves, arrival)
+
+    def hold_from_now(self) -> None:
+        self.training.held = HeldUpdates()
+
+    def take_held(self, step: int) -> RoundUpdate | None:
+        return self.training.held.take(step)
 
     def client_state_sizes(self) -> tuple[int, int]:
         """Bytes of its clients' states in memory, and spilled to disk."""
@@ -416,19 +427,33 @@ class ShardPool(ActorGroup):
         return [actor.correct.remote([feature_map], classifier) for actor in self.actors]
 
     def local_train(self, trainer: Any, trainer_ref: ray.ObjectRef, received: ray.ObjectRef, clients: np.ndarray,
-                    round_number: int, steps: np.ndarray | None = None) -> Reduction:
+                    round_number: int, steps: np.ndarray | None = None, hold: Arrival | None = None) -> Reduction:
         """Submit one round of local training of ``clients`` to their shards and tree-reduce the shards' sums.
 
         ``trainer_ref`` is ``trainer`` put in the object store, ``received`` what the server sends the clients,
-        ``steps`` each client's step budget (None: none).
+        ``steps`` each client's step budget (None: none). ``hold``: the sum stays in the first shard, held for the
+        server step of that :class:`Arrival` (:meth:`take_held`).
         """
         self.wait()
         owners = self.owners(clients)
         partials = [(actor.local_train.remote(trainer_ref, received, clients[owners == index], round_number,
                                               None if steps is None else steps[owners == index]), actor)
                     for index, actor in enumerate(self.actors)]
+        num_leaves = len(self.leaves.leaves) - 1
+        if hold is not None:
+            return tree_reduce(trainer_ref, partials, combine="combine_updates",
+                               finish_in=("hold_update", (num_leaves, hold)))
         return tree_reduce(trainer_ref, partials, merge_with(trainer.combine), combine="combine_updates",
-                           finish=root_of(len(self.leaves.leaves) - 1, trainer.combine))
+                           finish=root_of(num_leaves, trainer.combine))
+
+    def hold_from_now(self) -> None:
+        """Drop the updates an earlier run left held in the first shard (one stopped before its last step)."""
+        self.actors[0].hold_from_now.remote()
+
+    def take_held(self, step: int) -> RoundUpdate | None:
+        """The sum of the updates held for server step ``step`` (None: none), once every update submitted before is
+        held: the first shard runs its calls in the order they were made."""
+        return actor_group.fetch([self.actors[0].take_held.remote(step)])[0]
 
     def peak_memory_bytes(self) -> list[int]:
         self.wait()

@@ -11,6 +11,7 @@ import torch
 
 from fedray.core.errors import FedrayError
 from fedray.data.registry import load_federation
+from fedray.engine.asynchronous import AsyncUpdates
 from fedray.engine.config import RunConfig
 from fedray.engine.run_config import run
 from fedray.methods.base import Classifier
@@ -31,13 +32,17 @@ def seconds(client: int) -> float:
     return 1.0 + (client * 7 % 46) / 46
 
 
-@pytest.fixture
-def devices(tmp_path):
-    path = tmp_path / "devices.csv"
+def device_table(path, seconds_of) -> str:
+    """A table of 46 devices, client k's task taking ``seconds_of(k)``."""
     path.write_text("client_id,macs_per_s,down_bps,up_bps\n" + "".join(
-        f"{client},1e30,{2 * 8 * MODEL_BYTES / seconds(client)},{2 * 8 * MODEL_BYTES / seconds(client)}\n"
+        f"{client},1e30,{2 * 8 * MODEL_BYTES / seconds_of(client)},{2 * 8 * MODEL_BYTES / seconds_of(client)}\n"
         for client in range(46)))
     return str(path)
+
+
+@pytest.fixture
+def devices(tmp_path):
+    return device_table(tmp_path / "devices.csv", seconds)
 
 
 def plain_events(steps, buffer, max_staleness=None):
@@ -170,15 +175,26 @@ def test_one_shard_or_two_give_the_same_events_and_the_same_model(ray_session, t
         assert np.allclose(array, two.arrays[name], rtol=0, atol=1e-5), name
 
 
-def test_a_version_s_batches_queued_at_once_are_the_batches_trained_one_by_one_bit_for_bit(ray_session, tmp_path,
-                                                                                          devices, monkeypatch):
-    options = {**COMMON, "rounds": 4, "eval_every": 4, "devices": devices, "scheduler": "fedbuff", "concurrency": 46,
-               "buffer": 10}
-    queued = run(RunConfig(out=str(tmp_path / "queued"), **options))
-    monkeypatch.delattr(ProbeBackend, "train_batches")  # each batch through train_round, awaited before the next
-    one_by_one = run(RunConfig(out=str(tmp_path / "one_by_one"), **options))
-    for name, array in one_by_one.arrays.items():
-        assert np.array_equal(array, queued.arrays[name]), name
+def test_the_updates_held_in_the_first_shard_are_those_the_driver_would_hold_bit_for_bit(ray_session, tmp_path,
+                                                                                          monkeypatch):
+    """In the shard every batch of a version is queued at once and its sum added where it waits; without
+    ``hold_batches`` each batch goes through ``train_round``, awaited, and waits on the driver. Five clients ten
+    times faster than the others arrive several times between two steps: one version's group has them several times
+    (a batch each time)."""
+    devices = device_table(tmp_path / "devices.csv", lambda client: 0.1 if client < 5 else seconds(client))
+    batches = []
+    planned = AsyncUpdates._batches
+    monkeypatch.setattr(AsyncUpdates, "_batches", lambda self, version: batches.extend(planned(self, version)) or
+                        batches[len(batches) - len(planned(self, version)):])
+    options = {**COMMON, "rounds": 6, "eval_every": 6, "devices": devices, "scheduler": "fedbuff", "concurrency": 46,
+               "buffer": 40}
+    in_shard = run(RunConfig(out=str(tmp_path / "in_shard"), **options))
+    assert any(not arrival.complete for _, arrival in batches)  # a group of several batches
+    assert any(arrival.weight != 1 for _, arrival in batches)  # stale updates, scaled where they wait
+    monkeypatch.delattr(ProbeBackend, "hold_batches")
+    on_driver = run(RunConfig(out=str(tmp_path / "on_driver"), **options))
+    for name, array in on_driver.arrays.items():
+        assert np.array_equal(array, in_shard.arrays[name]), name
 
 
 @pytest.mark.parametrize("options, message", [

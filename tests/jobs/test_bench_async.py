@@ -23,9 +23,12 @@ def test_the_benchmark_runs_fedbuff_beside_synchronous_rounds_and_reports_the_ra
     assert (sync["scheduler"], fedbuff["scheduler"]) == ("sync", "fedbuff")
     for run in (sync, fedbuff):
         assert run["steps"] == 4 and run["clock_s"] > 0 and 0 < run["run_s"] < run["wall_s"]
-        assert run["driver_peak_rss_mb"] > 0
+        assert 0 < run["driver_peak_private_mb"] < run["driver_peak_rss_mb"]
+        assert 0 <= run["driver_peak_store_pages_mb"] < run["driver_peak_rss_mb"]
     assert point["wall_ratio"] == round(fedbuff["wall_s"] / sync["wall_s"], 3)
     assert point["run_ratio"] == round(fedbuff["run_s"] / sync["run_s"], 3)
     assert point["driver_memory_ratio"] == round(fedbuff["driver_peak_rss_mb"] / sync["driver_peak_rss_mb"], 3)
+    assert point["driver_private_memory_ratio"] == \
+        round(fedbuff["driver_peak_private_mb"] / sync["driver_peak_private_mb"], 3)
     # a buffer of ⌈20 / 2⌉ steps the server twice as often as a round of 20 ends: less virtual time for 4 steps
     assert fedbuff["clock_s"] < sync["clock_s"]
