@@ -11,8 +11,8 @@ interpreter's start, as :mod:`jobs.bench_scale` does), the part of it inside the
 federation are up), the driver's peak resident memory and the two parts of it (:mod:`jobs.private_memory`): its
 private memory and the object store's pages it has mapped; the point adds their ratios, FedBuff's over the
 synchronous run's (``wall_ratio``, target at most 1.2; ``driver_private_memory_ratio``, target about 1: the driver
-keeps per-client numbers only for the clients training now, and the updates waiting for their steps are held in the
-first shard; ``driver_memory_ratio``, the resident memory's, store pages included). Prints one JSON line.
+keeps per-client numbers only for the clients training now, and the updates waiting for their steps are held beside
+the shards; ``driver_memory_ratio``, the resident memory's, store pages included). Prints one JSON line.
 """
 
 from __future__ import annotations

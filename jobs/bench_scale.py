@@ -9,7 +9,8 @@ once, 100 clients per round, evaluation every 10% of the run (``--evaluations``
 sets how many), in a fresh process
 as ``fedray run`` would (2 shards on a 2-core machine: Ray's default), and
 reports its wall time (the whole process, from the interpreter's start), the
-driver's and the largest shard's peak resident memory, the bytes each client
+driver's and the largest shard's peak resident memory (the driver's split into its private memory and the object
+store's pages it has mapped: :mod:`jobs.private_memory`), the bytes each client
 uploads and the final accuracy. The shards generate their own clients' rows; the
 driver holds per-client numbers only, so its peak should not grow with K.
 
@@ -32,7 +33,8 @@ fresh process of its own, and adds its wall time and driver peak memory
 beside the plain run's (``clock_wall_s``, ``clock_driver_peak_rss_mb``),
 their ratios to the plain run's (``clock_wall_ratio``, target at most 1.10;
 ``clock_driver_memory_ratio``, target 1: the clock keeps per-client numbers
-in the driver only for the clients a round asks), the clients the clocked
+in the driver only for the clients a round asks), the same for the driver's private memory
+(``clock_driver_peak_private_mb``, ``clock_driver_private_memory_ratio``), the clients the clocked
 run saw (``clock_clients_seen``) and its rounds and rows (``clock_rounds``,
 ``clock_rows``; the plain run's ``rounds``, ``rows``). A closed form on the
 clock is evaluated as often as the plain run, evenly in virtual time:
@@ -61,6 +63,7 @@ import tempfile  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 from jobs.fresh_process import json_line_of  # noqa: E402
+from jobs.private_memory import PeakPrivateMemory  # noqa: E402
 
 if TYPE_CHECKING:
     from fedray.engine.config import RunConfig
@@ -127,6 +130,7 @@ def one_point(method: str, clients: int, dim: int, state_memory: float | None, e
         shutdown(pool)
 
     ShardPool.shutdown = measured_shutdown
+    memory = PeakPrivateMemory().start()
     training = method not in CLOSED_FORM
     config = point_config(method, clients, dim, state_memory, evaluations, clock, clock_span_s, training_rounds)
     rows = run(config).rows
@@ -142,6 +146,7 @@ def one_point(method: str, clients: int, dim: int, state_memory: float | None, e
         "clients_seen": rows[-1]["clients_seen"],
         "clients_per_s": round(rows[-1]["clients_seen"] / seconds),
         "driver_peak_rss_mb": round(peak_memory_bytes() / MB),
+        **memory.figures(),
         "shard_peak_rss_mb": round(max(peaks) / MB),
         "bytes_up_per_client": round(rows[-1]["bytes_up"] / rows[-1]["clients_seen"]),
         "accuracy": round(rows[-1]["accuracy"], 4),
@@ -232,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
                           "clock_wall_ratio": round(clocked["wall_s"] / point["wall_s"], 3),
                           "clock_driver_memory_ratio": round(clocked["driver_peak_rss_mb"]
                                                              / point["driver_peak_rss_mb"], 3),
+                          "clock_driver_peak_private_mb": clocked["driver_peak_private_mb"],
+                          "clock_driver_private_memory_ratio": round(clocked["driver_peak_private_mb"]
+                                                                     / point["driver_peak_private_mb"], 3),
                           "clock_clients_seen": clocked["clients_seen"], "clock_rounds": clocked["rounds"],
                           "clock_rows": clocked["rows"],
                           **({"clock_span_h": round(span_s / 3600, 2)} if span_s else {})}

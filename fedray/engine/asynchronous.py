@@ -7,8 +7,8 @@ each update. So at version v — after step v, before step v + 1 — the clients
 dispatched at v are trained from the model of version v, one batch for each
 step that takes their updates, and each batch's summed uploads, scaled by the
 staleness weight w(s) of that step (s = its number − 1 − v), waits until its step
-(:mod:`~fedray.methods.training.held_updates`: in the first shard, so that the driver holds one sum at a time,
-whatever the staleness). Step v + 1 then takes what waits for it
+(:mod:`~fedray.methods.training.held_updates`: in an actor beside the shards, so that the driver holds one sum at a
+time, whatever the staleness). Step v + 1 then takes what waits for it
 (only clients dispatched at versions ≤ v) and goes through the same server
 update as a synchronous round:
 
@@ -65,7 +65,7 @@ class AsyncUpdates:
             hold_batches(params, broadcast, batches, number, first=version == 0)
             update = backend.take_held(number)
         else:
-            for (clients, arrival) in batches:
+            for clients, arrival in batches:
                 self.held.hold(backend.train_round(params, broadcast, clients, number), arrival)
             update = self.held.take(number)
         if self.mixing_rate is not None and any(target > number for target in self.trained_from[version]):

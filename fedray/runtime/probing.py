@@ -100,10 +100,10 @@ class ProbeBackend:
     def hold_batches(self, params: Params, broadcast: Params, batches: list[tuple[np.ndarray, Arrival]],
                      round_number: int, first: bool) -> None:
         """:meth:`train_round` of each of ``batches`` (distinct clients each) from the same ``params``, each sum held
-        in the first shard for the step of its :class:`Arrival`, until :meth:`take_held` (``first``: the run's first
+        beside the shards for the step of its :class:`Arrival`, until :meth:`take_held` (``first``: the run's first
         batches, which drop whatever an earlier run left held). The model is put in the object store once and every
         batch queued at once, so that a model version's many small batches run back to back; the sums, added in the
-        first shard in the order of ``batches``, are the bits the driver would add."""
+        order of ``batches``, are the bits the driver would add."""
         received = ray.put({"params": params, "broadcast": broadcast})
         if first:
             self.pool.hold_from_now()

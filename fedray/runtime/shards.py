@@ -32,7 +32,7 @@ from fedray.methods.base import Classifier, ClosedFormMethod
 from fedray.methods.checks import combine_checked
 from fedray.methods.postprocessor import Postprocessing
 from fedray.methods.training.backend import RoundUpdate
-from fedray.methods.training.held_updates import Arrival, HeldUpdates
+from fedray.methods.training.held_updates import Arrival
 from fedray.runtime.cluster import check_memory
 from fedray.runtime.client_states import ClientStates, Layout
 from fedray.runtime.kept import KeptParts, default_budget
@@ -47,6 +47,7 @@ from fedray.runtime.shard_evaluation import ShardEvaluation
 from fedray.runtime.shard_rows import HeldRows, Rows, ShardRows
 from fedray.runtime.shard_statistics import ShardStatistics, add_block, merge_statistics, merge_second
 from fedray.runtime.shard_training import ShardTraining
+from fedray.runtime.update_holder import UpdateHolder
 from fedray.runtime import tensor_transfer
 
 
@@ -166,15 +167,6 @@ class ShardActor:
     def combine_updates(self, trainer: Any, a: TreeSum, b: TreeSum) -> TreeSum:
         return a.merged(b, trainer.combine)
 
-    def hold_update(self, trainer: Any, total: TreeSum, num_leaves: int, arrival: Arrival) -> None:
-        self.training.hold(trainer, total, num_leaves, arrival)
-
-    def hold_from_now(self) -> None:
-        self.training.held = HeldUpdates()
-
-    def take_held(self, step: int) -> RoundUpdate | None:
-        return self.training.held.take(step)
-
     def client_state_sizes(self) -> tuple[int, int]:
         """Bytes of its clients' states in memory, and spilled to disk."""
         return self.client_states.sizes()
@@ -225,6 +217,8 @@ class ShardPool(ActorGroup):
     every closed-form sum over clients follows that tree, whatever the shards."""
     loading: list | None = None
     reusable: bool = False
+    holder: ray.actor.ActorHandle | None = None
+    """A run's asynchronous updates waiting for their steps (:meth:`hold_from_now`)."""
 
     @classmethod
     def start(
@@ -341,7 +335,7 @@ class ShardPool(ActorGroup):
             return False
         self.stored.replace({})
         parked.park(_parking_key(self.num_shards, self.bundle["CPU"], self.trial_group),
-                    replace(self, federation=None))  # none held
+                    replace(self, federation=None, holder=None))  # none held
 
         return True
 
@@ -431,8 +425,8 @@ class ShardPool(ActorGroup):
         """Submit one round of local training of ``clients`` to their shards and tree-reduce the shards' sums.
 
         ``trainer_ref`` is ``trainer`` put in the object store, ``received`` what the server sends the clients,
-        ``steps`` each client's step budget (None: none). ``hold``: the sum stays in the first shard, held for the
-        server step of that :class:`Arrival` (:meth:`take_held`).
+        ``steps`` each client's step budget (None: none). ``hold``: the sum is held for the server step of that
+        :class:`Arrival` by the run's :class:`UpdateHolder` (:meth:`take_held`), the reduction left unread.
         """
         self.wait()
         owners = self.owners(clients)
@@ -440,20 +434,21 @@ class ShardPool(ActorGroup):
                                               None if steps is None else steps[owners == index]), actor)
                     for index, actor in enumerate(self.actors)]
         num_leaves = len(self.leaves.leaves) - 1
+        reduction = tree_reduce(trainer_ref, partials, merge_with(trainer.combine), combine="combine_updates",
+                                finish=root_of(num_leaves, trainer.combine))
         if hold is not None:
-            return tree_reduce(trainer_ref, partials, combine="combine_updates",
-                               finish_in=("hold_update", (num_leaves, hold)))
-        return tree_reduce(trainer_ref, partials, merge_with(trainer.combine), combine="combine_updates",
-                           finish=root_of(num_leaves, trainer.combine))
+            self.holder.hold.remote(trainer_ref, num_leaves, hold, *reduction.partials)
+        return reduction
 
     def hold_from_now(self) -> None:
-        """Drop the updates an earlier run left held in the first shard (one stopped before its last step)."""
-        self.actors[0].hold_from_now.remote()
+        """Start holding a run's asynchronous updates (:meth:`local_train`'s ``hold``) in an :class:`UpdateHolder` of
+        its own: whatever an earlier run left held ends with the holder before."""
+        self.holder = UpdateHolder.remote()
 
     def take_held(self, step: int) -> RoundUpdate | None:
         """The sum of the updates held for server step ``step`` (None: none), once every update submitted before is
-        held: the first shard runs its calls in the order they were made."""
-        return actor_group.fetch([self.actors[0].take_held.remote(step)])[0]
+        held."""
+        return actor_group.fetch([self.holder.take.remote(step)])[0]
 
     def peak_memory_bytes(self) -> list[int]:
         self.wait()

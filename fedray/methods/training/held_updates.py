@@ -1,8 +1,9 @@
 """Updates trained before the server step that takes them (asynchronous rounds), each added to that step's sum as it
 comes, scaled by its staleness weight: one sum a step ahead, wherever they are held.
 
-A backend that can holds them next to the clients (:meth:`~fedray.runtime.probing.ProbeBackend.hold_batches`: in the
-first shard, so that the driver fetches one sum a step, as in a synchronous round); otherwise the driver does. Both
+A backend that can holds them beside the clients (:meth:`~fedray.runtime.probing.ProbeBackend.hold_batches`: in an
+actor of their own, :mod:`~fedray.runtime.update_holder`, so that the driver fetches one sum a step, as in a
+synchronous round); otherwise the driver does. Both
 add the same terms in the same order: the same bits.
 """
 
