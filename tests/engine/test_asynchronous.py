@@ -157,8 +157,10 @@ def test_a_buffer_of_the_whole_concurrency_on_equal_devices_is_synchronous_fedav
 @pytest.mark.parametrize("options", [{"scheduler": "fedbuff", "concurrency": 10, "buffer": 4},
                                      {"scheduler": "fedasync", "concurrency": 6, "mixing": 0.5}])
 def test_one_shard_or_two_give_the_same_events_and_the_same_model(ray_session, tmp_path, options):
+    """At d = 24 and 20 classes: at TINY's d = 16 and 10 classes MKL's kernels give a row of a product other last
+    bits at another place in it (docs/how-it-runs.md, "Shards, exactness and layouts"), which no layout fixes."""
     config = {**COMMON, "rounds": 8, "eval_every": 4, "devices": "phones", "availability": "diurnal:0.005,0.7",
-              **options}
+              "dataset": TINY.replace("dim=16", "dim=24").replace("classes=10", "classes=20"), **options}
     one = run(RunConfig(out=str(tmp_path / "one"), **{**config, "num_shards": 1}))
     two = run(RunConfig(out=str(tmp_path / "two"), **config))
     events = pq.read_table(tmp_path / "one" / "rounds.parquet")
@@ -169,15 +171,13 @@ def test_one_shard_or_two_give_the_same_events_and_the_same_model(ray_session, t
     on_the_clock = CLOCK_COLUMNS | {"round", "aggregations", "staleness_mean", "staleness_max"}
     assert [{name: row[name] for name in on_the_clock} for row in one.rows] == \
         [{name: row[name] for name in on_the_clock} for row in two.rows]
-    # the same clients summed in another grouping: only the order of the float32 sums differs, as in a synchronous
-    # run's (tests/engine/test_clock_runs.py; synchronous FedAvg with these options: 9.3e-7 apart, fedbuff 1.3e-6)
-    for name, array in one.arrays.items():
-        assert np.allclose(array, two.arrays[name], rtol=0, atol=1e-5), name
+    for name, array in one.arrays.items():  # each client's sum in the same fixed tree on any layout
+        assert np.array_equal(array, two.arrays[name]), name
 
 
-def test_the_updates_held_in_the_first_shard_are_those_the_driver_would_hold_bit_for_bit(ray_session, tmp_path,
-                                                                                          monkeypatch):
-    """In the shard every batch of a version is queued at once and its sum added where it waits; without
+def test_the_updates_held_beside_the_shards_are_those_the_driver_would_hold_bit_for_bit(ray_session, tmp_path,
+                                                                                       monkeypatch):
+    """Beside the shards every batch of a version is queued at once and its sum added where it waits; without
     ``hold_batches`` each batch goes through ``train_round``, awaited, and waits on the driver. Five clients ten
     times faster than the others arrive several times between two steps: one version's group has them several times
     (a batch each time)."""
