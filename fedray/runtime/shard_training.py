@@ -6,8 +6,7 @@ fixed tree over the clients in id order, the leaves' sums then added in that
 tree (:mod:`fedray.runtime.fixed_tree`), so that a round's sum is the same
 bits on any shard layout; a stateful algorithm's
 client states live in the shard's :class:`~fedray.runtime.client_states.ClientStates`,
-which the driver saves and restores with the run's checkpoints. Asynchronous rounds' sums wait in the first
-shard for the server steps that take them (:mod:`~fedray.methods.training.held_updates`).
+which the driver saves and restores with the run's checkpoints.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from fedray.methods.training.held_updates import Arrival, HeldUpdates
 from fedray.runtime.client_states import ClientStates, Layout
 from fedray.runtime.fixed_tree import LeafRange, TreeSum
 from fedray.runtime.shard_rows import HeldRows
@@ -30,7 +28,6 @@ class ShardTraining:
         self.rows = rows
         self.states = states
         self.leaves = leaves
-        self.held = HeldUpdates()
 
     def local_train(self, trainer: Any, received: Any, clients: np.ndarray, round_number: int,
                     steps: np.ndarray | None = None) -> TreeSum:
@@ -47,10 +44,6 @@ class ShardTraining:
             updates = trainer.train(self.rows.batch(clients), received, round_number, self.states,
                                     None if steps is None else steps[order], cuts)
         return TreeSum.of(self.leaves.first, updates, trainer.combine)
-
-    def hold(self, trainer: Any, total: TreeSum, num_leaves: int, arrival: Arrival) -> None:
-        """Hold the sum ``total`` (a batch's, over all ``num_leaves`` leaves) stands for until its step."""
-        self.held.hold(total.root(num_leaves, trainer.combine), arrival)
 
     def restore(self, paths: list[str], first: int, end: int, layout: Layout | None = None) -> None:
         """The states of ``paths`` for clients ``first`` to ``end`` (this shard's), each of ``layout`` (-1: the
