@@ -9,7 +9,6 @@ order the driver submits the batches, the bits the driver would add.
 
 from __future__ import annotations
 
-from functools import reduce
 from typing import Any
 
 import ray
@@ -17,7 +16,8 @@ import ray
 from fedray.methods.training.backend import RoundUpdate
 from fedray.methods.training.held_updates import Arrival, HeldUpdates
 from fedray.runtime import tensor_transfer
-from fedray.runtime.fixed_tree import TreeSum
+from fedray.runtime.actor_group import Reduction
+from fedray.runtime.fixed_tree import TreeSum, merge_with, root_of
 
 
 @ray.remote(num_cpus=0)
@@ -28,9 +28,9 @@ class UpdateHolder:
 
     def hold(self, trainer: Any, num_leaves: int, arrival: Arrival, *partials: TreeSum) -> None:
         """Hold a batch's sum over all ``num_leaves`` leaves until its step, from the one or two ``partials`` of its
-        tree (:class:`~fedray.runtime.actor_group.Reduction`'s), merged and rooted as the driver would."""
-        total = reduce(lambda left, right: left.merged(right, trainer.combine), partials)
-        self.held.hold(total.root(num_leaves, trainer.combine), arrival)
+        tree: :meth:`Reduction.result <fedray.runtime.actor_group.Reduction.result>` on them, as the driver would."""
+        reduction = Reduction(partials, merge_with(trainer.combine), root_of(num_leaves, trainer.combine))
+        self.held.hold(reduction.result(get=list), arrival)
 
     def take(self, step: int) -> RoundUpdate | None:
         return self.held.take(step)
