@@ -48,6 +48,8 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from jobs.private_memory import resident_parts  # noqa: E402
+
 MB = 2**20
 DEFAULT_PARQUET = Path(tempfile.gettempdir()) / "fedray-bench" / "inat-{dim}-{scale:g}.parquet"
 
@@ -102,12 +104,9 @@ def bare_gemms(federation, method, eval_points: int) -> dict:
 
 
 def resident_mb() -> dict[str, int]:
-    """This process's resident memory now, by kind: its own (anonymous), mapped files (torch's and Ray's libraries,
-    shared with every process that loads them) and the object store's shared pages it has touched."""
+    """This process's resident memory now, by kind (:func:`jobs.private_memory.resident_parts`), in MB."""
     kinds = {"RssAnon": "own", "RssFile": "files", "RssShmem": "object_store"}
-    with open("/proc/self/status") as status:
-        fields = dict(line.split(":", 1) for line in status if line.split(":", 1)[0] in kinds)
-    return {kinds[key]: round(int(value.split()[0]) / 1024) for key, value in fields.items()}
+    return {kinds[name]: round(value / MB) for name, value in resident_parts().items()}
 
 
 def statistics_path_s(pool, method, clients, blocks: int) -> float:

@@ -14,11 +14,13 @@ import time
 from dataclasses import dataclass, field
 
 MB = 2**20
-FIELDS = ("RssAnon", "RssShmem")
+FIELDS = ("RssAnon", "RssFile", "RssShmem")
 
 
 def resident_parts() -> dict[str, int]:
-    """This process's private (``RssAnon``) and shared-memory (``RssShmem``) resident bytes now."""
+    """This process's resident bytes now, by kind: private (``RssAnon``), mapped files (``RssFile``: torch's and Ray's
+    libraries, shared with every process that loads them) and shared memory (``RssShmem``: the object store's pages
+    it has touched)."""
     parts = {}
     with open("/proc/self/status") as status:
         for line in status:
