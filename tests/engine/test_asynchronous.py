@@ -182,10 +182,14 @@ def test_the_updates_held_beside_the_shards_are_those_the_driver_would_hold_bit_
     times faster than the others arrive several times between two steps: one version's group has them several times
     (a batch each time)."""
     devices = device_table(tmp_path / "devices.csv", lambda client: 0.1 if client < 5 else seconds(client))
-    batches = []
-    planned = AsyncUpdates._batches
-    monkeypatch.setattr(AsyncUpdates, "_batches", lambda self, version: batches.extend(planned(self, version)) or
-                        batches[len(batches) - len(planned(self, version)):])
+    batches, planned = [], AsyncUpdates._batches
+
+    def recorded(self, version):
+        made = planned(self, version)
+        batches.extend(made)
+        return made
+
+    monkeypatch.setattr(AsyncUpdates, "_batches", recorded)
     options = {**COMMON, "rounds": 6, "eval_every": 6, "devices": devices, "scheduler": "fedbuff", "concurrency": 46,
                "buffer": 40}
     in_shard = run(RunConfig(out=str(tmp_path / "in_shard"), **options))
