@@ -1,12 +1,16 @@
-"""The closed-form methods' shared numerics: the solve gives the same bits whatever the caller's torch threads; their
-features' dtype, named without importing torch; which methods give compact statistics, and each client's held classes."""
+"""The closed-form methods' shared numerics: the weighted Gram against its sum of outer products, the Gram and the
+solve give the same bits whatever the threads; their features' dtype, named without importing torch; which methods give compact statistics, and each client's held classes."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from fedray.methods.base import (ClientBatch, TorchDtype, held_classes, offers_compact_statistics, single_threaded,
-                                 spd_solve)
+from fedray.methods.base import (ClientBatch, TorchDtype, gram, held_classes, offers_compact_statistics,
+                                 single_threaded, spd_solve)
 from fedray.methods.ccvr import CCVR
 from fedray.methods.fedcof import FedCOF, FedCOFOracle
 from fedray.methods.ncm import FedNCM
@@ -29,6 +33,42 @@ def test_solve_has_the_same_bits_on_one_and_two_threads(ridge):
     matrix, rhs = system(ridge)
     one, two = (on_threads(count, lambda: spd_solve(matrix, rhs)) for count in (1, 2))
     assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("signs", ["positive", "mixed", "none"])
+def test_the_weighted_gram_is_the_sum_of_each_rows_weighted_outer_product(signs):
+    generator = np.random.default_rng(3)
+    rows = generator.standard_normal((40, 7))
+    weights = {"positive": generator.random(40), "none": np.ones(40),
+               # noisy counts (FedCOF App. I) can make a class's weight negative; some rows weigh nothing
+               "mixed": np.where(np.arange(40) % 5 == 0, 0.0, generator.standard_normal(40))}[signs]
+    expected = np.zeros((7, 7))
+    for row, weight in zip(rows, weights):
+        expected += weight * np.outer(row, row)
+    computed = gram(torch.from_numpy(rows), None if signs == "none" else torch.from_numpy(weights)).numpy()
+    np.testing.assert_allclose(computed, expected, rtol=1e-12, atol=1e-12)
+    assert np.array_equal(computed, computed.T)
+
+
+GRAM_BITS = """
+import hashlib, torch
+from fedray.methods.base import gram
+generator = torch.Generator().manual_seed(0)
+rows = torch.randn(3001, 300, generator=generator, dtype=torch.float64)
+weights = torch.rand(3001, generator=generator, dtype=torch.float64) - 0.2
+print(hashlib.sha256(gram(rows, weights).numpy().tobytes()).hexdigest())
+"""
+
+
+def test_the_weighted_gram_has_the_same_bits_on_one_and_two_blas_threads():
+    """numpy's BLAS takes its threads from the environment when it loads (a shard's from its CPUs), hence the
+    processes. Unlimited, this Gram had other last bits on 2 threads than on 1: OpenBLAS splits its sums by them."""
+    def digest(threads: int) -> str:
+        environment = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+        return subprocess.run([sys.executable, "-c", GRAM_BITS], env=environment, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert digest(1) == digest(2)
 
 
 def test_single_threaded_restores_the_callers_threads():
