@@ -84,10 +84,9 @@ class StillToHear:
         self.heard = np.zeros(num_clients, dtype=bool)
         self.scheduled = np.zeros(num_clients, dtype=bool)
         """The clients of the schedule's rows read so far."""
-        self.lost = np.zeros(num_clients, dtype=np.int64)
+        self.lost = np.zeros(num_clients, dtype=np.uint8)
+        """Each client's lost uploads, while eligible (so at most :data:`MAX_LOST`)."""
         self.given_up = 0
-        self.online_from = np.zeros(num_clients)
-        """For an eligible client, a moment before which it is offline (from the last lookup that found it so)."""
         self.found: int | None = None
         """How many eligible clients the last :meth:`online` found (None: not asked yet)."""
         self._online = np.zeros(0, dtype=np.int64)
@@ -148,7 +147,6 @@ class StillToHear:
         for start in range(0, len(maybe), LOOKUP_CHUNK):  # a first lookup of 10⁶ clients in bounded memory
             part = slice(start, start + LOOKUP_CHUNK)
             moments[part] = self.availability.next_available(maybe[part], t)
-        self.online_from[maybe] = moments
         self._online = maybe[moments == t]
         later = np.isfinite(moments) & (moments > t)
         self._calendar.add(moments[later], maybe[later])

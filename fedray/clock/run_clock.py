@@ -128,7 +128,7 @@ class RunClock:
         self.selector, self.selector_name = selector, selector_name
         self.num_clients, self.per_round, self.seed, self.sized_by_draw = num_clients, per_round, seed, sized_by_draw
         self.every_s = every_s
-        self.history = ClientHistory(num_clients)
+        self.history = ClientHistory(num_clients, kept=selector.reads_history or selector.uses_utility)
         self.now = 0.0
         self.records: list[ClockedRound] = []
         self._numbers: list[int] = []

@@ -70,16 +70,34 @@ Eligible = Callable[[np.ndarray], np.ndarray]
 
 
 class ClientHistory:
-    """What the server has seen of each client: arrays over the K clients, made once (O(K)), updated O(κ) a round."""
+    """What the server has seen of each client: arrays over the K clients, made once (O(K)), updated O(κ) a round.
 
-    def __init__(self, num_clients: int) -> None:
-        self.rounds = np.zeros(num_clients, dtype=np.int64)
-        """Rounds whose upload from the client arrived."""
-        self.last_round = np.full(num_clients, -1, dtype=np.int64)
-        """The last such round (-1: none)."""
-        self.duration_s = np.full(num_clients, np.nan)
-        """The client's duration in its last such round, from the round's start to its upload (NaN: unknown)."""
+    ``kept`` False: the run's selector reads none of it (:attr:`Selector.reads_history`), so none is kept (24 bytes a
+    client: 24 MB at 10⁶), recording does nothing, and reading it is refused in one line.
+    """
+
+    def __init__(self, num_clients: int, kept: bool = True) -> None:
+        self.kept = kept
+        size = num_clients if kept else 0
+        self._rounds = np.zeros(size, dtype=np.int64)
+        self._last_round = np.full(size, -1, dtype=np.int64)
+        self._duration_s = np.full(size, np.nan)
         self._utility: np.ndarray | None = None
+
+    @property
+    def rounds(self) -> np.ndarray:
+        """Rounds whose upload from the client arrived."""
+        return self._read(self._rounds)
+
+    @property
+    def last_round(self) -> np.ndarray:
+        """The last such round (-1: none)."""
+        return self._read(self._last_round)
+
+    @property
+    def duration_s(self) -> np.ndarray:
+        """The client's duration in its last such round, from the round's start to its upload (NaN: unknown)."""
+        return self._read(self._duration_s)
 
     @property
     def utility(self) -> np.ndarray:
@@ -91,13 +109,21 @@ class ClientHistory:
             self._utility = np.full(len(self.rounds), np.nan)
         return self._utility
 
+    def _read(self, array: np.ndarray) -> np.ndarray:
+        if not self.kept:
+            raise FedrayError("this run's selector declares reads_history = False, so the clock keeps no client "
+                              "history: set reads_history = True on the selector to read it")
+        return array
+
     def record(self, clients: np.ndarray, round: int, duration_s: np.ndarray,
                utility: np.ndarray | None = None) -> None:
         """The uploads of ``clients`` arrived in ``round``, ``duration_s`` after its start; ``utility``: their
         statistical utility."""
-        self.rounds[clients] += 1
-        self.last_round[clients] = round
-        self.duration_s[clients] = duration_s
+        if not self.kept:
+            return
+        self._rounds[clients] += 1
+        self._last_round[clients] = round
+        self._duration_s[clients] = duration_s
         if utility is not None:
             self.utility[clients] = utility
 
@@ -227,10 +253,13 @@ class Selector(ABC):
     """Picks a round's clients (``fedray.Selector``): subclass it as a frozen dataclass whose fields with defaults are
     its options, and define :meth:`select`. One that reads :attr:`ClientHistory.utility` says so with
     ``uses_utility = True``: the run then measures the clients' losses, and clocks training's rounds one at a time,
-    each once the rounds before it have trained."""
+    each once the rounds before it have trained. One that reads no history at all may say so with
+    ``reads_history = False`` (the built-ins do): the run then keeps none."""
 
     uses_utility: ClassVar[bool] = False
     """Whether :meth:`select` reads the clients' statistical utility (the run measures it only then)."""
+    reads_history: ClassVar[bool] = True
+    """Whether :meth:`select` reads :attr:`RoundContext.history` (the run keeps it only then, or for ``uses_utility``)."""
 
     @abstractmethod
     def select(self, context: RoundContext) -> np.ndarray:
@@ -240,6 +269,8 @@ class Selector(ABC):
 @dataclass(frozen=True)
 class UniformSelector(Selector):
     """``uniform``: the schedule's clients online at the round's start, filled uniformly from the online ones."""
+
+    reads_history: ClassVar[bool] = False
 
     def select(self, context: RoundContext) -> np.ndarray:
         kept = context.scheduled[context.online(context.scheduled)][: context.wanted]
@@ -251,6 +282,8 @@ class UniformSelector(Selector):
 @dataclass(frozen=True)
 class PoissonSelector(Selector):
     """``poisson``: the round's Poisson-sampled clients that are online at its start."""
+
+    reads_history: ClassVar[bool] = False
 
     def select(self, context: RoundContext) -> np.ndarray:
         return context.scheduled[context.online(context.scheduled)]

@@ -144,6 +144,15 @@ def test_the_history_records_what_arrived():
     assert np.array_equal(history.utility, [np.nan, 7.0, np.nan, np.nan, np.nan, np.nan], equal_nan=True)
 
 
+def test_a_history_not_kept_records_nothing_and_refuses_to_be_read():
+    history = ClientHistory(6, kept=False)
+    history.record(np.array([4, 1]), round=0, duration_s=np.array([3.0, 5.0]))
+    for name in ("rounds", "last_round", "duration_s", "utility"):
+        with pytest.raises(FedrayError, match="^this run's selector declares reads_history = False, so the clock "
+                                               "keeps no client history: set reads_history = True"):
+            getattr(history, name)
+
+
 def test_uniforms_are_a_pure_function_of_seed_stream_client_and_round():
     clients = np.array([5, 0, 999_999, 5])
     drawn = uniforms(7, 45, clients, 3)

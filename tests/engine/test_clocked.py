@@ -1,7 +1,8 @@
 """The engine's tasks on the clock: secure aggregation's protocol in a participant's task, by hand from its formulas
 (Bonawitz et al.'s four rounds, :mod:`fedray.clock.secagg_costs`), SecAgg+ against SecAgg, a closed form's evaluation
 block as one group, a run without a protocol timed bit for bit as before, and training's rounds clocked one at a time:
-each after the losses of the one before became its clients' utilities, rows every S seconds decided as they come."""
+each after the losses of the one before became its clients' utilities, rows every S seconds decided as they come, and
+the clients' history kept only for a selector that reads it."""
 
 import math
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.run_clock import RunClock, evaluated_rounds
-from fedray.clock.selector import Selector, UniformSelector
+from fedray.clock.selector import PoissonSelector, Selector, UniformSelector
 from fedray.engine.clocked import ClockedTraining, ClosedFormTasks, TrainingTasks, clocked_closed_form
 from fedray.engine.round_loop import EvalRounds
 from fedray.methods.postprocessor import Postprocessing, Postprocessor
@@ -144,6 +145,26 @@ def test_a_round_is_clocked_when_asked_after_the_last_ones_losses_became_utiliti
     assert rounds[1].tolist() == [2, 3, 4] and len(run_clock.records) == 2
     assert SEEN[1][:3].tolist() == [4 * math.sqrt(2), 9 * math.sqrt(2), math.sqrt(2)] and np.isnan(SEEN[1][3:]).all()
     assert rounds[0].tolist() == [0, 1, 2] and len(SEEN) == 2  # a round asked again is not clocked again
+
+
+@dataclass(frozen=True)
+class ReadsHistory(Selector):
+    """A plugin that says nothing of what it reads: the clock keeps the history for it."""
+
+    def select(self, context):
+        return context.scheduled
+
+
+@pytest.mark.parametrize("selector, kept", [(UniformSelector(), False), (PoissonSelector(), False),
+                                            (ReadsHistory(), True), (Recording(), True)])
+def test_the_clock_keeps_the_clients_history_only_for_a_selector_that_reads_it(tmp_path, selector, kept):
+    table = tmp_path / "devices.csv"
+    table.write_text(TABLE)
+    run_clock = RunClock(Devices(str(table)), None, SynchronousRounds(), selector, "mine", 5, 3, seed=7)
+    run_clock.round(1, "train", np.array([0, 3, 4]), lambda clients: TaskCost(100.0, 100.0, 40.0))
+    assert run_clock.history.kept == kept
+    if kept:
+        assert run_clock.history.rounds.tolist() == [1, 0, 0, 1, 1]
 
 
 def test_rounds_every_s_seconds_are_decided_round_by_round_as_all_at_once(tmp_path):

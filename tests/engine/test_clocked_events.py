@@ -47,10 +47,20 @@ def availability(name: str, tmp_path):
     return None
 
 
+class KeptUniform(UniformSelector):
+    """The built-in, its clients' history kept (the built-ins read none) for the hash to cover the durations too."""
+
+    reads_history = True
+
+
+class KeptPoisson(PoissonSelector):
+    reads_history = True
+
+
 def run_clock(devices: str, available: str, tmp_path, poisson: bool = False, **rounds) -> RunClock:
     """A clock as the engine builds it (:func:`fedray.engine.clocked.run_clock`: the clients' devices assigned, the
     availability checked)."""
-    selector = PoissonSelector() if poisson else UniformSelector()
+    selector = KeptPoisson() if poisson else KeptUniform()
     model = availability(available, tmp_path)
     if model is not None:
         model.check_rounds_can_fill(PER_ROUND, CLIENTS)
