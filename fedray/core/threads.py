@@ -5,8 +5,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
 
 from fedray.core.lazy_modules import lazy_module
+
+if TYPE_CHECKING:
+    import threadpoolctl
 
 torch = lazy_module("torch", globals())
 
@@ -32,7 +36,7 @@ def single_threaded() -> Iterator[None]:
 
 
 @functools.cache
-def _numpy_blas() -> "threadpoolctl.ThreadpoolController":
+def _numpy_blas() -> threadpoolctl.ThreadpoolController:
     """The BLAS numpy loaded, found once a process (a few ms) by threadpoolctl."""
     import numpy  # noqa: F401  (loads the BLAS the controller is to find)
     import threadpoolctl
