@@ -77,6 +77,54 @@ def test_an_embedded_ray_starts_without_importing_the_dashboard_s_packages(ray_i
     assert ray._private.utils.get_dashboard_dependency_error is check, "Ray's own check again after ray.init"
 
 
+HEAD_STEPS = ("start_api_server", "start_monitor", "start_log_monitor")
+
+
+def test_an_embedded_ray_skips_the_head_processes_it_does_not_use(ray_init_calls, monkeypatch):
+    """The API server (its usage-stats module only, yet waited for), the autoscaler's monitor and, unless verbose, the
+    log monitor are not started by an embedded Ray's ``ray.init``; a cluster's join, and Ray after the start, keep
+    Ray's own steps."""
+    node = ray._private.node.Node
+    own = {step: getattr(node, step) for step in HEAD_STEPS}
+    seen = []
+    monkeypatch.setattr(ray, "init", lambda **options: seen.append(
+        tuple(step for step in HEAD_STEPS if getattr(node, step) is own[step])))
+    session.init_ray()
+    session.init_ray(verbose=True)
+    with answering_head() as address:
+        session.init_ray(address)
+    assert seen == [(), ("start_log_monitor",), HEAD_STEPS]
+    assert {step: getattr(node, step) for step in HEAD_STEPS} == own, "Ray's own steps again after ray.init"
+
+
+START_AND_LIST = """
+import sys
+from fedray.runtime import session, watchdog
+import ray
+session.init_ray(verbose=sys.argv[1] == "verbose")
+print(ray.get(ray.remote(lambda: 7).remote()))
+for pid in watchdog.descendants(__import__("os").getpid()):
+    try:
+        print(open(f"/proc/{pid}/cmdline").read().replace("\\0", " "))
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_a_real_embedded_start_runs_tasks_without_those_processes(verbose):
+    """A real start: a task runs; no ``dashboard.py`` or autoscaler ``monitor.py`` among Ray's processes, and
+    ``log_monitor.py`` only for a verbose run (whose driver prints the workers' output)."""
+    done = subprocess.run([sys.executable, "-c", START_AND_LIST, "verbose" if verbose else "quiet"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "7"
+    scripts = {Path(word).name for line in lines[1:] for word in line.split() if word.endswith(".py")}
+    assert "dashboard.py" not in scripts and "monitor.py" not in scripts
+    assert ("log_monitor.py" in scripts) == verbose
+    assert any("raylet" in line for line in lines[1:]), "the listing sees Ray's processes"
+
+
 def test_auto_is_left_to_ray(ray_init_calls):
     session.init_ray("auto")
     assert ray_init_calls == [{"address": "auto", "log_to_driver": False, "logging_level": logging.WARNING}]
