@@ -40,6 +40,7 @@ from fedray.runtime.footprint import Footprint
 from fedray.runtime import actor_group, parked
 from fedray.runtime.named_objects import NamedObjects, fetch
 from fedray.runtime.placement import default_count
+from fedray.runtime.restarts import this_actor_was_restarted
 from fedray.runtime.actor_group import (CLEAR_TIMEOUT_S, ActorGroup, Reduction, balanced_bounds, combine_partials,
                                        tree_reduce)
 from fedray.runtime.fixed_tree import LeafOwners, LeafRange, TreeSum, leaf_bounds, merge_with, root_of
@@ -96,7 +97,7 @@ class ShardActor:
     def __init__(self, assignments: str, index: int) -> None:
         tensor_transfer.register()
         self.assignments, self.index = assignments, index
-        self.load(lost=ray.get_runtime_context().was_current_actor_reconstructed)
+        self.load(lost=this_actor_was_restarted())
 
     def load(self, lost: bool = False) -> str | None:
         """Take this shard's assignment (as a new actor would; ``lost``: a restart lost the clients' states); None
@@ -121,7 +122,7 @@ class ShardActor:
         this shard may be parked: never restarted (a restart spends one of its restarts, which the next run needs)."""
         self.client_states.clear()
         self.statistics_job = self.training = self.evaluation = None
-        return not ray.get_runtime_context().was_current_actor_reconstructed
+        return not this_actor_was_restarted()
 
     def loaded(self) -> str | None:
         """None once the rows are held, else why they could not be."""

@@ -37,6 +37,7 @@ from fedray.data.images.decode import ImageTransform
 from fedray.runtime.held import Held
 from fedray.runtime.fixed_tree import TreeSum
 from fedray.runtime.client_states import ClientStates, Layout
+from fedray.runtime.restarts import this_actor_was_restarted
 from fedray.runtime import tensor_transfer
 from fedray.methods.entk import EntkSpec
 
@@ -75,9 +76,8 @@ class Trainer:
         self.model = build_model(backbone, num_classes).to(self.device)
         self.eval_batch_size = eval_batch_size
         self.held: Held | None = None
-        context = ray.get_runtime_context()
-        self.client_states = ClientStates(context.was_current_actor_reconstructed, state_budget,
-                                          owner=context.get_actor_id())
+        self.client_states = ClientStates(this_actor_was_restarted(), state_budget,
+                                          owner=ray.get_runtime_context().get_actor_id())
 
     def _load(self, held: Held) -> None:
         """Fetch the rows on the first call (after a start or a restart)."""
