@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from fedray.clock.asynchronous import AsyncPlan, AsynchronousRounds, plan_async
 from fedray.clock.availability import Availability
@@ -44,7 +45,7 @@ from fedray.clock.hearing import StillToHear
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.selector import ClientHistory, RoundContext, Selector, check_selection
 from fedray.core.errors import FedrayError
-from fedray.core.results import STALENESS_COUNTS
+from fedray.core.results import STALENESS_COUNTS, rounds_schema
 
 Costs = Callable[[np.ndarray], TaskCost]
 """The task of each of the given clients (ids) in a round: one amount for all, or one per client in their order."""
@@ -86,15 +87,6 @@ class ClockedRound:
     staleness: np.ndarray | None = None
     """An asynchronous server step's updates by staleness: element s counts those s versions old (None: a
     synchronous round)."""
-
-    def row(self) -> dict[str, object]:
-        """The round's row of rounds.parquet (an asynchronous step's with its ``staleness_counts``)."""
-        row = {"round": self.number, "stage": self.stage, "start_s": self.start_s, "end_s": self.end_s,
-               "selected": len(self.selected), "finished": len(self.clients), "stragglers": self.stragglers,
-               "dropped": self.dropped, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down}
-        if self.staleness is not None:
-            row[STALENESS_COUNTS] = self.staleness.tolist()
-        return row
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,9 +350,30 @@ class RunClock:
             return None
         return evaluated_rounds(np.array([record.end_s for record in records]), start_s, self.every_s)
 
-    def rows(self) -> list[dict[str, object]]:
-        """rounds.parquet's rows, one a round in order."""
-        return [record.row() for record in self.records]
+    def table(self) -> pa.Table:
+        """rounds.parquet: one row a round, in order (an asynchronous step's with its ``staleness_counts``), made column
+        by column: as a list of dicts a row, a run's rounds (16,418 at 10⁶ clients) were the largest thing the clock
+        made at the run's end, where the driver's memory peaks."""
+        records = self.records
+
+        def column(value: Callable[[ClockedRound], float], dtype: type) -> np.ndarray:
+            return np.fromiter((value(record) for record in records), dtype=dtype, count=len(records))
+
+        columns = {
+            "round": column(lambda record: record.number, np.int64), "stage": [record.stage for record in records],
+            "start_s": column(lambda record: record.start_s, np.float64),
+            "end_s": column(lambda record: record.end_s, np.float64),
+            "selected": column(lambda record: len(record.selected), np.int64),
+            "finished": column(lambda record: len(record.clients), np.int64),
+            "stragglers": column(lambda record: record.stragglers, np.int64),
+            "dropped": column(lambda record: record.dropped, np.int64),
+            "bytes_up": column(lambda record: record.bytes_up, np.float64),
+            "bytes_down": column(lambda record: record.bytes_down, np.float64)}
+        asynchronous = any(record.staleness is not None for record in records)
+        if asynchronous:
+            columns[STALENESS_COUNTS] = [None if record.staleness is None else record.staleness.tolist()
+                                         for record in records]
+        return pa.table(columns, schema=rounds_schema(asynchronous))
 
 
 def evaluated_rounds(ends: np.ndarray, start_s: float, every_s: float) -> set[int]:

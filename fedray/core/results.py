@@ -259,10 +259,10 @@ def _save_table(path: Path, table: pa.Table) -> None:
 
 
 def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.ndarray], model: dict | None = None,
-              rounds: list[dict] | None = None, record: dict | None = None) -> None:
+              rounds: pa.Table | None = None, record: dict | None = None) -> None:
     """The run's files; ``model`` (a fine-tuned state dict) goes to model.pt, ``rounds`` (a run on the clock's, one
-    row a round) to rounds.parquet, ``record`` (what made the run, :mod:`fedray.runtime.provenance`) to run.json. The
-    metrics come last: they mark a complete run.
+    row a round, :func:`rounds_schema`) to rounds.parquet, ``record`` (what made the run,
+    :mod:`fedray.runtime.provenance`) to run.json. The metrics come last: they mark a complete run.
 
     Every file is written as a temporary beside the previous run's files first;
     only then are they swapped in (:func:`_swap`). A write that fails (a full
@@ -277,9 +277,7 @@ def write_run(out: Path, rows: list[dict], config: dict, arrays: dict[str, np.nd
         files.append((MODEL, lambda p: _save_model(p, model), lambda: torch_size(model)))
     files.append((CONFIG, lambda p: _save_text(p, text), len(text.encode())))
     if rounds is not None:
-        schema = rounds_schema(asynchronous=any(STALENESS_COUNTS in row for row in rounds))
-        per_round = pa.Table.from_pylist(rounds, schema=schema)
-        files.append((ROUNDS, lambda p: _save_table(p, per_round), lambda: _parquet_size(per_round)))
+        files.append((ROUNDS, lambda p: _save_table(p, rounds), lambda: _parquet_size(rounds)))
     if record is not None:
         made = json.dumps(record, indent=2) + "\n"
         files.append((RUN_JSON, lambda p: _save_text(p, made), len(made.encode())))

@@ -173,7 +173,7 @@ def run_started(config: RunConfig, ray_start: RayStart, trial_group: PlacementGr
     rows = metrics_rows(resolved, per_round, result.points, **result.last_columns, **stopped_early(callbacks))
     made = provenance.record(resolved.num_shards, resolved.cpus_per_shard, command, started)
     write_run(out, rows, resolved.to_dict(), result.arrays, result.model,
-              None if run.clock is None else run.clock.rows(), made)
+              None if run.clock is None else run.clock.table(), made)
     if resume or checkpoint_stamp(out) != found_checkpoint:
         remove_checkpoint(out)
     callbacks.end(rows)

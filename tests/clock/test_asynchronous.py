@@ -16,6 +16,7 @@ from fedray.clock.selector import ClientHistory, RoundContext, UniformSelector
 from fedray.clock.streams import uniforms
 from fedray.clock.traces import TraceAvailability
 from fedray.core.errors import FedrayError
+from fedray.core.results import rounds_schema
 
 SEED = 3
 CLIENTS = 12
@@ -204,8 +205,9 @@ def test_each_step_s_staleness_histogram_and_the_rows_staleness_are_the_plain_ev
                  for number, (_, _, versions) in enumerate(expected, start=1)]
     assert max(max(step) for step in staleness) >= 1
     assert [(record.end_s, record.clients.tolist()) for record in records] == [(end, c) for end, c, _ in expected]
-    for record, ages in zip(records, staleness):
-        row = record.row()
+    table = clock.table()
+    assert table.num_rows == steps and table.schema == rounds_schema(asynchronous=True)
+    for row, ages in zip(table.to_pylist(), staleness):
         assert row["staleness_counts"] == [ages.count(s) for s in range(max(ages) + 1)]
         assert sum(row["staleness_counts"]) == row["finished"] == buffer
     assert clock.columns(0) == {"clock_s": 0.0, "clock_compute_s": 0.0, "clock_comm_s": 0.0, "clients_straggled": 0,

@@ -11,6 +11,7 @@ from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.run_clock import RunClock, evaluated_rounds
 from fedray.clock.selector import UniformSelector
 from fedray.core.errors import FedrayError
+from fedray.core.results import rounds_schema
 
 # One device per client. A task of 100 multiply-adds, 100 bytes down and 100 up takes 100 / macs_per_s seconds of
 # compute and 800 / down_bps + 800 / up_bps of transfers:
@@ -65,7 +66,12 @@ def test_a_round_lasts_until_its_slowest_client_and_the_next_starts_then(tmp_pat
     assert run.columns(2) == {"clock_s": 33.0, "clock_compute_s": 11.0, "clock_comm_s": 22.0, "clients_straggled": 0,
                               "clients_dropped": 0}
     assert run.columns(0)["clock_s"] == 0.0
-    assert [row["end_s"] for row in run.rows()] == [12.0, 33.0]
+    assert run.table().schema == rounds_schema()
+    assert run.table().to_pylist() == [  # rounds.parquet's rows: every client kept, 100 bytes up and down each
+        {"round": 1, "stage": "train", "start_s": 0.0, "end_s": 12.0, "selected": 3, "finished": 3, "stragglers": 0,
+         "dropped": 0, "bytes_up": 300.0, "bytes_down": 300.0},
+        {"round": 2, "stage": "train", "start_s": 12.0, "end_s": 33.0, "selected": 3, "finished": 3, "stragglers": 0,
+         "dropped": 0, "bytes_up": 300.0, "bytes_down": 300.0}]
 
 
 def test_a_round_with_nobody_online_starts_when_the_first_client_comes_online(tmp_path):

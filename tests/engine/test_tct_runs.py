@@ -243,7 +243,7 @@ def test_stage2_rounds_are_on_the_clock_with_each_clients_pass_counted(ray_sessi
     assert not unchanged.any() and [len(clients) for clients in unheard.scaffold_rounds] == [0, 0, 0]
     # the normalization asks every client until it has lost MAX_LOST = 10 uploads of each (6 · 10 asks: its round
     # of six, then rounds of up to κ = 3 clients still to hear), SCAFFOLD's rounds numbered after them
-    late_rounds = late.rows()
+    late_rounds = late.table().to_pylist()
     normalization = [row for row in late_rounds if row["stage"] == "tct_normalization"]
     assert [row["stage"] for row in late_rounds] == ["tct_normalization"] * len(normalization) + ["tct_scaffold"] * 3
     assert [row["round"] for row in late_rounds] == list(range(8, 8 + len(late_rounds)))
@@ -260,7 +260,7 @@ def test_stage2_rounds_are_on_the_clock_with_each_clients_pass_counted(ray_sessi
 
     normalize_s = max(seconds(1000.0 * n + 3 * n * p / 2, 2 * p, 2 * p + 1) for n in sizes)
     closed_form_s = max(seconds(n * (p + 1) * (p + 1 + c), 0, (p + 1) ** 2 + (p + 1) * c) for n in sizes)
-    rounds = clock.rows()
+    rounds = clock.table().to_pylist()
     assert [(row["round"], row["stage"]) for row in rounds] == [
         (8, "tct_normalization"), (9, "tct_closed_form"), (9, "tct_scaffold"), (10, "tct_scaffold"),
         (11, "tct_scaffold")]
