@@ -105,7 +105,7 @@ class _Totals:
 
 class RunClock:
     """The clock of a run (see the module's note): ``round`` advances it, ``columns`` says where it stood after a
-    round, ``rows`` are rounds.parquet's."""
+    round, ``table`` is rounds.parquet."""
 
     def __init__(self, devices: Devices, availability: Availability | None, scheduler: SynchronousRounds,
                  selector: Selector, selector_name: str, num_clients: int, per_round: int, seed: int,
