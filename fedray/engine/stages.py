@@ -199,7 +199,7 @@ class Training(Stage):
             plan, records = clock.asynchronous_steps(len(schedule), list(schedule), tasks.costs, first_round, "train")
             updates = AsyncUpdates(plan.trained_from(), scheduler.staleness_function(), scheduler.divides_plainly,
                                    scheduler.mixing_rate)
-            evaluate_at = clock.evaluate_at(records, start_s)
+            evaluate_at = clock.evaluate_at([record.end_s for record in records], start_s)
             return _Clocked([record.clients for record in records], None if evaluate_at is None else {0, *evaluate_at},
                             ClockColumns(clock), None, [len(record.selected) for record in records], updates)
         rounds = ClockedTraining(clock, schedule, tasks, first_round, "train", sizes,
@@ -235,9 +235,8 @@ class Training(Stage):
         clocked = _Clocked()
         if run.clock is not None:
             if context.saved is not None and init_rounds:  # the closed form ran before the checkpoint: its time too
-                init_rounds = Schedule.of(record.clients for record in self.init.clocked(
-                    run, context.federation, self.init.build(context.federation), backbone_macs,
-                    run.sampler.uploads(context.postprocessing)))
+                init_rounds = self.init.clocked(run, context.federation, self.init.build(context.federation),
+                                                backbone_macs).rounds
             clocked = self._clocked(run, tasks, first_round, postprocessing, state, sizes)
             rounds = clocked.rounds
         every = None if clocked.asynchronous is not None else self.checkpoint_every  # see fedray.engine.asynchronous

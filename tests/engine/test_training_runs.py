@@ -130,10 +130,13 @@ class Interrupted(Exception):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, init", [("scaffold", "fed3r"), ("fedadam", "random")])
-def test_a_resumed_run_equals_an_uninterrupted_one(ray_session, tmp_path, method, init):
+@pytest.mark.parametrize("method, init, clock", [("scaffold", "fed3r", {}), ("fedadam", "random", {}),
+                                                 ("scaffold", "fed3r", {"devices": "phones"})])
+def test_a_resumed_run_equals_an_uninterrupted_one(ray_session, tmp_path, method, init, clock):
+    """On the clock too: the resumed run clocks its closed form's rounds again (they ran before the checkpoint) and
+    writes the same rounds.parquet."""
     config = RunConfig(method=method, dataset=SMALL, init=init, init_rounds=15, rounds=12, eval_every=4,
-                       checkpoint_every=4, temperature=0.5, client_lr=0.01, **COMMON)
+                       checkpoint_every=4, temperature=0.5, client_lr=0.01, **clock, **COMMON)
     whole = tmp_path / "whole"
     whole_run = run(replace(config, out=str(whole)))
     assert not (whole / CHECKPOINT).exists(), "a finished run leaves no checkpoint"
@@ -157,6 +160,8 @@ def test_a_resumed_run_equals_an_uninterrupted_one(ray_session, tmp_path, method
     assert without_wall(rows_of(parts)) == without_wall(rows_of(whole))
     with np.load(whole / "classifier.npz") as a, np.load(parts / "classifier.npz") as b:
         assert a.files == b.files and all(np.array_equal(a[name], b[name]) for name in a.files)
+    if clock:
+        assert (parts / "rounds.parquet").read_bytes() == (whole / "rounds.parquet").read_bytes()
 
 
 def test_resume_refuses_a_checkpoint_of_other_options(tmp_path):
