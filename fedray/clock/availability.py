@@ -21,6 +21,8 @@ drawn client that goes offline before it finishes (``stays_available(c, start, f
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +68,13 @@ class Availability:
         ``num_clients`` clients online at a round's start, could never fill. Subclasses add their own test."""
         if not 1 <= clients_per_round <= num_clients:
             raise FedrayError(f"a round of {clients_per_round} clients cannot fill from a population of {num_clients}")
+
+    @contextmanager
+    def population_kept(self, num_clients: int) -> Iterator[None]:
+        """Inside, what the model may keep of all ``num_clients`` clients to answer lookups over many of them, round
+        after round (a closed form's hearing loop: :class:`~fedray.clock.hearing.StillToHear`), is kept; after, it
+        is not (the lookups that follow ask about a round's clients). Nothing by default."""
+        yield
 
     def _available(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
         raise NotImplementedError

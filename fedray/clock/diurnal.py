@@ -9,6 +9,8 @@ disagree with its own interval edges by a rounding).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -34,7 +36,7 @@ class DiurnalAvailability(Availability):
     diurnal_duty: Annotated[float, "the fraction of each period a client is online, in (0, 1)"] = 0.5
     seed: int = 0
     _population_phases: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
-    """Every client's phase, kept by :meth:`check_rounds_can_fill` (None: not asked yet)."""
+    """Every client's phase, kept by :meth:`check_rounds_can_fill` and :meth:`population_kept` (None: not kept)."""
 
     def __post_init__(self) -> None:
         check_positive({"diurnal_period_s": self.diurnal_period_s})
@@ -53,8 +55,9 @@ class DiurnalAvailability(Availability):
     def check_rounds_can_fill(self, clients_per_round: int, num_clients: int) -> None:
         """Refuse when at no moment κ clients are online: the most clients online at once is the most phases of the
         population that fall in one arc of length DUTY of the circle [0, 1) (computed exactly, O(K log K) once). The
-        population's phases are kept for the lookups that follow (8 bytes a client): a round's lookups then read its
-        clients' phases instead of hashing them again, several times a round."""
+        population's phases are kept for the lookups that follow (8 bytes a client), until a closed form's hearing
+        loop is done with them (:meth:`population_kept`): a round's lookups then read its clients' phases instead of
+        hashing them again, several times a round."""
         super().check_rounds_can_fill(clients_per_round, num_clients)
         population = uniforms(self.seed, STREAM, np.arange(num_clients))
         object.__setattr__(self, "_population_phases", population)
@@ -65,6 +68,18 @@ class DiurnalAvailability(Availability):
             raise FedrayError(f"--availability diurnal:{self.diurnal_period_s:g},{self.diurnal_duty:g} has at most "
                               f"{most} of the {num_clients} clients online at once: a round of {clients_per_round} "
                               "never fills")
+
+    @contextmanager
+    def population_kept(self, num_clients: int) -> Iterator[None]:
+        """Every client's phase kept inside (drawn where :meth:`check_rounds_can_fill` has not kept them), and not
+        after: at a million clients, 8 MB the driver would otherwise hold to the run's end for the lookups that
+        follow, of a round's clients, which hash just those."""
+        if self._population_phases is None or len(self._population_phases) != num_clients:
+            object.__setattr__(self, "_population_phases", uniforms(self.seed, STREAM, np.arange(num_clients)))
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "_population_phases", None)
 
     def _available(self, clients: np.ndarray, t: np.ndarray) -> np.ndarray:
         return self._online(self.phases(clients), t)

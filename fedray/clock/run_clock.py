@@ -30,8 +30,8 @@ online when none is.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,10 +42,10 @@ from fedray.clock.availability import Availability
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
 from fedray.clock.hearing import StillToHear
+from fedray.clock.round_log import LoggedRound, RoundLog
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.selector import ClientHistory, RoundContext, Selector, check_selection
 from fedray.core.errors import FedrayError
-from fedray.core.results import STALENESS_COUNTS, rounds_schema
 
 Costs = Callable[[np.ndarray], TaskCost]
 """The task of each of the given clients (ids) in a round: one amount for all, or one per client in their order."""
@@ -89,20 +89,6 @@ class ClockedRound:
     synchronous round)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Totals:
-    """The clock after some rounds: the last one's end, and its columns' sums over them (0 + the first + the second
-    + ..., in the rounds' order: the same floats as summing the rounds afresh)."""
-
-    end_s: float = 0.0
-    compute_s: float = 0
-    comm_s: float = 0
-    stragglers: int = 0
-    dropped: int = 0
-    aggregations: int = 0
-    """Asynchronous server steps."""
-
-
 class RunClock:
     """The clock of a run (see the module's note): ``round`` advances it, ``columns`` says where it stood after a
     round, ``table`` is rounds.parquet."""
@@ -122,11 +108,9 @@ class RunClock:
         self.every_s = every_s
         self.history = ClientHistory(num_clients, kept=selector.reads_history or selector.uses_utility)
         self.now = 0.0
-        self.records: list[ClockedRound] = []
-        self._numbers: list[int] = []
-        """``records``' round numbers, increasing."""
-        self._totals: list[_Totals] = []
-        """After each of ``records``: the clock's running totals (what :meth:`columns` reads in O(log rounds))."""
+        self.log = RoundLog()
+        """Its rounds' rows and running totals (what :meth:`columns` reads in O(log rounds)); a round's clients are
+        its stage's to keep (:mod:`fedray.clock.round_log`)."""
 
     def check(self, cost: TaskCost) -> None:
         """Refuse, in one line before any work, a deadline that no client's ``cost`` (one per client of the
@@ -252,6 +236,11 @@ class RunClock:
         """Whether a late client sends the local steps it finished by the deadline (``--stragglers partial``)."""
         return self.scheduler.partial
 
+    def population_kept(self) -> AbstractContextManager[None]:
+        """Inside, the availability model keeps what it may of every client for lookups over many of them, round after
+        round (:meth:`Availability.population_kept`)."""
+        return nullcontext() if self.availability is None else self.availability.population_kept(self.num_clients)
+
     def still_to_hear(self, schedule: Sequence[np.ndarray], num_clients: int) -> StillToHear:
         """Who a closed form's stage has to hear, from its schedule, on this clock's availability."""
         return StillToHear.of(schedule, num_clients, self.availability)
@@ -260,17 +249,13 @@ class RunClock:
         """``record`` after the others (its number after theirs, or the last one's in another stage: TCT's closed form
         and SCAFFOLD's first round), and the totals after it (a round another scheduler ran: asynchronous server
         steps)."""
-        last = self.records[-1] if self.records else None
-        if last is not None and (record.number < last.number or record.number == last.number
-                                 and record.stage == last.stage):
-            raise FedrayError(f"the clock's round {record.number} comes after its round {last.number}: "
+        last = self.log.last()
+        if last is not None and (record.number < last[0] or record.number == last[0] and record.stage == last[1]):
+            raise FedrayError(f"the clock's round {record.number} comes after its round {last[0]}: "
                               f"rounds are clocked in the run's order")
-        before = self._totals[-1] if self._totals else _Totals()
-        self.records.append(record)
-        self._numbers.append(record.number)
-        self._totals.append(_Totals(record.end_s, before.compute_s + record.compute_s, before.comm_s + record.comm_s,
-                                    before.stragglers + record.stragglers, before.dropped + record.dropped,
-                                    before.aggregations + (record.staleness is not None)))
+        self.log.append(LoggedRound(record.number, record.stage, record.start_s, record.end_s, len(record.selected),
+                                    len(record.clients), record.stragglers, record.dropped, record.bytes_up,
+                                    record.bytes_down, record.compute_s, record.comm_s, record.staleness))
 
     def _context(self, number: int, start: float, scheduled: np.ndarray, places: int, costs: Costs,
                  hearing: StillToHear | None) -> RoundContext:
@@ -321,20 +306,18 @@ class RunClock:
         Under an asynchronous scheduler also ``aggregations``, the server steps so far, and, where the row's
         window (the rounds after round ``after``, the row before's, up to ``number``; None: from the start) holds
         server steps, the staleness of the updates they aggregated (:meth:`staleness_columns`)."""
-        done = bisect_right(self._numbers, number)
-        totals = self._totals[done - 1] if done else _Totals()
-        values: dict[str, float | int] = {
-            "clock_s": totals.end_s, "clock_compute_s": float(totals.compute_s), "clock_comm_s": float(totals.comm_s),
-            "clients_straggled": totals.stragglers, "clients_dropped": totals.dropped}
+        done = self.log.done_by(number)
+        values = self.log.totals(done)
         if self.asynchronous.asynchronous:
-            values["aggregations"] = totals.aggregations
-            values |= self.staleness_columns(0 if after is None else bisect_right(self._numbers, after), done)
+            values |= self.staleness_columns(0 if after is None else self.log.done_by(after), done)
+        else:
+            del values["aggregations"]
         return values
 
     def staleness_columns(self, first: int, stop: int) -> dict[str, float | int]:
-        """``staleness_mean`` and ``staleness_max`` of the updates the server steps among ``records[first:stop]``
-        aggregated (none when they hold no server step): O(the window's steps)."""
-        counts = [record.staleness for record in self.records[first:stop] if record.staleness is not None]
+        """``staleness_mean`` and ``staleness_max`` of the updates the server steps among the rounds ``first`` ..
+        ``stop`` - 1 (in the clock's order) aggregated (none when they hold no server step): O(the window's steps)."""
+        counts = self.log.staleness(first, stop)
         if not counts:
             return {}
         histogram = np.zeros(max(len(count) for count in counts), dtype=np.int64)
@@ -343,37 +326,16 @@ class RunClock:
         total = int(histogram @ np.arange(len(histogram)))
         return {"staleness_mean": total / int(histogram.sum()), "staleness_max": int(np.flatnonzero(histogram)[-1])}
 
-    def evaluate_at(self, records: list[ClockedRound], start_s: float) -> set[int] | None:
-        """The rounds of ``records`` (numbered from 1), which started at ``start_s``, evaluated every ``every_s``
+    def evaluate_at(self, ends: Sequence[float], start_s: float) -> set[int] | None:
+        """The rounds (numbered from 1) that end at ``ends`` and started at ``start_s``, evaluated every ``every_s``
         virtual seconds (:func:`evaluated_rounds`); None when the run evaluates by rounds."""
         if self.every_s is None:
             return None
-        return evaluated_rounds(np.array([record.end_s for record in records]), start_s, self.every_s)
+        return evaluated_rounds(np.asarray(ends, dtype=np.float64), start_s, self.every_s)
 
     def table(self) -> pa.Table:
-        """rounds.parquet: one row a round, in order (an asynchronous step's with its ``staleness_counts``), made column
-        by column: as a list of dicts a row, a run's rounds (16,418 at 10⁶ clients) were the largest thing the clock
-        made at the run's end, where the driver's memory peaks."""
-        records = self.records
-
-        def column(value: Callable[[ClockedRound], float], dtype: type) -> np.ndarray:
-            return np.fromiter((value(record) for record in records), dtype=dtype, count=len(records))
-
-        columns = {
-            "round": column(lambda record: record.number, np.int64), "stage": [record.stage for record in records],
-            "start_s": column(lambda record: record.start_s, np.float64),
-            "end_s": column(lambda record: record.end_s, np.float64),
-            "selected": column(lambda record: len(record.selected), np.int64),
-            "finished": column(lambda record: len(record.clients), np.int64),
-            "stragglers": column(lambda record: record.stragglers, np.int64),
-            "dropped": column(lambda record: record.dropped, np.int64),
-            "bytes_up": column(lambda record: record.bytes_up, np.float64),
-            "bytes_down": column(lambda record: record.bytes_down, np.float64)}
-        asynchronous = any(record.staleness is not None for record in records)
-        if asynchronous:
-            columns[STALENESS_COUNTS] = [None if record.staleness is None else record.staleness.tolist()
-                                         for record in records]
-        return pa.table(columns, schema=rounds_schema(asynchronous))
+        """rounds.parquet: one row a round, in order (an asynchronous step's with its ``staleness_counts``)."""
+        return self.log.table()
 
 
 def evaluated_rounds(ends: np.ndarray, start_s: float, every_s: float) -> set[int]:

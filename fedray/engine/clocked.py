@@ -52,6 +52,7 @@ from fedray.methods.algorithm import FederatedAlgorithm, keeps_client_state
 from fedray.methods.base import FLOAT_BYTES, ClosedFormMethod
 from fedray.methods.postprocessor import Postprocessing, Sampling, StageUploads
 from fedray.methods.training.backend import ClientLosses, Params, TrainingBackend
+from fedray.runtime.schedules import Schedule
 
 T = TypeVar("T")
 
@@ -130,6 +131,23 @@ class ClosedFormTasks:
         return TaskCost(self.macs, 0.0, self.up_bytes)
 
 
+@dataclass(frozen=True)
+class ClockedPass:
+    """What a closed form's stage keeps of its rounds on the clock, planned once before any work: when the first
+    starts, the clients each keeps (:meth:`~fedray.runtime.schedules.Schedule.packed`) and when each ends. Not the
+    rounds themselves: an object and an array a round, about twice the memory (10 MB at a million clients), held to
+    the run's end."""
+
+    start_s: float
+    rounds: Schedule
+    ends: np.ndarray
+
+    @classmethod
+    def of(cls, start_s: float, records: Sequence[ClockedRound]) -> ClockedPass:
+        return cls(start_s, Schedule.packed([record.clients for record in records]),
+                   np.array([record.end_s for record in records], dtype=np.float64))
+
+
 def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: ClosedFormTasks | ClientTasks,
                         stage: str, postprocessing: Postprocessing = Postprocessing(),
                         blocks: Container[int] | None = None, first_round: int = 0) -> list[ClockedRound]:
@@ -140,6 +158,14 @@ def clocked_closed_form(clock: RunClock, schedule: Sequence[np.ndarray], tasks: 
     costs nothing when the schedule asks it again (it has nothing more to send). ``blocks``: the rounds (numbered from
     1) that end an evaluation block (None: each round ends one), whose uploads the postprocessors' protocol sums
     together; the rounds after the schedule's are timed with the last block's protocol."""
+    with clock.population_kept():  # its lookups ask about every client still to hear, round after round
+        return _hearing_loop(clock, schedule, tasks, stage, postprocessing, blocks, first_round)
+
+
+def _hearing_loop(clock: RunClock, schedule: Sequence[np.ndarray], tasks: ClosedFormTasks | ClientTasks, stage: str,
+                  postprocessing: Postprocessing, blocks: Container[int] | None,
+                  first_round: int) -> list[ClockedRound]:
+    """:func:`clocked_closed_form`'s rounds."""
     hearing = clock.still_to_hear(schedule, clock.num_clients)
     protocol: TaskCost | None = None
 
@@ -399,20 +425,20 @@ class FirstPassClock:
         return macs + np.where(self.passed, 0.0, self.first_macs)
 
 
-def clocked_closed_form_uploads(stage: str, sampling: Sampling, records: Sequence[ClockedRound],
+def clocked_closed_form_uploads(stage: str, sampling: Sampling, rounds: Sequence[np.ndarray],
                                 evaluate_at: Container[int], summed: bool = True) -> StageUploads:
-    """A closed form's uploads on the clock (its rounds ``records``, numbered from 1): each client's first kept upload,
-    summed an evaluation block at a time, the blocks ending at the rounds of ``evaluate_at`` (as
+    """A closed form's uploads on the clock (the clients its rounds keep, numbered from 1): each client's first kept
+    upload, summed an evaluation block at a time, the blocks ending at the rounds of ``evaluate_at`` (as
     :class:`~fedray.engine.closed_form.ClosedFormRounds` forms them); ``group`` and ``smallest_group`` are the most and
     fewest uploads of a block with any. ``summed``: the method's :attr:`~fedray.ClosedFormMethod.uploads_summed`."""
     seen = np.zeros(sampling.population, dtype=bool)
     blocks, uploads = [], 0
-    for number, record in enumerate(records, start=1):
-        new = record.clients[~seen[record.clients]]  # a round's clients are distinct
+    for number, clients in enumerate(rounds, start=1):
+        new = clients[~seen[clients]]  # a round's clients are distinct
         seen[new] = True
         uploads += len(new)
         if number in evaluate_at:
             blocks.append(uploads)
             uploads = 0
     sizes = [size for size in blocks if size] or [0]
-    return StageUploads(stage, False, sampling, len(records), max(sizes), min(sizes), summed)
+    return StageUploads(stage, False, sampling, len(rounds), max(sizes), min(sizes), summed)

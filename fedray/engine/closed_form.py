@@ -12,7 +12,6 @@ import numpy as np
 import ray
 import torch
 
-from fedray.clock.run_clock import ClockedRound
 from fedray.core.accounting import PaperTotals
 from fedray.core.federation import Federation
 from fedray.runtime.evaluator import Evaluator, PendingAccuracy
@@ -25,7 +24,8 @@ from fedray.engine.callbacks import Callbacks
 from fedray.engine.config import COLUMNS
 from fedray.engine.parts import MethodSpec, closed_form_uploads
 from fedray.engine.pipeline import RunPlan, Stage, StageContext, StageResult
-from fedray.engine.clocked import ClockColumns, ClosedFormTasks, clocked_closed_form, clocked_closed_form_uploads
+from fedray.engine.clocked import (ClockColumns, ClockedPass, ClosedFormTasks, clocked_closed_form,
+                                  clocked_closed_form_uploads)
 from fedray.engine.round_loop import Callback, EvalRounds, Listener, Report, run_rounds
 from fedray.runtime.actor_group import Reduction, combine_partials
 from fedray.runtime.footprint import Footprint, largest_clients
@@ -314,10 +314,10 @@ class ClosedForm(Stage):
     rounds: int | None
     built: dict[int, ClosedFormMethod] = field(default_factory=dict, compare=False, repr=False)
     """The method built on a federation (by its id): once, before any work, to refuse a bad option first."""
-    planned: dict[int, tuple[float, list[ClockedRound]]] = field(default_factory=dict, compare=False, repr=False)
-    """Its rounds on a run's clock (by the clock's id) and the clock's time when they start: clocked once, before any
-    work where the plan knows its features (:meth:`plan_clock`), so that the postprocessors are told its upload
-    groups as the evaluation points in virtual time make them."""
+    planned: dict[int, ClockedPass] = field(default_factory=dict, compare=False, repr=False)
+    """Its rounds on a run's clock (by the clock's id): clocked once, before any work where the plan knows its
+    features (:meth:`plan_clock`), so that the postprocessors are told its upload groups as the evaluation points in
+    virtual time make them."""
 
     def build(self, federation: Federation) -> ClosedFormMethod:
         """The method on ``federation``'s features, built once."""
@@ -342,10 +342,10 @@ class ClosedForm(Stage):
         in virtual time (or every ``--eval-every`` rounds) make; else as ``--eval-every`` makes them."""
         summed = self.method.cls.uploads_summed
         if run.clock is not None and id(run.clock) in self.planned:
-            start_s, records = self.planned[id(run.clock)]
-            every_s = run.clock.evaluate_at(records, start_s)
-            evaluate_at = EvalRounds(len(records), run.eval_every) if every_s is None else every_s
-            return (clocked_closed_form_uploads(label, run.sampler.drawn, records, evaluate_at, summed),)
+            planned = self.planned[id(run.clock)]
+            every_s = run.clock.evaluate_at(planned.ends, planned.start_s)
+            evaluate_at = EvalRounds(len(planned.rounds), run.eval_every) if every_s is None else every_s
+            return (clocked_closed_form_uploads(label, run.sampler.drawn, planned.rounds, evaluate_at, summed),)
         return (closed_form_uploads(label, run.sampler.drawn, len(run.rounds(self.rounds)), run.eval_every, summed),)
 
     def footprints(self, run: RunPlan, federation: Federation, label: str | None = None) -> tuple[Footprint, ...]:
@@ -361,10 +361,9 @@ class ClosedForm(Stage):
         evaluate_at = columns = None
         postprocessing = run.sampler.uploads(context.postprocessing)
         if run.clock is not None:
-            clocked = self.clocked(run, pool.federation, method, backbone_macs)
-            start_s = self.planned[id(run.clock)][0]
-            rounds = Schedule.of(record.clients for record in clocked)
-            evaluate_at = run.clock.evaluate_at(clocked, start_s)
+            planned = self.clocked(run, pool.federation, method, backbone_macs)
+            rounds = planned.rounds
+            evaluate_at = run.clock.evaluate_at(planned.ends, planned.start_s)
             columns = ClockColumns(run.clock)
         return run_closed_form(pool, method, rounds, run.eval_every, evaluator,
                                on_point=context.on_point, backbone_macs=backbone_macs,
@@ -372,17 +371,18 @@ class ClosedForm(Stage):
                                evaluate_at=evaluate_at, clock=columns)
 
     def clocked(self, run: RunPlan, federation: Federation, method: ClosedFormMethod,
-                backbone_macs: float | None) -> list[ClockedRound]:
+                backbone_macs: float | None) -> ClockedPass:
         """Its rounds on the run's clock, which they advance the first time they are asked (:attr:`planned`): who
         uploads in each, known before any runs; each evaluation block's uploads summed together by the run's
         postprocessing's protocol."""
         if id(run.clock) not in self.planned:
             schedule = run.rounds(self.rounds)
             blocks = None if run.clock.every_s is not None else EvalRounds(len(schedule), run.eval_every)
-            self.planned[id(run.clock)] = (run.clock.now, clocked_closed_form(
+            start_s = run.clock.now
+            self.planned[id(run.clock)] = ClockedPass.of(start_s, clocked_closed_form(
                 run.clock, schedule, ClosedFormTasks.of(method, federation, backbone_macs), "closed_form",
                 run.sampler.uploads(run.postprocessing), blocks))
-        return self.planned[id(run.clock)][1]
+        return self.planned[id(run.clock)]
 
     def run(self, context: StageContext, previous: StageResult) -> StageResult:
         """The run's classifier: its rows, its rounds and its arrays (with the method's own, a random feature map);

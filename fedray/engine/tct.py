@@ -264,7 +264,7 @@ class Stage2Run:
             records = [self.clock.round(self.scaffold_start + number, "tct_scaffold", clients, path.tasks(),
                                         self.postprocessing) for number, clients in enumerate(rounds, start=1)]
             rounds = [record.clients for record in records]
-            every_s = clock.evaluate_at(records, start_s)
+            every_s = clock.evaluate_at([record.end_s for record in records], start_s)
             evaluate_at = evaluate_at if every_s is None else every_s
             first = [ClockColumns(clock)]
         loop = (callbacks or Callbacks()).loop("tct_scaffold", "tct stage 2", len(rounds), self.scaffold_start)

@@ -81,6 +81,23 @@ def test_the_lookups_after_the_check_read_the_phases_it_drew_the_same_numbers():
         assert getattr(model, lookup)(clients, t).tolist() == getattr(fresh, lookup)(clients, t).tolist()
 
 
+def test_the_phases_are_kept_inside_a_hearing_loop_only_and_lookups_give_the_same_numbers():
+    """The check keeps every client's phases; a hearing loop (:meth:`population_kept`) keeps them (drawing them where
+    the check has not) and lets them go when it ends: the lookups after hash the clients they ask about, the same
+    numbers."""
+    model = DiurnalAvailability(diurnal_period_s=PERIOD, diurnal_duty=DUTY, seed=SEED)
+    clients, t = np.array([29, 3, 0]), np.array([10.0, PERIOD / 3, 2 * PERIOD])
+    before = {lookup: getattr(model, lookup)(clients, t).tolist() for lookup in ("available", "next_available")}
+    for check in (True, False):
+        if check:
+            model.check_rounds_can_fill(1, 30)
+        with model.population_kept(30):
+            assert model._population_phases.tolist() == uniforms(SEED, 43, np.arange(30)).tolist()
+            assert {lookup: getattr(model, lookup)(clients, t).tolist() for lookup in before} == before
+        assert model._population_phases is None
+        assert {lookup: getattr(model, lookup)(clients, t).tolist() for lookup in before} == before
+
+
 @pytest.mark.parametrize("options, message", [
     ({"diurnal_duty": 0.0}, r"--diurnal-duty must be in \(0, 1\)"),
     ({"diurnal_duty": 1.0}, r"--diurnal-duty must be in \(0, 1\) \(1 is --availability always\)"),

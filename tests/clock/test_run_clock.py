@@ -1,6 +1,8 @@
 """The run's clock by hand: a round's durations from a device table written out here, over-commitment's choice, the
 deadline's stragglers, rounds chained in time, the critical path's split, and evaluation every S virtual seconds."""
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -126,22 +128,13 @@ def test_evaluation_every_s_seconds_is_the_first_round_ending_at_or_after_each_m
     assert evaluated_rounds(np.array([12.0, 25.0]), 10.0, 10.0) == {2}  # started at 10: the next multiple is 20
 
 
-class Unwalkable(list):
-    """A list of rounds that refuses to be walked: what reads it must not go over every round."""
-
-    def __iter__(self):
-        raise AssertionError("walked the clock's rounds")
-
-
-def test_the_columns_are_running_totals_bitwise_a_sum_over_the_rounds_and_walk_no_round(tmp_path):
+def test_the_columns_are_running_totals_bitwise_a_sum_over_the_rounds(tmp_path):
     """Rounds whose durations are floats that round differently in another order: the columns after each are the
-    plain sums over the rounds so far, in their order, bit for bit, and a row reads them without walking the rounds."""
+    plain sums over the rounds so far, in their order, bit for bit."""
     run = clock(tmp_path, deadline=7.0)
     tasks = [TaskCost(macs, 100.0, up) for macs, up in [(100.0, 100.0), (0.1, 10.3), (1 / 3, 7.7), (123.4, 0.01)]]
-    for number, task in enumerate(tasks * 3, start=1):
-        run.round(number, "train", np.array([(number + shift) % 6 for shift in range(3)]), lambda clients: task)
-    records = list(run.records)
-    run.records = Unwalkable(records)
+    records = [run.round(number, "train", np.array([(number + shift) % 6 for shift in range(3)]), lambda clients: task)
+               for number, task in enumerate(tasks * 3, start=1)]
     for number in range(0, len(records) + 1):
         done = records[:number]
         assert run.columns(number) == {"clock_s": done[-1].end_s if done else 0.0,
@@ -150,6 +143,17 @@ def test_the_columns_are_running_totals_bitwise_a_sum_over_the_rounds_and_walk_n
                                        "clients_straggled": sum(record.stragglers for record in done),
                                        "clients_dropped": sum(record.dropped for record in done)}
     assert run.columns(1000) == run.columns(len(records))
+
+
+def test_the_clock_keeps_no_rounds_clients(tmp_path):
+    """A round's clients are its stage's to keep: once the stage lets a round go, its arrays are freed (the clock
+    remembers its rows only)."""
+    run = clock(tmp_path, over_commit=1.5)
+    record = run.round(1, "train", np.array([4, 2, 0]), lambda clients: TASK)
+    arrays = [weakref.ref(array) for array in (record.selected, record.clients)]
+    del record
+    assert [array() for array in arrays] == [None, None]
+    assert run.table().select(["selected", "finished"]).to_pylist() == [{"selected": 5, "finished": 3}]
 
 
 def test_rounds_are_clocked_in_the_runs_order(tmp_path):
@@ -163,4 +167,5 @@ def test_rounds_are_clocked_in_the_runs_order(tmp_path):
     run.round(2, "tct_scaffold", np.array([4, 2, 0]), lambda clients: TASK)
     with pytest.raises(FedrayError, match=r"^the clock's round 1 comes after its round 2"):
         run.round(1, "tct_closed_form", np.array([4, 2, 0]), lambda clients: TASK)
-    assert [(record.number, record.stage) for record in run.records] == [(2, "train"), (2, "tct_scaffold")]
+    assert run.table().select(["round", "stage"]).to_pylist() == [{"round": 2, "stage": "train"},
+                                                                  {"round": 2, "stage": "tct_scaffold"}]

@@ -141,8 +141,8 @@ def test_a_round_is_clocked_when_asked_after_the_last_ones_losses_became_utiliti
     rounds = ClockedTraining(run_clock, [np.array([0, 1, 2]), np.array([2, 3, 4])], tasks, 0, "train",
                              np.array([4, 9, 1, 16, 25]), measured.get)
     assert len(rounds) == 2 and rounds[0].tolist() == [0, 1, 2]
-    assert len(run_clock.records) == 1 and np.isnan(SEEN[0]).all()
-    assert rounds[1].tolist() == [2, 3, 4] and len(run_clock.records) == 2
+    assert len(run_clock.log) == 1 and np.isnan(SEEN[0]).all()
+    assert rounds[1].tolist() == [2, 3, 4] and len(run_clock.log) == 2
     assert SEEN[1][:3].tolist() == [4 * math.sqrt(2), 9 * math.sqrt(2), math.sqrt(2)] and np.isnan(SEEN[1][3:]).all()
     assert rounds[0].tolist() == [0, 1, 2] and len(SEEN) == 2  # a round asked again is not clocked again
 

@@ -13,7 +13,7 @@ from fedray.clock.devices import Devices
 from fedray.clock.diurnal import DiurnalAvailability
 from fedray.clock.markov import MarkovAvailability
 from fedray.clock.rounds import SynchronousRounds
-from fedray.clock.run_clock import RunClock
+from fedray.clock.run_clock import ClockedRound, RunClock
 from fedray.clock.selector import PoissonSelector, UniformSelector
 from fedray.clock.traces import TraceAvailability
 from fedray.engine.clocked import ClosedFormTasks, clocked_closed_form
@@ -89,10 +89,11 @@ def training_costs(clients: np.ndarray) -> TaskCost:
     return TaskCost(SIZES[clients] * 5e9, 2e6, 2e6)
 
 
-def hashed(clock: RunClock) -> tuple[int, str]:
+def hashed(clocked: tuple[RunClock, list[ClockedRound]]) -> tuple[int, str]:
     """The clock's rounds and a hash of every field of each (its arrays as int64 or float64 bytes)."""
+    clock, records = clocked
     digest = hashlib.sha256()
-    for record in clock.records:
+    for record in records:
         digest.update(record.stage.encode())
         for value in (record.number, record.stragglers, record.dropped, record.selected, record.clients, record.lost,
                       -1 if record.steps is None else record.steps):
@@ -101,18 +102,16 @@ def hashed(clock: RunClock) -> tuple[int, str]:
                       record.comm_s):
             digest.update(np.float64(value).tobytes())
     digest.update(np.asarray(clock.history.duration_s).tobytes())
-    return len(clock.records), digest.hexdigest()[:16]
+    return len(records), digest.hexdigest()[:16]
 
 
-def closed_form(clock: RunClock) -> RunClock:
-    clocked_closed_form(clock, schedule(), CLOSED_FORM, "closed_form")
-    return clock
+def closed_form(clock: RunClock) -> tuple[RunClock, list[ClockedRound]]:
+    return clock, clocked_closed_form(clock, schedule(), CLOSED_FORM, "closed_form")
 
 
-def training(clock: RunClock, poisson: bool = False) -> RunClock:
-    for number, row in enumerate(schedule(poisson)[:ROUNDS], start=1):
-        clock.round(number, "train", row, training_costs, lambda clients: STEPS[clients])
-    return clock
+def training(clock: RunClock, poisson: bool = False) -> tuple[RunClock, list[ClockedRound]]:
+    return clock, [clock.round(number, "train", row, training_costs, lambda clients: STEPS[clients])
+                   for number, row in enumerate(schedule(poisson)[:ROUNDS], start=1)]
 
 
 PINNED = {

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import fedray
-from fedray.clock.run_clock import ClockedRound
 from fedray.core.errors import FedrayError
 from fedray.engine.clocked import clocked_closed_form_uploads
 from fedray.engine.config import resolve
@@ -68,20 +67,14 @@ def test_a_closed_form_block_sums_kappa_times_eval_every_uploads_and_the_last_bl
     assert closed_form_uploads("closed form", Sampling(10, 3, False), 4, 5).group == 10   # one block: everyone
 
 
-def kept(number: int, *clients: int) -> ClockedRound:
-    """Round ``number`` on the clock keeping the uploads of ``clients`` (its times are not read)."""
-    ids = np.array(clients, dtype=np.int64)
-    return ClockedRound(number, "closed_form", 0.0, 1.0, ids, ids, None, 0, 0, 0.0, 0.0, 0.0, 1.0)
-
-
 def test_a_closed_form_block_on_the_clock_sums_the_first_uploads_of_its_rounds_up_to_an_evaluation():
     # drawn with replacement: a client kept again uploads nothing new; rounds 1-2 make a block of 4 (0, 1, 2, 3),
     # round 3 one of none (no aggregate), rounds 4-5 one of 1 (client 4)
-    records = [kept(1, 0, 1, 2), kept(2, 2, 3), kept(3, 1, 0), kept(4, 0), kept(5, 4, 3)]
+    rounds = [np.array(clients, dtype=np.int64) for clients in ([0, 1, 2], [2, 3], [1, 0], [0], [4, 3])]
     sampling = Sampling(6, 3, True)
-    assert clocked_closed_form_uploads("closed form", sampling, records, {2, 3, 5}) == \
+    assert clocked_closed_form_uploads("closed form", sampling, rounds, {2, 3, 5}) == \
         StageUploads("closed form", False, sampling, 5, 4, 1)
-    assert clocked_closed_form_uploads("init", sampling, records, {1, 5}, summed=False) == \
+    assert clocked_closed_form_uploads("init", sampling, rounds, {1, 5}, summed=False) == \
         StageUploads("init", False, sampling, 5, 3, 2, False)
 
 

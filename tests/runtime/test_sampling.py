@@ -112,6 +112,20 @@ def test_a_schedules_rounds_cannot_be_changed():
         assert np.array_equal(rounds[0], reference_schedule(20, 4, replacement, 0)[0])
 
 
+def test_packed_rounds_read_as_the_rounds_they_were_in_half_the_bytes():
+    """A schedule of rounds kept in one array (a closed form's rounds on the clock): each round reads as its int64
+    array, slices and joins as a list's; stored in int32 below 2³¹ clients (in int64 above)."""
+    rounds = [np.array(clients, dtype=np.int64) for clients in ([5, 0, 999_999], [], [3], [7, 2])]
+    packed = Schedule.packed(rounds)
+    assert len(packed) == 4 and packed == rounds
+    assert all(clients.dtype == np.int64 for clients in packed)
+    assert packed[1:3] == rounds[1:3] and packed[2:] + packed[:1] == rounds[2:] + rounds[:1]
+    assert packed._source._clients.nbytes == 6 * 4
+    wide = Schedule.packed([np.array([2**31, 1])])
+    assert wide == [np.array([2**31, 1])] and wide._source._clients.dtype == np.int64
+    assert Schedule.packed([]) == []
+
+
 @pytest.mark.slow  # a full-size schedule (10⁶ clients), built whole as the reference: 10 s
 def test_a_million_clients_with_replacement_until_coverage_take_o_k_memory():
     """K = 10⁶, κ = 100: about 155,000 rounds, 124 MB as arrays of clients (the schedule built whole peaks above
