@@ -1,5 +1,6 @@
-"""What a run's clock remembers of its rounds: rounds.parquet's columns and the running totals of its rows, one
-number a round and column (``array``'s 8-byte items, grown as rounds come), never a round's clients.
+"""A round on the clock (:class:`ClockedRound`: its times, costs and clients), and what a run's clock remembers of its
+rounds (:class:`RoundLog`): rounds.parquet's columns and the running totals of its rows, one number a round and column
+(``array``'s 8-byte items, grown as rounds come), never a round's clients.
 
 A round's clients are its stage's to keep for as long as the stage needs them: a clock that kept them (and an
 object a round) held a million-client run's 16,418 rounds' worth of them, about 15 MB, to its end, where the driver's
@@ -11,7 +12,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -23,24 +24,40 @@ _FLOATS = ("start_s", "end_s", "bytes_up", "bytes_down")
 _TOTALS = ("compute_s", "comm_s", "stragglers", "dropped", "aggregations")
 
 
-@dataclass(frozen=True)
-class LoggedRound:
-    """One round as the log takes it: rounds.parquet's row, and its compute and communication seconds."""
+NOTHING_LOST = np.zeros(0, dtype=np.int64)
+NOTHING_LOST.flags.writeable = False
+"""The ``lost`` of every round that lost no upload (most of them): one array shared, read-only."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClockedRound:
+    """One round on the clock, as rounds.parquet holds it, and the clients that train in it."""
 
     number: int
+    """The run's round number (a two-stage run's training rounds come after its closed form's)."""
     stage: str
     start_s: float
     end_s: float
-    selected: int
-    finished: int
+    selected: np.ndarray
+    """The clients the round asked, in the selector's order."""
+    clients: np.ndarray
+    """Those whose uploads the round keeps, in the selector's order: the only ones trained."""
+    steps: np.ndarray | None
+    """Each of ``clients``' local steps under ``--stragglers partial`` (None: every client all its steps)."""
     stragglers: int
     dropped: int
     bytes_up: float
+    """The kept uploads' bytes."""
     bytes_down: float
+    """Every selected client's download."""
     compute_s: float
     comm_s: float
+    lost: np.ndarray = field(default_factory=lambda: NOTHING_LOST)
+    """The selected clients whose uploads were lost (stragglers with nothing sent, dropouts), by id; not those that
+    over-commitment cut."""
     staleness: np.ndarray | None = None
-    """An asynchronous server step's updates by staleness (None: a synchronous round)."""
+    """An asynchronous server step's updates by staleness: element s counts those s versions old (None: a
+    synchronous round)."""
 
 
 class RoundLog:
@@ -63,19 +80,21 @@ class RoundLog:
         """The last round's number and stage (None before any)."""
         return (self._integers["round"][-1], self._stages[-1]) if self._stages else None
 
-    def append(self, logged: LoggedRound) -> None:
+    def append(self, record: ClockedRound) -> None:
+        """``record``'s row, and the totals after it (its clients are not kept)."""
+        row = {"round": record.number, "selected": len(record.selected), "finished": len(record.clients),
+               "stragglers": record.stragglers, "dropped": record.dropped, "aggregations": record.staleness is not None}
         for name in _INTEGERS:
-            self._integers[name].append(getattr(logged, "number" if name == "round" else name))
+            self._integers[name].append(row[name])
         for name in _FLOATS:
-            self._floats[name].append(getattr(logged, name))
-        self._stages.append(logged.stage)
-        if logged.staleness is not None:
+            self._floats[name].append(getattr(record, name))
+        self._stages.append(record.stage)
+        if record.staleness is not None:
             self._stale_at.append(len(self._stages) - 1)
-            self._stale_counts.append(logged.staleness)
+            self._stale_counts.append(record.staleness)
         for name in _TOTALS:
             before = self._totals[name][-1] if self._totals[name] else 0
-            added = logged.staleness is not None if name == "aggregations" else getattr(logged, name)
-            self._totals[name].append(before + added)
+            self._totals[name].append(before + (row[name] if name in row else getattr(record, name)))
 
     def done_by(self, number: int) -> int:
         """How many of the rounds are numbered ``number`` or less: O(log rounds)."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +42,7 @@ from fedray.clock.availability import Availability
 from fedray.clock.costs import TaskCost
 from fedray.clock.devices import Devices
 from fedray.clock.hearing import StillToHear
-from fedray.clock.round_log import LoggedRound, RoundLog
+from fedray.clock.round_log import NOTHING_LOST, ClockedRound, RoundLog
 from fedray.clock.rounds import SynchronousRounds
 from fedray.clock.selector import ClientHistory, RoundContext, Selector, check_selection
 from fedray.core.errors import FedrayError
@@ -51,42 +51,6 @@ Costs = Callable[[np.ndarray], TaskCost]
 """The task of each of the given clients (ids) in a round: one amount for all, or one per client in their order."""
 Steps = Callable[[np.ndarray], np.ndarray]
 """The local steps each of the given clients takes in a round (all of them: its whole task)."""
-
-
-NOTHING_LOST = np.zeros(0, dtype=np.int64)
-NOTHING_LOST.flags.writeable = False
-"""The ``lost`` of every round that lost no upload (most of them): one array shared, read-only."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClockedRound:
-    """One round on the clock, as rounds.parquet holds it, and the clients that train in it."""
-
-    number: int
-    """The run's round number (a two-stage run's training rounds come after its closed form's)."""
-    stage: str
-    start_s: float
-    end_s: float
-    selected: np.ndarray
-    """The clients the round asked, in the selector's order."""
-    clients: np.ndarray
-    """Those whose uploads the round keeps, in the selector's order: the only ones trained."""
-    steps: np.ndarray | None
-    """Each of ``clients``' local steps under ``--stragglers partial`` (None: every client all its steps)."""
-    stragglers: int
-    dropped: int
-    bytes_up: float
-    """The kept uploads' bytes."""
-    bytes_down: float
-    """Every selected client's download."""
-    compute_s: float
-    comm_s: float
-    lost: np.ndarray = field(default_factory=lambda: NOTHING_LOST)
-    """The selected clients whose uploads were lost (stragglers with nothing sent, dropouts), by id; not those that
-    over-commitment cut."""
-    staleness: np.ndarray | None = None
-    """An asynchronous server step's updates by staleness: element s counts those s versions old (None: a
-    synchronous round)."""
 
 
 class RunClock:
@@ -253,9 +217,7 @@ class RunClock:
         if last is not None and (record.number < last[0] or record.number == last[0] and record.stage == last[1]):
             raise FedrayError(f"the clock's round {record.number} comes after its round {last[0]}: "
                               f"rounds are clocked in the run's order")
-        self.log.append(LoggedRound(record.number, record.stage, record.start_s, record.end_s, len(record.selected),
-                                    len(record.clients), record.stragglers, record.dropped, record.bytes_up,
-                                    record.bytes_down, record.compute_s, record.comm_s, record.staleness))
+        self.log.append(record)
 
     def _context(self, number: int, start: float, scheduled: np.ndarray, places: int, costs: Costs,
                  hearing: StillToHear | None) -> RoundContext:
