@@ -29,7 +29,6 @@ from fedray.engine.clocked import (ClockColumns, ClockedPass, ClosedFormTasks, c
 from fedray.engine.round_loop import Callback, EvalRounds, Listener, Report, run_rounds
 from fedray.runtime.actor_group import Reduction, combine_partials
 from fedray.runtime.footprint import Footprint, largest_clients
-from fedray.runtime.schedules import Schedule
 from fedray.runtime.shard_statistics import WithSecondPasses, same_request
 from fedray.runtime.shards import ShardPool
 
@@ -378,8 +377,7 @@ class ClosedForm(Stage):
         if id(run.clock) not in self.planned:
             schedule = run.rounds(self.rounds)
             blocks = None if run.clock.every_s is not None else EvalRounds(len(schedule), run.eval_every)
-            start_s = run.clock.now
-            self.planned[id(run.clock)] = ClockedPass.of(start_s, clocked_closed_form(
+            self.planned[id(run.clock)] = ClockedPass.of(run.clock.now, clocked_closed_form(
                 run.clock, schedule, ClosedFormTasks.of(method, federation, backbone_macs), "closed_form",
                 run.sampler.uploads(run.postprocessing), blocks))
         return self.planned[id(run.clock)]
