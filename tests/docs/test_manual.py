@@ -134,12 +134,15 @@ def _run_module(args: list[str]) -> None:
     module, *rest = args
     argv = sys.argv
     sys.argv = [module, *rest]
+    imported = sys.modules.pop(module, None)  # `python -m` runs a fresh copy as __main__, not one imported earlier
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         assert stop.code in (0, None), f"python -m {' '.join(args)} exited with {stop.code}"
     finally:
         sys.argv = argv
+        if imported is not None:
+            sys.modules[module] = imported
 
 
 def _run_block(block: Block, folder: Path, namespace: dict, done: set[tuple[str, ...]]) -> None:
