@@ -21,7 +21,7 @@ from fedray.core.results import STALENESS_COUNTS, rounds_schema
 
 _INTEGERS = ("round", "selected", "finished", "stragglers", "dropped")
 _FLOATS = ("start_s", "end_s", "bytes_up", "bytes_down")
-_TOTALS = ("compute_s", "comm_s", "stragglers", "dropped", "aggregations")
+_TOTALS = ("compute_s", "comm_s", "stragglers", "dropped")
 
 
 NOTHING_LOST = np.zeros(0, dtype=np.int64)
@@ -83,7 +83,7 @@ class RoundLog:
     def append(self, record: ClockedRound) -> None:
         """``record``'s row, and the totals after it (its clients are not kept)."""
         row = {"round": record.number, "selected": len(record.selected), "finished": len(record.clients),
-               "stragglers": record.stragglers, "dropped": record.dropped, "aggregations": record.staleness is not None}
+               "stragglers": record.stragglers, "dropped": record.dropped}
         for name in _INTEGERS:
             self._integers[name].append(row[name])
         for name in _FLOATS:
@@ -94,7 +94,7 @@ class RoundLog:
             self._stale_counts.append(record.staleness)
         for name in _TOTALS:
             before = self._totals[name][-1] if self._totals[name] else 0
-            self._totals[name].append(before + (row[name] if name in row else getattr(record, name)))
+            self._totals[name].append(before + getattr(record, name))
 
     def done_by(self, number: int) -> int:
         """How many of the rounds are numbered ``number`` or less: O(log rounds)."""
@@ -104,11 +104,15 @@ class RoundLog:
         """The clock's columns after the first ``done`` rounds (a row before any round: the clock's start)."""
         if not done:
             return {"clock_s": 0.0, "clock_compute_s": 0.0, "clock_comm_s": 0.0, "clients_straggled": 0,
-                    "clients_dropped": 0, "aggregations": 0}
+                    "clients_dropped": 0}
         at = done - 1
         return {"clock_s": self._floats["end_s"][at], "clock_compute_s": self._totals["compute_s"][at],
                 "clock_comm_s": self._totals["comm_s"][at], "clients_straggled": self._totals["stragglers"][at],
-                "clients_dropped": self._totals["dropped"][at], "aggregations": self._totals["aggregations"][at]}
+                "clients_dropped": self._totals["dropped"][at]}
+
+    def aggregations(self, done: int) -> int:
+        """The asynchronous server steps among the first ``done`` rounds: O(log rounds)."""
+        return bisect_left(self._stale_at, done)
 
     def staleness(self, first: int, stop: int) -> Sequence[np.ndarray]:
         """The staleness counts of the asynchronous steps among rounds ``first`` .. ``stop`` - 1 (positions), in

@@ -271,9 +271,8 @@ class RunClock:
         done = self.log.done_by(number)
         values = self.log.totals(done)
         if self.asynchronous.asynchronous:
+            values["aggregations"] = self.log.aggregations(done)
             values |= self.staleness_columns(0 if after is None else self.log.done_by(after), done)
-        else:
-            del values["aggregations"]
         return values
 
     def staleness_columns(self, first: int, stop: int) -> dict[str, float | int]:
