@@ -356,10 +356,11 @@ class ClosedForm(Stage):
               backbone_macs: float | None) -> RunOutcome:
         """The method's rounds on ``pool``'s features, every upload through the run's postprocessing."""
         run = context.run
-        rounds: Sequence[np.ndarray] = run.rounds(self.rounds)
         evaluate_at = columns = None
         postprocessing = run.sampler.uploads(context.postprocessing)
-        if run.clock is not None:
+        if run.clock is None:
+            rounds: Sequence[np.ndarray] = run.rounds(self.rounds)
+        else:
             planned = self.clocked(run, pool.federation, method, backbone_macs)
             rounds = planned.rounds
             evaluate_at = run.clock.evaluate_at(planned.ends, planned.start_s)
@@ -375,7 +376,9 @@ class ClosedForm(Stage):
         uploads in each, known before any runs; each evaluation block's uploads summed together by the run's
         postprocessing's protocol."""
         if id(run.clock) not in self.planned:
-            schedule = run.rounds(self.rounds)
+            # drawn for the planning alone, not kept with the run's (:meth:`RunPlan.rounds`): the pass keeps its own
+            # rounds, and the sampler's permutation it read (8 MB at a million clients) goes with this schedule
+            schedule = run.sampler.rounds(self.rounds)
             blocks = None if run.clock.every_s is not None else EvalRounds(len(schedule), run.eval_every)
             self.planned[id(run.clock)] = ClockedPass.of(run.clock.now, clocked_closed_form(
                 run.clock, schedule, ClosedFormTasks.of(method, federation, backbone_macs), "closed_form",
