@@ -34,7 +34,9 @@ beside the plain run's (``clock_wall_s``, ``clock_driver_peak_rss_mb``),
 their ratios to the plain run's (``clock_wall_ratio``, target at most 1.10;
 ``clock_driver_memory_ratio``, target 1: the clock keeps per-client numbers
 in the driver only for the clients a round asks), the same for the driver's private memory
-(``clock_driver_peak_private_mb``, ``clock_driver_private_memory_ratio``), the clients the clocked
+(``clock_driver_peak_private_mb``, ``clock_driver_private_memory_ratio``) and for the bytes its code holds, without
+the allocator's slack (``driver_peak_heap_mb``, ``clock_driver_peak_heap_mb``, ``clock_driver_heap_ratio``; with
+glibc), the clients the clocked
 run saw (``clock_clients_seen``) and its rounds and rows (``clock_rounds``,
 ``clock_rows``; the plain run's ``rounds``, ``rows``). A closed form on the
 clock is evaluated as often as the plain run, evenly in virtual time:
@@ -240,6 +242,10 @@ def main(argv: list[str] | None = None) -> None:
                           "clock_driver_peak_private_mb": clocked["driver_peak_private_mb"],
                           "clock_driver_private_memory_ratio": round(clocked["driver_peak_private_mb"]
                                                                      / point["driver_peak_private_mb"], 3),
+                          **({"clock_driver_peak_heap_mb": clocked["driver_peak_heap_mb"],
+                              "clock_driver_heap_ratio": round(clocked["driver_peak_heap_mb"]
+                                                               / point["driver_peak_heap_mb"], 3)}
+                             if "driver_peak_heap_mb" in point else {}),
                           "clock_clients_seen": clocked["clients_seen"], "clock_rounds": clocked["rounds"],
                           "clock_rows": clocked["rows"],
                           **({"clock_span_h": round(span_s / 3600, 2)} if span_s else {})}
