@@ -235,16 +235,44 @@ def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -
     return counts, sums
 
 
-def held_classes(batch: ClientBatch) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Each client of ``batch``: its feature rows (a new tensor, as its own batch's would be: a BLAS may round
-    differently at another alignment), the classes it holds (increasing) and its labels as indices into them."""
-    width = int(batch.labels.max()) + 1 if len(batch.labels) else 1
-    pairs, pair_of_row = torch.unique(batch.client_of_row * width + batch.labels, return_inverse=True)  # sorted
-    classes = pairs % width
-    first_pairs = torch.searchsorted(pairs, torch.arange(len(batch.clients) + 1) * width).tolist()
-    for position, (start, end) in enumerate(zip(batch.offsets[:-1].tolist(), batch.offsets[1:].tolist())):
-        first, end_pair = first_pairs[position], first_pairs[position + 1]
-        yield batch.features[start:end].clone(), classes[first:end_pair], pair_of_row[start:end] - first
+@dataclass(frozen=True)
+class HeldClasses:
+    """The classes each client of a batch holds, as (client, class) pairs, client after client and each client's
+    classes increasing: where a method's compact statistics can be nonzero
+    (:meth:`ClosedFormMethod.compact_statistics`). Sums and counts by pair are computed for the whole batch at once,
+    each pair's rows added in order from zero, as a client's own class sums add them: the same bits."""
+
+    classes: torch.Tensor
+    """Each pair's class."""
+    pair_of_row: torch.Tensor
+    """Each of the batch's rows' pair."""
+    bounds: list[int]
+    """Client i's pairs are ``bounds[i]:bounds[i + 1]``."""
+
+    @classmethod
+    def of(cls, batch: ClientBatch) -> HeldClasses:
+        width = int(batch.labels.max()) + 1 if len(batch.labels) else 1
+        pairs, pair_of_row = torch.unique(batch.client_of_row * width + batch.labels, return_inverse=True)  # sorted
+        bounds = torch.searchsorted(pairs, torch.arange(len(batch.clients) + 1) * width).tolist()
+        return cls(pairs % width, pair_of_row, bounds)
+
+    def of_client(self, position: int) -> slice:
+        """The pairs of the batch's client at ``position``."""
+        return slice(self.bounds[position], self.bounds[position + 1])
+
+    def counts(self) -> torch.Tensor:
+        """Each pair's rows, in float64."""
+        return torch.bincount(self.pair_of_row, minlength=len(self.classes)).to(torch.float64)
+
+    def sums(self, rows: torch.Tensor) -> torch.Tensor:
+        """Each pair's sum of ``rows`` (one a batch row), in float64."""
+        return torch.zeros(len(self.classes), rows.shape[1], dtype=torch.float64).index_add_(
+            0, self.pair_of_row, rows.to(torch.float64))
+
+    def local_labels(self, batch: ClientBatch, position: int) -> torch.Tensor:
+        """The labels of the batch's client at ``position`` as indices into its classes."""
+        start, end = batch.offsets[position], batch.offsets[position + 1]
+        return self.pair_of_row[start:end] - self.bounds[position]
 
 
 def offers_compact_statistics(method: ClosedFormMethod) -> bool:

@@ -12,7 +12,7 @@ from fedray.core.accounting import PaperCosts
 from fedray.core.errors import FedrayError
 from fedray.core.lazy_modules import lazy_module
 from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_divisors, class_sums,
-                                 held_classes, normalize_columns)
+                                 HeldClasses, normalize_columns)
 from fedray.methods.upload_parts import SampleSum, UploadParts
 
 torch = lazy_module("torch", globals())
@@ -59,8 +59,11 @@ class FedNCM(ClosedFormMethod[ClassSums]):
 
     def compact_statistics(self, batch: ClientBatch) -> Iterator[tuple[ClassSums, torch.Tensor]]:
         """Each client's counts and class sums at the classes it holds."""
-        for features, classes, local in held_classes(batch):
-            yield ClassSums(*class_sums(features, local, len(classes))), classes
+        held = HeldClasses.of(batch)
+        counts, sums = held.counts(), held.sums(batch.features)
+        for position in range(len(batch.clients)):
+            pairs = held.of_client(position)
+            yield ClassSums(counts[pairs], sums[pairs]), held.classes[pairs]
 
     def combine(self, a: ClassSums, b: ClassSums) -> ClassSums:
         return ClassSums(a.counts + b.counts, a.sums + b.sums)

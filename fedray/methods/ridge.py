@@ -19,7 +19,7 @@ from fedray.core.errors import FedrayError
 from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Unset
 from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums, column_norms, gram,
-                                 held_classes, spd_solve)
+                                 HeldClasses, spd_solve)
 from fedray.methods.row_blocks import rowwise_matmul
 from fedray.methods.upload_parts import SampleSum, UploadParts
 
@@ -85,11 +85,25 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
     def compact_statistics(self, batch: ClientBatch) -> Iterator[tuple[RidgeStatistics, torch.Tensor]]:
         """Each client's ZᵀZ whole and its ZᵀY at the columns of its classes: its class sums (k × d, as
         :func:`~fedray.methods.base.class_sums` adds them), transposed, not copied (what maps them reads them in any
-        layout)."""
-        for features, classes, local in held_classes(batch):
-            x = self._design(features)
-            sums = torch.zeros(len(classes), x.shape[1], dtype=torch.float64).index_add_(0, local, x)
-            yield RidgeStatistics(gram(x), sums.T), classes
+        layout). Without a feature map the design rows of the whole batch are made at once (a conversion and a ones
+        column: row by row exact), and every client's class sums in one pass; a feature map's rows are computed
+        client by client, as the client's own upload computes them (a GEMM's rows may round differently in another
+        batch). Each client's Gram is computed on a copy of its own rows (a BLAS may round differently at another
+        alignment)."""
+        held = HeldClasses.of(batch)
+        rowwise = type(self).transform is ClosedFormMethod.transform
+        design = self._design(batch.features) if rowwise else None
+        sums = held.sums(design) if design is not None else None
+        offsets = batch.offsets.tolist()
+        for position, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
+            pairs = held.of_client(position)
+            if design is None:
+                x = self._design(batch.features[start:end].clone())
+                client_sums = torch.zeros(pairs.stop - pairs.start, x.shape[1], dtype=torch.float64).index_add_(
+                    0, held.local_labels(batch, position), x)
+            else:
+                x, client_sums = design[start:end].clone(), sums[pairs]
+            yield RidgeStatistics(gram(x), client_sums.T), held.classes[pairs]
 
     def combine(self, a: RidgeStatistics, b: RidgeStatistics) -> RidgeStatistics:
         return RidgeStatistics(a.gram + b.gram, a.targets + b.targets)

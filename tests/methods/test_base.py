@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.methods.base import (ClientBatch, TorchDtype, gram, held_classes, offers_compact_statistics,
+from fedray.methods.base import (ClientBatch, TorchDtype, gram, HeldClasses, offers_compact_statistics,
                                  single_threaded, spd_solve)
 from fedray.methods.ccvr import CCVR
 from fedray.methods.fedcof import FedCOF, FedCOFOracle
@@ -109,10 +109,13 @@ def test_compact_statistics_are_offered_only_by_the_class_that_computes_the_stat
     assert offers_compact_statistics(method) == offers
 
 
-def test_held_classes_are_each_clients_rows_classes_and_labels_as_indices_into_them():
+def test_held_classes_are_each_clients_classes_with_its_labels_as_indices_and_the_pairs_sums_and_counts():
     batch = ClientBatch(torch.arange(12.0).reshape(6, 2), torch.tensor([4, 1, 4, 2, 0, 2]), np.array([0, 3, 3, 6]),
                         np.array([7, 8, 9]))
-    held = list(held_classes(batch))
-    assert [classes.tolist() for _, classes, _ in held] == [[1, 4], [], [0, 2]]
-    assert [local.tolist() for _, _, local in held] == [[1, 0, 1], [], [1, 0, 1]]
-    assert [features.tolist() for features, _, _ in held] == [[[0, 1], [2, 3], [4, 5]], [], [[6, 7], [8, 9], [10, 11]]]
+    held = HeldClasses.of(batch)
+    assert [held.classes[held.of_client(position)].tolist() for position in range(3)] == [[1, 4], [], [0, 2]]
+    assert [held.local_labels(batch, position).tolist() for position in range(3)] == [[1, 0, 1], [], [1, 0, 1]]
+    # the pairs (7, 1), (7, 4), (9, 0), (9, 2): rows [2, 3]; [0, 1] + [4, 5]; [8, 9]; [6, 7] + [10, 11]
+    assert held.counts().tolist() == [1, 2, 1, 2]
+    assert held.sums(batch.features).tolist() == [[2, 3], [4, 6], [8, 9], [16, 18]]
+    assert held.sums(batch.features).dtype == torch.float64
