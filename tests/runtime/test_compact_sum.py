@@ -9,7 +9,7 @@ import fedray
 from fedray.core.reports import reporting
 from fedray.methods.ncm import FedNCM
 from fedray.methods.postprocessor import Postprocessing, flatten
-from fedray.methods.ridge import Fed3R
+from fedray.methods.ridge import Fed3R, Fed3RRandomFeatures
 from fedray.postprocessors.secagg import SecureAggregation
 from fedray.runtime import compact_sum as compact_module
 from fedray.runtime import shard_statistics
@@ -126,7 +126,9 @@ class DenseThirds(Thirds):
     entrywise = False
 
 
-@pytest.mark.parametrize("method", [Fed3R(DIM, CLASSES), FedNCM(DIM, CLASSES)], ids=["fed3r", "fedncm"])
+@pytest.mark.parametrize("method", [Fed3R(DIM, CLASSES), Fed3R(DIM, CLASSES, bias=True),
+                                    Fed3RRandomFeatures(DIM, CLASSES, rf_dim=20), FedNCM(DIM, CLASSES)],
+                         ids=["fed3r", "fed3r-bias", "fed3r-rf", "fedncm"])
 def test_compact_sums_in_chunks_add_each_entry_in_upload_order_as_the_dense_sum(method, monkeypatch):
     monkeypatch.setattr(compact_module, "CHUNK_VALUES", 500)  # a few clients a chunk
     sums = {}
