@@ -19,7 +19,9 @@ a round, an evaluation every 100 rounds, as ``jobs.bench_closedform``), plain an
 the server gets the survivors' quantized sum, the masks' cost is reported) and generated (``secagg_masks=generate``:
 each client expands k + 1 masks of m = d² + d·C + C values, its self-mask and one per neighbour, the server one per
 survivor), each run timed whole in this process (the shards' start and data included, the same for all three; after an
-untimed run on a hundredth of the clients at d = 8, which pays the process's first imports). The
+untimed run on a hundredth of the clients at d = 8, which pays the process's first imports): the plain, floor and
+modelled runs ``--repeats`` times each (5 by default), one of each in turn, their median seconds reported; the
+generated masks once. The
 ratios to the plain run are the cost of the per-client statistics secure aggregation needs (each client's ZᵀZ on its
 own rather than one GEMM per shard) and quantization (modelled: at each client's classes only, its ZᵀZ and its
 classes' columns of ZᵀY, :mod:`fedray.runtime.compact_sum`), and, for the generated masks, of each client's dense
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -109,23 +112,32 @@ def accuracy_cost(folder: Path, dim: int, bits: list[int]) -> dict:
     return table
 
 
-def masking_cost(folder: Path, dim: int, neighbours: int, scale: float, generated: bool) -> dict:
+def masking_cost(folder: Path, dim: int, neighbours: int, scale: float, generated: bool, repeats: int) -> dict:
     dataset = DATASET.format(dim=dim) + (f"&scale={scale:g}" if scale < 1 else "")
     common = {"method": "fed3r", "dataset": dataset, "clients_per_round": 10, "eval_every": 100}
     timed_run(folder / "warm-up", **{**common, "dataset": WARM_UP})  # the process's one-time costs, paid untimed
-    plain_s, plain = timed_run(folder / "cost-plain", **common)
-    floor_s, _ = timed_run(folder / "cost-floor", postprocessor=PER_CLIENT, **common)
     options = {"secagg_clip": repr(largest_entry(dataset)), "secagg_neighbours": str(neighbours),
                "secagg_value_bits": "20"}
-    result: dict = {"dataset": dataset, "neighbours": neighbours, "aggregate": 1000, "plain_s": round(plain_s, 2),
-                    "plain_accuracy": plain, "floor_s": round(floor_s, 2), "floor_ratio": round(floor_s / plain_s, 2)}
-    for masks in ("model", "generate") if generated else ("model",):
-        seconds, accuracy = timed_run(folder / f"cost-{masks}", secure_aggregation=True,
-                                      options={**options, "secagg_masks": masks}, **common)
-        result.update({f"{masks}_s": round(seconds, 2), f"{masks}_ratio": round(seconds / plain_s, 2),
-                       f"{masks}_accuracy": accuracy})
+    arms = {"plain": common, "floor": {**common, "postprocessor": PER_CLIENT},
+            "model": {**common, "secure_aggregation": True, "options": {**options, "secagg_masks": "model"}}}
+    seconds: dict[str, list[float]] = {arm: [] for arm in arms}
+    accuracy = {}
+    for repeat in range(repeats):  # alternated: a slower spell of the machine falls on every arm alike
+        for arm, values in arms.items():
+            run_s, accuracy[arm] = timed_run(folder / f"cost-{arm}-{repeat}", **values)
+            seconds[arm].append(run_s)
+    median = {arm: statistics.median(runs) for arm, runs in seconds.items()}
+    result: dict = {"dataset": dataset, "neighbours": neighbours, "aggregate": 1000, "repeats": repeats,
+                    "plain_s": round(median["plain"], 2), "plain_accuracy": accuracy["plain"]}
+    for arm in ("floor", "model"):
+        result |= {f"{arm}_s": round(median[arm], 2), f"{arm}_ratio": round(median[arm] / median["plain"], 2)}
+    result["model_accuracy"] = accuracy["model"]
     if generated:
-        modelled, drawn = (np.load(folder / f"cost-{masks}" / "classifier.npz") for masks in ("model", "generate"))
+        generate_s, result["generate_accuracy"] = timed_run(
+            folder / "cost-generate", secure_aggregation=True, options={**options, "secagg_masks": "generate"},
+            **common)
+        result |= {"generate_s": round(generate_s, 2), "generate_ratio": round(generate_s / median["plain"], 2)}
+        modelled, drawn = (np.load(folder / name / "classifier.npz") for name in ("cost-model-0", "cost-generate"))
         result["same_classifier"] = modelled.keys() == drawn.keys() and all(
             np.array_equal(modelled[key], drawn[key]) for key in modelled)
     return result
@@ -141,13 +153,18 @@ def main() -> None:
                         "cost runs keep (0 < s ≤ 1)")
     parser.add_argument("--skip-accuracy", action="store_true", help="only the masking cost")
     parser.add_argument("--skip-generated", action="store_true", help="the masking cost without the generated masks")
+    parser.add_argument("--repeats", type=int, default=5, help="alternated runs of the plain, floor and modelled "
+                        "masking cost arms; their medians are reported (default %(default)s; the generated masks run "
+                        "once)")
     arguments = parser.parse_args()
+    if arguments.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {arguments.repeats}")
     with tempfile.TemporaryDirectory(prefix="fedray-bench-secagg-") as folder:
         result = {}
         if not arguments.skip_accuracy:
             result["accuracy"] = accuracy_cost(Path(folder), arguments.dim, arguments.bits)
         result["masking"] = masking_cost(Path(folder), arguments.cost_dim, arguments.neighbours, arguments.scale,
-                                         not arguments.skip_generated)
+                                         not arguments.skip_generated, arguments.repeats)
     print(json.dumps(result))
 
 

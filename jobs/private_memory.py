@@ -9,8 +9,9 @@ heap. Linux keeps no peak of the private (anonymous) part, so it is sampled here
 The private part still moves with the allocator: pages malloc freed but kept (a thread's arena, a freed block short of
 the trim threshold) stay counted, so two runs that allocate the same bytes in another order can peak tens of MB apart.
 Beside it, the bytes malloc has handed out and not had back (glibc's ``mallinfo2``: ``uordblks + hblkhd``) are
-sampled too: what the process's code holds (Python's objects, numpy's and torch's arrays, Ray's C++ core), without the
-allocator's own slack.
+sampled too: what the process's code holds through malloc (numpy's and torch's arrays, Python's objects over 512
+bytes, Ray's C++ core), without the allocator's own slack, nor what is mapped without malloc (Python's arenas of
+small objects, OpenBLAS's buffers).
 """
 
 from __future__ import annotations
