@@ -6,7 +6,8 @@ import pytest
 import scipy.stats
 
 from fedray.clock.selector import (
-    SELECTORS, ClientHistory, PoissonSelector, RoundContext, UniformSelector, check_selection, uniforms,
+    SELECTORS, ClientHistory, PoissonSelector, RoundContext, UniformSelector, _first_in_order, _not_among, check_selection,
+    uniforms,
 )
 from fedray.core.errors import FedrayError
 from fedray.runtime.sampling import schedule
@@ -213,3 +214,16 @@ def test_a_fill_picks_the_first_distinct_online_draws_batch_by_batch_or_falls_ba
         fill = context(round, np.zeros(0, dtype=np.int64), num_clients, availability=OnlineSet(online))
         for count in (1, 20, 130):
             assert fill.draw_online(count, taken).tolist() == drawn_in_batches(fill, count, set(taken.tolist()))
+
+
+def test_a_pass_leaves_out_the_clients_taken_and_orders_the_rest_as_a_stable_argsort_of_their_draws():
+    """The pass's two steps against numpy's plain ones, on random cases with ties in the keys: ``~np.isin`` and the
+    first ``count`` of ``np.argsort(kind="stable")``."""
+    rng = np.random.default_rng(0)
+    for trial in range(2000):
+        clients = np.unique(rng.integers(0, 100, int(rng.integers(0, 60))))
+        taken = rng.integers(0, 110, int(rng.integers(0, 8)))
+        assert np.array_equal(_not_among(clients, taken), ~np.isin(clients, taken))
+        keys = rng.integers(0, 5, len(clients)).astype(float) if trial % 2 else rng.random(len(clients))
+        count = int(rng.integers(0, len(clients) + 3))
+        assert np.array_equal(_first_in_order(keys, count), np.argsort(keys, kind="stable")[:count])
