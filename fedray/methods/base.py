@@ -239,8 +239,9 @@ def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -
 class HeldClasses:
     """The classes each client of a batch holds, as (client, class) pairs, client after client and each client's
     classes increasing: where a method's compact statistics can be nonzero
-    (:meth:`ClosedFormMethod.compact_statistics`). Sums and counts by pair are computed for the whole batch at once,
-    each pair's rows added in order from zero, as a client's own class sums add them: the same bits."""
+    (:meth:`ClosedFormMethod.compact_statistics`). Counts and sums by pair are computed for the whole batch at once
+    (:meth:`class_sums`), each pair's rows added in order from zero, as a client's own class sums add them: the same
+    bits."""
 
     classes: torch.Tensor
     """Each pair's class."""
@@ -260,14 +261,9 @@ class HeldClasses:
         """The pairs of the batch's client at ``position``."""
         return slice(self.bounds[position], self.bounds[position + 1])
 
-    def counts(self) -> torch.Tensor:
-        """Each pair's rows, in float64."""
-        return torch.bincount(self.pair_of_row, minlength=len(self.classes)).to(torch.float64)
-
-    def sums(self, rows: torch.Tensor) -> torch.Tensor:
-        """Each pair's sum of ``rows`` (one a batch row), in float64."""
-        return torch.zeros(len(self.classes), rows.shape[1], dtype=torch.float64).index_add_(
-            0, self.pair_of_row, rows.to(torch.float64))
+    def class_sums(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each pair's count and sum of ``rows`` (one a batch row): :func:`class_sums` with the pairs as classes."""
+        return class_sums(rows, self.pair_of_row, len(self.classes))
 
     def local_labels(self, batch: ClientBatch, position: int) -> torch.Tensor:
         """The labels of the batch's client at ``position`` as indices into its classes."""

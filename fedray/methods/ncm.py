@@ -60,7 +60,7 @@ class FedNCM(ClosedFormMethod[ClassSums]):
     def compact_statistics(self, batch: ClientBatch) -> Iterator[tuple[ClassSums, torch.Tensor]]:
         """Each client's counts and class sums at the classes it holds."""
         held = HeldClasses.of(batch)
-        counts, sums = held.counts(), held.sums(batch.features)
+        counts, sums = held.class_sums(batch.features)
         for position in range(len(batch.clients)):
             pairs = held.of_client(position)
             yield ClassSums(counts[pairs], sums[pairs]), held.classes[pairs]

@@ -93,14 +93,13 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
         held = HeldClasses.of(batch)
         rowwise = type(self).transform is ClosedFormMethod.transform
         design = self._design(batch.features) if rowwise else None
-        sums = held.sums(design) if design is not None else None
+        sums = held.class_sums(design)[1] if design is not None else None
         offsets = batch.offsets.tolist()
         for position, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
             pairs = held.of_client(position)
             if design is None:
                 x = self._design(batch.features[start:end].clone())
-                client_sums = torch.zeros(pairs.stop - pairs.start, x.shape[1], dtype=torch.float64).index_add_(
-                    0, held.local_labels(batch, position), x)
+                _, client_sums = class_sums(x, held.local_labels(batch, position), pairs.stop - pairs.start)
             else:
                 x, client_sums = design[start:end].clone(), sums[pairs]
             yield RidgeStatistics(gram(x), client_sums.T), held.classes[pairs]

@@ -116,6 +116,7 @@ def test_held_classes_are_each_clients_classes_with_its_labels_as_indices_and_th
     assert [held.classes[held.of_client(position)].tolist() for position in range(3)] == [[1, 4], [], [0, 2]]
     assert [held.local_labels(batch, position).tolist() for position in range(3)] == [[1, 0, 1], [], [1, 0, 1]]
     # the pairs (7, 1), (7, 4), (9, 0), (9, 2): rows [2, 3]; [0, 1] + [4, 5]; [8, 9]; [6, 7] + [10, 11]
-    assert held.counts().tolist() == [1, 2, 1, 2]
-    assert held.sums(batch.features).tolist() == [[2, 3], [4, 6], [8, 9], [16, 18]]
-    assert held.sums(batch.features).dtype == torch.float64
+    counts, sums = held.class_sums(batch.features)
+    assert counts.tolist() == [1, 2, 1, 2]
+    assert sums.tolist() == [[2, 3], [4, 6], [8, 9], [16, 18]]
+    assert sums.dtype == torch.float64
