@@ -63,8 +63,8 @@ def _compact_sum(method: ClosedFormMethod, rows: HeldRows, clients: np.ndarray, 
 class ClassTotals:
     """A sum of clients' statistics given at the classes each holds: each tensor with an axis of classes held with that
     axis first (all C classes), so that a chunk of clients' values at their classes is added in one ``index_add_``; a
-    symmetric matrix (:attr:`~fedray.SampleSum.symmetric`: ZᵀZ) by its upper triangle, mirrored when the sums are read.
-    An entry map maps each value on its own (:attr:`fedray.Postprocessor.entrywise`), so a client's mapped matrix is
+    symmetric matrix (:attr:`~fedray.SampleSum.symmetric`: ZᵀZ) by its upper triangle, mirrored when the sums are
+    read. An entry map maps each value on its own (:attr:`fedray.Postprocessor.entrywise`), so a client's mapped matrix is
     as symmetric as its matrix: the mirror is the dense sum's lower triangle bit for bit, at half the values mapped."""
 
     def __init__(self, parts: UploadParts, num_classes: int) -> None:

@@ -6,8 +6,8 @@ import pytest
 import scipy.stats
 
 from fedray.clock.selector import (
-    SELECTORS, ClientHistory, PoissonSelector, RoundContext, UniformSelector, _first_in_order, _not_among, check_selection,
-    uniforms,
+    SELECTORS, ClientHistory, PoissonSelector, RoundContext, UniformSelector, _first_in_order, _not_among,
+    check_selection, uniforms,
 )
 from fedray.core.errors import FedrayError
 from fedray.runtime.sampling import schedule

@@ -60,7 +60,8 @@ def test_clock_runs_each_point_again_on_phones_with_diurnal_availability_and_rep
     assert point["clock_driver_private_memory_ratio"] == \
         round(point["clock_driver_peak_private_mb"] / point["driver_peak_private_mb"], 3)
     assert point["driver_peak_heap_mb"] > 0 and point["clock_driver_peak_heap_mb"] > 0
-    assert point["clock_driver_heap_ratio"] == round(point["clock_driver_peak_heap_mb"] / point["driver_peak_heap_mb"], 3)
+    assert point["clock_driver_heap_ratio"] == \
+        round(point["clock_driver_peak_heap_mb"] / point["driver_peak_heap_mb"], 3)
     # the plain run sees every client once; the clocked one those online (30 % of a day) while it runs
     assert point["clients_seen"] == 1000 and 0 < point["clock_clients_seen"] <= 1000
     # as often evaluated, evenly over its span: the last client comes online within the 70 % of a day it is offline
