@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -29,6 +29,7 @@ import numpy as np
 from fedray.core.accounting import PaperCosts
 from fedray.core.lazy_modules import lazy_module
 from fedray.core.threads import numpy_blas_single_threaded, single_threaded
+from fedray.methods.triangle import Triangle
 from fedray.methods.upload_parts import UploadParts
 
 torch = lazy_module("torch", globals())
@@ -123,14 +124,18 @@ class ClosedFormMethod(ABC, Generic[Stats]):
     @abstractmethod
     def solve(self, stats: Stats) -> Classifier: ...
 
-    def compact_statistics(self, batch: ClientBatch) -> Iterator[tuple[Stats, torch.Tensor]]:
-        """Optional: each client's statistics of ``batch``, client after client, where they can be nonzero, with the
-        classes it holds (increasing). A tensor with an axis of classes (:attr:`~fedray.SampleSum.axis_of_classes` in
-        :meth:`upload_parts`) holds only those classes along it, the others whole; each bit for bit what
-        :meth:`client_statistics` gives for the client alone (zero at the other classes). A method that gives them,
-        and whose :meth:`combine` adds tensors entry by entry, lets a postprocessor that maps each value on its own
-        (secure aggregation's quantization: :attr:`fedray.Postprocessor.entrywise`) treat a client's upload at the
-        cost of its classes, not of all C (:func:`offers_compact_statistics`)."""
+    def compact_statistics(self, batch: ClientBatch) -> tuple[Stats, HeldClasses]:
+        """Optional: the statistics of each client of ``batch`` on its own, where they can be nonzero, all in one
+        value, with the classes each client holds (:meth:`HeldClasses.of` the batch). A tensor with an axis of classes
+        (:attr:`~fedray.SampleSum.axis_of_classes` in :meth:`upload_parts`) holds along it one entry per (client, class)
+        pair, client after client; every other tensor gains a first axis, one entry per client, and a symmetric matrix
+        (:attr:`~fedray.SampleSum.symmetric`) is given by its upper triangle (one row of n(n + 1) / 2 values per
+        client: :class:`~fedray.methods.triangle.Triangle`). Each client's entries are bit for bit what
+        :meth:`client_statistics` gives for the client alone (at its classes: zero at the others).
+        A method that gives them, and whose :meth:`combine` adds tensors entry by entry, lets a postprocessor that maps
+        each value on its own (secure aggregation's quantization: :attr:`fedray.Postprocessor.entrywise`) treat a
+        client's upload at the cost of its classes, not of all C, many clients at a time
+        (:func:`offers_compact_statistics`)."""
         raise NotImplementedError(f"{type(self).__name__} gives no compact statistics")
 
     # --- a second pass over what stays in the shards (optional)
@@ -314,6 +319,28 @@ def gram(x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
             return torch.from_numpy(scaled.T @ scaled)
         plus, minus = scaled[~negative], scaled[negative]
         return torch.from_numpy(plus.T @ plus - minus.T @ minus)
+
+
+def client_gram_uppers(rows: torch.Tensor, offsets: Sequence[int]) -> torch.Tensor:
+    """The upper triangle (:class:`~fedray.methods.triangle.Triangle`) of :func:`gram` of each client's ``rows`` (a
+    float64 CPU tensor; client i's are ``offsets[i]:offsets[i + 1]``), a row per client, bit for bit: each Gram computed
+    as :func:`gram` computes it, by numpy's ``syrk``, from a copy at the start of a fresh tensor, where a client's own
+    rows start (a BLAS may round differently at another alignment), into one matrix that stays in the caches. Many
+    clients' small Grams at the cost of their products, not of a call and a tensor each (secure aggregation's compact
+    statistics)."""
+    width = rows.shape[1]
+    upper = Triangle.of(width).upper.numpy()
+    uppers = torch.empty(len(offsets) - 1, len(upper), dtype=torch.float64)
+    scratch = torch.empty(int(np.diff(offsets).max(initial=0)), width, dtype=torch.float64).numpy()
+    matrix = torch.empty(width, width, dtype=torch.float64).numpy()
+    source = rows.numpy()
+    with numpy_blas_single_threaded():
+        for start, end, into in zip(offsets[:-1], offsets[1:], uppers.numpy()):
+            copy = scratch[:end - start]
+            np.copyto(copy, source[start:end])
+            np.matmul(copy.T, copy, out=matrix)
+            np.take(matrix.reshape(-1), upper, out=into)
+    return uppers
 
 
 def column_norms(weight: torch.Tensor) -> torch.Tensor:

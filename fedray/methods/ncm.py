@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -57,13 +56,10 @@ class FedNCM(ClosedFormMethod[ClassSums]):
     def client_statistics(self, batch: ClientBatch) -> ClassSums:
         return ClassSums(*class_sums(batch.features, batch.labels, self.num_classes))
 
-    def compact_statistics(self, batch: ClientBatch) -> Iterator[tuple[ClassSums, torch.Tensor]]:
+    def compact_statistics(self, batch: ClientBatch) -> tuple[ClassSums, HeldClasses]:
         """Each client's counts and class sums at the classes it holds."""
         held = HeldClasses.of(batch)
-        counts, sums = held.class_sums(batch.features)
-        for position in range(len(batch.clients)):
-            pairs = held.of_client(position)
-            yield ClassSums(counts[pairs], sums[pairs]), held.classes[pairs]
+        return ClassSums(*held.class_sums(batch.features)), held
 
     def combine(self, a: ClassSums, b: ClassSums) -> ClassSums:
         return ClassSums(a.counts + b.counts, a.sums + b.sums)

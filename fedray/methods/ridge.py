@@ -8,7 +8,6 @@ features of an RBF kernel, and SphereFed's FFC calibration (Dong et al., ECCV
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,8 +17,8 @@ from fedray.core.accounting import PaperCosts
 from fedray.core.errors import FedrayError
 from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Unset
-from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums, column_norms, gram,
-                                 HeldClasses, spd_solve)
+from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums, client_gram_uppers,
+                                 column_norms, gram, HeldClasses, spd_solve)
 from fedray.methods.row_blocks import rowwise_matmul
 from fedray.methods.upload_parts import SampleSum, UploadParts
 
@@ -82,27 +81,27 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
         _, sums = class_sums(x, batch.labels, self.num_classes)
         return RidgeStatistics(gram(x), sums.T.contiguous())
 
-    def compact_statistics(self, batch: ClientBatch) -> Iterator[tuple[RidgeStatistics, torch.Tensor]]:
-        """Each client's ZᵀZ whole and its ZᵀY at the columns of its classes: its class sums (k × d, as
+    def compact_statistics(self, batch: ClientBatch) -> tuple[RidgeStatistics, HeldClasses]:
+        """Each client's ZᵀZ by its upper triangle and its ZᵀY at the columns of its classes: its class sums (k × d, as
         :func:`~fedray.methods.base.class_sums` adds them), transposed, not copied (what maps them reads them in any
         layout). Without a feature map the design rows of the whole batch are made at once (a conversion and a ones
         column: row by row exact), and every client's class sums in one pass; a feature map's rows are computed
         client by client, as the client's own upload computes them (a GEMM's rows may round differently in another
-        batch). Each client's Gram is computed on a copy of its own rows (a BLAS may round differently at another
-        alignment)."""
+        batch)."""
         held = HeldClasses.of(batch)
-        rowwise = type(self).transform is ClosedFormMethod.transform
-        design = self._design(batch.features) if rowwise else None
-        sums = held.class_sums(design)[1] if design is not None else None
         offsets = batch.offsets.tolist()
-        for position, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
-            pairs = held.of_client(position)
-            if design is None:
-                x = self._design(batch.features[start:end].clone())
-                _, client_sums = class_sums(x, held.local_labels(batch, position), pairs.stop - pairs.start)
-            else:
-                x, client_sums = design[start:end].clone(), sums[pairs]
-            yield RidgeStatistics(gram(x), client_sums.T), held.classes[pairs]
+        if type(self).transform is ClosedFormMethod.transform:
+            design = self._design(batch.features)
+            sums = held.class_sums(design)[1]
+        else:
+            designs, client_sums = [], []
+            for position, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
+                designs.append(self._design(batch.features[start:end].clone()))
+                pairs = held.of_client(position)
+                labels = held.local_labels(batch, position)
+                client_sums.append(class_sums(designs[-1], labels, pairs.stop - pairs.start)[1])
+            design, sums = torch.cat(designs), torch.cat(client_sums)
+        return RidgeStatistics(client_gram_uppers(design, offsets), sums.T), held
 
     def combine(self, a: RidgeStatistics, b: RidgeStatistics) -> RidgeStatistics:
         return RidgeStatistics(a.gram + b.gram, a.targets + b.targets)

@@ -167,7 +167,17 @@ class HeldRows:
         features stream, so that a block of many clients is never in memory whole; ``[clients]`` where they are held."""
         if not self.streams:
             return [clients]
+        return split_every(clients, self.sample_counts(clients), STREAMED_ROWS)
+
+    def sample_counts(self, clients: np.ndarray) -> np.ndarray:
+        """The number of samples of each of ``clients`` (global numbers)."""
         local = clients - self.first_client
-        ends = np.cumsum(self.offsets[local + 1] - self.offsets[local])
-        cuts = np.searchsorted(ends, np.arange(STREAMED_ROWS, ends[-1], STREAMED_ROWS), side="left") + 1
-        return np.split(clients, np.unique(cuts[cuts < len(clients)]))
+        return self.offsets[local + 1] - self.offsets[local]
+
+
+def split_every(items: np.ndarray, sizes: np.ndarray, limit: int) -> list[np.ndarray]:
+    """``items`` (of ``sizes``) cut, in order, where their running total passes each multiple of ``limit``: pieces of
+    about ``limit`` each (one item of more alone)."""
+    ends = np.cumsum(sizes)
+    cuts = np.searchsorted(ends, np.arange(limit, ends[-1], limit), side="left") + 1
+    return np.split(items, np.unique(cuts[cuts < len(items)]))

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.methods.base import (ClientBatch, TorchDtype, gram, HeldClasses, offers_compact_statistics,
-                                 single_threaded, spd_solve)
+from fedray.methods.base import (ClientBatch, TorchDtype, client_gram_uppers, gram, HeldClasses,
+                                 offers_compact_statistics, single_threaded, spd_solve)
 from fedray.methods.ccvr import CCVR
 from fedray.methods.fedcof import FedCOF, FedCOFOracle
 from fedray.methods.ncm import FedNCM
@@ -99,8 +99,8 @@ class OwnStatistics(Fed3R):
 
 class OwnCompactStatistics(OwnStatistics):
     def compact_statistics(self, batch: ClientBatch):
-        for stats, classes in super().compact_statistics(batch):
-            yield RidgeStatistics(2 * stats.gram, stats.targets), classes
+        stats, held = super().compact_statistics(batch)
+        return RidgeStatistics(2 * stats.gram, stats.targets), held
 
 
 @pytest.mark.parametrize("method, offers", [(Fed3R(4, 3), True), (FedNCM(4, 3), True), (FedCOFOracle(4, 3), False),
@@ -120,3 +120,17 @@ def test_held_classes_are_each_clients_classes_with_its_labels_as_indices_and_th
     assert counts.tolist() == [1, 2, 1, 2]
     assert sums.tolist() == [[2, 3], [4, 6], [8, 9], [16, 18]]
     assert sums.dtype == torch.float64
+
+def test_client_gram_uppers_are_each_clients_own_gram_upper_triangle_bit_for_bit():
+    """Clients of 0 to 40 rows at every offset of one tensor (so at every alignment), in float64 as their own
+    uploads compute them: each row the upper triangle of ``gram`` of the client's rows alone, row after row."""
+    rng = np.random.default_rng(3)
+    sizes = [0, *rng.integers(1, 41, size=30).tolist(), 1]
+    rows = torch.from_numpy(rng.normal(size=(sum(sizes), 23)))
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    uppers = client_gram_uppers(rows, offsets)
+    assert uppers.shape == (len(sizes), 23 * 24 // 2)
+    for client, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
+        own = gram(rows[start:end].clone())
+        expected = torch.cat([own[row, row:] for row in range(23)])
+        assert torch.equal(uppers[client], expected), client
