@@ -257,10 +257,12 @@ class HeldClasses:
 
     @classmethod
     def of(cls, batch: ClientBatch) -> HeldClasses:
-        width = int(batch.labels.max()) + 1 if len(batch.labels) else 1
-        pairs, pair_of_row = torch.unique(batch.client_of_row * width + batch.labels, return_inverse=True)  # sorted
-        bounds = torch.searchsorted(pairs, torch.arange(len(batch.clients) + 1) * width).tolist()
-        return cls(pairs % width, pair_of_row, bounds)
+        labels = batch.labels.numpy()
+        width = int(labels.max()) + 1 if len(labels) else 1
+        starts = np.arange(len(batch.clients)) * width
+        pairs, pair_of_row = np.unique(np.repeat(starts, np.diff(batch.offsets)) + labels, return_inverse=True)  # sorted
+        bounds = np.searchsorted(pairs, np.append(starts, len(batch.clients) * width)).tolist()
+        return cls(torch.from_numpy(pairs % width), torch.from_numpy(pair_of_row.reshape(-1)), bounds)
 
     def of_client(self, position: int) -> slice:
         """The pairs of the batch's client at ``position``."""
