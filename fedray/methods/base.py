@@ -129,8 +129,8 @@ class ClosedFormMethod(ABC, Generic[Stats]):
         value, with the classes each client holds (:meth:`HeldClasses.of` the batch). A tensor with an axis of classes
         (:attr:`~fedray.SampleSum.axis_of_classes` in :meth:`upload_parts`) holds along it one entry per (client, class)
         pair, client after client; every other tensor gains a first axis, one entry per client, and a symmetric matrix
-        (:attr:`~fedray.SampleSum.symmetric`) is given by its upper triangle (one row of n(n + 1) / 2 values per
-        client: :class:`~fedray.methods.triangle.Triangle`). Each client's entries are bit for bit what
+        (:attr:`~fedray.SampleSum.symmetric`) is given by its distinct entries (one row of n(n + 1) / 2 values per
+        client, in :class:`~fedray.methods.triangle.Triangle`'s order). Each client's entries are bit for bit what
         :meth:`client_statistics` gives for the client alone (at its classes: zero at the others).
         A method that gives them, and whose :meth:`combine` adds tensors entry by entry, lets a postprocessor that maps
         each value on its own (secure aggregation's quantization: :attr:`fedray.Postprocessor.entrywise`) treat a
@@ -323,26 +323,26 @@ def gram(x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         return torch.from_numpy(plus.T @ plus - minus.T @ minus)
 
 
-def client_gram_uppers(rows: torch.Tensor, offsets: Sequence[int]) -> torch.Tensor:
-    """The upper triangle (:class:`~fedray.methods.triangle.Triangle`) of :func:`gram` of each client's ``rows`` (a
+def client_gram_triangles(rows: torch.Tensor, offsets: Sequence[int]) -> torch.Tensor:
+    """The distinct entries (:class:`~fedray.methods.triangle.Triangle`) of :func:`gram` of each client's ``rows`` (a
     float64 CPU tensor; client i's are ``offsets[i]:offsets[i + 1]``), a row per client, bit for bit: each Gram computed
     as :func:`gram` computes it, by numpy's ``syrk``, from a copy at the start of a fresh tensor, where a client's own
     rows start (a BLAS may round differently at another alignment), into one matrix that stays in the caches. Many
     clients' small Grams at the cost of their products, not of a call and a tensor each (secure aggregation's compact
     statistics)."""
     width = rows.shape[1]
-    upper = Triangle.of(width).upper.numpy()
-    uppers = torch.empty(len(offsets) - 1, len(upper), dtype=torch.float64)
+    triangle = Triangle.of(width)
+    triangles = torch.empty(len(offsets) - 1, len(triangle.positions), dtype=torch.float64)
     scratch = torch.empty(int(np.diff(offsets).max(initial=0)), width, dtype=torch.float64).numpy()
     matrix = torch.empty(width, width, dtype=torch.float64).numpy()
-    source = rows.numpy()
+    source, read = rows.numpy(), triangle.reader(matrix)
     with numpy_blas_single_threaded():
-        for start, end, into in zip(offsets[:-1], offsets[1:], uppers.numpy()):
+        for start, end, into in zip(offsets[:-1], offsets[1:], triangles.numpy()):
             copy = scratch[:end - start]
             np.copyto(copy, source[start:end])
             np.matmul(copy.T, copy, out=matrix)
-            np.take(matrix.reshape(-1), upper, out=into)
-    return uppers
+            read(into)
+    return triangles
 
 
 def column_norms(weight: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from fedray.core.accounting import PaperCosts
 from fedray.core.errors import FedrayError
 from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Unset
-from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums, client_gram_uppers,
+from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums, client_gram_triangles,
                                  column_norms, gram, HeldClasses, spd_solve)
 from fedray.methods.row_blocks import rowwise_matmul
 from fedray.methods.upload_parts import SampleSum, UploadParts
@@ -82,7 +82,7 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
         return RidgeStatistics(gram(x), sums.T.contiguous())
 
     def compact_statistics(self, batch: ClientBatch) -> tuple[RidgeStatistics, HeldClasses]:
-        """Each client's ZᵀZ by its upper triangle and its ZᵀY at the columns of its classes: its class sums (k × d, as
+        """Each client's ZᵀZ by its distinct entries and its ZᵀY at the columns of its classes: its class sums (k × d, as
         :func:`~fedray.methods.base.class_sums` adds them), transposed, not copied (what maps them reads them in any
         layout). Without a feature map the design rows of the whole batch are made at once (a conversion and a ones
         column: row by row exact), and every client's class sums in one pass; a feature map's rows are computed
@@ -101,7 +101,7 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
                 labels = held.local_labels(batch, position)
                 client_sums.append(class_sums(designs[-1], labels, pairs.stop - pairs.start)[1])
             design, sums = torch.cat(designs), torch.cat(client_sums)
-        return RidgeStatistics(client_gram_uppers(design, offsets), sums.T), held
+        return RidgeStatistics(client_gram_triangles(design, offsets), sums.T), held
 
     def combine(self, a: RidgeStatistics, b: RidgeStatistics) -> RidgeStatistics:
         return RidgeStatistics(a.gram + b.gram, a.targets + b.targets)

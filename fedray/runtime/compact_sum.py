@@ -3,7 +3,7 @@
 Secure aggregation with modelled masks quantizes each value of a client's upload on its own, and a zero stays zero
 (:attr:`fedray.Postprocessor.entrywise`). A Fed3R client of 13 samples uploads d² + d·C values (170,368 at d = 128 on
 the iNat stand-in), but its ZᵀY is zero outside the columns of the few classes it holds: the method gives a chunk of
-clients' statistics at once, each client's at its classes only and its ZᵀZ by its upper triangle
+clients' statistics at once, each client's at its classes only and its ZᵀZ by its distinct entries
 (:meth:`fedray.ClosedFormMethod.compact_statistics`), the postprocessors map the chunk's values in one call
 (:meth:`~fedray.methods.postprocessor.Postprocessing.entry_maps`: secure aggregation rounds them together), and they
 are added into the shard's sum at their classes; the other classes' zeros, mapped to zeros, cost nothing; the
@@ -62,10 +62,10 @@ def _compact_sum(method: ClosedFormMethod, rows: HeldRows, clients: np.ndarray, 
 class ClassTotals:
     """A sum of clients' compact statistics (:meth:`fedray.ClosedFormMethod.compact_statistics`): each tensor with an
     axis of classes with that axis first (all C classes), so that a chunk of clients' values at their classes is added
-    in one ``index_add_``; a symmetric matrix (:attr:`~fedray.SampleSum.symmetric`: ZᵀZ) by its upper triangle, as the
+    in one ``index_add_``; a symmetric matrix (:attr:`~fedray.SampleSum.symmetric`: ZᵀZ) by its distinct entries, as the
     clients give it, mirrored when the sums are read. An entry map maps each value on its own
-    (:attr:`fedray.Postprocessor.entrywise`), so a client's mapped matrix is as symmetric as its matrix: the mirror is
-    the dense sum's lower triangle bit for bit, at half the values mapped."""
+    (:attr:`fedray.Postprocessor.entrywise`), so a client's mapped matrix is as symmetric as its matrix: the mirrors are
+    the dense sum's other entries bit for bit, at half the values mapped."""
 
     def __init__(self, parts: UploadParts, num_classes: int) -> None:
         self.parts, self.num_classes = parts, num_classes

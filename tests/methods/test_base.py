@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.methods.base import (ClientBatch, TorchDtype, client_gram_uppers, gram, HeldClasses,
+from fedray.methods.base import (ClientBatch, TorchDtype, client_gram_triangles, gram, HeldClasses,
                                  offers_compact_statistics, single_threaded, spd_solve)
 from fedray.methods.ccvr import CCVR
 from fedray.methods.fedcof import FedCOF, FedCOFOracle
 from fedray.methods.ncm import FedNCM
 from fedray.methods.ridge import Fed3R, RidgeStatistics
+from fedray.methods.triangle import Triangle
 from tests.threads import on_threads
 
 
@@ -121,16 +122,18 @@ def test_held_classes_are_each_clients_classes_with_its_labels_as_indices_and_th
     assert sums.tolist() == [[2, 3], [4, 6], [8, 9], [16, 18]]
     assert sums.dtype == torch.float64
 
-def test_client_gram_uppers_are_each_clients_own_gram_upper_triangle_bit_for_bit():
+def test_client_gram_triangles_are_each_clients_own_gram_bit_for_bit():
     """Clients of 0 to 40 rows at every offset of one tensor (so at every alignment), in float64 as their own
-    uploads compute them: each row the upper triangle of ``gram`` of the client's rows alone, row after row."""
+    uploads compute them, at an even and an odd width: each row the distinct entries of ``gram`` of the client's rows
+    alone, in the triangle's order."""
     rng = np.random.default_rng(3)
     sizes = [0, *rng.integers(1, 41, size=30).tolist(), 1]
-    rows = torch.from_numpy(rng.normal(size=(sum(sizes), 23)))
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    uppers = client_gram_uppers(rows, offsets)
-    assert uppers.shape == (len(sizes), 23 * 24 // 2)
-    for client, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
-        own = gram(rows[start:end].clone())
-        expected = torch.cat([own[row, row:] for row in range(23)])
-        assert torch.equal(uppers[client], expected), client
+    for width in (22, 23):
+        rows = torch.from_numpy(rng.normal(size=(sum(sizes), width)))
+        triangles = client_gram_triangles(rows, offsets)
+        positions = torch.from_numpy(Triangle.of(width).positions)
+        assert triangles.shape == (len(sizes), width * (width + 1) // 2)
+        for client, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
+            own = gram(rows[start:end].clone())
+            assert torch.equal(triangles[client], own.reshape(-1)[positions]), (width, client)
