@@ -17,8 +17,8 @@ from fedray.core.accounting import PaperCosts
 from fedray.core.errors import FedrayError
 from fedray.core.lazy_modules import lazy_module
 from fedray.core.options import Unset
-from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums, client_gram_triangles,
-                                 column_norms, gram, HeldClasses, spd_solve)
+from fedray.methods.base import (ClientBatch, Classifier, ClosedFormMethod, TorchDtype, class_sums,
+                                 client_gram_triangles, column_norms, gram, HeldClasses, spd_solve)
 from fedray.methods.row_blocks import rowwise_matmul
 from fedray.methods.upload_parts import SampleSum, UploadParts
 
@@ -82,8 +82,8 @@ class Fed3R(ClosedFormMethod[RidgeStatistics]):
         return RidgeStatistics(gram(x), sums.T.contiguous())
 
     def compact_statistics(self, batch: ClientBatch) -> tuple[RidgeStatistics, HeldClasses]:
-        """Each client's ZᵀZ by its distinct entries and its ZᵀY at the columns of its classes: its class sums (k × d, as
-        :func:`~fedray.methods.base.class_sums` adds them), transposed, not copied (what maps them reads them in any
+        """Each client's ZᵀZ by its distinct entries and its ZᵀY at the columns of its classes: its class sums (k × d,
+        as :func:`~fedray.methods.base.class_sums` adds them), transposed, not copied (what maps them reads them in any
         layout). Without a feature map the design rows of the whole batch are made at once (a conversion and a ones
         column: row by row exact), and every client's class sums in one pass; a feature map's rows are computed
         client by client, as the client's own upload computes them (a GEMM's rows may round differently in another

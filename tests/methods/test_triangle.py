@@ -1,4 +1,4 @@
-"""A symmetric matrix's distinct entries, each pair once, in the triangle's order, and the matrix made whole from them."""
+"""A symmetric matrix's distinct entries, each pair once, in the triangle's order, and the matrix whole from them."""
 
 import numpy as np
 import pytest
