@@ -54,7 +54,8 @@ class ClientBatch:
 
     @property
     def client_of_row(self) -> torch.Tensor:
-        return torch.repeat_interleave(torch.arange(len(self.clients)), torch.from_numpy(np.diff(self.offsets)))
+        """Each row's client, as its position in the batch (numpy's repeat: a quarter of torch's time on a small batch)."""
+        return torch.from_numpy(np.repeat(np.arange(len(self.clients)), np.diff(self.offsets)))
 
 
 @dataclass
@@ -259,9 +260,8 @@ class HeldClasses:
     def of(cls, batch: ClientBatch) -> HeldClasses:
         labels = batch.labels.numpy()
         width = int(labels.max()) + 1 if len(labels) else 1
-        starts = np.arange(len(batch.clients)) * width
-        pairs, pair_of_row = np.unique(np.repeat(starts, np.diff(batch.offsets)) + labels, return_inverse=True)  # sorted
-        bounds = np.searchsorted(pairs, np.append(starts, len(batch.clients) * width)).tolist()
+        pairs, pair_of_row = np.unique(batch.client_of_row.numpy() * width + labels, return_inverse=True)  # sorted
+        bounds = np.searchsorted(pairs, np.arange(len(batch.clients) + 1) * width).tolist()
         return cls(torch.from_numpy(pairs % width), torch.from_numpy(pair_of_row.reshape(-1)), bounds)
 
     def of_client(self, position: int) -> slice:

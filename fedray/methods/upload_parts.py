@@ -25,7 +25,7 @@ class SampleSum:
 
     ``by_class``: its first axis is the class (row c sums the samples of class c); ``symmetric``: a symmetric matrix
     (ZᵀZ), each client's exactly, entry for entry (a sum through an entrywise postprocessor maps and adds only its
-    upper triangle: :mod:`fedray.runtime.compact_sum`); ``width_axis``: its axis of length d, the width of the
+    distinct entries: :mod:`fedray.runtime.compact_sum`); ``width_axis``: its axis of length d, the width of the
     features it sums (None: none); ``class_axis``: an axis other than the first that indexes the class (Fed3R's ZᵀY,
     d × C: axis 1), along which a client's sum is zero outside the classes it holds (None: none but the first, where
     ``by_class``)."""

@@ -122,6 +122,7 @@ def test_held_classes_are_each_clients_classes_with_its_labels_as_indices_and_th
     assert sums.tolist() == [[2, 3], [4, 6], [8, 9], [16, 18]]
     assert sums.dtype == torch.float64
 
+
 def test_client_gram_triangles_are_each_clients_own_gram_bit_for_bit():
     """Clients of 0 to 40 rows at every offset of one tensor (so at every alignment), in float64 as their own
     uploads compute them, at an even and an odd width: each row the distinct entries of ``gram`` of the client's rows
