@@ -54,7 +54,7 @@ class ClientBatch:
 
     @property
     def client_of_row(self) -> torch.Tensor:
-        """Each row's client, as its position in the batch (numpy's repeat: a quarter of torch's time on a small batch)."""
+        """Each row's client, as its position in the batch (numpy's repeat: a quarter of torch's time on a chunk)."""
         return torch.from_numpy(np.repeat(np.arange(len(self.clients)), np.diff(self.offsets)))
 
 
