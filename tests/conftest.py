@@ -7,6 +7,7 @@ import torch
 
 from fedray.data import synthetic
 from fedray.methods.base import ClientBatch
+from fedray.runtime.session import QUICK_STORE_CONNECT
 
 E2E = Path(__file__).resolve().parent / "e2e"
 COLLECTED = pytest.StashKey[list[pytest.Item]]()
@@ -59,7 +60,7 @@ def ray_session():
     their shards by them; no dashboard), a new one even where ``ray start`` left a cluster on the machine (a bare
     ``ray.init()`` would join it)."""
     ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
-             log_to_driver=False)
+             log_to_driver=False, _system_config=QUICK_STORE_CONNECT)
     yield
     ray.shutdown()
 

@@ -30,7 +30,9 @@ def ray_init_calls(monkeypatch):
     return calls
 
 
-EMBEDDED = [{"address": "local", "include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}, "watchdog"]
+EMBEDDED = [{"address": "local", "include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING,
+             "_system_config": {"raylet_client_connect_timeout_milliseconds": 50,
+                                "raylet_client_num_connect_attempts": 200}}, "watchdog"]
 
 
 @pytest.mark.parametrize("address, environment", [(None, None), (None, ""), ("local", None), (None, "local"),
@@ -103,6 +105,8 @@ from fedray.runtime import session, watchdog
 import ray
 session.init_ray(verbose=sys.argv[1] == "verbose")
 print(ray.get(ray.remote(lambda: 7).remote()))
+print(ray.get(ray.remote(lambda: [ray._raylet.Config.raylet_client_connect_timeout_milliseconds(),
+                                  ray._raylet.Config.raylet_client_num_connect_attempts()]).remote()))
 for pid in watchdog.descendants(__import__("os").getpid()):
     try:
         print(open(f"/proc/{pid}/cmdline").read().replace("\\0", " "))
@@ -113,16 +117,17 @@ for pid in watchdog.descendants(__import__("os").getpid()):
 
 @pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
 def test_a_real_embedded_start_runs_tasks_without_those_processes(verbose):
-    """A real start: a task runs; no ``dashboard.py`` or autoscaler ``monitor.py`` among Ray's processes, and
-    ``log_monitor.py`` only for a verbose run (whose driver prints the workers' output)."""
+    """A real start: a task runs, its worker retrying the raylet's connections every 50 ms; no ``dashboard.py`` or
+    autoscaler ``monitor.py`` among Ray's processes, and ``log_monitor.py`` only for a verbose run (whose driver
+    prints the workers' output)."""
     done = subprocess.run([sys.executable, "-c", START_AND_LIST, "verbose" if verbose else "quiet"],
                           capture_output=True, text=True, timeout=120, check=True)
     lines = done.stdout.splitlines()
-    assert lines[0] == "7"
-    scripts = {Path(word).name for line in lines[1:] for word in line.split() if word.endswith(".py")}
+    assert lines[:2] == ["7", "[50, 200]"]
+    scripts = {Path(word).name for line in lines[2:] for word in line.split() if word.endswith(".py")}
     assert "dashboard.py" not in scripts and "monitor.py" not in scripts
     assert ("log_monitor.py" in scripts) == verbose
-    assert any("raylet" in line for line in lines[1:]), "the listing sees Ray's processes"
+    assert any("raylet" in line for line in lines[2:]), "the listing sees Ray's processes"
 
 
 def test_auto_is_left_to_ray(ray_init_calls):
