@@ -145,6 +145,7 @@ def one_run(dataset: str) -> dict:
     from fedray.runtime.ray_start import RayStart
 
     ray_start = RayStart()  # as fedray run starts Ray: in the background, while the driver imports and loads
+    ray_start.ray_imported()
 
     import numpy as np
     import torch

@@ -121,8 +121,8 @@ def _cmd_run(args: argparse.Namespace) -> None:
         from fedray.engine.run_start import starting
 
         with starting(config, args.address, args.verbose) as (_, ray_start):  # Ray starts while torch imports
-            interrupts.import_whole("torch")
             ray_start.ray_imported()
+            interrupts.import_whole("torch")
             from fedray.engine.run_config import run
 
             rows = run(config, address=args.address, resume=args.resume, verbose=args.verbose,
