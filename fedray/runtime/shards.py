@@ -38,7 +38,7 @@ from fedray.runtime.client_states import ClientStates, Layout
 from fedray.runtime.kept import KeptParts, default_budget
 from fedray.runtime.footprint import Footprint
 from fedray.runtime import actor_group, parked
-from fedray.runtime.named_objects import NamedObjects, fetch
+from fedray.runtime.named_objects import NamedObjects, read
 from fedray.runtime.placement import default_count
 from fedray.runtime.restarts import this_actor_was_restarted
 from fedray.runtime.actor_group import (CLEAR_TIMEOUT_S, ActorGroup, Reduction, balanced_bounds, combine_partials,
@@ -102,7 +102,7 @@ class ShardActor:
     def load(self, lost: bool = False) -> str | None:
         """Take this shard's assignment (as a new actor would; ``lost``: a restart lost the clients' states); None
         once its rows are held, else why they could not be."""
-        assignment: ShardAssignment = fetch(self.assignments, ("shard", self.index))
+        assignment: ShardAssignment = read(self.assignments, ("shard", self.index))
         torch.set_num_threads(assignment.threads)
         self.client_states = ClientStates(lost, assignment.state_budget, owner=ray.get_runtime_context().get_actor_id())
         self.error: str | None = None
@@ -273,29 +273,30 @@ class ShardPool(ActorGroup):
         ranges = [((int(a), int(b)), (int(t), int(u))) for a, b, t, u in zip(bounds[:-1], held, tests[:-1], tests[1:])]
         reusable = reusable and (trial_group is not None or parked.allowed())
 
-        def assigned(name: str) -> dict:
+        def assigned(name: str) -> tuple[dict, dict]:
             """Each shard's assignment, and the rows of a federation held in memory, as the named objects ``name``
-            keep them."""
+            keep them (the small objects, the large)."""
             where = {"spec": federation.spec} if federation.spec is not None else {"stored": name}
             rows = {} if federation.spec is not None else {
                 clients[0]: Rows.of(federation, clients, test_rows) for clients, test_rows in ranges}
-            return {**rows, **{("shard", index): ShardAssignment(ShardRows(*clients, *test_rows, **where), threads,
-                                                                 kept_budget, state_budget, leaves.range_of(index))
-                               for index, (clients, test_rows) in enumerate(ranges)}}
+            return {("shard", index): ShardAssignment(ShardRows(*clients, *test_rows, **where), threads, kept_budget,
+                                                      state_budget, leaves.range_of(index))
+                    for index, (clients, test_rows) in enumerate(ranges)}, rows
 
         taken = parked.take(_parking_key(shards, cpus_per_shard, trial_group)) if reusable else None
         if taken is not None:
             try:
                 check_fit()
-                taken.stored.replace(assigned(taken.stored.name))
-                pool = replace(taken, bounds=bounds, leaves=leaves, federation=federation, reusable=True)
+                stored = taken.stored.replace(*assigned(taken.stored.name))
+                pool = replace(taken, bounds=bounds, leaves=leaves, federation=federation, stored=stored,
+                               reusable=True)
                 pool.loading = [actor.load.remote() for actor in pool.actors]
                 return pool
             except BaseException:
                 taken.end()
                 raise
         name = NamedObjects.new_name()
-        stored = NamedObjects.put(assigned(name), name)
+        stored = NamedObjects.put(*assigned(name), name)
         try:
             pool = cls.launch(ShardActor, bundle, [(name, index) for index in range(shards)], bounds,
                               what=f"{shards} shard{'s' if shards > 1 else ''}{cut} × {cpus_per_shard:g} CPU",
@@ -334,9 +335,8 @@ class ShardPool(ActorGroup):
                 return False
         except ray.exceptions.RayError:  # a shard failed, or is still busy with an interrupted run's call
             return False
-        self.stored.replace({})
         parked.park(_parking_key(self.num_shards, self.bundle["CPU"], self.trial_group),
-                    replace(self, federation=None, holder=None))  # none held
+                    replace(self, federation=None, holder=None, stored=self.stored.replace({}, {})))  # none held
 
         return True
 

@@ -98,13 +98,15 @@ def test_a_restarted_parquet_shard_reloads_the_same_rows(ray_session, parquet_pa
 
 @pytest.mark.slow  # whole runs; the full suite (CI) runs it, the fast layer keeps a lighter sibling
 def test_a_federation_held_in_memory_gives_the_same_rows(ray_session):
-    """Without a spec (features computed in memory), the shards get their rows by reference, and hold the same ones."""
+    """Without a spec (features computed in memory), the shards get their rows by reference, and hold the same ones;
+    only those rows need a keeper actor (a process): a spec's shards read their assignments from Ray's GCS."""
     federation = synthetic.build("inat-user-120k", dim=8, scale=0.02, classes=20)
     clients = np.arange(federation.num_clients)
     held = {}
     for name, which in (("spec", federation), ("memory", replace(federation, spec=None))):
         pool = ShardPool.start(which, num_shards=2, cpus_per_shard=0.5, reusable=True)
         try:
+            assert (pool.stored.keeper is None) == (name == "spec")
             held[name] = torch.cat(pool.statistics(Rows(federation.dim, federation.num_classes), clients).result())
         finally:
             pool.shutdown()
