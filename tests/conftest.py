@@ -60,7 +60,7 @@ def ray_session():
     their shards by them; no dashboard), a new one even where ``ray start`` left a cluster on the machine (a bare
     ``ray.init()`` would join it)."""
     ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
-             log_to_driver=False, _system_config=QUICK_STORE_CONNECT)
+             log_to_driver=False, _system_config=dict(QUICK_STORE_CONNECT))
     yield
     ray.shutdown()
 

@@ -202,7 +202,8 @@ QUICK_STORE_CONNECT = {"raylet_client_connect_timeout_milliseconds": 50, "raylet
 """An embedded Ray's clients retry their connection to the raylet's object store every 50 ms, 200 times, rather than
 every second, 10 times: the raylet connects to the store it starts on a thread of its own at once, and found it not
 yet listening in a third of the starts on a 2-core machine, which then waited a whole second (one start in three
-took 1 s longer). The same 10 s in all before a start fails."""
+took 1 s longer). The same 10 s in all before a start fails. ``ray.init`` adds its session's entries to the dict it is
+given: it is given a copy."""
 
 
 def _start_or_join(address: str | None, verbose: bool) -> None:
@@ -211,7 +212,7 @@ def _start_or_join(address: str | None, verbose: bool) -> None:
     if given is None:
         with _without_token_auth_notice(), _without_dashboard_packages(), _without_unused_head_processes(verbose), \
                 _interruptible(), _killing_what_a_failed_start_leaves(), _raylet_messages(verbose):
-            ray.init(address=LOCAL, include_dashboard=False, _system_config=QUICK_STORE_CONNECT, **options)
+            ray.init(address=LOCAL, include_dashboard=False, _system_config=dict(QUICK_STORE_CONNECT), **options)
         watchdog.start()
         return
     check_reachable(*given)

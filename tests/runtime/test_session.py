@@ -43,6 +43,7 @@ def test_no_address_starts_a_new_embedded_ray(ray_init_calls, monkeypatch, addre
         monkeypatch.setenv("RAY_ADDRESS", environment)
     session.init_ray(address)
     assert ray_init_calls == EMBEDDED
+    assert ray_init_calls[0]["_system_config"] is not session.QUICK_STORE_CONNECT, "ray.init adds its session's entries"
 
 
 @pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS"])
