@@ -287,9 +287,8 @@ class ShardPool(ActorGroup):
         if taken is not None:
             try:
                 check_fit()
-                stored = taken.stored.replace(*assigned(taken.stored.name))
-                pool = replace(taken, bounds=bounds, leaves=leaves, federation=federation, stored=stored,
-                               reusable=True)
+                taken = replace(taken, stored=taken.stored.replace(*assigned(taken.stored.name)))  # what end() releases
+                pool = replace(taken, bounds=bounds, leaves=leaves, federation=federation, reusable=True)
                 pool.loading = [actor.load.remote() for actor in pool.actors]
                 return pool
             except BaseException:
