@@ -26,7 +26,10 @@ bare GEMMs together. Ray starts in the background from the process's start, as
 ``fedray run`` starts it (:mod:`fedray.runtime.ray_start`): ``ray_start_s`` is
 its start on its thread (part of the floor), ``ray_wait_s`` what the driver
 waited for it after its imports and load. ``goal_s`` is the issue's target: floor + one read +
-statistics and evaluation GEMMs + 3 s. Driver peak memory is taken before the
+statistics and evaluation GEMMs + 2 s. ``cpu_s`` is the CPU time spent until the results are written: by the whole
+machine (every process: the driver, the shards, Ray's own; from /proc/stat, so on a quiet machine), the driver's
+process and each shard's (start-up and imports included); ``cpu_bound_s`` is the machine's over its cores, the
+least wall time that work can take. Driver peak memory is taken before the
 statistics path is timed again and the bare GEMMs load the features into the
 driver, and broken down by kind at the same moment (its own memory, mapped
 libraries, the object store's pages it touched: on Linux), beside the same
@@ -37,9 +40,19 @@ JSON line.
 
 from __future__ import annotations
 
+import os
 import time
 
+
+def machine_busy_s() -> float:
+    """CPU time every core of the machine has spent busy since boot, by every process (Linux's /proc/stat)."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, stat.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 STARTED = time.perf_counter()
+BUSY_AT_START = machine_busy_s()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -157,7 +170,7 @@ def one_run(dataset: str) -> dict:
     from fedray.core.results import write_run
     from fedray.engine.plan import plan
     from fedray.runtime import sampling
-    from fedray.runtime.shards import ShardPool, peak_memory_bytes
+    from fedray.runtime.shards import ShardPool, cpu_seconds, peak_memory_bytes
 
     lap("imports_s")
     config = RunConfig(method="fed3r", dataset=dataset, clients_per_round=10, eval_every=100, quiet=True,
@@ -182,7 +195,9 @@ def one_run(dataset: str) -> dict:
     write_run(Path(config.out), rows, resolved.to_dict(), {**outcome.classifier.arrays(), **method.arrays()})
     lap("write_s")
     whole_s = time.perf_counter() - STARTED
-    shard_peaks = pool.peak_memory_bytes()
+    machine_cpu_s = machine_busy_s() - BUSY_AT_START
+    driver_cpu_s = cpu_seconds()
+    shard_peaks, shard_cpu_s = pool.peak_memory_bytes(), pool.cpu_seconds()
     driver_peak, driver_now = peak_memory_bytes(), resident_mb()
     uploads = np.concatenate(sampling.schedule(federation.num_clients, 10, False, config.seed, None))  # the run's order
     statistics_alone_s = statistics_path_s(pool, method, uploads, len(rows))
@@ -192,7 +207,8 @@ def one_run(dataset: str) -> dict:
     bare = bare_gemms(federation, method, len(rows))
     faster = min(bare["torch"], bare["numpy"])
     floor_s = ray_start.up_s + floor_actor_s
-    goal_s = floor_s + file_s + faster + bare["eval"] + 3.0
+    goal_s = floor_s + file_s + faster + bare["eval"] + 2.0
+    cores = len(os.sched_getaffinity(0))
     return {
         "dataset": dataset,
         "clients": federation.num_clients,
@@ -212,6 +228,10 @@ def one_run(dataset: str) -> dict:
         "bare_eval_gemms_s": round(bare["eval"], 2),
         "goal_s": round(goal_s, 2),
         "within_goal": whole_s <= goal_s,
+        "cpu_s": {"machine": round(machine_cpu_s, 2), "driver": round(driver_cpu_s, 2),
+                  "shards": [round(seconds, 2) for seconds in shard_cpu_s]},
+        "cores": cores,
+        "cpu_bound_s": round(machine_cpu_s / cores, 2),
         "ratio_statistics_path_vs_faster_gemm": round(statistics_alone_s / faster, 2),
         "ratio_rounds_vs_bare_gemms": round(times["rounds_s"] / (faster + bare["eval"]), 2),
         "peak_rss_driver_mb": round(driver_peak / MB),

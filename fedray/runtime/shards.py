@@ -62,6 +62,12 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def cpu_seconds() -> float:
+    """CPU time the calling process has used so far, user and system, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 @dataclass(frozen=True)
 class ShardAssignment:
     """What a shard holds and how it runs: its rows, its threads, the bytes it keeps for second passes
@@ -131,6 +137,10 @@ class ShardActor:
     def peak_memory_bytes(self) -> int:
         """Peak resident memory of this actor's process."""
         return peak_memory_bytes()
+
+    def cpu_seconds(self) -> float:
+        """CPU time this actor's process has used since it started (its start-up and imports included)."""
+        return cpu_seconds()
 
     # --- closed-form statistics (ShardStatistics)
 
@@ -453,6 +463,10 @@ class ShardPool(ActorGroup):
     def peak_memory_bytes(self) -> list[int]:
         self.wait()
         return ray.get([actor.peak_memory_bytes.remote() for actor in self.actors])
+
+    def cpu_seconds(self) -> list[float]:
+        self.wait()
+        return ray.get([actor.cpu_seconds.remote() for actor in self.actors])
 
     def client_state_sizes(self) -> list[tuple[int, int]]:
         """Each shard's bytes of clients' states in memory and on disk."""
