@@ -242,7 +242,8 @@ def one_run(dataset: str) -> dict:
         "max_rel_diff_vs_bare_gemm": float((outcome.classifier.weight - bare["weight"]).abs().max()
                                            / bare["weight"].abs().max()),
         "torch_threads": torch.get_num_threads(),
-        "dont_write_bytecode": bool(sys.flags.dont_write_bytecode),  # with no __pycache__ yet, each process compiles fedray's sources
+        # with no __pycache__ yet, each process then compiles fedray's sources
+        "dont_write_bytecode": bool(sys.flags.dont_write_bytecode),
     }
 
 
